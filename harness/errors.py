@@ -1,0 +1,33 @@
+"""User-facing errors: one line that says what is wrong and what to do.
+
+Entry points wrap their ``main`` in :func:`exit_on_user_error`, so bad input ends the program with
+that one line and exit status 2 instead of a traceback; programming errors still raise.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class UserError(Exception):
+    """Bad input from the user (config, arguments, files, machine): explained in one line."""
+
+
+class NeedsGpuError(UserError):
+    """The requested work needs a CUDA GPU and this machine has none."""
+
+
+def exit_on_user_error(main: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    return wrapped

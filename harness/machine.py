@@ -1,0 +1,91 @@
+"""What this machine is: CPU, memory, GPUs, driver. Cheap to call (no torch import needed)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    memory_mib: int
+    driver: str
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    host: str
+    os: str
+    cpu_model: str
+    logical_cpus: int
+    usable_cpus: int
+    memory_bytes: int
+    gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@functools.lru_cache(maxsize=1)
+def nvidia_gpus() -> tuple[GpuInfo, ...]:
+    """GPUs as nvidia-smi reports them; empty when there is no NVIDIA driver."""
+    if os.environ.get("SUITE_HIDE_GPU") == "1":  # lets tests exercise the no-GPU paths anywhere
+        return ()
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ()
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return ()
+    gpus = []
+    for line in out.strip().splitlines():
+        name, mem, driver = (part.strip() for part in line.split(","))
+        gpus.append(GpuInfo(name=name, memory_mib=int(float(mem)), driver=driver))
+    return tuple(gpus)
+
+
+def has_gpu() -> bool:
+    return bool(nvidia_gpus())
+
+
+def describe() -> MachineInfo:
+    return MachineInfo(
+        host=platform.node(),
+        os=platform.platform(),
+        cpu_model=_cpu_model(),
+        logical_cpus=os.cpu_count() or 1,
+        usable_cpus=len(os.sched_getaffinity(0)),
+        memory_bytes=_memory_bytes(),
+        gpus=nvidia_gpus(),
+    )

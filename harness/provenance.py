@@ -1,0 +1,90 @@
+"""Provenance of a measurement run: which code, which machine, which software, when, what scale.
+
+Written as a JSON record next to every results file. On a machine that received a copy of the
+working tree without its git history (a lent GPU box), the caller passes the commit in through
+SUITE_GIT_COMMIT / SUITE_GIT_DIRTY.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import machine
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Libraries whose versions can change a number in this suite.
+TRACKED_PACKAGES = (
+    "torch", "numpy", "pandas", "cupy-cuda13x", "cupy-cuda12x", "cuda-python", "triton",
+    "torch-geometric", "transformers", "dgl", "snakemake", "matplotlib",
+)
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+    except (subprocess.SubprocessError, OSError):
+        return None
+
+
+def git_state() -> dict:
+    commit = _git("rev-parse", "HEAD")
+    if commit is not None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": commit, "dirty": bool(status), "source": "git"}
+    if "SUITE_GIT_COMMIT" in os.environ:
+        return {
+            "commit": os.environ["SUITE_GIT_COMMIT"],
+            "dirty": os.environ.get("SUITE_GIT_DIRTY", "unknown") == "1",
+            "source": "environment (copy of a working tree without git history)",
+        }
+    return {"commit": "unknown", "dirty": None, "source": "unavailable"}
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def cuda_state() -> dict:
+    """CUDA runtime as torch sees it; imported lazily so CPU-only tools stay fast."""
+    try:
+        import torch
+    except ImportError:
+        return {"available": False}
+    state = {"available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda}
+    if state["available"]:
+        props = torch.cuda.get_device_properties(0)
+        state.update(
+            device_count=torch.cuda.device_count(),
+            compute_capability=f"{props.major}.{props.minor}",
+            multiprocessors=props.multi_processor_count,
+        )
+    return state
+
+
+def collect(scale: str, **extra) -> dict:
+    """Everything needed to say where, when and how a number was measured."""
+    return {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "scale": scale,
+        "git": git_state(),
+        "machine": machine.describe().as_dict(),
+        "cuda": cuda_state(),
+        "python": sys.version.split()[0],
+        "packages": package_versions(),
+        "command": sys.argv,
+        **extra,
+    }

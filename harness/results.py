@@ -1,0 +1,229 @@
+"""Tidy, long-format results: the schema, the writer and the validating loader.
+
+One row per (workload, dataset, system, variant, scale, configuration..., repetition, metric) with
+its value and unit. The configuration columns are typed and declared once per topic by a
+:class:`Schema`. Each CSV file has a provenance record beside it (``<name>.provenance.json``).
+Files are written atomically: a results file either exists whole or not at all.
+
+Units: seconds ``s``; bandwidth ``GB/s`` (10^9 bytes per second); ``TFLOP/s``; bytes ``B``;
+CPU time ``core-s`` (user + system seconds of all the process's threads).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from harness.errors import UserError
+from harness.timing import Measurement
+
+KEY_COLUMNS = ("workload", "dataset", "system", "variant", "scale")
+TAIL_COLUMNS = ("repetition", "metric", "value", "unit")
+PROVENANCE_SUFFIX = ".provenance.json"
+
+_PARSERS = {
+    int: int,
+    float: float,
+    str: str,
+    bool: lambda s: {"true": True, "false": False}[s.lower()],
+}
+
+
+class ResultsFormatError(UserError):
+    """A results file that does not follow the schema."""
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The results format of one topic: its name and its typed configuration columns.
+
+    A configuration cell may be empty when the column does not apply to that row (for example a
+    block size on a matrix-multiply row); it is read back as missing (NA).
+    """
+
+    topic: str
+    config: dict[str, type]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return KEY_COLUMNS + tuple(self.config) + TAIL_COLUMNS
+
+    def check_config(self, config: dict) -> None:
+        unknown = set(config) - set(self.config)
+        if unknown:
+            raise ValueError(f"{self.topic}: configuration columns not in the schema: {sorted(unknown)}")
+        for name, value in config.items():
+            kind = self.config[name]
+            wrong_type = value is not None and not isinstance(value, kind)
+            bool_for_number = isinstance(value, bool) and kind is not bool
+            if wrong_type or bool_for_number:
+                raise TypeError(f"{self.topic}: column {name!r} expects {kind.__name__}, got {value!r}")
+
+
+def provenance_path(csv_path: Path) -> Path:
+    return csv_path.with_name(csv_path.name.removesuffix(".csv") + PROVENANCE_SUFFIX)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class ResultsWriter:
+    """Collects the rows of one run and writes them, with provenance, in one atomic step."""
+
+    def __init__(self, schema: Schema, scale: str):
+        self.schema = schema
+        self.scale = scale
+        self.rows: list[dict] = []
+
+    def add(self, *, system: str, variant: str, config: dict, metric: str, value: float, unit: str,
+            repetition: int = 0, dataset: str = "") -> None:
+        self.schema.check_config(config)
+        if not math.isfinite(value):
+            raise ValueError(f"{system}/{variant}: {metric} is not finite ({value})")
+        self.rows.append({
+            "workload": self.schema.topic, "dataset": dataset, "system": system,
+            "variant": variant, "scale": self.scale,
+            **{name: config.get(name) for name in self.schema.config},
+            "repetition": repetition, "metric": metric, "value": value, "unit": unit,
+        })
+
+    def add_measurement(self, m: Measurement, *, system: str, variant: str, config: dict,
+                        bytes_moved: int | None = None, flops: int | None = None,
+                        dataset: str = "") -> None:
+        """Rows for each repetition: time, CPU time, and the rates and memory that apply."""
+        for rep, seconds in enumerate(m.seconds):
+            def add(metric, value, unit):
+                self.add(system=system, variant=variant, config=config, metric=metric,
+                         value=value, unit=unit, repetition=rep, dataset=dataset)
+
+            add("time", seconds, "s")
+            add("cpu_time", m.cpu_core_seconds[rep], "core-s")
+            if bytes_moved is not None:
+                add("bandwidth", bytes_moved / seconds / 1e9, "GB/s")
+            if flops is not None:
+                add("flop_rate", flops / seconds / 1e12, "TFLOP/s")
+            if m.peak_gpu_bytes:
+                add("peak_gpu_memory", m.peak_gpu_bytes[rep], "B")
+            if m.peak_rss_bytes:
+                add("peak_host_rss", m.peak_rss_bytes[rep], "B")
+            if m.pinned_host_bytes:
+                add("pinned_host_memory", m.pinned_host_bytes[rep], "B")
+
+    def write(self, csv_path: Path | str, provenance: dict) -> None:
+        """Write the provenance record, then the CSV (the CSV's presence means 'complete')."""
+        csv_path = Path(csv_path)
+        if not self.rows:
+            raise ValueError(f"refusing to write {csv_path}: no rows were measured")
+        _atomic_write_text(provenance_path(csv_path), json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+        lines = _CsvLines()
+        writer = csv.DictWriter(lines, fieldnames=self.schema.columns, lineterminator="\n")
+        writer.writeheader()
+        for row in self.rows:
+            writer.writerow({k: _format_cell(v) for k, v in row.items()})
+        _atomic_write_text(csv_path, "".join(lines.parts))
+
+
+class _CsvLines:
+    def __init__(self):
+        self.parts: list[str] = []
+
+    def write(self, s: str) -> None:
+        self.parts.append(s)
+
+
+def _format_cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # shortest round-trip form: the file holds the exact measured value
+    return str(value)
+
+
+def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
+    row = {}
+    for name in KEY_COLUMNS:
+        value = raw[name]
+        if name != "dataset" and not value:
+            raise ResultsFormatError(f"{where}: column '{name}' is empty")
+        row[name] = value
+    if row["workload"] != schema.topic:
+        raise ResultsFormatError(f"{where}: workload '{row['workload']}' does not belong in topic '{schema.topic}'")
+    for name, kind in schema.config.items():
+        cell = raw[name]
+        try:
+            row[name] = None if cell == "" else _PARSERS[kind](cell)
+        except (ValueError, KeyError):
+            raise ResultsFormatError(f"{where}: column '{name}': {cell!r} is not a {kind.__name__}") from None
+    try:
+        row["repetition"] = int(raw["repetition"])
+        row["value"] = float(raw["value"])
+    except ValueError:
+        raise ResultsFormatError(f"{where}: repetition must be an integer and value a number, "
+                                 f"got {raw['repetition']!r} and {raw['value']!r}") from None
+    if row["repetition"] < 0:
+        raise ResultsFormatError(f"{where}: repetition {row['repetition']} is negative")
+    if not math.isfinite(row["value"]):
+        raise ResultsFormatError(f"{where}: value {raw['value']!r} is not finite")
+    for name in ("metric", "unit"):
+        if not raw[name]:
+            raise ResultsFormatError(f"{where}: column '{name}' is empty")
+        row[name] = raw[name]
+    return row
+
+
+def read_rows(path: Path | str, schema: Schema) -> list[dict]:
+    """Read one results file, refusing it with the file and line named if it breaks the schema."""
+    path = Path(path)
+    if not provenance_path(path).exists():
+        raise ResultsFormatError(f"{path}: no provenance record beside it ({provenance_path(path).name}); "
+                                 "a results file without provenance is not accepted")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = tuple(reader.fieldnames or ())
+        if header != schema.columns:
+            missing = [c for c in schema.columns if c not in header]
+            extra = [c for c in header if c not in schema.columns]
+            raise ResultsFormatError(
+                f"{path}: header does not match the '{schema.topic}' schema "
+                f"(missing {missing or 'none'}, unexpected {extra or 'none'}, expected order {list(schema.columns)})")
+        rows = []
+        for line_no, raw in enumerate(reader, start=2):
+            if None in raw or any(v is None for v in raw.values()):
+                raise ResultsFormatError(f"{path}:{line_no}: expected {len(header)} fields")
+            rows.append(_parse_row(raw, schema, f"{path}:{line_no}"))
+    if not rows:
+        raise ResultsFormatError(f"{path}: no data rows")
+    return rows
+
+
+def load(paths: Iterable[Path | str], schema: Schema):
+    """Load and validate results files into one pandas DataFrame (with a 'source' column)."""
+    import pandas as pd
+
+    frames = []
+    for path in paths:
+        rows = read_rows(path, schema)
+        frame = pd.DataFrame(rows)
+        frame["source"] = str(path)
+        frames.append(frame)
+    if not frames:
+        raise ResultsFormatError(f"no results files given for topic '{schema.topic}'")
+    frame = pd.concat(frames, ignore_index=True)
+    for name, kind in schema.config.items():
+        frame[name] = frame[name].astype({int: "Int64", float: "Float64", str: "string", bool: "boolean"}[kind])
+    return frame
+
+
+def load_provenance(csv_path: Path | str) -> dict:
+    return json.loads(provenance_path(Path(csv_path)).read_text())

@@ -1,0 +1,118 @@
+"""The one place that reads a clock.
+
+``measure(fn)`` warms up, then runs ``fn`` ``repeat`` times and records, for each repetition, its
+time (CUDA events on the current stream when ``device='cuda'``, the monotonic clock otherwise) and
+the CPU core-seconds the process spent, and on request peak GPU memory (reset before each
+repetition), peak host RSS and pinned host memory. Medians and spread come from the samples.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from harness import resources
+from harness.progress import progress
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Per-repetition samples of one measured region."""
+
+    clock: str  # "cuda_events" or "monotonic"
+    seconds: tuple[float, ...]
+    cpu_core_seconds: tuple[float, ...]
+    peak_gpu_bytes: tuple[int, ...] = field(default_factory=tuple)
+    peak_rss_bytes: tuple[int, ...] = field(default_factory=tuple)
+    pinned_host_bytes: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """Interquartile range (25th, 75th percentile) of the repetition times."""
+        if len(self.seconds) < 2:
+            return (self.seconds[0], self.seconds[0])
+        q = statistics.quantiles(self.seconds, n=4, method="inclusive")
+        return (q[0], q[2])
+
+
+def _cuda():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure(device='cuda') called on a machine without a usable CUDA GPU")
+    return torch
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    device: str,
+    repeat: int,
+    warmup: int,
+    track_memory: bool = False,
+    desc: str | None = None,
+) -> Measurement:
+    """Time ``fn`` ``repeat`` times after ``warmup`` untimed calls.
+
+    With ``device='cuda'`` each repetition is bracketed by CUDA events on the current stream and
+    the events are read after one synchronize at the end, so back-to-back launches are not
+    serialized by the measurement. With ``device='cpu'`` the monotonic clock brackets each call,
+    so ``fn`` must finish its work before returning (synchronize inside ``fn`` if it launches
+    device work and the host time is what matters).
+    """
+    if repeat < 1 or warmup < 0:
+        raise ValueError(f"repeat must be >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    torch = _cuda() if device == "cuda" else None
+
+    for _ in range(warmup):
+        fn()
+    if torch is not None:
+        torch.cuda.synchronize()
+
+    seconds, cpu_s, peak_gpu, peak_rss, pinned = [], [], [], [], []
+    events = []
+    reps = range(repeat) if desc is None else progress(range(repeat), desc=desc, total=repeat)
+    for _ in reps:
+        if track_memory:
+            resources.reset_peak_rss()
+            if torch is not None:
+                torch.cuda.synchronize()  # the peak must not include the previous repetition
+                torch.cuda.reset_peak_memory_stats()
+        cpu0 = resources.cpu_core_seconds()
+        if torch is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - t0)
+        cpu_s.append(resources.cpu_core_seconds() - cpu0)
+        if track_memory:
+            if torch is not None:
+                torch.cuda.synchronize()
+                peak_gpu.append(torch.cuda.max_memory_allocated())
+            peak_rss.append(resources.peak_rss_bytes())
+            pinned.append(resources.pinned_host_bytes())
+    if torch is not None:
+        torch.cuda.synchronize()
+        seconds = [start.elapsed_time(end) / 1e3 for start, end in events]
+
+    return Measurement(
+        clock="cuda_events" if torch is not None else "monotonic",
+        seconds=tuple(seconds),
+        cpu_core_seconds=tuple(cpu_s),
+        peak_gpu_bytes=tuple(peak_gpu),
+        peak_rss_bytes=tuple(peak_rss),
+        pinned_host_bytes=tuple(pinned),
+    )

@@ -1,0 +1,1 @@
+"""The techniques under study and their baselines, one subpackage each, each with its CUDA kernels."""

@@ -1,0 +1,81 @@
+"""How every CUDA kernel in the suite is built and called (one mechanism for all systems).
+
+* Kernels are standalone CUDA C++ files (``systems/<system>/kernels/*.cu``) with ``extern "C"``
+  entry points and no torch or standard-library headers, so the same file compiles with NVRTC at
+  run time and with ``nvcc`` in CI (``tests/test_kernels_compile.py`` builds every one for sm_90
+  on machines without a GPU, so a broken kernel fails CI).
+* At run time the source is compiled by NVRTC through CuPy for the current device's architecture.
+  Modules are cached in the process by the SHA-256 of source and options, and CuPy keeps the
+  compiled binaries on disk under the same kind of key (``CUPY_CACHE_DIR``, by default
+  ``~/.cache/data-efficient-suite/cupy``), so a fresh process pays the compile once per machine.
+* Launches go to the current torch stream, so kernels order correctly with torch work and with
+  CUDA-event timing.
+* Each kernel is exposed to Python as a ``torch.library`` custom op that also has a CPU reference
+  implementation (see ``systems/zero_copy/ops.py`` for the pattern).
+
+Why not a torch C++/CUDA extension: the CPU torch build cannot compile one, and on a fresh GPU box
+each build costs about a minute; NVRTC compiles a kernel in well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+_modules: dict[str, object] = {}
+
+DEFAULT_OPTIONS = ("--std=c++17",)
+
+
+def kernel_sources() -> list[Path]:
+    """Every kernel source file in the suite (CI compiles all of them)."""
+    return sorted(Path(__file__).parent.glob("*/kernels/*.cu"))
+
+
+def _cupy():
+    os.environ.setdefault("CUPY_CACHE_DIR", str(Path.home() / ".cache" / "data-efficient-suite" / "cupy"))
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError(
+            "CUDA kernels need CuPy for NVRTC compilation (pip install cupy-cuda12x or cupy-cuda13x, "
+            "see envs/requirements-gpu.txt)") from None
+    return cupy
+
+
+def load_module(source_path: Path, options: tuple[str, ...] = DEFAULT_OPTIONS):
+    """Compile (or fetch from cache) the module in ``source_path`` for the current device."""
+    source = Path(source_path).read_text()
+    key = hashlib.sha256("\0".join((source, *options)).encode()).hexdigest()
+    module = _modules.get(key)
+    if module is None:
+        cupy = _cupy()
+        module = cupy.RawModule(code=source, options=options, backend="nvrtc")
+        module.compile()
+        _modules[key] = module
+    return module
+
+
+def launch(module, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
+           shared_mem: int = 0) -> None:
+    """Launch ``name`` from ``module`` on torch's current stream of the current device.
+
+    ``args`` are numpy scalars of the kernel's exact parameter types; pass pointers as
+    ``numpy.uint64(tensor.data_ptr())``.
+    """
+    import torch
+
+    cupy = _cupy()
+    kernel = module.get_function(name)
+    stream = torch.cuda.current_stream()
+    with cupy.cuda.Device(stream.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
+        kernel(grid, block, args, shared_mem=shared_mem)
+
+
+def device_pointer_of_pinned(tensor) -> int:
+    """The device-side address of page-locked host memory (the same address under UVA)."""
+    cupy = _cupy()
+    # Ask the driver about the allocation's base address; a view's offset carries over unchanged.
+    base = tensor.untyped_storage().data_ptr()
+    return int(cupy.cuda.runtime.hostGetDevicePointer(base, 0)) + (tensor.data_ptr() - base)

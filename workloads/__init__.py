@@ -1,0 +1,1 @@
+"""Workloads: what is measured (data, models, sweeps), one subpackage per topic."""

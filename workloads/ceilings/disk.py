@@ -1,0 +1,164 @@
+"""disk: sequential write and read of one file with O_DIRECT, by request size and thread count.
+
+O_DIRECT keeps the page cache out of the way (a host with more RAM than the file would otherwise
+serve reads from DRAM). The block device's own byte counters (/sys/dev/block/MAJ:MIN/stat) are
+read around every repetition: the probe records how many bytes reached the device per byte
+requested, and refuses a read whose bytes did not come from the device.
+Each thread writes or reads its own contiguous slice of the file. A write repetition creates
+the file anew and ends with fsync, so its time includes getting the data onto the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import mmap
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from harness.errors import UserError
+from harness.progress import progress
+from harness.timing import measure
+
+MIB = 1 << 20
+SECTOR = 512  # /sys/block/*/stat counts 512-byte sectors whatever the device's own sector size
+# A read repetition must see at least this share of its bytes at the device.
+MIN_DEVICE_SHARE = 0.95
+
+
+def block_device_counters(path: Path) -> Path | None:
+    """The stat file of the block device holding ``path``; None if it is not on one (tmpfs, overlay)."""
+    dev = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    return stat if stat.exists() else None
+
+
+def device_bytes(stat: Path | None) -> tuple[int, int]:
+    """(bytes read, bytes written) by the device since boot."""
+    if stat is None:
+        return (0, 0)
+    fields = stat.read_text().split()
+    return int(fields[2]) * SECTOR, int(fields[6]) * SECTOR
+
+
+def _open_direct(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags | os.O_DIRECT, 0o600)
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            raise UserError(f"the filesystem holding {path.parent} does not support O_DIRECT; "
+                            "set scratch_dir (--config scratch_dir=DIR) to a directory on a local disk") from None
+        raise
+
+
+class _Transfer:
+    """One file moved in ``threads`` slices of ``block`` bytes each request."""
+
+    def __init__(self, path: Path, file_bytes: int, block: int, threads: int):
+        self.path, self.block, self.threads = path, block, threads
+        self.blocks_per_thread = file_bytes // block // threads
+        # Page-aligned buffers (mmap), as O_DIRECT requires; random content, never zeros.
+        self.buffers = [mmap.mmap(-1, block) for _ in range(threads)]
+        for buf in self.buffers:
+            buf.write(secrets.token_bytes(block))
+        self.pool = ThreadPoolExecutor(threads)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks_per_thread * self.block * self.threads
+
+    def _slice(self, fd: int, t: int, write: bool) -> None:
+        buf = self.buffers[t]
+        first = t * self.blocks_per_thread
+        for i in range(first, first + self.blocks_per_thread):
+            offset = i * self.block
+            done = os.pwrite(fd, buf, offset) if write else os.preadv(fd, [buf], offset)
+            if done != self.block:
+                raise OSError(f"short {'write' if write else 'read'} at offset {offset}: {done} of {self.block} bytes")
+
+    def _run(self, fd: int, write: bool) -> None:
+        for f in [self.pool.submit(self._slice, fd, t, write) for t in range(self.threads)]:
+            f.result()
+
+    def write(self) -> None:
+        fd = _open_direct(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self._run(fd, write=True)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self) -> None:
+        fd = _open_direct(self.path, os.O_RDONLY)
+        try:
+            self._run(fd, write=False)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        for buf in self.buffers:
+            buf.close()
+
+
+class _CountedCall:
+    """Wraps a transfer so each call also records the device bytes it caused."""
+
+    def __init__(self, fn, stat: Path | None, column: int):
+        self.fn, self.stat, self.column = fn, stat, column
+        self.device_bytes: list[int] = []
+
+    def __call__(self) -> None:
+        before = device_bytes(self.stat)[self.column]
+        self.fn()
+        self.device_bytes.append(device_bytes(self.stat)[self.column] - before)
+
+
+def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **_) -> None:
+    repeat = params.get("repeat", repeat)
+    scratch_dir = Path(scratch_dir)
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    stat = block_device_counters(scratch_dir)
+    path = scratch_dir / f"disk-probe-{os.getpid()}.bin"
+    cases = list(itertools.product(params["block_sizes_kib"], params["threads"]))
+    try:
+        for block_kib, threads in progress(cases, desc="disk"):
+            transfer = _Transfer(path, params["file_size_mib"] * MIB, block_kib * 1024, threads)
+            if transfer.blocks_per_thread == 0:
+                raise UserError(f"disk: file_size_mib={params['file_size_mib']} is too small for "
+                                f"{threads} threads of {block_kib} KiB requests")
+            try:
+                for variant, column in (("write", 1), ("read", 0)):
+                    call = _CountedCall(getattr(transfer, variant), stat, column)
+                    m = measure(call, device="cpu", repeat=repeat, warmup=warmup if variant == "write" else 0)
+                    config = {"device": "cpu", "size_bytes": transfer.nbytes,
+                              "block_bytes": transfer.block, "threads": threads}
+                    writer.add_measurement(m, system="disk", variant=variant, bytes_moved=transfer.nbytes,
+                                           config=config)
+                    if stat is None:
+                        continue
+                    timed = call.device_bytes[-repeat:]
+                    for rep, counted in enumerate(timed):
+                        writer.add(system="disk", variant=variant, config=config, metric="device_bytes_ratio",
+                                   value=counted / transfer.nbytes, unit="ratio", repetition=rep)
+                    if variant == "read" and min(timed) < MIN_DEVICE_SHARE * transfer.nbytes:
+                        raise RuntimeError(
+                            f"disk read: the device saw only {min(timed) / transfer.nbytes:.0%} of the bytes read; "
+                            "the page cache was not bypassed, so this is not a disk measurement")
+            finally:
+                transfer.close()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def counters_note(scratch_dir: Path) -> str:
+    """A line for the provenance record: where the byte counters came from, or why there are none."""
+    Path(scratch_dir).mkdir(parents=True, exist_ok=True)
+    stat = block_device_counters(Path(scratch_dir))
+    if stat is None:
+        return f"no block-device byte counters for {scratch_dir} (not on a block device); bytes unverified"
+    return f"verified with {stat} ({os.path.realpath(stat.parent)})"

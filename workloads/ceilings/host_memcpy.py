@@ -1,0 +1,28 @@
+"""host_memcpy: a large copy in host memory; bandwidth counts bytes read plus bytes written."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.progress import progress
+from harness.timing import measure
+from workloads.ceilings.buffers import MIB, random_bytes
+
+
+def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:
+    nbytes = params["size_mib"] * MIB
+    src = random_bytes(nbytes, seed=2)
+    dst = torch.empty_like(src)
+    threads_before = torch.get_num_threads()
+    try:
+        for threads in progress(params["threads"], desc="host_memcpy"):
+            torch.set_num_threads(threads)
+            dst.copy_(src)
+            if not torch.equal(dst, src):
+                raise RuntimeError("host_memcpy: copied bytes differ from the source")
+            dst.fill_(0)
+            m = measure(lambda: dst.copy_(src), device="cpu", repeat=repeat, warmup=warmup)
+            writer.add_measurement(m, system="host_memcpy", variant="read+write", bytes_moved=2 * nbytes,
+                                   config={"device": "cpu", "size_bytes": nbytes, "threads": threads})
+    finally:
+        torch.set_num_threads(threads_before)
