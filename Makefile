@@ -1,0 +1,46 @@
+# Two commands on a fresh clone (Linux, Python 3.11; no GPU or conda needed):
+#   make reproduce    set up .venv, measure this machine (scale from config, default cpu), render figures + report
+#   make test         set up .venv, run the tests
+# Options: ENV=gpu (CUDA requirements), SNAKEMAKE_ARGS="--config scale=h200 machine=mybox"
+
+ENV ?= cpu
+VENV ?= .venv
+PYTHON ?= python3
+SNAKEMAKE_ARGS ?=
+STAMP := $(VENV)/.installed-$(ENV)
+
+# Keep tools from writing into the home directory and /tmp.
+export MPLCONFIGDIR := $(CURDIR)/.cache/matplotlib
+export IPYTHONDIR := $(CURDIR)/.cache/ipython
+export JUPYTER_CONFIG_DIR := $(CURDIR)/.cache/jupyter/config
+export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter/data
+export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
+export CUPY_CACHE_DIR := $(CURDIR)/.cache/cupy
+
+.PHONY: setup reproduce figures report test lint
+
+$(STAMP): envs/requirements-$(ENV).txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -r envs/requirements-$(ENV).txt
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation --editable .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+setup: $(STAMP)
+
+reproduce: setup
+	$(VENV)/bin/snakemake --cores all reproduce $(SNAKEMAKE_ARGS)
+	$(VENV)/bin/snakemake --report report.html $(SNAKEMAKE_ARGS)
+
+figures: setup
+	$(VENV)/bin/snakemake --cores all figures $(SNAKEMAKE_ARGS)
+
+report: setup
+	$(VENV)/bin/snakemake --report report.html $(SNAKEMAKE_ARGS)
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/snakemake --lint

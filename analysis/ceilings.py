@@ -1,0 +1,147 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Machine ceilings
+#
+# The physical limits of one machine, measured by `workloads.ceilings`: PCIe copies, GPU
+# zero-copy reads of pinned host memory, HBM copy, matrix-multiply rate, disk with O_DIRECT and
+# host memcpy. Every later figure is compared against these. Each point is the median of the
+# repetitions; bars span the interquartile range.
+
+# %% tags=["parameters"]
+machine = "local"
+scale = "cpu"
+figure = "paper_figs/local/ceilings-cpu.png"
+summary = "paper_figs/local/ceilings-cpu.md"
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from analysis.common import load_topic, machine_label, summarize
+from workloads.ceilings.schema import SCHEMA
+
+frame, provenance = load_topic(machine, "ceilings", scale, SCHEMA)
+systems = set(frame["system"])
+GiB, MiB = 1 << 30, 1 << 20
+print(machine_label(provenance))
+print(sorted(systems))
+
+# %% [markdown]
+# ## Summary table
+# Median bandwidths (GB/s = 10^9 B/s) and rates for the headline configurations.
+
+# %%
+bw = summarize(frame, "bandwidth", ["system", "variant", "device", "host_memory", "size_bytes", "table_bytes",
+                                    "granularity_bytes", "block_bytes", "threads"])
+rate = summarize(frame, "flop_rate", ["system", "variant", "device", "matrix_dim"])
+lines = [f"# Ceilings of `{machine}` at scale `{scale}`", "", machine_label(provenance), "",
+         "| what | configuration | median | IQR |", "|---|---|---|---|"]
+
+
+def add_line(what, config, row, unit):
+    lines.append(f"| {what} | {config} | {row['median']:.3g} {unit} | {row['q25']:.3g} to {row['q75']:.3g} |")
+
+
+if "pcie_copy" in systems:
+    largest = bw[bw.system == "pcie_copy"].size_bytes.max()
+    for _, r in bw[(bw.system == "pcie_copy") & (bw.size_bytes == largest)].iterrows():
+        add_line(f"PCIe copy {r.variant}", f"{r.host_memory}, {r.size_bytes / MiB:.0f} MiB", r, "GB/s")
+if "uva_read" in systems:
+    for _, r in bw[bw.system == "uva_read"].iterrows():
+        add_line(f"zero-copy read, {r.variant}", f"{r.granularity_bytes} B rows, {r.table_bytes / GiB:g} GiB table", r, "GB/s")
+if "hbm_copy" in systems:
+    for _, r in bw[bw.system == "hbm_copy"].iterrows():
+        add_line("HBM copy (read+write)", f"{r.size_bytes / MiB:.0f} MiB", r, "GB/s")
+for _, r in rate.iterrows():
+    add_line(f"matmul {r.variant}", f"{r.device}, n={r.matrix_dim}", r, "TFLOP/s")
+for _, r in bw[bw.system == "disk"].iterrows():
+    add_line(f"disk {r.variant} (O_DIRECT)", f"{r.block_bytes / MiB:g} MiB requests, {r.threads} threads", r, "GB/s")
+for _, r in bw[bw.system == "host_memcpy"].iterrows():
+    add_line("host memcpy (read+write)", f"{r.size_bytes / MiB:.0f} MiB, {r.threads} threads", r, "GB/s")
+Path(summary).parent.mkdir(parents=True, exist_ok=True)
+Path(summary).write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+
+# %% [markdown]
+# ## Figure
+
+# %%
+panels = [p for p in ("pcie_copy", "uva_read:random", "uva_read:sorted", "uva_read:contiguous",
+                      "hbm_copy", "matmul", "disk", "host_memcpy")
+          if p.split(":")[0] in systems]
+cols = min(4, len(panels))
+rows_n = -(-len(panels) // cols)
+fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.8 * rows_n), squeeze=False)
+axes = list(axes.flat)
+for ax in axes[len(panels):]:
+    ax.remove()
+
+
+def errorbars(ax, data, x, label, **style):
+    data = data.sort_values(x)
+    ax.errorbar(data[x], data["median"], yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
+                label=label, capsize=2, marker="o", markersize=3, **style)
+
+
+pinned_h2d = None
+if "pcie_copy" in systems:
+    pc = bw[bw.system == "pcie_copy"]
+    largest = pc.size_bytes.max()
+    pinned_h2d = pc[(pc.variant == "h2d") & (pc.host_memory == "pinned") & (pc.size_bytes == largest)]["median"].iloc[0]
+
+for ax, panel in zip(axes, panels):
+    system, _, order = panel.partition(":")
+    if system == "pcie_copy":
+        for (variant, memory), d in pc.groupby(["variant", "host_memory"]):
+            errorbars(ax, d.assign(mib=d.size_bytes / MiB), "mib", f"{variant}, {memory}",
+                      linestyle="-" if memory == "pinned" else ":")
+        ax.set(xscale="log", xlabel="transfer size (MiB)", ylabel="GB/s", title="PCIe copies (cudaMemcpy)")
+    elif system == "uva_read":
+        d_all = bw[(bw.system == "uva_read") & (bw.variant == order)]
+        for g, d in d_all.groupby("granularity_bytes"):
+            errorbars(ax, d.assign(gib=d.table_bytes / GiB), "gib", f"{g} B rows")
+        if pinned_h2d is not None:
+            ax.axhline(pinned_h2d, color="grey", linestyle="--", linewidth=1, label="pinned H2D copy")
+        ax.set(xscale="log", xlabel="table size (GiB, pinned host memory)", ylabel="GB/s",
+               title=f"GPU zero-copy reads, {order} rows", ylim=(0, None))
+    elif system == "hbm_copy":
+        d = bw[bw.system == "hbm_copy"]
+        ax.bar([f"{s / MiB:.0f} MiB" for s in d.size_bytes], d["median"] / 1e3,
+               yerr=[(d["median"] - d.q25) / 1e3, (d.q75 - d["median"]) / 1e3], capsize=3)
+        ax.set(ylabel="TB/s (bytes read + written)", title="HBM device-to-device copy")
+    elif system == "matmul":
+        ax.bar([f"{r.variant}\n({r.device}, n={r.matrix_dim})" for r in rate.itertuples()], rate["median"],
+               yerr=[rate["median"] - rate.q25, rate.q75 - rate["median"]], capsize=3)
+        ax.set(ylabel="TFLOP/s", title="Dense matrix multiply (random inputs)")
+    elif system == "disk":
+        d_all = bw[bw.system == "disk"]
+        for (variant, threads), d in d_all.groupby(["variant", "threads"]):
+            errorbars(ax, d.assign(mib=d.block_bytes / MiB), "mib", f"{variant}, {threads} thr",
+                      linestyle="-" if variant == "write" else ":")
+        ax.set(xscale="log", xlabel="request size (MiB)", ylabel="GB/s", ylim=(0, None),
+               title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)")
+    elif system == "host_memcpy":
+        d = bw[bw.system == "host_memcpy"].sort_values("threads")
+        ax.bar([str(t) for t in d.threads], d["median"],
+               yerr=[d["median"] - d.q25, d.q75 - d["median"]], capsize=3)
+        ax.set(xlabel="threads", ylabel="GB/s (bytes read + written)",
+               title=f"Host memcpy ({d.size_bytes.max() / MiB:.0f} MiB)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+fig.suptitle(f"Machine ceilings: {machine}, scale '{scale}' (measured; median, bars = IQR)\n"
+             f"{machine_label(provenance)}", fontsize=9)
+fig.tight_layout()
+Path(figure).parent.mkdir(parents=True, exist_ok=True)
+fig.savefig(figure, dpi=130)

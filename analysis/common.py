@@ -1,0 +1,42 @@
+"""Helpers shared by the analysis notebooks: finding results, summarizing repetitions, labelling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness.results import load, load_provenance
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def results_files(machine: str, topic: str, scale: str) -> list[Path]:
+    return sorted((REPO_ROOT / "results" / machine / topic).glob(f"*-{scale}.csv"))
+
+
+def load_topic(machine: str, topic: str, scale: str, schema) -> tuple[pd.DataFrame, list[dict]]:
+    """All of one machine's results for a topic at a scale, validated, with their provenance."""
+    files = results_files(machine, topic, scale)
+    return load(files, schema), [load_provenance(f) for f in files]
+
+
+def summarize(frame: pd.DataFrame, metric: str, by: list[str]) -> pd.DataFrame:
+    """Median and interquartile range over repetitions of ``metric`` for each group ``by``."""
+    rows = frame[frame["metric"] == metric]
+    grouped = rows.groupby(by, dropna=False)["value"]
+    out = grouped.agg(median="median", q25=lambda v: v.quantile(0.25), q75=lambda v: v.quantile(0.75),
+                      repetitions="count").reset_index()
+    return out
+
+
+def machine_label(provenance: list[dict]) -> str:
+    """One line saying where and when the numbers were measured, from the provenance records."""
+    first = provenance[0]
+    m = first["machine"]
+    hardware = ", ".join(f"{g['name']} (driver {g['driver']})" for g in m["gpus"]) or "no GPU"
+    dates = sorted(p["date_utc"][:10] for p in provenance)
+    commits = sorted({p["git"]["commit"][:8] + ("+dirty" if p["git"]["dirty"] else "") for p in provenance})
+    return (f"{hardware}; {m['cpu_model']}, {m['usable_cpus']} cores; measured {dates[0]}"
+            + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
+            + f"; commit {', '.join(commits)}; torch {first['packages'].get('torch', '?')}")

@@ -1,0 +1,34 @@
+"""Test settings: GPU tests skip cleanly without a GPU; tools write under the repo, not $HOME."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CACHE = REPO_ROOT / ".cache"
+for var, sub in (("MPLCONFIGDIR", "matplotlib"), ("IPYTHONDIR", "ipython"),
+                 ("JUPYTER_CONFIG_DIR", "jupyter/config"), ("JUPYTER_DATA_DIR", "jupyter/data"),
+                 ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"), ("CUPY_CACHE_DIR", "cupy")):
+    os.environ.setdefault(var, str(CACHE / sub))
+os.environ.setdefault("SUITE_NO_PROGRESS", "1")
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+HAS_GPU = _gpu_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here); run on the GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,82 @@
+"""The ceilings probes at the tiny scale, through their entry point, into validated results."""
+
+import pytest
+
+from harness.results import load, load_provenance
+from workloads.ceilings import GPU_PROBES, HOST_PROBES
+from workloads.ceilings.__main__ import main
+from workloads.ceilings.disk import block_device_counters
+from workloads.ceilings.schema import SCHEMA
+
+
+def _run(tmp_path, probe):
+    out = tmp_path / "results" / f"{probe}-tiny.csv"
+    main(["--probe", probe, "--scale", "tiny", "--out", str(out), "--scratch-dir", str(tmp_path / "scratch")])
+    return load([out], SCHEMA), load_provenance(out)
+
+
+@pytest.mark.parametrize("probe", HOST_PROBES)
+def test_host_probe_writes_valid_results_with_provenance(tmp_path, probe):
+    frame, prov = _run(tmp_path, probe)
+    assert set(frame["system"]) == {probe}
+    assert (frame["scale"] == "tiny").all()
+    times = frame[frame.metric == "time"]["value"]
+    assert len(times) > 0 and (times > 0).all()
+    assert prov["probe"] == probe and prov["scale"] == "tiny" and prov["parameters"]
+
+
+def test_disk_probe_reaches_the_device_and_cleans_up(tmp_path):
+    frame, prov = _run(tmp_path, "disk")
+    assert set(frame.variant) == {"write", "read"}
+    assert set(frame.threads) == {1, 2}
+    assert list((tmp_path / "scratch").iterdir()) == []  # the probe's file is gone
+    if block_device_counters(tmp_path) is None:
+        pytest.skip("scratch directory is not on a block device here; byte counters unavailable")
+    ratios = frame[frame.metric == "device_bytes_ratio"]
+    reads = ratios[ratios.variant == "read"]["value"]
+    writes = ratios[ratios.variant == "write"]["value"]
+    assert (reads >= 0.95).all(), "O_DIRECT reads must come from the device, not the page cache"
+    assert (writes >= 0.95).all()
+    assert "verified with" in prov["disk_byte_counters"]
+
+
+def test_matmul_rate_is_consistent_with_its_time(tmp_path):
+    frame, _ = _run(tmp_path, "matmul")
+    for (variant, rep), rows in frame.groupby(["variant", "repetition"]):
+        by = dict(zip(rows.metric, rows.value))
+        n = int(rows.matrix_dim.iloc[0])
+        assert by["flop_rate"] == pytest.approx(2 * n**3 / by["time"] / 1e12)
+
+
+@pytest.mark.parametrize("probe", GPU_PROBES)
+def test_gpu_probe_without_gpu_is_one_line_error(tmp_path, probe, monkeypatch, capsys):
+    monkeypatch.setenv("SUITE_HIDE_GPU", "1")
+    from harness import machine
+
+    machine.nvidia_gpus.cache_clear()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            _run(tmp_path, probe)
+    finally:
+        machine.nvidia_gpus.cache_clear()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"probe '{probe}' needs a CUDA GPU" in err
+    assert not (tmp_path / "results").exists()
+
+
+def test_unknown_scale_and_bad_out_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--probe", "matmul", "--scale", "huge", "--out", str(tmp_path / "x.csv")])
+    assert "unknown scale 'huge'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--probe", "matmul", "--scale", "tiny", "--out", str(tmp_path / "x.txt")])
+    assert "must name a .csv" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("probe", GPU_PROBES)
+def test_gpu_probe_writes_valid_results(tmp_path, probe):
+    frame, prov = _run(tmp_path, probe)
+    assert (frame[frame.metric == "bandwidth"]["value"] > 0).all()
+    assert prov["cuda"]["available"] is True

@@ -1,0 +1,25 @@
+"""Provenance records say which code, machine, software, date and scale produced a number."""
+
+from harness import provenance
+
+
+def test_record_has_every_field_a_reader_needs():
+    record = provenance.collect("tiny", topic="demo")
+    assert record["scale"] == "tiny" and record["topic"] == "demo"
+    assert record["date_utc"].endswith("+00:00")
+    assert set(record["git"]) == {"commit", "dirty", "source"}
+    m = record["machine"]
+    assert m["cpu_model"] and m["logical_cpus"] >= 1 and m["memory_bytes"] > 0
+    assert "torch" in record["packages"] and "numpy" in record["packages"]
+    assert record["cuda"]["available"] in (True, False)
+
+
+def test_commit_comes_from_the_environment_without_git_history(monkeypatch):
+    monkeypatch.setattr(provenance, "_git", lambda *args: None)
+    monkeypatch.setenv("SUITE_GIT_COMMIT", "0123abcd" * 5)
+    monkeypatch.setenv("SUITE_GIT_DIRTY", "1")
+    state = provenance.git_state()
+    assert state == {"commit": "0123abcd" * 5, "dirty": True,
+                     "source": "environment (copy of a working tree without git history)"}
+    monkeypatch.delenv("SUITE_GIT_COMMIT")
+    assert provenance.git_state()["commit"] == "unknown"

@@ -1,0 +1,100 @@
+"""The results schema: round trip, and every way a malformed file is refused with file and line."""
+
+import json
+import math
+import random
+
+import pytest
+
+from harness.results import ResultsFormatError, ResultsWriter, Schema, load, provenance_path, read_rows
+from harness.timing import Measurement
+
+SCHEMA = Schema(topic="demo", config={"size_bytes": int, "ratio": float, "kind": str, "flag": bool})
+
+
+def _write(tmp_path, rows=3, name="demo-cpu.csv"):
+    rng = random.Random(7)
+    writer = ResultsWriter(SCHEMA, scale="cpu")
+    for rep in range(rows):
+        writer.add(system="sys", variant="v", config={"size_bytes": 4096, "ratio": 0.5, "kind": None, "flag": True},
+                   metric="time", value=rng.uniform(0.1, 1.0), unit="s", repetition=rep)
+    path = tmp_path / name
+    writer.write(path, {"scale": "cpu", "note": "test"})
+    return path, writer
+
+
+def test_round_trip_keeps_values_types_and_missing_cells(tmp_path):
+    path, writer = _write(tmp_path)
+    frame = load([path], SCHEMA)
+    assert list(frame["value"]) == [row["value"] for row in writer.rows]  # exact, not rounded
+    assert frame["size_bytes"].tolist() == [4096] * 3
+    assert frame["kind"].isna().all()
+    assert frame["flag"].tolist() == [True] * 3
+    assert json.loads(provenance_path(path).read_text())["note"] == "test"
+
+
+def test_measurement_rows_carry_rates(tmp_path):
+    m = Measurement(clock="monotonic", seconds=(0.5, 0.25), cpu_core_seconds=(0.4, 0.2))
+    writer = ResultsWriter(SCHEMA, scale="cpu")
+    writer.add_measurement(m, system="s", variant="v", config={}, bytes_moved=10**9, flops=10**12)
+    by_metric = {(r["metric"], r["repetition"]): r["value"] for r in writer.rows}
+    assert by_metric[("bandwidth", 0)] == pytest.approx(2.0)
+    assert by_metric[("bandwidth", 1)] == pytest.approx(4.0)
+    assert by_metric[("flop_rate", 1)] == pytest.approx(4.0)
+    assert by_metric[("cpu_time", 0)] == pytest.approx(0.4)
+
+
+def test_writer_refuses_unknown_columns_wrong_types_and_nan():
+    writer = ResultsWriter(SCHEMA, scale="cpu")
+    with pytest.raises(ValueError, match="not in the schema"):
+        writer.add(system="s", variant="v", config={"oops": 1}, metric="m", value=1.0, unit="s")
+    with pytest.raises(TypeError, match="size_bytes"):
+        writer.add(system="s", variant="v", config={"size_bytes": "big"}, metric="m", value=1.0, unit="s")
+    with pytest.raises(TypeError, match="size_bytes"):
+        writer.add(system="s", variant="v", config={"size_bytes": True}, metric="m", value=1.0, unit="s")
+    with pytest.raises(ValueError, match="not finite"):
+        writer.add(system="s", variant="v", config={}, metric="m", value=math.nan, unit="s")
+
+
+def test_writer_refuses_to_write_nothing(tmp_path):
+    with pytest.raises(ValueError, match="no rows"):
+        ResultsWriter(SCHEMA, scale="cpu").write(tmp_path / "x.csv", {})
+    assert not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.parametrize(
+    "line_edit, message",
+    [
+        (lambda cells: cells.__setitem__(5, "lots"), r"demo-cpu.csv:3: column 'size_bytes': 'lots' is not a int"),
+        (lambda cells: cells.__setitem__(-2, "nan"), r"demo-cpu.csv:3: value 'nan' is not finite"),
+        (lambda cells: cells.__setitem__(-4, "-1"), r"demo-cpu.csv:3: repetition -1 is negative"),
+        (lambda cells: cells.__setitem__(0, "other"), r"demo-cpu.csv:3: workload 'other' does not belong"),
+        (lambda cells: cells.__setitem__(2, ""), r"demo-cpu.csv:3: column 'system' is empty"),
+        (lambda cells: cells.__setitem__(8, "maybe"), r"demo-cpu.csv:3: column 'flag': 'maybe' is not a bool"),
+        (lambda cells: cells.pop(), r"demo-cpu.csv:3: expected 13 fields"),
+    ],
+)
+def test_loader_names_file_and_line_of_a_bad_row(tmp_path, line_edit, message):
+    path, _ = _write(tmp_path)
+    lines = path.read_text().splitlines()
+    cells = lines[2].split(",")
+    line_edit(cells)
+    lines[2] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ResultsFormatError, match=message):
+        read_rows(path, SCHEMA)
+
+
+def test_loader_refuses_wrong_header_missing_provenance_and_empty_file(tmp_path):
+    path, _ = _write(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace("size_bytes", "bytes", 1))
+    with pytest.raises(ResultsFormatError, match="header does not match.*missing \\['size_bytes'\\]"):
+        read_rows(path, SCHEMA)
+    path.write_text(text.splitlines()[0] + "\n")
+    with pytest.raises(ResultsFormatError, match="no data rows"):
+        read_rows(path, SCHEMA)
+    path.write_text(text)
+    provenance_path(path).unlink()
+    with pytest.raises(ResultsFormatError, match="no provenance record"):
+        read_rows(path, SCHEMA)

@@ -1,0 +1,69 @@
+"""The timing harness: what it counts, what it reports, and its refusals."""
+
+import time
+
+import pytest
+
+from harness import resources
+from harness.timing import Measurement, measure
+
+
+def test_runs_warmup_plus_repeat_and_times_each_repetition():
+    calls = []
+    durations = iter([0.0, 0.0] + [0.002, 0.004, 0.006, 0.008, 0.010])
+
+    def fn():
+        calls.append(1)
+        time.sleep(next(durations))
+
+    m = measure(fn, device="cpu", repeat=5, warmup=2)
+    assert len(calls) == 7
+    assert len(m.seconds) == len(m.cpu_core_seconds) == 5
+    assert m.clock == "monotonic"
+    # Each sample covers its own sleep, and the order of repetitions is kept.
+    for got, slept in zip(m.seconds, [0.002, 0.004, 0.006, 0.008, 0.010]):
+        assert slept <= got < slept + 0.05
+    assert 0.006 <= m.median < 0.06
+    low, high = m.spread
+    assert low <= m.median <= high
+
+
+def test_cpu_time_counts_busy_work_but_not_sleep():
+    def busy():
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+
+    m_busy = measure(busy, device="cpu", repeat=3, warmup=0)
+    m_sleep = measure(lambda: time.sleep(0.05), device="cpu", repeat=3, warmup=0)
+    assert min(m_busy.cpu_core_seconds) > 0.03
+    assert max(m_sleep.cpu_core_seconds) < 0.02
+
+
+def test_peak_rss_sees_an_allocation_inside_the_region():
+    baseline = resources.rss_bytes()
+
+    def allocate():
+        block = bytearray(64 << 20)
+        block[:: 4096] = b"\x01" * len(block[:: 4096])  # touch every page
+        del block
+
+    m = measure(allocate, device="cpu", repeat=2, warmup=0, track_memory=True)
+    assert all(peak >= baseline + (48 << 20) for peak in m.peak_rss_bytes)
+    assert len(m.pinned_host_bytes) == 2
+
+
+def test_spread_of_one_sample_is_that_sample():
+    m = Measurement(clock="monotonic", seconds=(0.25,), cpu_core_seconds=(0.1,))
+    assert m.median == 0.25 and m.spread == (0.25, 0.25)
+
+
+@pytest.mark.parametrize("kwargs", [dict(repeat=0, warmup=0), dict(repeat=1, warmup=-1)])
+def test_refuses_bad_counts(kwargs):
+    with pytest.raises(ValueError):
+        measure(lambda: None, device="cpu", **kwargs)
+
+
+def test_refuses_unknown_device():
+    with pytest.raises(ValueError, match="device"):
+        measure(lambda: None, device="tpu", repeat=1, warmup=0)
