@@ -119,6 +119,7 @@ class _CountedCall:
 
 def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **_) -> None:
     repeat = params.get("repeat", repeat)
+    warmup = params.get("warmup", warmup)
     scratch_dir = Path(scratch_dir)
     scratch_dir.mkdir(parents=True, exist_ok=True)
     stat = block_device_counters(scratch_dir)
