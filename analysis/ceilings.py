@@ -127,7 +127,7 @@ for ax, panel in zip(axes, panels):
         d_all = bw[bw.system == "disk"]
         for (variant, threads), d in d_all.groupby(["variant", "threads"]):
             errorbars(ax, d.assign(mib=d.block_bytes / MiB), "mib", f"{variant}, {threads} thr",
-                      linestyle="-" if variant == "write" else ":")
+                      linestyle={"write": "-", "overwrite": "--", "read": ":"}[variant])
         ax.set(xscale="log", xlabel="request size (MiB)", ylabel="GB/s", ylim=(0, None),
                title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)")
     elif system == "host_memcpy":

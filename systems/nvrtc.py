@@ -26,6 +26,7 @@ from pathlib import Path
 _modules: dict[str, object] = {}
 
 DEFAULT_OPTIONS = ("--std=c++17",)
+CUDA_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost
 
 
 def kernel_sources() -> list[Path]:
@@ -76,6 +77,8 @@ def launch(module, name: str, grid: tuple[int, ...], block: tuple[int, ...], arg
 def device_pointer_of_pinned(tensor) -> int:
     """The device-side address of page-locked host memory (the same address under UVA)."""
     cupy = _cupy()
-    # Ask the driver about the allocation's base address; a view's offset carries over unchanged.
-    base = tensor.untyped_storage().data_ptr()
-    return int(cupy.cuda.runtime.hostGetDevicePointer(base, 0)) + (tensor.data_ptr() - base)
+    attributes = cupy.cuda.runtime.pointerGetAttributes(tensor.data_ptr())
+    memory_type = getattr(attributes, "type", getattr(attributes, "memoryType", None))
+    if memory_type != CUDA_MEMORY_TYPE_HOST:
+        raise ValueError("tensor is not in page-locked host memory known to the CUDA driver")
+    return int(attributes.devicePointer)

@@ -27,14 +27,14 @@ def test_host_probe_writes_valid_results_with_provenance(tmp_path, probe):
 
 def test_disk_probe_reaches_the_device_and_cleans_up(tmp_path):
     frame, prov = _run(tmp_path, "disk")
-    assert set(frame.variant) == {"write", "read"}
+    assert set(frame.variant) == {"write", "overwrite", "read"}
     assert set(frame.threads) == {1, 2}
     assert list((tmp_path / "scratch").iterdir()) == []  # the probe's file is gone
     if block_device_counters(tmp_path) is None:
         pytest.skip("scratch directory is not on a block device here; byte counters unavailable")
     ratios = frame[frame.metric == "device_bytes_ratio"]
     reads = ratios[ratios.variant == "read"]["value"]
-    writes = ratios[ratios.variant == "write"]["value"]
+    writes = ratios[ratios.variant != "read"]["value"]
     assert (reads >= 0.95).all(), "O_DIRECT reads must come from the device, not the page cache"
     assert (writes >= 0.95).all()
     assert "verified with" in prov["disk_byte_counters"]

@@ -4,8 +4,10 @@ O_DIRECT keeps the page cache out of the way (a host with more RAM than the file
 serve reads from DRAM). The block device's own byte counters (/sys/dev/block/MAJ:MIN/stat) are
 read around every repetition: the probe records how many bytes reached the device per byte
 requested, and refuses a read whose bytes did not come from the device.
-Each thread writes or reads its own contiguous slice of the file. A write repetition creates
-the file anew and ends with fsync, so its time includes getting the data onto the device.
+Each thread writes or reads its own contiguous slice of the file. Writes end with fsync, so their
+time includes getting the data onto the device. Variants: ``write`` creates the file anew each
+repetition (the filesystem allocates blocks, as when every tensor gets a new file), ``overwrite``
+rewrites the existing file in place, ``read`` reads it back.
 """
 
 from __future__ import annotations
@@ -84,7 +86,13 @@ class _Transfer:
             f.result()
 
     def write(self) -> None:
-        fd = _open_direct(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        self._write(os.O_CREAT | os.O_TRUNC)
+
+    def overwrite(self) -> None:
+        self._write(0)
+
+    def _write(self, flags: int) -> None:
+        fd = _open_direct(self.path, os.O_WRONLY | flags)
         try:
             self._run(fd, write=True)
             os.fsync(fd)
@@ -132,8 +140,9 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
                 raise UserError(f"disk: file_size_mib={params['file_size_mib']} is too small for "
                                 f"{threads} threads of {block_kib} KiB requests")
             try:
-                for variant, column in (("write", 1), ("read", 0)):
+                for variant, column in (("write", 1), ("overwrite", 1), ("read", 0)):
                     call = _CountedCall(getattr(transfer, variant), stat, column)
+                    # The first write creates the file that the other variants use.
                     m = measure(call, device="cpu", repeat=repeat, warmup=warmup if variant == "write" else 0)
                     config = {"device": "cpu", "size_bytes": transfer.nbytes,
                               "block_bytes": transfer.block, "threads": threads}
