@@ -130,6 +130,7 @@ for ax, panel in zip(axes, panels):
                       linestyle={"write": "-", "overwrite": "--", "read": ":"}[variant])
         ax.set(xscale="log", xlabel="request size (MiB)", ylabel="GB/s", ylim=(0, None),
                title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)")
+        ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     elif system == "host_memcpy":
         d = bw[bw.system == "host_memcpy"].sort_values("threads")
         ax.bar([str(t) for t in d.threads], d["median"],
@@ -137,7 +138,7 @@ for ax, panel in zip(axes, panels):
         ax.set(xlabel="threads", ylabel="GB/s (bytes read + written)",
                title=f"Host memcpy ({d.size_bytes.max() / MiB:.0f} MiB)")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
+    if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
 
 fig.suptitle(f"Machine ceilings: {machine}, scale '{scale}' (measured; median, bars = IQR)\n"

@@ -15,6 +15,7 @@ class GpuInfo:
     name: str
     memory_mib: int
     driver: str
+    pcie: str = ""  # link generation and width now, e.g. "gen5 x16"
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,15 @@ def nvidia_gpus() -> tuple[GpuInfo, ...]:
         return ()
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+            [smi, "--query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current", "--format=csv,noheader,nounits"],
             capture_output=True, text=True, timeout=30, check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return ()
     gpus = []
     for line in out.strip().splitlines():
-        name, mem, driver = (part.strip() for part in line.split(","))
-        gpus.append(GpuInfo(name=name, memory_mib=int(float(mem)), driver=driver))
+        name, mem, driver, gen, width = (part.strip() for part in line.split(","))
+        gpus.append(GpuInfo(name=name, memory_mib=int(float(mem)), driver=driver, pcie=f"gen{gen} x{width}"))
     return tuple(gpus)
 
 
