@@ -31,4 +31,4 @@ rule reproduce:
 rule figures:
     """Render every figure from the results already in results/ (no measuring)."""
     input:
-        committed_figures("ceilings"),
+        committed_figures("ceilings", lambda: probes_for(HAS_GPU)),

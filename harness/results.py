@@ -26,6 +26,7 @@ KEY_COLUMNS = ("workload", "dataset", "system", "variant", "scale")
 TAIL_COLUMNS = ("repetition", "metric", "value", "unit")
 PROVENANCE_SUFFIX = ".provenance.json"
 
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 _PARSERS = {
     int: int,
     float: float,
@@ -164,7 +165,7 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
         try:
             row[name] = None if cell == "" else _PARSERS[kind](cell)
         except (ValueError, KeyError):
-            raise ResultsFormatError(f"{where}: column '{name}': {cell!r} is not a {kind.__name__}") from None
+            raise ResultsFormatError(f"{where}: column '{name}': {cell!r} is not {_TYPE_NAMES[kind]}") from None
     try:
         row["repetition"] = int(raw["repetition"])
         row["value"] = float(raw["value"])

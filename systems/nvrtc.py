@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 _modules: dict[str, object] = {}
+_streams: dict[tuple[int, int], object] = {}
 
 DEFAULT_OPTIONS = ("--std=c++17",)
 CUDA_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost
@@ -67,11 +69,24 @@ def launch(module, name: str, grid: tuple[int, ...], block: tuple[int, ...], arg
     """
     import torch
 
-    cupy = _cupy()
     kernel = module.get_function(name)
     stream = torch.cuda.current_stream()
-    with cupy.cuda.Device(stream.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
+    with cupy_stream(stream.device.index, stream.cuda_stream):
         kernel(grid, block, args, shared_mem=shared_mem)
+
+
+def cupy_stream(device: int, handle: int):
+    """A CuPy view of a torch stream, made once per stream (it is used as a context manager)."""
+    view = _streams.get((device, handle))
+    if view is None:
+        cupy = _cupy()
+        with warnings.catch_warnings():
+            # CuPy 14 deprecates ExternalStream in favour of Stream.from_external, which needs
+            # the stream protocol that not every torch version implements; both wrap the handle.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            view = cupy.cuda.ExternalStream(handle, device)
+        _streams[(device, handle)] = view
+    return view
 
 
 def device_pointer_of_pinned(tensor) -> int:

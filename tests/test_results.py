@@ -65,12 +65,12 @@ def test_writer_refuses_to_write_nothing(tmp_path):
 @pytest.mark.parametrize(
     "line_edit, message",
     [
-        (lambda cells: cells.__setitem__(5, "lots"), r"demo-cpu.csv:3: column 'size_bytes': 'lots' is not a int"),
+        (lambda cells: cells.__setitem__(5, "lots"), r"demo-cpu.csv:3: column 'size_bytes': 'lots' is not an integer"),
         (lambda cells: cells.__setitem__(-2, "nan"), r"demo-cpu.csv:3: value 'nan' is not finite"),
         (lambda cells: cells.__setitem__(-4, "-1"), r"demo-cpu.csv:3: repetition -1 is negative"),
         (lambda cells: cells.__setitem__(0, "other"), r"demo-cpu.csv:3: workload 'other' does not belong"),
         (lambda cells: cells.__setitem__(2, ""), r"demo-cpu.csv:3: column 'system' is empty"),
-        (lambda cells: cells.__setitem__(8, "maybe"), r"demo-cpu.csv:3: column 'flag': 'maybe' is not a bool"),
+        (lambda cells: cells.__setitem__(8, "maybe"), r"demo-cpu.csv:3: column 'flag': 'maybe' is not true or false"),
         (lambda cells: cells.pop(), r"demo-cpu.csv:3: expected 13 fields"),
     ],
 )

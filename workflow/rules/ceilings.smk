@@ -2,15 +2,6 @@
 from workloads.ceilings import GPU_PROBES, PROBES, probes_for
 
 
-def ceilings_results(wildcards):
-    """This machine's results: the probes that apply here (measured if missing).
-    Another machine's results: the files committed for it (never measured here)."""
-    folder = f"results/{wildcards.machine}/ceilings"
-    if wildcards.machine == MACHINE:
-        return [f"{folder}/{probe}-{wildcards.scale}.csv" for probe in probes_for(HAS_GPU)]
-    return [ancient(str(p)) for p in sorted(Path(folder).glob(f"*-{wildcards.scale}.csv"))]
-
-
 rule ceilings_measure:
     """Measure one ceilings probe on this machine."""
     output:
@@ -19,6 +10,7 @@ rule ceilings_measure:
     log:
         "logs/{machine}/ceilings/{probe}-{scale}.log",
     wildcard_constraints:
+        # Only this machine's results are ever measured; other machines' are committed files.
         machine=re.escape(MACHINE),
         probe="|".join(PROBES),
     resources:
@@ -26,18 +18,21 @@ rule ceilings_measure:
         timing_slot=1,
         gpu=lambda wc: int(wc.probe in GPU_PROBES or (HAS_GPU and wc.probe == "matmul")),
     params:
+        python=PYTHON,
+        config_file=CONFIG_FILE,
         scratch_dir=config["scratch_dir"],
     shell:
-        "{PYTHON} -m workloads.ceilings --probe {wildcards.probe} --scale {wildcards.scale}"
-        " --out {output.csv} --config {CONFIG_FILE} --scratch-dir {params.scratch_dir}"
+        "{params.python} -m workloads.ceilings --probe {wildcards.probe} --scale {wildcards.scale}"
+        " --out {output.csv} --config {params.config_file} --scratch-dir {params.scratch_dir}"
         " 2>&1 | tee {log}"
 
 
 rule ceilings_figure:
     """Render the ceilings figure and summary table of one machine at one scale."""
     input:
-        ceilings_results,
+        topic_results("ceilings", lambda: probes_for(HAS_GPU)),
         notebook="analysis/ceilings.py",
+        helpers="analysis/common.py",
     output:
         figure=report(
             "paper_figs/{machine}/ceilings-{scale}.png",
@@ -48,13 +43,17 @@ rule ceilings_figure:
         summary="paper_figs/{machine}/ceilings-{scale}.md",
     log:
         notebook="logs/{machine}/notebooks/ceilings-{scale}.ipynb",
+    params:
+        python=PYTHON,
     shell:
-        "{PYTHON} -m analysis.render {input.notebook} --executed {log.notebook}"
+        "{params.python} -m analysis.render {input.notebook} --executed {log.notebook}"
         " -p machine={wildcards.machine} -p scale={wildcards.scale}"
         " -p figure={output.figure} -p summary={output.summary}"
 
 
 rule ceilings:
-    """This machine's ceilings figure at the configured scale."""
+    """This machine's ceilings figure at the configured scale. The results are targets too, so
+    a deleted results file is measured again (and the figure re-rendered)."""
     input:
         f"paper_figs/{MACHINE}/ceilings-{SCALE}.png",
+        expand(f"results/{MACHINE}/ceilings/{{probe}}-{SCALE}.csv", probe=probes_for(HAS_GPU)),

@@ -1,0 +1,154 @@
+"""The Snakemake workflow end to end at the tiny scale, in a copy of the repository.
+
+Checks what a user does first: reproduce, figures from committed results, the report, lint,
+resuming an interrupted run, and the one-line errors for bad input.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workloads.ceilings import HOST_PROBES
+
+pytestmark = pytest.mark.slow
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HIDE_GPU = {"SUITE_HIDE_GPU": "1"}  # the CPU path, also on a GPU machine
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A copy of the repository's files (tracked and untracked-not-ignored), without local results."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    root = tmp_path_factory.mktemp("repo")
+    for name in filter(None, files):
+        source = REPO_ROOT / name
+        if source.is_file() and not name.startswith(("results/local/", "paper_figs/local/")):
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name)
+    return root
+
+
+def snakemake(workdir, *args, env=None, check=True):
+    result = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir, capture_output=True,
+                            text=True, env={**os.environ, **HIDE_GPU, **(env or {})}, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def planned_outputs(result, rule):
+    """The output lines of the jobs of ``rule`` that a dry run planned."""
+    outputs, current = [], None
+    for line in (result.stdout + result.stderr).splitlines():
+        if line.startswith(("rule ", "localrule ")):
+            current = line.split()[1].rstrip(":")
+        elif current == rule and line.strip().startswith("output:"):
+            outputs.append(line.strip())
+    return outputs
+
+
+def planned_jobs(result, rule):
+    """How many jobs of ``rule`` a dry run planned (from its job-stats table)."""
+    for line in (result.stdout + result.stderr).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == rule and parts[1].isdigit():
+            return int(parts[1])
+    return 0
+
+
+def test_reproduce_measures_renders_and_is_then_up_to_date(workdir):
+    snakemake(workdir, "reproduce", "--config", "scale=tiny")
+    folder = workdir / "results" / "local" / "ceilings"
+    for probe in HOST_PROBES:
+        assert (folder / f"{probe}-tiny.csv").stat().st_size > 0
+        assert (folder / f"{probe}-tiny.provenance.json").exists()
+    figure = workdir / "paper_figs" / "local" / "ceilings-tiny.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| matmul fp32 |" in (workdir / "paper_figs" / "local" / "ceilings-tiny.md").read_text()
+    again = snakemake(workdir, "reproduce", "--config", "scale=tiny", "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_figures_renders_committed_h200_results_without_measuring(workdir):
+    committed = workdir / "results" / "h200" / "ceilings"
+    if not committed.exists():
+        pytest.skip("no committed H200 results in this checkout")
+    figure = workdir / "paper_figs" / "h200" / "ceilings-h200.png"
+    figure.unlink(missing_ok=True)
+    dry = snakemake(workdir, "figures", "-n")
+    assert planned_jobs(dry, "ceilings_measure") == 0
+    assert planned_jobs(dry, "ceilings_figure") >= 1
+    snakemake(workdir, "figures")
+    assert figure.stat().st_size > 50_000
+
+
+def test_report_holds_every_figure(workdir):
+    snakemake(workdir, "reproduce", "--config", "scale=tiny")
+    snakemake(workdir, "--report", "report.html", "figures")
+    html = (workdir / "report.html").read_text(errors="replace")
+    assert "ceilings-tiny.png" in html
+    if (workdir / "results" / "h200").exists():
+        assert "ceilings-h200.png" in html
+
+
+def test_lint_leaves_only_the_explained_warning(workdir):
+    result = snakemake(workdir, "--lint", check=False)
+    warnings = [line.strip() for line in result.stderr.splitlines() if line.strip().startswith("* ")]
+    assert warnings, "expected the documented conda/container warning"
+    assert all(w.startswith("* Specify a conda environment or container") for w in warnings), warnings
+
+
+def test_a_deleted_result_is_the_only_job_redone(workdir):
+    snakemake(workdir, "reproduce", "--config", "scale=tiny")
+    (workdir / "results" / "local" / "ceilings" / "disk-tiny.csv").unlink()
+    dry = snakemake(workdir, "reproduce", "--config", "scale=tiny", "-n")
+    assert planned_jobs(dry, "ceilings_measure") == 1
+    assert "disk-tiny.csv" in " ".join(planned_outputs(dry, "ceilings_measure"))
+
+
+def test_interrupted_run_redoes_only_unfinished_jobs(workdir):
+    folder = workdir / "results" / "local" / "ceilings"
+    shutil.rmtree(folder, ignore_errors=True)
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "reproduce", "--config", "scale=tiny"],
+                            cwd=workdir, env={**os.environ, **HIDE_GPU}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    # Measuring jobs run one at a time, so once a second results file appears the first job is
+    # over and recorded; interrupt then (Ctrl-C), while the second job may still be running.
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(folder.glob("*.csv"))) < 2:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    first_done = min(folder.glob("*.csv"), key=lambda p: p.stat().st_mtime).name
+    dry = snakemake(workdir, "reproduce", "--config", "scale=tiny", "-n")
+    redone = " ".join(planned_outputs(dry, "ceilings_measure"))
+    assert 1 <= planned_jobs(dry, "ceilings_measure") <= len(HOST_PROBES) - 1, redone
+    assert first_done not in redone
+    snakemake(workdir, "reproduce", "--config", "scale=tiny")
+    assert len(list(folder.glob("*.csv"))) == len(HOST_PROBES)
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["reproduce", "--config", "scale=huge"], {}, "error: unknown scale 'huge'; choose one of tiny, cpu, h200"),
+        (["reproduce", "--config", "scale=h200"], {}, "error: scale 'h200' needs a CUDA GPU"),
+        (["reproduce", "--config", "machine=../x"], {}, "error: config key 'machine': '../x' does not match"),
+        (["nosuchtarget"], {}, "No rule to produce nosuchtarget"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line(workdir, args, env, message):
+    result = snakemake(workdir, *args, "-n", env=env, check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert message in output, output[-2000:]
+    if message.startswith("error:"):
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in output
