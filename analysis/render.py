@@ -54,16 +54,17 @@ def main(argv=None) -> None:
     env_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     os.environ["PYTHONPATH"] = env_path  # the kernel is a child process; it must find the packages
     os.environ.setdefault("MPLBACKEND", "Agg")
-    client = nbclient.NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(REPO_ROOT)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=args.timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}},
+        # The kernel talks to this process over loopback only; its warning about that is noise.
+        extra_arguments=["--IPKernelApp.log_level=ERROR"])
     args.executed.parent.mkdir(parents=True, exist_ok=True)
     try:
         client.execute()
     except nbclient.exceptions.CellExecutionError as err:
         nbformat.write(nb, args.executed)
-        # The last line of the cell's error is the message a reader needs.
-        last = str(err).strip().splitlines()[-1]
-        print(f"error: notebook {args.notebook} failed: {last} (executed copy: {args.executed})", file=sys.stderr)
+        print(f"error: notebook {args.notebook} failed: {err.ename}: {err.evalue} "
+              f"(executed copy: {args.executed})", file=sys.stderr)
         raise SystemExit(1) from None
     nbformat.write(nb, args.executed)
 
