@@ -11,6 +11,7 @@ for var, sub in (("MPLCONFIGDIR", "matplotlib"), ("IPYTHONDIR", "ipython"),
                  ("JUPYTER_CONFIG_DIR", "jupyter/config"), ("JUPYTER_DATA_DIR", "jupyter/data"),
                  ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"), ("CUPY_CACHE_DIR", "cupy")):
     os.environ.setdefault(var, str(CACHE / sub))
+    Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("SUITE_NO_PROGRESS", "1")
 
 

@@ -4,14 +4,14 @@ import pytest
 
 from harness.results import load, load_provenance
 from workloads.ceilings import GPU_PROBES, HOST_PROBES
-from workloads.ceilings.__main__ import main
+from workloads.ceilings.__main__ import cli as main
 from workloads.ceilings.disk import block_device_counters
 from workloads.ceilings.schema import SCHEMA
 
 
 def _run(tmp_path, probe):
     out = tmp_path / "results" / f"{probe}-tiny.csv"
-    main(["--probe", probe, "--scale", "tiny", "--out", str(out), "--scratch-dir", str(tmp_path / "scratch")])
+    main(["--part", probe, "--scale", "tiny", "--out", str(out), "--scratch-dir", str(tmp_path / "scratch")])
     return load([out], SCHEMA), load_provenance(out)
 
 
@@ -22,7 +22,7 @@ def test_host_probe_writes_valid_results_with_provenance(tmp_path, probe):
     assert (frame["scale"] == "tiny").all()
     times = frame[frame.metric == "time"]["value"]
     assert len(times) > 0 and (times > 0).all()
-    assert prov["probe"] == probe and prov["scale"] == "tiny" and prov["parameters"]
+    assert prov["part"] == probe and prov["scale"] == "tiny" and prov["parameters"]
 
 
 def test_disk_probe_reaches_the_device_and_cleans_up(tmp_path):
@@ -61,16 +61,16 @@ def test_gpu_probe_without_gpu_is_one_line_error(tmp_path, probe, monkeypatch, c
         machine.nvidia_gpus.cache_clear()
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"probe '{probe}' needs a CUDA GPU" in err
+    assert err.count("\n") == 0 and f"ceilings part '{probe}' needs a CUDA GPU" in err
     assert not (tmp_path / "results").exists()
 
 
 def test_unknown_scale_and_bad_out_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["--probe", "matmul", "--scale", "huge", "--out", str(tmp_path / "x.csv")])
+        main(["--part", "matmul", "--scale", "huge", "--out", str(tmp_path / "x.csv")])
     assert "unknown scale 'huge'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["--probe", "matmul", "--scale", "tiny", "--out", str(tmp_path / "x.txt")])
+        main(["--part", "matmul", "--scale", "tiny", "--out", str(tmp_path / "x.txt")])
     assert "must name a .csv" in capsys.readouterr().err
 
 

@@ -17,7 +17,7 @@ python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest.log" | ta
 status=0
 for probe in pcie_copy uva_read hbm_copy matmul disk host_memcpy; do
   start=$(date +%s)
-  python3 -m workloads.ceilings --probe "$probe" --scale "$scale" \
+  python3 -m workloads.ceilings --part "$probe" --scale "$scale" \
       --out "results/$machine/ceilings/$probe-$scale.csv" 2>&1 | tee -a "$out/run.log" | tail -3 || status=1
   echo "$probe: $(( $(date +%s) - start )) s" | tee -a "$out/run.log"
 done

@@ -22,7 +22,7 @@ rule ceilings_measure:
         config_file=CONFIG_FILE,
         scratch_dir=config["scratch_dir"],
     shell:
-        "{params.python} -m workloads.ceilings --probe {wildcards.probe} --scale {wildcards.scale}"
+        "{params.python} -m workloads.ceilings --part {wildcards.probe} --scale {wildcards.scale}"
         " --out {output.csv} --config {params.config_file} --scratch-dir {params.scratch_dir}"
         " 2>&1 | tee {log}"
 

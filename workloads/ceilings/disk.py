@@ -125,7 +125,7 @@ class _CountedCall:
         self.device_bytes.append(device_bytes(self.stat)[self.column] - before)
 
 
-def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **_) -> None:
+def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **_) -> dict:
     repeat = params.get("repeat", repeat)
     warmup = params.get("warmup", warmup)
     scratch_dir = Path(scratch_dir)
@@ -163,12 +163,8 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
     finally:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-
-
-def counters_note(scratch_dir: Path) -> str:
-    """A line for the provenance record: where the byte counters came from, or why there are none."""
-    Path(scratch_dir).mkdir(parents=True, exist_ok=True)
-    stat = block_device_counters(Path(scratch_dir))
     if stat is None:
-        return f"no block-device byte counters for {scratch_dir} (not on a block device); bytes unverified"
-    return f"verified with {stat} ({os.path.realpath(stat.parent)})"
+        counters = f"no block-device byte counters for {scratch_dir} (not on a block device); bytes unverified"
+    else:
+        counters = f"verified with {stat} ({os.path.realpath(stat.parent)})"
+    return {"disk_byte_counters": counters, "scratch_dir": str(scratch_dir.resolve())}

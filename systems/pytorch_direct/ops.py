@@ -1,0 +1,136 @@
+"""``pytorch_direct::gather``: rows of a table in page-locked host memory, read by GPU threads.
+
+``gather(table, idx)`` returns ``table[idx]`` on the GPU that holds ``idx``. ``table`` is a 2-D
+CPU tensor of any dtype, pinned (in place through :class:`UnifiedTensor`, or ``pin_memory()``);
+``idx`` is int32 or int64, on the GPU (CPU ``idx`` with a CPU table runs the reference). Options
+(each one an ablation step of the benchmark):
+
+* ``kernel``: ``"naive"`` (each lane loads one element, wherever the row starts), ``"aligned"``
+  (the warp's reads start on the 128-byte line holding the row, lanes outside it masked), or
+  ``"vectorized"`` (aligned, and 16-byte loads wherever row size and addresses allow).
+* ``dedup``: sort and de-duplicate the indices, gather each distinct row once, scatter back.
+* ``slots`` / ``cache``: a GPU-resident copy of some rows (``slots[row]`` is the row's position
+  in ``cache``, or -1); those rows are read from GPU memory instead of over PCIe.
+* ``max_threads``: cap on the threads the gather uses (0: enough to fill the GPU), so that it
+  can run beside training kernels.
+
+An index outside the table raises ``IndexError`` naming the value; the kernel never reads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from systems import nvrtc
+
+KERNEL_SOURCE = Path(__file__).parent / "kernels" / "gather.cu"
+THREADS_PER_BLOCK = 256
+KERNELS = ("naive", "aligned", "vectorized")
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _check(table: torch.Tensor, idx: torch.Tensor, kernel: str, slots, cache) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if table.dim() != 2:
+        raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
+    if table.device.type != "cpu":
+        raise ValueError(f"table must be in host memory, got a tensor on {table.device}")
+    if table.stride(1) != 1 or (table.shape[0] > 1 and table.stride(0) != table.shape[1]):
+        raise ValueError("table rows must be contiguous and densely packed")
+    if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES:
+        raise ValueError(f"idx must be a 1-D int32 or int64 tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
+    if (slots is None) != (cache is None):
+        raise ValueError("slots and cache go together: give both or neither")
+    if slots is not None:
+        if slots.dtype != torch.int32 or slots.shape != (table.shape[0],):
+            raise ValueError(f"slots must be int32 of shape ({table.shape[0]},), got {slots.dtype} {tuple(slots.shape)}")
+        if cache.dtype != table.dtype or cache.dim() != 2 or cache.shape[1] != table.shape[1]:
+            raise ValueError("cache must have the table's dtype and row length")
+        if slots.device != idx.device or cache.device != idx.device:
+            raise ValueError("slots and cache must be on the device of idx")
+
+
+def _raise_out_of_range(value: int, rows: int) -> None:
+    raise IndexError(f"index {value} is out of range for a table of {rows} rows")
+
+
+@torch.library.custom_op("pytorch_direct::gather", mutates_args=())
+def gather(table: torch.Tensor, idx: torch.Tensor, kernel: str = "vectorized", dedup: bool = False,
+           max_threads: int = 0, slots: Optional[torch.Tensor] = None,
+           cache: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """CPU reference: ``table[idx]`` with the same checks (options do not change the result)."""
+    _check(table, idx, kernel, slots, cache)
+    bad = idx[(idx < 0) | (idx >= table.shape[0])]
+    if bad.numel():
+        _raise_out_of_range(int(bad[0]), table.shape[0])
+    return table.index_select(0, idx.long())
+
+
+@gather.register_fake
+def _(table, idx, kernel="vectorized", dedup=False, max_threads=0, slots=None, cache=None):
+    return table.new_empty((idx.shape[0], table.shape[1]), device=idx.device)
+
+
+@gather.register_kernel("cuda")
+def _(table, idx, kernel="vectorized", dedup=False, max_threads=0, slots=None, cache=None):
+    _check(table, idx, kernel, slots, cache)
+    if not table.is_pinned():
+        raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
+    if not dedup:
+        out = torch.empty((idx.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
+        launch_gather(table, idx, out, kernel=kernel, max_threads=max_threads, slots=slots, cache=cache)
+        return out
+    unique, inverse = torch.unique(idx, sorted=True, return_inverse=True)
+    rows = torch.empty((unique.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
+    launch_gather(table, unique, rows, kernel=kernel, max_threads=max_threads, slots=slots, cache=cache)
+    return rows.index_select(0, inverse)
+
+
+def word_bytes(kernel: str, element_size: int, row_bytes: int, table_address: int, out_address: int) -> int:
+    """Bytes each lane loads at a time: the element size, or for ``vectorized`` the widest power
+    of two up to 16 that divides the row size and both base addresses."""
+    if kernel != "vectorized":
+        return element_size
+    alignment = row_bytes | table_address | out_address | 16
+    return alignment & -alignment  # lowest set bit
+
+
+def launch_gather(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, *, kernel: str = "vectorized",
+                  max_threads: int = 0, slots: Optional[torch.Tensor] = None,
+                  cache: Optional[torch.Tensor] = None, check: bool = True) -> None:
+    """Launch the gather into ``out``; with ``check`` (default), raise on an out-of-range index
+    (this waits for the kernel: the flag it sets is read back)."""
+    n = idx.shape[0]
+    if n == 0:
+        return
+    row_bytes = table.shape[1] * table.element_size()
+    mode = "cached" if slots is not None else ("plain" if kernel == "naive" else "aligned")
+    table_address = nvrtc.device_pointer_of_pinned(table)
+    word = word_bytes(kernel, table.element_size(), row_bytes, table_address, out.data_ptr())
+    name = f"gather_{mode}_w{word}_{'i32' if idx.dtype == torch.int32 else 'i64'}"
+    bad_pos = torch.full((1,), n, dtype=torch.int64, device=idx.device)
+    warps_per_block = THREADS_PER_BLOCK // 32
+    blocks = -(-n // warps_per_block)
+    if max_threads > 0:
+        blocks = min(blocks, max(1, max_threads // THREADS_PER_BLOCK))
+    else:
+        props = torch.cuda.get_device_properties(idx.device)
+        blocks = min(blocks, props.multi_processor_count * (props.max_threads_per_multi_processor // THREADS_PER_BLOCK))
+    null = np.uint64(0)
+    nvrtc.launch(
+        nvrtc.load_module(KERNEL_SOURCE), name, grid=(blocks,), block=(THREADS_PER_BLOCK,),
+        args=(np.uint64(table_address), np.int64(table.shape[0]),
+              np.uint64(idx.data_ptr()), np.int64(n), np.int64(row_bytes),
+              np.uint64(slots.data_ptr()) if slots is not None else null,
+              np.uint64(cache.data_ptr()) if cache is not None else null,
+              np.uint64(out.data_ptr()), np.uint64(bad_pos.data_ptr())),
+    )
+    if check:
+        position = int(bad_pos.item())
+        if position < n:
+            _raise_out_of_range(int(idx[position]), table.shape[0])
