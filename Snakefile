@@ -1,9 +1,9 @@
 # Reproduction workflow of the data-efficient training suite.
 #
 #   snakemake --cores all reproduce    measure on this machine at config's scale, then render its figures
-#   snakemake --cores all figures      re-render every figure from the committed results (no measuring)
-#   snakemake --cores all ceilings     one figure (here: this machine's ceilings), measuring what is missing
-#   snakemake --report report.html     an HTML report of every rendered figure with its caption
+#   snakemake --cores all figures      re-render every figure from the results in results/ (no measuring)
+#   snakemake --cores all ceilings     one topic's figure for this machine, measuring what is missing
+#   snakemake --report report.html figures   an HTML report of every figure with its caption
 #
 # Scale and machine: --config scale=tiny|cpu|h200 machine=NAME (see config/config.yaml).
 
@@ -19,16 +19,20 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+# One rules file per topic: each registers its parts and defines its target rule.
 include: "workflow/rules/ceilings.smk"
+include: "workflow/rules/feature_gather.smk"
+# The measuring and rendering jobs shared by every registered topic.
+include: "workflow/rules/measure_and_render.smk"
 
 
 rule reproduce:
-    """Measure every workload on this machine at the configured scale and render its figures."""
+    """Measure every topic on this machine at the configured scale and render its figures."""
     input:
-        rules.ceilings.input,
+        [topic_targets(name) for name in TOPICS],
 
 
 rule figures:
     """Render every figure from the results already in results/ (no measuring)."""
     input:
-        committed_figures("ceilings", lambda: probes_for(HAS_GPU)),
+        [committed_figures(name) for name in TOPICS],

@@ -18,7 +18,9 @@ def results_files(machine: str, topic: str, scale: str) -> list[Path]:
 def load_topic(machine: str, topic: str, scale: str, schema) -> tuple[pd.DataFrame, list[dict]]:
     """All of one machine's results for a topic at a scale, validated, with their provenance."""
     files = results_files(machine, topic, scale)
-    return load(files, schema), [load_provenance(f) for f in files]
+    frame = load(files, schema)
+    frame["part"] = frame["source"].map(lambda s: Path(s).stem.rsplit("-", 1)[0])
+    return frame, [load_provenance(f) for f in files]
 
 
 def summarize(frame: pd.DataFrame, metric: str, by: list[str]) -> pd.DataFrame:

@@ -2,9 +2,10 @@
 
     python -m workloads.<topic> --part NAME --scale SCALE --out results/<machine>/<topic>/NAME-SCALE.csv
 
-Each part is a module with ``run(params, writer, *, shared, repeat, warmup, device, scratch_dir)``
-that measures and adds rows to ``writer``; it may return a dict of notes for the provenance
-record (for example why a baseline was skipped). The Snakemake rules call exactly this.
+Each part names a function, ``"package.module:function"`` (or a module, whose ``run`` is used),
+called as ``function(params, writer, *, shared, repeat, warmup, device, scratch_dir)``: it measures
+and adds rows to ``writer``, and may return a dict of notes for the provenance record (for
+example why a baseline was skipped). The Snakemake rules call exactly this.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def main(*, topic: str, schema: Schema, parts: Mapping[str, str], gpu_parts: Col
             raise NeedsGpuError(f"{topic} part '{args.part}' needs a CUDA GPU and torch sees none on this machine")
         params = scale[topic]
         writer = ResultsWriter(schema, scale=args.scale)
-        module = importlib.import_module(parts[args.part])
-        notes = module.run(params[args.part], writer, shared=params, repeat=params["repeat"],
+        module_name, _, function_name = parts[args.part].partition(":")
+        measure_part = getattr(importlib.import_module(module_name), function_name or "run")
+        notes = measure_part(params[args.part], writer, shared=params, repeat=params["repeat"],
                            warmup=params["warmup"], device="cuda" if gpu else "cpu",
                            scratch_dir=args.scratch_dir or Path(cfg["scratch_dir"])) or {}
         writer.write(args.out, provenance.collect(args.scale, topic=topic, part=args.part,

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 from workloads.ceilings import HOST_PROBES
+from workloads.feature_gather import parts_for
+
+CPU_JOBS = len(HOST_PROBES) + len(parts_for(False))  # measuring jobs of `reproduce` without a GPU
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +86,7 @@ def test_figures_renders_committed_h200_results_without_measuring(workdir):
     figure = workdir / "paper_figs" / "h200" / "ceilings-h200.png"
     figure.unlink(missing_ok=True)
     dry = snakemake(workdir, "figures", "-n")
-    assert planned_jobs(dry, "ceilings_measure") == 0
+    assert planned_jobs(dry, "measure") == 0
     assert planned_jobs(dry, "ceilings_figure") >= 1
     snakemake(workdir, "figures")
     assert figure.stat().st_size > 50_000
@@ -109,30 +112,31 @@ def test_a_deleted_result_is_the_only_job_redone(workdir):
     snakemake(workdir, "reproduce", "--config", "scale=tiny")
     (workdir / "results" / "local" / "ceilings" / "disk-tiny.csv").unlink()
     dry = snakemake(workdir, "reproduce", "--config", "scale=tiny", "-n")
-    assert planned_jobs(dry, "ceilings_measure") == 1
-    assert "disk-tiny.csv" in " ".join(planned_outputs(dry, "ceilings_measure"))
+    assert planned_jobs(dry, "measure") == 1
+    assert "disk-tiny.csv" in " ".join(planned_outputs(dry, "measure"))
 
 
 def test_interrupted_run_redoes_only_unfinished_jobs(workdir):
     folder = workdir / "results" / "local" / "ceilings"
-    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(folder.parent, ignore_errors=True)
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", "reproduce", "--config", "scale=tiny"],
                             cwd=workdir, env={**os.environ, **HIDE_GPU}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     # Measuring jobs run one at a time, so once a second results file appears the first job is
     # over and recorded; interrupt then (Ctrl-C), while the second job may still be running.
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(folder.glob("*.csv"))) < 2:
+    while time.time() < deadline and len(list(folder.parent.glob("*/*.csv"))) < 2:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
-    first_done = min(folder.glob("*.csv"), key=lambda p: p.stat().st_mtime).name
+    first_done = min(folder.parent.glob("*/*.csv"), key=lambda p: p.stat().st_mtime).name
     dry = snakemake(workdir, "reproduce", "--config", "scale=tiny", "-n")
-    redone = " ".join(planned_outputs(dry, "ceilings_measure"))
-    assert 1 <= planned_jobs(dry, "ceilings_measure") <= len(HOST_PROBES) - 1, redone
+    redone = " ".join(planned_outputs(dry, "measure"))
+    assert 1 <= planned_jobs(dry, "measure") <= CPU_JOBS - 1, redone
     assert first_done not in redone
     snakemake(workdir, "reproduce", "--config", "scale=tiny")
     assert len(list(folder.glob("*.csv"))) == len(HOST_PROBES)
+    assert len(list(folder.parent.glob("*/*.csv"))) == CPU_JOBS
 
 
 @pytest.mark.parametrize(

@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
 # Measure on a GPU machine that has the GPU image's Python (torch, CuPy) but no Snakemake, as the
-# committed H200 results were: runs the tests (GPU ones included), then every ceilings probe at
-# the given scale, exactly as the Snakemake rules call them.
+# committed H200 results were: runs the tests (GPU ones included), then every part of each
+# topic at the given scale, exactly as the Snakemake rules call them.
 #
-#   tools/gpu_box_run.sh MACHINE SCALE OUT_DIR
+#   tools/gpu_box_run.sh MACHINE SCALE OUT_DIR TOPIC [TOPIC...]
 #
-# Writes OUT_DIR/pytest.log, OUT_DIR/results-MACHINE.tgz (results/MACHINE/...) and a run log.
-# Set SUITE_GIT_COMMIT / SUITE_GIT_DIRTY when the tree was copied without its git history.
+# Writes OUT_DIR/pytest.log, OUT_DIR/run.log and OUT_DIR/results-MACHINE.tgz (results/MACHINE/,
+# re-packed after every part, so what finished comes back even if a later part is cut short).
+# Set SUITE_GIT_COMMIT / SUITE_GIT_DIRTY when the tree was copied without its git history, and
+# SUITE_SKIP_TESTS=1 to measure only.
 set -uo pipefail
-machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}
+machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}; shift 3
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 SUITE_NO_PROGRESS=${SUITE_NO_PROGRESS:-1} CUPY_CACHE_DIR=$PWD/.cache/cupy
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv | tee "$out/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest.log" | tail -25
+if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest -q -p no:cacheprovider -m "not slow" tests 2>&1 | tee "$out/pytest.log" | tail -15
+fi
 status=0
-for probe in pcie_copy uva_read hbm_copy matmul disk host_memcpy; do
-  start=$(date +%s)
-  python3 -m workloads.ceilings --part "$probe" --scale "$scale" \
-      --out "results/$machine/ceilings/$probe-$scale.csv" 2>&1 | tee -a "$out/run.log" | tail -3 || status=1
-  echo "$probe: $(( $(date +%s) - start )) s" | tee -a "$out/run.log"
+for topic in "$@"; do
+  for part in $(python3 -c "import workloads.$topic as t; print(*(t.parts_for(True) if hasattr(t, 'parts_for') else t.probes_for(True)))"); do
+    start=$(date +%s)
+    python3 -m "workloads.$topic" --part "$part" --scale "$scale" \
+        --out "results/$machine/$topic/$part-$scale.csv" 2>&1 | tee -a "$out/run.log" | tail -3 || status=1
+    echo "$topic/$part: $(( $(date +%s) - start )) s" | tee -a "$out/run.log"
+    tar czf "$out/results-$machine.tgz" "results/$machine"
+  done
 done
-tar czf "$out/results-$machine.tgz" "results/$machine"
 exit $status

@@ -102,12 +102,13 @@ def word_bytes(kernel: str, element_size: int, row_bytes: int, table_address: in
 
 def launch_gather(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, *, kernel: str = "vectorized",
                   max_threads: int = 0, slots: Optional[torch.Tensor] = None,
-                  cache: Optional[torch.Tensor] = None, check: bool = True) -> None:
-    """Launch the gather into ``out``; with ``check`` (default), raise on an out-of-range index
-    (this waits for the kernel: the flag it sets is read back)."""
+                  cache: Optional[torch.Tensor] = None, check: bool = True) -> Optional[torch.Tensor]:
+    """Launch the gather into ``out``. With ``check`` (default), raise on an out-of-range index,
+    which waits for the kernel (the flag it sets is read back); with ``check=False`` return the
+    flag for :func:`raise_if_out_of_range`, so the caller can overlap other work first."""
     n = idx.shape[0]
     if n == 0:
-        return
+        return None
     row_bytes = table.shape[1] * table.element_size()
     mode = "cached" if slots is not None else ("plain" if kernel == "naive" else "aligned")
     table_address = nvrtc.device_pointer_of_pinned(table)
@@ -130,7 +131,16 @@ def launch_gather(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, *, 
               np.uint64(cache.data_ptr()) if cache is not None else null,
               np.uint64(out.data_ptr()), np.uint64(bad_pos.data_ptr())),
     )
-    if check:
-        position = int(bad_pos.item())
-        if position < n:
-            _raise_out_of_range(int(idx[position]), table.shape[0])
+    if not check:
+        return bad_pos
+    raise_if_out_of_range(bad_pos, idx, table.shape[0])
+    return None
+
+
+def raise_if_out_of_range(bad_pos: Optional[torch.Tensor], idx: torch.Tensor, table_rows: int) -> None:
+    """Raise ``IndexError`` if the gather that returned ``bad_pos`` met an out-of-range index."""
+    if bad_pos is None:
+        return
+    position = int(bad_pos.item())
+    if position < idx.shape[0]:
+        _raise_out_of_range(int(idx[position]), table_rows)

@@ -1,11 +1,14 @@
-# Shared set-up: validated config, the machine and scale this run measures, input functions.
+# Shared set-up: validated config, the machine and scale this run measures, the topic registry
+# and the input functions every topic uses.
 #
 # `snakemake --lint` leaves one warning per rule, "Specify a conda environment or container for
 # each rule": expected. The suite runs in the virtual environment built from the pinned
 # requirements in envs/ (the machines it targets have no conda), and each results file records
 # the software versions it was measured with.
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from harness import config as suite_config
 from harness import machine as suite_machine
@@ -31,34 +34,56 @@ wildcard_constraints:
     scale="[A-Za-z0-9_]+",
 
 
-def committed_results(topic, expected_parts):
-    """(machine, scale) pairs with results for ``topic`` under results/; for this machine only
-    complete sets (all of ``expected_parts()``), so rendering never triggers a measurement."""
-    pairs = set()
-    for csv in Path("results").glob(f"*/{topic}/*.csv"):
-        machine, scale = csv.parent.parent.name, csv.stem.rsplit("-", 1)[-1]
-        folder = csv.parent
-        if machine == MACHINE and not all((folder / f"{p}-{scale}.csv").exists() for p in expected_parts()):
-            continue
-        pairs.add((machine, scale))
-    return sorted(pairs)
+@dataclass(frozen=True)
+class Topic:
+    """A measured topic: python -m workloads.<name> --part P writes results/<machine>/<name>/P-<scale>.csv,
+    analysis/<name>.py renders paper_figs/<machine>/<name>-<scale>.png."""
+
+    name: str
+    title: str
+    parts: Callable[[], tuple]  # the parts that apply on this machine
 
 
-def committed_figures(topic, expected_parts):
-    return [f"paper_figs/{m}/{topic}-{s}.png" for m, s in committed_results(topic, expected_parts)]
+TOPICS = {}
 
 
-def topic_results(topic, expected_parts):
+def register_topic(name, title, parts):
+    TOPICS[name] = Topic(name=name, title=title, parts=parts)
+
+
+def topic_results(topic):
     """Input function for a topic's figure: the results files of one machine at one scale.
 
-    This machine: one file per part in ``expected_parts()`` (measured if missing). Another
-    machine: the files committed for it, marked ancient so they are never re-measured here.
+    This machine: one file per part that applies here (measured if missing). Another machine:
+    the files committed for it, marked ancient so they are never re-measured here.
     """
 
     def inputs(wildcards):
         folder = f"results/{wildcards.machine}/{topic}"
         if wildcards.machine == MACHINE:
-            return [f"{folder}/{part}-{wildcards.scale}.csv" for part in expected_parts()]
+            return [f"{folder}/{part}-{wildcards.scale}.csv" for part in TOPICS[topic].parts()]
         return [ancient(str(p)) for p in sorted(Path(folder).glob(f"*-{wildcards.scale}.csv"))]
 
     return inputs
+
+
+def topic_targets(topic):
+    """This machine's figure of ``topic`` at the configured scale, and its results files as
+    targets too, so a deleted results file is measured again (and the figure re-rendered)."""
+    return [f"paper_figs/{MACHINE}/{topic}-{SCALE}.png"] + [
+        f"results/{MACHINE}/{topic}/{part}-{SCALE}.csv" for part in TOPICS[topic].parts()
+    ]
+
+
+def committed_figures(topic):
+    """Figures for every (machine, scale) with results for ``topic`` under results/; for this
+    machine only complete sets, so rendering never triggers a measurement."""
+    pairs = set()
+    for csv in Path("results").glob(f"*/{topic}/*.csv"):
+        machine, scale = csv.parent.parent.name, csv.stem.rsplit("-", 1)[-1]
+        if machine == MACHINE and not all(
+            (csv.parent / f"{part}-{scale}.csv").exists() for part in TOPICS[topic].parts()
+        ):
+            continue
+        pairs.add((machine, scale))
+    return [f"paper_figs/{m}/{topic}-{s}.png" for m, s in sorted(pairs)]

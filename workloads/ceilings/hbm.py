@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.timing import measure
-from workloads.ceilings.buffers import MIB, random_bytes
+from workloads.buffers import MIB, random_bytes
 
 
 def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:

@@ -6,7 +6,7 @@ import torch
 
 from harness.progress import progress
 from harness.timing import measure
-from workloads.ceilings.buffers import MIB, random_bytes
+from workloads.buffers import MIB, random_bytes
 
 
 def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:

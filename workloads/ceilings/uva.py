@@ -16,7 +16,7 @@ import torch
 from harness.progress import progress
 from harness.timing import measure
 from systems.zero_copy.ops import launch_read_rows
-from workloads.ceilings.buffers import MIB, random_bytes
+from workloads.buffers import MIB, random_bytes
 
 ORDERS = ("contiguous", "random", "sorted")
 INDEX_SETS = 4

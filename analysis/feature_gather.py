@@ -1,0 +1,256 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # PyTorch-Direct: zero-copy feature gathering
+#
+# Effective bandwidth (rows delivered to GPU memory x row size, per second) of each way of
+# getting sampled feature rows into GPU memory, measured by `workloads.feature_gather`, against
+# the same machine's ceilings (`workloads.ceilings`). Medians of the repetitions; bars span the
+# interquartile range. Every ratio below compares numbers from the same run.
+
+# %% tags=["parameters"]
+machine = "local"
+scale = "cpu"
+figure = "paper_figs/local/feature_gather-cpu.png"
+summary = "paper_figs/local/feature_gather-cpu.md"
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from analysis.common import load_topic, machine_label, results_files, summarize
+from workloads.ceilings.schema import SCHEMA as CEILINGS
+from workloads.feature_gather.schema import SCHEMA
+
+frame, provenance = load_topic(machine, "feature_gather", scale, SCHEMA)
+GiB, MiB = 1 << 30, 1 << 20
+CONFIG = list(SCHEMA.config)
+
+
+def medians(part, metric="bandwidth"):
+    """Median and IQR per variant and configuration of one part."""
+    rows = frame[frame.part == part]
+    used = [c for c in CONFIG if rows[c].notna().any()]
+    return summarize(rows, metric, ["variant"] + used)
+
+
+parts = set(frame.part)
+print(machine_label(provenance))
+print(sorted(parts))
+
+# The same machine's ceilings at the same scale, where measured.
+ceil = None
+if results_files(machine, "ceilings", scale):
+    ceil_frame, _ = load_topic(machine, "ceilings", scale, CEILINGS)
+    ceil = summarize(ceil_frame, "bandwidth", ["system", "variant", "host_memory", "size_bytes", "table_bytes",
+                                               "granularity_bytes"])
+pinned_copy = None
+if ceil is not None and (ceil.system == "pcie_copy").any():
+    pc = ceil[(ceil.system == "pcie_copy") & (ceil.variant == "h2d") & (ceil.host_memory == "pinned")]
+    pinned_copy = pc.sort_values("size_bytes")["median"].iloc[-1]
+
+
+def random_read_ceiling(row_bytes):
+    """Random zero-copy reads at this row size, by table size (ceilings' uva_read)."""
+    if ceil is None:
+        return None
+    c = ceil[(ceil.system == "uva_read") & (ceil.variant == "random") & (ceil.granularity_bytes == row_bytes)]
+    return None if c.empty else c.sort_values("table_bytes")
+
+
+STYLE = {"pageable": ("tab:gray", ":"), "cpu_gather": ("black", "-"), "all_in_gpu": ("tab:purple", "--"),
+         "naive": ("tab:red", "-"), "aligned": ("tab:orange", "-"), "vectorized": ("tab:blue", "-"),
+         "sorted": ("tab:green", "-"), "hot_cache": ("tab:olive", "-"), "split": ("tab:cyan", "-")}
+ZERO_COPY = ["naive", "aligned", "vectorized", "sorted", "hot_cache", "split"]
+
+
+def size_label(nbytes):
+    return f"{nbytes / GiB:g} GiB" if nbytes >= GiB else f"{nbytes / MiB:g} MiB"
+
+
+def errorbars(ax, data, x, label, color=None, linestyle="-"):
+    data = data.sort_values(x)
+    ax.errorbar(data[x], data["median"], yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
+                label=label, color=color, linestyle=linestyle, marker="o", markersize=3, capsize=2)
+
+# %% [markdown]
+# ## Targets and key numbers
+
+# %%
+lines = [f"# Feature gathering on `{machine}` at scale `{scale}`", "", machine_label(provenance), "",
+         "Effective bandwidth = rows delivered x row size / time, in GB/s (10^9 B/s); medians of the repetitions.",
+         ""]
+
+if "table_sizes" in parts:
+    ts = medians("table_sizes")
+    lines += ["## Targets (part table_sizes, fp32 rows; ratios from the same run)", "",
+              "| row | table | indices | best zero-copy path | GB/s | cpu_gather GB/s | x CPU | / pinned copy | target |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for (row_bytes, table_bytes, dist), g in ts.groupby(["row_bytes", "table_bytes", "distribution"]):
+        zc = g[g.variant.isin(ZERO_COPY)]
+        b = zc.loc[zc["median"].idxmax()]
+        cpu = g[g.variant == "cpu_gather"]["median"].iloc[0]
+        target = {2048: "≥ 0.92 of pinned copy, ≥ 2x CPU"}.get(row_bytes, "")
+        if row_bytes == 512 and table_bytes >= 16 * GiB:
+            target = "≥ 1.6x CPU" if dist == "uniform" else "≥ 2x CPU"
+        if row_bytes == 128 and table_bytes == 4 * GiB and dist == "uniform":
+            target = "≥ 1x CPU"
+        copy = f"{b['median'] / pinned_copy:.3f}" if pinned_copy else "n/a"
+        lines.append(f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {dist} | {b.variant} | {b['median']:.1f} | "
+                     f"{cpu:.1f} | {b['median'] / cpu:.2f} | {copy} | {target} |")
+    lines += ["", "### Ablation (part table_sizes): GB/s of each step", ""]
+    steps = ["cpu_gather", "naive", "vectorized", "sorted", "hot_cache", "split"]
+    lines += ["| row | table | indices | " + " | ".join(steps) + " |", "|---|---|---|" + "---|" * len(steps)]
+    for (row_bytes, table_bytes, dist), g in ts.groupby(["row_bytes", "table_bytes", "distribution"]):
+        values = dict(zip(g.variant, g["median"]))
+        lines.append(f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {dist} | "
+                     + " | ".join(f"{values[s]:.1f}" if s in values else "" for s in steps) + " |")
+    lines.append("")
+
+if "row_sizes" in parts:
+    rs = medians("row_sizes")
+    variants = [v for v in STYLE if v in set(rs.variant)]
+    lines += ["## Row sizes (part row_sizes: uniform rows, one table size)", "",
+              "| dtype | dim | row | " + " | ".join(variants) + " |", "|---|---|---|" + "---|" * len(variants)]
+    for (dtype, dim, row_bytes), g in rs.groupby(["dtype", "dim", "row_bytes"]):
+        values = dict(zip(g.variant, g["median"]))
+        lines.append(f"| {dtype} | {dim} | {row_bytes} B | " + " | ".join(f"{values[v]:.1f}" for v in variants) + " |")
+    lines.append("")
+    wide = rs.pivot_table(index="row_bytes", columns="variant", values="median")
+    kernels = [v for v in ("vectorized", "sorted") if v in wide]
+    if kernels:
+        best_zc = wide[kernels].max(axis=1)
+        cpu_wins = [int(r) for r in wide.index[wide["cpu_gather"] > best_zc]]
+        lines.append(f"Row sizes at which cpu_gather beats the best zero-copy kernel: {cpu_wins or 'none'}.")
+        lines.append("Speedup of the best zero-copy kernel over cpu_gather, by row size: "
+                     + ", ".join(f"{int(r)} B {s:.2f}x" for r, s in (best_zc / wide["cpu_gather"]).items()) + ".")
+        if "all_in_gpu" in wide:
+            gap = wide["all_in_gpu"] / best_zc
+            lines.append(f"All-in-GPU gathers {gap.min():.1f}x to {gap.max():.1f}x faster than the best zero-copy kernel.")
+    # CPU cost: core-seconds the process spent per GB delivered.
+    cpu = medians("row_sizes", "cpu_time")
+    cpu["core_s_per_gb"] = cpu["median"] / (cpu.batch_rows * cpu.row_bytes / 1e9)
+    per_variant = cpu.groupby("variant")["core_s_per_gb"].median()
+    lines += ["", "CPU core-seconds per GB delivered (median over row sizes): "
+              + ", ".join(f"{v} {per_variant[v]:.3f}" for v in variants if v in per_variant) + ".", ""]
+
+if "cpu_threads" in parts:
+    ct = medians("cpu_threads")
+    lines += ["## CPU gather by threads (part cpu_threads)", "", "| row | " + " | ".join(
+        f"{t} thr" for t in sorted(set(ct.threads))) + " |", "|---|" + "---|" * len(set(ct.threads))]
+    for row_bytes, g in ct.groupby("row_bytes"):
+        values = dict(zip(g.threads, g["median"]))
+        lines.append(f"| {row_bytes} B | " + " | ".join(f"{values[t]:.1f}" for t in sorted(values)) + " |")
+    lines.append("")
+
+Path(summary).parent.mkdir(parents=True, exist_ok=True)
+Path(summary).write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+
+# %% [markdown]
+# ## Figure
+
+# %%
+panels = []
+if "row_sizes" in parts:
+    panels.append("row_sizes")
+if "table_sizes" in parts:
+    ts_rows = sorted(set(medians("table_sizes").row_bytes))
+    panels += [f"table_sizes:uniform:{r}" for r in ts_rows] + [f"table_sizes:zipf:{r}" for r in ts_rows]
+panels += [p for p in ("batch_sizes", "cpu_threads", "thread_cap", "locality") if p in parts]
+cols = min(4, len(panels))
+rows_n = -(-len(panels) // cols)
+fig, axes = plt.subplots(rows_n, cols, figsize=(4.8 * cols, 3.9 * rows_n), squeeze=False)
+axes = list(axes.flat)
+for ax in axes[len(panels):]:
+    ax.remove()
+
+
+def ceiling_lines(ax, row_bytes=None):
+    if pinned_copy is not None:
+        ax.axhline(pinned_copy, color="grey", linestyle="--", linewidth=1, label="pinned copy")
+    c = random_read_ceiling(row_bytes) if row_bytes else None
+    if c is not None:
+        ax.plot(c.table_bytes / GiB, c["median"], color="grey", linestyle=":", linewidth=1.5, label="random-read ceiling")
+
+
+for ax, panel in zip(axes, panels):
+    part, _, rest = panel.partition(":")
+    data = medians(part)
+    if part == "row_sizes":
+        for variant in STYLE:
+            for dtype, marker_style in (("fp32", "-"), ("bf16", "--")):
+                d = data[(data.variant == variant) & (data.dtype == dtype)]
+                if not d.empty:
+                    errorbars(ax, d, "row_bytes", f"{variant}" if dtype == "fp32" else None, STYLE[variant][0], marker_style)
+        if pinned_copy is not None:
+            ax.axhline(pinned_copy, color="grey", linestyle="--", linewidth=1, label="pinned copy")
+        ax.set(xscale="log", yscale="log", xlabel="row size (B); solid fp32, dashed bf16", ylabel="GB/s",
+               title=f"By row size ({size_label(data.table_bytes.max())} table, uniform)")
+    elif part == "table_sizes":
+        dist, row_bytes = rest.split(":")
+        row_bytes = int(row_bytes)
+        d_all = data[data.row_bytes == row_bytes]
+        if dist == "uniform":
+            d_all = d_all[d_all.distribution == "uniform"]
+            shown = [("cpu_gather", "uniform"), ("naive", "uniform"), ("vectorized", "uniform"),
+                     ("sorted", "uniform"), ("split", "uniform")]
+        else:
+            zipf = sorted(x for x in set(d_all.distribution) if x.startswith("zipf") and "hot_first" not in x)[0]
+            shown = [("cpu_gather", zipf), ("sorted", zipf), ("hot_cache", zipf), ("split", zipf),
+                     ("sorted", f"{zipf}-hot_first"), ("hot_cache", f"{zipf}-hot_first")]
+        for variant, distribution in shown:
+            d = d_all[(d_all.variant == variant) & (d_all.distribution == distribution)]
+            if not d.empty:
+                hot = distribution.endswith("hot_first")
+                errorbars(ax, d.assign(gib=d.table_bytes / GiB), "gib", variant + (", hot-first" if hot else ""),
+                          STYLE[variant][0], "--" if hot else "-")
+        ceiling_lines(ax, row_bytes if dist == "uniform" else None)
+        ax.set(xscale="log", xlabel="table size (GiB)", ylabel="GB/s", ylim=(0, None),
+               title=f"{row_bytes} B rows, {'uniform' if dist == 'uniform' else 'Zipf-skewed'} rows")
+    elif part == "batch_sizes":
+        for variant in STYLE:
+            d = data[data.variant == variant]
+            if not d.empty:
+                errorbars(ax, d, "batch_rows", variant, *STYLE[variant])
+        ax.set(xscale="log", yscale="log", xlabel="rows per gather", ylabel="GB/s",
+               title=f"By batch size ({int(data.row_bytes.iloc[0])} B rows, {size_label(data.table_bytes.max())})")
+    elif part == "cpu_threads":
+        for row_bytes, d in data.groupby("row_bytes"):
+            errorbars(ax, d, "threads", f"{row_bytes} B rows")
+        ax.set(xlabel="CPU threads", ylabel="GB/s", ylim=(0, None), title="cpu_gather by thread count")
+    elif part == "thread_cap":
+        for row_bytes, d in data.groupby("row_bytes"):
+            full = d[d.max_threads == 0]
+            d = d[d.max_threads > 0]
+            errorbars(ax, d, "max_threads", f"{row_bytes} B rows")
+            if not full.empty:
+                ax.axhline(full["median"].iloc[0], linestyle=":", linewidth=1, label=f"{row_bytes} B, no cap")
+        ax.set(xscale="log", xlabel="thread cap of the gather", ylabel="GB/s", ylim=(0, None),
+               title="vectorized gather with capped threads")
+    elif part == "locality":
+        for row_bytes, d in data.groupby("row_bytes"):
+            errorbars(ax, d.assign(kib=d.window_bytes / 1024), "kib", f"{row_bytes} B rows")
+        union = (data.windows * data.window_bytes).iloc[0] / MiB
+        ax.set(xscale="log", xlabel="window size (KiB)", ylabel="GB/s", ylim=(0, None),
+               title=f"Same {union:.0f} MiB of rows, in windows\nspread over a {size_label(data.table_bytes.max())} table")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+
+what = ("Feature gathering into GPU memory" if (frame.device == "cuda").any()
+        else "CPU feature gathering (no GPU here: rows gathered into host memory, no transfer)")
+fig.suptitle(f"{what}: {machine}, scale '{scale}' (measured; median, bars = IQR)\n"
+             f"{machine_label(provenance)}", fontsize=9)
+fig.tight_layout()
+Path(figure).parent.mkdir(parents=True, exist_ok=True)
+fig.savefig(figure, dpi=130)

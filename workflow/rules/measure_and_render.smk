@@ -1,0 +1,55 @@
+# The two jobs of every topic: measure one part on this machine; render one machine's figure.
+
+
+rule measure:
+    """Measure one part of a topic on this machine."""
+    output:
+        csv="results/{machine}/{topic}/{part}-{scale}.csv",
+        provenance="results/{machine}/{topic}/{part}-{scale}.provenance.json",
+    log:
+        "logs/{machine}/{topic}/{part}-{scale}.log",
+    wildcard_constraints:
+        # Only this machine's results are ever measured; other machines' are committed files.
+        machine=re.escape(MACHINE),
+        topic="|".join(TOPICS),
+        part="[a-z0-9_]+",
+    resources:
+        # Measurements never overlap: every one takes the one timing slot, and on a machine with
+        # a GPU every one may use it (zero-copy tables, GPU probes), so it takes the GPU too.
+        timing_slot=1,
+        gpu=int(HAS_GPU),
+    params:
+        python=PYTHON,
+        config_file=CONFIG_FILE,
+        scratch_dir=config["scratch_dir"],
+    shell:
+        "{params.python} -m workloads.{wildcards.topic} --part {wildcards.part} --scale {wildcards.scale}"
+        " --out {output.csv} --config {params.config_file} --scratch-dir {params.scratch_dir}"
+        " 2>&1 | tee {log}"
+
+
+for topic in TOPICS.values():
+
+    rule:
+        name:
+            f"{topic.name}_figure"
+        input:
+            topic_results(topic.name),
+            notebook=f"analysis/{topic.name}.py",
+            helpers="analysis/common.py",
+        output:
+            figure=report(
+                f"paper_figs/{{machine}}/{topic.name}-{{scale}}.png",
+                caption=f"../report/{topic.name}.rst",
+                category=topic.title,
+                labels={"machine": "{machine}", "scale": "{scale}"},
+            ),
+            summary=f"paper_figs/{{machine}}/{topic.name}-{{scale}}.md",
+        log:
+            notebook=f"logs/{{machine}}/notebooks/{topic.name}-{{scale}}.ipynb",
+        params:
+            python=PYTHON,
+        shell:
+            "{params.python} -m analysis.render {input.notebook} --executed {log.notebook}"
+            " -p machine={wildcards.machine} -p scale={wildcards.scale}"
+            " -p figure={output.figure} -p summary={output.summary}"

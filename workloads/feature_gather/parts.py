@@ -1,0 +1,193 @@
+"""The measured sweeps of the feature_gather topic, one function per part (see __init__)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from harness.progress import progress
+from systems.pytorch_direct.ops import gather
+from harness.timing import measure
+from workloads.feature_gather import variants
+from workloads.feature_gather.tables import DTYPES, HostTable, Popularity, mib, uniform_rows, window_rows
+from workloads.feature_gather.variants import Batch
+
+def dgl_skip_reason(device: str) -> str:
+    """Why DGL's pinned gather is not measured here (it is measured where it can run)."""
+    try:
+        import dgl  # noqa: F401
+    except Exception as err:  # DGL's import fails in many ways on a torch it was not built for
+        return f"dgl not importable ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
+    if device != "cuda":
+        return "no GPU"
+    return "dgl importable but its CUDA support was not checked by this suite yet"
+
+
+class Sweep:
+    """Shared state of one part: timing settings, the writer, index generators."""
+
+    def __init__(self, writer, *, repeat: int, warmup: int, device: str, seed: int = 0):
+        self.writer, self.repeat, self.warmup, self.device = writer, repeat, warmup, device
+        gen_device = "cuda" if device == "cuda" else "cpu"
+        self.generator = torch.Generator(device=gen_device).manual_seed(seed)
+        self.threads = len(os.sched_getaffinity(0))
+
+    def batch(self, table, rows_on_gen_device: torch.Tensor, **extra) -> Batch:
+        idx = rows_on_gen_device.to("cpu")
+        if self.device == "cuda":
+            idx = idx.pin_memory()
+        return Batch(table=table, idx=idx, device=self.device, **extra)
+
+    def run(self, variant: str, batch: Batch, config: dict, *, pcie_bytes: int | None = None, **options) -> float:
+        """Check, then time one variant on one batch; returns its median bandwidth (GB/s)."""
+        fn = variants.make(variant, batch, **options)
+        variants.check(fn, batch, variant)
+        m = measure(fn, device="cpu", repeat=self.repeat, warmup=self.warmup)
+        system = "baseline" if variant in variants.BASELINES else "pytorch_direct"
+        full = {"device": self.device, "batch_rows": batch.idx.shape[0], **config}
+        self.writer.add_measurement(m, system=system, variant=variant, config=full, bytes_moved=batch.bytes)
+        crossed = batch.bytes if pcie_bytes is None else pcie_bytes
+        if self.device == "cuda" and variant != "all_in_gpu":
+            for rep in range(len(m.seconds)):
+                self.writer.add(system=system, variant=variant, config=full, metric="pcie_bytes",
+                                value=float(crossed), unit="B", repetition=rep)
+        return batch.bytes / m.median / 1e9
+
+
+def _table_config(table: torch.Tensor, dtype: str) -> dict:
+    row_bytes = table.shape[1] * table.element_size()
+    return {"dtype": dtype, "dim": table.shape[1], "row_bytes": row_bytes, "table_bytes": table.shape[0] * row_bytes}
+
+
+def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
+    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device)
+    host = HostTable(mib(params["table_mib"]), device)
+    gpu_copy = host.buffer.to("cuda") if device == "cuda" else None
+    cases = [(dtype, dim) for dtype in params["dtypes"] for dim in params["dims"]]
+    names = ("pageable", "cpu_gather", "naive", "aligned", "vectorized", "sorted", "all_in_gpu")
+    for dtype, dim in progress(cases, desc="row_sizes"):
+        table = host.view(mib(params["table_mib"]), dtype, dim)
+        config = _table_config(table, dtype) | {"distribution": "uniform"}
+        rows = uniform_rows(table.shape[0], min(shared["batch_rows"], table.shape[0]), sweep.generator)
+        extra = {}
+        if gpu_copy is not None:
+            extra["gpu_table"] = gpu_copy[: table.numel() * table.element_size()].view(DTYPES[dtype]).view(table.shape)
+        batch = sweep.batch(table, rows, **extra)
+        for variant in (names if device == "cuda" else ("cpu_gather",)):
+            threads = sweep.threads if variant == "cpu_gather" else 0
+            sweep.run(variant, batch, config | ({"threads": threads} if threads else {}), threads=threads)
+    host.close()
+    return {"dgl": dgl_skip_reason(device), "cpu_threads": sweep.threads}
+
+
+def cpu_threads(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
+    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=1)
+    host = HostTable(mib(params["table_mib"]), device)
+    cases = [(rb, t) for rb in params["row_bytes"] for t in params["threads"] if t <= sweep.threads]
+    for row_bytes, threads in progress(cases, desc="cpu_threads"):
+        table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
+        rows = uniform_rows(table.shape[0], min(shared["batch_rows"], table.shape[0]), sweep.generator)
+        config = _table_config(table, "fp32") | {"distribution": "uniform", "threads": threads}
+        sweep.run("cpu_gather", sweep.batch(table, rows), config, threads=threads)
+    host.close()
+    return {"usable_cpus": sweep.threads}
+
+
+def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
+    """The ablation: each zero-copy step and the translation-bound fixes, by row and table size,
+    for uniform and Zipf-skewed rows; the split fraction comes from the same run's rates."""
+    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=2)
+    host = HostTable(mib(max(params["table_mib"])), device)
+    exponent = shared["zipf_exponent"]
+    cases = [(rb, t) for rb in params["row_bytes"] for t in params["table_mib"]]
+    for row_bytes, table_mib in progress(cases, desc="table_sizes"):
+        table = host.view(mib(table_mib), "fp32", row_bytes // 4)
+        n = min(shared["batch_rows"], table.shape[0])
+        base = _table_config(table, "fp32")
+        # Uniform rows.
+        batch = sweep.batch(table, uniform_rows(table.shape[0], n, sweep.generator))
+        config = base | {"distribution": "uniform"}
+        rates = {v: sweep.run(v, batch, config) for v in ("naive", "vectorized", "sorted")}
+        rates["cpu_gather"] = sweep.run("cpu_gather", batch, config | {"threads": sweep.threads}, threads=sweep.threads)
+        _split(sweep, batch, config, rates)
+        # Zipf-skewed rows, popular rows scattered (random ids) or stored first (relabelled ids).
+        popularity = Popularity(table.shape[0], exponent, sweep.generator)
+        ranks = popularity.sample_ranks(n)
+        cached_rows = int(table.shape[0] * shared["cache_fraction"])
+        for layout in ("scattered", "hot_first"):
+            rows = popularity.rows(ranks, layout)
+            batch = sweep.batch(table, rows)
+            config = base | {"distribution": f"zipf{exponent:g}" + ("" if layout == "scattered" else "-hot_first")}
+            rates = {v: sweep.run(v, batch, config) for v in ("naive", "vectorized", "sorted")}
+            rates["cpu_gather"] = sweep.run("cpu_gather", batch, config | {"threads": sweep.threads}, threads=sweep.threads)
+            _split(sweep, batch, config, rates)
+            hot = popularity.hottest_rows(cached_rows, layout)
+            batch.slots = torch.full((table.shape[0],), -1, dtype=torch.int32, device="cuda")
+            batch.slots[hot] = torch.arange(cached_rows, dtype=torch.int32, device="cuda")
+            batch.cache = gather(table, hot)  # filled by a zero-copy gather: fast for GiB-sized caches
+            misses = int((batch.slots[rows] < 0).sum())
+            sweep.run("hot_cache", batch, config | {"cache_bytes": cached_rows * row_bytes},
+                      pcie_bytes=misses * row_bytes)
+            batch.slots = batch.cache = None
+        del popularity
+    host.close()
+    return {"zipf_exponent": exponent, "cache_fraction": shared["cache_fraction"], "cpu_threads": sweep.threads}
+
+
+def _split(sweep: Sweep, batch: Batch, config: dict, rates: dict) -> None:
+    """CPU and GPU gather one batch together, in proportion to their rates measured just before."""
+    cpu, gpu = rates["cpu_gather"], rates["sorted"]
+    fraction = round(cpu / (cpu + gpu), 3)
+    sweep.run("split", batch, config | {"threads": sweep.threads, "split_fraction": fraction},
+              threads=sweep.threads, split_fraction=fraction)
+
+
+def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
+    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=3)
+    host = HostTable(mib(params["table_mib"]), device)
+    gpu_copy = host.buffer.to("cuda")
+    table = host.view(mib(params["table_mib"]), "fp32", params["row_bytes"] // 4)
+    gpu_table = gpu_copy[: table.numel() * 4].view(torch.float32).view(table.shape)
+    base = _table_config(table, "fp32") | {"distribution": "uniform"}
+    for n in progress(params["batch_rows"], desc="batch_sizes"):
+        batch = sweep.batch(table, uniform_rows(table.shape[0], min(n, table.shape[0]), sweep.generator),
+                            gpu_table=gpu_table)
+        for variant in ("pageable", "cpu_gather", "vectorized", "sorted", "all_in_gpu"):
+            threads = sweep.threads if variant == "cpu_gather" else 0
+            sweep.run(variant, batch, base | ({"threads": threads} if threads else {}), threads=threads)
+    del gpu_copy
+    host.close()
+    return {"cpu_threads": sweep.threads}
+
+
+def thread_cap(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
+    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=4)
+    host = HostTable(mib(params["table_mib"]), device)
+    cases = [(rb, cap) for rb in params["row_bytes"] for cap in params["max_threads"]]
+    for row_bytes, cap in progress(cases, desc="thread_cap"):
+        table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
+        batch = sweep.batch(table, uniform_rows(table.shape[0], min(shared["batch_rows"], table.shape[0]), sweep.generator))
+        config = _table_config(table, "fp32") | {"distribution": "uniform", "max_threads": cap}
+        sweep.run("vectorized", batch, config, max_threads=cap)
+    host.close()
+    return {}
+
+
+def locality(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
+    """Random reads of the same number of bytes, from windows of growing size spread over a large
+    table: if the rate depends on the window size, address translation (not PCIe) bounds it."""
+    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=5)
+    host = HostTable(mib(params["table_mib"]), device)
+    union = mib(params["union_mib"])
+    cases = [(rb, w) for rb in params["row_bytes"] for w in params["window_kib"]]
+    for row_bytes, window_kib in progress(cases, desc="locality"):
+        table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
+        window = window_kib * 1024
+        windows = union // window
+        n = min(shared["batch_rows"], union // row_bytes)
+        rows = window_rows(table.shape[0], row_bytes, window, windows, n, sweep.generator)
+        config = _table_config(table, "fp32") | {"distribution": "windows", "window_bytes": window, "windows": windows}
+        sweep.run("vectorized", sweep.batch(table, rows), config)
+    host.close()
+    return {"union_bytes": union}

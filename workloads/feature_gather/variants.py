@@ -1,0 +1,142 @@
+"""The gather paths compared, each a callable that delivers ``table[idx]`` where training needs it.
+
+Every path starts from the indices in pinned host memory (where a CPU sampler leaves them), so
+the zero-copy paths pay for sending the indices to the GPU, and ends when the rows are in GPU
+memory (``device='cuda'``) or, on a machine without a GPU, in a host buffer. Each call ends
+with a blocking wait (the host thread sleeps, so the CPU time it records is work, not spinning).
+
+Baselines: ``pageable`` (``table[idx].to('cuda')``), ``cpu_gather`` (``index_select`` into a
+pinned staging buffer, then an asynchronous copy; threads recorded), ``all_in_gpu`` (the table
+held in GPU memory: the upper bound). PyTorch-Direct: ``naive`` -> ``aligned`` -> ``vectorized``
+-> ``sorted`` (sorted, de-duplicated indices) -> ``hot_cache`` (the hottest rows kept in GPU
+memory) and ``split`` (part of the batch through the CPU path at the same time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from systems.pytorch_direct.ops import gather, launch_gather, raise_if_out_of_range
+
+BASELINES = ("pageable", "cpu_gather", "all_in_gpu")
+ZERO_COPY = ("naive", "aligned", "vectorized", "sorted", "hot_cache", "split")
+CHECKED_ROWS = 4096
+
+
+def wait() -> None:
+    event = torch.cuda.Event(blocking=True)
+    event.record()
+    event.synchronize()
+
+
+@dataclass
+class Batch:
+    """One gather's inputs: a host table and the rows asked for."""
+
+    table: torch.Tensor           # [rows, dim], host, pinned on a GPU machine
+    idx: torch.Tensor             # [n] int64, pinned host memory (CPU: plain)
+    device: str
+    gpu_table: torch.Tensor | None = None   # for all_in_gpu
+    slots: torch.Tensor | None = None       # for hot_cache
+    cache: torch.Tensor | None = None
+    staging: torch.Tensor = field(init=False)
+    idx_gpu: torch.Tensor | None = field(init=False, default=None)
+
+    def __post_init__(self):
+        n, dim = self.idx.shape[0], self.table.shape[1]
+        pinned = self.device == "cuda"
+        self.staging = torch.empty((n, dim), dtype=self.table.dtype, pin_memory=pinned)
+        if pinned:
+            self.idx_gpu = torch.empty_like(self.idx, device="cuda")
+            self.out = torch.empty((n, dim), dtype=self.table.dtype, device="cuda")
+
+    @property
+    def bytes(self) -> int:
+        return self.idx.shape[0] * self.table.shape[1] * self.table.element_size()
+
+
+def make(variant: str, batch: Batch, *, threads: int = 0, max_threads: int = 0,
+         split_fraction: float = 0.0) -> Callable[[], torch.Tensor]:
+    """A callable that runs one gather along ``variant`` and returns the gathered rows."""
+    b = batch
+    if variant == "cpu_gather":
+        def run():
+            torch.index_select(b.table, 0, b.idx, out=b.staging)
+            if b.device == "cpu":
+                return b.staging
+            b.out.copy_(b.staging, non_blocking=True)
+            wait()
+            return b.out
+    elif variant == "pageable":
+        def run():
+            out = b.table[b.idx].to("cuda")
+            wait()
+            return out
+    elif variant == "all_in_gpu":
+        def run():
+            b.idx_gpu.copy_(b.idx, non_blocking=True)
+            torch.index_select(b.gpu_table, 0, b.idx_gpu, out=b.out)
+            wait()
+            return b.out
+    elif variant in ("naive", "aligned", "vectorized", "sorted", "hot_cache"):
+        kernel = variant if variant in ("naive", "aligned") else "vectorized"
+        options = dict(kernel=kernel, dedup=variant in ("sorted", "hot_cache"), max_threads=max_threads)
+        if variant == "hot_cache":
+            options.update(slots=b.slots, cache=b.cache)
+
+        def run():
+            b.idx_gpu.copy_(b.idx, non_blocking=True)
+            out = gather(b.table, b.idx_gpu, **options)
+            wait()
+            return out
+    elif variant == "split":
+        k = int(round(split_fraction * b.idx.shape[0]))
+        cpu_idx, staging = b.idx[:k], b.staging[:k]
+
+        def run():
+            b.idx_gpu.copy_(b.idx, non_blocking=True)
+            # The GPU gathers its share (sorted, as in `sorted`) while the CPU gathers the rest.
+            unique, inverse = torch.unique(b.idx_gpu[k:], sorted=True, return_inverse=True)
+            rows = torch.empty((unique.shape[0], b.table.shape[1]), dtype=b.table.dtype, device="cuda")
+            pending = launch_gather(b.table, unique, rows, kernel="vectorized", max_threads=max_threads, check=False)
+            torch.index_select(b.table, 0, cpu_idx, out=staging)
+            b.out[:k].copy_(staging, non_blocking=True)
+            torch.index_select(rows, 0, inverse, out=b.out[k:])
+            raise_if_out_of_range(pending, unique, b.table.shape[0])
+            wait()
+            return b.out
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+
+    if variant in ("cpu_gather", "split"):
+        return _with_threads(run, threads)
+    return run
+
+
+def _with_threads(run, threads: int):
+    if threads <= 0:
+        return run
+
+    def wrapped():
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return run()
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapped
+
+
+def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str) -> None:
+    """Compare a path's rows with the reference ``table[idx]``, byte for byte, on sample rows."""
+    out = run()
+    n = batch.idx.shape[0]
+    sample = torch.linspace(0, n - 1, min(CHECKED_ROWS, n)).long()
+    got = out[sample.to(out.device)].cpu().contiguous().view(torch.uint8)
+    expected = batch.table[batch.idx[sample]].contiguous().view(torch.uint8)
+    if not torch.equal(got, expected):
+        raise RuntimeError(f"feature_gather: variant '{variant}' returned rows that differ from the table")
