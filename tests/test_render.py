@@ -4,6 +4,8 @@ import pytest
 
 from analysis.render import main
 
+pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
+
 NOTEBOOK = """# %% tags=["parameters"]
 value = "default"
 out = "none"
