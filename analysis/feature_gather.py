@@ -69,6 +69,7 @@ def random_read_ceiling(row_bytes):
 
 STYLE = {"pageable": ("tab:gray", ":"), "cpu_gather": ("black", "-"), "all_in_gpu": ("tab:purple", "--"),
          "naive": ("tab:red", "-"), "aligned": ("tab:orange", "-"), "vectorized": ("tab:blue", "-"),
+         "vectorized_kernel": ("tab:brown", ":"),
          "sorted": ("tab:green", "-"), "hot_cache": ("tab:olive", "-"), "split": ("tab:cyan", "-")}
 ZERO_COPY = ["naive", "aligned", "vectorized", "sorted", "hot_cache", "split"]
 
@@ -229,12 +230,12 @@ for ax, panel in zip(axes, panels):
             errorbars(ax, d, "threads", f"{row_bytes} B rows")
         ax.set(xlabel="CPU threads", ylabel="GB/s", ylim=(0, None), title="cpu_gather by thread count")
     elif part == "thread_cap":
-        for row_bytes, d in data.groupby("row_bytes"):
+        for (row_bytes, d), color in zip(data.groupby("row_bytes"), ("tab:blue", "tab:orange", "tab:green")):
             full = d[d.max_threads == 0]
             d = d[d.max_threads > 0]
-            errorbars(ax, d, "max_threads", f"{row_bytes} B rows")
+            errorbars(ax, d, "max_threads", f"{row_bytes} B rows", color)
             if not full.empty:
-                ax.axhline(full["median"].iloc[0], linestyle=":", linewidth=1, label=f"{row_bytes} B, no cap")
+                ax.axhline(full["median"].iloc[0], color=color, linestyle=":", linewidth=1, label=f"{row_bytes} B, no cap")
         ax.set(xscale="log", xlabel="thread cap of the gather", ylabel="GB/s", ylim=(0, None),
                title="vectorized gather with capped threads")
     elif part == "locality":

@@ -10,6 +10,7 @@ from systems.pytorch_direct import UnifiedTensor
 from systems.pytorch_direct.ops import KERNELS, gather, launch_gather, word_bytes
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64]
+ORDERS = [{}, {"sort": True}, {"dedup": True}]  # as asked, sorted, sorted and de-duplicated
 
 
 def random_table(rows, dim, dtype, seed=0, pin=False):
@@ -34,8 +35,8 @@ def test_reference_is_plain_indexing_with_duplicates_and_any_order(dtype, index_
     table = random_table(500, 37, dtype, seed=1)
     idx = torch.randint(0, 500, (2000,), dtype=index_dtype)
     for kernel in KERNELS:
-        for dedup in (False, True):
-            assert same_bytes(gather(table, idx, kernel=kernel, dedup=dedup), table[idx.long()])
+        for order in ORDERS:
+            assert same_bytes(gather(table, idx, kernel=kernel, **order), table[idx.long()])
 
 
 @pytest.mark.parametrize("bad", [500, -1, 2**40])
@@ -65,6 +66,7 @@ def test_reference_passes_opcheck():
     table = random_table(64, 9, torch.float32, seed=2)
     idx = torch.randint(0, 64, (100,))
     torch.library.opcheck(gather, (table, idx), {"kernel": "aligned", "dedup": True})
+    torch.library.opcheck(gather, (table, idx), {"kernel": "naive", "sort": True, "max_threads": 64})
 
 
 def test_word_width_is_the_widest_that_every_address_allows():
@@ -121,8 +123,8 @@ def test_kernel_matches_reference(dtype, dim, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dedup", [False, True])
-def test_op_cached_rows_and_thread_cap_give_the_same_rows(dedup):
+@pytest.mark.parametrize("order", ORDERS, ids=["asked", "sort", "dedup"])
+def test_op_cached_rows_and_thread_cap_give_the_same_rows(order):
     table = random_table(5000, 100, torch.float32, seed=3, pin=True)
     idx = torch.randint(0, 5000, (20000,), device="cuda")
     expected = table[idx.cpu()]
@@ -131,14 +133,14 @@ def test_op_cached_rows_and_thread_cap_give_the_same_rows(dedup):
     slots[hot] = torch.arange(500, dtype=torch.int32, device="cuda")
     cache = table[hot.cpu()].cuda()
     cache_poisoned = cache.clone()
-    assert same_bytes(gather(table, idx, dedup=dedup, slots=slots, cache=cache).cpu(), expected)
+    assert same_bytes(gather(table, idx, **order, slots=slots, cache=cache).cpu(), expected)
     # The cached copy is really read: corrupt it and the cached rows change.
     cache_poisoned.view(torch.uint8).fill_(0xA5)
-    out = gather(table, idx, dedup=dedup, slots=slots, cache=cache_poisoned).cpu()
+    out = gather(table, idx, **order, slots=slots, cache=cache_poisoned).cpu()
     hit = (slots[idx] >= 0).cpu()
     assert same_bytes(out[~hit], expected[~hit]) and not same_bytes(out[hit], expected[hit])
     for cap in (32, 256, 1024):
-        assert same_bytes(gather(table, idx, dedup=dedup, max_threads=cap).cpu(), expected)
+        assert same_bytes(gather(table, idx, **order, max_threads=cap).cpu(), expected)
 
 
 @pytest.mark.gpu
@@ -148,9 +150,13 @@ def test_gpu_out_of_range_index_raises_and_is_never_read(bad):
     idx = torch.randint(0, 5000, (1000,), device="cuda")
     idx[777] = bad
     for kernel in KERNELS:
-        for dedup in (False, True):
+        for order in ORDERS:
             with pytest.raises(IndexError, match=f"index {bad} is out of range for a table of 5000 rows"):
-                gather(table, idx, kernel=kernel, dedup=dedup)
+                gather(table, idx, kernel=kernel, **order)
+    out = poisoned_like((1000, 16), torch.float32)
+    bounds_check = launch_gather(table, idx, out, check=False)
+    with pytest.raises(IndexError, match=f"index {bad} is out of range"):
+        bounds_check()  # the deferred check names the same value
 
 
 @pytest.mark.gpu

@@ -8,7 +8,10 @@ CPU tensor of any dtype, pinned (in place through :class:`UnifiedTensor`, or ``p
 * ``kernel``: ``"naive"`` (each lane loads one element, wherever the row starts), ``"aligned"``
   (the warp's reads start on the 128-byte line holding the row, lanes outside it masked), or
   ``"vectorized"`` (aligned, and 16-byte loads wherever row size and addresses allow).
-* ``dedup``: sort and de-duplicate the indices, gather each distinct row once, scatter back.
+* ``sort``: gather the rows in ascending index order (neighbouring rows share address
+  translations), then put them back in the order asked for. Asynchronous: no host sync.
+* ``dedup``: sort and de-duplicate the indices, gather each distinct row once, scatter back
+  (waits for the GPU once, to learn how many distinct rows there are).
 * ``slots`` / ``cache``: a GPU-resident copy of some rows (``slots[row]`` is the row's position
   in ``cache``, or -1); those rows are read from GPU memory instead of over PCIe.
 * ``max_threads``: cap on the threads the gather uses (0: enough to fill the GPU), so that it
@@ -19,6 +22,7 @@ An index outside the table raises ``IndexError`` naming the value; the kernel ne
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -60,8 +64,8 @@ def _raise_out_of_range(value: int, rows: int) -> None:
 
 
 @torch.library.custom_op("pytorch_direct::gather", mutates_args=())
-def gather(table: torch.Tensor, idx: torch.Tensor, kernel: str = "vectorized", dedup: bool = False,
-           max_threads: int = 0, slots: Optional[torch.Tensor] = None,
+def gather(table: torch.Tensor, idx: torch.Tensor, kernel: str = "vectorized", sort: bool = False,
+           dedup: bool = False, max_threads: int = 0, slots: Optional[torch.Tensor] = None,
            cache: Optional[torch.Tensor] = None) -> torch.Tensor:
     """CPU reference: ``table[idx]`` with the same checks (options do not change the result)."""
     _check(table, idx, kernel, slots, cache)
@@ -72,23 +76,37 @@ def gather(table: torch.Tensor, idx: torch.Tensor, kernel: str = "vectorized", d
 
 
 @gather.register_fake
-def _(table, idx, kernel="vectorized", dedup=False, max_threads=0, slots=None, cache=None):
+def _(table, idx, kernel="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
     return table.new_empty((idx.shape[0], table.shape[1]), device=idx.device)
 
 
 @gather.register_kernel("cuda")
-def _(table, idx, kernel="vectorized", dedup=False, max_threads=0, slots=None, cache=None):
+def _(table, idx, kernel="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
     _check(table, idx, kernel, slots, cache)
     if not table.is_pinned():
         raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
-    if not dedup:
-        out = torch.empty((idx.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
-        launch_gather(table, idx, out, kernel=kernel, max_threads=max_threads, slots=slots, cache=cache)
+    options = dict(kernel=kernel, max_threads=max_threads, slots=slots, cache=cache)
+    out = torch.empty((idx.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
+    if dedup:
+        unique, inverse = torch.unique(idx, sorted=True, return_inverse=True)
+        rows = torch.empty((unique.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
+        launch_gather(table, unique, rows, **options)
+        return torch.index_select(rows, 0, inverse, out=out)
+    if sort:
+        launch_sorted_gather(table, idx, out, **options)
         return out
-    unique, inverse = torch.unique(idx, sorted=True, return_inverse=True)
-    rows = torch.empty((unique.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
-    launch_gather(table, unique, rows, kernel=kernel, max_threads=max_threads, slots=slots, cache=cache)
-    return rows.index_select(0, inverse)
+    launch_gather(table, idx, out, **options)
+    return out
+
+
+def launch_sorted_gather(table, idx, out, *, check: bool = True, **options) -> Optional["BoundsCheck"]:
+    """Gather in ascending index order into a buffer, then scatter the rows to their positions
+    in ``out``; no host synchronisation except the bounds check (see :func:`launch_gather`)."""
+    order, positions = torch.sort(idx)
+    rows = torch.empty_like(out)
+    bounds_check = launch_gather(table, order, rows, check=check, **options)
+    out.index_copy_(0, positions, rows)
+    return bounds_check
 
 
 def word_bytes(kernel: str, element_size: int, row_bytes: int, table_address: int, out_address: int) -> int:
@@ -102,13 +120,13 @@ def word_bytes(kernel: str, element_size: int, row_bytes: int, table_address: in
 
 def launch_gather(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, *, kernel: str = "vectorized",
                   max_threads: int = 0, slots: Optional[torch.Tensor] = None,
-                  cache: Optional[torch.Tensor] = None, check: bool = True) -> Optional[torch.Tensor]:
+                  cache: Optional[torch.Tensor] = None, check: bool = True) -> Optional["BoundsCheck"]:
     """Launch the gather into ``out``. With ``check`` (default), raise on an out-of-range index,
-    which waits for the kernel (the flag it sets is read back); with ``check=False`` return the
-    flag for :func:`raise_if_out_of_range`, so the caller can overlap other work first."""
+    which waits for the kernel (the flag it sets is read back); with ``check=False`` return a
+    :class:`BoundsCheck` to call later, so the caller can overlap other work first."""
     n = idx.shape[0]
     if n == 0:
-        return None
+        return None if check else BoundsCheck(None, idx, table.shape[0])
     row_bytes = table.shape[1] * table.element_size()
     mode = "cached" if slots is not None else ("plain" if kernel == "naive" else "aligned")
     table_address = nvrtc.device_pointer_of_pinned(table)
@@ -131,16 +149,25 @@ def launch_gather(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, *, 
               np.uint64(cache.data_ptr()) if cache is not None else null,
               np.uint64(out.data_ptr()), np.uint64(bad_pos.data_ptr())),
     )
+    bounds = BoundsCheck(bad_pos, idx, table.shape[0])
     if not check:
-        return bad_pos
-    raise_if_out_of_range(bad_pos, idx, table.shape[0])
+        return bounds
+    bounds()
     return None
 
 
-def raise_if_out_of_range(bad_pos: Optional[torch.Tensor], idx: torch.Tensor, table_rows: int) -> None:
-    """Raise ``IndexError`` if the gather that returned ``bad_pos`` met an out-of-range index."""
-    if bad_pos is None:
-        return
-    position = int(bad_pos.item())
-    if position < idx.shape[0]:
-        _raise_out_of_range(int(idx[position]), table_rows)
+@dataclass
+class BoundsCheck:
+    """The out-of-range flag of one launched gather; calling it waits for the gather and raises
+    ``IndexError`` naming the first out-of-range index it met."""
+
+    bad_pos: Optional[torch.Tensor]
+    idx: torch.Tensor
+    table_rows: int
+
+    def __call__(self) -> None:
+        if self.bad_pos is None:
+            return
+        position = int(self.bad_pos.item())
+        if position < self.idx.shape[0]:
+            _raise_out_of_range(int(self.idx[position]), self.table_rows)

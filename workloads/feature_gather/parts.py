@@ -43,7 +43,8 @@ class Sweep:
         """Check, then time one variant on one batch; returns its median bandwidth (GB/s)."""
         fn = variants.make(variant, batch, **options)
         variants.check(fn, batch, variant)
-        m = measure(fn, device="cpu", repeat=self.repeat, warmup=self.warmup)
+        clock = "cuda" if variant in variants.KERNEL_ONLY else "cpu"
+        m = measure(fn, device=clock, repeat=self.repeat, warmup=self.warmup)
         system = "baseline" if variant in variants.BASELINES else "pytorch_direct"
         full = {"device": self.device, "batch_rows": batch.idx.shape[0], **config}
         self.writer.add_measurement(m, system=system, variant=variant, config=full, bytes_moved=batch.bytes)
@@ -65,7 +66,7 @@ def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     host = HostTable(mib(params["table_mib"]), device)
     gpu_copy = host.buffer.to("cuda") if device == "cuda" else None
     cases = [(dtype, dim) for dtype in params["dtypes"] for dim in params["dims"]]
-    names = ("pageable", "cpu_gather", "naive", "aligned", "vectorized", "sorted", "all_in_gpu")
+    names = ("pageable", "cpu_gather", "naive", "aligned", "vectorized", "vectorized_kernel", "sorted", "all_in_gpu")
     for dtype, dim in progress(cases, desc="row_sizes"):
         table = host.view(mib(params["table_mib"]), dtype, dim)
         config = _table_config(table, dtype) | {"distribution": "uniform"}
