@@ -57,6 +57,6 @@ def scale_params(config: dict, scale: str) -> dict:
     params = scales[scale]
     if params.get("needs_gpu") and not machine.has_gpu():
         raise NeedsGpuError(
-            f"scale '{scale}' needs a CUDA GPU and this machine has none (nvidia-smi found no GPU); "
+            f"scale '{scale}' needs a CUDA GPU and this machine has none that torch can use; "
             "use --config scale=cpu, or render committed results with the 'figures' target")
     return params

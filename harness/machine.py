@@ -76,8 +76,20 @@ def nvidia_gpus() -> tuple[GpuInfo, ...]:
     return tuple(gpus)
 
 
+@functools.lru_cache(maxsize=1)
 def has_gpu() -> bool:
-    return bool(nvidia_gpus())
+    """A GPU that this Python can use: the driver sees one and torch was built for CUDA.
+
+    The driver is asked first (cheap; no torch import on machines without NVIDIA GPUs), so the
+    workflow and the measuring jobs agree: an NVIDIA box with the CPU build of torch has no GPU
+    as far as the suite is concerned."""
+    if not nvidia_gpus():
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def describe() -> MachineInfo:
@@ -90,3 +102,9 @@ def describe() -> MachineInfo:
         memory_bytes=_memory_bytes(),
         gpus=nvidia_gpus(),
     )
+
+
+def forget() -> None:
+    """Drop the cached answers (tests change SUITE_HIDE_GPU)."""
+    nvidia_gpus.cache_clear()
+    has_gpu.cache_clear()

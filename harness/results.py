@@ -5,8 +5,12 @@ its value and unit. The configuration columns are typed and declared once per to
 :class:`Schema`. Each CSV file has a provenance record beside it (``<name>.provenance.json``).
 Files are written atomically: a results file either exists whole or not at all.
 
-Units: seconds ``s``; bandwidth ``GB/s`` (10^9 bytes per second); ``TFLOP/s``; bytes ``B``;
-CPU time ``core-s`` (user + system seconds of all the process's threads).
+Every metric has one unit (:data:`UNITS`): seconds ``s``; bandwidth ``GB/s`` (10^9 bytes per
+second); ``TFLOP/s``; bytes ``B``; CPU time ``core-s`` (user + system seconds of all the
+process's threads); ``ratio``.
+
+A file written before a configuration column was added to its topic's schema still loads: the
+missing column reads as NA. Any other difference from the schema refuses the file.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import csv
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -23,12 +28,24 @@ from harness.errors import UserError
 from harness.timing import Measurement
 
 KEY_COLUMNS = ("workload", "dataset", "system", "variant", "scale")
+UNITS = {
+    "time": "s", "cpu_time": "core-s", "bandwidth": "GB/s", "flop_rate": "TFLOP/s",
+    "peak_gpu_memory": "B", "peak_host_rss": "B", "pinned_host_memory": "B", "pcie_bytes": "B",
+    "device_bytes_ratio": "ratio",
+}
+_INTEGER = re.compile(r"-?[0-9]+")
 TAIL_COLUMNS = ("repetition", "metric", "value", "unit")
 PROVENANCE_SUFFIX = ".provenance.json"
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+def _parse_int(text: str) -> int:
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(text)
+    return int(text)
+
+
 _PARSERS = {
-    int: int,
+    int: _parse_int,
     float: float,
     str: str,
     bool: lambda s: {"true": True, "false": False}[s.lower()],
@@ -88,6 +105,8 @@ class ResultsWriter:
     def add(self, *, system: str, variant: str, config: dict, metric: str, value: float, unit: str,
             repetition: int = 0, dataset: str = "") -> None:
         self.schema.check_config(config)
+        if UNITS.get(metric) != unit:
+            raise ValueError(f"metric {metric!r} must be recorded in {UNITS.get(metric, 'a unit listed in harness.results.UNITS')}, not {unit!r}")
         if not math.isfinite(value):
             raise ValueError(f"{system}/{variant}: {metric} is not finite ({value})")
         self.rows.append({
@@ -147,7 +166,7 @@ def _format_cell(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return repr(value)  # shortest round-trip form: the file holds the exact measured value
+        return repr(float(value))  # shortest round-trip form (also for numpy floats): the exact value
     return str(value)
 
 
@@ -167,7 +186,7 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
         except (ValueError, KeyError):
             raise ResultsFormatError(f"{where}: column '{name}': {cell!r} is not {_TYPE_NAMES[kind]}") from None
     try:
-        row["repetition"] = int(raw["repetition"])
+        row["repetition"] = _parse_int(raw["repetition"])
         row["value"] = float(raw["value"])
     except ValueError:
         raise ResultsFormatError(f"{where}: repetition must be an integer and value a number, "
@@ -176,33 +195,54 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
         raise ResultsFormatError(f"{where}: repetition {row['repetition']} is negative")
     if not math.isfinite(row["value"]):
         raise ResultsFormatError(f"{where}: value {raw['value']!r} is not finite")
-    for name in ("metric", "unit"):
-        if not raw[name]:
-            raise ResultsFormatError(f"{where}: column '{name}' is empty")
-        row[name] = raw[name]
+    row["metric"], row["unit"] = raw["metric"], raw["unit"]
+    if UNITS.get(row["metric"]) != row["unit"]:
+        raise ResultsFormatError(f"{where}: metric '{row['metric']}' in unit '{row['unit']}'; "
+                                 f"expected one of {sorted(UNITS)} in its unit ({UNITS.get(row['metric'], 'unknown metric')})")
     return row
+
+
+def _scale_of(path: Path) -> str:
+    """Results files are named <part>-<scale>.csv."""
+    stem = path.name.removesuffix(".csv")
+    if "-" not in stem:
+        raise ResultsFormatError(f"{path}: results files are named <part>-<scale>.csv")
+    return stem.rsplit("-", 1)[1]
 
 
 def read_rows(path: Path | str, schema: Schema) -> list[dict]:
     """Read one results file, refusing it with the file and line named if it breaks the schema."""
     path = Path(path)
-    if not provenance_path(path).exists():
-        raise ResultsFormatError(f"{path}: no provenance record beside it ({provenance_path(path).name}); "
-                                 "a results file without provenance is not accepted")
+    scale = _scale_of(path)
+    provenance = load_provenance(path)
+    if provenance.get("scale") != scale:
+        raise ResultsFormatError(f"{path}: its provenance record says scale {provenance.get('scale')!r}, "
+                                 f"its name says {scale!r}")
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         header = tuple(reader.fieldnames or ())
-        if header != schema.columns:
-            missing = [c for c in schema.columns if c not in header]
+        # Configuration columns added to the schema after the file was written read as NA.
+        expected = tuple(c for c in schema.columns if c in header or c not in schema.config)
+        if header != expected:
+            missing = [c for c in expected if c not in header]
             extra = [c for c in header if c not in schema.columns]
             raise ResultsFormatError(
                 f"{path}: header does not match the '{schema.topic}' schema "
                 f"(missing {missing or 'none'}, unexpected {extra or 'none'}, expected order {list(schema.columns)})")
-        rows = []
+        rows, seen = [], {}
         for line_no, raw in enumerate(reader, start=2):
             if None in raw or any(v is None for v in raw.values()):
                 raise ResultsFormatError(f"{path}:{line_no}: expected {len(header)} fields")
-            rows.append(_parse_row(raw, schema, f"{path}:{line_no}"))
+            raw = {name: raw.get(name, "") for name in schema.columns}
+            row = _parse_row(raw, schema, f"{path}:{line_no}")
+            if row["scale"] != scale:
+                raise ResultsFormatError(f"{path}:{line_no}: a row of scale '{row['scale']}' in a file of scale '{scale}'")
+            key = tuple(row[c] for c in schema.columns if c != "value")
+            if key in seen:
+                raise ResultsFormatError(f"{path}:{line_no}: the same measurement as line {seen[key]} "
+                                         "(same configuration, repetition and metric)")
+            seen[key] = line_no
+            rows.append(row)
     if not rows:
         raise ResultsFormatError(f"{path}: no data rows")
     return rows
@@ -212,8 +252,11 @@ def load(paths: Iterable[Path | str], schema: Schema):
     """Load and validate results files into one pandas DataFrame (with a 'source' column)."""
     import pandas as pd
 
-    frames = []
+    frames, seen = [], set()
     for path in paths:
+        if Path(path).resolve() in seen:
+            raise ResultsFormatError(f"{path}: given twice")
+        seen.add(Path(path).resolve())
         rows = read_rows(path, schema)
         frame = pd.DataFrame(rows)
         frame["source"] = str(path)
@@ -227,4 +270,15 @@ def load(paths: Iterable[Path | str], schema: Schema):
 
 
 def load_provenance(csv_path: Path | str) -> dict:
-    return json.loads(provenance_path(Path(csv_path)).read_text())
+    """The provenance record beside a results file; refused if missing or not a JSON object."""
+    path = provenance_path(Path(csv_path))
+    if not path.exists():
+        raise ResultsFormatError(f"{csv_path}: no provenance record beside it ({path.name}); "
+                                 "a results file without provenance is not accepted")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ResultsFormatError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(record, dict) or not {"scale", "git", "machine", "date_utc"} <= set(record):
+        raise ResultsFormatError(f"{path}: a provenance record needs at least scale, git, machine and date_utc")
+    return record

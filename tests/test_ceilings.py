@@ -53,12 +53,12 @@ def test_gpu_probe_without_gpu_is_one_line_error(tmp_path, probe, monkeypatch, c
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     from harness import machine
 
-    machine.nvidia_gpus.cache_clear()
+    machine.forget()
     try:
         with pytest.raises(SystemExit) as exit_info:
             _run(tmp_path, probe)
     finally:
-        machine.nvidia_gpus.cache_clear()
+        machine.forget()
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"ceilings part '{probe}' needs a CUDA GPU" in err
@@ -80,3 +80,25 @@ def test_gpu_probe_writes_valid_results(tmp_path, probe):
     frame, prov = _run(tmp_path, probe)
     assert (frame[frame.metric == "bandwidth"]["value"] > 0).all()
     assert prov["cuda"]["available"] is True
+
+
+def test_disk_probe_refuses_a_directory_without_byte_counters(tmp_path, monkeypatch, capsys):
+    from workloads.ceilings import disk
+
+    monkeypatch.setattr(disk, "block_device_counters", lambda path: None)
+    with pytest.raises(SystemExit):
+        _run(tmp_path, "disk")
+    assert "is not on a block device" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+def test_disk_probe_refuses_reads_served_from_the_page_cache(tmp_path, monkeypatch):
+    from workloads.ceilings import disk
+
+    if disk.block_device_counters(tmp_path) is None:
+        pytest.skip("scratch directory is not on a block device here")
+    real = disk.device_bytes
+    # Pretend the device saw only half of every read.
+    monkeypatch.setattr(disk, "device_bytes", lambda stat: (real(stat)[0] // 2, real(stat)[1]))
+    with pytest.raises(RuntimeError, match="page cache was not bypassed"):
+        _run(tmp_path, "disk")

@@ -44,13 +44,13 @@ def test_unknown_scale_lists_the_known_ones(cfg):
 
 def test_gpu_scale_without_gpu_says_what_to_do(cfg, monkeypatch):
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
-    suite_config.machine.nvidia_gpus.cache_clear()
+    suite_config.machine.forget()
     try:
         with pytest.raises(NeedsGpuError, match="needs a CUDA GPU.*scale=cpu.*figures"):
             suite_config.scale_params(cfg, "h200")
         assert suite_config.scale_params(cfg, "cpu")["ceilings"]["repeat"] >= 1
     finally:
-        suite_config.machine.nvidia_gpus.cache_clear()
+        suite_config.machine.forget()
 
 
 def test_missing_and_invalid_files(tmp_path):

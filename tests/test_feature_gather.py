@@ -51,11 +51,11 @@ def test_cpu_part_writes_valid_results(tmp_path, part, monkeypatch):
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     from harness import machine
 
-    machine.nvidia_gpus.cache_clear()
+    machine.forget()
     try:
         frame, prov = _run(tmp_path, part)
     finally:
-        machine.nvidia_gpus.cache_clear()
+        machine.forget()
     assert set(frame.variant) == {"cpu_gather"} and set(frame.device) == {"cpu"}
     assert (frame[frame.metric == "bandwidth"]["value"] > 0).all()
     assert prov["part"] == part
@@ -80,11 +80,11 @@ def test_gpu_parts_need_a_gpu(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     from harness import machine
 
-    machine.nvidia_gpus.cache_clear()
+    machine.forget()
     try:
         for part in GPU_PARTS:
             with pytest.raises(SystemExit):
                 cli(["--part", part, "--scale", "tiny", "--out", str(tmp_path / "x.csv")])
             assert f"feature_gather part '{part}' needs a CUDA GPU" in capsys.readouterr().err
     finally:
-        machine.nvidia_gpus.cache_clear()
+        machine.forget()

@@ -12,6 +12,10 @@ from harness.timing import Measurement
 SCHEMA = Schema(topic="demo", config={"size_bytes": int, "ratio": float, "kind": str, "flag": bool})
 
 
+PROVENANCE = {"scale": "cpu", "git": {"commit": "0" * 40, "dirty": False}, "machine": {}, "date_utc": "2026-11-30",
+              "note": "test"}
+
+
 def _write(tmp_path, rows=3, name="demo-cpu.csv"):
     rng = random.Random(7)
     writer = ResultsWriter(SCHEMA, scale="cpu")
@@ -19,7 +23,7 @@ def _write(tmp_path, rows=3, name="demo-cpu.csv"):
         writer.add(system="sys", variant="v", config={"size_bytes": 4096, "ratio": 0.5, "kind": None, "flag": True},
                    metric="time", value=rng.uniform(0.1, 1.0), unit="s", repetition=rep)
     path = tmp_path / name
-    writer.write(path, {"scale": "cpu", "note": "test"})
+    writer.write(path, PROVENANCE)
     return path, writer
 
 
@@ -47,13 +51,13 @@ def test_measurement_rows_carry_rates(tmp_path):
 def test_writer_refuses_unknown_columns_wrong_types_and_nan():
     writer = ResultsWriter(SCHEMA, scale="cpu")
     with pytest.raises(ValueError, match="not in the schema"):
-        writer.add(system="s", variant="v", config={"oops": 1}, metric="m", value=1.0, unit="s")
+        writer.add(system="s", variant="v", config={"oops": 1}, metric="time", value=1.0, unit="s")
     with pytest.raises(TypeError, match="size_bytes"):
-        writer.add(system="s", variant="v", config={"size_bytes": "big"}, metric="m", value=1.0, unit="s")
+        writer.add(system="s", variant="v", config={"size_bytes": "big"}, metric="time", value=1.0, unit="s")
     with pytest.raises(TypeError, match="size_bytes"):
-        writer.add(system="s", variant="v", config={"size_bytes": True}, metric="m", value=1.0, unit="s")
+        writer.add(system="s", variant="v", config={"size_bytes": True}, metric="time", value=1.0, unit="s")
     with pytest.raises(ValueError, match="not finite"):
-        writer.add(system="s", variant="v", config={}, metric="m", value=math.nan, unit="s")
+        writer.add(system="s", variant="v", config={}, metric="time", value=math.nan, unit="s")
 
 
 def test_writer_refuses_to_write_nothing(tmp_path):
@@ -89,7 +93,7 @@ def test_loader_refuses_wrong_header_missing_provenance_and_empty_file(tmp_path)
     path, _ = _write(tmp_path)
     text = path.read_text()
     path.write_text(text.replace("size_bytes", "bytes", 1))
-    with pytest.raises(ResultsFormatError, match="header does not match.*missing \\['size_bytes'\\]"):
+    with pytest.raises(ResultsFormatError, match="header does not match.*unexpected \\['bytes'\\]"):
         read_rows(path, SCHEMA)
     path.write_text(text.splitlines()[0] + "\n")
     with pytest.raises(ResultsFormatError, match="no data rows"):
@@ -98,3 +102,60 @@ def test_loader_refuses_wrong_header_missing_provenance_and_empty_file(tmp_path)
     provenance_path(path).unlink()
     with pytest.raises(ResultsFormatError, match="no provenance record"):
         read_rows(path, SCHEMA)
+
+
+def test_a_file_written_before_a_column_was_added_still_loads(tmp_path):
+    path, _ = _write(tmp_path)
+    lines = [line.split(",") for line in path.read_text().splitlines()]
+    dropped = lines[0].index("ratio")
+    path.write_text("\n".join(",".join(c for i, c in enumerate(cells) if i != dropped) for cells in lines) + "\n")
+    frame = load([path], SCHEMA)
+    assert frame["ratio"].isna().all() and (frame["size_bytes"] == 4096).all()
+
+
+def test_loader_refuses_duplicates_wrong_scale_bad_units_and_odd_integers(tmp_path):
+    path, _ = _write(tmp_path)
+    text = path.read_text()
+    lines = text.splitlines()
+    path.write_text(text + lines[1] + "\n")
+    with pytest.raises(ResultsFormatError, match="demo-cpu.csv:5: the same measurement as line 2"):
+        read_rows(path, SCHEMA)
+    path.write_text(text.replace(",cpu,", ",tiny,", 1))
+    with pytest.raises(ResultsFormatError, match="demo-cpu.csv:2: a row of scale 'tiny' in a file of scale 'cpu'"):
+        read_rows(path, SCHEMA)
+    path.write_text(text.replace(",time,", ",bandwidth,", 1))
+    with pytest.raises(ResultsFormatError, match="metric 'bandwidth' in unit 's'"):
+        read_rows(path, SCHEMA)
+    path.write_text(text.replace(",4096,", ",4_096,", 1))
+    with pytest.raises(ResultsFormatError, match="'4_096' is not an integer"):
+        read_rows(path, SCHEMA)
+    path.write_text(text)
+    with pytest.raises(ResultsFormatError, match="given twice"):
+        load([path, path], SCHEMA)
+
+
+def test_provenance_must_agree_and_parse(tmp_path):
+    path, _ = _write(tmp_path)
+    provenance_path(path).write_text(json.dumps({**PROVENANCE, "scale": "h200"}))
+    with pytest.raises(ResultsFormatError, match="provenance record says scale 'h200', its name says 'cpu'"):
+        read_rows(path, SCHEMA)
+    provenance_path(path).write_text("")
+    with pytest.raises(ResultsFormatError, match="not valid JSON"):
+        read_rows(path, SCHEMA)
+    provenance_path(path).write_text("{}")
+    with pytest.raises(ResultsFormatError, match="needs at least scale, git, machine and date_utc"):
+        read_rows(path, SCHEMA)
+
+
+def test_writer_writes_numpy_floats_it_can_read_back(tmp_path):
+    import numpy as np
+
+    writer = ResultsWriter(SCHEMA, scale="cpu")
+    writer.add(system="s", variant="v", config={}, metric="time", value=np.float64(0.5), unit="s")
+    writer.write(tmp_path / "np-cpu.csv", PROVENANCE)
+    assert load([tmp_path / "np-cpu.csv"], SCHEMA)["value"].tolist() == [0.5]
+
+
+def test_writer_refuses_a_metric_in_the_wrong_unit():
+    with pytest.raises(ValueError, match="must be recorded in GB/s"):
+        ResultsWriter(SCHEMA, scale="cpu").add(system="s", variant="v", config={}, metric="bandwidth", value=1.0, unit="MB/s")

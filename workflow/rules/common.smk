@@ -5,10 +5,13 @@
 # each rule": expected. The suite runs in the virtual environment built from the pinned
 # requirements in envs/ (the machines it targets have no conda), and each results file records
 # the software versions it was measured with.
+import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+import yaml
 
 from harness import config as suite_config
 from harness import machine as suite_machine
@@ -27,7 +30,20 @@ SCALE = config["scale"]
 HAS_GPU = suite_machine.has_gpu()
 # Jobs run the Python of the environment Snakemake runs in (the suite's venv); no conda here.
 PYTHON = sys.executable
-CONFIG_FILE = workflow.configfiles[-1] if workflow.configfiles else "config/config.yaml"
+
+
+def merged_config_file():
+    """The config as Snakemake merged it (config files, profile, --config), written once so the
+    measuring jobs use exactly what was validated here; named by its content."""
+    text = yaml.safe_dump(dict(config), sort_keys=True)
+    path = Path(".snakemake/suite") / f"config-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
+
+
+CONFIG_FILE = merged_config_file()
 
 
 wildcard_constraints:
@@ -81,9 +97,12 @@ def committed_figures(topic):
     pairs = set()
     for csv in Path("results").glob(f"*/{topic}/*.csv"):
         machine, scale = csv.parent.parent.name, csv.stem.rsplit("-", 1)[-1]
-        if machine == MACHINE and not all(
-            (csv.parent / f"{part}-{scale}.csv").exists() for part in TOPICS[topic].parts()
-        ):
+        complete = all(
+            (csv.parent / f"{part}-{scale}{suffix}").exists()
+            for part in TOPICS[topic].parts()
+            for suffix in (".csv", ".provenance.json")
+        )
+        if machine == MACHINE and not complete:
             continue
         pairs.add((machine, scale))
     return [f"paper_figs/{m}/{topic}-{s}.png" for m, s in sorted(pairs)]

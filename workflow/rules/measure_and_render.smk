@@ -13,9 +13,11 @@ rule measure:
         machine=re.escape(MACHINE),
         topic="|".join(TOPICS),
         part="[a-z0-9_]+",
+    # Measurements never overlap, nor share the machine with rendering: each takes every core
+    # (which holds even when --resources on the command line replaces the profile's limits),
+    # the one timing slot, and, on a machine with a GPU, the GPU (zero-copy tables, GPU probes).
+    threads: workflow.cores
     resources:
-        # Measurements never overlap: every one takes the one timing slot, and on a machine with
-        # a GPU every one may use it (zero-copy tables, GPU probes), so it takes the GPU too.
         timing_slot=1,
         gpu=int(HAS_GPU),
     params:

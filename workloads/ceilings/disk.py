@@ -3,7 +3,8 @@
 O_DIRECT keeps the page cache out of the way (a host with more RAM than the file would otherwise
 serve reads from DRAM). The block device's own byte counters (/sys/dev/block/MAJ:MIN/stat) are
 read around every repetition: the probe records how many bytes reached the device per byte
-requested, and refuses a read whose bytes did not come from the device.
+requested, and refuses a read whose bytes did not come from the device. A scratch directory that
+is not on a block device (tmpfs, overlay) is refused: nothing could prove the numbers are disk's.
 Each thread writes or reads its own contiguous slice of the file. Writes end with fsync, so their
 time includes getting the data onto the device. Variants: ``write`` creates the file anew each
 repetition (the filesystem allocates blocks, as when every tensor gets a new file), ``overwrite``
@@ -27,6 +28,8 @@ from harness.timing import measure
 
 MIB = 1 << 20
 SECTOR = 512  # /sys/block/*/stat counts 512-byte sectors whatever the device's own sector size
+PAGE = 4096
+SHIFTS = 16
 # A read repetition must see at least this share of its bytes at the device.
 MIN_DEVICE_SHARE = 0.95
 
@@ -38,10 +41,8 @@ def block_device_counters(path: Path) -> Path | None:
     return stat if stat.exists() else None
 
 
-def device_bytes(stat: Path | None) -> tuple[int, int]:
+def device_bytes(stat: Path) -> tuple[int, int]:
     """(bytes read, bytes written) by the device since boot."""
-    if stat is None:
-        return (0, 0)
     fields = stat.read_text().split()
     return int(fields[2]) * SECTOR, int(fields[6]) * SECTOR
 
@@ -62,10 +63,12 @@ class _Transfer:
     def __init__(self, path: Path, file_bytes: int, block: int, threads: int):
         self.path, self.block, self.threads = path, block, threads
         self.blocks_per_thread = file_bytes // block // threads
-        # Page-aligned buffers (mmap), as O_DIRECT requires; random content, never zeros.
-        self.buffers = [mmap.mmap(-1, block) for _ in range(threads)]
+        # Page-aligned buffers (mmap), as O_DIRECT requires, of random bytes (never zeros). Each
+        # request writes from a different 4 KiB offset into its thread's buffer, so consecutive
+        # requests carry different data (a compressing or de-duplicating device gains little).
+        self.buffers = [mmap.mmap(-1, block + SHIFTS * PAGE) for _ in range(threads)]
         for buf in self.buffers:
-            buf.write(secrets.token_bytes(block))
+            buf.write(secrets.token_bytes(len(buf)))
         self.pool = ThreadPoolExecutor(threads)
 
     @property
@@ -73,10 +76,12 @@ class _Transfer:
         return self.blocks_per_thread * self.block * self.threads
 
     def _slice(self, fd: int, t: int, write: bool) -> None:
-        buf = self.buffers[t]
+        view = memoryview(self.buffers[t])
         first = t * self.blocks_per_thread
         for i in range(first, first + self.blocks_per_thread):
             offset = i * self.block
+            shift = (i % SHIFTS) * PAGE
+            buf = view[shift: shift + self.block]
             done = os.pwrite(fd, buf, offset) if write else os.preadv(fd, [buf], offset)
             if done != self.block:
                 raise OSError(f"short {'write' if write else 'read'} at offset {offset}: {done} of {self.block} bytes")
@@ -115,7 +120,7 @@ class _Transfer:
 class _CountedCall:
     """Wraps a transfer so each call also records the device bytes it caused."""
 
-    def __init__(self, fn, stat: Path | None, column: int):
+    def __init__(self, fn, stat: Path, column: int):
         self.fn, self.stat, self.column = fn, stat, column
         self.device_bytes: list[int] = []
 
@@ -131,6 +136,9 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
     scratch_dir = Path(scratch_dir)
     scratch_dir.mkdir(parents=True, exist_ok=True)
     stat = block_device_counters(scratch_dir)
+    if stat is None:
+        raise UserError(f"scratch_dir {scratch_dir} is not on a block device (tmpfs or overlay?), so the disk "
+                        "probe cannot prove its bytes reached a disk; set scratch_dir to a directory on a local disk")
     path = scratch_dir / f"disk-probe-{os.getpid()}.bin"
     cases = list(itertools.product(params["block_sizes_kib"], params["threads"]))
     try:
@@ -148,8 +156,6 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
                               "block_bytes": transfer.block, "threads": threads}
                     writer.add_measurement(m, system="disk", variant=variant, bytes_moved=transfer.nbytes,
                                            config=config)
-                    if stat is None:
-                        continue
                     timed = call.device_bytes[-repeat:]
                     for rep, counted in enumerate(timed):
                         writer.add(system="disk", variant=variant, config=config, metric="device_bytes_ratio",
@@ -163,8 +169,5 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
     finally:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-    if stat is None:
-        counters = f"no block-device byte counters for {scratch_dir} (not on a block device); bytes unverified"
-    else:
-        counters = f"verified with {stat} ({os.path.realpath(stat.parent)})"
+    counters = f"verified with {stat} ({os.path.realpath(stat.parent)})"
     return {"disk_byte_counters": counters, "scratch_dir": str(scratch_dir.resolve())}
