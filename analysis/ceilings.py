@@ -43,6 +43,9 @@ print(sorted(systems))
 # %%
 bw = summarize(frame, "bandwidth", ["system", "variant", "device", "host_memory", "size_bytes", "table_bytes",
                                     "granularity_bytes", "block_bytes", "threads"])
+# Zero-copy read panels show driver-allocated pinned memory; the allocation panel compares.
+uva_all = bw[bw.system == "uva_read"]
+bw = bw[(bw.system != "uva_read") | (bw.host_memory == "pinned")]
 rate = summarize(frame, "flop_rate", ["system", "variant", "device", "matrix_dim"])
 lines = [f"# Ceilings of `{machine}` at scale `{scale}`", "", machine_label(provenance), "",
          "| what | configuration | median | IQR |", "|---|---|---|---|"]
@@ -57,8 +60,9 @@ if "pcie_copy" in systems:
     for _, r in bw[(bw.system == "pcie_copy") & (bw.size_bytes == largest)].iterrows():
         add_line(f"PCIe copy {r.variant}", f"{r.host_memory}, {r.size_bytes / MiB:.0f} MiB", r, "GB/s")
 if "uva_read" in systems:
-    for _, r in bw[bw.system == "uva_read"].iterrows():
-        add_line(f"zero-copy read, {r.variant}", f"{r.granularity_bytes} B rows, {r.table_bytes / GiB:g} GiB table", r, "GB/s")
+    for _, r in uva_all.sort_values(["host_memory", "variant", "table_bytes", "granularity_bytes"]).iterrows():
+        add_line(f"zero-copy read, {r.variant}, {r.host_memory}",
+                 f"{r.granularity_bytes} B rows, {r.table_bytes / GiB:g} GiB table", r, "GB/s")
 if "hbm_copy" in systems:
     for _, r in bw[bw.system == "hbm_copy"].iterrows():
         add_line("HBM copy (read+write)", f"{r.size_bytes / MiB:.0f} MiB", r, "GB/s")
@@ -76,9 +80,10 @@ print("\n".join(lines))
 # ## Figure
 
 # %%
+allocations = sorted(set(uva_all.host_memory)) if "uva_read" in systems else []
 panels = [p for p in ("pcie_copy", "uva_read:random", "uva_read:sorted", "uva_read:contiguous",
-                      "hbm_copy", "matmul", "disk", "host_memcpy")
-          if p.split(":")[0] in systems]
+                      "uva_alloc", "hbm_copy", "matmul", "disk", "host_memcpy")
+          if p.split(":")[0] in systems or (p == "uva_alloc" and len(allocations) > 1)]
 cols = min(4, len(panels))
 rows_n = -(-len(panels) // cols)
 fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.8 * rows_n), squeeze=False)
@@ -114,6 +119,16 @@ for ax, panel in zip(axes, panels):
             ax.axhline(pinned_h2d, color="grey", linestyle="--", linewidth=1, label="pinned H2D copy")
         ax.set(xscale="log", xlabel="table size (GiB, pinned host memory)", ylabel="GB/s",
                title=f"GPU zero-copy reads, {order} rows", ylim=(0, None))
+    elif system == "uva_alloc":
+        for (allocation, order), d in uva_all[uva_all.variant.isin(["random", "sorted"])].groupby(["host_memory", "variant"]):
+            for g, style in ((512, "-"), (2048, "--")):
+                dg = d[d.granularity_bytes == g]
+                if not dg.empty:
+                    errorbars(ax, dg.assign(gib=dg.table_bytes / GiB), "gib", f"{allocation}, {order}, {g} B",
+                              linestyle=style if order == "random" else ":")
+        ax.set(xscale="log", xlabel="table size (GiB)", ylabel="GB/s", ylim=(0, None),
+               title="Zero-copy reads by host allocation\n(solid 512 B random, dashed 2 KiB random, dotted sorted)")
+        ax.legend(fontsize=5, ncol=2)
     elif system == "hbm_copy":
         d = bw[bw.system == "hbm_copy"]
         ax.bar([f"{s / MiB:.0f} MiB" for s in d.size_bytes], d["median"] / 1e3,

@@ -1,6 +1,7 @@
 """uva_read: GPU threads read rows of pinned host memory (zero-copy over unified addressing).
 
-For each table size (a prefix of one pinned buffer), row size ("granularity") and access order:
+For each way of allocating the pinned host memory (see workloads.buffers.PinnedHostBuffer), table
+size (a prefix of one buffer), row size ("granularity") and access order:
 ``contiguous`` (consecutive rows from a random start), ``random`` (distinct rows in random order)
 and ``sorted`` (the same rows in ascending order). Rows are distinct, so every byte counted
 crosses PCIe once. Several index sets rotate between repetitions so that no repetition finds the
@@ -16,7 +17,7 @@ import torch
 from harness.progress import progress
 from harness.timing import measure
 from systems.zero_copy.ops import launch_read_rows
-from workloads.buffers import MIB, random_bytes
+from workloads.buffers import MIB, PinnedHostBuffer, huge_pages_note
 
 ORDERS = ("contiguous", "random", "sorted")
 INDEX_SETS = 4
@@ -44,14 +45,22 @@ def _check(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> None:
         raise RuntimeError("uva_read: rows read by the kernel differ from the table")
 
 
-def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:
-    max_bytes = max(params["table_sizes_mib"]) * MIB
-    table = random_bytes(max_bytes, pin_memory=True, seed=4)
+def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> dict:
+    notes = {}
+    for allocation in params.get("allocations", ["pinned"]):
+        buffer = PinnedHostBuffer(max(params["table_sizes_mib"]) * MIB, allocation, seed=4)
+        notes[allocation] = huge_pages_note()
+        _measure(buffer.tensor, allocation, params, writer, repeat=repeat, warmup=warmup)
+        buffer.close()
+    return {"host_memory": notes}
+
+
+def _measure(table: torch.Tensor, allocation: str, params: dict, writer, *, repeat: int, warmup: int) -> None:
     generator = torch.Generator(device="cuda").manual_seed(5)
     max_out = params["rows"] * max(params["granularities"])
     out_buffer = torch.empty(max_out, dtype=torch.uint8, device="cuda")
     cases = list(itertools.product(params["table_sizes_mib"], params["granularities"], ORDERS))
-    for table_mib, granularity, order in progress(cases, desc="uva_read"):
+    for table_mib, granularity, order in progress(cases, desc=f"uva_read ({allocation})"):
         table_bytes = table_mib * MIB
         view = table[:table_bytes].view(-1, granularity)
         rows = min(params["rows"], view.shape[0])
@@ -64,5 +73,5 @@ def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:
         m = measure(lambda: launch_read_rows(view, next(rotation), out), device="cuda", repeat=repeat, warmup=warmup)
         writer.add_measurement(
             m, system="uva_read", variant=order, bytes_moved=rows * granularity,
-            config={"device": "cuda", "host_memory": "pinned", "table_bytes": table_bytes,
+            config={"device": "cuda", "host_memory": allocation, "table_bytes": table_bytes,
                     "granularity_bytes": granularity, "rows": rows})
