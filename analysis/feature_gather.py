@@ -59,12 +59,20 @@ if ceil is not None and (ceil.system == "pcie_copy").any():
     pinned_copy = pc.sort_values("size_bytes")["median"].iloc[-1]
 
 
-def random_read_ceiling(row_bytes):
-    """Random zero-copy reads at this row size, by table size (ceilings' uva_read)."""
+def random_read_ceiling(row_bytes, order="random"):
+    """Zero-copy reads of driver-pinned memory at this row size, by table size (ceilings' uva_read)."""
     if ceil is None:
         return None
-    c = ceil[(ceil.system == "uva_read") & (ceil.variant == "random") & (ceil.granularity_bytes == row_bytes)]
+    c = ceil[(ceil.system == "uva_read") & (ceil.variant == order) & (ceil.granularity_bytes == row_bytes)
+             & (ceil.host_memory == "pinned")]
     return None if c.empty else c.sort_values("table_bytes")
+
+
+def ceiling_at(row_bytes, table_bytes, order="random"):
+    c = random_read_ceiling(row_bytes, order)
+    if c is None or not (c.table_bytes == table_bytes).any():
+        return None
+    return c[c.table_bytes == table_bytes]["median"].iloc[0]
 
 
 STYLE = {"pageable": ("tab:gray", ":"), "cpu_gather": ("black", "-"), "all_in_gpu": ("tab:purple", "--"),
@@ -94,8 +102,12 @@ lines = [f"# Feature gathering on `{machine}` at scale `{scale}`", "", machine_l
 if "table_sizes" in parts:
     ts = medians("table_sizes")
     lines += ["## Targets (part table_sizes, fp32 rows; ratios from the same run)", "",
-              "| row | table | indices | best zero-copy path | GB/s | cpu_gather GB/s | x CPU | / pinned copy | target |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "Ceilings come from the same machine's ceilings run: pinned copy, and the random / sorted "
+              "zero-copy read rate at the same row and table size.", "",
+              "| row | table | indices | best zero-copy path | GB/s | ms per gather | cpu_gather GB/s | x CPU "
+              "| / pinned copy | / random-read ceiling | / sorted-read ceiling | target |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    times = medians("table_sizes", "time")
     for (row_bytes, table_bytes, dist), g in ts.groupby(["row_bytes", "table_bytes", "distribution"]):
         zc = g[g.variant.isin(ZERO_COPY)]
         b = zc.loc[zc["median"].idxmax()]
@@ -106,8 +118,14 @@ if "table_sizes" in parts:
         if row_bytes == 128 and table_bytes == 4 * GiB and dist == "uniform":
             target = "≥ 1x CPU"
         copy = f"{b['median'] / pinned_copy:.3f}" if pinned_copy else "n/a"
+        ratios = []
+        for order in ("random", "sorted"):
+            c = ceiling_at(row_bytes, table_bytes, order)
+            ratios.append(f"{b['median'] / c:.2f}" if c else "n/a")
+        t = times[(times.variant == b.variant) & (times.row_bytes == row_bytes) & (times.table_bytes == table_bytes)
+                  & (times.distribution == dist)]["median"].iloc[0]
         lines.append(f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {dist} | {b.variant} | {b['median']:.1f} | "
-                     f"{cpu:.1f} | {b['median'] / cpu:.2f} | {copy} | {target} |")
+                     f"{t * 1e3:.2f} | {cpu:.1f} | {b['median'] / cpu:.2f} | {copy} | {ratios[0]} | {ratios[1]} | {target} |")
     lines += ["", "### Ablation (part table_sizes): GB/s of each step", ""]
     steps = ["cpu_gather", "naive", "vectorized", "sorted", "hot_cache", "split"]
     lines += ["| row | table | indices | " + " | ".join(steps) + " |", "|---|---|---|" + "---|" * len(steps)]
