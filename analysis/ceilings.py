@@ -25,9 +25,8 @@ summary = "paper_figs/local/ceilings-cpu.md"
 # %%
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 
-from analysis.common import load_topic, machine_label, summarize
+from analysis.common import errorbars, load_topic, machine_label, panel_grid, summarize
 from workloads.ceilings.schema import SCHEMA
 
 frame, provenance = load_topic(machine, "ceilings", scale, SCHEMA)
@@ -84,20 +83,7 @@ allocations = sorted(set(uva_all.host_memory)) if "uva_read" in systems else []
 panels = [p for p in ("pcie_copy", "uva_read:random", "uva_read:sorted", "uva_read:contiguous",
                       "uva_alloc", "hbm_copy", "matmul", "disk", "host_memcpy")
           if p.split(":")[0] in systems or (p == "uva_alloc" and len(allocations) > 1)]
-cols = min(4, len(panels))
-rows_n = -(-len(panels) // cols)
-fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.8 * rows_n), squeeze=False)
-axes = list(axes.flat)
-for ax in axes[len(panels):]:
-    ax.remove()
-
-
-def errorbars(ax, data, x, label, **style):
-    data = data.sort_values(x)
-    ax.errorbar(data[x], data["median"], yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
-                label=label, capsize=2, marker="o", markersize=3, **style)
-
-
+fig, axes = panel_grid(len(panels), width=4.6, height=3.8)
 pinned_h2d = None
 if "pcie_copy" in systems:
     pc = bw[bw.system == "pcie_copy"]

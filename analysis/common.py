@@ -42,3 +42,23 @@ def machine_label(provenance: list[dict]) -> str:
     return (f"{hardware}; {m['cpu_model']}, {m['usable_cpus']} cores; measured {dates[0]}"
             + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
             + f"; commit {', '.join(commits)}; torch {first['packages'].get('torch', '?')}")
+
+
+def panel_grid(count: int, width: float, height: float, cols: int = 4):
+    """A figure with ``count`` panels, ``cols`` per row; unused grid cells removed."""
+    import matplotlib.pyplot as plt
+
+    cols = min(cols, count)
+    rows = -(-count // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    axes = list(axes.flat)
+    for ax in axes[count:]:
+        ax.remove()
+    return fig, axes[:count]
+
+
+def errorbars(ax, data: pd.DataFrame, x: str, label, color=None, linestyle="-") -> None:
+    """Medians against ``x`` with interquartile bars (columns from :func:`summarize`)."""
+    data = data.sort_values(x)
+    ax.errorbar(data[x], data["median"], yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
+                label=label, color=color, linestyle=linestyle, marker="o", markersize=3, capsize=2)

@@ -25,9 +25,8 @@ summary = "paper_figs/local/feature_gather-cpu.md"
 # %%
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 
-from analysis.common import load_topic, machine_label, results_files, summarize
+from analysis.common import errorbars, load_topic, machine_label, panel_grid, results_files, summarize
 from workloads.ceilings.schema import SCHEMA as CEILINGS
 from workloads.feature_gather.schema import SCHEMA
 
@@ -86,10 +85,6 @@ def size_label(nbytes):
     return f"{nbytes / GiB:g} GiB" if nbytes >= GiB else f"{nbytes / MiB:g} MiB"
 
 
-def errorbars(ax, data, x, label, color=None, linestyle="-"):
-    data = data.sort_values(x)
-    ax.errorbar(data[x], data["median"], yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
-                label=label, color=color, linestyle=linestyle, marker="o", markersize=3, capsize=2)
 
 # %% [markdown]
 # ## Targets and key numbers
@@ -186,12 +181,7 @@ if "table_sizes" in parts:
     ts_rows = sorted(set(medians("table_sizes").row_bytes))
     panels += [f"table_sizes:uniform:{r}" for r in ts_rows] + [f"table_sizes:zipf:{r}" for r in ts_rows]
 panels += [p for p in ("batch_sizes", "cpu_threads", "thread_cap", "locality") if p in parts]
-cols = min(4, len(panels))
-rows_n = -(-len(panels) // cols)
-fig, axes = plt.subplots(rows_n, cols, figsize=(4.8 * cols, 3.9 * rows_n), squeeze=False)
-axes = list(axes.flat)
-for ax in axes[len(panels):]:
-    ax.remove()
+fig, axes = panel_grid(len(panels), width=4.8, height=3.9)
 
 
 def ceiling_lines(ax, row_bytes=None):

@@ -7,21 +7,22 @@ import os
 import torch
 
 from harness.progress import progress
-from systems.pytorch_direct.ops import gather
 from harness.timing import measure
+from systems.pytorch_direct.ops import gather
 from workloads.feature_gather import variants
 from workloads.feature_gather.tables import DTYPES, HostTable, Popularity, mib, uniform_rows, window_rows
 from workloads.feature_gather.variants import Batch
 
+
 def dgl_skip_reason(device: str) -> str:
-    """Why DGL's pinned gather is not measured here (it is measured where it can run)."""
+    """Why DGL's pinned gather (gather_pinned_tensor_rows) was not measured in this run."""
     try:
         import dgl  # noqa: F401
     except Exception as err:  # DGL's import fails in many ways on a torch it was not built for
         return f"dgl not importable ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
     if device != "cuda":
         return "no GPU"
-    return "dgl importable but its CUDA support was not checked by this suite yet"
+    return "dgl imports, but the suite has no DGL variant yet (DGL's PyPI wheels are CPU-only)"
 
 
 class Sweep:

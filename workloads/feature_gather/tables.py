@@ -14,23 +14,22 @@ from dataclasses import dataclass
 
 import torch
 
-from workloads.buffers import MIB, fill_random_
+from workloads.buffers import MIB, PinnedHostBuffer, fill_random_
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class HostTable:
-    """A buffer of ``nbytes`` random bytes in host memory, pinned in place on a GPU machine."""
+    """A buffer of ``nbytes`` random bytes in host memory, pinned in place on a GPU machine
+    (cudaHostRegister through UnifiedTensor, as a user of PyTorch-Direct would)."""
 
     def __init__(self, nbytes: int, device: str, seed: int = 0):
         self.nbytes = nbytes
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8)
-        self.unified = None
-        if device == "cuda":
-            from systems.pytorch_direct import UnifiedTensor
-
-            self.unified = UnifiedTensor(self.buffer)  # pinned first, so the fill is a fast DMA
-        fill_random_(self.buffer, seed=seed)
+        self._pinned = PinnedHostBuffer(nbytes, "registered", seed=seed) if device == "cuda" else None
+        if self._pinned is not None:
+            self.buffer = self._pinned.tensor
+        else:
+            self.buffer = fill_random_(torch.empty(nbytes, dtype=torch.uint8), seed=seed)
 
     def view(self, table_bytes: int, dtype: str, dim: int) -> torch.Tensor:
         """The table [rows, dim] of ``dtype`` in the first ``table_bytes`` of the buffer."""
@@ -39,8 +38,8 @@ class HostTable:
         return self.buffer[: rows * row_bytes].view(DTYPES[dtype]).view(rows, dim)
 
     def close(self) -> None:
-        if self.unified is not None:
-            self.unified.close()
+        if self._pinned is not None:
+            self._pinned.close()
 
 
 def uniform_rows(num_rows: int, n: int, generator: torch.Generator) -> torch.Tensor:
