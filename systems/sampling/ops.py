@@ -1,0 +1,134 @@
+"""``sampling::sample_neighbors``: one hop of uniform neighbour sampling from a CSR.
+
+``sample_neighbors(indptr, indices, seeds, fanout, replace, rng_seed)`` returns ``(counts,
+neighbors)``: ``counts[i]`` neighbours of ``seeds[i]``, listed one seed after another in
+``neighbors``. Without replacement a seed with at most ``fanout`` neighbours keeps all of them
+(in CSR order), else ``fanout`` distinct ones; with replacement ``fanout`` draws (none for a node
+without neighbours). The draws are a function of (rng_seed, node, counter) only, so the CPU
+reference here and the CUDA kernel return identical samples. With CUDA ``seeds`` the kernel runs;
+the CSR may then be on the GPU or in pinned host memory (read over PCIe).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from systems import nvrtc
+
+KERNEL_SOURCE = Path(__file__).parent / "kernels" / "sample.cu"
+MAX_FANOUT = 64  # the kernel keeps the chosen positions in a local array of this size
+THREADS_PER_BLOCK = 128
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def draw(rng_seed: int, nodes: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """The kernel's random numbers: uint64 hashes of (rng_seed, node, counter)."""
+    with np.errstate(over="ignore"):
+        base = _mix64(np.uint64(rng_seed) ^ _mix64(nodes.astype(np.uint64)))
+        return _mix64(base + counters.astype(np.uint64))
+
+
+def _check(indptr, indices, seeds, fanout, rng_seed) -> None:
+    for name, t in (("indptr", indptr), ("indices", indices), ("seeds", seeds)):
+        if t.dtype != torch.int64 or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} of shape {tuple(t.shape)}")
+    if not 1 <= fanout <= MAX_FANOUT:
+        raise ValueError(f"fanout must be between 1 and {MAX_FANOUT}, got {fanout}")
+    if not 0 <= rng_seed < 2**63:
+        raise ValueError(f"rng_seed must be in [0, 2^63), got {rng_seed}")
+    if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= indptr.numel() - 1):
+        bad = seeds[(seeds < 0) | (seeds >= indptr.numel() - 1)][0]
+        raise IndexError(f"seed node {int(bad)} is out of range for a graph of {indptr.numel() - 1} nodes")
+
+
+def reference(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanout: int, replace: bool,
+              rng_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU implementation (vectorized over seeds; Floyd's algorithm step by step)."""
+    start, degree = indptr[seeds], indptr[seeds + 1] - indptr[seeds]
+    if replace:
+        counts = np.where(degree > 0, fanout, 0)
+        has = degree > 0
+        steps = np.arange(fanout)
+        positions = draw(rng_seed, np.repeat(seeds[has], fanout), np.tile(steps, int(has.sum())))
+        positions = (positions % np.repeat(degree[has], fanout).astype(np.uint64)).astype(np.int64)
+        return counts, indices[np.repeat(start[has], fanout) + positions]
+    counts = np.minimum(degree, fanout)
+    chosen = np.empty((seeds.size, fanout), dtype=np.int64)
+    big = degree > fanout
+    # Small neighbourhoods: every neighbour, in order.
+    small_rows = np.flatnonzero(~big)
+    # Large ones: Floyd's algorithm, all seeds at once, one step at a time.
+    b_seeds, b_degree = seeds[big], degree[big]
+    picked = np.empty((b_seeds.size, fanout), dtype=np.int64)
+    for step in range(fanout):
+        j = b_degree - fanout + step
+        t = (draw(rng_seed, b_seeds, j) % (j + 1).astype(np.uint64)).astype(np.int64)
+        seen = (picked[:, :step] == t[:, None]).any(axis=1)
+        picked[:, step] = np.where(seen, j, t)
+    chosen[big] = picked
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    out = np.empty(offsets[-1], dtype=np.int64)
+    big_rows = np.flatnonzero(big)
+    out_big = (offsets[big_rows][:, None] + np.arange(fanout)).ravel()
+    out[out_big] = indices[(start[big_rows][:, None] + chosen[big_rows]).ravel()]
+    if small_rows.size:
+        lengths = degree[small_rows]
+        within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        out[np.repeat(offsets[small_rows], lengths) + within] = indices[np.repeat(start[small_rows], lengths) + within]
+    return counts, out
+
+
+@torch.library.custom_op("sampling::sample_neighbors", mutates_args=())
+def sample_neighbors(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanout: int,
+                     replace: bool, rng_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(indptr, indices, seeds, fanout, rng_seed)
+    counts, neighbors = reference(indptr.numpy(), indices.numpy(), seeds.numpy(), fanout, replace, rng_seed)
+    return torch.from_numpy(np.ascontiguousarray(counts, dtype=np.int64)), torch.from_numpy(neighbors)
+
+
+@sample_neighbors.register_fake
+def _(indptr, indices, seeds, fanout, replace, rng_seed):
+    ctx = torch.library.get_ctx()
+    return seeds.new_empty(seeds.shape), seeds.new_empty((ctx.new_dynamic_size(),))
+
+
+def _address(t: torch.Tensor) -> int:
+    """Device-visible address: GPU memory as is, pinned host memory through unified addressing."""
+    if t.is_cuda:
+        return t.data_ptr()
+    if not t.is_pinned():
+        raise ValueError("a CSR on the host must be pinned (pin_memory() or UnifiedTensor) for GPU sampling")
+    return nvrtc.device_pointer_of_pinned(t)
+
+
+@sample_neighbors.register_kernel("cuda")
+def _(indptr, indices, seeds, fanout, replace, rng_seed):
+    _check(indptr, indices, seeds, fanout, rng_seed)
+    n = seeds.numel()
+    counts = torch.empty(n, dtype=torch.int64, device=seeds.device)
+    if n == 0:
+        return counts, torch.empty(0, dtype=torch.int64, device=seeds.device)
+    module = nvrtc.load_module(KERNEL_SOURCE)
+    grid = (-(-n // THREADS_PER_BLOCK),)
+    indptr_at, indices_at = np.uint64(_address(indptr)), np.uint64(_address(indices))
+    nvrtc.launch(module, "count_samples", grid, (THREADS_PER_BLOCK,),
+                 (indptr_at, np.uint64(seeds.data_ptr()), np.int64(n), np.int32(fanout), np.int32(replace),
+                  np.uint64(counts.data_ptr())))
+    offsets = torch.cumsum(counts, 0) - counts
+    total = int(counts.sum())  # the output size: one wait for the GPU
+    neighbors = torch.empty(total, dtype=torch.int64, device=seeds.device)
+    nvrtc.launch(module, "sample_neighbors", grid, (THREADS_PER_BLOCK,),
+                 (indptr_at, indices_at, np.uint64(seeds.data_ptr()), np.int64(n), np.int32(fanout),
+                  np.int32(replace), np.uint64(rng_seed), np.uint64(offsets.data_ptr()),
+                  np.uint64(neighbors.data_ptr())))
+    return counts, neighbors
