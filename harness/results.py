@@ -31,7 +31,7 @@ KEY_COLUMNS = ("workload", "dataset", "system", "variant", "scale")
 UNITS = {
     "time": "s", "cpu_time": "core-s", "bandwidth": "GB/s", "flop_rate": "TFLOP/s",
     "peak_gpu_memory": "B", "peak_host_rss": "B", "pinned_host_memory": "B", "pcie_bytes": "B",
-    "device_bytes_ratio": "ratio",
+    "device_bytes_ratio": "ratio", "epoch_time": "s", "phase_time": "s", "accuracy": "ratio", "loss": "nats",
 }
 _INTEGER = re.compile(r"-?[0-9]+")
 TAIL_COLUMNS = ("repetition", "metric", "value", "unit")

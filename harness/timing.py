@@ -116,3 +116,49 @@ def measure(
         peak_rss_bytes=tuple(peak_rss),
         pinned_host_bytes=tuple(pinned),
     )
+
+
+class PhaseClock:
+    """Time the phases of a loop (sample, gather, train, ...) by wall clock, waiting for the GPU
+    at every phase boundary so each phase's GPU work is charged to it. That serializes the
+    pipeline: use it for a breakdown, and ``measure`` (or one wait per epoch) for throughput.
+
+        clock = PhaseClock(device)
+        with clock.phase("sample"):
+            ...
+        clock.totals  # {"sample": seconds, ...}
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self.totals: dict[str, float] = {}
+
+    def _wait(self) -> None:
+        if self.device == "cuda":
+            _cuda().cuda.synchronize()
+
+    def phase(self, name: str):
+        clock = self
+
+        class _Phase:
+            def __enter__(self):
+                clock._wait()
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                clock._wait()
+                clock.totals[name] = clock.totals.get(name, 0.0) + time.perf_counter() - self.start
+
+        return _Phase()
+
+
+def wall_clock(fn: Callable[[], object], device: str) -> float:
+    """Seconds for one call of ``fn``, waiting for the GPU before and after (epoch timing)."""
+    torch = _cuda() if device == "cuda" else None
+    if torch is not None:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if torch is not None:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start

@@ -1,0 +1,55 @@
+"""GraphSAGE and GAT for node classification, from PyG's conv layers.
+
+Each model has one conv layer per sampling hop; it runs on a sampled subgraph (all its nodes'
+features, its edges) and the caller keeps the first ``batch_size`` outputs (the seeds).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch_geometric.nn import GATConv, SAGEConv
+
+MODELS = ("sage", "gat")
+
+
+class GraphSAGE(nn.Module):
+    def __init__(self, in_dim: int, hidden: int, classes: int, layers: int, dropout: float = 0.5):
+        super().__init__()
+        dims = [in_dim] + [hidden] * (layers - 1) + [classes]
+        self.convs = nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = nn.functional.dropout(x.relu(), self.dropout, self.training)
+        return x
+
+
+class GAT(nn.Module):
+    def __init__(self, in_dim: int, hidden: int, classes: int, layers: int, heads: int = 4, dropout: float = 0.5):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"GAT hidden size {hidden} must be a multiple of its {heads} heads")
+        dims = [in_dim] + [hidden] * (layers - 1)
+        self.convs = nn.ModuleList([GATConv(a, hidden // heads, heads=heads) for a in dims[:-1]]
+                                   + [GATConv(dims[-1], classes, heads=1)])
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = nn.functional.dropout(nn.functional.elu(x), self.dropout, self.training)
+        return x
+
+
+def build(name: str, in_dim: int, hidden: int, classes: int, layers: int, fanouts: list[int]) -> nn.Module:
+    """The model ``name`` with ``layers`` layers; sampling must have one fan-out per layer."""
+    if name not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+    if layers < 1 or len(fanouts) != layers:
+        raise ValueError(f"a {layers}-layer {name} needs one fan-out per layer, got fan-outs {list(fanouts)}")
+    return (GraphSAGE if name == "sage" else GAT)(in_dim, hidden, classes, layers)

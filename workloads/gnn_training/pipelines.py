@@ -1,0 +1,161 @@
+"""The ways of feeding sampled minibatches to a GPU, compared by this workload.
+
+Every pipeline turns a batch of seed nodes into (features of the subgraph's nodes, its edges,
+the seeds' labels) on the training device:
+
+``cpu_gather``        CPU sampling; CPU ``index_select`` of the rows into a pinned staging
+                      buffer, then an asynchronous copy (the baseline). Without a GPU it trains
+                      on the CPU, the only pipeline there.
+``zero_copy``         CPU sampling; the GPU gathers the rows from the feature table pinned in
+                      place (PyTorch-Direct's UnifiedTensor).
+``zero_copy_overlap`` as ``zero_copy``, but batch i+1 is sampled and gathered (on a side stream,
+                      with capped threads) while batch i trains.
+``uva_sampling``      the GPU samples from the CSR pinned in host memory and gathers zero-copy
+                      (DGL's UVA mode).
+``all_in_gpu``        CSR and features in GPU memory: the upper bound.
+
+All draw the same batches (the sampler's random numbers depend only on seeds), so their loss
+curves match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from systems.pytorch_direct.ops import launch_gather
+from systems.sampling.sampler import NeighborSampler
+
+PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "uva_sampling", "all_in_gpu")
+GPU_PIPELINES = PIPELINES[1:]
+OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
+
+
+@dataclass
+class Minibatch:
+    x: torch.Tensor
+    edge_index: torch.Tensor
+    y: torch.Tensor
+    batch_size: int
+    feature_bytes: int  # bytes of feature rows this batch gathered
+
+
+class Graph:
+    """A graph's tensors, placed once for all the pipelines of a run."""
+
+    def __init__(self, arrays: dict, device: str):
+        self.indptr = torch.from_numpy(arrays["indptr"])
+        self.indices = torch.from_numpy(arrays["indices"])
+        # Anonymous memory, not the file mapping: the table is pinned in place for zero-copy.
+        self.features = torch.from_numpy(arrays["features"]).clone()
+        self.labels = torch.from_numpy(arrays["labels"])
+        self.train_idx = torch.from_numpy(arrays["train_idx"])
+        self.val_idx = torch.from_numpy(arrays["val_idx"])
+        self.device = device
+        self._unified = self._gpu = None
+
+    def unified_features(self):
+        if self._unified is None:
+            from systems.pytorch_direct import UnifiedTensor
+
+            self._unified = UnifiedTensor(self.features, max_threads=0)
+        return self._unified
+
+    def pinned_csr(self):
+        self.unified_features()
+        if not self.indptr.is_pinned():
+            self.indptr, self.indices = self.indptr.pin_memory(), self.indices.pin_memory()
+        return self.indptr, self.indices
+
+    def gpu_copy(self):
+        if self._gpu is None:
+            self._gpu = (self.indptr.cuda(), self.indices.cuda(), self.features.cuda())
+        return self._gpu
+
+    def close(self) -> None:
+        if self._unified is not None:
+            self._unified.close()
+
+
+class Pipeline:
+    def __init__(self, name: str, graph: Graph, fanouts: list[int], batch_size: int, *, seed: int, clock=None):
+        if name not in PIPELINES:
+            raise ValueError(f"pipeline must be one of {PIPELINES}, got {name!r}")
+        if name in GPU_PIPELINES and graph.device != "cuda":
+            raise ValueError(f"pipeline {name!r} needs a GPU")
+        self.name, self.graph, self.batch_size, self.seed = name, graph, batch_size, seed
+        self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
+        self.device = torch.device(graph.device)
+        self.labels = graph.labels.to(self.device)
+        place = {"uva_sampling": "uva", "all_in_gpu": "cuda"}.get(name, "cpu")
+        csr = graph.pinned_csr() if place == "uva" else (graph.indptr, graph.indices)
+        self.sampler = NeighborSampler(*csr, fanouts, place=place, seed=seed)
+        if name in ("zero_copy", "zero_copy_overlap", "uva_sampling"):
+            self.table = graph.unified_features()
+        self.side_stream = torch.cuda.Stream() if name == "zero_copy_overlap" else None
+
+    def _phase(self, name: str):
+        return self.clock.phase(name) if self.clock is not None else _NoPhase()
+
+    def seeds(self, epoch: int) -> list[torch.Tensor]:
+        """The epoch's batches of training seeds (the same for every pipeline)."""
+        order = torch.randperm(self.graph.train_idx.numel(), generator=torch.Generator().manual_seed(self.seed + epoch))
+        return list(self.graph.train_idx[order].split(self.batch_size))
+
+    def _gather(self, batch_seeds: torch.Tensor, index: int) -> Minibatch:
+        with self._phase("sample"):
+            sub = self.sampler.sample(batch_seeds, index)
+        with self._phase("gather"):
+            row_bytes = self.graph.features.shape[1] * self.graph.features.element_size()
+            features = self.graph.features
+            if self.name == "cpu_gather":
+                staging = torch.empty((sub.n_id.numel(), features.shape[1]), dtype=features.dtype,
+                                      pin_memory=self.device.type == "cuda")
+                x = torch.index_select(features, 0, sub.n_id, out=staging).to(self.device, non_blocking=True)
+            elif self.name == "all_in_gpu":
+                x = self.graph.gpu_copy()[2].index_select(0, sub.n_id)
+            elif self.name == "uva_sampling":
+                x = self.table[sub.n_id]  # ids already on the GPU; the op checks their range
+            else:
+                # Ids from the CPU sampler: range-checked here on the CPU, so the launch need not
+                # wait for the kernel's own check (that wait would stall the overlap).
+                if sub.n_id.numel() and not 0 <= int(sub.n_id.min()) <= int(sub.n_id.max()) < features.shape[0]:
+                    raise IndexError("the sampler returned a node id outside the feature table")
+                n_id = sub.n_id.pin_memory().to(self.device, non_blocking=True)
+                x = torch.empty((n_id.numel(), features.shape[1]), dtype=features.dtype, device=self.device)
+                cap = OVERLAP_GATHER_THREADS if self.side_stream is not None else 0
+                launch_gather(features, n_id, x, kernel="vectorized", max_threads=cap, check=False)
+            edge_index = sub.edge_index.to(self.device, non_blocking=True)
+            y = self.labels[sub.n_id[: sub.batch_size].to(self.device)]
+        return Minibatch(x, edge_index, y, sub.batch_size, sub.n_id.numel() * row_bytes)
+
+    def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
+        """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
+        seeds = self.seeds(epoch) if seeds is None else list(seeds.split(self.batch_size))
+        if self.side_stream is None:
+            for index, batch_seeds in enumerate(seeds):
+                yield self._gather(batch_seeds, epoch * 100_000 + index)
+            return
+        # Overlap: prepare batch i+1 on the side stream while the caller trains batch i.
+        main = torch.cuda.current_stream()
+        with torch.cuda.stream(self.side_stream):
+            ready = self._gather(seeds[0], epoch * 100_000)
+        for index in range(len(seeds)):
+            main.wait_stream(self.side_stream)
+            current = ready
+            for t in (current.x, current.edge_index, current.y):
+                t.record_stream(main)
+            if index + 1 < len(seeds):
+                with torch.cuda.stream(self.side_stream):
+                    ready = self._gather(seeds[index + 1], epoch * 100_000 + index + 1)
+            yield current
+
+
+class _NoPhase:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

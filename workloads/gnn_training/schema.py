@@ -1,0 +1,26 @@
+"""Results format of the gnn_training topic (see harness.results for the common columns).
+
+``dataset`` names the graph ("ogbn-products-like"); ``system`` is ``baseline`` (cpu_gather),
+``pytorch_direct`` (zero_copy, zero_copy_overlap), ``uva`` (uva_sampling) or ``upper_bound``
+(all_in_gpu); ``variant`` is the pipeline. Metrics: ``epoch_time`` per timed epoch,
+``phase_time`` per phase of one instrumented epoch, ``cpu_time`` per epoch, ``pcie_bytes`` of
+feature rows per epoch, ``loss`` per step of the first epoch, ``accuracy`` on the validation nodes.
+"""
+
+from harness.results import Schema
+
+SCHEMA = Schema(
+    topic="gnn_training",
+    config={
+        "device": str,          # where the model trains: "cuda" or "cpu"
+        "model": str,           # "sage" or "gat"
+        "layers": int,
+        "fanouts": str,         # e.g. "10-25", hop 1 first
+        "batch_size": int,
+        "hidden": int,
+        "nodes": int,
+        "edges": int,
+        "feature_dim": int,
+        "phase": str,           # for phase_time: "sample", "gather" (with transfer), "train"
+    },
+)

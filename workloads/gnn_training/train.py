@@ -1,0 +1,102 @@
+"""The training loop, and one part of the workload: every model and pipeline on one dataset.
+
+Readable in one sitting: build the graph, then for each (model, pipeline) train a few epochs
+from the same initial weights on the same batches, timing each epoch (one wait per epoch, so
+the pipeline overlaps as it would in real training), then one more epoch with a wait at every
+phase boundary for the breakdown, then the validation accuracy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from harness import resources
+from harness.progress import progress
+from harness.timing import PhaseClock, wall_clock
+from workloads.gnn_training import DATASET_OF
+from workloads.gnn_training.models import build
+from workloads.gnn_training.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline
+from workloads.graphs import store
+from workloads.graphs.generate import GeneratorParams
+from workloads.graphs.spec import DATASETS
+
+SYSTEM = {"cpu_gather": "baseline", "zero_copy": "pytorch_direct", "zero_copy_overlap": "pytorch_direct",
+          "uva_sampling": "uva", "all_in_gpu": "upper_bound"}
+
+
+def train_epoch(model, optimizer, pipeline: Pipeline, epoch: int, clock: PhaseClock | None = None) -> tuple[list[float], int]:
+    """One epoch; returns the losses (one wait, at the end) and the feature bytes gathered."""
+    model.train()
+    pipeline.clock = clock
+    losses, gathered = [], 0
+    for batch in pipeline.batches(epoch):
+        phase = clock.phase("train") if clock is not None else None
+        if phase is not None:
+            phase.__enter__()
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(batch.x, batch.edge_index)[: batch.batch_size], batch.y)
+        loss.backward()
+        optimizer.step()
+        if phase is not None:
+            phase.__exit__(None, None, None)
+        losses.append(loss.detach())
+        gathered += batch.feature_bytes
+    pipeline.clock = None
+    return [float(loss) for loss in losses], gathered
+
+
+@torch.no_grad()
+def accuracy(model, pipeline: Pipeline) -> float:
+    model.eval()
+    correct = total = 0
+    for batch in pipeline.batches(epoch=0, seeds=pipeline.graph.val_idx):
+        predicted = model(batch.x, batch.edge_index)[: batch.batch_size].argmax(1)
+        correct += int((predicted == batch.y).sum())
+        total += batch.batch_size
+    return correct / max(total, 1)
+
+
+def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str, **_) -> dict:
+    spec = DATASETS[DATASET_OF[part]].scaled(params["scale_factor"])
+    graph = Graph(store.get(GeneratorParams(spec, seed=shared["graph_seed"])), device)
+    pipelines = [p for p in PIPELINES if device == "cuda" or p not in GPU_PIPELINES]
+    skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
+    dataset = f"{spec.name}-like"
+    cases = [(m, p) for m in shared["models"] for p in pipelines]
+    for model_spec, name in progress(cases, desc=f"{dataset} training", total=len(cases)):
+        fanouts = model_spec["fanouts"]
+        config = {"device": device, "model": model_spec["name"], "layers": model_spec["layers"],
+                  "fanouts": "-".join(map(str, fanouts)), "batch_size": shared["batch_size"],
+                  "hidden": shared["hidden"], "nodes": spec.nodes, "edges": spec.edges, "feature_dim": spec.feature_dim}
+
+        def add(metric, value, unit, repetition=0, **extra):
+            writer.add(system=SYSTEM[name], variant=name, config=config | extra, metric=metric, value=value,
+                       unit=unit, repetition=repetition, dataset=dataset)
+
+        torch.manual_seed(0)  # the same initial weights for every pipeline
+        model = build(model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes,
+                      model_spec["layers"], fanouts).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=shared["learning_rate"])
+        pipeline = Pipeline(name, graph, fanouts, shared["batch_size"], seed=shared["graph_seed"])
+        for epoch in range(warmup + repeat):
+            cpu_before = resources.cpu_core_seconds()
+            result = {}
+            seconds = wall_clock(lambda: result.update(out=train_epoch(model, optimizer, pipeline, epoch)), device)
+            losses, gathered = result["out"]
+            if epoch == 0:
+                for step, loss in enumerate(losses[: shared["loss_steps"]]):
+                    add("loss", loss, "nats", repetition=step)
+            if epoch >= warmup:
+                rep = epoch - warmup
+                add("epoch_time", seconds, "s", repetition=rep)
+                add("cpu_time", resources.cpu_core_seconds() - cpu_before, "core-s", repetition=rep)
+                if device == "cuda":
+                    add("pcie_bytes", float(0 if name == "all_in_gpu" else gathered), "B", repetition=rep)
+        clock = PhaseClock(device)
+        train_epoch(model, optimizer, pipeline, warmup + repeat, clock)
+        for phase, seconds in clock.totals.items():
+            add("phase_time", seconds, "s", phase=phase)
+        add("accuracy", accuracy(model, pipeline), "ratio")
+    graph.close()
+    return {"skipped_pipelines": skipped, "graph": spec.as_dict(), "graph_seed": shared["graph_seed"]}
