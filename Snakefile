@@ -22,6 +22,7 @@ include: "workflow/rules/common.smk"
 # One rules file per topic: each registers its parts and defines its target rule.
 include: "workflow/rules/ceilings.smk"
 include: "workflow/rules/feature_gather.smk"
+include: "workflow/rules/gnn_training.smk"
 # The measuring and rendering jobs shared by every registered topic.
 include: "workflow/rules/measure_and_render.smk"
 

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from workloads.ceilings import HOST_PROBES
-from workloads.feature_gather import parts_for
+from workloads.feature_gather import parts_for as gather_parts
+from workloads.gnn_training import parts_for as training_parts
 
-CPU_JOBS = len(HOST_PROBES) + len(parts_for(False))  # measuring jobs of `reproduce` without a GPU
+# Measuring jobs of `reproduce` without a GPU.
+CPU_JOBS = len(HOST_PROBES) + len(gather_parts(False)) + len(training_parts(False))
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parent.parent

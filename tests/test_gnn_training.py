@@ -1,0 +1,103 @@
+"""GNN training: model/fan-out agreement, the pipelines' batches, a tiny run end to end; on a
+GPU, every pipeline trains on the same batches as the baseline (same loss curve)."""
+
+import pytest
+import torch
+
+from harness.results import load, load_provenance
+from workloads.gnn_training.__main__ import cli
+from workloads.gnn_training.models import build
+from workloads.gnn_training.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline
+from workloads.gnn_training.schema import SCHEMA
+from workloads.gnn_training.train import train_epoch
+from workloads.graphs import store
+from workloads.graphs.generate import GeneratorParams
+from workloads.graphs.spec import DATASETS
+
+
+@pytest.fixture(scope="module")
+def arrays(tmp_path_factory):
+    params = GeneratorParams(DATASETS["ogbn-products"].scaled(0.001), seed=2)
+    return store.get(params, root=tmp_path_factory.mktemp("graphs"))
+
+
+@pytest.mark.parametrize("layers, fanouts", [(2, [10]), (2, [10, 25, 5]), (3, [15, 10])])
+def test_fanouts_must_match_model_depth(layers, fanouts):
+    with pytest.raises(ValueError, match=f"a {layers}-layer sage needs one fan-out per layer"):
+        build("sage", 16, 32, 4, layers, fanouts)
+
+
+def test_unknown_model_and_pipeline_are_refused(arrays):
+    with pytest.raises(ValueError, match="model must be one of"):
+        build("gcn", 16, 32, 4, 1, [5])
+    with pytest.raises(ValueError, match="pipeline must be one of"):
+        Pipeline("magic", Graph(arrays, "cpu"), [5], 64, seed=0)
+    with pytest.raises(ValueError, match="needs a GPU"):
+        Pipeline("zero_copy", Graph(arrays, "cpu"), [5], 64, seed=0)
+
+
+def test_cpu_pipeline_batches_cover_the_training_nodes_with_their_rows(arrays):
+    graph = Graph(arrays, "cpu")
+    pipeline = Pipeline("cpu_gather", graph, [5, 5], 100, seed=3)
+    seen = []
+    for batch, seeds in zip(pipeline.batches(epoch=0), pipeline.seeds(0)):
+        assert torch.equal(batch.x[: batch.batch_size], graph.features[seeds])
+        assert torch.equal(batch.y, graph.labels[seeds])
+        assert batch.edge_index.max() < batch.x.shape[0]
+        seen.append(seeds)
+    assert torch.equal(torch.cat(seen).sort().values, graph.train_idx.sort().values)
+
+
+def test_training_lowers_the_loss(arrays):
+    torch.manual_seed(0)
+    graph = Graph(arrays, "cpu")
+    model = build("sage", graph.features.shape[1], 32, int(graph.labels.max()) + 1, 2, [10, 10])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    pipeline = Pipeline("cpu_gather", graph, [10, 10], 128, seed=0)
+    first, _ = train_epoch(model, optimizer, pipeline, 0)
+    later, _ = train_epoch(model, optimizer, pipeline, 1)
+    assert sum(later) / len(later) < sum(first) / len(first)
+
+
+def test_cpu_part_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUITE_HIDE_GPU", "1")
+    from harness import machine
+
+    machine.forget()
+    try:
+        out = tmp_path / "papers-tiny.csv"
+        cli(["--part", "papers", "--scale", "tiny", "--out", str(out)])
+    finally:
+        machine.forget()
+    frame, prov = load([out], SCHEMA), load_provenance(out)
+    assert set(frame.variant) == {"cpu_gather"}
+    assert {"epoch_time", "cpu_time", "phase_time", "loss", "accuracy"} <= set(frame.metric)
+    assert set(prov["skipped_pipelines"]) == set(GPU_PIPELINES)
+    assert set(frame[frame.metric == "phase_time"].phase) == {"sample", "gather", "train"}
+
+
+@pytest.mark.gpu
+def test_every_pipeline_sees_the_same_batches_and_loss_curve(arrays):
+    graph = Graph(arrays, "cuda")
+    curves = {}
+    for name in PIPELINES:
+        torch.manual_seed(0)
+        model = build("sage", graph.features.shape[1], 32, int(graph.labels.max()) + 1, 2, [10, 10]).cuda()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        pipeline = Pipeline(name, graph, [10, 10], 128, seed=5)
+        curves[name], gathered = train_epoch(model, optimizer, pipeline, 0)
+        assert gathered > 0
+    graph.close()
+    base = torch.tensor(curves["cpu_gather"])
+    for name, curve in curves.items():
+        # Same batches and weights; only the order of floating-point sums on the GPU differs.
+        torch.testing.assert_close(torch.tensor(curve), base, rtol=1e-3, atol=1e-3, msg=f"pipeline {name}")
+
+
+@pytest.mark.gpu
+def test_gpu_part_end_to_end(tmp_path):
+    out = tmp_path / "products-tiny.csv"
+    cli(["--part", "products", "--scale", "tiny", "--out", str(out)])
+    frame = load([out], SCHEMA)
+    assert set(frame.variant) == set(PIPELINES)
+    assert (frame[(frame.metric == "pcie_bytes") & (frame.variant == "all_in_gpu")].value == 0).all()
