@@ -8,6 +8,7 @@ repetition), peak host RSS and pinned host memory. Medians and spread come from 
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -137,19 +138,15 @@ class PhaseClock:
         if self.device == "cuda":
             _cuda().cuda.synchronize()
 
+    @contextlib.contextmanager
     def phase(self, name: str):
-        clock = self
-
-        class _Phase:
-            def __enter__(self):
-                clock._wait()
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                clock._wait()
-                clock.totals[name] = clock.totals.get(name, 0.0) + time.perf_counter() - self.start
-
-        return _Phase()
+        self._wait()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._wait()
+            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
 
 
 def wall_clock(fn: Callable[[], object], device: str) -> float:

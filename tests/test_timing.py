@@ -70,3 +70,15 @@ def test_refuses_bad_counts(kwargs):
 def test_refuses_unknown_device():
     with pytest.raises(ValueError, match="device"):
         measure(lambda: None, device="tpu", repeat=1, warmup=0)
+
+
+def test_phase_clock_adds_up_each_phase():
+    from harness.timing import PhaseClock
+
+    clock = PhaseClock("cpu")
+    for _ in range(3):
+        with clock.phase("a"):
+            time.sleep(0.01)
+        with clock.phase("b"):
+            time.sleep(0.02)
+    assert 0.03 <= clock.totals["a"] < 0.2 and 0.06 <= clock.totals["b"] < 0.3

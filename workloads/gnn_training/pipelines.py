@@ -20,6 +20,7 @@ curves match.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -97,7 +98,7 @@ class Pipeline:
         self.side_stream = torch.cuda.Stream() if name == "zero_copy_overlap" else None
 
     def _phase(self, name: str):
-        return self.clock.phase(name) if self.clock is not None else _NoPhase()
+        return self.clock.phase(name) if self.clock is not None else nullcontext()
 
     def seeds(self, epoch: int) -> list[torch.Tensor]:
         """The epoch's batches of training seeds (the same for every pipeline)."""
@@ -152,10 +153,3 @@ class Pipeline:
                     ready = self._gather(seeds[index + 1], epoch * 100_000 + index + 1)
             yield current
 
-
-class _NoPhase:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -8,6 +8,8 @@ phase boundary for the breakdown, then the validation accuracy.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch.nn import functional as F
 
@@ -31,15 +33,11 @@ def train_epoch(model, optimizer, pipeline: Pipeline, epoch: int, clock: PhaseCl
     pipeline.clock = clock
     losses, gathered = [], 0
     for batch in pipeline.batches(epoch):
-        phase = clock.phase("train") if clock is not None else None
-        if phase is not None:
-            phase.__enter__()
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(batch.x, batch.edge_index)[: batch.batch_size], batch.y)
-        loss.backward()
-        optimizer.step()
-        if phase is not None:
-            phase.__exit__(None, None, None)
+        with clock.phase("train") if clock is not None else nullcontext():
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(batch.x, batch.edge_index)[: batch.batch_size], batch.y)
+            loss.backward()
+            optimizer.step()
         losses.append(loss.detach())
         gathered += batch.feature_bytes
     pipeline.clock = None
