@@ -1,7 +1,8 @@
 # PyTorch-Direct feature gathering against the CPU-gather baseline (workloads/feature_gather).
-from workloads.feature_gather import parts_for
+# Rules files share one namespace: each topic imports its parts function under its own name.
+from workloads.feature_gather import parts_for as gather_parts_for
 
-register_topic("feature_gather", "PyTorch-Direct feature gathering", lambda: parts_for(HAS_GPU))
+register_topic("feature_gather", "PyTorch-Direct feature gathering", lambda: gather_parts_for(HAS_GPU))
 
 
 rule feature_gather:
