@@ -101,3 +101,14 @@ def test_gpu_part_end_to_end(tmp_path):
     frame = load([out], SCHEMA)
     assert set(frame.variant) == set(PIPELINES)
     assert (frame[(frame.metric == "pcie_bytes") & (frame.variant == "all_in_gpu")].value == 0).all()
+
+
+def test_sampler_workers_hand_over_the_same_batches(arrays):
+    graph = Graph(arrays, "cpu")
+    in_process = list(Pipeline("cpu_gather", graph, [5, 5], 100, seed=6).batches(epoch=1))
+    workers = list(Pipeline("cpu_gather", graph, [5, 5], 100, seed=6, sampler_workers=2).batches(epoch=1))
+    assert len(in_process) == len(workers)
+    for a, b in zip(in_process, workers):
+        assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
+    with pytest.raises(ValueError, match="sampler_workers"):
+        Pipeline("cpu_gather", graph, [5], 100, seed=6, sampler_workers=-1)

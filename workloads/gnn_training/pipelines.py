@@ -3,6 +3,9 @@
 Every pipeline turns a batch of seed nodes into (features of the subgraph's nodes, its edges,
 the seeds' labels) on the training device:
 
+CPU sampling runs in the training process, or in ``sampler_workers`` worker processes (a
+PyTorch DataLoader) that hand over finished subgraphs, as DGL's and PyG's loaders do.
+
 ``cpu_gather``        CPU sampling; CPU ``index_select`` of the rows into a pinned staging
                       buffer, then an asynchronous copy (the baseline). Without a GPU it trains
                       on the CPU, the only pipeline there.
@@ -80,8 +83,26 @@ class Graph:
             self._unified.close()
 
 
+class _SampleBatches(torch.utils.data.Dataset):
+    """Sampling as a dataset of batches, so DataLoader workers can run it."""
+
+    def __init__(self, sampler: NeighborSampler, seeds: list[torch.Tensor], first_batch: int):
+        self.sampler, self.seeds, self.first_batch = sampler, seeds, first_batch
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    def __getitem__(self, i: int):
+        return self.sampler.sample(self.seeds[i], self.first_batch + i)
+
+
+def _as_is(subgraph):
+    return subgraph
+
+
 class Pipeline:
-    def __init__(self, name: str, graph: Graph, fanouts: list[int], batch_size: int, *, seed: int, clock=None):
+    def __init__(self, name: str, graph: Graph, fanouts: list[int], batch_size: int, *, seed: int,
+                 sampler_workers: int = 0, clock=None):
         if name not in PIPELINES:
             raise ValueError(f"pipeline must be one of {PIPELINES}, got {name!r}")
         if name in GPU_PIPELINES and graph.device != "cuda":
@@ -93,6 +114,10 @@ class Pipeline:
         place = {"uva_sampling": "uva", "all_in_gpu": "cuda"}.get(name, "cpu")
         csr = graph.pinned_csr() if place == "uva" else (graph.indptr, graph.indices)
         self.sampler = NeighborSampler(*csr, fanouts, place=place, seed=seed)
+        if sampler_workers < 0:
+            raise ValueError(f"sampler_workers must be >= 0, got {sampler_workers}")
+        # GPU sampling stays in this process; CPU sampling may use workers.
+        self.sampler_workers = sampler_workers if place == "cpu" else 0
         if name in ("zero_copy", "zero_copy_overlap", "uva_sampling"):
             self.table = graph.unified_features()
         self.side_stream = torch.cuda.Stream() if name == "zero_copy_overlap" else None
@@ -105,9 +130,17 @@ class Pipeline:
         order = torch.randperm(self.graph.train_idx.numel(), generator=torch.Generator().manual_seed(self.seed + epoch))
         return list(self.graph.train_idx[order].split(self.batch_size))
 
-    def _gather(self, batch_seeds: torch.Tensor, index: int) -> Minibatch:
-        with self._phase("sample"):
-            sub = self.sampler.sample(batch_seeds, index)
+    def _subgraphs(self, seeds: list[torch.Tensor], epoch: int) -> Iterator:
+        """The batches' subgraphs, in order; batch i of an epoch always gets the same draws."""
+        batches = _SampleBatches(self.sampler, seeds, epoch * 100_000)
+        if self.sampler_workers == 0:
+            return (batches[i] for i in range(len(batches)))
+        return iter(torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=_as_is,
+                                                num_workers=self.sampler_workers, prefetch_factor=4))
+
+    def _next(self, subgraphs: Iterator) -> Minibatch:
+        with self._phase("sample"):  # with workers: the wait for the next finished subgraph
+            sub = next(subgraphs)
         with self._phase("gather"):
             row_bytes = self.graph.features.shape[1] * self.graph.features.element_size()
             features = self.graph.features
@@ -135,14 +168,15 @@ class Pipeline:
     def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
         """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
         seeds = self.seeds(epoch) if seeds is None else list(seeds.split(self.batch_size))
+        subgraphs = self._subgraphs(seeds, epoch)
         if self.side_stream is None:
-            for index, batch_seeds in enumerate(seeds):
-                yield self._gather(batch_seeds, epoch * 100_000 + index)
+            for _ in seeds:
+                yield self._next(subgraphs)
             return
         # Overlap: prepare batch i+1 on the side stream while the caller trains batch i.
         main = torch.cuda.current_stream()
         with torch.cuda.stream(self.side_stream):
-            ready = self._gather(seeds[0], epoch * 100_000)
+            ready = self._next(subgraphs)
         for index in range(len(seeds)):
             main.wait_stream(self.side_stream)
             current = ready
@@ -150,6 +184,6 @@ class Pipeline:
                 t.record_stream(main)
             if index + 1 < len(seeds):
                 with torch.cuda.stream(self.side_stream):
-                    ready = self._gather(seeds[index + 1], epoch * 100_000 + index + 1)
+                    ready = self._next(subgraphs)
             yield current
 

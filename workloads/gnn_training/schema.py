@@ -21,6 +21,7 @@ SCHEMA = Schema(
         "nodes": int,
         "edges": int,
         "feature_dim": int,
+        "sampler_workers": int,  # CPU sampling processes (0: in the training process)
         "phase": str,           # for phase_time: "sample", "gather" (with transfer), "train"
     },
 )

@@ -66,7 +66,8 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         fanouts = model_spec["fanouts"]
         config = {"device": device, "model": model_spec["name"], "layers": model_spec["layers"],
                   "fanouts": "-".join(map(str, fanouts)), "batch_size": shared["batch_size"],
-                  "hidden": shared["hidden"], "nodes": spec.nodes, "edges": spec.edges, "feature_dim": spec.feature_dim}
+                  "hidden": shared["hidden"], "nodes": spec.nodes, "edges": spec.edges, "feature_dim": spec.feature_dim,
+                  "sampler_workers": shared["sampler_workers"] if name in ("cpu_gather", "zero_copy", "zero_copy_overlap") else 0}
 
         def add(metric, value, unit, repetition=0, **extra):
             writer.add(system=SYSTEM[name], variant=name, config=config | extra, metric=metric, value=value,
@@ -76,7 +77,8 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         model = build(model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes,
                       model_spec["layers"], fanouts).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=shared["learning_rate"])
-        pipeline = Pipeline(name, graph, fanouts, shared["batch_size"], seed=shared["graph_seed"])
+        pipeline = Pipeline(name, graph, fanouts, shared["batch_size"], seed=shared["graph_seed"],
+                            sampler_workers=shared["sampler_workers"])
         for epoch in range(warmup + repeat):
             cpu_before = resources.cpu_core_seconds()
             result = {}
