@@ -88,3 +88,90 @@ def test_truncated_or_tampered_files_are_refused(tmp_path):
     (folder / "meta.json").unlink()
     with pytest.raises(store.GraphFileError, match="no meta.json"):
         store.load(folder)
+
+
+# --- the published formats, on tiny fixtures written in them ----------------------------------
+
+def _gz_csv(path, rows):
+    import gzip
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        for row in rows:
+            f.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
+
+
+def _expected_csr(rows, cols, n):
+    return {node: sorted(cols[rows == node].tolist()) for node in range(n)}
+
+
+def _csr_as_dict(arrays):
+    indptr, indices = arrays["indptr"], arrays["indices"]
+    return {node: sorted(indices[indptr[node]:indptr[node + 1]].tolist()) for node in range(len(indptr) - 1)}
+
+
+def test_reddit_files_import(tmp_path):
+    from workloads.graphs.published import import_published
+
+    rng = np.random.default_rng(0)
+    n, d = 12, 5
+    row, col = rng.integers(0, n, 40), rng.integers(0, n, 40)
+    row, col = np.concatenate([row, col]), np.concatenate([col, row])  # both directions, as published
+    raw = tmp_path / "reddit"
+    raw.mkdir()
+    np.savez(raw / "reddit_graph.npz", row=row, col=col, data=np.ones(row.size), shape=np.array([n, n]), format=b"coo")
+    types = np.array([1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3])
+    np.savez(raw / "reddit_data.npz", feature=rng.standard_normal((n, d)), label=rng.integers(0, 4, n), node_types=types)
+    arrays = store.load(import_published("reddit", raw, root=tmp_path / "graphs"))
+    assert _csr_as_dict(arrays) == _expected_csr(row, col, n)
+    assert arrays["features"].shape == (n, d) and arrays["features"].dtype == np.float32
+    assert arrays["train_idx"].tolist() == list(range(6)) and arrays["test_idx"].tolist() == [9, 10, 11]
+
+
+def test_ogb_products_files_import_as_an_undirected_graph(tmp_path):
+    from workloads.graphs.published import import_published
+
+    rng = np.random.default_rng(1)
+    n, d = 10, 3
+    edges = rng.integers(0, n, (25, 2))
+    root = tmp_path / "ogbn_products"
+    _gz_csv(root / "raw" / "edge.csv.gz", edges)
+    _gz_csv(root / "raw" / "node-feat.csv.gz", rng.standard_normal((n, d)).round(4))
+    _gz_csv(root / "raw" / "node-label.csv.gz", rng.integers(0, 3, n))
+    for split, ids in (("train", [0, 1, 2, 3]), ("valid", [4, 5]), ("test", [6, 7, 8, 9])):
+        _gz_csv(root / "split" / "sales_ranking" / f"{split}.csv.gz", ids)
+    arrays = store.load(import_published("ogbn-products", root, root=tmp_path / "graphs"))
+    rows = np.concatenate([edges[:, 1], edges[:, 0]])
+    cols = np.concatenate([edges[:, 0], edges[:, 1]])
+    assert _csr_as_dict(arrays) == _expected_csr(rows, cols, n)
+    assert arrays["val_idx"].tolist() == [4, 5]
+
+
+def test_ogb_papers_files_import_with_unlabelled_nodes(tmp_path):
+    from workloads.graphs.published import import_published
+
+    rng = np.random.default_rng(2)
+    n = 8
+    root = tmp_path / "ogbn_papers100M"
+    (root / "raw").mkdir(parents=True)
+    np.savez(root / "raw" / "data.npz", edge_index=rng.integers(0, n, (2, 15)),
+             node_feat=rng.standard_normal((n, 4)).astype(np.float16), num_nodes_list=np.array([n]))
+    label = rng.integers(0, 5, (n, 1)).astype(np.float32)
+    label[3] = np.nan
+    np.savez(root / "raw" / "node-label.npz", node_label=label)
+    for split, ids in (("train", [0, 1]), ("valid", [2]), ("test", [4])):
+        _gz_csv(root / "split" / "time" / f"{split}.csv.gz", ids)
+    arrays = store.load(import_published("ogbn-papers100M", root, root=tmp_path / "graphs"))
+    assert arrays["labels"][3] == -1 and arrays["labels"][0] == int(label[0, 0])
+    assert arrays["indices"].shape == (30,)  # both directions
+
+
+def test_published_import_refuses_missing_files(tmp_path):
+    from harness.errors import UserError
+    from workloads.graphs.published import import_published
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="reddit_data.npz is missing"):
+        import_published("reddit", tmp_path / "empty", root=tmp_path / "graphs")
+    with pytest.raises(UserError, match="unknown dataset"):
+        import_published("cora", tmp_path / "empty", root=tmp_path / "graphs")

@@ -31,6 +31,10 @@ class GeneratorParams:
     train_fraction: float = 0.6
     val_fraction: float = 0.2
 
+    @property
+    def label(self) -> str:
+        return f"{self.spec.name}-like"
+
     def as_dict(self) -> dict:
         return {"spec": self.spec.as_dict(), "seed": self.seed, "gamma": self.gamma, "homophily": self.homophily,
                 "signal": self.signal, "train_fraction": self.train_fraction, "val_fraction": self.val_fraction}

@@ -32,16 +32,17 @@ class GraphFileError(UserError):
     """A cached graph that cannot be used as it is."""
 
 
-def _key(params: GeneratorParams) -> str:
+def _key(params) -> str:
     text = json.dumps({"format": FORMAT_VERSION, **params.as_dict()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def folder_for(params: GeneratorParams, root: Path = DEFAULT_ROOT) -> Path:
-    return Path(root) / f"{params.spec.name}-like-{_key(params)}"
+def folder_for(params, root: Path = DEFAULT_ROOT) -> Path:
+    """Generated graphs: ``<name>-like-<hash>``; published ones (see published.py): ``<name>-<hash>``."""
+    return Path(root) / f"{params.label}-{_key(params)}"
 
 
-def save(arrays: dict[str, np.ndarray], params: GeneratorParams, folder: Path) -> None:
+def save(arrays: dict[str, np.ndarray], params, folder: Path) -> None:
     tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -57,7 +58,7 @@ def save(arrays: dict[str, np.ndarray], params: GeneratorParams, folder: Path) -
     os.replace(tmp, folder)
 
 
-def load(folder: Path, params: GeneratorParams | None = None) -> dict[str, np.ndarray]:
+def load(folder: Path, params=None) -> dict[str, np.ndarray]:
     """The arrays of a cached graph, memory-mapped (copy-on-write), after checking the folder."""
     folder = Path(folder)
     try:
