@@ -9,10 +9,15 @@ _pinned_lock = threading.Lock()
 _registered_pinned_bytes = 0
 
 
-def cpu_core_seconds() -> float:
-    """User + system CPU time of this process, all threads together."""
+def cpu_core_seconds(include_children: bool = False) -> float:
+    """User + system CPU time of this process, all threads together; with ``include_children``
+    also that of its finished, waited-for child processes (e.g. DataLoader workers)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    total = usage.ru_utime + usage.ru_stime
+    if include_children:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total += children.ru_utime + children.ru_stime
+    return total
 
 
 def _status_kib(field: str) -> int:

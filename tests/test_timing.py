@@ -82,3 +82,14 @@ def test_phase_clock_adds_up_each_phase():
         with clock.phase("b"):
             time.sleep(0.02)
     assert 0.03 <= clock.totals["a"] < 0.2 and 0.06 <= clock.totals["b"] < 0.3
+
+
+def test_cpu_time_of_finished_children_can_be_included():
+    import subprocess
+    import sys
+
+    before_self, before_all = resources.cpu_core_seconds(), resources.cpu_core_seconds(include_children=True)
+    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"],
+                   check=True)
+    assert resources.cpu_core_seconds(include_children=True) - before_all >= 0.19
+    assert resources.cpu_core_seconds() - before_self < 0.1

@@ -80,7 +80,8 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         pipeline = Pipeline(name, graph, fanouts, shared["batch_size"], seed=shared["graph_seed"],
                             sampler_workers=shared["sampler_workers"])
         for epoch in range(warmup + repeat):
-            cpu_before = resources.cpu_core_seconds()
+            # Sampling workers are child processes, ended with the epoch: count them too.
+            cpu_before = resources.cpu_core_seconds(include_children=True)
             result = {}
             seconds = wall_clock(lambda: result.update(out=train_epoch(model, optimizer, pipeline, epoch)), device)
             losses, gathered = result["out"]
@@ -90,7 +91,8 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
             if epoch >= warmup:
                 rep = epoch - warmup
                 add("epoch_time", seconds, "s", repetition=rep)
-                add("cpu_time", resources.cpu_core_seconds() - cpu_before, "core-s", repetition=rep)
+                add("cpu_time", resources.cpu_core_seconds(include_children=True) - cpu_before, "core-s",
+                    repetition=rep)
                 if device == "cuda":
                     add("pcie_bytes", float(0 if name == "all_in_gpu" else gathered), "B", repetition=rep)
         clock = PhaseClock(device)
