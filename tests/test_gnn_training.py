@@ -112,3 +112,33 @@ def test_sampler_workers_hand_over_the_same_batches(arrays):
         assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
     with pytest.raises(ValueError, match="sampler_workers"):
         Pipeline("cpu_gather", graph, [5], 100, seed=6, sampler_workers=-1)
+
+
+def test_training_on_an_imported_published_dataset(tmp_path, monkeypatch):
+    import numpy as np
+
+    from harness.results import ResultsWriter
+    from harness import config as suite_config
+    from workloads.gnn_training.train import run_dataset
+    from workloads.graphs import published
+
+    rng = np.random.default_rng(3)
+    n = 300
+    row, col = rng.integers(0, n, 3000), rng.integers(0, n, 3000)
+    raw = tmp_path / "reddit"
+    raw.mkdir()
+    np.savez(raw / "reddit_graph.npz", row=np.concatenate([row, col]), col=np.concatenate([col, row]),
+             shape=np.array([n, n]))
+    np.savez(raw / "reddit_data.npz", feature=rng.standard_normal((n, 16)), label=rng.integers(0, 3, n),
+             node_types=rng.choice([1, 2, 3], n, p=[0.6, 0.2, 0.2]))
+    monkeypatch.setattr(published.store, "DEFAULT_ROOT", tmp_path / "graphs")
+    shared = suite_config.load()["scales"]["tiny"]["gnn_training"]
+    writer = ResultsWriter(SCHEMA, scale="tiny")
+    notes = run_dataset("reddit", {"scale_factor": 1.0, "published_dir": str(raw)}, writer, shared=shared,
+                        repeat=1, warmup=0, device="cpu")
+    assert notes["graph_source"] == str(raw) and notes["graph"]["nodes"] == n
+    assert {row["dataset"] for row in writer.rows} == {"reddit"}  # the real one, not "reddit-like"
+    folders = list((tmp_path / "graphs").glob("reddit-*"))
+    run_dataset("reddit", {"scale_factor": 1.0, "published_dir": str(raw)}, ResultsWriter(SCHEMA, scale="tiny"),
+                shared=shared, repeat=1, warmup=0, device="cpu")
+    assert list((tmp_path / "graphs").glob("reddit-*")) == folders  # imported once, then reused

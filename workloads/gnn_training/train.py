@@ -9,6 +9,7 @@ phase boundary for the breakdown, then the validation accuracy.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
@@ -21,7 +22,8 @@ from workloads.gnn_training.models import build
 from workloads.gnn_training.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
-from workloads.graphs.spec import DATASETS
+from workloads.graphs.published import import_published
+from workloads.graphs.spec import DATASETS, GraphSpec
 
 SYSTEM = {"cpu_gather": "baseline", "zero_copy": "pytorch_direct", "zero_copy_overlap": "pytorch_direct",
           "uva_sampling": "uva", "all_in_gpu": "upper_bound"}
@@ -55,12 +57,24 @@ def accuracy(model, pipeline: Pipeline) -> float:
     return correct / max(total, 1)
 
 
+def load_graph(part: str, params: dict, graph_seed: int) -> tuple[GraphSpec, str, dict]:
+    """The dataset's spec, its label in the results, and its arrays: generated with the dataset's
+    statistics at ``scale_factor``, or the real dataset imported from ``published_dir``."""
+    name = DATASET_OF[part]
+    if params.get("published_dir"):
+        arrays = store.load(import_published(name, Path(params["published_dir"]).expanduser()))
+        spec = GraphSpec(name, arrays["labels"].shape[0], arrays["indices"].shape[0],
+                         arrays["features"].shape[1], int(arrays["labels"].max()) + 1)
+        return spec, name, arrays
+    spec = DATASETS[name].scaled(params["scale_factor"])
+    return spec, f"{name}-like", store.get(GeneratorParams(spec, seed=graph_seed))
+
+
 def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str, **_) -> dict:
-    spec = DATASETS[DATASET_OF[part]].scaled(params["scale_factor"])
-    graph = Graph(store.get(GeneratorParams(spec, seed=shared["graph_seed"])), device)
+    spec, dataset, arrays = load_graph(part, params, shared["graph_seed"])
+    graph = Graph(arrays, device)
     pipelines = [p for p in PIPELINES if device == "cuda" or p not in GPU_PIPELINES]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
-    dataset = f"{spec.name}-like"
     cases = [(m, p) for m in shared["models"] for p in pipelines]
     for model_spec, name in progress(cases, desc=f"{dataset} training", total=len(cases)):
         fanouts = model_spec["fanouts"]
@@ -101,4 +115,5 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
             add("phase_time", seconds, "s", phase=phase)
         add("accuracy", accuracy(model, pipeline), "ratio")
     graph.close()
-    return {"skipped_pipelines": skipped, "graph": spec.as_dict(), "graph_seed": shared["graph_seed"]}
+    return {"skipped_pipelines": skipped, "graph": spec.as_dict(), "graph_source": params.get("published_dir") or "generated",
+            "graph_seed": shared["graph_seed"]}

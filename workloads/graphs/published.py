@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,15 +104,21 @@ READERS = {"reddit": read_reddit, "ogbn-products": lambda f: read_ogb("ogbn-prod
            "ogbn-papers100M": lambda f: read_ogb("ogbn-papers100M", f)}
 
 
-def import_published(name: str, folder: Path, root: Path = store.DEFAULT_ROOT) -> Path:
-    """Read a published dataset and store it in the suite's format; returns the graph's folder."""
+def import_published(name: str, folder: Path, root: Path | None = None) -> Path:
+    """Read a published dataset and store it in the suite's format (once per set of files);
+    returns the graph's folder under ``root`` (default: the suite's graph store)."""
+    root = Path(root) if root is not None else store.DEFAULT_ROOT
     if name not in READERS:
         raise UserError(f"unknown dataset {name!r}; one of {', '.join(READERS)}")
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder")
-    arrays = READERS[name](folder)
     files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    for done in sorted(Path(root).glob(f"{name}-*/meta.json")):  # imported before from the same files
+        meta = json.loads(done.read_text())
+        if meta.get("params", {}).get("files") == files:
+            return done.parent
+    arrays = READERS[name](folder)
     spec = {"name": name, "nodes": int(arrays["labels"].shape[0]), "edges": int(arrays["indices"].shape[0]),
             "feature_dim": int(arrays["features"].shape[1]), "classes": int(arrays["labels"].max()) + 1}
     params = PublishedParams(name, files, spec)
