@@ -68,7 +68,6 @@ class Graph:
         return self._unified
 
     def pinned_csr(self):
-        self.unified_features()
         if not self.indptr.is_pinned():
             self.indptr, self.indices = self.indptr.pin_memory(), self.indices.pin_memory()
         return self.indptr, self.indices
