@@ -31,13 +31,13 @@ setup: $(STAMP)
 
 reproduce: setup
 	$(VENV)/bin/snakemake --cores all reproduce $(SNAKEMAKE_ARGS)
-	$(VENV)/bin/snakemake --report report.html $(SNAKEMAKE_ARGS)
+	$(VENV)/bin/snakemake --report report.html figures $(SNAKEMAKE_ARGS)
 
 figures: setup
 	$(VENV)/bin/snakemake --cores all figures $(SNAKEMAKE_ARGS)
 
 report: setup
-	$(VENV)/bin/snakemake --report report.html $(SNAKEMAKE_ARGS)
+	$(VENV)/bin/snakemake --report report.html figures $(SNAKEMAKE_ARGS)
 
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
