@@ -2,22 +2,51 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import threading
+from pathlib import Path
 
 _pinned_lock = threading.Lock()
 _registered_pinned_bytes = 0
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
 
 def cpu_core_seconds(include_children: bool = False) -> float:
     """User + system CPU time of this process, all threads together; with ``include_children``
-    also that of its finished, waited-for child processes (e.g. DataLoader workers)."""
+    also that of its child processes (e.g. DataLoader workers), both the finished ones and, on
+    Linux, the ones still running (persistent workers)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     total = usage.ru_utime + usage.ru_stime
     if include_children:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        total += children.ru_utime + children.ru_stime
+        total += children.ru_utime + children.ru_stime + _live_descendants_seconds(os.getpid())
     return total
+
+
+def _live_descendants_seconds(pid: int) -> float:
+    """CPU time of the running (not yet reaped) descendants of ``pid``, from /proc; 0 elsewhere."""
+    total = 0.0
+    for child in _children(pid):
+        try:
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # it ended meanwhile: its time is in RUSAGE_CHILDREN once reaped
+        # utime, stime, and the times of its own reaped children (fields 14-17 of proc(5)).
+        total += sum(int(v) for v in fields[11:15]) / _CLOCK_TICKS
+        total += _live_descendants_seconds(child)
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
 
 
 def _status_kib(field: str) -> int:

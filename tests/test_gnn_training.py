@@ -1,6 +1,8 @@
 """GNN training: model/fan-out agreement, the pipelines' batches, a tiny run end to end; on a
 GPU, every pipeline trains on the same batches as the baseline (same loss curve)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -17,7 +19,8 @@ from workloads.graphs.spec import DATASETS
 
 @pytest.fixture(scope="module")
 def arrays(tmp_path_factory):
-    params = GeneratorParams(DATASETS["ogbn-products"].scaled(0.001), seed=2)
+    # More training nodes than ogbn-products' 8%, for several batches per epoch in a small graph.
+    params = GeneratorParams(replace(DATASETS["ogbn-products"].scaled(0.001), train_fraction=0.6), seed=2)
     return store.get(params, root=tmp_path_factory.mktemp("graphs"))
 
 
@@ -105,11 +108,15 @@ def test_gpu_part_end_to_end(tmp_path):
 
 def test_sampler_workers_hand_over_the_same_batches(arrays):
     graph = Graph(arrays, "cpu")
-    in_process = list(Pipeline("cpu_gather", graph, [5, 5], 100, seed=6).batches(epoch=1))
-    workers = list(Pipeline("cpu_gather", graph, [5, 5], 100, seed=6, sampler_workers=2).batches(epoch=1))
-    assert len(in_process) == len(workers)
-    for a, b in zip(in_process, workers):
-        assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
+    in_process = Pipeline("cpu_gather", graph, [5, 5], 100, seed=6)
+    workers = Pipeline("cpu_gather", graph, [5, 5], 100, seed=6, sampler_workers=2)
+    for epoch in (1, 2):  # the same (persistent) workers serve the next epoch its own batches
+        expected, got = list(in_process.batches(epoch)), list(workers.batches(epoch))
+        assert len(expected) == len(got) == len(in_process.seeds(epoch))
+        for a, b in zip(expected, got):
+            assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
+    assert not torch.equal(expected[0].y, list(in_process.batches(1))[0].y)  # epochs differ
+    workers.close()
     with pytest.raises(ValueError, match="sampler_workers"):
         Pipeline("cpu_gather", graph, [5], 100, seed=6, sampler_workers=-1)
 

@@ -53,7 +53,7 @@ def test_with_replacement_draws_fanout_real_neighbours(graph):
 @pytest.mark.parametrize("replace", [False, True])
 def test_every_neighbour_is_equally_likely(replace):
     # One node with 20 distinct neighbours; over many draws each is picked k/20 of the time.
-    indptr = torch.tensor([0, 20])
+    indptr = torch.tensor([0] + [20] * 120)  # 120 nodes; node 0's neighbours are 100..119
     indices = torch.arange(100, 120)
     k, trials = 5, 4000
     hits = np.zeros(20)
@@ -91,6 +91,45 @@ def test_bad_arguments_are_refused(graph, args, error, message):
 
 def test_op_passes_opcheck(graph):
     torch.library.opcheck(sample_neighbors, (*graph, torch.arange(30), 4, False, 3))
+
+
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("fanout", [1, 7, 25, 64])
+def test_cpu_kernel_draws_exactly_what_the_reference_draws(graph, fanout, replace):
+    indptr, indices = graph
+    seeds = torch.randperm(indptr.numel() - 1, generator=torch.Generator().manual_seed(fanout))[:500]
+    counts, neighbors = sample_neighbors(indptr, indices, seeds, fanout, replace, 123)
+    ref_counts, ref_neighbors = reference(indptr.numpy(), indices.numpy(), seeds.numpy(), fanout, replace, 123)
+    assert np.array_equal(counts.numpy(), ref_counts) and np.array_equal(neighbors.numpy(), ref_neighbors)
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_native_multi_hop_sampler_equals_the_torch_one(graph, replace):
+    indptr, indices = graph
+    sampler = NeighborSampler(indptr, indices, [15, 10, 5], replace=replace, seed=4)
+    for batch in range(3):
+        seeds = torch.randperm(indptr.numel() - 1, generator=torch.Generator().manual_seed(batch))[:200]
+        native, generic = sampler.sample(seeds, batch), sampler.sample(seeds, batch, native_kernel=False)
+        assert torch.equal(native.n_id, generic.n_id) and torch.equal(native.edge_index, generic.edge_index)
+        assert native.num_sampled_nodes == generic.num_sampled_nodes
+        assert native.num_sampled_edges == generic.num_sampled_edges
+        assert (sampler.position == -1).all()
+
+
+def test_a_corrupt_csr_is_refused_not_read_out_of_bounds(graph):
+    indptr, indices = graph
+    bad = indices.clone()
+    bad[int(indptr[5])] = indptr.numel() + 10  # a neighbour id that is not a node
+    with pytest.raises(ValueError, match="indices must be node ids"):
+        NeighborSampler(indptr, bad, [10])
+    with pytest.raises(ValueError, match="CSR is inconsistent"):
+        sample_neighbors(indptr, bad, torch.arange(10), 64, False, 1)
+    short = indptr.clone()
+    short[-1] += 5  # the last row runs past the indices
+    with pytest.raises(ValueError, match="indptr must start at 0"):
+        NeighborSampler(short, indices, [10])
+    with pytest.raises(ValueError, match="CSR is inconsistent"):
+        sample_neighbors(short, indices, torch.tensor([short.numel() - 2]), 64, True, 1)
 
 
 def test_subgraph_structure(graph):

@@ -1,6 +1,7 @@
 """The timing harness: what it counts, what it reports, and its refusals."""
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,20 @@ def test_cpu_time_of_finished_children_can_be_included():
                    check=True)
     assert resources.cpu_core_seconds(include_children=True) - before_all >= 0.19
     assert resources.cpu_core_seconds() - before_self < 0.1
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="running children are read from Linux /proc")
+def test_cpu_time_of_running_children_is_included_and_not_counted_twice_when_they_end():
+    import subprocess
+    import sys
+
+    before = resources.cpu_core_seconds(include_children=True)
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\nend = time.process_time() + 0.3\n"
+                              "while time.process_time() < end: pass\nprint(flush=True)\nsys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()  # it has spent its 0.3 s and now waits, still running
+    running = resources.cpu_core_seconds(include_children=True) - before
+    child.communicate("")
+    ended = resources.cpu_core_seconds(include_children=True) - before
+    assert 0.29 <= running < 0.8
+    assert ended == pytest.approx(running, abs=0.1)

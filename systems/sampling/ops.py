@@ -6,20 +6,26 @@ neighbors)``: ``counts[i]`` neighbours of ``seeds[i]``, listed one seed after an
 (in CSR order), else ``fanout`` distinct ones; with replacement ``fanout`` draws (none for a node
 without neighbours). The draws are a function of (rng_seed, node, counter) only, so the CPU
 reference here and the CUDA kernel return identical samples. With CUDA ``seeds`` the kernel runs;
-the CSR may then be on the GPU or in pinned host memory (read over PCIe).
+the CSR may then be on the GPU or in pinned host memory (read over PCIe). With CPU ``seeds`` the
+C++ kernel (kernels/sample_cpu.cpp) runs; ``reference`` is the numpy specification both kernels
+are tested against.
 """
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from systems import nvrtc
+from systems import native, nvrtc
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "sample.cu"
-MAX_FANOUT = 64  # the kernel keeps the chosen positions in a local array of this size
+CPU_KERNEL_SOURCE = Path(__file__).parent / "kernels" / "sample_cpu.cpp"
+MAX_FANOUT = 64
+BAD_CSR = -1  # what the C++ kernels return for a CSR that points out of range
+BAD_CSR_MESSAGE = "the CSR is inconsistent: a row or a neighbour id points outside the graph (corrupt graph file?)"  # the kernel keeps the chosen positions in a local array of this size
 THREADS_PER_BLOCK = 128
 
 
@@ -38,7 +44,7 @@ def draw(rng_seed: int, nodes: np.ndarray, counters: np.ndarray) -> np.ndarray:
         return _mix64(base + counters.astype(np.uint64))
 
 
-def _check(indptr, indices, seeds, fanout, rng_seed) -> None:
+def check_arguments(indptr, indices, seeds, fanout, rng_seed) -> None:
     for name, t in (("indptr", indptr), ("indices", indices), ("seeds", seeds)):
         if t.dtype != torch.int64 or t.dim() != 1:
             raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} of shape {tuple(t.shape)}")
@@ -53,7 +59,7 @@ def _check(indptr, indices, seeds, fanout, rng_seed) -> None:
 
 def reference(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanout: int, replace: bool,
               rng_seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The CPU implementation (vectorized over seeds; Floyd's algorithm step by step)."""
+    """The specification in numpy (vectorized over seeds; Floyd's algorithm step by step)."""
     start, degree = indptr[seeds], indptr[seeds + 1] - indptr[seeds]
     if replace:
         counts = np.where(degree > 0, fanout, 0)
@@ -91,9 +97,33 @@ def reference(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanout
 @torch.library.custom_op("sampling::sample_neighbors", mutates_args=())
 def sample_neighbors(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanout: int,
                      replace: bool, rng_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    _check(indptr, indices, seeds, fanout, rng_seed)
-    counts, neighbors = reference(indptr.numpy(), indices.numpy(), seeds.numpy(), fanout, replace, rng_seed)
-    return torch.from_numpy(np.ascontiguousarray(counts, dtype=np.int64)), torch.from_numpy(neighbors)
+    check_arguments(indptr, indices, seeds, fanout, rng_seed)
+    indptr, indices, seeds = indptr.contiguous(), indices.contiguous(), seeds.contiguous()
+    counts = torch.empty_like(seeds)
+    out = torch.empty(seeds.numel() * fanout, dtype=torch.int64)
+    p = native.pointer
+    total = cpu_kernels().sample_neighbors(p(indptr), p(indices), indptr.numel() - 1, indices.numel(), p(seeds),
+                                           seeds.numel(), fanout, int(replace), ctypes.c_uint64(rng_seed),
+                                           p(counts), p(out))
+    if total == BAD_CSR:
+        raise ValueError(BAD_CSR_MESSAGE)
+    return counts, out[:total].clone()
+
+
+def cpu_kernels():
+    """The C++ kernels, with their argument types declared for ctypes."""
+    library = native.load_library(CPU_KERNEL_SOURCE)
+    if not getattr(library, "typed", False):
+        ptr, i64, i32, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64
+        library.sample_neighbors.argtypes = [ptr, ptr, i64, i64, ptr, i64, i32, i32, u64, ptr, ptr]
+        library.sample_neighbors.restype = i64
+        library.sample_hop.argtypes = [ptr, ptr, i64, i64, ptr, i64, i32, i32, u64, ptr, i64, ptr, ptr, ptr, ptr, ptr,
+                                       ptr]
+        library.sample_hop.restype = i64
+        library.reset_positions.argtypes = [ptr, ptr, i64]
+        library.reset_positions.restype = None
+        library.typed = True
+    return library
 
 
 @sample_neighbors.register_fake
@@ -113,7 +143,7 @@ def _address(t: torch.Tensor) -> int:
 
 @sample_neighbors.register_kernel("cuda")
 def _(indptr, indices, seeds, fanout, replace, rng_seed):
-    _check(indptr, indices, seeds, fanout, rng_seed)
+    check_arguments(indptr, indices, seeds, fanout, rng_seed)
     n = seeds.numel()
     counts = torch.empty(n, dtype=torch.int64, device=seeds.device)
     if n == 0:

@@ -82,21 +82,47 @@ class Graph:
             self._unified.close()
 
 
-class _SampleBatches(torch.utils.data.Dataset):
-    """Sampling as a dataset of batches, so DataLoader workers can run it."""
+def epoch_seeds(train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int) -> list[torch.Tensor]:
+    """The epoch's batches of training seeds: shuffled by (seed, epoch), the same for every pipeline."""
+    order = torch.randperm(train_idx.numel(), generator=torch.Generator().manual_seed(seed + epoch))
+    return list(train_idx[order].split(batch_size))
 
-    def __init__(self, sampler: NeighborSampler, seeds: list[torch.Tensor], first_batch: int):
-        self.sampler, self.seeds, self.first_batch = sampler, seeds, first_batch
 
-    def __len__(self) -> int:
-        return len(self.seeds)
+def batch_number(epoch: int, index: int) -> int:
+    """What picks a batch's random draws: batch ``index`` of ``epoch`` always gets the same ones."""
+    return epoch * 100_000 + index
 
-    def __getitem__(self, i: int):
-        return self.sampler.sample(self.seeds[i], self.first_batch + i)
+
+class _TrainingBatches(torch.utils.data.Dataset):
+    """Batch ``index`` of ``epoch`` (the key), sampled wherever this runs: in the training process
+    or in a DataLoader worker, which computes the epoch's seeds itself (once per epoch)."""
+
+    def __init__(self, sampler: NeighborSampler, train_idx: torch.Tensor, batch_size: int, seed: int):
+        self.sampler, self.train_idx, self.batch_size, self.seed = sampler, train_idx, batch_size, seed
+        self._epoch, self._seeds = None, []
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        if epoch != self._epoch:
+            self._epoch, self._seeds = epoch, epoch_seeds(self.train_idx, self.batch_size, self.seed, epoch)
+        return self.sampler.sample(self._seeds[index], batch_number(epoch, index))
 
 
 def _as_is(subgraph):
     return subgraph
+
+
+class _EpochKeys(torch.utils.data.Sampler):
+    """The keys of one epoch's batches; set ``epoch`` and ``batches`` before iterating."""
+
+    def __init__(self):
+        self.epoch = self.batches = 0
+
+    def __iter__(self):
+        return ((self.epoch, index) for index in range(self.batches))
+
+    def __len__(self) -> int:
+        return self.batches
 
 
 class Pipeline:
@@ -115,27 +141,40 @@ class Pipeline:
         self.sampler = NeighborSampler(*csr, fanouts, place=place, seed=seed)
         if sampler_workers < 0:
             raise ValueError(f"sampler_workers must be >= 0, got {sampler_workers}")
-        # GPU sampling stays in this process; CPU sampling may use workers.
-        self.sampler_workers = sampler_workers if place == "cpu" else 0
         if name in ("zero_copy", "zero_copy_overlap", "uva_sampling"):
             self.table = graph.unified_features()
         self.side_stream = torch.cuda.Stream() if name == "zero_copy_overlap" else None
+        self.training_batches = _TrainingBatches(self.sampler, graph.train_idx, batch_size, seed)
+        # GPU sampling stays in this process; CPU sampling may use worker processes, kept for
+        # the whole run (persistent), so an epoch does not pay for starting them.
+        self.sampler_workers = sampler_workers if place == "cpu" else 0
+        self._keys = _EpochKeys()
+        self._loader = None
+        if self.sampler_workers:
+            self._loader = torch.utils.data.DataLoader(
+                self.training_batches, sampler=self._keys, batch_size=None, collate_fn=_as_is,
+                num_workers=self.sampler_workers, prefetch_factor=4, persistent_workers=True)
+
+    def close(self) -> None:
+        """Stop the sampling workers."""
+        self._loader = None
 
     def _phase(self, name: str):
         return self.clock.phase(name) if self.clock is not None else nullcontext()
 
     def seeds(self, epoch: int) -> list[torch.Tensor]:
         """The epoch's batches of training seeds (the same for every pipeline)."""
-        order = torch.randperm(self.graph.train_idx.numel(), generator=torch.Generator().manual_seed(self.seed + epoch))
-        return list(self.graph.train_idx[order].split(self.batch_size))
+        return epoch_seeds(self.graph.train_idx, self.batch_size, self.seed, epoch)
 
-    def _subgraphs(self, seeds: list[torch.Tensor], epoch: int) -> Iterator:
-        """The batches' subgraphs, in order; batch i of an epoch always gets the same draws."""
-        batches = _SampleBatches(self.sampler, seeds, epoch * 100_000)
-        if self.sampler_workers == 0:
-            return (batches[i] for i in range(len(batches)))
-        return iter(torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=_as_is,
-                                                num_workers=self.sampler_workers, prefetch_factor=4))
+    def _subgraphs(self, epoch: int, seeds: list[torch.Tensor] | None) -> Iterator:
+        """The batches' subgraphs, in order: the epoch's training batches, or batches of the given seeds."""
+        if seeds is not None:
+            return (self.sampler.sample(s, batch_number(epoch, i)) for i, s in enumerate(seeds))
+        if self._loader is None:
+            batches = len(self.seeds(epoch))
+            return (self.training_batches[epoch, i] for i in range(batches))
+        self._keys.epoch, self._keys.batches = epoch, len(self.seeds(epoch))
+        return iter(self._loader)
 
     def _next(self, subgraphs: Iterator) -> Minibatch:
         with self._phase("sample"):  # with workers: the wait for the next finished subgraph
@@ -166,22 +205,23 @@ class Pipeline:
 
     def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
         """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
-        seeds = self.seeds(epoch) if seeds is None else list(seeds.split(self.batch_size))
-        subgraphs = self._subgraphs(seeds, epoch)
+        seeds = None if seeds is None else list(seeds.split(self.batch_size))
+        subgraphs = self._subgraphs(epoch, seeds)
+        count = len(self.seeds(epoch)) if seeds is None else len(seeds)
         if self.side_stream is None:
-            for _ in seeds:
+            for _ in range(count):
                 yield self._next(subgraphs)
             return
         # Overlap: prepare batch i+1 on the side stream while the caller trains batch i.
         main = torch.cuda.current_stream()
         with torch.cuda.stream(self.side_stream):
             ready = self._next(subgraphs)
-        for index in range(len(seeds)):
+        for index in range(count):
             main.wait_stream(self.side_stream)
             current = ready
             for t in (current.x, current.edge_index, current.y):
                 t.record_stream(main)
-            if index + 1 < len(seeds):
+            if index + 1 < count:
                 with torch.cuda.stream(self.side_stream):
                     ready = self._next(subgraphs)
             yield current

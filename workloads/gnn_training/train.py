@@ -63,8 +63,10 @@ def load_graph(part: str, params: dict, graph_seed: int) -> tuple[GraphSpec, str
     name = DATASET_OF[part]
     if params.get("published_dir"):
         arrays = store.load(import_published(name, Path(params["published_dir"]).expanduser()))
-        spec = GraphSpec(name, arrays["labels"].shape[0], arrays["indices"].shape[0],
-                         arrays["features"].shape[1], int(arrays["labels"].max()) + 1)
+        nodes = arrays["labels"].shape[0]
+        spec = GraphSpec(name, nodes, arrays["indices"].shape[0], arrays["features"].shape[1],
+                         int(arrays["labels"].max()) + 1, arrays["train_idx"].shape[0] / nodes,
+                         arrays["val_idx"].shape[0] / nodes)
         return spec, name, arrays
     spec = DATASETS[name].scaled(params["scale_factor"])
     return spec, f"{name}-like", store.get(GeneratorParams(spec, seed=graph_seed))
@@ -114,6 +116,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         for phase, seconds in clock.totals.items():
             add("phase_time", seconds, "s", phase=phase)
         add("accuracy", accuracy(model, pipeline), "ratio")
+        pipeline.close()
     graph.close()
     return {"skipped_pipelines": skipped, "graph": spec.as_dict(), "graph_source": params.get("published_dir") or "generated",
             "graph_seed": shared["graph_seed"]}
