@@ -8,7 +8,7 @@
 # Writes OUT_DIR/pytest.log, OUT_DIR/run.log and OUT_DIR/results-MACHINE.tgz (results/MACHINE/,
 # re-packed after every part, so what finished comes back even if a later part is cut short).
 # Set SUITE_GIT_COMMIT / SUITE_GIT_DIRTY when the tree was copied without its git history, and
-# SUITE_SKIP_TESTS=1 to measure only.
+# SUITE_SKIP_TESTS=1 to measure only, SUITE_PARTS="a b" to measure only those parts.
 set -uo pipefail
 machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}; shift 3
 mkdir -p "$out"
@@ -20,7 +20,8 @@ if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
 fi
 status=0
 for topic in "$@"; do
-  for part in $(python3 -c "import workloads.$topic as t; print(*(t.parts_for(True) if hasattr(t, 'parts_for') else t.probes_for(True)))"); do
+  parts=${SUITE_PARTS:-$(python3 -c "import workloads.$topic as t; print(*(t.parts_for(True) if hasattr(t, 'parts_for') else t.probes_for(True)))")}
+  for part in $parts; do
     start=$(date +%s)
     python3 -m "workloads.$topic" --part "$part" --scale "$scale" \
         --out "results/$machine/$topic/$part-$scale.csv" 2>&1 | tee -a "$out/run.log" | tail -3 || status=1
