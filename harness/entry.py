@@ -11,7 +11,9 @@ example why a baseline was skipped). The Snakemake rules call exactly this.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import signal
 from pathlib import Path
 from typing import Collection, Mapping
 
@@ -23,6 +25,10 @@ from harness.results import ResultsWriter, Schema
 
 def main(*, topic: str, schema: Schema, parts: Mapping[str, str], gpu_parts: Collection[str],
          argv=None, description: str | None = None) -> None:
+    # `kill -USR1 <pid>` prints every thread's stack: where a long run is spending its time.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
     @exit_on_user_error
     def run() -> None:
         parser = argparse.ArgumentParser(prog=f"python -m workloads.{topic}", description=description,

@@ -27,3 +27,8 @@ def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterato
             leave=True,
         )
     )
+
+
+def report(line: str) -> None:
+    """A one-line account of finished work (stderr, between progress bars; kept in logs)."""
+    tqdm.write(line, file=sys.stderr)

@@ -34,6 +34,7 @@ from systems.sampling.sampler import NeighborSampler
 
 PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "uva_sampling", "all_in_gpu")
 GPU_PIPELINES = PIPELINES[1:]
+WORKER_TIMEOUT_S = 600  # a sampling worker that delivers nothing for this long is stuck: fail, never hang
 OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
 
 
@@ -153,7 +154,8 @@ class Pipeline:
         if self.sampler_workers:
             self._loader = torch.utils.data.DataLoader(
                 self.training_batches, sampler=self._keys, batch_size=None, collate_fn=_as_is,
-                num_workers=self.sampler_workers, prefetch_factor=4, persistent_workers=True)
+                num_workers=self.sampler_workers, prefetch_factor=4, persistent_workers=True,
+                timeout=WORKER_TIMEOUT_S)
 
     def close(self) -> None:
         """Stop the sampling workers."""

@@ -8,6 +8,7 @@ phase boundary for the breakdown, then the validation accuracy.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from harness import resources
-from harness.progress import progress
+from harness.progress import progress, report
 from harness.timing import PhaseClock, wall_clock
 from workloads.gnn_training import DATASET_OF
 from workloads.gnn_training.models import build
@@ -73,8 +74,11 @@ def load_graph(part: str, params: dict, graph_seed: int) -> tuple[GraphSpec, str
 
 
 def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str, **_) -> dict:
+    started = time.perf_counter()
     spec, dataset, arrays = load_graph(part, params, shared["graph_seed"])
     graph = Graph(arrays, device)
+    report(f"{dataset}: {spec.nodes:,} nodes, {spec.edges:,} edges, {spec.feature_dim} features; "
+           f"ready in {time.perf_counter() - started:.1f} s")
     pipelines = [p for p in PIPELINES if device == "cuda" or p not in GPU_PIPELINES]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
     cases = [(m, p) for m in shared["models"] for p in pipelines]
@@ -95,6 +99,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         optimizer = torch.optim.Adam(model.parameters(), lr=shared["learning_rate"])
         pipeline = Pipeline(name, graph, fanouts, shared["batch_size"], seed=shared["graph_seed"],
                             sampler_workers=shared["sampler_workers"])
+        epoch_seconds = []
         for epoch in range(warmup + repeat):
             # Sampling workers are child processes, ended with the epoch: count them too.
             cpu_before = resources.cpu_core_seconds(include_children=True)
@@ -106,6 +111,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
                     add("loss", loss, "nats", repetition=step)
             if epoch >= warmup:
                 rep = epoch - warmup
+                epoch_seconds.append(seconds)
                 add("epoch_time", seconds, "s", repetition=rep)
                 add("cpu_time", resources.cpu_core_seconds(include_children=True) - cpu_before, "core-s",
                     repetition=rep)
@@ -115,8 +121,12 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         train_epoch(model, optimizer, pipeline, warmup + repeat, clock)
         for phase, seconds in clock.totals.items():
             add("phase_time", seconds, "s", phase=phase)
-        add("accuracy", accuracy(model, pipeline), "ratio")
+        correct = accuracy(model, pipeline)
+        add("accuracy", correct, "ratio")
         pipeline.close()
+        report(f"{dataset} {model_spec['name']}{model_spec['layers']} {name}: epochs "
+               + " ".join(f"{s:.3f}" for s in epoch_seconds) + f" s; phases "
+               + " ".join(f"{k} {v:.3f}" for k, v in clock.totals.items()) + f" s; accuracy {correct:.3f}")
     graph.close()
     return {"skipped_pipelines": skipped, "graph": spec.as_dict(), "graph_source": params.get("published_dir") or "generated",
             "graph_seed": shared["graph_seed"]}
