@@ -81,7 +81,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
            f"ready in {time.perf_counter() - started:.1f} s")
     pipelines = [p for p in PIPELINES if device == "cuda" or p not in GPU_PIPELINES]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
-    cases = [(m, p) for m in shared["models"] for p in pipelines]
+    cases = [(m, p) for m in params.get("models", shared["models"]) for p in pipelines]
     for model_spec, name in progress(cases, desc=f"{dataset} training", total=len(cases)):
         fanouts = model_spec["fanouts"]
         config = {"device": device, "model": model_spec["name"], "layers": model_spec["layers"],
