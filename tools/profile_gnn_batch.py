@@ -16,7 +16,7 @@ import torch
 
 from systems.pytorch_direct.ops import launch_gather
 from workloads.gnn_training import DATASET_OF
-from workloads.gnn_training.pipelines import Graph, Pipeline
+from workloads.gnn_training.pipelines import Graph, Pipeline, training_threads
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
 from workloads.graphs.spec import DATASETS
@@ -64,10 +64,12 @@ def main() -> None:
     spec = DATASETS[DATASET_OF[args.dataset]].scaled(args.scale_factor)
     graph = Graph(store.get(GeneratorParams(spec)), "cuda")
     for workers in args.workers:
+        torch.set_num_threads(training_threads(workers))
         for name in ("cpu_gather", "zero_copy"):
             pipeline = Pipeline(name, graph, [10, 25], 1024, seed=0, sampler_workers=workers)
             for step, ms in profile(pipeline, args.batches).items():
-                print(f"{name:10s} workers={workers:2d}  {step:26s} {ms:8.2f} ms", flush=True)
+                print(f"{name:10s} workers={workers:2d} threads={torch.get_num_threads():2d}  {step:26s} {ms:8.2f} ms",
+                      flush=True)
             pipeline.close()
     graph.close()
 

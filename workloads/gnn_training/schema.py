@@ -22,6 +22,7 @@ SCHEMA = Schema(
         "edges": int,
         "feature_dim": int,
         "sampler_workers": int,  # CPU sampling processes (0: in the training process)
+        "train_threads": int,   # torch threads of the training process (the cores workers leave)
         "phase": str,           # for phase_time: "sample", "gather" (with transfer), "train"
     },
 )

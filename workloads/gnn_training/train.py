@@ -20,7 +20,7 @@ from harness.progress import progress, report
 from harness.timing import PhaseClock, wall_clock
 from workloads.gnn_training import DATASET_OF
 from workloads.gnn_training.models import build
-from workloads.gnn_training.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline
+from workloads.gnn_training.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline, training_threads
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
 from workloads.graphs.published import import_published
@@ -79,6 +79,8 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     graph = Graph(arrays, device)
     report(f"{dataset}: {spec.nodes:,} nodes, {spec.edges:,} edges, {spec.feature_dim} features; "
            f"ready in {time.perf_counter() - started:.1f} s")
+    threads = training_threads(shared["sampler_workers"])
+    torch.set_num_threads(threads)
     pipelines = [p for p in PIPELINES if device == "cuda" or p not in GPU_PIPELINES]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
     cases = [(m, p) for m in params.get("models", shared["models"]) for p in pipelines]
@@ -87,7 +89,8 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         config = {"device": device, "model": model_spec["name"], "layers": model_spec["layers"],
                   "fanouts": "-".join(map(str, fanouts)), "batch_size": shared["batch_size"],
                   "hidden": shared["hidden"], "nodes": spec.nodes, "edges": spec.edges, "feature_dim": spec.feature_dim,
-                  "sampler_workers": shared["sampler_workers"] if name in ("cpu_gather", "zero_copy", "zero_copy_overlap") else 0}
+                  "sampler_workers": shared["sampler_workers"] if name in ("cpu_gather", "zero_copy", "zero_copy_overlap") else 0,
+                  "train_threads": threads}
 
         def add(metric, value, unit, repetition=0, **extra):
             writer.add(system=SYSTEM[name], variant=name, config=config | extra, metric=metric, value=value,
