@@ -98,6 +98,35 @@ def test_every_pipeline_sees_the_same_batches_and_loss_curve(arrays):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("workers", [0, 2])
+def test_prefetch_thread_hands_over_exactly_the_batches_in_order(arrays, workers):
+    graph = Graph(arrays, "cuda")
+    plain = list(Pipeline("zero_copy", graph, [5, 5], 64, seed=8).batches(epoch=2))
+    overlapped = Pipeline("zero_copy_overlap", graph, [5, 5], 64, seed=8, sampler_workers=workers)
+    got = list(overlapped.batches(epoch=2))
+    assert len(got) == len(plain) > 2
+    for a, b in zip(plain, got):
+        assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
+    # A consumer that stops early stops the thread; the next epoch starts clean.
+    early = overlapped.batches(epoch=2)
+    next(early)
+    early.close()
+    assert torch.equal(next(iter(overlapped.batches(epoch=2))).x, plain[0].x)
+    overlapped.close()
+    graph.close()
+
+
+@pytest.mark.gpu
+def test_prefetch_thread_errors_reach_the_caller(arrays, monkeypatch):
+    graph = Graph(arrays, "cuda")
+    pipeline = Pipeline("zero_copy_overlap", graph, [5], 64, seed=8)
+    monkeypatch.setattr(pipeline, "_next", lambda subgraphs: (_ for _ in ()).throw(IndexError("bad id 99")))
+    with pytest.raises(IndexError, match="bad id 99"):
+        list(pipeline.batches(epoch=0))
+    graph.close()
+
+
+@pytest.mark.gpu
 def test_gpu_part_end_to_end(tmp_path):
     out = tmp_path / "products-tiny.csv"
     cli(["--part", "products", "--scale", "tiny", "--out", str(out)])

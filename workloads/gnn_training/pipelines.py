@@ -11,8 +11,8 @@ PyTorch DataLoader) that hand over finished subgraphs, as DGL's and PyG's loader
                       on the CPU, the only pipeline there.
 ``zero_copy``         CPU sampling; the GPU gathers the rows from the feature table pinned in
                       place (PyTorch-Direct's UnifiedTensor).
-``zero_copy_overlap`` as ``zero_copy``, but batch i+1 is sampled and gathered (on a side stream,
-                      with capped threads) while batch i trains.
+``zero_copy_overlap`` as ``zero_copy``, but a background thread prepares the next batches (on a
+                      side stream, gather with capped threads) while batch i trains.
 ``uva_sampling``      the GPU samples from the CSR pinned in host memory and gathers zero-copy
                       (DGL's UVA mode).
 ``all_in_gpu``        CSR and features in GPU memory: the upper bound.
@@ -24,6 +24,8 @@ curves match.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
@@ -37,6 +39,7 @@ PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "uva_sampling", "al
 GPU_PIPELINES = PIPELINES[1:]
 WORKER_TIMEOUT_S = 600  # a sampling worker that delivers nothing for this long is stuck: fail, never hang
 OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
+PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
 
 
 def training_threads(sampler_workers: int) -> int:
@@ -225,17 +228,66 @@ class Pipeline:
             for _ in range(count):
                 yield self._next(subgraphs)
             return
-        # Overlap: prepare batch i+1 on the side stream while the caller trains batch i.
-        main = torch.cuda.current_stream()
-        with torch.cuda.stream(self.side_stream):
-            ready = self._next(subgraphs)
-        for index in range(count):
-            main.wait_stream(self.side_stream)
-            current = ready
-            for t in (current.x, current.edge_index, current.y):
-                t.record_stream(main)
-            if index + 1 < count:
+        if self.clock is not None:
+            # A breakdown is of the work, one phase after another: prepare on the side stream in turn.
+            for _ in range(count):
                 with torch.cuda.stream(self.side_stream):
-                    ready = self._next(subgraphs)
-            yield current
+                    batch = self._next(subgraphs)
+                torch.cuda.current_stream().wait_stream(self.side_stream)
+                yield self._used_on_current_stream(batch)
+            return
+        yield from self._prefetched(subgraphs, count)
 
+    def _prefetched(self, subgraphs: Iterator, count: int) -> Iterator[Minibatch]:
+        """Batches prepared by a background thread on the side stream, up to PREFETCH_BATCHES
+        ahead: their CPU work (waiting for the sampler, checking ids, launching the gather) runs
+        while this thread launches the training of the batch before, and their gather kernels
+        (with capped threads) run beside the training kernels."""
+        ready: queue.Queue = queue.Queue(maxsize=PREFETCH_BATCHES)
+        stop = threading.Event()
+        device = torch.cuda.current_device()
+
+        def hand_over(item) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            torch.cuda.set_device(device)
+            try:
+                with torch.cuda.stream(self.side_stream):
+                    for _ in range(count):
+                        batch = self._next(subgraphs)
+                        prepared = torch.cuda.Event()
+                        prepared.record(self.side_stream)
+                        if not hand_over((batch, prepared)):
+                            return
+            except BaseException as error:  # handed to the consumer, raised there
+                hand_over((error, None))
+
+        producer = threading.Thread(target=produce, name=f"{self.name}-prefetch", daemon=True)
+        producer.start()
+        try:
+            for _ in range(count):
+                try:
+                    batch, prepared = ready.get(timeout=WORKER_TIMEOUT_S)
+                except queue.Empty:
+                    raise RuntimeError(f"no batch prepared in {WORKER_TIMEOUT_S} s: the prefetch thread is stuck") from None
+                if isinstance(batch, BaseException):
+                    raise batch
+                torch.cuda.current_stream().wait_event(prepared)
+                yield self._used_on_current_stream(batch)
+        finally:
+            stop.set()
+            producer.join()
+
+    @staticmethod
+    def _used_on_current_stream(batch: Minibatch) -> Minibatch:
+        """Tell the caching allocator that the side stream's tensors are now used on this one."""
+        for t in (batch.x, batch.edge_index, batch.y):
+            t.record_stream(torch.cuda.current_stream())
+        return batch
