@@ -23,6 +23,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/ceilings.smk"
 include: "workflow/rules/feature_gather.smk"
 include: "workflow/rules/gnn_training.smk"
+include: "workflow/rules/gnn_multi_gpu.smk"
 # The measuring and rendering jobs shared by every registered topic.
 include: "workflow/rules/measure_and_render.smk"
 

@@ -62,3 +62,9 @@ def errorbars(ax, data: pd.DataFrame, x: str, label, color=None, linestyle="-") 
     data = data.sort_values(x)
     ax.errorbar(data[x], data["median"], yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
                 label=label, color=color, linestyle=linestyle, marker="o", markersize=3, capsize=2)
+
+
+def layout_with_title(fig, title: str) -> None:
+    """Tight layout under a two-line ``title`` (matplotlib's tight layout makes room for it)."""
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()

@@ -24,7 +24,7 @@ summary = "paper_figs/local/gnn_training-cpu.md"
 # %%
 from pathlib import Path
 
-from analysis.common import load_topic, machine_label, panel_grid, summarize
+from analysis.common import layout_with_title, load_topic, machine_label, panel_grid, summarize
 from workloads.gnn_training.pipelines import PIPELINES
 from workloads.gnn_training.schema import SCHEMA
 
@@ -93,8 +93,7 @@ for i, (dataset, model, layers, fanouts) in enumerate(runs):
         ax.grid(alpha=0.3, axis="y")
 if runs:
     axes[0].legend(fontsize=7)
-fig.suptitle(f"Minibatch GNN training: {machine}, scale '{scale}' (measured; synthetic graphs with the datasets' "
-             f"statistics, scaled)\n{machine_label(provenance)}", fontsize=9)
-fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / max(len(runs), 1)))  # room for the title
+layout_with_title(fig, f"Minibatch GNN training: {machine}, scale '{scale}' (measured; synthetic graphs with the "
+                       f"datasets' statistics, scaled)\n{machine_label(provenance)}")
 Path(figure).parent.mkdir(parents=True, exist_ok=True)
 fig.savefig(figure, dpi=120)

@@ -51,11 +51,12 @@ def main(*, topic: str, schema: Schema, parts: Mapping[str, str], gpu_parts: Col
         writer = ResultsWriter(schema, scale=args.scale)
         module_name, _, function_name = parts[args.part].partition(":")
         measure_part = getattr(importlib.import_module(module_name), function_name or "run")
-        notes = measure_part(params[args.part], writer, shared=params, repeat=params["repeat"],
+        part_params = params.get(args.part, {})  # a topic may configure its parts only in common
+        notes = measure_part(part_params, writer, shared=params, repeat=params["repeat"],
                            warmup=params["warmup"], device="cuda" if gpu else "cpu",
                            scratch_dir=args.scratch_dir or Path(cfg["scratch_dir"])) or {}
         writer.write(args.out, provenance.collect(args.scale, topic=topic, part=args.part,
-                                                  parameters=params[args.part], **notes))
+                                                  parameters=part_params, **notes))
         print(f"wrote {len(writer.rows)} rows to {args.out}")
 
     run()

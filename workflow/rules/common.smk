@@ -58,13 +58,14 @@ class Topic:
     name: str
     title: str
     parts: Callable[[], tuple]  # the parts that apply on this machine
+    gpus: Callable[[str], int]  # GPUs a part holds while it is measured
 
 
 TOPICS = {}
 
 
-def register_topic(name, title, parts):
-    TOPICS[name] = Topic(name=name, title=title, parts=parts)
+def register_topic(name, title, parts, gpus=None):
+    TOPICS[name] = Topic(name=name, title=title, parts=parts, gpus=gpus or (lambda part: int(HAS_GPU)))
 
 
 def topic_results(topic):

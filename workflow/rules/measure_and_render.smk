@@ -15,11 +15,11 @@ rule measure:
         part="[a-z0-9_]+",
     # Measurements never overlap, nor share the machine with rendering: each takes every core
     # (which holds even when --resources on the command line replaces the profile's limits),
-    # the one timing slot, and, on a machine with a GPU, the GPU (zero-copy tables, GPU probes).
+    # the one timing slot, and the GPUs it uses (one on a GPU machine; a multi-GPU part its count).
     threads: workflow.cores
     resources:
         timing_slot=1,
-        gpu=int(HAS_GPU),
+        gpu=lambda wildcards: TOPICS[wildcards.topic].gpus(wildcards.part),
     params:
         python=PYTHON,
         config_file=CONFIG_FILE,

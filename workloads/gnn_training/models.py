@@ -46,10 +46,11 @@ class GAT(nn.Module):
         return x
 
 
-def build(name: str, in_dim: int, hidden: int, classes: int, layers: int, fanouts: list[int]) -> nn.Module:
+def build(name: str, in_dim: int, hidden: int, classes: int, layers: int, fanouts: list[int],
+          dropout: float = 0.5) -> nn.Module:
     """The model ``name`` with ``layers`` layers; sampling must have one fan-out per layer."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
     if layers < 1 or len(fanouts) != layers:
         raise ValueError(f"a {layers}-layer {name} needs one fan-out per layer, got fan-outs {list(fanouts)}")
-    return (GraphSAGE if name == "sage" else GAT)(in_dim, hidden, classes, layers)
+    return (GraphSAGE if name == "sage" else GAT)(in_dim, hidden, classes, layers, dropout=dropout)

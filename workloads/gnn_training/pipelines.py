@@ -42,14 +42,15 @@ OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while train
 PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
 
 
-def training_threads(sampler_workers: int) -> int:
-    """torch's threads in the training process: the cores the sampling workers leave free.
+def training_threads(sampler_workers: int, processes: int = 1) -> int:
+    """torch's threads in a training process: its share of the cores (``processes`` training
+    processes on this machine) less its sampling workers.
 
     More would oversubscribe the cores: a parallel op (a gather, a range check, a copy into
     pinned memory) then waits at its barrier for threads descheduled by busy workers; measured
     on the H200 box with 8 workers and 16 threads, a 1.3 MB range check took 14 ms, not 0.14."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - sampler_workers)
+    return max(1, cores // processes - sampler_workers)
 
 
 @dataclass
@@ -64,11 +65,12 @@ class Minibatch:
 class Graph:
     """A graph's tensors, placed once for all the pipelines of a run."""
 
-    def __init__(self, arrays: dict, device: str):
+    def __init__(self, arrays: dict, device: str, features: torch.Tensor | None = None):
         self.indptr = torch.from_numpy(arrays["indptr"])
         self.indices = torch.from_numpy(arrays["indices"])
-        # Anonymous memory, not the file mapping: the table is pinned in place for zero-copy.
-        self.features = torch.from_numpy(arrays["features"]).clone()
+        # The table is pinned in place for zero-copy: anonymous memory, not the copy-on-write
+        # file mapping; or a table the caller shares between processes (workloads.graphs.shared).
+        self.features = torch.from_numpy(arrays["features"]).clone() if features is None else features
         self.labels = torch.from_numpy(arrays["labels"])
         self.train_idx = torch.from_numpy(arrays["train_idx"])
         self.val_idx = torch.from_numpy(arrays["val_idx"])
@@ -97,10 +99,20 @@ class Graph:
             self._unified.close()
 
 
-def epoch_seeds(train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int) -> list[torch.Tensor]:
-    """The epoch's batches of training seeds: shuffled by (seed, epoch), the same for every pipeline."""
-    order = torch.randperm(train_idx.numel(), generator=torch.Generator().manual_seed(seed + epoch))
-    return list(train_idx[order].split(batch_size))
+def epoch_seeds(train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int,
+                shard: tuple[int, int] = (0, 1)) -> list[torch.Tensor]:
+    """The epoch's batches of training seeds: shuffled by (seed, epoch), the same for every pipeline.
+
+    With ``shard=(rank, world)`` (data-parallel training), the shuffled seeds form global batches
+    of ``world * batch_size`` (an incomplete last one is dropped, so every rank takes every step)
+    and this rank's batch i is slice ``rank`` of global batch i.
+    """
+    rank, world = shard
+    order = train_idx[torch.randperm(train_idx.numel(), generator=torch.Generator().manual_seed(seed + epoch))]
+    if world == 1:
+        return list(order.split(batch_size))
+    steps = order.numel() // (world * batch_size)
+    return [order[(i * world + rank) * batch_size:(i * world + rank + 1) * batch_size] for i in range(steps)]
 
 
 def batch_number(epoch: int, index: int) -> int:
@@ -112,14 +124,17 @@ class _TrainingBatches(torch.utils.data.Dataset):
     """Batch ``index`` of ``epoch`` (the key), sampled wherever this runs: in the training process
     or in a DataLoader worker, which computes the epoch's seeds itself (once per epoch)."""
 
-    def __init__(self, sampler: NeighborSampler, train_idx: torch.Tensor, batch_size: int, seed: int):
+    def __init__(self, sampler: NeighborSampler, train_idx: torch.Tensor, batch_size: int, seed: int,
+                 shard: tuple[int, int]):
         self.sampler, self.train_idx, self.batch_size, self.seed = sampler, train_idx, batch_size, seed
+        self.shard = shard
         self._epoch, self._seeds = None, []
 
     def __getitem__(self, key: tuple[int, int]):
         epoch, index = key
         if epoch != self._epoch:
-            self._epoch, self._seeds = epoch, epoch_seeds(self.train_idx, self.batch_size, self.seed, epoch)
+            self._epoch = epoch
+            self._seeds = epoch_seeds(self.train_idx, self.batch_size, self.seed, epoch, self.shard)
         return self.sampler.sample(self._seeds[index], batch_number(epoch, index))
 
 
@@ -142,12 +157,15 @@ class _EpochKeys(torch.utils.data.Sampler):
 
 class Pipeline:
     def __init__(self, name: str, graph: Graph, fanouts: list[int], batch_size: int, *, seed: int,
-                 sampler_workers: int = 0, clock=None):
+                 sampler_workers: int = 0, clock=None, shard: tuple[int, int] = (0, 1)):
         if name not in PIPELINES:
             raise ValueError(f"pipeline must be one of {PIPELINES}, got {name!r}")
         if name in GPU_PIPELINES and graph.device != "cuda":
             raise ValueError(f"pipeline {name!r} needs a GPU")
         self.name, self.graph, self.batch_size, self.seed = name, graph, batch_size, seed
+        if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+            raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
+        self.shard = shard  # (rank, world): this process's slice of every global batch
         self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
         self.device = torch.device(graph.device)
         self.labels = graph.labels.to(self.device)
@@ -159,7 +177,7 @@ class Pipeline:
         if name in ("zero_copy", "zero_copy_overlap", "uva_sampling"):
             self.table = graph.unified_features()
         self.side_stream = torch.cuda.Stream() if name == "zero_copy_overlap" else None
-        self.training_batches = _TrainingBatches(self.sampler, graph.train_idx, batch_size, seed)
+        self.training_batches = _TrainingBatches(self.sampler, graph.train_idx, batch_size, seed, shard)
         # GPU sampling stays in this process; CPU sampling may use worker processes, kept for
         # the whole run (persistent), so an epoch does not pay for starting them.
         self.sampler_workers = sampler_workers if place == "cpu" else 0
@@ -180,7 +198,7 @@ class Pipeline:
 
     def seeds(self, epoch: int) -> list[torch.Tensor]:
         """The epoch's batches of training seeds (the same for every pipeline)."""
-        return epoch_seeds(self.graph.train_idx, self.batch_size, self.seed, epoch)
+        return epoch_seeds(self.graph.train_idx, self.batch_size, self.seed, epoch, self.shard)
 
     def _subgraphs(self, epoch: int, seeds: list[torch.Tensor] | None) -> Iterator:
         """The batches' subgraphs, in order: the epoch's training batches, or batches of the given seeds."""

@@ -61,16 +61,25 @@ def accuracy(model, pipeline: Pipeline) -> float:
 def load_graph(part: str, params: dict, graph_seed: int) -> tuple[GraphSpec, str, dict]:
     """The dataset's spec, its label in the results, and its arrays: generated with the dataset's
     statistics at ``scale_factor``, or the real dataset imported from ``published_dir``."""
+    spec, label, folder = cached_graph(part, params, graph_seed)
+    return spec, label, store.load(folder)
+
+
+def cached_graph(part: str, params: dict, graph_seed: int) -> tuple[GraphSpec, str, Path]:
+    """As :func:`load_graph`, with the graph's folder in the store (generated or imported first)."""
     name = DATASET_OF[part]
     if params.get("published_dir"):
-        arrays = store.load(import_published(name, Path(params["published_dir"]).expanduser()))
+        folder = import_published(name, Path(params["published_dir"]).expanduser())
+        arrays = store.load(folder)
         nodes = arrays["labels"].shape[0]
         spec = GraphSpec(name, nodes, arrays["indices"].shape[0], arrays["features"].shape[1],
                          int(arrays["labels"].max()) + 1, arrays["train_idx"].shape[0] / nodes,
                          arrays["val_idx"].shape[0] / nodes)
-        return spec, name, arrays
+        return spec, name, folder
     spec = DATASETS[name].scaled(params["scale_factor"])
-    return spec, f"{name}-like", store.get(GeneratorParams(spec, seed=graph_seed))
+    generator = GeneratorParams(spec, seed=graph_seed)
+    store.get(generator)
+    return spec, f"{name}-like", store.folder_for(generator)
 
 
 def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str, **_) -> dict:

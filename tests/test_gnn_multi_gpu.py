@@ -1,0 +1,126 @@
+"""Data-parallel GNN training: shards of global batches, the shared feature table, and two gloo
+ranks launched by torchrun training exactly like one process that takes the same global batches
+(gradient accumulation over the same shards); on machines with GPUs, the same with NCCL."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from harness import provenance
+from harness.errors import UserError
+from harness.results import ResultsWriter, load
+from workloads.gnn_multi_gpu import NVLS_OFF, parts_for
+from workloads.gnn_multi_gpu.launch import run_world
+from workloads.gnn_multi_gpu.schema import SCHEMA
+from workloads.gnn_training.models import build
+from workloads.gnn_training.pipelines import Graph, Pipeline, epoch_seeds
+from workloads.gnn_training.train import cached_graph
+from workloads.graphs import shared, store
+
+SHARED = {"dataset": "products", "scale_factor": 0.002, "graph_seed": 0, "hidden": 32, "batch_size": 32,
+          "sampler_workers": 0, "learning_rate": 0.01, "loss_steps": 1000,
+          "models": [{"name": "sage", "layers": 2, "fanouts": [5, 5]}]}
+
+
+def test_rank_shards_partition_each_global_batch():
+    train_idx = torch.randperm(1000)[:555]
+    whole = epoch_seeds(train_idx, 4 * 50, seed=3, epoch=1)
+    shards = [epoch_seeds(train_idx, 50, seed=3, epoch=1, shard=(r, 4)) for r in range(4)]
+    steps = 555 // 200
+    assert all(len(s) == steps for s in shards)  # the incomplete last global batch is dropped
+    for i in range(steps):
+        assert torch.equal(torch.cat([s[i] for s in shards]), whole[i])
+    with pytest.raises(ValueError, match="shard must be"):
+        Pipeline("cpu_gather", None, [5], 10, seed=0, shard=(2, 2))
+
+
+def test_the_shared_table_is_one_set_of_pages_and_is_removed_after(tmp_path):
+    array = np.random.default_rng(0).standard_normal((1000, 7)).astype(np.float32)
+    with shared.shared_table(array, "t", directory=tmp_path) as table:
+        a, b = shared.map_table(table), shared.map_table(table)
+        assert torch.equal(a, torch.from_numpy(array))
+        a[3, 2] = 42.0  # one mapping's write is the other's: the same pages, no copies
+        assert b[3, 2] == 42.0
+        path = table["path"]
+    assert not os.path.exists(path)
+    with pytest.raises(UserError, match="is gone"):
+        shared.map_table(table)
+
+
+def test_a_table_larger_than_shared_memory_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(shared.shutil, "disk_usage", lambda path: type("U", (), {"free": 100})())
+    with pytest.raises(UserError, match="does not fit"):
+        with shared.shared_table(np.zeros((100, 4), np.float32), "t", directory=tmp_path):
+            pass
+
+
+def _one_process_reference(steps_wanted: int, world: int):
+    """One process, the same global batches: each rank's shard in turn, gradients accumulated."""
+    spec, _, folder = cached_graph("products", SHARED, 0)
+    graph = Graph(store.load(folder), "cpu")
+    torch.manual_seed(0)
+    model = build("sage", spec.feature_dim, SHARED["hidden"], spec.classes, 2, [5, 5], dropout=0.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=SHARED["learning_rate"])
+    shards = [list(Pipeline("cpu_gather", graph, [5, 5], SHARED["batch_size"], seed=0, shard=(r, world)).batches(0))
+              for r in range(world)]
+    losses = []
+    for step in range(len(shards[0])):
+        optimizer.zero_grad()
+        loss = sum(F.cross_entropy(model(b.x, b.edge_index)[: b.batch_size], b.y)
+                   for b in (shard[step] for shard in shards)) / world
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses, model.state_dict()
+
+
+def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batches(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUITE_HIDE_GPU", "1")
+    writer = ResultsWriter(SCHEMA, scale="tiny")
+    weights = tmp_path / "weights.pt"
+    notes = run_world(2, {}, writer, shared=SHARED, repeat=1, warmup=0, device="cpu",
+                      job_overrides={"dropout": 0.0, "save_weights": str(weights)})
+    assert notes["skipped_pipelines"].keys() == {"zero_copy", "zero_copy_overlap", "all_in_gpu"}
+    rows = [r for r in writer.rows if r["metric"] == "loss"]
+    distributed = [r["value"] for r in sorted(rows, key=lambda r: r["repetition"])]
+    expected, expected_weights = _one_process_reference(len(distributed), world=2)
+    assert len(distributed) == len(expected) >= 3
+    np.testing.assert_allclose(distributed, expected, rtol=1e-5, atol=1e-6)
+    trained = torch.load(weights)
+    for name, value in expected_weights.items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    # The results file loads, with provenance, like every topic's.
+    out = tmp_path / "world2-tiny.csv"
+    writer.write(out, provenance.collect("tiny", topic="gnn_multi_gpu", part="world2"))
+    assert set(load([out], SCHEMA).metric) == {"loss", "epoch_time", "cpu_time", "accuracy"}
+
+
+def test_cpu_machines_run_one_and_two_processes(monkeypatch):
+    assert parts_for(False) == ("world1", "world2")
+
+
+def test_the_launcher_keeps_nvlink_multicast_off():
+    assert NVLS_OFF == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [1, 2])
+def test_gpu_ranks_run_every_pipeline(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    writer = ResultsWriter(SCHEMA, scale="tiny")
+    notes = run_world(world, {}, writer, shared=SHARED, repeat=1, warmup=0, device="cuda")
+    assert notes["skipped_pipelines"] == {}
+    variants = {r["variant"] for r in writer.rows}
+    assert variants == {"cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu"}
+    losses = {}
+    for r in writer.rows:
+        if r["metric"] == "loss":
+            losses.setdefault(r["variant"], []).append(r["value"])
+    for variant, curve in losses.items():  # the same global batches whatever the pipeline
+        np.testing.assert_allclose(curve, losses["cpu_gather"], rtol=1e-3, atol=1e-3, err_msg=variant)
+    ranks = {r["config"]["rank"] for r in writer.rows if r["metric"] == "bandwidth"}
+    assert ranks == {str(r) for r in range(world)}

@@ -1,0 +1,82 @@
+"""One part of the workload: data-parallel training at one world size, launched with torchrun.
+
+The launcher (this process) prepares what the ranks share: the cached graph (generated once),
+the feature table copied into shared memory, a job file; then runs torchrun with NVLink
+multicast off in the environment, and turns rank 0's rows into the results file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from harness import machine
+from harness.errors import UserError
+from harness.progress import report
+from workloads.gnn_multi_gpu import NVLS_OFF
+from workloads.gnn_training.pipelines import GPU_PIPELINES
+from workloads.gnn_training.train import cached_graph
+from workloads.graphs import store
+from workloads.graphs.shared import shared_table
+
+PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu")
+REPLICA_HEADROOM = 0.8  # all_in_gpu replicates the table only where it fits in this share of a GPU
+
+
+def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str,
+              job_overrides: dict | None = None, **_) -> dict:
+    if device == "cuda" and world > len(machine.nvidia_gpus()):
+        raise UserError(f"world size {world} needs {world} GPUs; this machine has {len(machine.nvidia_gpus())}")
+    spec, dataset, folder = cached_graph(shared["dataset"], shared, shared["graph_seed"])
+    features = store.load(folder)["features"]
+    pipelines, skipped = _pipelines(device, features.nbytes)
+    with shared_table(features, folder.name) as table, tempfile.TemporaryDirectory() as tmp:
+        job = {"device": device, "dataset": dataset, "graph_folder": str(folder), "table": table,
+               "nodes": spec.nodes, "edges": spec.edges, "feature_dim": spec.feature_dim, "classes": spec.classes,
+               "models": shared["models"], "pipelines": pipelines, "batch_size": shared["batch_size"],
+               "hidden": shared["hidden"], "sampler_workers": shared["sampler_workers"],
+               "learning_rate": shared["learning_rate"], "loss_steps": shared["loss_steps"],
+               "graph_seed": shared["graph_seed"], "repeat": repeat, "warmup": warmup,
+               "out": str(Path(tmp) / "rows.json"), **(job_overrides or {})}
+        job_file = Path(tmp) / "job.json"
+        job_file.write_text(json.dumps(job))
+        report(f"{dataset}: training on {world} {'GPUs' if device == 'cuda' else 'CPU processes'} "
+               f"({', '.join(pipelines)})")
+        launch(world, job_file)
+        rows = json.loads(Path(job["out"]).read_text())
+    for row in rows:
+        writer.add(**row)
+    return {"skipped_pipelines": skipped, "graph": spec.as_dict(), "world_size": world, "shared_table": "/dev/shm",
+            "environment": NVLS_OFF}
+
+
+def launch(world: int, job_file: Path) -> None:
+    """torchrun with ``world`` local ranks running rank.py on ``job_file``; fails loudly."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+               "-m", "workloads.gnn_multi_gpu.rank", str(job_file)]
+    # OMP_NUM_THREADS only quiets torchrun's notice; each rank sets its torch threads itself.
+    environment = os.environ | NVLS_OFF | {"PYTHONPATH": _python_path(), "OMP_NUM_THREADS": "1"}
+    finished = subprocess.run(command, env=environment)
+    if finished.returncode != 0:
+        raise UserError(f"torchrun with {world} ranks exited with status {finished.returncode} (rank output above)")
+
+
+def _python_path() -> str:
+    root = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+def _pipelines(device: str, table_bytes: int) -> tuple[list[str], dict]:
+    if device != "cuda":
+        return ["cpu_gather"], {p: "no GPU on this machine" for p in PIPELINES if p in GPU_PIPELINES}
+    free = min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+    if table_bytes > REPLICA_HEADROOM * free:
+        return [p for p in PIPELINES if p != "all_in_gpu"], {
+            "all_in_gpu": f"a {table_bytes / 2**30:.1f} GiB replica per GPU does not fit ({free / 2**30:.1f} GiB free)"}
+    return list(PIPELINES), {}

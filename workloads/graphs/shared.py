@@ -1,0 +1,62 @@
+"""One feature table in host memory, shared by every process of a data-parallel run.
+
+The launcher copies the cached graph's feature table once into a file in ``/dev/shm`` (memory,
+not disk) and removes it when the run ends, however it ends; every rank maps that file
+(``MAP_SHARED``), so all ranks read the same physical pages, and each registers the mapping with
+CUDA once for zero-copy reads. No rank holds a copy of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from harness.errors import UserError
+
+SHARED_MEMORY = Path("/dev/shm")
+
+
+@contextmanager
+def shared_table(array: np.ndarray, name: str, directory: Path = SHARED_MEMORY) -> Iterator[dict]:
+    """Copy ``array`` into shared memory for the duration of the block; yields the description
+    that :func:`map_table` takes (path, dtype, shape), as a JSON-able dict."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"{directory} does not exist: sharing a feature table between processes needs Linux "
+                        "shared memory")
+    free = shutil.disk_usage(directory).free
+    if array.nbytes > free:
+        raise UserError(f"the feature table ({array.nbytes / 2**30:.1f} GiB) does not fit in {directory} "
+                        f"({free / 2**30:.1f} GiB free); free space there or use a smaller scale")
+    path = directory / f"suite-{name}-{os.getpid()}.table"
+    try:
+        table = np.memmap(path, dtype=array.dtype, mode="w+", shape=array.shape)
+        rows_per_step = max(1, (256 << 20) // max(1, array.strides[0]))
+        for start in range(0, array.shape[0], rows_per_step):
+            table[start:start + rows_per_step] = array[start:start + rows_per_step]
+        table.flush()
+        del table
+        yield {"path": str(path), "dtype": str(array.dtype), "shape": list(array.shape)}
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def map_table(description: dict | str) -> torch.Tensor:
+    """The shared table as a tensor over the shared pages (writable mapping: CUDA registers it)."""
+    if isinstance(description, str):
+        description = json.loads(description)
+    path = Path(description["path"])
+    if not path.exists():
+        raise UserError(f"shared feature table {path} is gone (did the launcher end?)")
+    expected = int(np.prod(description["shape"])) * np.dtype(description["dtype"]).itemsize
+    if path.stat().st_size != expected:
+        raise UserError(f"shared feature table {path} holds {path.stat().st_size} bytes, expected {expected}")
+    table = np.memmap(path, dtype=description["dtype"], mode="r+", shape=tuple(description["shape"]))
+    return torch.from_numpy(table)
