@@ -27,7 +27,10 @@ def main(*, topic: str, schema: Schema, parts: Mapping[str, str], gpu_parts: Col
          argv=None, description: str | None = None) -> None:
     # `kill -USR1 <pid>` prints every thread's stack: where a long run is spending its time.
     if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (OSError, ValueError):  # stderr is not a file (captured): no stack dumps then
+            pass
 
     @exit_on_user_error
     def run() -> None:

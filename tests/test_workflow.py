@@ -16,10 +16,12 @@ import pytest
 
 from workloads.ceilings import HOST_PROBES
 from workloads.feature_gather import parts_for as gather_parts
+from workloads.gnn_multi_gpu import parts_for as multi_gpu_parts
 from workloads.gnn_training import parts_for as training_parts
 
 # Measuring jobs of `reproduce` without a GPU.
-CPU_JOBS = len(HOST_PROBES) + len(gather_parts(False)) + len(training_parts(False))
+CPU_JOBS = (len(HOST_PROBES) + len(gather_parts(False)) + len(training_parts(False))
+            + len(multi_gpu_parts(False)))
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parent.parent
