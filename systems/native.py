@@ -24,6 +24,7 @@ from harness.errors import UserError
 
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-Wall", "-Werror")
 _libraries: dict[str, ctypes.CDLL] = {}
+_by_path: dict[Path, ctypes.CDLL] = {}
 
 
 def cache_dir() -> Path:
@@ -36,7 +37,11 @@ def kernel_sources() -> list[Path]:
 
 
 def load_library(source_path: Path) -> ctypes.CDLL:
-    """The compiled library of ``source_path`` (built on first use on this machine)."""
+    """The compiled library of ``source_path`` (built on first use on this machine; looked up
+    once per process, since kernels are called per batch)."""
+    loaded = _by_path.get(Path(source_path))
+    if loaded is not None:
+        return loaded
     compiler = os.environ.get("CXX") or shutil.which("g++")
     if not compiler:
         raise UserError(f"building {source_path.name} needs a C++ compiler: install g++ or set CXX")
@@ -44,6 +49,7 @@ def load_library(source_path: Path) -> ctypes.CDLL:
     key = hashlib.sha256(b"\0".join([source, *(f.encode() for f in FLAGS), compiler.encode()])).hexdigest()[:16]
     library = _libraries.get(key)
     if library is not None:
+        _by_path[Path(source_path)] = library
         return library
     target = cache_dir() / f"{Path(source_path).stem}-{key}.so"
     if not target.exists():
@@ -53,7 +59,7 @@ def load_library(source_path: Path) -> ctypes.CDLL:
         if build.returncode != 0:
             raise RuntimeError(f"{compiler} could not build {source_path}:\n{build.stderr}")
         os.replace(partial, target)
-    library = _libraries[key] = ctypes.CDLL(str(target))
+    library = _libraries[key] = _by_path[Path(source_path)] = ctypes.CDLL(str(target))
     return library
 
 

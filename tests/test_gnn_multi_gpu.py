@@ -37,6 +37,13 @@ def test_rank_shards_partition_each_global_batch():
         Pipeline("cpu_gather", None, [5], 10, seed=0, shard=(2, 2))
 
 
+def test_a_training_set_smaller_than_one_global_batch_is_refused():
+    _, _, folder = cached_graph("products", SHARED, 0)
+    graph = Graph(store.load(folder), "cpu")
+    with pytest.raises(ValueError, match="do not fill one global batch"):
+        Pipeline("cpu_gather", graph, [5], graph.train_idx.numel(), seed=0, shard=(0, 2))
+
+
 def test_the_shared_table_is_one_set_of_pages_and_is_removed_after(tmp_path):
     array = np.random.default_rng(0).standard_normal((1000, 7)).astype(np.float32)
     with shared.shared_table(array, "t", directory=tmp_path) as table:

@@ -1,5 +1,6 @@
 """Every CUDA kernel of the suite compiles for sm_90 with nvcc, so CI catches a broken kernel
-on machines without a GPU. (At run time the same files go through NVRTC.)"""
+on machines without a GPU (at run time the same files go through NVRTC); every C++ CPU kernel
+builds with the flags systems.native uses, warnings as errors."""
 
 import os
 import shutil
@@ -7,7 +8,7 @@ import subprocess
 
 import pytest
 
-from systems import nvrtc
+from systems import native, nvrtc
 
 KERNELS = nvrtc.kernel_sources()
 
@@ -28,3 +29,21 @@ def test_kernel_compiles_for_sm90(source, tmp_path):
         capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "k.cubin").stat().st_size > 0
+
+
+@pytest.mark.parametrize("source", native.kernel_sources(), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_cpu_kernel_builds_and_loads(source, tmp_path, monkeypatch):
+    assert native.kernel_sources(), "no C++ kernels found"
+    monkeypatch.setenv("SUITE_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_by_path", {})
+    monkeypatch.setattr(native, "_libraries", {})
+    library = native.load_library(source)
+    assert list(tmp_path.glob(f"{source.stem}-*.so")) and library is not None
+
+
+def test_a_cpu_kernel_that_does_not_compile_says_why(tmp_path, monkeypatch):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text('extern "C" int f() { return undefined_name; }\n')
+    monkeypatch.setenv("SUITE_NATIVE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="undefined_name"):
+        native.load_library(broken)

@@ -166,6 +166,9 @@ class Pipeline:
         if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
             raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
         self.shard = shard  # (rank, world): this process's slice of every global batch
+        if shard[1] > 1 and graph.train_idx.numel() < shard[1] * batch_size:
+            raise ValueError(f"{graph.train_idx.numel()} training nodes do not fill one global batch of "
+                             f"{shard[1]} ranks x {batch_size}; use a smaller batch or fewer ranks")
         self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
         self.device = torch.device(graph.device)
         self.labels = graph.labels.to(self.device)
