@@ -14,6 +14,8 @@ machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}; shift
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 SUITE_NO_PROGRESS=${SUITE_NO_PROGRESS:-1} CUPY_CACHE_DIR=$PWD/.cache/cupy
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# NVLink multicast off for anything NCCL starts here (the multi-GPU launcher sets these too).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv | tee "$out/gpu.txt"
 if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest -q -p no:cacheprovider -m "not slow" tests 2>&1 | tee "$out/pytest.log" | tail -15

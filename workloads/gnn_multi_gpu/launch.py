@@ -14,8 +14,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from harness import machine
 from harness.errors import UserError
 from harness.progress import report
@@ -26,7 +24,7 @@ from workloads.graphs import store
 from workloads.graphs.shared import shared_table
 
 PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu")
-REPLICA_HEADROOM = 0.8  # all_in_gpu replicates the table only where it fits in this share of a GPU
+REPLICA_HEADROOM = 0.8  # all_in_gpu replicates the table only where it fits in this share of a GPU's memory
 
 
 def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str,
@@ -75,8 +73,10 @@ def _python_path() -> str:
 def _pipelines(device: str, table_bytes: int) -> tuple[list[str], dict]:
     if device != "cuda":
         return ["cpu_gather"], {p: "no GPU on this machine" for p in PIPELINES if p in GPU_PIPELINES}
-    free = min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
-    if table_bytes > REPLICA_HEADROOM * free:
+    # From nvidia-smi, so the launcher itself never opens a CUDA context on the ranks' GPUs.
+    smallest = min(gpu.memory_mib for gpu in machine.nvidia_gpus()) * 2**20
+    if table_bytes > REPLICA_HEADROOM * smallest:
         return [p for p in PIPELINES if p != "all_in_gpu"], {
-            "all_in_gpu": f"a {table_bytes / 2**30:.1f} GiB replica per GPU does not fit ({free / 2**30:.1f} GiB free)"}
+            "all_in_gpu": f"a {table_bytes / 2**30:.1f} GiB replica per GPU does not fit in "
+                          f"{REPLICA_HEADROOM:.0%} of {smallest / 2**30:.0f} GiB"}
     return list(PIPELINES), {}
