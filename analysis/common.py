@@ -65,6 +65,7 @@ def errorbars(ax, data: pd.DataFrame, x: str, label, color=None, linestyle="-") 
 
 
 def layout_with_title(fig, title: str) -> None:
-    """Tight layout under a two-line ``title`` (matplotlib's tight layout makes room for it)."""
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    """Tight layout under a two-line ``title`` that keeps a fixed 0.6 inch at any figure height."""
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / height))
+    fig.suptitle(title, fontsize=9, y=1 - 0.08 / height, va="top")

@@ -97,6 +97,7 @@ for i, (dataset, model, layers, fanouts) in enumerate(runs):
     for ax in (ax_time, ax_eff, ax_bw):
         ax.set_xscale("log", base=2)
         ax.set_xticks(worlds, [str(w) for w in worlds])
+        ax.set_xlim(worlds[0] / 1.3, worlds[-1] * 1.3)
         ax.minorticks_off()
         ax.grid(alpha=0.3)
 if runs:
