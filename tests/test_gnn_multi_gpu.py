@@ -3,6 +3,7 @@ ranks launched by torchrun training exactly like one process that takes the same
 (gradient accumulation over the same shards); on machines with GPUs, the same with NCCL."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -57,9 +58,21 @@ def test_the_shared_table_is_one_set_of_pages_and_is_removed_after(tmp_path):
         shared.map_table(table)
 
 
+def test_one_process_table_is_shared_memory_that_a_fork_does_not_copy():
+    array = np.random.default_rng(1).standard_normal((500, 3)).astype(np.float32)
+    table = shared.shared_anonymous_copy(array)
+    assert torch.equal(table, torch.from_numpy(array))
+    child = os.fork()
+    if child == 0:  # a sampling worker's view: the same pages, so its write shows in the parent
+        table[0, 0] = 7.0
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert table[0, 0] == 7.0
+
+
 def test_a_table_larger_than_shared_memory_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(shared.shutil, "disk_usage", lambda path: type("U", (), {"free": 100})())
-    with pytest.raises(UserError, match="does not fit"):
+    monkeypatch.setattr(shared.shutil, "disk_usage", lambda path: type("U", (), {"free": 100 + 2**31})())
+    with pytest.raises(UserError, match="do not fit in"):
         with shared.shared_table(np.zeros((100, 4), np.float32), "t", directory=tmp_path):
             pass
 
@@ -88,7 +101,7 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batches(tmp_pa
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     writer = ResultsWriter(SCHEMA, scale="tiny")
     weights = tmp_path / "weights.pt"
-    notes = run_world(2, {}, writer, shared=SHARED, repeat=1, warmup=0, device="cpu",
+    notes = run_world(2, {}, writer, shared=SHARED, repeat=1, warmup=0, device="cpu", timeout_s=300,
                       job_overrides={"dropout": 0.0, "save_weights": str(weights)})
     assert notes["skipped_pipelines"].keys() == {"zero_copy", "zero_copy_overlap", "all_in_gpu"}
     rows = [r for r in writer.rows if r["metric"] == "loss"]
@@ -114,12 +127,13 @@ def test_the_launcher_keeps_nvlink_multicast_off():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("world", [1, 2])
-def test_gpu_ranks_run_every_pipeline(world):
+@pytest.mark.parametrize("world, workers", [(1, 0), (1, 2), (2, 2)])
+def test_gpu_ranks_run_every_pipeline(world, workers):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs")
     writer = ResultsWriter(SCHEMA, scale="tiny")
-    notes = run_world(world, {}, writer, shared=SHARED, repeat=1, warmup=0, device="cuda")
+    notes = run_world(world, {}, writer, shared=SHARED | {"sampler_workers": workers}, repeat=1, warmup=0,
+                      device="cuda", timeout_s=300)
     assert notes["skipped_pipelines"] == {}
     variants = {r["variant"] for r in writer.rows}
     assert variants == {"cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu"}
@@ -131,3 +145,14 @@ def test_gpu_ranks_run_every_pipeline(world):
         np.testing.assert_allclose(curve, losses["cpu_gather"], rtol=1e-3, atol=1e-3, err_msg=variant)
     ranks = {r["config"]["rank"] for r in writer.rows if r["metric"] == "bandwidth"}
     assert ranks == {str(r) for r in range(world)}
+
+
+def test_a_run_past_its_time_limit_is_ended_with_an_error(tmp_path, monkeypatch):
+    from workloads.gnn_multi_gpu import launch
+
+    # A "torchrun" whose rank never finishes: a shell that starts a child and waits on it.
+    monkeypatch.setattr(launch, "torchrun_command", lambda world, job: ["sh", "-c", "sleep 60 & wait"])
+    started = time.monotonic()
+    with pytest.raises(UserError, match="ran past 1 s"):
+        launch.launch(2, tmp_path / "job.json", timeout_s=1)
+    assert time.monotonic() - started < 10

@@ -103,10 +103,19 @@ def test_prefetch_thread_hands_over_exactly_the_batches_in_order(arrays, workers
     graph = Graph(arrays, "cuda")
     plain = list(Pipeline("zero_copy", graph, [5, 5], 64, seed=8).batches(epoch=2))
     overlapped = Pipeline("zero_copy_overlap", graph, [5, 5], 64, seed=8, sampler_workers=workers)
-    got = list(overlapped.batches(epoch=2))
+    prepare = overlapped._next
+
+    def slow_prepare(subgraphs):  # the side stream spins before each gather: a missing wait shows
+        torch.cuda._sleep(20_000_000)
+        return prepare(subgraphs)
+
+    overlapped._next = slow_prepare
+    # Copied on the consumer's stream the moment they arrive, as training would read them.
+    got = [(b.x.clone(), b.edge_index.clone(), b.y.clone()) for b in overlapped.batches(epoch=2)]
+    del overlapped._next
     assert len(got) == len(plain) > 2
-    for a, b in zip(plain, got):
-        assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
+    for a, (x, edge_index, y) in zip(plain, got):
+        assert torch.equal(a.x, x) and torch.equal(a.edge_index, edge_index) and torch.equal(a.y, y)
     # A consumer that stops early stops the thread; the next epoch starts clean.
     early = overlapped.batches(epoch=2)
     next(early)
@@ -118,6 +127,9 @@ def test_prefetch_thread_hands_over_exactly_the_batches_in_order(arrays, workers
 
 @pytest.mark.gpu
 def test_prefetch_thread_errors_reach_the_caller(arrays, monkeypatch):
+    from workloads.gnn_training import pipelines
+
+    monkeypatch.setattr(pipelines, "WORKER_TIMEOUT_S", 5)  # a broken handover fails in seconds
     graph = Graph(arrays, "cuda")
     pipeline = Pipeline("zero_copy_overlap", graph, [5], 64, seed=8)
     monkeypatch.setattr(pipeline, "_next", lambda subgraphs: (_ for _ in ()).throw(IndexError("bad id 99")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,9 @@ REPLICA_HEADROOM = 0.8  # all_in_gpu replicates the table only where it fits in 
 
 
 def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str,
-              job_overrides: dict | None = None, **_) -> dict:
+              job_overrides: dict | None = None, timeout_s: float | None = None, **_) -> dict:
+    """Train at ``world`` ranks and add rank 0's rows to ``writer``; ``timeout_s`` ends a run that
+    takes longer (all its processes), with an error."""
     if device == "cuda" and world > len(machine.nvidia_gpus()):
         raise UserError(f"world size {world} needs {world} GPUs; this machine has {len(machine.nvidia_gpus())}")
     spec, dataset, folder = cached_graph(shared["dataset"], shared, shared["graph_seed"])
@@ -46,7 +49,7 @@ def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, wa
         job_file.write_text(json.dumps(job))
         report(f"{dataset}: training on {world} {'GPUs' if device == 'cuda' else 'CPU processes'} "
                f"({', '.join(pipelines)})")
-        launch(world, job_file)
+        launch(world, job_file, timeout_s)
         rows = json.loads(Path(job["out"]).read_text())
     for row in rows:
         writer.add(**row)
@@ -54,15 +57,30 @@ def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, wa
             "environment": NVLS_OFF}
 
 
-def launch(world: int, job_file: Path) -> None:
-    """torchrun with ``world`` local ranks running rank.py on ``job_file``; fails loudly."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-               "-m", "workloads.gnn_multi_gpu.rank", str(job_file)]
+def launch(world: int, job_file: Path, timeout_s: float | None = None) -> None:
+    """torchrun with ``world`` local ranks running rank.py on ``job_file``; fails loudly, and
+    past ``timeout_s`` ends torchrun and every rank (one process group) rather than hang."""
+    command = torchrun_command(world, job_file)
     # OMP_NUM_THREADS only quiets torchrun's notice; each rank sets its torch threads itself.
     environment = os.environ | NVLS_OFF | {"PYTHONPATH": _python_path(), "OMP_NUM_THREADS": "1"}
-    finished = subprocess.run(command, env=environment)
-    if finished.returncode != 0:
-        raise UserError(f"torchrun with {world} ranks exited with status {finished.returncode} (rank output above)")
+    process = subprocess.Popen(command, env=environment, start_new_session=True)
+    try:
+        status = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise UserError(f"torchrun with {world} ranks ran past {timeout_s} s and was ended") from None
+    except BaseException:  # Ctrl-C: take the ranks down too
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    if status != 0:
+        raise UserError(f"torchrun with {world} ranks exited with status {status} (rank output above)")
+
+
+def torchrun_command(world: int, job_file: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+            "-m", "workloads.gnn_multi_gpu.rank", str(job_file)]
 
 
 def _python_path() -> str:

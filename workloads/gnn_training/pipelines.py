@@ -34,6 +34,7 @@ import torch
 
 from systems.pytorch_direct.ops import launch_gather
 from systems.sampling.sampler import NeighborSampler
+from workloads.graphs.shared import shared_anonymous_copy
 
 PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "uva_sampling", "all_in_gpu")
 GPU_PIPELINES = PIPELINES[1:]
@@ -68,9 +69,10 @@ class Graph:
     def __init__(self, arrays: dict, device: str, features: torch.Tensor | None = None):
         self.indptr = torch.from_numpy(arrays["indptr"])
         self.indices = torch.from_numpy(arrays["indices"])
-        # The table is pinned in place for zero-copy: anonymous memory, not the copy-on-write
-        # file mapping; or a table the caller shares between processes (workloads.graphs.shared).
-        self.features = torch.from_numpy(arrays["features"]).clone() if features is None else features
+        # The table is pinned in place for zero-copy: shared anonymous memory, not the
+        # copy-on-write file mapping, nor private memory (a fork copies pinned private pages into
+        # each sampling worker); or a table the caller shares between processes.
+        self.features = shared_anonymous_copy(arrays["features"]) if features is None else features
         self.labels = torch.from_numpy(arrays["labels"])
         self.train_idx = torch.from_numpy(arrays["train_idx"])
         self.val_idx = torch.from_numpy(arrays["val_idx"])
@@ -89,9 +91,10 @@ class Graph:
             self.indptr, self.indices = self.indptr.pin_memory(), self.indices.pin_memory()
         return self.indptr, self.indices
 
-    def gpu_copy(self):
+    def gpu_features(self) -> torch.Tensor:
+        """The feature table in GPU memory (the all-in-GPU sampler keeps its own copy of the CSR)."""
         if self._gpu is None:
-            self._gpu = (self.indptr.cuda(), self.indices.cuda(), self.features.cuda())
+            self._gpu = self.features.cuda()
         return self._gpu
 
     def close(self) -> None:
@@ -171,10 +174,10 @@ class Pipeline:
                              f"{shard[1]} ranks x {batch_size}; use a smaller batch or fewer ranks")
         self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
         self.device = torch.device(graph.device)
-        self.labels = graph.labels.to(self.device)
         place = {"uva_sampling": "uva", "all_in_gpu": "cuda"}.get(name, "cpu")
         csr = graph.pinned_csr() if place == "uva" else (graph.indptr, graph.indices)
         self.sampler = NeighborSampler(*csr, fanouts, place=place, seed=seed)
+        self.labels = graph.labels.to(self.sampler.device)  # indexed where the sampler puts the ids
         if sampler_workers < 0:
             raise ValueError(f"sampler_workers must be >= 0, got {sampler_workers}")
         if name in ("zero_copy", "zero_copy_overlap", "uva_sampling"):
@@ -190,7 +193,7 @@ class Pipeline:
             self._loader = torch.utils.data.DataLoader(
                 self.training_batches, sampler=self._keys, batch_size=None, collate_fn=_as_is,
                 num_workers=self.sampler_workers, prefetch_factor=4, persistent_workers=True,
-                timeout=WORKER_TIMEOUT_S)
+                timeout=WORKER_TIMEOUT_S, multiprocessing_context="fork")  # fork: the CSR is not pickled
 
     def close(self) -> None:
         """Stop the sampling workers."""
@@ -224,7 +227,7 @@ class Pipeline:
                                       pin_memory=self.device.type == "cuda")
                 x = torch.index_select(features, 0, sub.n_id, out=staging).to(self.device, non_blocking=True)
             elif self.name == "all_in_gpu":
-                x = self.graph.gpu_copy()[2].index_select(0, sub.n_id)
+                x = self.graph.gpu_features().index_select(0, sub.n_id)
             elif self.name == "uva_sampling":
                 x = self.table[sub.n_id]  # ids already on the GPU; the op checks their range
             else:
@@ -236,9 +239,18 @@ class Pipeline:
                 x = torch.empty((n_id.numel(), features.shape[1]), dtype=features.dtype, device=self.device)
                 cap = OVERLAP_GATHER_THREADS if self.side_stream is not None else 0
                 launch_gather(features, n_id, x, kernel="vectorized", max_threads=cap, check=False)
-            edge_index = sub.edge_index.to(self.device, non_blocking=True)
-            y = self.labels[sub.n_id[: sub.batch_size].to(self.device)]
+            edge_index = self._to_device(sub.edge_index)
+            y = self._to_device(self.labels[sub.n_id[: sub.batch_size]])
         return Minibatch(x, edge_index, y, sub.batch_size, sub.n_id.numel() * row_bytes)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy on the training device that does not block: CPU tensors go through pinned memory
+        (a copy from pageable memory would wait for the stream, stalling the overlap)."""
+        if t.device == self.device:
+            return t
+        if t.device.type == "cpu":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device, non_blocking=True)
 
     def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
         """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
@@ -304,7 +316,7 @@ class Pipeline:
                 yield self._used_on_current_stream(batch)
         finally:
             stop.set()
-            producer.join()
+            producer.join(timeout=WORKER_TIMEOUT_S)  # it checks `stop` between batches
 
     @staticmethod
     def _used_on_current_stream(batch: Minibatch) -> Minibatch:

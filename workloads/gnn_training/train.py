@@ -35,15 +35,19 @@ def train_epoch(model, optimizer, pipeline: Pipeline, epoch: int, clock: PhaseCl
     model.train()
     pipeline.clock = clock
     losses, gathered = [], 0
-    for batch in pipeline.batches(epoch):
-        with clock.phase("train") if clock is not None else nullcontext():
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(batch.x, batch.edge_index)[: batch.batch_size], batch.y)
-            loss.backward()
-            optimizer.step()
-        losses.append(loss.detach())
-        gathered += batch.feature_bytes
-    pipeline.clock = None
+    batches = pipeline.batches(epoch)
+    try:
+        for batch in batches:
+            with clock.phase("train") if clock is not None else nullcontext():
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(batch.x, batch.edge_index)[: batch.batch_size], batch.y)
+                loss.backward()
+                optimizer.step()
+            losses.append(loss.detach())
+            gathered += batch.feature_bytes
+    finally:
+        batches.close()  # on an error too: stops a prefetch thread at once
+        pipeline.clock = None
     return [float(loss) for loss in losses], gathered
 
 

@@ -9,6 +9,7 @@ CUDA once for zero-copy reads. No rank holds a copy of its own.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ import torch
 from harness.errors import UserError
 
 SHARED_MEMORY = Path("/dev/shm")
+SHARED_MEMORY_HEADROOM = 2 << 30  # DataLoader workers hand their batches over through /dev/shm too
 
 
 @contextmanager
@@ -32,9 +34,10 @@ def shared_table(array: np.ndarray, name: str, directory: Path = SHARED_MEMORY) 
         raise UserError(f"{directory} does not exist: sharing a feature table between processes needs Linux "
                         "shared memory")
     free = shutil.disk_usage(directory).free
-    if array.nbytes > free:
-        raise UserError(f"the feature table ({array.nbytes / 2**30:.1f} GiB) does not fit in {directory} "
-                        f"({free / 2**30:.1f} GiB free); free space there or use a smaller scale")
+    if array.nbytes + SHARED_MEMORY_HEADROOM > free:
+        raise UserError(f"the feature table ({array.nbytes / 2**30:.1f} GiB) and {SHARED_MEMORY_HEADROOM >> 30} GiB "
+                        f"for the sampling workers' batches do not fit in {directory} ({free / 2**30:.1f} GiB free); "
+                        "free space there or use a smaller scale")
     path = directory / f"suite-{name}-{os.getpid()}.table"
     try:
         table = np.memmap(path, dtype=array.dtype, mode="w+", shape=array.shape)
@@ -46,6 +49,21 @@ def shared_table(array: np.ndarray, name: str, directory: Path = SHARED_MEMORY) 
         yield {"path": str(path), "dtype": str(array.dtype), "shape": list(array.shape)}
     finally:
         path.unlink(missing_ok=True)
+
+
+def shared_anonymous_copy(array: np.ndarray) -> torch.Tensor:
+    """A copy of ``array`` in shared anonymous memory (``MAP_SHARED``), for one process's table.
+
+    Why not private memory (``clone()``): once CUDA pins private pages, every fork (each sampling
+    worker) gets its own physical copy of them, 8 workers x a 14 GiB table; shared pages are
+    never copied at fork.
+    """
+    buffer = mmap.mmap(-1, max(array.nbytes, 1))  # anonymous, MAP_SHARED
+    table = np.frombuffer(buffer, dtype=array.dtype, count=array.size).reshape(array.shape)
+    rows_per_step = max(1, (256 << 20) // max(1, array.strides[0] if array.ndim else 1))
+    for start in range(0, array.shape[0], rows_per_step):
+        table[start:start + rows_per_step] = array[start:start + rows_per_step]
+    return torch.from_numpy(table)  # the array keeps the mapping alive
 
 
 def map_table(description: dict | str) -> torch.Tensor:
