@@ -24,7 +24,7 @@ from harness import resources
 from harness.progress import report
 from workloads.gnn_multi_gpu import NVLS_OFF
 from workloads.gnn_training.models import build
-from workloads.gnn_training.pipelines import Graph, Pipeline, training_threads
+from workloads.gnn_training.pipelines import Graph, Pipeline, training_threads, workers_of
 from workloads.gnn_training.train import SYSTEM, accuracy, train_epoch
 from workloads.graphs import store
 from workloads.graphs.shared import map_table
@@ -63,7 +63,7 @@ def train_all(job: dict, rank: int, world: int, local_world: int) -> list[dict]:
 
 def train_one(job: dict, graph: Graph, model_spec: dict, name: str, rank: int, world: int, threads: int) -> list[dict]:
     cuda = job["device"] == "cuda"
-    workers = job["sampler_workers"] if name in ("cpu_gather", "zero_copy", "zero_copy_overlap") else 0
+    workers = workers_of(name, job["sampler_workers"])
     config = {"device": job["device"], "backend": "nccl" if cuda else "gloo", "world_size": world,
               "model": model_spec["name"], "layers": model_spec["layers"],
               "fanouts": "-".join(map(str, model_spec["fanouts"])), "batch_size": job["batch_size"],

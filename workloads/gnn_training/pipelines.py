@@ -43,6 +43,14 @@ OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while train
 PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
 
 
+SAMPLING_PLACE = {"uva_sampling": "uva", "all_in_gpu": "cuda"}  # where each pipeline samples; else "cpu"
+
+
+def workers_of(pipeline: str, sampler_workers: int) -> int:
+    """The sampling workers ``pipeline`` uses: GPU sampling stays in the training process."""
+    return sampler_workers if SAMPLING_PLACE.get(pipeline, "cpu") == "cpu" else 0
+
+
 def training_threads(sampler_workers: int, processes: int = 1) -> int:
     """torch's threads in a training process: its share of the cores (``processes`` training
     processes on this machine) less its sampling workers.
@@ -174,7 +182,7 @@ class Pipeline:
                              f"{shard[1]} ranks x {batch_size}; use a smaller batch or fewer ranks")
         self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
         self.device = torch.device(graph.device)
-        place = {"uva_sampling": "uva", "all_in_gpu": "cuda"}.get(name, "cpu")
+        place = SAMPLING_PLACE.get(name, "cpu")
         csr = graph.pinned_csr() if place == "uva" else (graph.indptr, graph.indices)
         self.sampler = NeighborSampler(*csr, fanouts, place=place, seed=seed)
         self.labels = graph.labels.to(self.sampler.device)  # indexed where the sampler puts the ids
@@ -184,9 +192,9 @@ class Pipeline:
             self.table = graph.unified_features()
         self.side_stream = torch.cuda.Stream() if name == "zero_copy_overlap" else None
         self.training_batches = _TrainingBatches(self.sampler, graph.train_idx, batch_size, seed, shard)
-        # GPU sampling stays in this process; CPU sampling may use worker processes, kept for
-        # the whole run (persistent), so an epoch does not pay for starting them.
-        self.sampler_workers = sampler_workers if place == "cpu" else 0
+        # Worker processes, kept for the whole run (persistent), so an epoch does not pay for
+        # starting them.
+        self.sampler_workers = workers_of(name, sampler_workers)
         self._keys = _EpochKeys()
         self._loader = None
         if self.sampler_workers:

@@ -20,7 +20,7 @@ from harness.progress import progress, report
 from harness.timing import PhaseClock, wall_clock
 from workloads.gnn_training import DATASET_OF
 from workloads.gnn_training.models import build
-from workloads.gnn_training.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline, training_threads
+from workloads.gnn_training.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline, training_threads, workers_of
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
 from workloads.graphs.published import import_published
@@ -102,7 +102,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         config = {"device": device, "model": model_spec["name"], "layers": model_spec["layers"],
                   "fanouts": "-".join(map(str, fanouts)), "batch_size": shared["batch_size"],
                   "hidden": shared["hidden"], "nodes": spec.nodes, "edges": spec.edges, "feature_dim": spec.feature_dim,
-                  "sampler_workers": shared["sampler_workers"] if name in ("cpu_gather", "zero_copy", "zero_copy_overlap") else 0,
+                  "sampler_workers": workers_of(name, shared["sampler_workers"]),
                   "train_threads": threads}
 
         def add(metric, value, unit, repetition=0, **extra):
