@@ -54,11 +54,19 @@ def _memory_bytes() -> int:
     return 0
 
 
-@functools.lru_cache(maxsize=1)
+def _gpus_hidden() -> bool:
+    """SUITE_HIDE_GPU=1 lets tests exercise the no-GPU paths anywhere. It is read on every call,
+    never cached, so hiding the GPU in one test cannot hide it from the tests after it."""
+    return os.environ.get("SUITE_HIDE_GPU") == "1"
+
+
 def nvidia_gpus() -> tuple[GpuInfo, ...]:
     """GPUs as nvidia-smi reports them; empty when there is no NVIDIA driver."""
-    if os.environ.get("SUITE_HIDE_GPU") == "1":  # lets tests exercise the no-GPU paths anywhere
-        return ()
+    return () if _gpus_hidden() else _nvidia_smi_gpus()
+
+
+@functools.lru_cache(maxsize=1)
+def _nvidia_smi_gpus() -> tuple[GpuInfo, ...]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return ()
@@ -76,14 +84,18 @@ def nvidia_gpus() -> tuple[GpuInfo, ...]:
     return tuple(gpus)
 
 
-@functools.lru_cache(maxsize=1)
 def has_gpu() -> bool:
     """A GPU that this Python can use: the driver sees one and torch was built for CUDA.
 
     The driver is asked first (cheap; no torch import on machines without NVIDIA GPUs), so the
     workflow and the measuring jobs agree: an NVIDIA box with the CPU build of torch has no GPU
     as far as the suite is concerned."""
-    if not nvidia_gpus():
+    return not _gpus_hidden() and _torch_sees_a_gpu()
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_sees_a_gpu() -> bool:
+    if not _nvidia_smi_gpus():
         return False
     try:
         import torch
@@ -105,6 +117,6 @@ def describe() -> MachineInfo:
 
 
 def forget() -> None:
-    """Drop the cached answers (tests change SUITE_HIDE_GPU)."""
-    nvidia_gpus.cache_clear()
-    has_gpu.cache_clear()
+    """Drop the cached answers, so the next call asks the driver again."""
+    _nvidia_smi_gpus.cache_clear()
+    _torch_sees_a_gpu.cache_clear()

@@ -1,6 +1,6 @@
 """Provenance records say which code, machine, software, date and scale produced a number."""
 
-from harness import provenance
+from harness import machine, provenance
 
 
 def test_record_has_every_field_a_reader_needs():
@@ -23,3 +23,12 @@ def test_commit_comes_from_the_environment_without_git_history(monkeypatch):
                      "source": "environment (copy of a working tree without git history)"}
     monkeypatch.delenv("SUITE_GIT_COMMIT")
     assert provenance.git_state()["commit"] == "unknown"
+
+
+def test_hiding_the_gpu_in_one_test_does_not_hide_it_from_the_next(monkeypatch):
+    fake = (machine.GpuInfo(name="Fake GPU", memory_mib=1024, driver="1.0", pcie="gen5 x16"),)
+    monkeypatch.setattr(machine, "_nvidia_smi_gpus", lambda: fake)
+    with monkeypatch.context() as hidden:
+        hidden.setenv("SUITE_HIDE_GPU", "1")
+        assert machine.nvidia_gpus() == () and not machine.has_gpu()
+    assert machine.nvidia_gpus() == fake
