@@ -35,16 +35,19 @@ def _git(*args: str) -> str | None:
 
 
 def git_state() -> dict:
-    commit = _git("rev-parse", "HEAD")
-    if commit is not None:
-        status = _git("status", "--porcelain", "--untracked-files=no")
-        return {"commit": commit, "dirty": bool(status), "source": "git"}
+    """The commit measured. SUITE_GIT_COMMIT, when set, wins over git: whoever copied the tree to
+    the measuring machine knows what they sent, while a .git copied along with it can be stale
+    (the H200 copies carried the session's first commit, whatever was sent later)."""
     if "SUITE_GIT_COMMIT" in os.environ:
         return {
             "commit": os.environ["SUITE_GIT_COMMIT"],
             "dirty": os.environ.get("SUITE_GIT_DIRTY", "unknown") == "1",
-            "source": "environment (copy of a working tree without git history)",
+            "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)",
         }
+    commit = _git("rev-parse", "HEAD")
+    if commit is not None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": commit, "dirty": bool(status), "source": "git"}
     return {"commit": "unknown", "dirty": None, "source": "unavailable"}
 
 

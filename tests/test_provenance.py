@@ -14,14 +14,16 @@ def test_record_has_every_field_a_reader_needs():
     assert record["cuda"]["available"] in (True, False)
 
 
-def test_commit_comes_from_the_environment_without_git_history(monkeypatch):
-    monkeypatch.setattr(provenance, "_git", lambda *args: None)
+def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch):
+    monkeypatch.setattr(provenance, "_git", lambda *args: "feedbeef" * 5 if args[0] == "rev-parse" else " M x.py")
     monkeypatch.setenv("SUITE_GIT_COMMIT", "0123abcd" * 5)
     monkeypatch.setenv("SUITE_GIT_DIRTY", "1")
     state = provenance.git_state()
     assert state == {"commit": "0123abcd" * 5, "dirty": True,
-                     "source": "environment (copy of a working tree without git history)"}
+                     "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)"}
     monkeypatch.delenv("SUITE_GIT_COMMIT")
+    assert provenance.git_state() == {"commit": "feedbeef" * 5, "dirty": True, "source": "git"}
+    monkeypatch.setattr(provenance, "_git", lambda *args: None)
     assert provenance.git_state()["commit"] == "unknown"
 
 
