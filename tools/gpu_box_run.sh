@@ -7,9 +7,9 @@
 #
 # Writes OUT_DIR/pytest.log, OUT_DIR/run.log and OUT_DIR/results-MACHINE.tgz (results/MACHINE/,
 # re-packed after every part, so what finished comes back even if a later part is cut short).
-# Set SUITE_GIT_COMMIT / SUITE_GIT_DIRTY when the tree was copied (they win over a copied .git, which
-# can be stale), and
-# SUITE_SKIP_TESTS=1 to measure only, SUITE_PARTS="a b" to measure only those parts.
+# Set SUITE_GIT_COMMIT / SUITE_GIT_DIRTY to the commit you copied to the machine: they win over a
+# .git copied along, which can be stale. SUITE_SKIP_TESTS=1 measures only; SUITE_PARTS="a b"
+# measures only those parts.
 set -uo pipefail
 machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}; shift 3
 mkdir -p "$out"
