@@ -1,8 +1,8 @@
 """Provenance of a measurement run: which code, which machine, which software, when, what scale.
 
 Written as a JSON record next to every results file. On a machine that received a copy of the
-working tree without its git history (a lent GPU box), the caller passes the commit in through
-SUITE_GIT_COMMIT / SUITE_GIT_DIRTY.
+working tree (a lent GPU box), the caller passes the commit in through SUITE_GIT_COMMIT /
+SUITE_GIT_DIRTY.
 """
 
 from __future__ import annotations
