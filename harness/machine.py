@@ -43,15 +43,25 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _memory_bytes() -> int:
+def _meminfo_bytes(field: str) -> int:
+    """A field of /proc/meminfo in bytes; 0 where there is none (not Linux)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def _memory_bytes() -> int:
+    return _meminfo_bytes("MemTotal")
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the kernel could hand out now without swapping (MemAvailable); None if unknown."""
+    return _meminfo_bytes("MemAvailable") or None
 
 
 def _gpus_hidden() -> bool:

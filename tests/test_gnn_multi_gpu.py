@@ -77,6 +77,19 @@ def test_a_table_larger_than_shared_memory_is_refused(tmp_path, monkeypatch):
             pass
 
 
+def test_a_table_larger_than_free_memory_is_refused_before_it_is_copied(tmp_path, monkeypatch):
+    array = np.random.default_rng(2).standard_normal((100, 4)).astype(np.float32)  # 1,600 bytes
+    monkeypatch.setattr(shared.machine, "available_memory_bytes", lambda: shared.MEMORY_HEADROOM + 1_000)
+    with pytest.raises(UserError, match=r"too large to hold and pin .*smaller scale_factor"):
+        shared.shared_anonymous_copy(array)
+    with pytest.raises(UserError, match="too large to hold and pin"):
+        with shared.shared_table(array, "t", directory=tmp_path):
+            pass
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+    monkeypatch.setattr(shared.machine, "available_memory_bytes", lambda: shared.MEMORY_HEADROOM + 2_000)
+    assert torch.equal(shared.shared_anonymous_copy(array), torch.from_numpy(array))
+
+
 def _one_process_reference(steps_wanted: int, world: int):
     """One process, the same global batches: each rank's shard in turn, gradients accumulated."""
     spec, _, folder = cached_graph("products", SHARED, 0)

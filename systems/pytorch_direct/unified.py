@@ -56,7 +56,9 @@ class UnifiedTensor:
             raise ValueError("the tensor's memory is already page-locked (pin_memory() or another UnifiedTensor)")
         error = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, CUDA_HOST_REGISTER_PORTABLE_MAPPED)
         if int(error) != 0:
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(error)}")
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes ({nbytes / 2**30:.2f} GiB) failed with CUDA error "
+                               f"{int(error)}; error 2 (out of memory) means the host cannot page-lock that much: "
+                               "pin a smaller table")
         resources.note_registered_pinned(nbytes)
         self.tensor = tensor
         self.nbytes = nbytes

@@ -19,16 +19,32 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from harness import machine
 from harness.errors import UserError
 
 SHARED_MEMORY = Path("/dev/shm")
 SHARED_MEMORY_HEADROOM = 2 << 30  # DataLoader workers hand their batches over through /dev/shm too
+MEMORY_HEADROOM = 2 << 30  # for the training processes, the sampling workers and their batches
+
+
+def check_table_fits_in_memory(nbytes: int) -> None:
+    """Refuse, with the numbers, a feature table the host cannot hold in RAM.
+
+    The table is pinned for zero-copy reads, and pinned pages cannot be swapped out: one larger
+    than the free memory would end in an out-of-memory kill or a failed registration halfway
+    through a run, not in an error that says why."""
+    available = machine.available_memory_bytes()
+    if available is not None and nbytes + MEMORY_HEADROOM > available:
+        raise UserError(f"the feature table ({nbytes / 2**30:.1f} GiB) is too large to hold and pin in this host's "
+                        f"memory ({available / 2**30:.1f} GiB available, {MEMORY_HEADROOM >> 30} GiB of it kept for "
+                        "the training and sampling processes); use a smaller scale_factor")
 
 
 @contextmanager
 def shared_table(array: np.ndarray, name: str, directory: Path = SHARED_MEMORY) -> Iterator[dict]:
     """Copy ``array`` into shared memory for the duration of the block; yields the description
     that :func:`map_table` takes (path, dtype, shape), as a JSON-able dict."""
+    check_table_fits_in_memory(array.nbytes)
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"{directory} does not exist: sharing a feature table between processes needs Linux "
@@ -58,6 +74,7 @@ def shared_anonymous_copy(array: np.ndarray) -> torch.Tensor:
     worker) gets its own physical copy of them, 8 workers x a 14 GiB table; shared pages are
     never copied at fork.
     """
+    check_table_fits_in_memory(array.nbytes)
     buffer = mmap.mmap(-1, max(array.nbytes, 1))  # anonymous, MAP_SHARED
     table = np.frombuffer(buffer, dtype=array.dtype, count=array.size).reshape(array.shape)
     rows_per_step = max(1, (256 << 20) // max(1, array.strides[0] if array.ndim else 1))
