@@ -94,6 +94,9 @@ for i, (dataset, model, layers, fanouts) in enumerate(runs):
     ax_eff.set(xlabel="ranks", ylabel="T(1) / (N T(N))", title="Scaling efficiency", ylim=(0, 1.2))
     ax_bw.set(xlabel="ranks", ylabel="GB/s per rank", title="Feature bytes per rank per second")
     worlds = sorted(set(sel(epoch).world_size))
+    if len(worlds) == 1:  # a one-GPU machine: the point is the baseline that others scale from
+        ax_eff.text(0.5, 0.25, "one world size measured on this machine:\nno scaling to show",
+                    ha="center", va="center", transform=ax_eff.transAxes, fontsize=8, color="grey")
     for ax in (ax_time, ax_eff, ax_bw):
         ax.set_xscale("log", base=2)
         ax.set_xticks(worlds, [str(w) for w in worlds])
