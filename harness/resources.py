@@ -39,6 +39,14 @@ def _live_descendants_seconds(pid: int) -> float:
     return total
 
 
+def descendant_pids(pid: int) -> list[int]:
+    """Every running descendant of ``pid`` (children, their children, ...), from /proc; [] elsewhere."""
+    found = []
+    for child in _children(pid):
+        found += [child, *descendant_pids(child)]
+    return found
+
+
 def _children(pid: int) -> list[int]:
     children = []
     for task in Path(f"/proc/{pid}/task").glob("*"):

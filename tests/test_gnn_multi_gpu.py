@@ -3,7 +3,11 @@ ranks launched by torchrun training exactly like one process that takes the same
 (gradient accumulation over the same shards); on machines with GPUs, the same with NCCL."""
 
 import os
+import signal
+import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,12 +164,67 @@ def test_gpu_ranks_run_every_pipeline(world, workers):
     assert ranks == {str(r) for r in range(world)}
 
 
-def test_a_run_past_its_time_limit_is_ended_with_an_error(tmp_path, monkeypatch):
+def _gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie waiting for a reaper (init may not reap in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_a_run_past_its_time_limit_is_ended_with_every_session_under_it(tmp_path, monkeypatch):
     from workloads.gnn_multi_gpu import launch
 
-    # A "torchrun" whose rank never finishes: a shell that starts a child and waits on it.
-    monkeypatch.setattr(launch, "torchrun_command", lambda world, job: ["sh", "-c", "sleep 60 & wait"])
+    # A "torchrun" whose rank never finishes and, like torchrun's ranks, runs in a session of its
+    # own, out of reach of one killpg of the launcher's child.
+    pid_file = tmp_path / "rank.pid"
+    monkeypatch.setattr(launch, "torchrun_command",
+                        lambda world, job: ["sh", "-c", f"setsid sleep 60 & echo $! > {pid_file}; wait"])
     started = time.monotonic()
     with pytest.raises(UserError, match="ran past 1 s"):
         launch.launch(2, tmp_path / "job.json", timeout_s=1)
     assert time.monotonic() - started < 10
+    rank = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(rank) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(rank), "the rank in its own session outlived the launcher's timeout"
+
+
+RANK_THAT_HANGS = """
+import os, subprocess, sys, time
+from pathlib import Path
+worker = subprocess.Popen(["sleep", "600"])  # stands in for a sampling worker
+Path(sys.argv[1], os.environ["RANK"]).write_text(f"{os.getpid()} {worker.pid}")
+time.sleep(600)
+"""
+
+
+def test_sigterm_ends_real_torchrun_ranks_and_their_workers(tmp_path, monkeypatch):
+    """A cancelled Snakemake job sends SIGTERM: the launcher must take the ranks down with it."""
+    from workloads.gnn_multi_gpu import launch
+
+    script = tmp_path / "rank_that_hangs.py"
+    script.write_text(RANK_THAT_HANGS)
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    monkeypatch.setattr(launch, "torchrun_command", lambda world, job: [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", str(script),
+        str(pids_dir)])
+
+    def terminate_once_both_ranks_run():
+        deadline = time.monotonic() + 120
+        while len(list(pids_dir.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_once_both_ranks_run, daemon=True).start()
+    with pytest.raises(SystemExit):
+        launch.launch(2, tmp_path / "job.json", timeout_s=180)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the launcher's handler is gone again
+    pids = [int(pid) for f in pids_dir.iterdir() for pid in f.read_text().split()]
+    assert len(pids) == 4
+    deadline = time.monotonic() + 5
+    while not all(map(_gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in pids if not _gone(pid)] == []

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import machine
+from harness import machine, resources
 from harness.errors import UserError
 from harness.progress import report
 from workloads.gnn_multi_gpu import NVLS_OFF
@@ -58,24 +58,49 @@ def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, wa
 
 
 def launch(world: int, job_file: Path, timeout_s: float | None = None) -> None:
-    """torchrun with ``world`` local ranks running rank.py on ``job_file``; fails loudly, and
-    past ``timeout_s`` ends torchrun and every rank (one process group) rather than hang."""
+    """torchrun with ``world`` local ranks running rank.py on ``job_file``; fails loudly. Past
+    ``timeout_s``, on Ctrl-C or on SIGTERM (a cancelled Snakemake job) it ends torchrun, every
+    rank and every sampling worker before raising, so no GPU or shared table is left held."""
     command = torchrun_command(world, job_file)
     # OMP_NUM_THREADS only quiets torchrun's notice; each rank sets its torch threads itself.
     environment = os.environ | NVLS_OFF | {"PYTHONPATH": _python_path(), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, env=environment, start_new_session=True)
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the finally blocks run
     try:
-        status = process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise UserError(f"torchrun with {world} ranks ran past {timeout_s} s and was ended") from None
-    except BaseException:  # Ctrl-C: take the ranks down too
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise
+        process = subprocess.Popen(command, env=environment, start_new_session=True)
+        try:
+            status = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _end_all(process)
+            raise UserError(f"torchrun with {world} ranks ran past {timeout_s} s and was ended") from None
+        except BaseException:
+            _end_all(process)
+            raise
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
     if status != 0:
         raise UserError(f"torchrun with {world} ranks exited with status {status} (rank output above)")
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _end_all(process: subprocess.Popen) -> None:
+    """Kill torchrun and everything under it. One killpg is not enough: torchrun starts each rank
+    in a session of its own, so each rank (with its sampling workers) is its own process group."""
+    groups = {process.pid}
+    for pid in resources.descendant_pids(process.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    groups.discard(os.getpgrp())  # never this launcher's own group
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    process.wait()
 
 
 def torchrun_command(world: int, job_file: Path) -> list[str]:
