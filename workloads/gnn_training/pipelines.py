@@ -189,6 +189,8 @@ class Pipeline:
         if sampler_workers < 0:
             raise ValueError(f"sampler_workers must be >= 0, got {sampler_workers}")
         if name in ("zero_copy", "zero_copy_overlap", "uva_sampling"):
+            # Registers graph.features in place for zero-copy reads. uva_sampling gathers through
+            # it; the zero-copy pipelines launch the gather on graph.features themselves.
             self.table = graph.unified_features()
         self.side_stream = torch.cuda.Stream() if name == "zero_copy_overlap" else None
         self.training_batches = _TrainingBatches(self.sampler, graph.train_idx, batch_size, seed, shard)
@@ -325,6 +327,8 @@ class Pipeline:
         finally:
             stop.set()
             producer.join(timeout=WORKER_TIMEOUT_S)  # it checks `stop` between batches
+            if producer.is_alive():  # it would go on reading the sampler that the next epoch resets
+                raise RuntimeError(f"the prefetch thread did not stop within {WORKER_TIMEOUT_S} s")
 
     @staticmethod
     def _used_on_current_stream(batch: Minibatch) -> Minibatch:
