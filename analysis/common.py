@@ -38,7 +38,8 @@ def machine_label(provenance: list[dict]) -> str:
     m = first["machine"]
     hardware = ", ".join(f"{g['name']} (driver {g['driver']})" for g in m["gpus"]) or "no GPU"
     dates = sorted(p["date_utc"][:10] for p in provenance)
-    commits = sorted({p["git"]["commit"][:8] + ("+dirty" if p["git"]["dirty"] else "") for p in provenance})
+    dirty = {True: "+dirty", False: "", None: "+dirty?"}  # None: the record does not say
+    commits = sorted({p["git"]["commit"][:8] + dirty[p["git"]["dirty"]] for p in provenance})
     return (f"{hardware}; {m['cpu_model']}, {m['usable_cpus']} cores; measured {dates[0]}"
             + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
             + f"; commit {', '.join(commits)}; torch {first['packages'].get('torch', '?')}")

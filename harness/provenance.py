@@ -41,7 +41,7 @@ def git_state() -> dict:
     if "SUITE_GIT_COMMIT" in os.environ:
         return {
             "commit": os.environ["SUITE_GIT_COMMIT"],
-            "dirty": os.environ.get("SUITE_GIT_DIRTY", "unknown") == "1",
+            "dirty": {"1": True, "0": False}.get(os.environ.get("SUITE_GIT_DIRTY", ""), None),  # None: not said
             "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)",
         }
     commit = _git("rev-parse", "HEAD")
