@@ -34,6 +34,11 @@ epoch = summarize(frame, "epoch_time", KEYS)
 cpu = summarize(frame, "cpu_time", KEYS)
 phases = summarize(frame, "phase_time", KEYS + ["phase"])
 acc = summarize(frame, "accuracy", KEYS)
+# Tables and panels below are per dataset name: one graph size per name, or they would mix sizes.
+sizes = epoch.groupby("dataset")[["nodes", "edges"]].nunique()
+if (sizes > 1).any(axis=None):
+    raise ValueError(f"results of one dataset at several graph sizes: {list(sizes[(sizes > 1).any(axis=1)].index)}; "
+                     "render them from separate results folders")
 print(machine_label(provenance))
 
 # %% [markdown]
