@@ -18,7 +18,7 @@ from harness import provenance
 from harness.errors import UserError
 from harness.results import ResultsWriter, load
 from workloads.gnn_multi_gpu import NVLS_OFF, parts_for
-from workloads.gnn_multi_gpu.launch import run_world
+from workloads.gnn_multi_gpu.launch import NOT_DATA_PARALLEL, run_world
 from workloads.gnn_multi_gpu.schema import SCHEMA
 from workloads.gnn_training.models import build
 from workloads.gnn_training.pipelines import Graph, Pipeline, epoch_seeds
@@ -120,7 +120,7 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batches(tmp_pa
     weights = tmp_path / "weights.pt"
     notes = run_world(2, {}, writer, shared=SHARED, repeat=1, warmup=0, device="cpu", timeout_s=300,
                       job_overrides={"dropout": 0.0, "save_weights": str(weights)})
-    assert notes["skipped_pipelines"].keys() == {"zero_copy", "zero_copy_overlap", "all_in_gpu"}
+    assert notes["skipped_pipelines"].keys() == {"zero_copy", "zero_copy_overlap", "all_in_gpu", "uva_sampling"}
     rows = [r for r in writer.rows if r["metric"] == "loss"]
     distributed = [r["value"] for r in sorted(rows, key=lambda r: r["repetition"])]
     expected, expected_weights = _one_process_reference(len(distributed), world=2)
@@ -133,6 +133,22 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batches(tmp_pa
     out = tmp_path / "world2-tiny.csv"
     writer.write(out, provenance.collect("tiny", topic="gnn_multi_gpu", part="world2"))
     assert set(load([out], SCHEMA).metric) == {"loss", "epoch_time", "cpu_time", "accuracy"}
+
+
+def test_gpu_pipelines_and_the_reasons_for_those_left_out(monkeypatch):
+    from harness import machine
+    from workloads.gnn_multi_gpu import launch
+
+    gpu = machine.GpuInfo(name="GPU", memory_mib=10 * 1024, driver="1", pcie="gen5 x16")
+    monkeypatch.setattr(launch.machine, "nvidia_gpus", lambda: (gpu, gpu))
+    run, skipped = launch._pipelines("cuda", table_bytes=2 << 30)
+    assert run == list(launch.PIPELINES) and skipped == NOT_DATA_PARALLEL
+    run, skipped = launch._pipelines("cuda", table_bytes=9 << 30)  # no replica in 80% of 10 GiB
+    assert "all_in_gpu" not in run and "does not fit" in skipped["all_in_gpu"]
+    assert skipped.keys() == {"all_in_gpu"} | NOT_DATA_PARALLEL.keys()
+    # Every single-GPU pipeline is either run or skipped with a reason, never dropped silently.
+    from workloads.gnn_training.pipelines import PIPELINES as SINGLE_GPU
+    assert set(SINGLE_GPU) <= set(run) | skipped.keys()
 
 
 def test_cpu_machines_run_one_and_two_processes(monkeypatch):
@@ -151,7 +167,7 @@ def test_gpu_ranks_run_every_pipeline(world, workers):
     writer = ResultsWriter(SCHEMA, scale="tiny")
     notes = run_world(world, {}, writer, shared=SHARED | {"sampler_workers": workers}, repeat=1, warmup=0,
                       device="cuda", timeout_s=300)
-    assert notes["skipped_pipelines"] == {}
+    assert notes["skipped_pipelines"] == NOT_DATA_PARALLEL
     variants = {r["variant"] for r in writer.rows}
     assert variants == {"cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu"}
     losses = {}

@@ -113,13 +113,17 @@ def _python_path() -> str:
     return os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
+# Single-GPU pipelines that the data-parallel comparison leaves out, and why.
+NOT_DATA_PARALLEL = {"uva_sampling": "single-GPU only here: every rank would pin a private copy of the CSR"}
+
+
 def _pipelines(device: str, table_bytes: int) -> tuple[list[str], dict]:
     if device != "cuda":
-        return ["cpu_gather"], {p: "no GPU on this machine" for p in PIPELINES if p in GPU_PIPELINES}
+        return ["cpu_gather"], {p: "no GPU on this machine" for p in PIPELINES if p in GPU_PIPELINES} | NOT_DATA_PARALLEL
     # From nvidia-smi, so the launcher itself never opens a CUDA context on the ranks' GPUs.
     smallest = min(gpu.memory_mib for gpu in machine.nvidia_gpus()) * 2**20
     if table_bytes > REPLICA_HEADROOM * smallest:
         return [p for p in PIPELINES if p != "all_in_gpu"], {
             "all_in_gpu": f"a {table_bytes / 2**30:.1f} GiB replica per GPU does not fit in "
-                          f"{REPLICA_HEADROOM:.0%} of {smallest / 2**30:.0f} GiB"}
-    return list(PIPELINES), {}
+                          f"{REPLICA_HEADROOM:.0%} of {smallest / 2**30:.0f} GiB"} | NOT_DATA_PARALLEL
+    return list(PIPELINES), dict(NOT_DATA_PARALLEL)
