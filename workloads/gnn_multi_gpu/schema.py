@@ -3,9 +3,10 @@
 ``dataset`` names the graph; ``system``/``variant`` as in gnn_training (variant = pipeline).
 Metrics: ``epoch_time`` per timed epoch (barrier to barrier, so the slowest rank's),
 ``cpu_time`` per epoch summed over the ranks and their sampling workers, ``bandwidth`` of
-feature rows one rank moved per second of epoch (``rank`` names the rank), ``loss`` per step of
-the first epoch (mean over the ranks: the global batch's loss), ``accuracy`` on the validation
-nodes (rank 0, after training).
+feature-row payload one rank moved per second of epoch (``rank`` names the rank; payload as in
+gnn_training's ``pcie_bytes``), ``loss`` per step of the first epoch (mean over the ranks: the
+global batch's loss), ``accuracy`` on the validation nodes (rank 0, after the timed epochs: one
+epoch fewer than gnn_training, which also trains an instrumented epoch first).
 """
 
 from harness.results import Schema
