@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from harness import machine, resources
@@ -64,7 +65,9 @@ def launch(world: int, job_file: Path, timeout_s: float | None = None) -> None:
     command = torchrun_command(world, job_file)
     # OMP_NUM_THREADS only quiets torchrun's notice; each rank sets its torch threads itself.
     environment = os.environ | NVLS_OFF | {"PYTHONPATH": _python_path(), "OMP_NUM_THREADS": "1"}
-    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the finally blocks run
+    # SIGTERM raises, so the finally blocks run (only the main thread may set a handler).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:
         process = subprocess.Popen(command, env=environment, start_new_session=True)
         try:
@@ -76,7 +79,8 @@ def launch(world: int, job_file: Path, timeout_s: float | None = None) -> None:
             _end_all(process)
             raise
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
     if status != 0:
         raise UserError(f"torchrun with {world} ranks exited with status {status} (rank output above)")
 
