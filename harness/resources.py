@@ -28,14 +28,13 @@ def cpu_core_seconds(include_children: bool = False) -> float:
 def _live_descendants_seconds(pid: int) -> float:
     """CPU time of the running (not yet reaped) descendants of ``pid``, from /proc; 0 elsewhere."""
     total = 0.0
-    for child in _children(pid):
+    for descendant in descendant_pids(pid):
         try:
-            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{descendant}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # it ended meanwhile: its time is in RUSAGE_CHILDREN once reaped
         # utime, stime, and the times of its own reaped children (fields 14-17 of proc(5)).
         total += sum(int(v) for v in fields[11:15]) / _CLOCK_TICKS
-        total += _live_descendants_seconds(child)
     return total
 
 

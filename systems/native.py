@@ -23,7 +23,6 @@ from pathlib import Path
 from harness.errors import UserError
 
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-Wall", "-Werror")
-_libraries: dict[str, ctypes.CDLL] = {}
 _by_path: dict[Path, ctypes.CDLL] = {}
 
 
@@ -47,10 +46,6 @@ def load_library(source_path: Path) -> ctypes.CDLL:
         raise UserError(f"building {source_path.name} needs a C++ compiler: install g++ or set CXX")
     source = Path(source_path).read_bytes()
     key = hashlib.sha256(b"\0".join([source, *(f.encode() for f in FLAGS), compiler.encode()])).hexdigest()[:16]
-    library = _libraries.get(key)
-    if library is not None:
-        _by_path[Path(source_path)] = library
-        return library
     target = cache_dir() / f"{Path(source_path).stem}-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +54,7 @@ def load_library(source_path: Path) -> ctypes.CDLL:
         if build.returncode != 0:
             raise RuntimeError(f"{compiler} could not build {source_path}:\n{build.stderr}")
         os.replace(partial, target)
-    library = _libraries[key] = _by_path[Path(source_path)] = ctypes.CDLL(str(target))
+    library = _by_path[Path(source_path)] = ctypes.CDLL(str(target))
     return library
 
 

@@ -36,7 +36,6 @@ def test_cpu_kernel_builds_and_loads(source, tmp_path, monkeypatch):
     assert native.kernel_sources(), "no C++ kernels found"
     monkeypatch.setenv("SUITE_NATIVE_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "_by_path", {})
-    monkeypatch.setattr(native, "_libraries", {})
     library = native.load_library(source)
     assert list(tmp_path.glob(f"{source.stem}-*.so")) and library is not None
 

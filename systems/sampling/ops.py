@@ -23,9 +23,9 @@ from systems import native, nvrtc
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "sample.cu"
 CPU_KERNEL_SOURCE = Path(__file__).parent / "kernels" / "sample_cpu.cpp"
-MAX_FANOUT = 64
+MAX_FANOUT = 64  # the kernels keep the chosen positions in a local array of this size
 BAD_CSR = -1  # what the C++ kernels return for a CSR that points out of range
-BAD_CSR_MESSAGE = "the CSR is inconsistent: a row or a neighbour id points outside the graph (corrupt graph file?)"  # the kernel keeps the chosen positions in a local array of this size
+BAD_CSR_MESSAGE = "the CSR is inconsistent: a row or a neighbour id points outside the graph (corrupt graph file?)"
 THREADS_PER_BLOCK = 128
 
 

@@ -57,9 +57,7 @@ def shared_table(array: np.ndarray, name: str, directory: Path = SHARED_MEMORY) 
     path = directory / f"suite-{name}-{os.getpid()}.table"
     try:
         table = np.memmap(path, dtype=array.dtype, mode="w+", shape=array.shape)
-        rows_per_step = max(1, (256 << 20) // max(1, array.strides[0]))
-        for start in range(0, array.shape[0], rows_per_step):
-            table[start:start + rows_per_step] = array[start:start + rows_per_step]
+        _copy_in_steps(array, table)
         table.flush()
         del table
         yield {"path": str(path), "dtype": str(array.dtype), "shape": list(array.shape)}
@@ -77,10 +75,16 @@ def shared_anonymous_copy(array: np.ndarray) -> torch.Tensor:
     check_table_fits_in_memory(array.nbytes)
     buffer = mmap.mmap(-1, max(array.nbytes, 1))  # anonymous, MAP_SHARED
     table = np.frombuffer(buffer, dtype=array.dtype, count=array.size).reshape(array.shape)
-    rows_per_step = max(1, (256 << 20) // max(1, array.strides[0] if array.ndim else 1))
-    for start in range(0, array.shape[0], rows_per_step):
-        table[start:start + rows_per_step] = array[start:start + rows_per_step]
+    _copy_in_steps(array, table)
     return torch.from_numpy(table)  # the array keeps the mapping alive
+
+
+def _copy_in_steps(source: np.ndarray, target: np.ndarray) -> None:
+    """target[:] = source, 256 MiB of rows at a time: the source may be a memory-mapped file, and
+    one copy would first fault all of it in next to the target."""
+    rows_per_step = max(1, (256 << 20) // max(1, source.strides[0] if source.ndim else 1))
+    for start in range(0, source.shape[0], rows_per_step):
+        target[start:start + rows_per_step] = source[start:start + rows_per_step]
 
 
 def map_table(description: dict | str) -> torch.Tensor:
