@@ -6,6 +6,7 @@
 #   snakemake --report report.html figures   an HTML report of every figure with its caption
 #
 # Scale and machine: --config scale=tiny|cpu|h200 machine=NAME (see config/config.yaml).
+# The topics are found under workloads/ (harness/topic.py); each gets a target rule of its name.
 
 from snakemake.utils import min_version
 
@@ -18,14 +19,10 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
+# Validated config, the machine and scale this run measures, the topics and their input functions.
 include: "workflow/rules/common.smk"
-# One rules file per topic: each registers its parts and defines its target rule.
-include: "workflow/rules/ceilings.smk"
-include: "workflow/rules/feature_gather.smk"
-include: "workflow/rules/gnn_training.smk"
-include: "workflow/rules/gnn_multi_gpu.smk"
-# The measuring and rendering jobs shared by every registered topic.
-include: "workflow/rules/measure_and_render.smk"
+# Per topic: measure one part, render one machine's figure, and the topic's target rule.
+include: "workflow/rules/topics.smk"
 
 
 rule reproduce:

@@ -21,31 +21,32 @@ machine = "local"
 scale = "cpu"
 figure = "paper_figs/local/ceilings-cpu.png"
 summary = "paper_figs/local/ceilings-cpu.md"
+results = {}  # topic -> its results files, passed by the workflow
 
 # %%
 from pathlib import Path
 
 
-from analysis.common import errorbars, load_topic, machine_label, panel_grid, summarize
+from analysis.common import errorbars, load_results, machine_label, panel_grid, summarize
 from workloads.ceilings.schema import SCHEMA
 
-frame, provenance = load_topic(machine, "ceilings", scale, SCHEMA)
-systems = set(frame["system"])
+frame, provenance = load_results(results["ceilings"], SCHEMA)
+probes = set(frame["part"])
 GiB, MiB = 1 << 30, 1 << 20
 print(machine_label(provenance))
-print(sorted(systems))
+print(sorted(probes))
 
 # %% [markdown]
 # ## Summary table
 # Median bandwidths (GB/s = 10^9 B/s) and rates for the headline configurations.
 
 # %%
-bw = summarize(frame, "bandwidth", ["system", "variant", "device", "host_memory", "size_bytes", "table_bytes",
+bw = summarize(frame, "bandwidth", ["part", "variant", "device", "host_memory", "size_bytes", "table_bytes",
                                     "granularity_bytes", "block_bytes", "threads"])
 # Zero-copy read panels show driver-allocated pinned memory; the allocation panel compares.
-uva_all = bw[bw.system == "uva_read"]
-bw = bw[(bw.system != "uva_read") | (bw.host_memory == "pinned")]
-rate = summarize(frame, "flop_rate", ["system", "variant", "device", "matrix_dim"])
+uva_all = bw[bw.part == "uva_read"]
+bw = bw[(bw.part != "uva_read") | (bw.host_memory == "pinned")]
+rate = summarize(frame, "flop_rate", ["part", "variant", "device", "matrix_dim"])
 lines = [f"# Ceilings of `{machine}` at scale `{scale}`", "", machine_label(provenance), "",
          "| what | configuration | median | IQR |", "|---|---|---|---|"]
 
@@ -54,22 +55,22 @@ def add_line(what, config, row, unit):
     lines.append(f"| {what} | {config} | {row['median']:.3g} {unit} | {row['q25']:.3g} to {row['q75']:.3g} |")
 
 
-if "pcie_copy" in systems:
-    largest = bw[bw.system == "pcie_copy"].size_bytes.max()
-    for _, r in bw[(bw.system == "pcie_copy") & (bw.size_bytes == largest)].iterrows():
+if "pcie_copy" in probes:
+    largest = bw[bw.part == "pcie_copy"].size_bytes.max()
+    for _, r in bw[(bw.part == "pcie_copy") & (bw.size_bytes == largest)].iterrows():
         add_line(f"PCIe copy {r.variant}", f"{r.host_memory}, {r.size_bytes / MiB:.0f} MiB", r, "GB/s")
-if "uva_read" in systems:
+if "uva_read" in probes:
     for _, r in uva_all.sort_values(["host_memory", "variant", "table_bytes", "granularity_bytes"]).iterrows():
         add_line(f"zero-copy read, {r.variant}, {r.host_memory}",
                  f"{r.granularity_bytes} B rows, {r.table_bytes / GiB:g} GiB table", r, "GB/s")
-if "hbm_copy" in systems:
-    for _, r in bw[bw.system == "hbm_copy"].iterrows():
+if "hbm_copy" in probes:
+    for _, r in bw[bw.part == "hbm_copy"].iterrows():
         add_line("HBM copy (read+write)", f"{r.size_bytes / MiB:.0f} MiB", r, "GB/s")
 for _, r in rate.iterrows():
     add_line(f"matmul {r.variant}", f"{r.device}, n={r.matrix_dim}", r, "TFLOP/s")
-for _, r in bw[bw.system == "disk"].iterrows():
+for _, r in bw[bw.part == "disk"].iterrows():
     add_line(f"disk {r.variant} (O_DIRECT)", f"{r.block_bytes / MiB:g} MiB requests, {r.threads} threads", r, "GB/s")
-for _, r in bw[bw.system == "host_memcpy"].iterrows():
+for _, r in bw[bw.part == "host_memcpy"].iterrows():
     add_line("host memcpy (read+write)", f"{r.size_bytes / MiB:.0f} MiB, {r.threads} threads", r, "GB/s")
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
@@ -79,33 +80,33 @@ print("\n".join(lines))
 # ## Figure
 
 # %%
-allocations = sorted(set(uva_all.host_memory)) if "uva_read" in systems else []
+allocations = sorted(set(uva_all.host_memory)) if "uva_read" in probes else []
 panels = [p for p in ("pcie_copy", "uva_read:random", "uva_read:sorted", "uva_read:contiguous",
                       "uva_alloc", "hbm_copy", "matmul", "disk", "host_memcpy")
-          if p.split(":")[0] in systems or (p == "uva_alloc" and len(allocations) > 1)]
+          if p.split(":")[0] in probes or (p == "uva_alloc" and len(allocations) > 1)]
 fig, axes = panel_grid(len(panels), width=4.6, height=3.8)
 pinned_h2d = None
-if "pcie_copy" in systems:
-    pc = bw[bw.system == "pcie_copy"]
+if "pcie_copy" in probes:
+    pc = bw[bw.part == "pcie_copy"]
     largest = pc.size_bytes.max()
     pinned_h2d = pc[(pc.variant == "h2d") & (pc.host_memory == "pinned") & (pc.size_bytes == largest)]["median"].iloc[0]
 
 for ax, panel in zip(axes, panels):
-    system, _, order = panel.partition(":")
-    if system == "pcie_copy":
+    probe, _, order = panel.partition(":")
+    if probe == "pcie_copy":
         for (variant, memory), d in pc.groupby(["variant", "host_memory"]):
             errorbars(ax, d.assign(mib=d.size_bytes / MiB), "mib", f"{variant}, {memory}",
                       linestyle="-" if memory == "pinned" else ":")
         ax.set(xscale="log", xlabel="transfer size (MiB)", ylabel="GB/s", title="PCIe copies (cudaMemcpy)")
-    elif system == "uva_read":
-        d_all = bw[(bw.system == "uva_read") & (bw.variant == order)]
+    elif probe == "uva_read":
+        d_all = bw[(bw.part == "uva_read") & (bw.variant == order)]
         for g, d in d_all.groupby("granularity_bytes"):
             errorbars(ax, d.assign(gib=d.table_bytes / GiB), "gib", f"{g} B rows")
         if pinned_h2d is not None:
             ax.axhline(pinned_h2d, color="grey", linestyle="--", linewidth=1, label="pinned H2D copy")
         ax.set(xscale="log", xlabel="table size (GiB, pinned host memory)", ylabel="GB/s",
                title=f"GPU zero-copy reads, {order} rows", ylim=(0, None))
-    elif system == "uva_alloc":
+    elif probe == "uva_alloc":
         for (allocation, order), d in uva_all[uva_all.variant.isin(["random", "sorted"])].groupby(["host_memory", "variant"]):
             for g, style in ((512, "-"), (2048, "--")):
                 dg = d[d.granularity_bytes == g]
@@ -115,25 +116,25 @@ for ax, panel in zip(axes, panels):
         ax.set(xscale="log", xlabel="table size (GiB)", ylabel="GB/s", ylim=(0, None),
                title="Zero-copy reads by host allocation\n(solid 512 B random, dashed 2 KiB random, dotted sorted)")
         ax.legend(fontsize=5, ncol=2)
-    elif system == "hbm_copy":
-        d = bw[bw.system == "hbm_copy"]
+    elif probe == "hbm_copy":
+        d = bw[bw.part == "hbm_copy"]
         ax.bar([f"{s / MiB:.0f} MiB" for s in d.size_bytes], d["median"] / 1e3,
                yerr=[(d["median"] - d.q25) / 1e3, (d.q75 - d["median"]) / 1e3], capsize=3)
         ax.set(ylabel="TB/s (bytes read + written)", title="HBM device-to-device copy")
-    elif system == "matmul":
+    elif probe == "matmul":
         ax.bar([f"{r.variant}\n({r.device}, n={r.matrix_dim})" for r in rate.itertuples()], rate["median"],
                yerr=[rate["median"] - rate.q25, rate.q75 - rate["median"]], capsize=3)
         ax.set(ylabel="TFLOP/s", title="Dense matrix multiply (random inputs)")
-    elif system == "disk":
-        d_all = bw[bw.system == "disk"]
+    elif probe == "disk":
+        d_all = bw[bw.part == "disk"]
         for (variant, threads), d in d_all.groupby(["variant", "threads"]):
             errorbars(ax, d.assign(mib=d.block_bytes / MiB), "mib", f"{variant}, {threads} thr",
                       linestyle={"write": "-", "overwrite": "--", "read": ":"}[variant])
         ax.set(xscale="log", xlabel="request size (MiB)", ylabel="GB/s", ylim=(0, None),
                title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)")
         ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
-    elif system == "host_memcpy":
-        d = bw[bw.system == "host_memcpy"].sort_values("threads")
+    elif probe == "host_memcpy":
+        d = bw[bw.part == "host_memcpy"].sort_values("threads")
         ax.bar([str(t) for t in d.threads], d["median"],
                yerr=[d["median"] - d.q25, d.q75 - d["median"]], capsize=3)
         ax.set(xlabel="threads", ylabel="GB/s (bytes read + written)",

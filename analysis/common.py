@@ -1,4 +1,4 @@
-"""Helpers shared by the analysis notebooks: finding results, summarizing repetitions, labelling."""
+"""Helpers shared by the analysis notebooks: loading results, summarizing repetitions, labelling."""
 
 from __future__ import annotations
 
@@ -6,18 +6,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.errors import UserError
 from harness.results import load, load_provenance
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
-
-def results_files(machine: str, topic: str, scale: str) -> list[Path]:
-    return sorted((REPO_ROOT / "results" / machine / topic).glob(f"*-{scale}.csv"))
-
-
-def load_topic(machine: str, topic: str, scale: str, schema) -> tuple[pd.DataFrame, list[dict]]:
-    """All of one machine's results for a topic at a scale, validated, with their provenance."""
-    files = results_files(machine, topic, scale)
+def load_results(files: list[str], schema) -> tuple[pd.DataFrame, list[dict]]:
+    """The results files the workflow passed for one topic (``results[topic]``), validated, with
+    their provenance; a ``part`` column names the file each row came from."""
+    if not files:
+        raise UserError(f"no results files were passed for topic {schema.topic}")
+    files = [Path(f) for f in files]
     frame = load(files, schema)
     frame["part"] = frame["source"].map(lambda s: Path(s).stem.rsplit("-", 1)[0])
     return frame, [load_provenance(f) for f in files]

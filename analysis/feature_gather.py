@@ -21,16 +21,17 @@ machine = "local"
 scale = "cpu"
 figure = "paper_figs/local/feature_gather-cpu.png"
 summary = "paper_figs/local/feature_gather-cpu.md"
+results = {}  # topic -> its results files, passed by the workflow
 
 # %%
 from pathlib import Path
 
 
-from analysis.common import errorbars, load_topic, machine_label, panel_grid, results_files, summarize
+from analysis.common import errorbars, load_results, machine_label, panel_grid, summarize
 from workloads.ceilings.schema import SCHEMA as CEILINGS
 from workloads.feature_gather.schema import SCHEMA
 
-frame, provenance = load_topic(machine, "feature_gather", scale, SCHEMA)
+frame, provenance = load_results(results["feature_gather"], SCHEMA)
 GiB, MiB = 1 << 30, 1 << 20
 CONFIG = list(SCHEMA.config)
 
@@ -46,15 +47,15 @@ parts = set(frame.part)
 print(machine_label(provenance))
 print(sorted(parts))
 
-# The same machine's ceilings at the same scale, where measured.
+# The same machine's ceilings at the same scale, where measured (the workflow passes them).
 ceil = None
-if results_files(machine, "ceilings", scale):
-    ceil_frame, _ = load_topic(machine, "ceilings", scale, CEILINGS)
-    ceil = summarize(ceil_frame, "bandwidth", ["system", "variant", "host_memory", "size_bytes", "table_bytes",
+if results.get("ceilings"):
+    ceil_frame, _ = load_results(results["ceilings"], CEILINGS)
+    ceil = summarize(ceil_frame, "bandwidth", ["part", "variant", "host_memory", "size_bytes", "table_bytes",
                                                "granularity_bytes"])
 pinned_copy = None
-if ceil is not None and (ceil.system == "pcie_copy").any():
-    pc = ceil[(ceil.system == "pcie_copy") & (ceil.variant == "h2d") & (ceil.host_memory == "pinned")]
+if ceil is not None and (ceil.part == "pcie_copy").any():
+    pc = ceil[(ceil.part == "pcie_copy") & (ceil.variant == "h2d") & (ceil.host_memory == "pinned")]
     pinned_copy = pc.sort_values("size_bytes")["median"].iloc[-1]
 
 
@@ -62,7 +63,7 @@ def random_read_ceiling(row_bytes, order="random"):
     """Zero-copy reads of driver-pinned memory at this row size, by table size (ceilings' uva_read)."""
     if ceil is None:
         return None
-    c = ceil[(ceil.system == "uva_read") & (ceil.variant == order) & (ceil.granularity_bytes == row_bytes)
+    c = ceil[(ceil.part == "uva_read") & (ceil.variant == order) & (ceil.granularity_bytes == row_bytes)
              & (ceil.host_memory == "pinned")]
     return None if c.empty else c.sort_values("table_bytes")
 

@@ -22,15 +22,16 @@ machine = "local"
 scale = "cpu"
 figure = "paper_figs/local/gnn_multi_gpu-cpu.png"
 summary = "paper_figs/local/gnn_multi_gpu-cpu.md"
+results = {}  # topic -> its results files, passed by the workflow
 
 # %%
 from pathlib import Path
 
-from analysis.common import errorbars, layout_with_title, load_topic, machine_label, panel_grid, summarize
+from analysis.common import errorbars, layout_with_title, load_results, machine_label, panel_grid, summarize
 from workloads.gnn_multi_gpu.launch import PIPELINES
 from workloads.gnn_multi_gpu.schema import SCHEMA
 
-frame, provenance = load_topic(machine, "gnn_multi_gpu", scale, SCHEMA)
+frame, provenance = load_results(results["gnn_multi_gpu"], SCHEMA)
 KEYS = ["dataset", "model", "layers", "fanouts", "variant", "device", "world_size"]
 epoch = summarize(frame, "epoch_time", KEYS)
 cpu = summarize(frame, "cpu_time", KEYS)

@@ -20,15 +20,16 @@ machine = "local"
 scale = "cpu"
 figure = "paper_figs/local/gnn_training-cpu.png"
 summary = "paper_figs/local/gnn_training-cpu.md"
+results = {}  # topic -> its results files, passed by the workflow
 
 # %%
 from pathlib import Path
 
-from analysis.common import layout_with_title, load_topic, machine_label, panel_grid, summarize
-from workloads.gnn_training.pipelines import PIPELINES
+from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
+from workloads.gnn.pipelines import PIPELINES
 from workloads.gnn_training.schema import SCHEMA
 
-frame, provenance = load_topic(machine, "gnn_training", scale, SCHEMA)
+frame, provenance = load_results(results["gnn_training"], SCHEMA)
 KEYS = ["dataset", "model", "layers", "fanouts", "variant", "nodes", "edges"]
 epoch = summarize(frame, "epoch_time", KEYS)
 cpu = summarize(frame, "cpu_time", KEYS)

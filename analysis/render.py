@@ -1,10 +1,15 @@
 """Execute a text-based (jupytext) analysis notebook headless, with parameters.
 
-    python -m analysis.render analysis/ceilings.py --executed logs/x.ipynb -p machine=h200 -p scale=h200
+    python -m analysis.render analysis/ceilings.py --executed logs/x.ipynb -p machine=h200 -p scale=h200 \
+        --results ceilings=results/h200/ceilings/disk-h200.csv ... --figure F.png --summary F.md
 
 The notebook's cell tagged ``parameters`` holds defaults; the values given here are injected in a
-cell right after it (the papermill convention). The executed notebook, outputs included, is
-saved to ``--executed`` so a failed figure can be debugged cell by cell.
+cell right after it (the papermill convention): each ``-p`` as a string, ``results`` as a dict
+from topic name to the list of results files (the notebook reads exactly these, never globs),
+and ``figure``/``summary`` as the paths to write. The notebook writes to temporary paths beside
+them, which replace the figure and summary only when every cell succeeded: a failed render
+leaves the previous files as they were. The executed notebook, outputs included, is saved to
+``--executed`` so a failed figure can be debugged cell by cell.
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ from pathlib import Path
 from harness.errors import UserError, exit_on_user_error
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _results(text: str) -> tuple[str, str]:
+    topic, sep, path = text.partition("=")
+    if not sep or not topic.isidentifier() or not path:
+        raise argparse.ArgumentTypeError(f"expected TOPIC=FILE, got {text!r}")
+    return topic, path
+
+
+def _temporary(path: Path) -> Path:
+    """A path beside ``path`` (same file system, so the final rename is atomic), same suffix."""
+    return path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
 
 
 def _parameter(text: str) -> tuple[str, str]:
@@ -33,8 +50,17 @@ def main(argv=None) -> None:
     parser.add_argument("--executed", type=Path, required=True, help="where to save the executed .ipynb")
     parser.add_argument("-p", "--parameter", type=_parameter, action="append", default=[],
                         help="NAME=VALUE (a string) injected after the 'parameters' cell")
+    parser.add_argument("--results", type=_results, action="append", default=[],
+                        help="TOPIC=FILE, a results file the notebook reads (repeat for each)")
+    parser.add_argument("--figure", type=Path, required=True, help="the figure to write (PNG)")
+    parser.add_argument("--summary", type=Path, required=True, help="the summary table to write (Markdown)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
     args = parser.parse_args(argv)
+    results: dict[str, list[str]] = {}
+    for topic, path in args.results:
+        results.setdefault(topic, []).append(path)
+    outputs = {"figure": args.figure, "summary": args.summary}
+    temporary = {name: _temporary(path) for name, path in outputs.items()}
 
     import jupytext
     import nbclient
@@ -46,7 +72,9 @@ def main(argv=None) -> None:
     tagged = [i for i, cell in enumerate(nb.cells) if "parameters" in cell.metadata.get("tags", [])]
     if not tagged:
         raise UserError(f"{args.notebook} has no cell tagged 'parameters'")
-    injected = "\n".join(f"{name} = {value!r}" for name, value in args.parameter)
+    injected = "\n".join([f"{name} = {value!r}" for name, value in args.parameter]
+                         + [f"results = {results!r}"]
+                         + [f"{name} = {str(path)!r}" for name, path in temporary.items()])
     nb.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell(
         "# Injected by analysis.render\n" + injected, metadata={"tags": ["injected-parameters"]}))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -59,14 +87,29 @@ def main(argv=None) -> None:
         # The kernel talks to this process over loopback only; its warning about that is noise.
         extra_arguments=["--IPKernelApp.log_level=ERROR"])
     args.executed.parent.mkdir(parents=True, exist_ok=True)
+    for path in outputs.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
     try:
         client.execute()
-    except nbclient.exceptions.CellExecutionError as err:
+    except BaseException as err:
+        for path in temporary.values():
+            path.unlink(missing_ok=True)
         nbformat.write(nb, args.executed)
+        if not isinstance(err, nbclient.exceptions.CellExecutionError):
+            raise
         print(f"error: notebook {args.notebook} failed: {err.ename}: {err.evalue} "
-              f"(executed copy: {args.executed})", file=sys.stderr)
+              f"(executed copy: {args.executed}; {', '.join(map(str, outputs.values()))} left as they were)",
+              file=sys.stderr)
         raise SystemExit(1) from None
     nbformat.write(nb, args.executed)
+    missing = [str(path) for name, path in outputs.items() if not temporary[name].exists()]
+    if missing:
+        for path in temporary.values():
+            path.unlink(missing_ok=True)
+        raise UserError(f"notebook {args.notebook} ran but wrote no {', '.join(missing)} (it must write the "
+                        "paths in its 'figure' and 'summary' parameters)")
+    for name, path in temporary.items():
+        os.replace(path, outputs[name])
 
 
 if __name__ == "__main__":

@@ -1,56 +1,119 @@
-"""The suite's configuration: one YAML file, validated against a JSON schema, with named scales.
+"""The suite's configuration: the machine, the scale and paths in config/config.yaml, and each
+topic's parameters, one block per scale, in config/<topic>.yaml.
 
-Snakemake and every entry point load it through :func:`load`, so a malformed file is refused the
-same way everywhere, with the offending key named.
+Each file is validated against its JSON schema (workflow/schemas/config.schema.yaml and
+workflow/schemas/<topic>.schema.yaml, which may refer to definitions.schema.yaml). Snakemake and
+every entry point load the configuration through :func:`load` or :func:`complete`, so a malformed
+file is refused the same way everywhere, in one line that names the file and the key.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import yaml
 
-from harness.errors import NeedsGpuError, UserError
 from harness import machine
+from harness.errors import NeedsGpuError, UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
-SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMAS = REPO_ROOT / "workflow" / "schemas"
+SCHEMA = SCHEMAS / "config.schema.yaml"
 
 
 class ConfigError(UserError):
     pass
 
 
-def validate(config: dict) -> None:
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _read_yaml(path: Path, what: str = "config file"):
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {_relative(path)} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} {_relative(path)} is not valid YAML: {str(err).splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _registry():
+    """Every schema under workflow/schemas by file name, so one can refer to another's $defs."""
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+
+    return Registry().with_resources(
+        (path.name, Resource.from_contents(yaml.safe_load(path.read_text()), default_specification=DRAFT202012))
+        for path in sorted(SCHEMAS.glob("*.schema.yaml")))
+
+
+def _check(document, schema_path: Path, where: str, key_prefix: str = "") -> None:
+    """Refuse ``document`` in one line naming the first offending key, if it breaks the schema."""
     import jsonschema
 
-    schema = yaml.safe_load(SCHEMA.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    schema = _read_yaml(schema_path, "schema")
+    validator = jsonschema.Draft202012Validator(schema, registry=_registry())
+    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
-        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
-        raise ConfigError(f"config key '{where}': {err.message} (schema: {SCHEMA.relative_to(REPO_ROOT)})")
+        key = "/".join([key_prefix, *map(str, err.absolute_path)] if key_prefix else map(str, err.absolute_path))
+        raise ConfigError(f"{where}key '{key or '(top level)'}': {err.message} (schema: {_relative(schema_path)})")
 
 
-def load(path: Path | str = DEFAULT_CONFIG, overrides: dict | None = None) -> dict:
-    path = Path(path)
-    try:
-        config = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+def validate(config: dict) -> None:
+    """Check the whole configuration: the top level, then each topic's blocks."""
+    from harness.topic import discover
+
+    _check(config, SCHEMA, "config ")
+    topics = discover()
+    unknown = set(config.get("topics", {})) - set(topics)
+    if unknown:
+        raise ConfigError(f"config key 'topics': no topic named {', '.join(sorted(unknown))}; topics: {', '.join(topics)}")
+    for name, blocks in config.get("topics", {}).items():
+        source = f"{_relative(topics[name].config_file)}: "
+        for scale, block in blocks.items():
+            if scale not in config["scales"]:
+                raise ConfigError(f"{source}block for unknown scale '{scale}'; the scales are "
+                                  f"{', '.join(config['scales'])} (config/config.yaml)")
+            _check(block, topics[name].schema_file, source, key_prefix=scale)
+
+
+def complete(config: dict) -> dict:
+    """``config`` with every topic's blocks (read from config/<topic>.yaml where ``config`` has
+    none), validated."""
+    from harness.topic import discover
+
     if not isinstance(config, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    config.update(overrides or {})
+        raise ConfigError("the config must hold a mapping at the top level")
+    topics = dict(config.get("topics") or {})
+    for name, topic in discover().items():
+        if name not in topics:
+            blocks = _read_yaml(topic.config_file, f"topic {name}'s config file")
+            if not isinstance(blocks, dict):
+                raise ConfigError(f"{_relative(topic.config_file)} must map scale names to parameter blocks")
+            topics[name] = blocks
+    config = {**config, "topics": topics}
     validate(config)
     return config
 
 
+def load(path: Path | str = DEFAULT_CONFIG, overrides: dict | None = None) -> dict:
+    config = _read_yaml(Path(path))
+    if not isinstance(config, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    config.update(overrides or {})
+    return complete(config)
+
+
 def scale_params(config: dict, scale: str) -> dict:
-    """The parameters of one named scale, refusing unknown scales and GPU scales without a GPU."""
+    """The description of one named scale, refusing unknown scales and GPU scales without a GPU."""
     scales = config["scales"]
     if scale not in scales:
         raise ConfigError(f"unknown scale '{scale}'; choose one of {', '.join(scales)} (--config scale=NAME)")
@@ -60,3 +123,12 @@ def scale_params(config: dict, scale: str) -> dict:
             f"scale '{scale}' needs a CUDA GPU and this machine has none that torch can use; "
             "use --config scale=cpu, or render committed results with the 'figures' target")
     return params
+
+
+def topic_params(config: dict, topic: str, scale: str) -> dict:
+    """One topic's parameters at one scale (after the checks of :func:`scale_params`)."""
+    scale_params(config, scale)
+    blocks = config["topics"][topic]
+    if scale not in blocks:
+        raise ConfigError(f"topic '{topic}' has no block for scale '{scale}' in config/{topic}.yaml")
+    return blocks[scale]

@@ -1,30 +1,63 @@
-"""The command line shared by every workload: measure one part of a topic, write its results.
+"""The one command line that measures: one part of one topic, written with its provenance.
 
-    python -m workloads.<topic> --part NAME --scale SCALE --out results/<machine>/<topic>/NAME-SCALE.csv
+    python -m workloads TOPIC --part NAME --scale SCALE --out results/<machine>/TOPIC/NAME-SCALE.csv
+    python -m workloads TOPIC --list-parts      the parts that run on this machine, one per line
 
-Each part names a function, ``"package.module:function"`` (or a module, whose ``run`` is used),
-called as ``function(params, writer, *, shared, repeat, warmup, device, scratch_dir)``: it measures
-and adds rows to ``writer``, and may return a dict of notes for the provenance record (for
-example why a baseline was skipped). The Snakemake rules call exactly this.
+The part's function (``workloads/TOPIC/parts.py``, see harness.topic) is called as
+``fn(params, writer, *, shared, repeat, warmup, device, scratch_dir)``: it measures and adds rows
+to ``writer``, and may return a dict of notes for the provenance record (for example why a
+baseline was skipped). The Snakemake rules and tools/gpu_box_run.sh call exactly this.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
-import importlib
 import signal
 from pathlib import Path
-from typing import Collection, Mapping
 
 from harness import config as suite_config
 from harness import machine, provenance
 from harness.errors import NeedsGpuError, UserError, exit_on_user_error
-from harness.results import ResultsWriter, Schema
+from harness.results import ResultsWriter
+from harness.topic import Topic, discover
 
 
-def main(*, topic: str, schema: Schema, parts: Mapping[str, str], gpu_parts: Collection[str],
-         argv=None, description: str | None = None) -> None:
+def _parser(topics: dict[str, Topic]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workloads", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("topic", choices=sorted(topics))
+    parser.add_argument("--list-parts", action="store_true", help="print the parts that run on this machine and exit")
+    parser.add_argument("--part", help="the part to measure")
+    parser.add_argument("--scale", help="the named scale to measure at (config/config.yaml)")
+    parser.add_argument("--out", type=Path, help="results CSV to write")
+    parser.add_argument("--config", type=Path, default=suite_config.DEFAULT_CONFIG)
+    parser.add_argument("--scratch-dir", type=Path, help="directory for files on disk (default: config's scratch_dir)")
+    return parser
+
+
+def measure(topic: Topic, part_name: str, scale_name: str, out: Path, config_path: Path,
+            scratch_dir: Path | None = None) -> int:
+    """Measure one part and write its results file; the number of rows written."""
+    part = topic.part(part_name)
+    if out.suffix != ".csv":
+        raise UserError(f"--out must name a .csv file, got {out}")
+    cfg = suite_config.load(config_path)
+    params = suite_config.topic_params(cfg, topic.name, scale_name)
+    gpus = machine.gpu_count()
+    if not part.runs_on(gpus):
+        need = f"{part.gpus} CUDA GPU{'s' if part.gpus > 1 else ''}"
+        raise NeedsGpuError(f"{topic.name} part '{part.name}' needs {need} and this machine has {gpus} that torch can use")
+    writer = ResultsWriter(topic.schema, scale=scale_name)
+    part_params = params.get(part.name, {})  # a topic may configure its parts only in common
+    notes = topic.measure_function(part.name)(
+        part_params, writer, shared=params, repeat=params["repeat"], warmup=params["warmup"],
+        device="cuda" if gpus else "cpu", scratch_dir=scratch_dir or Path(cfg["scratch_dir"])) or {}
+    writer.write(out, provenance.collect(scale_name, topic=topic.name, part=part.name, parameters=part_params, **notes))
+    return len(writer.rows)
+
+
+def main(argv=None) -> None:
     # `kill -USR1 <pid>` prints every thread's stack: where a long run is spending its time.
     if hasattr(signal, "SIGUSR1"):
         try:
@@ -34,32 +67,18 @@ def main(*, topic: str, schema: Schema, parts: Mapping[str, str], gpu_parts: Col
 
     @exit_on_user_error
     def run() -> None:
-        parser = argparse.ArgumentParser(prog=f"python -m workloads.{topic}", description=description,
-                                         formatter_class=argparse.RawDescriptionHelpFormatter)
-        parser.add_argument("--part", required=True, choices=sorted(parts))
-        parser.add_argument("--scale", required=True)
-        parser.add_argument("--out", required=True, type=Path, help="results CSV to write")
-        parser.add_argument("--config", type=Path, default=suite_config.DEFAULT_CONFIG)
-        parser.add_argument("--scratch-dir", type=Path, help="directory for files on disk (default: config's scratch_dir)")
+        topics = discover()
+        parser = _parser(topics)
         args = parser.parse_args(argv)
-
-        cfg = suite_config.load(args.config)
-        scale = suite_config.scale_params(cfg, args.scale)
-        if args.out.suffix != ".csv":
-            raise UserError(f"--out must name a .csv file, got {args.out}")
-        gpu = machine.has_gpu()
-        if args.part in gpu_parts and not gpu:
-            raise NeedsGpuError(f"{topic} part '{args.part}' needs a CUDA GPU and this machine has none that torch can use")
-        params = scale[topic]
-        writer = ResultsWriter(schema, scale=args.scale)
-        module_name, _, function_name = parts[args.part].partition(":")
-        measure_part = getattr(importlib.import_module(module_name), function_name or "run")
-        part_params = params.get(args.part, {})  # a topic may configure its parts only in common
-        notes = measure_part(part_params, writer, shared=params, repeat=params["repeat"],
-                           warmup=params["warmup"], device="cuda" if gpu else "cpu",
-                           scratch_dir=args.scratch_dir or Path(cfg["scratch_dir"])) or {}
-        writer.write(args.out, provenance.collect(args.scale, topic=topic, part=args.part,
-                                                  parameters=part_params, **notes))
-        print(f"wrote {len(writer.rows)} rows to {args.out}")
+        topic = topics[args.topic]
+        if args.list_parts:
+            print("\n".join(p.name for p in topic.parts_on(machine.gpu_count())))
+            return
+        missing = [flag for flag, value in (("--part", args.part), ("--scale", args.scale), ("--out", args.out))
+                   if value is None]
+        if missing:
+            parser.error(f"measuring needs {', '.join(missing)}")
+        rows = measure(topic, args.part, args.scale, args.out, args.config, args.scratch_dir)
+        print(f"wrote {rows} rows to {args.out}")
 
     run()

@@ -114,6 +114,11 @@ def _torch_sees_a_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def gpu_count() -> int:
+    """GPUs this Python can use (0 without a usable one): what decides which parts run here."""
+    return len(nvidia_gpus()) if has_gpu() else 0
+
+
 def describe() -> MachineInfo:
     return MachineInfo(
         host=platform.node(),

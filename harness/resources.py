@@ -1,4 +1,5 @@
-"""Resource accounting: CPU core-seconds, host RSS, pinned host memory, peak GPU memory."""
+"""Resource accounting: CPU core-seconds, host RSS, pinned host memory, peak GPU memory, and the
+bytes a block device read and wrote (its own counters, whatever the page cache did)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ _pinned_lock = threading.Lock()
 _registered_pinned_bytes = 0
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+SECTOR = 512  # /sys/block/*/stat counts 512-byte sectors whatever the device's own sector size
 
 
 def cpu_core_seconds(include_children: bool = False) -> float:
@@ -99,3 +101,16 @@ def pinned_host_bytes() -> int:
     except ImportError:
         pass
     return allocator + _registered_pinned_bytes
+
+
+def block_device_counters(path: Path) -> Path | None:
+    """The stat file of the block device holding ``path``; None if it is not on one (tmpfs, overlay)."""
+    dev = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    return stat if stat.exists() else None
+
+
+def device_bytes(stat: Path) -> tuple[int, int]:
+    """(bytes read, bytes written) by the device since boot."""
+    fields = stat.read_text().split()
+    return int(fields[2]) * SECTOR, int(fields[6]) * SECTOR

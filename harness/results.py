@@ -1,6 +1,6 @@
 """Tidy, long-format results: the schema, the writer and the validating loader.
 
-One row per (workload, dataset, system, variant, scale, configuration..., repetition, metric) with
+One row per (workload, dataset, role, variant, scale, configuration..., repetition, metric) with
 its value and unit. The configuration columns are typed and declared once per topic by a
 :class:`Schema`. Each CSV file has a provenance record beside it (``<name>.provenance.json``).
 Files are written atomically: a results file either exists whole or not at all.
@@ -27,7 +27,10 @@ from typing import Iterable
 from harness.errors import UserError
 from harness.timing import Measurement
 
-KEY_COLUMNS = ("workload", "dataset", "system", "variant", "scale")
+KEY_COLUMNS = ("workload", "dataset", "role", "variant", "scale")
+# What a row's variant is there for: the path to beat, the technique, a bound no real pipeline
+# can pass, or a measurement of the machine itself.
+ROLES = ("baseline", "optimized", "upper_bound", "probe")
 UNITS = {
     "time": "s", "cpu_time": "core-s", "bandwidth": "GB/s", "flop_rate": "TFLOP/s",
     "peak_gpu_memory": "B", "peak_host_rss": "B", "pinned_host_memory": "B", "pcie_bytes": "B",
@@ -102,27 +105,29 @@ class ResultsWriter:
         self.scale = scale
         self.rows: list[dict] = []
 
-    def add(self, *, system: str, variant: str, config: dict, metric: str, value: float, unit: str,
+    def add(self, *, role: str, variant: str, config: dict, metric: str, value: float, unit: str,
             repetition: int = 0, dataset: str = "") -> None:
         self.schema.check_config(config)
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         if UNITS.get(metric) != unit:
             raise ValueError(f"metric {metric!r} must be recorded in {UNITS.get(metric, 'a unit listed in harness.results.UNITS')}, not {unit!r}")
         if not math.isfinite(value):
-            raise ValueError(f"{system}/{variant}: {metric} is not finite ({value})")
+            raise ValueError(f"{role}/{variant}: {metric} is not finite ({value})")
         self.rows.append({
-            "workload": self.schema.topic, "dataset": dataset, "system": system,
+            "workload": self.schema.topic, "dataset": dataset, "role": role,
             "variant": variant, "scale": self.scale,
             **{name: config.get(name) for name in self.schema.config},
             "repetition": repetition, "metric": metric, "value": value, "unit": unit,
         })
 
-    def add_measurement(self, m: Measurement, *, system: str, variant: str, config: dict,
+    def add_measurement(self, m: Measurement, *, role: str, variant: str, config: dict,
                         bytes_moved: int | None = None, flops: int | None = None,
                         dataset: str = "") -> None:
         """Rows for each repetition: time, CPU time, and the rates and memory that apply."""
         for rep, seconds in enumerate(m.seconds):
             def add(metric, value, unit):
-                self.add(system=system, variant=variant, config=config, metric=metric,
+                self.add(role=role, variant=variant, config=config, metric=metric,
                          value=value, unit=unit, repetition=rep, dataset=dataset)
 
             add("time", seconds, "s")
@@ -179,6 +184,8 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
         row[name] = value
     if row["workload"] != schema.topic:
         raise ResultsFormatError(f"{where}: workload '{row['workload']}' does not belong in topic '{schema.topic}'")
+    if row["role"] not in ROLES:
+        raise ResultsFormatError(f"{where}: role '{row['role']}' is not one of {', '.join(ROLES)}")
     for name, kind in schema.config.items():
         cell = raw[name]
         try:

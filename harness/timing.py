@@ -149,13 +149,21 @@ class PhaseClock:
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
 
 
-def wall_clock(fn: Callable[[], object], device: str) -> float:
-    """Seconds for one call of ``fn``, waiting for the GPU before and after (epoch timing)."""
+def wall_clock(fn: Callable[[], object], device: str, *, before: Callable[[], object] | None = None,
+               after: Callable[[], object] | None = None) -> float:
+    """Seconds for one call of ``fn``, waiting for the GPU before and after (epoch timing).
+
+    ``before`` and ``after``, when given, are those waits instead: in data-parallel training they
+    wait for every rank (a barrier), so the time is the slowest rank's.
+    """
     torch = _cuda() if device == "cuda" else None
-    if torch is not None:
-        torch.cuda.synchronize()
+
+    def wait_for_gpu() -> None:
+        if torch is not None:
+            torch.cuda.synchronize()
+
+    (before or wait_for_gpu)()
     start = time.perf_counter()
     fn()
-    if torch is not None:
-        torch.cuda.synchronize()
+    (after or wait_for_gpu)()
     return time.perf_counter() - start

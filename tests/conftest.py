@@ -1,6 +1,8 @@
 """Test settings: GPU tests skip cleanly without a GPU; tools write under the repo, not $HOME."""
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,19 @@ for var, sub in (("MPLCONFIGDIR", "matplotlib"), ("IPYTHONDIR", "ipython"),
     os.environ.setdefault(var, str(CACHE / sub))
     Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("SUITE_NO_PROGRESS", "1")
+
+
+def copy_repository(root: Path) -> Path:
+    """Copy the repository's files (tracked, and untracked but not ignored) into ``root``, without
+    this machine's own results: a checkout as a user would clone it, plus uncommitted work."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    for name in filter(None, files):
+        source = REPO_ROOT / name
+        if source.is_file() and not name.startswith(("results/local/", "paper_figs/local/")):
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name)
+    return root
 
 
 def _gpu_available() -> bool:

@@ -2,23 +2,26 @@
 
 import pytest
 
+from harness.resources import block_device_counters
 from harness.results import load, load_provenance
-from workloads.ceilings import GPU_PROBES, HOST_PROBES
-from workloads.ceilings.__main__ import cli as main
-from workloads.ceilings.disk import block_device_counters
+from harness.entry import main as entry
+from workloads.ceilings import TOPIC
+
+HOST_PROBES = [p.name for p in TOPIC.parts_on(0)]
+GPU_PROBES = [p.name for p in TOPIC.parts if not p.cpu]
 from workloads.ceilings.schema import SCHEMA
 
 
 def _run(tmp_path, probe):
     out = tmp_path / "results" / f"{probe}-tiny.csv"
-    main(["--part", probe, "--scale", "tiny", "--out", str(out), "--scratch-dir", str(tmp_path / "scratch")])
+    entry(["ceilings", "--part", probe, "--scale", "tiny", "--out", str(out), "--scratch-dir", str(tmp_path / "scratch")])
     return load([out], SCHEMA), load_provenance(out)
 
 
 @pytest.mark.parametrize("probe", HOST_PROBES)
 def test_host_probe_writes_valid_results_with_provenance(tmp_path, probe):
     frame, prov = _run(tmp_path, probe)
-    assert set(frame["system"]) == {probe}
+    assert set(frame["role"]) == {"probe"}
     assert (frame["scale"] == "tiny").all()
     times = frame[frame.metric == "time"]["value"]
     assert len(times) > 0 and (times > 0).all()
@@ -61,17 +64,23 @@ def test_gpu_probe_without_gpu_is_one_line_error(tmp_path, probe, monkeypatch, c
         machine.forget()
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"ceilings part '{probe}' needs a CUDA GPU" in err
+    assert err.count("\n") == 0 and f"ceilings part '{probe}' needs 1 CUDA GPU and this machine has 0" in err
     assert not (tmp_path / "results").exists()
 
 
 def test_unknown_scale_and_bad_out_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["--part", "matmul", "--scale", "huge", "--out", str(tmp_path / "x.csv")])
+        entry(["ceilings", "--part", "matmul", "--scale", "huge", "--out", str(tmp_path / "x.csv")])
     assert "unknown scale 'huge'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["--part", "matmul", "--scale", "tiny", "--out", str(tmp_path / "x.txt")])
+        entry(["ceilings", "--part", "matmul", "--scale", "tiny", "--out", str(tmp_path / "x.txt")])
     assert "must name a .csv" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        entry(["ceilings", "--part", "nosuch", "--scale", "tiny", "--out", str(tmp_path / "x.csv")])
+    assert "topic ceilings has no part 'nosuch'; its parts: pcie_copy, uva_read" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        entry(["ceilings", "--scale", "tiny"])
+    assert "measuring needs --part, --out" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

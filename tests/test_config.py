@@ -6,6 +6,7 @@ import pytest
 
 from harness import config as suite_config
 from harness.errors import NeedsGpuError
+from harness.topic import discover
 
 
 @pytest.fixture
@@ -13,10 +14,13 @@ def cfg():
     return suite_config.load()
 
 
-def test_shipped_config_is_valid_and_has_the_three_scales(cfg):
+def test_shipped_config_is_valid_and_every_topic_has_the_three_scales(cfg):
     assert {"tiny", "cpu", "h200"} <= set(cfg["scales"])
     assert cfg["scales"]["h200"]["needs_gpu"] is True
     assert cfg["scales"]["cpu"]["needs_gpu"] is False
+    assert set(cfg["topics"]) == set(discover())
+    for topic, blocks in cfg["topics"].items():
+        assert set(blocks) == set(cfg["scales"]), topic
 
 
 @pytest.mark.parametrize(
@@ -24,9 +28,15 @@ def test_shipped_config_is_valid_and_has_the_three_scales(cfg):
     [
         (lambda c: c.update(scale=3), "config key 'scale': 3 is not of type 'string'"),
         (lambda c: c.update(colour="blue"), "Additional properties are not allowed \\('colour'"),
-        (lambda c: c["scales"]["cpu"]["ceilings"]["uva_read"].update(granularities=[100]),
-         "config key 'scales/cpu/ceilings/uva_read/granularities/0': 100 is not one of"),
-        (lambda c: c["scales"]["tiny"]["ceilings"].pop("disk"), "config key 'scales/tiny/ceilings': 'disk' is a required"),
+        (lambda c: c["topics"]["ceilings"]["cpu"]["uva_read"].update(granularities=[100]),
+         "config/ceilings.yaml: key 'cpu/uva_read/granularities/0': 100 is not one of"),
+        (lambda c: c["topics"]["ceilings"]["tiny"].pop("disk"), "config/ceilings.yaml: key 'tiny': 'disk' is a required"),
+        # A definition shared through workflow/schemas/definitions.schema.yaml is enforced too.
+        (lambda c: c["topics"]["gnn_training"]["cpu"]["products"].update(models=[{"name": "gcn", "layers": 2, "fanouts": [5]}]),
+         "config/gnn_training.yaml: key 'cpu/products/models/0/name': 'gcn' is not one of"),
+        (lambda c: c["topics"]["ceilings"].update(huge=c["topics"]["ceilings"]["cpu"]),
+         "config/ceilings.yaml: block for unknown scale 'huge'; the scales are tiny, cpu, h200"),
+        (lambda c: c["topics"].update(nosuch={}), "config key 'topics': no topic named nosuch"),
         (lambda c: c.update(machine="../etc"), "config key 'machine': '../etc' does not match"),
     ],
 )
@@ -48,7 +58,7 @@ def test_gpu_scale_without_gpu_says_what_to_do(cfg, monkeypatch):
     try:
         with pytest.raises(NeedsGpuError, match="needs a CUDA GPU.*scale=cpu.*figures"):
             suite_config.scale_params(cfg, "h200")
-        assert suite_config.scale_params(cfg, "cpu")["ceilings"]["repeat"] >= 1
+        assert suite_config.topic_params(cfg, "ceilings", "cpu")["repeat"] >= 1
     finally:
         suite_config.machine.forget()
 
@@ -60,3 +70,20 @@ def test_missing_and_invalid_files(tmp_path):
     broken.write_text("scale: [unclosed\n")
     with pytest.raises(suite_config.ConfigError, match="not valid YAML"):
         suite_config.load(broken)
+
+
+def test_a_topic_without_a_block_for_the_scale_is_named(cfg):
+    cfg["topics"]["gnn_training"].pop("cpu")
+    with pytest.raises(suite_config.ConfigError,
+                       match="topic 'gnn_training' has no block for scale 'cpu' in config/gnn_training.yaml"):
+        suite_config.topic_params(cfg, "gnn_training", "cpu")
+
+
+def test_topic_blocks_come_from_their_own_files_unless_given(tmp_path):
+    top = tmp_path / "config.yaml"
+    top.write_text((suite_config.DEFAULT_CONFIG).read_text())
+    cfg = suite_config.load(top)
+    assert cfg["topics"]["ceilings"] == suite_config.load()["topics"]["ceilings"]
+    given = dict(cfg["topics"]["ceilings"])
+    given["tiny"] = {**given["tiny"], "repeat": 7}
+    assert suite_config.load(top, {"topics": {"ceilings": given}})["topics"]["ceilings"]["tiny"]["repeat"] == 7

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from harness.entry import main
 from harness.results import load, load_provenance
-from workloads.feature_gather import GPU_PARTS, PARTS, parts_for
-from workloads.feature_gather.__main__ import cli
+from workloads.feature_gather import TOPIC
 from workloads.feature_gather.schema import SCHEMA
 from workloads.feature_gather.tables import Popularity, uniform_rows, window_rows
 
@@ -42,11 +42,11 @@ def test_window_rows_stay_inside_their_windows():
 
 def _run(tmp_path, part):
     out = tmp_path / f"{part}-tiny.csv"
-    cli(["--part", part, "--scale", "tiny", "--out", str(out)])
+    main(["feature_gather", "--part", part, "--scale", "tiny", "--out", str(out)])
     return load([out], SCHEMA), load_provenance(out)
 
 
-@pytest.mark.parametrize("part", parts_for(False))
+@pytest.mark.parametrize("part", [p.name for p in TOPIC.parts_on(0)])
 def test_cpu_part_writes_valid_results(tmp_path, part, monkeypatch):
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     from harness import machine
@@ -64,7 +64,7 @@ def test_cpu_part_writes_valid_results(tmp_path, part, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("part", PARTS)
+@pytest.mark.parametrize("part", TOPIC.part_names)
 def test_gpu_part_writes_valid_results(tmp_path, part):
     frame, prov = _run(tmp_path, part)
     assert (frame[frame.metric == "bandwidth"]["value"] > 0).all()
@@ -82,9 +82,11 @@ def test_gpu_parts_need_a_gpu(tmp_path, monkeypatch, capsys):
 
     machine.forget()
     try:
-        for part in GPU_PARTS:
+        gpu_only = [p.name for p in TOPIC.parts if not p.cpu]
+        assert gpu_only == ["table_sizes", "batch_sizes", "thread_cap", "locality"]
+        for part in gpu_only:
             with pytest.raises(SystemExit):
-                cli(["--part", part, "--scale", "tiny", "--out", str(tmp_path / "x.csv")])
-            assert f"feature_gather part '{part}' needs a CUDA GPU" in capsys.readouterr().err
+                main(["feature_gather", "--part", part, "--scale", "tiny", "--out", str(tmp_path / "x.csv")])
+            assert f"feature_gather part '{part}' needs 1 CUDA GPU and this machine has 0" in capsys.readouterr().err
     finally:
         machine.forget()

@@ -17,13 +17,13 @@ from torch.nn import functional as F
 from harness import provenance
 from harness.errors import UserError
 from harness.results import ResultsWriter, load
-from workloads.gnn_multi_gpu import NVLS_OFF, parts_for
+from workloads.gnn.models import build
+from workloads.gnn.pipelines import Graph, Pipeline, epoch_seeds
+from workloads.gnn_multi_gpu import NVLS_OFF, TOPIC
 from workloads.gnn_multi_gpu.launch import NOT_DATA_PARALLEL, run_world
 from workloads.gnn_multi_gpu.schema import SCHEMA
-from workloads.gnn_training.models import build
-from workloads.gnn_training.pipelines import Graph, Pipeline, epoch_seeds
-from workloads.gnn_training.train import cached_graph
 from workloads.graphs import shared, store
+from workloads.graphs.datasets import cached_graph
 
 SHARED = {"dataset": "products", "scale_factor": 0.002, "graph_seed": 0, "hidden": 32, "batch_size": 32,
           "sampler_workers": 0, "learning_rate": 0.01, "loss_steps": 1000,
@@ -43,7 +43,7 @@ def test_rank_shards_partition_each_global_batch():
 
 
 def test_a_training_set_smaller_than_one_global_batch_is_refused():
-    _, _, folder = cached_graph("products", SHARED, 0)
+    _, _, folder = cached_graph("ogbn-products", SHARED, 0)
     graph = Graph(store.load(folder), "cpu")
     with pytest.raises(ValueError, match="do not fill one global batch"):
         Pipeline("cpu_gather", graph, [5], graph.train_idx.numel(), seed=0, shard=(0, 2))
@@ -96,7 +96,7 @@ def test_a_table_larger_than_free_memory_is_refused_before_it_is_copied(tmp_path
 
 def _one_process_reference(steps_wanted: int, world: int):
     """One process, the same global batches: each rank's shard in turn, gradients accumulated."""
-    spec, _, folder = cached_graph("products", SHARED, 0)
+    spec, _, folder = cached_graph("ogbn-products", SHARED, 0)
     graph = Graph(store.load(folder), "cpu")
     torch.manual_seed(0)
     model = build("sage", spec.feature_dim, SHARED["hidden"], spec.classes, 2, [5, 5], dropout=0.0)
@@ -147,12 +147,14 @@ def test_gpu_pipelines_and_the_reasons_for_those_left_out(monkeypatch):
     assert "all_in_gpu" not in run and "does not fit" in skipped["all_in_gpu"]
     assert skipped.keys() == {"all_in_gpu"} | NOT_DATA_PARALLEL.keys()
     # Every single-GPU pipeline is either run or skipped with a reason, never dropped silently.
-    from workloads.gnn_training.pipelines import PIPELINES as SINGLE_GPU
+    from workloads.gnn.pipelines import PIPELINES as SINGLE_GPU
     assert set(SINGLE_GPU) <= set(run) | skipped.keys()
 
 
 def test_cpu_machines_run_one_and_two_processes(monkeypatch):
-    assert parts_for(False) == ("world1", "world2")
+    assert [p.name for p in TOPIC.parts_on(0)] == ["world1", "world2"]
+    assert [p.name for p in TOPIC.parts_on(2)] == ["world1", "world2"]
+    assert [p.name for p in TOPIC.parts_on(8)] == ["world1", "world2", "world4", "world8"]
 
 
 def test_the_launcher_keeps_nvlink_multicast_off():

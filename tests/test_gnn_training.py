@@ -1,17 +1,18 @@
 """GNN training: model/fan-out agreement, the pipelines' batches, a tiny run end to end; on a
 GPU, every pipeline trains on the same batches as the baseline (same loss curve)."""
 
+import time
 from dataclasses import replace
 
 import pytest
 import torch
 
 from harness.results import load, load_provenance
-from workloads.gnn_training.__main__ import cli
-from workloads.gnn_training.models import build
-from workloads.gnn_training.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline
+from workloads.gnn.epoch import timed_epochs, train_epoch
+from workloads.gnn.models import build
+from workloads.gnn.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline
+from harness.entry import main as entry
 from workloads.gnn_training.schema import SCHEMA
-from workloads.gnn_training.train import train_epoch
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
 from workloads.graphs.spec import DATASETS
@@ -62,6 +63,28 @@ def test_training_lowers_the_loss(arrays):
     assert sum(later) / len(later) < sum(first) / len(first)
 
 
+def test_the_epoch_loop_times_from_its_opening_wait_to_its_closing_one(arrays):
+    """One loop for one process and for data-parallel ranks: what the two ends wait for is a
+    parameter (a barrier in rank.py); warm-up epochs are yielded but carry no repetition."""
+    torch.manual_seed(0)
+    graph = Graph(arrays, "cpu")
+    model = build("sage", graph.features.shape[1], 16, int(graph.labels.max()) + 1, 1, [5])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    pipeline = Pipeline("cpu_gather", graph, [5], 256, seed=0)
+    waits = []
+    epochs = []
+    for epoch in timed_epochs(model, optimizer, pipeline, warmup=1, repeat=2, device="cpu",
+                              before=lambda: waits.append("before"),
+                              after=lambda: (waits.append("after"), time.sleep(0.05))):
+        waits.append("caller")
+        epochs.append(epoch)
+        assert epoch.cpu_seconds() > 0
+    assert waits == ["before", "after", "caller"] * 3
+    assert [(e.index, e.repetition) for e in epochs] == [(0, None), (1, 0), (2, 1)]
+    assert all(e.seconds >= 0.05 for e in epochs)  # the closing wait is inside the time
+    assert [len(e.losses) for e in epochs] == [len(pipeline.seeds(i)) for i in range(3)]
+    assert all(e.feature_bytes > 0 for e in epochs)
+
 def test_cpu_part_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     from harness import machine
@@ -69,7 +92,7 @@ def test_cpu_part_end_to_end(tmp_path, monkeypatch):
     machine.forget()
     try:
         out = tmp_path / "papers-tiny.csv"
-        cli(["--part", "papers", "--scale", "tiny", "--out", str(out)])
+        entry(["gnn_training", "--part", "papers", "--scale", "tiny", "--out", str(out)])
     finally:
         machine.forget()
     frame, prov = load([out], SCHEMA), load_provenance(out)
@@ -127,7 +150,7 @@ def test_prefetch_thread_hands_over_exactly_the_batches_in_order(arrays, workers
 
 @pytest.mark.gpu
 def test_prefetch_thread_errors_reach_the_caller(arrays, monkeypatch):
-    from workloads.gnn_training import pipelines
+    from workloads.gnn import pipelines
 
     monkeypatch.setattr(pipelines, "WORKER_TIMEOUT_S", 5)  # a broken handover fails in seconds
     graph = Graph(arrays, "cuda")
@@ -141,7 +164,7 @@ def test_prefetch_thread_errors_reach_the_caller(arrays, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_part_end_to_end(tmp_path):
     out = tmp_path / "products-tiny.csv"
-    cli(["--part", "products", "--scale", "tiny", "--out", str(out)])
+    entry(["gnn_training", "--part", "products", "--scale", "tiny", "--out", str(out)])
     frame = load([out], SCHEMA)
     assert set(frame.variant) == set(PIPELINES)
     assert (frame[(frame.metric == "pcie_bytes") & (frame.variant == "all_in_gpu")].value == 0).all()
@@ -180,7 +203,7 @@ def test_training_on_an_imported_published_dataset(tmp_path, monkeypatch):
     np.savez(raw / "reddit_data.npz", feature=rng.standard_normal((n, 16)), label=rng.integers(0, 3, n),
              node_types=rng.choice([1, 2, 3], n, p=[0.6, 0.2, 0.2]))
     monkeypatch.setattr(published.store, "DEFAULT_ROOT", tmp_path / "graphs")
-    shared = suite_config.load()["scales"]["tiny"]["gnn_training"]
+    shared = suite_config.load()["topics"]["gnn_training"]["tiny"]
     writer = ResultsWriter(SCHEMA, scale="tiny")
     notes = run_dataset("reddit", {"scale_factor": 1.0, "published_dir": str(raw)}, writer, shared=shared,
                         repeat=1, warmup=0, device="cpu")

@@ -1,13 +1,15 @@
-"""Synthetic graphs: their statistics, their determinism, and the on-disk cache's refusals."""
+"""Synthetic graphs: their statistics, their determinism, and the on-disk cache's refusals;
+heterographs' node types and relations in the spec and the store."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams, generate
-from workloads.graphs.spec import DATASETS, GraphSpec
+from workloads.graphs.spec import DATASETS, GraphSpec, NodeType, Relation
 
 SMALL = DATASETS["ogbn-products"].scaled(0.002)
 
@@ -175,3 +177,174 @@ def test_published_import_refuses_missing_files(tmp_path):
         import_published("reddit", tmp_path / "empty", root=tmp_path / "graphs")
     with pytest.raises(UserError, match="unknown dataset"):
         import_published("cora", tmp_path / "empty", root=tmp_path / "graphs")
+
+
+# --- heterographs: node types and relations in the spec and the store --------------------------
+
+PAPER_AUTHOR = (NodeType("paper", 0), NodeType("author", 0))
+# In the CSR a target node lists its source neighbours: a paper lists the authors who write it.
+RELATIONS = (Relation("writes", "author", "paper", 0), Relation("cites", "paper", "paper", 0),
+             Relation("written_by", "paper", "author", 0))
+
+
+class _Params:
+    """Store parameters for a hand-made graph (the store needs a label and as_dict only)."""
+
+    def __init__(self, spec: GraphSpec):
+        self.spec = spec
+
+    @property
+    def label(self) -> str:
+        return self.spec.name
+
+    def as_dict(self) -> dict:
+        return {"source": "test", "spec": self.spec.as_dict()}
+
+
+def _heterograph(seed: int = 0, n: int = 40) -> tuple[GraphSpec, dict]:
+    """Papers and authors; every node lists neighbours of the types its relations allow."""
+    rng = np.random.default_rng(seed)
+    node_type = rng.integers(0, 2, n).astype(np.int64)
+    node_type[:2] = [0, 1]  # both types present
+    papers, authors = np.flatnonzero(node_type == 0), np.flatnonzero(node_type == 1)
+    indptr, indices, edge_type = [0], [], []
+    for v in range(n):
+        if node_type[v] == 0:  # a paper: its authors, then the papers it cites
+            chosen = [(int(a), 0) for a in rng.choice(authors, 2)] + [(int(p), 1) for p in rng.choice(papers, 3)]
+        else:
+            chosen = [(int(p), 2) for p in rng.choice(papers, 2)]
+        indices += [u for u, _ in chosen]
+        edge_type += [r for _, r in chosen]
+        indptr.append(len(indices))
+    m = len(indices)
+    spec = GraphSpec("toy-hetero", n, m, 4, 3, 0.5, 0.25,
+                     node_types=tuple(NodeType(t.name, int((node_type == i).sum())) for i, t in enumerate(PAPER_AUTHOR)),
+                     relations=tuple(Relation(r.name, r.source, r.target, edge_type.count(i))
+                                     for i, r in enumerate(RELATIONS)))
+    perm = rng.permutation(n)
+    arrays = {"indptr": np.array(indptr, dtype=np.int64), "indices": np.array(indices, dtype=np.int64),
+              "features": rng.standard_normal((n, 4)).astype(np.float32),
+              "labels": rng.integers(0, 3, n).astype(np.int64), "train_idx": np.sort(perm[:20]),
+              "val_idx": np.sort(perm[20:30]), "test_idx": np.sort(perm[30:]),
+              "node_type": node_type, "edge_type": np.array(edge_type, dtype=np.int64)}
+    return spec, arrays
+
+
+def _saved_heterograph(tmp_path):
+    spec, arrays = _heterograph()
+    params = _Params(spec)
+    folder = store.folder_for(params, tmp_path)
+    store.save(arrays, params, folder)
+    return spec, arrays, params, folder
+
+
+def test_a_heterograph_round_trips_through_the_store_with_its_types(tmp_path):
+    spec, arrays, params, folder = _saved_heterograph(tmp_path)
+    loaded = store.load(folder, params)
+    assert set(loaded) == set(store.ARRAYS) | {"node_type", "edge_type"}
+    for name, array in arrays.items():
+        assert np.array_equal(loaded[name], array), name
+    for name in ("node_type", "edge_type"):
+        assert loaded[name].dtype == np.int16 and isinstance(loaded[name], np.memmap)  # few types: 2 bytes each
+    # Ids in range, counted as the spec records them (which the meta record holds).
+    assert np.bincount(loaded["node_type"]).tolist() == list(spec.node_type_counts) and spec.node_type_counts[1] > 0
+    assert np.bincount(loaded["edge_type"], minlength=3).tolist() == list(spec.relation_counts)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert GraphSpec.from_dict(meta["params"]["spec"]) == spec
+    assert [t["count"] for t in meta["params"]["spec"]["node_types"]] == list(spec.node_type_counts)
+    assert store.type_id(meta["params"]["spec"], "author") == 1
+
+
+def test_wide_type_ids_are_stored_as_int32():
+    assert store.type_dtype(2) == np.int16 and store.type_dtype(32768) == np.int16
+    assert store.type_dtype(32769) == np.int32
+
+
+def test_a_truncated_or_out_of_range_type_array_is_refused_on_load(tmp_path):
+    spec, _, params, folder = _saved_heterograph(tmp_path)
+    path = folder / "edge_type.npy"
+    data = path.read_bytes()
+    path.write_bytes(data[:-6])
+    with pytest.raises(store.GraphFileError, match=r"edge_type.npy: .*\(truncated or replaced\); delete"):
+        store.load(folder, params)
+    path.write_bytes(data)
+    # Same size and dtype, one id past the last node type.
+    node_type = np.load(folder / "node_type.npy")
+    bad = node_type.copy()
+    bad[5] = 2
+    np.save(folder / "node_type.npy", bad)
+    with pytest.raises(store.GraphFileError, match=r"node_type holds ids outside 0\.\.1; delete the folder"):
+        store.load(folder, params)
+    bad[5] = -1
+    np.save(folder / "node_type.npy", bad)
+    with pytest.raises(store.GraphFileError, match=r"node_type holds ids outside 0\.\.1"):
+        store.load(folder, params)
+    # In range, but a node moved to the other type: the counts no longer match the spec.
+    bad[5] = 1 - node_type[5]
+    np.save(folder / "node_type.npy", bad)
+    with pytest.raises(store.GraphFileError, match="node_type counts .* the spec records"):
+        store.load(folder, params)
+    np.save(folder / "node_type.npy", node_type)
+    # A whole array, consistently recorded, but one entry short of the edges.
+    np.save(path, np.load(path)[:-1])
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["arrays"]["edge_type"].update(shape=[spec.edges - 1], file_bytes=path.stat().st_size)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(store.GraphFileError, match=f"edge_type has shape .* the graph has {spec.edges} edges"):
+        store.load(folder, params)
+    (folder / "edge_type.npy").unlink()
+    with pytest.raises(store.GraphFileError, match="edge_type.npy: missing"):
+        store.load(folder, params)
+
+
+def test_a_wrong_heterograph_is_never_written(tmp_path):
+    spec, arrays = _heterograph(seed=1)
+    params = _Params(spec)
+    folder = store.folder_for(params, tmp_path)
+    wrong = arrays | {"edge_type": arrays["edge_type"].copy()}
+    wrong["edge_type"][0] = 7
+    with pytest.raises(ValueError, match=r"edge_type holds ids outside 0\.\.2"):
+        store.save(wrong, params, folder)
+    # A paper's "writes" edge (author -> paper) relabelled "cites" (paper -> paper): counts change
+    # too, so the spec is adjusted to match; only the endpoints are wrong.
+    wrong["edge_type"] = arrays["edge_type"].copy()
+    first_writes = int(np.flatnonzero(arrays["edge_type"] == 0)[0])
+    wrong["edge_type"][first_writes] = 1
+    counts = list(spec.relation_counts)
+    counts[0], counts[1] = counts[0] - 1, counts[1] + 1
+    shifted = _Params(replace(spec, relations=tuple(replace(r, count=c) for r, c in zip(spec.relations, counts))))
+    with pytest.raises(ValueError, match="1 edges join other node types than their relation's"):
+        store.save(wrong, shifted, folder)
+    with pytest.raises(ValueError, match="needs the arrays node_type"):
+        store.save({k: v for k, v in arrays.items() if k != "node_type"}, params, folder)
+    assert not folder.exists() and not list(tmp_path.iterdir())
+
+
+def test_heterograph_specs_check_their_types_and_scale_them():
+    spec, _ = _heterograph()
+    with pytest.raises(ValueError, match="must sum to"):
+        replace(spec, nodes=spec.nodes + 1)
+    with pytest.raises(ValueError, match="joins venue and paper"):
+        replace(spec, relations=(Relation("at", "venue", "paper", spec.edges),))
+    with pytest.raises(ValueError, match="both node types and relations"):
+        replace(spec, relations=())
+    big = GraphSpec("big", 10_000, 100_000, 8, 5, 0.5, 0.1,
+                    node_types=(NodeType("paper", 7_001), NodeType("author", 2_999)),
+                    relations=(Relation("writes", "author", "paper", 30_001), Relation("cites", "paper", "paper", 69_999)))
+    small = big.scaled(0.1)
+    assert sum(small.node_type_counts) == small.nodes == 1_000 and small.node_type_counts == (700, 300)
+    assert sum(small.relation_counts) == small.edges == 10_000 and small.relation_counts == (3_000, 7_000)
+    assert GraphSpec.from_dict(json.loads(json.dumps(small.as_dict()))) == small
+    with pytest.raises(ValueError, match="homogeneous graphs only"):
+        GeneratorParams(big)
+
+
+def test_homogeneous_graphs_are_the_one_type_case_and_keep_their_cache(tmp_path):
+    assert SMALL.homogeneous and SMALL.node_type_counts == (SMALL.nodes,) and SMALL.relation_counts == (SMALL.edges,)
+    assert "node_types" not in SMALL.as_dict() and "relations" not in SMALL.as_dict()
+    # The folder name computed before node and edge types existed: caches written then stay valid.
+    params = GeneratorParams(SMALL, seed=0)
+    assert store.folder_for(params, tmp_path).name == "ogbn-products-like-f80b585b00c5"
+    arrays = store.get(params, root=tmp_path)
+    assert set(arrays) == set(store.ARRAYS)
+    assert not (store.folder_for(params, tmp_path) / "node_type.npy").exists()

@@ -1,4 +1,5 @@
-"""Executing a text-based notebook headless: parameters injected, failures reported in one line."""
+"""Executing a text-based notebook headless: parameters and results files injected, outputs
+replaced only when every cell succeeds, failures reported in one line."""
 
 import pytest
 
@@ -8,13 +9,16 @@ pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the C
 
 NOTEBOOK = """# %% tags=["parameters"]
 value = "default"
-out = "none"
+figure = summary = "none"
+results = {}
 
 # %%
 from pathlib import Path
+Path(summary).write_text(value + " " + repr(results))
 if value == "boom":
     raise ValueError("the notebook refused value=boom")
-Path(out).write_text(value)
+if value != "lazy":
+    Path(figure).write_text("a figure")
 """
 
 
@@ -25,27 +29,44 @@ def notebook(tmp_path):
     return path
 
 
-def test_parameters_reach_the_notebook(notebook, tmp_path):
-    out = tmp_path / "out.txt"
-    main([str(notebook), "--executed", str(tmp_path / "run.ipynb"), "-p", "value=hello", "-p", f"out={out}"])
-    assert out.read_text() == "hello"
+def render(notebook, tmp_path, *args):
+    main([str(notebook), "--executed", str(tmp_path / "run.ipynb"), "--figure", str(tmp_path / "fig.png"),
+          "--summary", str(tmp_path / "fig.md"), *args])
+
+
+def test_parameters_and_results_files_reach_the_notebook(notebook, tmp_path):
+    render(notebook, tmp_path, "-p", "value=hello", "--results", "a=x.csv", "--results", "b=y.csv",
+           "--results", "a=z.csv")
+    assert (tmp_path / "fig.md").read_text() == "hello {'a': ['x.csv', 'z.csv'], 'b': ['y.csv']}"
+    assert (tmp_path / "fig.png").read_text() == "a figure"
     assert "Injected by analysis.render" in (tmp_path / "run.ipynb").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.py", "fig.md", "fig.png", "run.ipynb"]
 
 
-def test_failing_cell_is_one_line_and_executed_copy_is_kept(notebook, tmp_path, capsys):
+@pytest.mark.parametrize("value, message", [
+    ("boom", "ValueError: the notebook refused value=boom"),
+    ("lazy", "ran but wrote no"),  # a notebook that forgets its figure fails too
+])
+def test_a_failed_render_leaves_the_previous_outputs_as_they_were(notebook, tmp_path, capsys, value, message):
+    (tmp_path / "fig.png").write_text("old figure")
+    (tmp_path / "fig.md").write_text("old summary")
     with pytest.raises(SystemExit) as exit_info:
-        main([str(notebook), "--executed", str(tmp_path / "run.ipynb"), "-p", "value=boom"])
-    assert exit_info.value.code == 1
+        render(notebook, tmp_path, "-p", f"value={value}")
+    assert exit_info.value.code in (1, 2)
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "ValueError: the notebook refused value=boom" in err
+    assert err.count("\n") == 0 and message in err
+    assert (tmp_path / "fig.png").read_text() == "old figure"
+    assert (tmp_path / "fig.md").read_text() == "old summary"
     assert (tmp_path / "run.ipynb").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.py", "fig.md", "fig.png", "run.ipynb"]
 
 
-def test_refuses_notebook_without_parameters_cell_and_bad_parameter(tmp_path, capsys):
+def test_refuses_notebook_without_parameters_cell_and_bad_arguments(tmp_path, capsys):
     plain = tmp_path / "plain.py"
     plain.write_text("# %%\nx = 1\n")
     with pytest.raises(SystemExit):
-        main([str(plain), "--executed", str(tmp_path / "run.ipynb")])
+        render(plain, tmp_path)
     assert "no cell tagged 'parameters'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main([str(plain), "--executed", str(tmp_path / "run.ipynb"), "-p", "no-equals-sign"])
+    for bad in (["-p", "no-equals-sign"], ["--results", "no-file"], ["--results", "bad topic=x.csv"]):
+        with pytest.raises(SystemExit):
+            render(plain, tmp_path, *bad)

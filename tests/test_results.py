@@ -20,7 +20,7 @@ def _write(tmp_path, rows=3, name="demo-cpu.csv"):
     rng = random.Random(7)
     writer = ResultsWriter(SCHEMA, scale="cpu")
     for rep in range(rows):
-        writer.add(system="sys", variant="v", config={"size_bytes": 4096, "ratio": 0.5, "kind": None, "flag": True},
+        writer.add(role="baseline", variant="v", config={"size_bytes": 4096, "ratio": 0.5, "kind": None, "flag": True},
                    metric="time", value=rng.uniform(0.1, 1.0), unit="s", repetition=rep)
     path = tmp_path / name
     writer.write(path, PROVENANCE)
@@ -40,7 +40,7 @@ def test_round_trip_keeps_values_types_and_missing_cells(tmp_path):
 def test_measurement_rows_carry_rates(tmp_path):
     m = Measurement(clock="monotonic", seconds=(0.5, 0.25), cpu_core_seconds=(0.4, 0.2))
     writer = ResultsWriter(SCHEMA, scale="cpu")
-    writer.add_measurement(m, system="s", variant="v", config={}, bytes_moved=10**9, flops=10**12)
+    writer.add_measurement(m, role="probe", variant="v", config={}, bytes_moved=10**9, flops=10**12)
     by_metric = {(r["metric"], r["repetition"]): r["value"] for r in writer.rows}
     assert by_metric[("bandwidth", 0)] == pytest.approx(2.0)
     assert by_metric[("bandwidth", 1)] == pytest.approx(4.0)
@@ -51,13 +51,13 @@ def test_measurement_rows_carry_rates(tmp_path):
 def test_writer_refuses_unknown_columns_wrong_types_and_nan():
     writer = ResultsWriter(SCHEMA, scale="cpu")
     with pytest.raises(ValueError, match="not in the schema"):
-        writer.add(system="s", variant="v", config={"oops": 1}, metric="time", value=1.0, unit="s")
+        writer.add(role="probe", variant="v", config={"oops": 1}, metric="time", value=1.0, unit="s")
     with pytest.raises(TypeError, match="size_bytes"):
-        writer.add(system="s", variant="v", config={"size_bytes": "big"}, metric="time", value=1.0, unit="s")
+        writer.add(role="probe", variant="v", config={"size_bytes": "big"}, metric="time", value=1.0, unit="s")
     with pytest.raises(TypeError, match="size_bytes"):
-        writer.add(system="s", variant="v", config={"size_bytes": True}, metric="time", value=1.0, unit="s")
+        writer.add(role="probe", variant="v", config={"size_bytes": True}, metric="time", value=1.0, unit="s")
     with pytest.raises(ValueError, match="not finite"):
-        writer.add(system="s", variant="v", config={}, metric="time", value=math.nan, unit="s")
+        writer.add(role="probe", variant="v", config={}, metric="time", value=math.nan, unit="s")
 
 
 def test_writer_refuses_to_write_nothing(tmp_path):
@@ -73,7 +73,7 @@ def test_writer_refuses_to_write_nothing(tmp_path):
         (lambda cells: cells.__setitem__(-2, "nan"), r"demo-cpu.csv:3: value 'nan' is not finite"),
         (lambda cells: cells.__setitem__(-4, "-1"), r"demo-cpu.csv:3: repetition -1 is negative"),
         (lambda cells: cells.__setitem__(0, "other"), r"demo-cpu.csv:3: workload 'other' does not belong"),
-        (lambda cells: cells.__setitem__(2, ""), r"demo-cpu.csv:3: column 'system' is empty"),
+        (lambda cells: cells.__setitem__(2, ""), r"demo-cpu.csv:3: column 'role' is empty"),
         (lambda cells: cells.__setitem__(8, "maybe"), r"demo-cpu.csv:3: column 'flag': 'maybe' is not true or false"),
         (lambda cells: cells.pop(), r"demo-cpu.csv:3: expected 13 fields"),
     ],
@@ -151,11 +151,11 @@ def test_writer_writes_numpy_floats_it_can_read_back(tmp_path):
     import numpy as np
 
     writer = ResultsWriter(SCHEMA, scale="cpu")
-    writer.add(system="s", variant="v", config={}, metric="time", value=np.float64(0.5), unit="s")
+    writer.add(role="probe", variant="v", config={}, metric="time", value=np.float64(0.5), unit="s")
     writer.write(tmp_path / "np-cpu.csv", PROVENANCE)
     assert load([tmp_path / "np-cpu.csv"], SCHEMA)["value"].tolist() == [0.5]
 
 
 def test_writer_refuses_a_metric_in_the_wrong_unit():
     with pytest.raises(ValueError, match="must be recorded in GB/s"):
-        ResultsWriter(SCHEMA, scale="cpu").add(system="s", variant="v", config={}, metric="bandwidth", value=1.0, unit="MB/s")
+        ResultsWriter(SCHEMA, scale="cpu").add(role="probe", variant="v", config={}, metric="bandwidth", value=1.0, unit="MB/s")

@@ -13,15 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import copy_repository
 
-from workloads.ceilings import HOST_PROBES
-from workloads.feature_gather import parts_for as gather_parts
-from workloads.gnn_multi_gpu import parts_for as multi_gpu_parts
-from workloads.gnn_training import parts_for as training_parts
+from harness.topic import discover
 
+TOPICS = discover()
+HOST_PROBES = [p.name for p in TOPICS["ceilings"].parts_on(0)]
 # Measuring jobs of `reproduce` without a GPU.
-CPU_JOBS = (len(HOST_PROBES) + len(gather_parts(False)) + len(training_parts(False))
-            + len(multi_gpu_parts(False)))
+CPU_JOBS = sum(len(topic.parts_on(0)) for topic in TOPICS.values())
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -31,15 +30,7 @@ HIDE_GPU = {"SUITE_HIDE_GPU": "1"}  # the CPU path, also on a GPU machine
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A copy of the repository's files (tracked and untracked-not-ignored), without local results."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT,
-                           capture_output=True, text=True, check=True).stdout.split("\n")
-    root = tmp_path_factory.mktemp("repo")
-    for name in filter(None, files):
-        source = REPO_ROOT / name
-        if source.is_file() and not name.startswith(("results/local/", "paper_figs/local/")):
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, root / name)
-    return root
+    return copy_repository(tmp_path_factory.mktemp("repo"))
 
 
 def snakemake(workdir, *args, env=None, check=True):
@@ -96,6 +87,36 @@ def test_figures_renders_committed_h200_results_without_measuring(workdir):
     assert figure.stat().st_size > 50_000
 
 
+def test_remeasured_ceilings_rerender_every_figure_that_reads_them(workdir):
+    snakemake(workdir, "reproduce", "--config", "scale=tiny")
+    (workdir / "results" / "local" / "ceilings" / "matmul-tiny.csv").unlink()
+    dry = snakemake(workdir, "reproduce", "--config", "scale=tiny", "-n")
+    readers = [name for name, topic in TOPICS.items() if "ceilings" in topic.reads]
+    assert readers
+    for name in ["ceilings", *readers]:
+        assert planned_jobs(dry, f"{name}_figure") == 1, name
+    snakemake(workdir, "reproduce", "--config", "scale=tiny")
+
+
+def test_a_failed_render_keeps_the_committed_figure(workdir):
+    committed = workdir / "results" / "h200" / "ceilings"
+    if not committed.exists():
+        pytest.skip("no committed H200 results in this checkout")
+    csv = committed / "disk-h200.csv"
+    figure = workdir / "paper_figs" / "h200" / "ceilings-h200.png"
+    summary = figure.with_suffix(".md")
+    before = figure.read_bytes(), summary.read_bytes(), csv.read_text()
+    try:
+        csv.write_text(before[2].replace("GB/s", "furlongs", 1))  # a corrupted results file
+        result = snakemake(workdir, "--cores", "1", "figures", "--forcerun", "ceilings_figure", check=False)
+        assert result.returncode != 0
+        assert "furlongs" in result.stdout + result.stderr  # the refusal names what is wrong
+        assert (figure.read_bytes(), summary.read_bytes()) == before[:2]
+        assert not list(figure.parent.glob(".*tmp*"))  # no temporary files left behind
+    finally:
+        csv.write_text(before[2])
+
+
 def test_report_holds_every_figure(workdir):
     snakemake(workdir, "reproduce", "--config", "scale=tiny")
     snakemake(workdir, "--report", "report.html", "figures")
@@ -149,6 +170,10 @@ def test_interrupted_run_redoes_only_unfinished_jobs(workdir):
         (["reproduce", "--config", "scale=huge"], {}, "error: unknown scale 'huge'; choose one of tiny, cpu, h200"),
         (["reproduce", "--config", "scale=h200"], {}, "error: scale 'h200' needs a CUDA GPU"),
         (["reproduce", "--config", "machine=../x"], {}, "error: config key 'machine': '../x' does not match"),
+        (["reproduce", "--config", "scale=tiny", "topics={gnn_training: {}}"], {},
+         "error: topic 'gnn_training' has no block for scale 'tiny' in config/gnn_training.yaml"),
+        (["reproduce", "--config", "scale=tiny", "topics={gnn_training: {cpu: {}}}"], {},
+         "error: config/gnn_training.yaml: key 'cpu': 'repeat' is a required property"),
         (["nosuchtarget"], {}, "No rule to produce nosuchtarget"),
     ],
 )

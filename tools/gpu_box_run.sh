@@ -23,10 +23,10 @@ if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
 fi
 status=0
 for topic in "$@"; do
-  parts=${SUITE_PARTS:-$(python3 -c "import workloads.$topic as t; print(*(t.parts_for(True) if hasattr(t, 'parts_for') else t.probes_for(True)))")}
+  parts=${SUITE_PARTS:-$(python3 -m workloads "$topic" --list-parts)} || { status=1; continue; }
   for part in $parts; do
     start=$(date +%s)
-    python3 -m "workloads.$topic" --part "$part" --scale "$scale" \
+    python3 -m workloads "$topic" --part "$part" --scale "$scale" \
         --out "results/$machine/$topic/$part-$scale.csv" 2>&1 | tee -a "$out/run.log" | tail -3 || status=1
     echo "$topic/$part: $(( $(date +%s) - start )) s" | tee -a "$out/run.log"
     tar czf "$out/results-$machine.tgz" "results/$machine"

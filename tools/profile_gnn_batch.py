@@ -15,11 +15,10 @@ import time
 import torch
 
 from systems.pytorch_direct.ops import launch_gather
-from workloads.gnn_training import DATASET_OF
-from workloads.gnn_training.pipelines import Graph, Pipeline, training_threads
+from workloads.gnn.pipelines import Graph, Pipeline, training_threads
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
-from workloads.graphs.spec import DATASETS
+from workloads.graphs.spec import DATASETS, SHORT_NAMES
 
 
 def timed(steps: dict, name: str, work):
@@ -56,12 +55,12 @@ def profile(pipeline: Pipeline, batches: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default="products", choices=sorted(DATASET_OF))
+    parser.add_argument("--dataset", default="products", choices=sorted(SHORT_NAMES))
     parser.add_argument("--scale-factor", type=float, default=1.0)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 8])
     args = parser.parse_args()
-    spec = DATASETS[DATASET_OF[args.dataset]].scaled(args.scale_factor)
+    spec = DATASETS[SHORT_NAMES[args.dataset]].scaled(args.scale_factor)
     graph = Graph(store.get(GeneratorParams(spec)), "cuda")
     for workers in args.workers:
         torch.set_num_threads(training_threads(workers))

@@ -1,8 +1,8 @@
 """disk: sequential write and read of one file with O_DIRECT, by request size and thread count.
 
 O_DIRECT keeps the page cache out of the way (a host with more RAM than the file would otherwise
-serve reads from DRAM). The block device's own byte counters (/sys/dev/block/MAJ:MIN/stat) are
-read around every repetition: the probe records how many bytes reached the device per byte
+serve reads from DRAM). The block device's own byte counters (/sys/dev/block/MAJ:MIN/stat, read
+by harness.resources) are read around every repetition: the probe records how many bytes reached the device per byte
 requested, and refuses a read whose bytes did not come from the device. A scratch directory that
 is not on a block device (tmpfs, overlay) is refused: nothing could prove the numbers are disk's.
 Each thread writes or reads its own contiguous slice of the file. Writes end with fsync, so their
@@ -24,27 +24,14 @@ from pathlib import Path
 
 from harness.errors import UserError
 from harness.progress import progress
+from harness.resources import block_device_counters, device_bytes
 from harness.timing import measure
 
 MIB = 1 << 20
-SECTOR = 512  # /sys/block/*/stat counts 512-byte sectors whatever the device's own sector size
 PAGE = 4096
 SHIFTS = 16
 # A read repetition must see at least this share of its bytes at the device.
 MIN_DEVICE_SHARE = 0.95
-
-
-def block_device_counters(path: Path) -> Path | None:
-    """The stat file of the block device holding ``path``; None if it is not on one (tmpfs, overlay)."""
-    dev = os.stat(path).st_dev
-    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
-    return stat if stat.exists() else None
-
-
-def device_bytes(stat: Path) -> tuple[int, int]:
-    """(bytes read, bytes written) by the device since boot."""
-    fields = stat.read_text().split()
-    return int(fields[2]) * SECTOR, int(fields[6]) * SECTOR
 
 
 def _open_direct(path: Path, flags: int) -> int:
@@ -154,11 +141,11 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
                     m = measure(call, device="cpu", repeat=repeat, warmup=warmup if variant == "write" else 0)
                     config = {"device": "cpu", "size_bytes": transfer.nbytes,
                               "block_bytes": transfer.block, "threads": threads}
-                    writer.add_measurement(m, system="disk", variant=variant, bytes_moved=transfer.nbytes,
+                    writer.add_measurement(m, role="probe", variant=variant, bytes_moved=transfer.nbytes,
                                            config=config)
                     timed = call.device_bytes[-repeat:]
                     for rep, counted in enumerate(timed):
-                        writer.add(system="disk", variant=variant, config=config, metric="device_bytes_ratio",
+                        writer.add(role="probe", variant=variant, config=config, metric="device_bytes_ratio",
                                    value=counted / transfer.nbytes, unit="ratio", repetition=rep)
                     if variant == "read" and min(timed) < MIN_DEVICE_SHARE * transfer.nbytes:
                         raise RuntimeError(

@@ -28,6 +28,6 @@ def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:
         if not torch.equal(dst.cpu() if dst.is_cuda else dst, src.cpu() if src.is_cuda else src):
             raise RuntimeError(f"pcie_copy {direction}/{host_memory}: copied bytes differ from the source")
         m = measure(copy, device="cuda", repeat=repeat, warmup=warmup)
-        writer.add_measurement(m, system="pcie_copy", variant=direction, bytes_moved=nbytes,
+        writer.add_measurement(m, role="probe", variant=direction, bytes_moved=nbytes,
                                config={"device": "cuda", "host_memory": host_memory, "size_bytes": nbytes})
         del host, gpu, src, dst

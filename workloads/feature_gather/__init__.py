@@ -1,7 +1,7 @@
 """Feature gathering for sampled GNN training: PyTorch-Direct's zero-copy gather against the
 CPU-gather-then-copy pipeline, an all-in-GPU upper bound, and the fixes for the translation bound.
 
-Parts (one results file each):
+Parts (one results file each; the functions are in parts.py):
 ``row_sizes``   feature dims x dtypes at one table size: every variant and baseline
 ``table_sizes`` row size x table size x index distribution (uniform, Zipf-skewed): the ablation
 ``batch_sizes`` rows per gather from 1e3 to 1e6
@@ -9,11 +9,24 @@ Parts (one results file each):
 ``thread_cap``  the zero-copy gather with a cap on its threads (to overlap training)
 ``locality``    what bounds random reads: the same bytes spread over windows of growing size
 Only ``row_sizes`` and ``cpu_threads`` have a CPU-only subset (the CPU gather, no transfer).
+The figure also shows the same machine's ceilings (pinned copy, zero-copy read rates).
 """
 
-PARTS = ("row_sizes", "table_sizes", "batch_sizes", "cpu_threads", "thread_cap", "locality")
-GPU_PARTS = ("table_sizes", "batch_sizes", "thread_cap", "locality")
+from harness.topic import Part, Topic
+from workloads.feature_gather.schema import SCHEMA
 
-
-def parts_for(has_gpu: bool) -> tuple[str, ...]:
-    return PARTS if has_gpu else tuple(p for p in PARTS if p not in GPU_PARTS)
+TOPIC = Topic(
+    name="feature_gather",
+    title="PyTorch-Direct feature gathering",
+    technique="pytorch_direct",
+    schema=SCHEMA,
+    parts=(
+        Part("row_sizes"),
+        Part("table_sizes", cpu=False),
+        Part("batch_sizes", cpu=False),
+        Part("cpu_threads"),
+        Part("thread_cap", cpu=False),
+        Part("locality", cpu=False),
+    ),
+    reads=("ceilings",),
+)

@@ -46,13 +46,13 @@ class Sweep:
         variants.check(fn, batch, variant)
         clock = "cuda" if variant in variants.KERNEL_ONLY else "cpu"
         m = measure(fn, device=clock, repeat=self.repeat, warmup=self.warmup)
-        system = "baseline" if variant in variants.BASELINES else "pytorch_direct"
+        role = variants.role(variant)
         full = {"device": self.device, "batch_rows": batch.idx.shape[0], **config}
-        self.writer.add_measurement(m, system=system, variant=variant, config=full, bytes_moved=batch.bytes)
+        self.writer.add_measurement(m, role=role, variant=variant, config=full, bytes_moved=batch.bytes)
         crossed = batch.bytes if pcie_bytes is None else pcie_bytes
         if self.device == "cuda" and variant != "all_in_gpu":
             for rep in range(len(m.seconds)):
-                self.writer.add(system=system, variant=variant, config=full, metric="pcie_bytes",
+                self.writer.add(role=role, variant=variant, config=full, metric="pcie_bytes",
                                 value=float(crossed), unit="B", repetition=rep)
         return batch.bytes / m.median / 1e9
 

@@ -24,10 +24,18 @@ import torch
 
 from systems.pytorch_direct.ops import gather, launch_gather, launch_sorted_gather
 
-BASELINES = ("pageable", "cpu_gather", "all_in_gpu")
+BASELINES = ("pageable", "cpu_gather")
+UPPER_BOUNDS = ("all_in_gpu",)  # no transfer at all: what no feeding path can beat
 ZERO_COPY = ("naive", "aligned", "vectorized", "sorted", "hot_cache", "split")
 KERNEL_ONLY = ("vectorized_kernel",)  # timed with CUDA events (see above)
 CHECKED_ROWS = 4096
+
+
+def role(variant: str) -> str:
+    """The results' ``role`` of a variant (harness.results.ROLES)."""
+    if variant in BASELINES:
+        return "baseline"
+    return "upper_bound" if variant in UPPER_BOUNDS else "optimized"
 
 
 def wait() -> None:

@@ -4,10 +4,11 @@ memory (workloads.graphs.shared).
 
 Parts are world sizes (``world1`` .. ``world8``): the number of ranks, one GPU each on a GPU
 machine; on a machine without a GPU, 1 and 2 CPU processes (the distributed code path, with the
-CPU pipeline only). A part needing more GPUs than the machine has is not listed here.
+CPU pipeline only). A machine runs the world sizes its GPUs allow.
 """
 
-from harness import machine
+from harness.topic import Part, Topic
+from workloads.gnn_multi_gpu.schema import SCHEMA
 
 WORLDS = {"world1": 1, "world2": 2, "world4": 4, "world8": 8}
 CPU_WORLDS = ("world1", "world2")
@@ -15,14 +16,10 @@ CPU_WORLDS = ("world1", "world2")
 # refuses to start without them).
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-
-def parts_for(has_gpu: bool) -> tuple[str, ...]:
-    if not has_gpu:
-        return CPU_WORLDS
-    gpus = len(machine.nvidia_gpus())
-    return tuple(part for part, world in WORLDS.items() if world <= gpus)
-
-
-def gpus_of(part: str, has_gpu: bool) -> int:
-    """GPUs a part holds while it runs (for the workflow's resources)."""
-    return WORLDS[part] if has_gpu else 0
+TOPIC = Topic(
+    name="gnn_multi_gpu",
+    title="Multi-GPU GNN training",
+    technique="pytorch_direct",
+    schema=SCHEMA,
+    parts=tuple(Part(name, gpus=world, cpu=name in CPU_WORLDS) for name, world in WORLDS.items()),
+)

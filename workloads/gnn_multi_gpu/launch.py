@@ -19,11 +19,12 @@ from pathlib import Path
 from harness import machine, resources
 from harness.errors import UserError
 from harness.progress import report
+from workloads.gnn.pipelines import GPU_PIPELINES
 from workloads.gnn_multi_gpu import NVLS_OFF
-from workloads.gnn_training.pipelines import GPU_PIPELINES
-from workloads.gnn_training.train import cached_graph
 from workloads.graphs import store
+from workloads.graphs.datasets import cached_graph
 from workloads.graphs.shared import shared_table
+from workloads.graphs.spec import SHORT_NAMES
 
 PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu")
 REPLICA_HEADROOM = 0.8  # all_in_gpu replicates the table only where it fits in this share of a GPU's memory
@@ -35,7 +36,7 @@ def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, wa
     takes longer (all its processes), with an error."""
     if device == "cuda" and world > len(machine.nvidia_gpus()):
         raise UserError(f"world size {world} needs {world} GPUs; this machine has {len(machine.nvidia_gpus())}")
-    spec, dataset, folder = cached_graph(shared["dataset"], shared, shared["graph_seed"])
+    spec, dataset, folder = cached_graph(SHORT_NAMES[shared["dataset"]], shared, shared["graph_seed"])
     features = store.load(folder)["features"]
     pipelines, skipped = _pipelines(device, features.nbytes)
     with shared_table(features, folder.name) as table, tempfile.TemporaryDirectory() as tmp:

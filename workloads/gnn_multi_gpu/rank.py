@@ -13,19 +13,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from harness import resources
 from harness.progress import report
+from workloads.gnn.epoch import accuracy, timed_epochs
+from workloads.gnn.models import build
+from workloads.gnn.pipelines import ROLE, Graph, Pipeline, training_threads, workers_of
 from workloads.gnn_multi_gpu import NVLS_OFF
-from workloads.gnn_training.models import build
-from workloads.gnn_training.pipelines import Graph, Pipeline, training_threads, workers_of
-from workloads.gnn_training.train import SYSTEM, accuracy, train_epoch
 from workloads.graphs import store
 from workloads.graphs.shared import map_table
 
@@ -72,7 +70,7 @@ def train_one(job: dict, graph: Graph, model_spec: dict, name: str, rank: int, w
     rows = []
 
     def add(metric, value, unit, repetition=0, rank_label="all"):
-        rows.append(dict(system=SYSTEM[name], variant=name, config=config | {"rank": rank_label}, metric=metric,
+        rows.append(dict(role=ROLE[name], variant=name, config=config | {"rank": rank_label}, metric=metric,
                          value=float(value), unit=unit, repetition=repetition, dataset=job["dataset"]))
 
     torch.manual_seed(0)  # the same initial weights on every rank and for every pipeline
@@ -82,34 +80,35 @@ def train_one(job: dict, graph: Graph, model_spec: dict, name: str, rank: int, w
     optimizer = torch.optim.Adam(ddp.parameters(), lr=job["learning_rate"])
     pipeline = Pipeline(name, graph, model_spec["fanouts"], job["batch_size"], seed=job["graph_seed"],
                         sampler_workers=workers, shard=(rank, world))
-    epoch_seconds = []
-    for epoch in range(job["warmup"] + job["repeat"]):
-        cpu_before = resources.cpu_core_seconds(include_children=True)
-        dist.barrier()
-        started = time.perf_counter()
-        losses, gathered = train_epoch(ddp, optimizer, pipeline, epoch)  # ends with the losses read back
+
+    def every_rank_done() -> None:
+        # The epoch ends by reading its losses back, a wait for this rank's GPU already; the
+        # synchronize keeps the time right should that change.
         if cuda:
             torch.cuda.synchronize()
         dist.barrier()
-        seconds = time.perf_counter() - started
-        cpu = torch.tensor([resources.cpu_core_seconds(include_children=True) - cpu_before], dtype=torch.float64,
-                           device=graph.device)
+
+    epoch_seconds = []
+    # Timed barrier to barrier, so an epoch's time is the slowest rank's.
+    for epoch in timed_epochs(ddp, optimizer, pipeline, warmup=job["warmup"], repeat=job["repeat"],
+                              device=job["device"], before=dist.barrier, after=every_rank_done):
+        cpu = torch.tensor([epoch.cpu_seconds()], dtype=torch.float64, device=graph.device)
         dist.all_reduce(cpu)  # all ranks' CPU time, sampling workers included
         per_rank_bytes = [None] * world
-        dist.all_gather_object(per_rank_bytes, gathered)
-        if epoch == 0:
-            global_losses = torch.tensor(losses[: job["loss_steps"]], dtype=torch.float64, device=graph.device)
+        dist.all_gather_object(per_rank_bytes, epoch.feature_bytes)
+        if epoch.index == 0:
+            global_losses = torch.tensor(epoch.losses[: job["loss_steps"]], dtype=torch.float64, device=graph.device)
             dist.all_reduce(global_losses)
             for step, loss in enumerate((global_losses / world).tolist()):
                 add("loss", loss, "nats", repetition=step)
-        if epoch >= job["warmup"]:
-            rep = epoch - job["warmup"]
-            epoch_seconds.append(seconds)
-            add("epoch_time", seconds, "s", repetition=rep)
+        if epoch.repetition is not None:
+            rep = epoch.repetition
+            epoch_seconds.append(epoch.seconds)
+            add("epoch_time", epoch.seconds, "s", repetition=rep)
             add("cpu_time", cpu.item(), "core-s", repetition=rep)
             if cuda and name != "all_in_gpu":
                 for r, moved in enumerate(per_rank_bytes):
-                    add("bandwidth", moved / seconds / 1e9, "GB/s", repetition=rep, rank_label=str(r))
+                    add("bandwidth", moved / epoch.seconds / 1e9, "GB/s", repetition=rep, rank_label=str(r))
     if rank == 0:
         correct = accuracy(model, pipeline)
         add("accuracy", correct, "ratio")

@@ -2,12 +2,17 @@
 
 Parts are datasets (``reddit``, ``products``, ``papers``: graphs with those statistics, see
 workloads.graphs); each part trains GraphSAGE and GAT with every pipeline that applies here
-(see pipelines.py). Without a GPU only the CPU pipeline runs, training on the CPU.
+(see workloads/gnn/pipelines.py). Without a GPU only the CPU pipeline runs, training on the CPU.
 """
 
-PARTS = ("reddit", "products", "papers")
-DATASET_OF = {"reddit": "reddit", "products": "ogbn-products", "papers": "ogbn-papers100M"}
+from harness.topic import Part, Topic
+from workloads.gnn_training.schema import SCHEMA
+from workloads.graphs.spec import SHORT_NAMES
 
-
-def parts_for(has_gpu: bool) -> tuple[str, ...]:
-    return PARTS
+TOPIC = Topic(
+    name="gnn_training",
+    title="GNN minibatch training",
+    technique="pytorch_direct",
+    schema=SCHEMA,
+    parts=tuple(Part(name) for name in SHORT_NAMES),
+)

@@ -41,6 +41,8 @@ class GeneratorParams:
     signal: float = 1.0         # distance of class centroids, in units of the feature noise
 
     def __post_init__(self):
+        if not self.spec.homogeneous:  # the arrays below have no node or edge types
+            raise ValueError(f"{self.spec.name}: this generator makes homogeneous graphs only, not heterographs")
         if not self.gamma > 2:
             raise ValueError(f"gamma must be > 2 (a finite mean degree), got {self.gamma}")
         if not 0 <= self.homophily <= 1:

@@ -1,4 +1,5 @@
-# The two jobs of every topic: measure one part on this machine; render one machine's figure.
+# The jobs of every topic: measure one part on this machine; render one machine's figure; and
+# the topic's own target rule (`snakemake --cores all <topic>`).
 
 
 rule measure:
@@ -15,17 +16,17 @@ rule measure:
         part="[a-z0-9_]+",
     # Measurements never overlap, nor share the machine with rendering: each takes every core
     # (which holds even when --resources on the command line replaces the profile's limits),
-    # the one timing slot, and the GPUs it uses (one on a GPU machine; a multi-GPU part its count).
+    # the one timing slot, and the GPUs the part holds (harness/topic.py: Part.gpus).
     threads: workflow.cores
     resources:
         timing_slot=1,
-        gpu=lambda wildcards: TOPICS[wildcards.topic].gpus(wildcards.part),
+        gpu=lambda wildcards: TOPICS[wildcards.topic].part(wildcards.part).gpus_held(GPU_COUNT),
     params:
         python=PYTHON,
         config_file=CONFIG_FILE,
         scratch_dir=config["scratch_dir"],
     shell:
-        "{params.python} -m workloads.{wildcards.topic} --part {wildcards.part} --scale {wildcards.scale}"
+        "{params.python} -m workloads {wildcards.topic} --part {wildcards.part} --scale {wildcards.scale}"
         " --out {output.csv} --config {params.config_file} --scratch-dir {params.scratch_dir}"
         " 2>&1 | tee {log}"
 
@@ -34,24 +35,35 @@ for topic in TOPICS.values():
 
     rule:
         name:
+            topic.name
+        input:
+            topic_targets(topic.name),
+        default_target: False
+
+    # A render writes to temporary files and replaces the figure only when it succeeds, and
+    # `update` keeps Snakemake from deleting the previous figure before the job and restores
+    # it after a failed one: a failed render never loses a committed figure.
+    rule:
+        name:
             f"{topic.name}_figure"
         input:
-            topic_results(topic.name),
-            notebook=f"analysis/{topic.name}.py",
+            unpack(figure_inputs(topic.name)),
+            notebook=topic.notebook,
             helpers="analysis/common.py",
         output:
             figure=report(
-                f"paper_figs/{{machine}}/{topic.name}-{{scale}}.png",
-                caption=f"../report/{topic.name}.rst",
+                update(f"paper_figs/{{machine}}/{topic.name}-{{scale}}.png"),
+                caption=f"../../{topic.caption}",
                 category=topic.title,
                 labels={"machine": "{machine}", "scale": "{scale}"},
             ),
-            summary=f"paper_figs/{{machine}}/{topic.name}-{{scale}}.md",
+            summary=update(f"paper_figs/{{machine}}/{topic.name}-{{scale}}.md"),
         log:
             notebook=f"logs/{{machine}}/notebooks/{topic.name}-{{scale}}.ipynb",
         params:
             python=PYTHON,
+            results=results_arguments(topic.name),
         shell:
             "{params.python} -m analysis.render {input.notebook} --executed {log.notebook}"
-            " -p machine={wildcards.machine} -p scale={wildcards.scale}"
-            " -p figure={output.figure} -p summary={output.summary}"
+            " -p machine={wildcards.machine} -p scale={wildcards.scale} {params.results}"
+            " --figure {output.figure} --summary {output.summary}"

@@ -1,4 +1,5 @@
-"""The ways of feeding sampled minibatches to a GPU, compared by this workload.
+"""The ways of feeding sampled minibatches to a GPU, compared by the GNN topics (gnn_training,
+gnn_multi_gpu).
 
 Every pipeline turns a batch of seed nodes into (features of the subgraph's nodes, its edges,
 the seeds' labels) on the training device:
@@ -38,6 +39,9 @@ from workloads.graphs.shared import shared_anonymous_copy
 
 PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "uva_sampling", "all_in_gpu")
 GPU_PIPELINES = PIPELINES[1:]
+# The results' ``role`` of each pipeline, in one table so both GNN topics label a pipeline alike.
+ROLE = {"cpu_gather": "baseline", "zero_copy": "optimized", "zero_copy_overlap": "optimized",
+        "uva_sampling": "optimized", "all_in_gpu": "upper_bound"}
 WORKER_TIMEOUT_S = 600  # a sampling worker that delivers nothing for this long is stuck: fail, never hang
 OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
 PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
