@@ -43,4 +43,7 @@ test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 	$(VENV)/bin/snakemake --lint

@@ -27,6 +27,7 @@ include: "workflow/rules/topics.smk"
 
 rule reproduce:
     """Measure every topic on this machine at the configured scale and render its figures."""
+    default_target: True
     input:
         [topic_targets(name) for name in TOPICS],
 

@@ -26,7 +26,6 @@ results = {}  # topic -> its results files, passed by the workflow
 # %%
 from pathlib import Path
 
-
 from analysis.common import errorbars, load_results, machine_label, panel_grid, summarize
 from workloads.ceilings.schema import SCHEMA
 
@@ -41,14 +40,33 @@ print(sorted(probes))
 # Median bandwidths (GB/s = 10^9 B/s) and rates for the headline configurations.
 
 # %%
-bw = summarize(frame, "bandwidth", ["part", "variant", "device", "host_memory", "size_bytes", "table_bytes",
-                                    "granularity_bytes", "block_bytes", "threads"])
+bw = summarize(
+    frame,
+    "bandwidth",
+    [
+        "part",
+        "variant",
+        "device",
+        "host_memory",
+        "size_bytes",
+        "table_bytes",
+        "granularity_bytes",
+        "block_bytes",
+        "threads",
+    ],
+)
 # Zero-copy read panels show driver-allocated pinned memory; the allocation panel compares.
 uva_all = bw[bw.part == "uva_read"]
 bw = bw[(bw.part != "uva_read") | (bw.host_memory == "pinned")]
 rate = summarize(frame, "flop_rate", ["part", "variant", "device", "matrix_dim"])
-lines = [f"# Ceilings of `{machine}` at scale `{scale}`", "", machine_label(provenance), "",
-         "| what | configuration | median | IQR |", "|---|---|---|---|"]
+lines = [
+    f"# Ceilings of `{machine}` at scale `{scale}`",
+    "",
+    machine_label(provenance),
+    "",
+    "| what | configuration | median | IQR |",
+    "|---|---|---|---|",
+]
 
 
 def add_line(what, config, row, unit):
@@ -61,8 +79,12 @@ if "pcie_copy" in probes:
         add_line(f"PCIe copy {r.variant}", f"{r.host_memory}, {r.size_bytes / MiB:.0f} MiB", r, "GB/s")
 if "uva_read" in probes:
     for _, r in uva_all.sort_values(["host_memory", "variant", "table_bytes", "granularity_bytes"]).iterrows():
-        add_line(f"zero-copy read, {r.variant}, {r.host_memory}",
-                 f"{r.granularity_bytes} B rows, {r.table_bytes / GiB:g} GiB table", r, "GB/s")
+        add_line(
+            f"zero-copy read, {r.variant}, {r.host_memory}",
+            f"{r.granularity_bytes} B rows, {r.table_bytes / GiB:g} GiB table",
+            r,
+            "GB/s",
+        )
 if "hbm_copy" in probes:
     for _, r in bw[bw.part == "hbm_copy"].iterrows():
         add_line("HBM copy (read+write)", f"{r.size_bytes / MiB:.0f} MiB", r, "GB/s")
@@ -81,9 +103,21 @@ print("\n".join(lines))
 
 # %%
 allocations = sorted(set(uva_all.host_memory)) if "uva_read" in probes else []
-panels = [p for p in ("pcie_copy", "uva_read:random", "uva_read:sorted", "uva_read:contiguous",
-                      "uva_alloc", "hbm_copy", "matmul", "disk", "host_memcpy")
-          if p.split(":")[0] in probes or (p == "uva_alloc" and len(allocations) > 1)]
+panels = [
+    p
+    for p in (
+        "pcie_copy",
+        "uva_read:random",
+        "uva_read:sorted",
+        "uva_read:contiguous",
+        "uva_alloc",
+        "hbm_copy",
+        "matmul",
+        "disk",
+        "host_memcpy",
+    )
+    if p.split(":")[0] in probes or (p == "uva_alloc" and len(allocations) > 1)
+]
 fig, axes = panel_grid(len(panels), width=4.6, height=3.8)
 pinned_h2d = None
 if "pcie_copy" in probes:
@@ -95,8 +129,13 @@ for ax, panel in zip(axes, panels):
     probe, _, order = panel.partition(":")
     if probe == "pcie_copy":
         for (variant, memory), d in pc.groupby(["variant", "host_memory"]):
-            errorbars(ax, d.assign(mib=d.size_bytes / MiB), "mib", f"{variant}, {memory}",
-                      linestyle="-" if memory == "pinned" else ":")
+            errorbars(
+                ax,
+                d.assign(mib=d.size_bytes / MiB),
+                "mib",
+                f"{variant}, {memory}",
+                linestyle="-" if memory == "pinned" else ":",
+            )
         ax.set(xscale="log", xlabel="transfer size (MiB)", ylabel="GB/s", title="PCIe copies (cudaMemcpy)")
     elif probe == "uva_read":
         d_all = bw[(bw.part == "uva_read") & (bw.variant == order)]
@@ -104,47 +143,86 @@ for ax, panel in zip(axes, panels):
             errorbars(ax, d.assign(gib=d.table_bytes / GiB), "gib", f"{g} B rows")
         if pinned_h2d is not None:
             ax.axhline(pinned_h2d, color="grey", linestyle="--", linewidth=1, label="pinned H2D copy")
-        ax.set(xscale="log", xlabel="table size (GiB, pinned host memory)", ylabel="GB/s",
-               title=f"GPU zero-copy reads, {order} rows", ylim=(0, None))
+        ax.set(
+            xscale="log",
+            xlabel="table size (GiB, pinned host memory)",
+            ylabel="GB/s",
+            title=f"GPU zero-copy reads, {order} rows",
+            ylim=(0, None),
+        )
     elif probe == "uva_alloc":
-        for (allocation, order), d in uva_all[uva_all.variant.isin(["random", "sorted"])].groupby(["host_memory", "variant"]):
+        for (allocation, order), d in uva_all[uva_all.variant.isin(["random", "sorted"])].groupby(
+            ["host_memory", "variant"]
+        ):
             for g, style in ((512, "-"), (2048, "--")):
                 dg = d[d.granularity_bytes == g]
                 if not dg.empty:
-                    errorbars(ax, dg.assign(gib=dg.table_bytes / GiB), "gib", f"{allocation}, {order}, {g} B",
-                              linestyle=style if order == "random" else ":")
-        ax.set(xscale="log", xlabel="table size (GiB)", ylabel="GB/s", ylim=(0, None),
-               title="Zero-copy reads by host allocation\n(solid 512 B random, dashed 2 KiB random, dotted sorted)")
+                    errorbars(
+                        ax,
+                        dg.assign(gib=dg.table_bytes / GiB),
+                        "gib",
+                        f"{allocation}, {order}, {g} B",
+                        linestyle=style if order == "random" else ":",
+                    )
+        ax.set(
+            xscale="log",
+            xlabel="table size (GiB)",
+            ylabel="GB/s",
+            ylim=(0, None),
+            title="Zero-copy reads by host allocation\n(solid 512 B random, dashed 2 KiB random, dotted sorted)",
+        )
         ax.legend(fontsize=5, ncol=2)
     elif probe == "hbm_copy":
         d = bw[bw.part == "hbm_copy"]
-        ax.bar([f"{s / MiB:.0f} MiB" for s in d.size_bytes], d["median"] / 1e3,
-               yerr=[(d["median"] - d.q25) / 1e3, (d.q75 - d["median"]) / 1e3], capsize=3)
+        ax.bar(
+            [f"{s / MiB:.0f} MiB" for s in d.size_bytes],
+            d["median"] / 1e3,
+            yerr=[(d["median"] - d.q25) / 1e3, (d.q75 - d["median"]) / 1e3],
+            capsize=3,
+        )
         ax.set(ylabel="TB/s (bytes read + written)", title="HBM device-to-device copy")
     elif probe == "matmul":
-        ax.bar([f"{r.variant}\n({r.device}, n={r.matrix_dim})" for r in rate.itertuples()], rate["median"],
-               yerr=[rate["median"] - rate.q25, rate.q75 - rate["median"]], capsize=3)
+        ax.bar(
+            [f"{r.variant}\n({r.device}, n={r.matrix_dim})" for r in rate.itertuples()],
+            rate["median"],
+            yerr=[rate["median"] - rate.q25, rate.q75 - rate["median"]],
+            capsize=3,
+        )
         ax.set(ylabel="TFLOP/s", title="Dense matrix multiply (random inputs)")
     elif probe == "disk":
         d_all = bw[bw.part == "disk"]
         for (variant, threads), d in d_all.groupby(["variant", "threads"]):
-            errorbars(ax, d.assign(mib=d.block_bytes / MiB), "mib", f"{variant}, {threads} thr",
-                      linestyle={"write": "-", "overwrite": "--", "read": ":"}[variant])
-        ax.set(xscale="log", xlabel="request size (MiB)", ylabel="GB/s", ylim=(0, None),
-               title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)")
+            errorbars(
+                ax,
+                d.assign(mib=d.block_bytes / MiB),
+                "mib",
+                f"{variant}, {threads} thr",
+                linestyle={"write": "-", "overwrite": "--", "read": ":"}[variant],
+            )
+        ax.set(
+            xscale="log",
+            xlabel="request size (MiB)",
+            ylabel="GB/s",
+            ylim=(0, None),
+            title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)",
+        )
         ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     elif probe == "host_memcpy":
         d = bw[bw.part == "host_memcpy"].sort_values("threads")
-        ax.bar([str(t) for t in d.threads], d["median"],
-               yerr=[d["median"] - d.q25, d.q75 - d["median"]], capsize=3)
-        ax.set(xlabel="threads", ylabel="GB/s (bytes read + written)",
-               title=f"Host memcpy ({d.size_bytes.max() / MiB:.0f} MiB)")
+        ax.bar([str(t) for t in d.threads], d["median"], yerr=[d["median"] - d.q25, d.q75 - d["median"]], capsize=3)
+        ax.set(
+            xlabel="threads",
+            ylabel="GB/s (bytes read + written)",
+            title=f"Host memcpy ({d.size_bytes.max() / MiB:.0f} MiB)",
+        )
     ax.grid(alpha=0.3)
     if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
 
-fig.suptitle(f"Machine ceilings: {machine}, scale '{scale}' (measured; median, bars = IQR)\n"
-             f"{machine_label(provenance)}", fontsize=9)
+fig.suptitle(
+    f"Machine ceilings: {machine}, scale '{scale}' (measured; median, bars = IQR)\n{machine_label(provenance)}",
+    fontsize=9,
+)
 fig.tight_layout()
 Path(figure).parent.mkdir(parents=True, exist_ok=True)
 fig.savefig(figure, dpi=130)

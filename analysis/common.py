@@ -25,8 +25,9 @@ def summarize(frame: pd.DataFrame, metric: str, by: list[str]) -> pd.DataFrame:
     """Median and interquartile range over repetitions of ``metric`` for each group ``by``."""
     rows = frame[frame["metric"] == metric]
     grouped = rows.groupby(by, dropna=False)["value"]
-    out = grouped.agg(median="median", q25=lambda v: v.quantile(0.25), q75=lambda v: v.quantile(0.75),
-                      repetitions="count").reset_index()
+    out = grouped.agg(
+        median="median", q25=lambda v: v.quantile(0.25), q75=lambda v: v.quantile(0.75), repetitions="count"
+    ).reset_index()
     return out
 
 
@@ -38,9 +39,11 @@ def machine_label(provenance: list[dict]) -> str:
     dates = sorted(p["date_utc"][:10] for p in provenance)
     dirty = {True: "+dirty", False: "", None: "+dirty?"}  # None: the record does not say
     commits = sorted({p["git"]["commit"][:8] + dirty[p["git"]["dirty"]] for p in provenance})
-    return (f"{hardware}; {m['cpu_model']}, {m['usable_cpus']} cores; measured {dates[0]}"
-            + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
-            + f"; commit {', '.join(commits)}; torch {first['packages'].get('torch', '?')}")
+    return (
+        f"{hardware}; {m['cpu_model']}, {m['usable_cpus']} cores; measured {dates[0]}"
+        + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
+        + f"; commit {', '.join(commits)}; torch {first['packages'].get('torch', '?')}"
+    )
 
 
 def panel_grid(count: int, width: float, height: float, cols: int = 4):
@@ -59,8 +62,17 @@ def panel_grid(count: int, width: float, height: float, cols: int = 4):
 def errorbars(ax, data: pd.DataFrame, x: str, label, color=None, linestyle="-") -> None:
     """Medians against ``x`` with interquartile bars (columns from :func:`summarize`)."""
     data = data.sort_values(x)
-    ax.errorbar(data[x], data["median"], yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
-                label=label, color=color, linestyle=linestyle, marker="o", markersize=3, capsize=2)
+    ax.errorbar(
+        data[x],
+        data["median"],
+        yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
+        label=label,
+        color=color,
+        linestyle=linestyle,
+        marker="o",
+        markersize=3,
+        capsize=2,
+    )
 
 
 def layout_with_title(fig, title: str) -> None:

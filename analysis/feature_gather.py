@@ -26,7 +26,6 @@ results = {}  # topic -> its results files, passed by the workflow
 # %%
 from pathlib import Path
 
-
 from analysis.common import errorbars, load_results, machine_label, panel_grid, summarize
 from workloads.ceilings.schema import SCHEMA as CEILINGS
 from workloads.feature_gather.schema import SCHEMA
@@ -51,8 +50,9 @@ print(sorted(parts))
 ceil = None
 if results.get("ceilings"):
     ceil_frame, _ = load_results(results["ceilings"], CEILINGS)
-    ceil = summarize(ceil_frame, "bandwidth", ["part", "variant", "host_memory", "size_bytes", "table_bytes",
-                                               "granularity_bytes"])
+    ceil = summarize(
+        ceil_frame, "bandwidth", ["part", "variant", "host_memory", "size_bytes", "table_bytes", "granularity_bytes"]
+    )
 pinned_copy = None
 if ceil is not None and (ceil.part == "pcie_copy").any():
     pc = ceil[(ceil.part == "pcie_copy") & (ceil.variant == "h2d") & (ceil.host_memory == "pinned")]
@@ -63,8 +63,12 @@ def random_read_ceiling(row_bytes, order="random"):
     """Zero-copy reads of driver-pinned memory at this row size, by table size (ceilings' uva_read)."""
     if ceil is None:
         return None
-    c = ceil[(ceil.part == "uva_read") & (ceil.variant == order) & (ceil.granularity_bytes == row_bytes)
-             & (ceil.host_memory == "pinned")]
+    c = ceil[
+        (ceil.part == "uva_read")
+        & (ceil.variant == order)
+        & (ceil.granularity_bytes == row_bytes)
+        & (ceil.host_memory == "pinned")
+    ]
     return None if c.empty else c.sort_values("table_bytes")
 
 
@@ -75,10 +79,18 @@ def ceiling_at(row_bytes, table_bytes, order="random"):
     return c[c.table_bytes == table_bytes]["median"].iloc[0]
 
 
-STYLE = {"pageable": ("tab:gray", ":"), "cpu_gather": ("black", "-"), "all_in_gpu": ("tab:purple", "--"),
-         "naive": ("tab:red", "-"), "aligned": ("tab:orange", "-"), "vectorized": ("tab:blue", "-"),
-         "vectorized_kernel": ("tab:brown", ":"),
-         "sorted": ("tab:green", "-"), "hot_cache": ("tab:olive", "-"), "split": ("tab:cyan", "-")}
+STYLE = {
+    "pageable": ("tab:gray", ":"),
+    "cpu_gather": ("black", "-"),
+    "all_in_gpu": ("tab:purple", "--"),
+    "naive": ("tab:red", "-"),
+    "aligned": ("tab:orange", "-"),
+    "vectorized": ("tab:blue", "-"),
+    "vectorized_kernel": ("tab:brown", ":"),
+    "sorted": ("tab:green", "-"),
+    "hot_cache": ("tab:olive", "-"),
+    "split": ("tab:cyan", "-"),
+}
 ZERO_COPY = ["naive", "aligned", "vectorized", "sorted", "hot_cache", "split"]
 
 
@@ -86,23 +98,31 @@ def size_label(nbytes):
     return f"{nbytes / GiB:g} GiB" if nbytes >= GiB else f"{nbytes / MiB:g} MiB"
 
 
-
 # %% [markdown]
 # ## Targets and key numbers
 
 # %%
-lines = [f"# Feature gathering on `{machine}` at scale `{scale}`", "", machine_label(provenance), "",
-         "Effective bandwidth = rows delivered x row size / time, in GB/s (10^9 B/s); medians of the repetitions.",
-         ""]
+lines = [
+    f"# Feature gathering on `{machine}` at scale `{scale}`",
+    "",
+    machine_label(provenance),
+    "",
+    "Effective bandwidth = rows delivered x row size / time, in GB/s (10^9 B/s); medians of the repetitions.",
+    "",
+]
 
 if "table_sizes" in parts:
     ts = medians("table_sizes")
-    lines += ["## Targets (part table_sizes, fp32 rows; ratios from the same run)", "",
-              "Ceilings come from the same machine's ceilings run: pinned copy, and the random / sorted "
-              "zero-copy read rate at the same row and table size.", "",
-              "| row | table | indices | best zero-copy path | GB/s | ms per gather | cpu_gather GB/s | x CPU "
-              "| / pinned copy | / random-read ceiling | / sorted-read ceiling | target |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Targets (part table_sizes, fp32 rows; ratios from the same run)",
+        "",
+        "Ceilings come from the same machine's ceilings run: pinned copy, and the random / sorted "
+        "zero-copy read rate at the same row and table size.",
+        "",
+        "| row | table | indices | best zero-copy path | GB/s | ms per gather | cpu_gather GB/s | x CPU "
+        "| / pinned copy | / random-read ceiling | / sorted-read ceiling | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     times = medians("table_sizes", "time")
     for (row_bytes, table_bytes, dist), g in ts.groupby(["row_bytes", "table_bytes", "distribution"]):
         zc = g[g.variant.isin(ZERO_COPY)]
@@ -118,24 +138,37 @@ if "table_sizes" in parts:
         for order in ("random", "sorted"):
             c = ceiling_at(row_bytes, table_bytes, order)
             ratios.append(f"{b['median'] / c:.2f}" if c else "n/a")
-        t = times[(times.variant == b.variant) & (times.row_bytes == row_bytes) & (times.table_bytes == table_bytes)
-                  & (times.distribution == dist)]["median"].iloc[0]
-        lines.append(f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {dist} | {b.variant} | {b['median']:.1f} | "
-                     f"{t * 1e3:.2f} | {cpu:.1f} | {b['median'] / cpu:.2f} | {copy} | {ratios[0]} | {ratios[1]} | {target} |")
+        t = times[
+            (times.variant == b.variant)
+            & (times.row_bytes == row_bytes)
+            & (times.table_bytes == table_bytes)
+            & (times.distribution == dist)
+        ]["median"].iloc[0]
+        lines.append(
+            f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {dist} | {b.variant} | {b['median']:.1f} | "
+            f"{t * 1e3:.2f} | {cpu:.1f} | {b['median'] / cpu:.2f} | {copy} | {ratios[0]} | {ratios[1]} | {target} |"
+        )
     lines += ["", "### Ablation (part table_sizes): GB/s of each step", ""]
     steps = ["cpu_gather", "naive", "vectorized", "sorted", "hot_cache", "split"]
     lines += ["| row | table | indices | " + " | ".join(steps) + " |", "|---|---|---|" + "---|" * len(steps)]
     for (row_bytes, table_bytes, dist), g in ts.groupby(["row_bytes", "table_bytes", "distribution"]):
         values = dict(zip(g.variant, g["median"]))
-        lines.append(f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {dist} | "
-                     + " | ".join(f"{values[s]:.1f}" if s in values else "" for s in steps) + " |")
+        lines.append(
+            f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {dist} | "
+            + " | ".join(f"{values[s]:.1f}" if s in values else "" for s in steps)
+            + " |"
+        )
     lines.append("")
 
 if "row_sizes" in parts:
     rs = medians("row_sizes")
     variants = [v for v in STYLE if v in set(rs.variant)]
-    lines += ["## Row sizes (part row_sizes: uniform rows, one table size)", "",
-              "| dtype | dim | row | " + " | ".join(variants) + " |", "|---|---|---|" + "---|" * len(variants)]
+    lines += [
+        "## Row sizes (part row_sizes: uniform rows, one table size)",
+        "",
+        "| dtype | dim | row | " + " | ".join(variants) + " |",
+        "|---|---|---|" + "---|" * len(variants),
+    ]
     for (dtype, dim, row_bytes), g in rs.groupby(["dtype", "dim", "row_bytes"]):
         values = dict(zip(g.variant, g["median"]))
         lines.append(f"| {dtype} | {dim} | {row_bytes} B | " + " | ".join(f"{values[v]:.1f}" for v in variants) + " |")
@@ -146,22 +179,36 @@ if "row_sizes" in parts:
         best_zc = wide[kernels].max(axis=1)
         cpu_wins = [int(r) for r in wide.index[wide["cpu_gather"] > best_zc]]
         lines.append(f"Row sizes at which cpu_gather beats the best zero-copy kernel: {cpu_wins or 'none'}.")
-        lines.append("Speedup of the best zero-copy kernel over cpu_gather, by row size: "
-                     + ", ".join(f"{int(r)} B {s:.2f}x" for r, s in (best_zc / wide["cpu_gather"]).items()) + ".")
+        lines.append(
+            "Speedup of the best zero-copy kernel over cpu_gather, by row size: "
+            + ", ".join(f"{int(r)} B {s:.2f}x" for r, s in (best_zc / wide["cpu_gather"]).items())
+            + "."
+        )
         if "all_in_gpu" in wide:
             gap = wide["all_in_gpu"] / best_zc
-            lines.append(f"All-in-GPU gathers {gap.min():.1f}x to {gap.max():.1f}x faster than the best zero-copy kernel.")
+            lines.append(
+                f"All-in-GPU gathers {gap.min():.1f}x to {gap.max():.1f}x faster than the best zero-copy kernel."
+            )
     # CPU cost: core-seconds the process spent per GB delivered.
     cpu = medians("row_sizes", "cpu_time")
     cpu["core_s_per_gb"] = cpu["median"] / (cpu.batch_rows * cpu.row_bytes / 1e9)
     per_variant = cpu.groupby("variant")["core_s_per_gb"].median()
-    lines += ["", "CPU core-seconds per GB delivered (median over row sizes): "
-              + ", ".join(f"{v} {per_variant[v]:.3f}" for v in variants if v in per_variant) + ".", ""]
+    lines += [
+        "",
+        "CPU core-seconds per GB delivered (median over row sizes): "
+        + ", ".join(f"{v} {per_variant[v]:.3f}" for v in variants if v in per_variant)
+        + ".",
+        "",
+    ]
 
 if "cpu_threads" in parts:
     ct = medians("cpu_threads")
-    lines += ["## CPU gather by threads (part cpu_threads)", "", "| row | " + " | ".join(
-        f"{t} thr" for t in sorted(set(ct.threads))) + " |", "|---|" + "---|" * len(set(ct.threads))]
+    lines += [
+        "## CPU gather by threads (part cpu_threads)",
+        "",
+        "| row | " + " | ".join(f"{t} thr" for t in sorted(set(ct.threads))) + " |",
+        "|---|" + "---|" * len(set(ct.threads)),
+    ]
     for row_bytes, g in ct.groupby("row_bytes"):
         values = dict(zip(g.threads, g["median"]))
         lines.append(f"| {row_bytes} B | " + " | ".join(f"{values[t]:.1f}" for t in sorted(values)) + " |")
@@ -190,7 +237,9 @@ def ceiling_lines(ax, row_bytes=None):
         ax.axhline(pinned_copy, color="grey", linestyle="--", linewidth=1, label="pinned copy")
     c = random_read_ceiling(row_bytes) if row_bytes else None
     if c is not None:
-        ax.plot(c.table_bytes / GiB, c["median"], color="grey", linestyle=":", linewidth=1.5, label="random-read ceiling")
+        ax.plot(
+            c.table_bytes / GiB, c["median"], color="grey", linestyle=":", linewidth=1.5, label="random-read ceiling"
+        )
 
 
 for ax, panel in zip(axes, panels):
@@ -201,39 +250,73 @@ for ax, panel in zip(axes, panels):
             for dtype, marker_style in (("fp32", "-"), ("bf16", "--")):
                 d = data[(data.variant == variant) & (data.dtype == dtype)]
                 if not d.empty:
-                    errorbars(ax, d, "row_bytes", f"{variant}" if dtype == "fp32" else None, STYLE[variant][0], marker_style)
+                    errorbars(
+                        ax, d, "row_bytes", f"{variant}" if dtype == "fp32" else None, STYLE[variant][0], marker_style
+                    )
         if pinned_copy is not None:
             ax.axhline(pinned_copy, color="grey", linestyle="--", linewidth=1, label="pinned copy")
-        ax.set(xscale="log", yscale="log", xlabel="row size (B); solid fp32, dashed bf16", ylabel="GB/s",
-               title=f"By row size ({size_label(data.table_bytes.max())} table, uniform)")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="row size (B); solid fp32, dashed bf16",
+            ylabel="GB/s",
+            title=f"By row size ({size_label(data.table_bytes.max())} table, uniform)",
+        )
     elif part == "table_sizes":
         dist, row_bytes = rest.split(":")
         row_bytes = int(row_bytes)
         d_all = data[data.row_bytes == row_bytes]
         if dist == "uniform":
             d_all = d_all[d_all.distribution == "uniform"]
-            shown = [("cpu_gather", "uniform"), ("naive", "uniform"), ("vectorized", "uniform"),
-                     ("sorted", "uniform"), ("split", "uniform")]
+            shown = [
+                ("cpu_gather", "uniform"),
+                ("naive", "uniform"),
+                ("vectorized", "uniform"),
+                ("sorted", "uniform"),
+                ("split", "uniform"),
+            ]
         else:
             zipf = sorted(x for x in set(d_all.distribution) if x.startswith("zipf") and "hot_first" not in x)[0]
-            shown = [("cpu_gather", zipf), ("sorted", zipf), ("hot_cache", zipf), ("split", zipf),
-                     ("sorted", f"{zipf}-hot_first"), ("hot_cache", f"{zipf}-hot_first")]
+            shown = [
+                ("cpu_gather", zipf),
+                ("sorted", zipf),
+                ("hot_cache", zipf),
+                ("split", zipf),
+                ("sorted", f"{zipf}-hot_first"),
+                ("hot_cache", f"{zipf}-hot_first"),
+            ]
         for variant, distribution in shown:
             d = d_all[(d_all.variant == variant) & (d_all.distribution == distribution)]
             if not d.empty:
                 hot = distribution.endswith("hot_first")
-                errorbars(ax, d.assign(gib=d.table_bytes / GiB), "gib", variant + (", hot-first" if hot else ""),
-                          STYLE[variant][0], "--" if hot else "-")
+                errorbars(
+                    ax,
+                    d.assign(gib=d.table_bytes / GiB),
+                    "gib",
+                    variant + (", hot-first" if hot else ""),
+                    STYLE[variant][0],
+                    "--" if hot else "-",
+                )
         ceiling_lines(ax, row_bytes if dist == "uniform" else None)
-        ax.set(xscale="log", xlabel="table size (GiB)", ylabel="GB/s", ylim=(0, None),
-               title=f"{row_bytes} B rows, {'uniform' if dist == 'uniform' else 'Zipf-skewed'} rows")
+        ax.set(
+            xscale="log",
+            xlabel="table size (GiB)",
+            ylabel="GB/s",
+            ylim=(0, None),
+            title=f"{row_bytes} B rows, {'uniform' if dist == 'uniform' else 'Zipf-skewed'} rows",
+        )
     elif part == "batch_sizes":
         for variant in STYLE:
             d = data[data.variant == variant]
             if not d.empty:
                 errorbars(ax, d, "batch_rows", variant, *STYLE[variant])
-        ax.set(xscale="log", yscale="log", xlabel="rows per gather", ylabel="GB/s",
-               title=f"By batch size ({int(data.row_bytes.iloc[0])} B rows, {size_label(data.table_bytes.max())})")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="rows per gather",
+            ylabel="GB/s",
+            title=f"By batch size ({int(data.row_bytes.iloc[0])} B rows, {size_label(data.table_bytes.max())})",
+        )
     elif part == "cpu_threads":
         for row_bytes, d in data.groupby("row_bytes"):
             errorbars(ax, d, "threads", f"{row_bytes} B rows")
@@ -244,23 +327,39 @@ for ax, panel in zip(axes, panels):
             d = d[d.max_threads > 0]
             errorbars(ax, d, "max_threads", f"{row_bytes} B rows", color)
             if not full.empty:
-                ax.axhline(full["median"].iloc[0], color=color, linestyle=":", linewidth=1, label=f"{row_bytes} B, no cap")
-        ax.set(xscale="log", xlabel="thread cap of the gather", ylabel="GB/s", ylim=(0, None),
-               title="vectorized gather with capped threads")
+                ax.axhline(
+                    full["median"].iloc[0], color=color, linestyle=":", linewidth=1, label=f"{row_bytes} B, no cap"
+                )
+        ax.set(
+            xscale="log",
+            xlabel="thread cap of the gather",
+            ylabel="GB/s",
+            ylim=(0, None),
+            title="vectorized gather with capped threads",
+        )
     elif part == "locality":
         for row_bytes, d in data.groupby("row_bytes"):
             errorbars(ax, d.assign(kib=d.window_bytes / 1024), "kib", f"{row_bytes} B rows")
         union = (data.windows * data.window_bytes).iloc[0] / MiB
-        ax.set(xscale="log", xlabel="window size (KiB)", ylabel="GB/s", ylim=(0, None),
-               title=f"Same {union:.0f} MiB of rows, in windows\nspread over a {size_label(data.table_bytes.max())} table")
+        ax.set(
+            xscale="log",
+            xlabel="window size (KiB)",
+            ylabel="GB/s",
+            ylim=(0, None),
+            title=f"Same {union:.0f} MiB of rows, in windows\nspread over a {size_label(data.table_bytes.max())} table",
+        )
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6)
 
-what = ("Feature gathering into GPU memory" if (frame.device == "cuda").any()
-        else "CPU feature gathering (no GPU here: rows gathered into host memory, no transfer)")
-fig.suptitle(f"{what}: {machine}, scale '{scale}' (measured; median, bars = IQR)\n"
-             f"{machine_label(provenance)}", fontsize=9)
+what = (
+    "Feature gathering into GPU memory"
+    if (frame.device == "cuda").any()
+    else "CPU feature gathering (no GPU here: rows gathered into host memory, no transfer)"
+)
+fig.suptitle(
+    f"{what}: {machine}, scale '{scale}' (measured; median, bars = IQR)\n{machine_label(provenance)}", fontsize=9
+)
 fig.tight_layout()
 Path(figure).parent.mkdir(parents=True, exist_ok=True)
 fig.savefig(figure, dpi=130)

@@ -38,28 +38,42 @@ acc = summarize(frame, "accuracy", KEYS)
 # Tables and panels below are per dataset name: one graph size per name, or they would mix sizes.
 sizes = epoch.groupby("dataset")[["nodes", "edges"]].nunique()
 if (sizes > 1).any(axis=None):
-    raise ValueError(f"results of one dataset at several graph sizes: {list(sizes[(sizes > 1).any(axis=1)].index)}; "
-                     "render them from separate results folders")
+    raise ValueError(
+        f"results of one dataset at several graph sizes: {list(sizes[(sizes > 1).any(axis=1)].index)}; "
+        "render them from separate results folders"
+    )
 print(machine_label(provenance))
 
 # %% [markdown]
 # ## Key numbers
 
 # %%
-lines = [f"# GNN training on `{machine}` at scale `{scale}`", "", machine_label(provenance), "",
-         "| dataset (nodes, edges) | model | pipeline | epoch s | x cpu_gather | x all_in_gpu | CPU core-s/epoch | val acc |",
-         "|---|---|---|---|---|---|---|---|"]
+lines = [
+    f"# GNN training on `{machine}` at scale `{scale}`",
+    "",
+    machine_label(provenance),
+    "",
+    "| dataset (nodes, edges) | model | pipeline | epoch s | x cpu_gather | x all_in_gpu | CPU core-s/epoch "
+    "| val acc |",
+    "|---|---|---|---|---|---|---|---|",
+]
 for (dataset, model, layers, fanouts), g in epoch.groupby(["dataset", "model", "layers", "fanouts"]):
     base = g[g.variant == "cpu_gather"]["median"]
     top = g[g.variant == "all_in_gpu"]["median"]
     for variant in [v for v in PIPELINES if v in set(g.variant)]:
         row = g[g.variant == variant].iloc[0]
-        c = cpu[(cpu.dataset == dataset) & (cpu.model == model) & (cpu.fanouts == fanouts) & (cpu.variant == variant)]["median"]
-        a = acc[(acc.dataset == dataset) & (acc.model == model) & (acc.fanouts == fanouts) & (acc.variant == variant)]["median"]
+        c = cpu[(cpu.dataset == dataset) & (cpu.model == model) & (cpu.fanouts == fanouts) & (cpu.variant == variant)][
+            "median"
+        ]
+        a = acc[(acc.dataset == dataset) & (acc.model == model) & (acc.fanouts == fanouts) & (acc.variant == variant)][
+            "median"
+        ]
         speedup = f"{base.iloc[0] / row['median']:.2f}" if not base.empty else ""
         vs_top = f"{row['median'] / top.iloc[0]:.2f}" if not top.empty else ""
-        lines.append(f"| {dataset} ({row.nodes:,}, {row.edges:,}) | {model} {layers}L {fanouts} | {variant} | "
-                     f"{row['median']:.3f} | {speedup} | {vs_top} | {c.iloc[0]:.2f} | {a.iloc[0]:.3f} |")
+        lines.append(
+            f"| {dataset} ({row.nodes:,}, {row.edges:,}) | {model} {layers}L {fanouts} | {variant} | "
+            f"{row['median']:.3f} | {speedup} | {vs_top} | {c.iloc[0]:.2f} | {a.iloc[0]:.3f} |"
+        )
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
@@ -72,7 +86,7 @@ runs = sorted(set(zip(epoch.dataset, epoch.model, epoch.layers, epoch.fanouts)))
 fig, axes = panel_grid(3 * len(runs), width=4.6, height=3.4, cols=3)
 COLORS = {"sample": "tab:orange", "gather": "tab:blue", "train": "tab:green"}
 for i, (dataset, model, layers, fanouts) in enumerate(runs):
-    ax_time, ax_speed, ax_cpu = axes[3 * i: 3 * i + 3]
+    ax_time, ax_speed, ax_cpu = axes[3 * i : 3 * i + 3]
     sel = lambda d: d[(d.dataset == dataset) & (d.model == model) & (d.fanouts == fanouts)]  # noqa: E731
     e, p, c = sel(epoch), sel(phases), sel(cpu)
     variants = [v for v in PIPELINES if v in set(e.variant)]
@@ -82,10 +96,19 @@ for i, (dataset, model, layers, fanouts) in enumerate(runs):
         ax_time.bar(variants, heights, bottom=bottom, color=color, label=phase if i == 0 else None)
         bottom = [b + h for b, h in zip(bottom, heights)]
     medians = [e[e.variant == v]["median"].iloc[0] for v in variants]
-    spread = [[m - e[e.variant == v]["q25"].iloc[0] for v, m in zip(variants, medians)],
-              [e[e.variant == v]["q75"].iloc[0] - m for v, m in zip(variants, medians)]]
-    ax_time.errorbar(variants, medians, yerr=spread, fmt="k_", markersize=14, capsize=3,
-                     label="epoch time (timed without phase syncs)" if i == 0 else None)
+    spread = [
+        [m - e[e.variant == v]["q25"].iloc[0] for v, m in zip(variants, medians)],
+        [e[e.variant == v]["q75"].iloc[0] - m for v, m in zip(variants, medians)],
+    ]
+    ax_time.errorbar(
+        variants,
+        medians,
+        yerr=spread,
+        fmt="k_",
+        markersize=14,
+        capsize=3,
+        label="epoch time (timed without phase syncs)" if i == 0 else None,
+    )
     ax_time.set(ylabel="s per epoch", title=f"{dataset}, {model} {layers} layers ({fanouts})")
     if "cpu_gather" in variants:
         base = medians[variants.index("cpu_gather")]
@@ -94,8 +117,13 @@ for i, (dataset, model, layers, fanouts) in enumerate(runs):
         ax_speed.margins(y=0.12)
         ax_speed.axhline(1, color="grey", linewidth=1)
         if "all_in_gpu" in variants:  # the gap to the upper bound, at a glance
-            ax_speed.axhline(base / medians[variants.index("all_in_gpu")], color="tab:red", linestyle="--",
-                             linewidth=1, label="all_in_gpu" if i == 0 else None)
+            ax_speed.axhline(
+                base / medians[variants.index("all_in_gpu")],
+                color="tab:red",
+                linestyle="--",
+                linewidth=1,
+                label="all_in_gpu" if i == 0 else None,
+            )
     ax_speed.set(ylabel="speedup over cpu_gather", title="Epoch-time speedup")
     ax_cpu.bar(variants, [c[c.variant == v]["median"].iloc[0] for v in variants], color="tab:gray")
     ax_cpu.set(ylabel="CPU core-s per epoch", title="CPU cost")
@@ -105,7 +133,10 @@ for i, (dataset, model, layers, fanouts) in enumerate(runs):
 if runs:
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=7, loc="lower right")
-layout_with_title(fig, f"Minibatch GNN training: {machine}, scale '{scale}' (measured; synthetic graphs with the "
-                       f"datasets' statistics, scaled)\n{machine_label(provenance)}")
+layout_with_title(
+    fig,
+    f"Minibatch GNN training: {machine}, scale '{scale}' (measured; synthetic graphs with the "
+    f"datasets' statistics, scaled)\n{machine_label(provenance)}",
+)
 Path(figure).parent.mkdir(parents=True, exist_ok=True)
 fig.savefig(figure, dpi=120)

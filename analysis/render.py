@@ -48,10 +48,21 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--executed", type=Path, required=True, help="where to save the executed .ipynb")
-    parser.add_argument("-p", "--parameter", type=_parameter, action="append", default=[],
-                        help="NAME=VALUE (a string) injected after the 'parameters' cell")
-    parser.add_argument("--results", type=_results, action="append", default=[],
-                        help="TOPIC=FILE, a results file the notebook reads (repeat for each)")
+    parser.add_argument(
+        "-p",
+        "--parameter",
+        type=_parameter,
+        action="append",
+        default=[],
+        help="NAME=VALUE (a string) injected after the 'parameters' cell",
+    )
+    parser.add_argument(
+        "--results",
+        type=_results,
+        action="append",
+        default=[],
+        help="TOPIC=FILE, a results file the notebook reads (repeat for each)",
+    )
     parser.add_argument("--figure", type=Path, required=True, help="the figure to write (PNG)")
     parser.add_argument("--summary", type=Path, required=True, help="the summary table to write (Markdown)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
@@ -72,20 +83,30 @@ def main(argv=None) -> None:
     tagged = [i for i, cell in enumerate(nb.cells) if "parameters" in cell.metadata.get("tags", [])]
     if not tagged:
         raise UserError(f"{args.notebook} has no cell tagged 'parameters'")
-    injected = "\n".join([f"{name} = {value!r}" for name, value in args.parameter]
-                         + [f"results = {results!r}"]
-                         + [f"{name} = {str(path)!r}" for name, path in temporary.items()])
-    nb.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell(
-        "# Injected by analysis.render\n" + injected, metadata={"tags": ["injected-parameters"]}))
+    injected = "\n".join(
+        [f"{name} = {value!r}" for name, value in args.parameter]
+        + [f"results = {results!r}"]
+        + [f"{name} = {str(path)!r}" for name, path in temporary.items()]
+    )
+    nb.cells.insert(
+        tagged[0] + 1,
+        nbformat.v4.new_code_cell(
+            "# Injected by analysis.render\n" + injected, metadata={"tags": ["injected-parameters"]}
+        ),
+    )
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
     env_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     os.environ["PYTHONPATH"] = env_path  # the kernel is a child process; it must find the packages
     os.environ.setdefault("MPLBACKEND", "Agg")
     client = nbclient.NotebookClient(
-        nb, timeout=args.timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}},
+        nb,
+        timeout=args.timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(REPO_ROOT)}},
         # The kernel talks to this process over loopback only; its warning about that is noise.
-        extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
+    )
     args.executed.parent.mkdir(parents=True, exist_ok=True)
     for path in outputs.values():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,17 +118,21 @@ def main(argv=None) -> None:
         nbformat.write(nb, args.executed)
         if not isinstance(err, nbclient.exceptions.CellExecutionError):
             raise
-        print(f"error: notebook {args.notebook} failed: {err.ename}: {err.evalue} "
-              f"(executed copy: {args.executed}; {', '.join(map(str, outputs.values()))} left as they were)",
-              file=sys.stderr)
+        print(
+            f"error: notebook {args.notebook} failed: {err.ename}: {err.evalue} "
+            f"(executed copy: {args.executed}; {', '.join(map(str, outputs.values()))} left as they were)",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from None
     nbformat.write(nb, args.executed)
     missing = [str(path) for name, path in outputs.items() if not temporary[name].exists()]
     if missing:
         for path in temporary.values():
             path.unlink(missing_ok=True)
-        raise UserError(f"notebook {args.notebook} ran but wrote no {', '.join(missing)} (it must write the "
-                        "paths in its 'figure' and 'summary' parameters)")
+        raise UserError(
+            f"notebook {args.notebook} ran but wrote no {', '.join(missing)} (it must write the "
+            "paths in its 'figure' and 'summary' parameters)"
+        )
     for name, path in temporary.items():
         os.replace(path, outputs[name])
 

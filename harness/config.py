@@ -51,7 +51,8 @@ def _registry():
 
     return Registry().with_resources(
         (path.name, Resource.from_contents(yaml.safe_load(path.read_text()), default_specification=DRAFT202012))
-        for path in sorted(SCHEMAS.glob("*.schema.yaml")))
+        for path in sorted(SCHEMAS.glob("*.schema.yaml"))
+    )
 
 
 def _check(document, schema_path: Path, where: str, key_prefix: str = "") -> None:
@@ -75,13 +76,17 @@ def validate(config: dict) -> None:
     topics = discover()
     unknown = set(config.get("topics", {})) - set(topics)
     if unknown:
-        raise ConfigError(f"config key 'topics': no topic named {', '.join(sorted(unknown))}; topics: {', '.join(topics)}")
+        raise ConfigError(
+            f"config key 'topics': no topic named {', '.join(sorted(unknown))}; topics: {', '.join(topics)}"
+        )
     for name, blocks in config.get("topics", {}).items():
         source = f"{_relative(topics[name].config_file)}: "
         for scale, block in blocks.items():
             if scale not in config["scales"]:
-                raise ConfigError(f"{source}block for unknown scale '{scale}'; the scales are "
-                                  f"{', '.join(config['scales'])} (config/config.yaml)")
+                raise ConfigError(
+                    f"{source}block for unknown scale '{scale}'; the scales are "
+                    f"{', '.join(config['scales'])} (config/config.yaml)"
+                )
             _check(block, topics[name].schema_file, source, key_prefix=scale)
 
 
@@ -121,7 +126,8 @@ def scale_params(config: dict, scale: str) -> dict:
     if params.get("needs_gpu") and not machine.has_gpu():
         raise NeedsGpuError(
             f"scale '{scale}' needs a CUDA GPU and this machine has none that torch can use; "
-            "use --config scale=cpu, or render committed results with the 'figures' target")
+            "use --config scale=cpu, or render committed results with the 'figures' target"
+        )
     return params
 
 

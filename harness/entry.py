@@ -24,8 +24,9 @@ from harness.topic import Topic, discover
 
 
 def _parser(topics: dict[str, Topic]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m workloads", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m workloads", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("topic", choices=sorted(topics))
     parser.add_argument("--list-parts", action="store_true", help="print the parts that run on this machine and exit")
     parser.add_argument("--part", help="the part to measure")
@@ -36,8 +37,9 @@ def _parser(topics: dict[str, Topic]) -> argparse.ArgumentParser:
     return parser
 
 
-def measure(topic: Topic, part_name: str, scale_name: str, out: Path, config_path: Path,
-            scratch_dir: Path | None = None) -> int:
+def measure(
+    topic: Topic, part_name: str, scale_name: str, out: Path, config_path: Path, scratch_dir: Path | None = None
+) -> int:
     """Measure one part and write its results file; the number of rows written."""
     part = topic.part(part_name)
     if out.suffix != ".csv":
@@ -47,12 +49,23 @@ def measure(topic: Topic, part_name: str, scale_name: str, out: Path, config_pat
     gpus = machine.gpu_count()
     if not part.runs_on(gpus):
         need = f"{part.gpus} CUDA GPU{'s' if part.gpus > 1 else ''}"
-        raise NeedsGpuError(f"{topic.name} part '{part.name}' needs {need} and this machine has {gpus} that torch can use")
+        raise NeedsGpuError(
+            f"{topic.name} part '{part.name}' needs {need} and this machine has {gpus} that torch can use"
+        )
     writer = ResultsWriter(topic.schema, scale=scale_name)
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
-    notes = topic.measure_function(part.name)(
-        part_params, writer, shared=params, repeat=params["repeat"], warmup=params["warmup"],
-        device="cuda" if gpus else "cpu", scratch_dir=scratch_dir or Path(cfg["scratch_dir"])) or {}
+    notes = (
+        topic.measure_function(part.name)(
+            part_params,
+            writer,
+            shared=params,
+            repeat=params["repeat"],
+            warmup=params["warmup"],
+            device="cuda" if gpus else "cpu",
+            scratch_dir=scratch_dir or Path(cfg["scratch_dir"]),
+        )
+        or {}
+    )
     writer.write(out, provenance.collect(scale_name, topic=topic.name, part=part.name, parameters=part_params, **notes))
     return len(writer.rows)
 
@@ -74,8 +87,11 @@ def main(argv=None) -> None:
         if args.list_parts:
             print("\n".join(p.name for p in topic.parts_on(machine.gpu_count())))
             return
-        missing = [flag for flag, value in (("--part", args.part), ("--scale", args.scale), ("--out", args.out))
-                   if value is None]
+        missing = [
+            flag
+            for flag, value in (("--part", args.part), ("--scale", args.scale), ("--out", args.out))
+            if value is None
+        ]
         if missing:
             parser.error(f"measuring needs {', '.join(missing)}")
         rows = measure(topic, args.part, args.scale, args.out, args.config, args.scratch_dir)

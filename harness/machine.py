@@ -82,8 +82,15 @@ def _nvidia_smi_gpus() -> tuple[GpuInfo, ...]:
         return ()
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=True,
+            [
+                smi,
+                "--query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return ()

@@ -20,8 +20,18 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Libraries whose versions can change a number in this suite.
 TRACKED_PACKAGES = (
-    "torch", "numpy", "pandas", "cupy-cuda13x", "cupy-cuda12x", "cuda-python", "triton",
-    "torch-geometric", "transformers", "dgl", "snakemake", "matplotlib",
+    "torch",
+    "numpy",
+    "pandas",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "cuda-python",
+    "triton",
+    "torch-geometric",
+    "transformers",
+    "dgl",
+    "snakemake",
+    "matplotlib",
 )
 
 
@@ -81,7 +91,7 @@ def cuda_state() -> dict:
 def collect(scale: str, **extra) -> dict:
     """Everything needed to say where, when and how a number was measured."""
     return {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "scale": scale,
         "git": git_state(),
         "machine": machine.describe().as_dict(),

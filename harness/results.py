@@ -20,9 +20,9 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from harness.errors import UserError
 from harness.timing import Measurement
@@ -32,15 +32,27 @@ KEY_COLUMNS = ("workload", "dataset", "role", "variant", "scale")
 # can pass, or a measurement of the machine itself.
 ROLES = ("baseline", "optimized", "upper_bound", "probe")
 UNITS = {
-    "time": "s", "cpu_time": "core-s", "bandwidth": "GB/s", "flop_rate": "TFLOP/s",
-    "peak_gpu_memory": "B", "peak_host_rss": "B", "pinned_host_memory": "B", "pcie_bytes": "B",
-    "device_bytes_ratio": "ratio", "epoch_time": "s", "phase_time": "s", "accuracy": "ratio", "loss": "nats",
+    "time": "s",
+    "cpu_time": "core-s",
+    "bandwidth": "GB/s",
+    "flop_rate": "TFLOP/s",
+    "peak_gpu_memory": "B",
+    "peak_host_rss": "B",
+    "pinned_host_memory": "B",
+    "pcie_bytes": "B",
+    "device_bytes_ratio": "ratio",
+    "epoch_time": "s",
+    "phase_time": "s",
+    "accuracy": "ratio",
+    "loss": "nats",
 }
 _INTEGER = re.compile(r"-?[0-9]+")
 TAIL_COLUMNS = ("repetition", "metric", "value", "unit")
 PROVENANCE_SUFFIX = ".provenance.json"
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
 def _parse_int(text: str) -> int:
     if not _INTEGER.fullmatch(text):
         raise ValueError(text)
@@ -105,30 +117,66 @@ class ResultsWriter:
         self.scale = scale
         self.rows: list[dict] = []
 
-    def add(self, *, role: str, variant: str, config: dict, metric: str, value: float, unit: str,
-            repetition: int = 0, dataset: str = "") -> None:
+    def add(
+        self,
+        *,
+        role: str,
+        variant: str,
+        config: dict,
+        metric: str,
+        value: float,
+        unit: str,
+        repetition: int = 0,
+        dataset: str = "",
+    ) -> None:
         self.schema.check_config(config)
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         if UNITS.get(metric) != unit:
-            raise ValueError(f"metric {metric!r} must be recorded in {UNITS.get(metric, 'a unit listed in harness.results.UNITS')}, not {unit!r}")
+            expected = UNITS.get(metric, "a unit listed in harness.results.UNITS")
+            raise ValueError(f"metric {metric!r} must be recorded in {expected}, not {unit!r}")
         if not math.isfinite(value):
             raise ValueError(f"{role}/{variant}: {metric} is not finite ({value})")
-        self.rows.append({
-            "workload": self.schema.topic, "dataset": dataset, "role": role,
-            "variant": variant, "scale": self.scale,
-            **{name: config.get(name) for name in self.schema.config},
-            "repetition": repetition, "metric": metric, "value": value, "unit": unit,
-        })
+        self.rows.append(
+            {
+                "workload": self.schema.topic,
+                "dataset": dataset,
+                "role": role,
+                "variant": variant,
+                "scale": self.scale,
+                **{name: config.get(name) for name in self.schema.config},
+                "repetition": repetition,
+                "metric": metric,
+                "value": value,
+                "unit": unit,
+            }
+        )
 
-    def add_measurement(self, m: Measurement, *, role: str, variant: str, config: dict,
-                        bytes_moved: int | None = None, flops: int | None = None,
-                        dataset: str = "") -> None:
+    def add_measurement(
+        self,
+        m: Measurement,
+        *,
+        role: str,
+        variant: str,
+        config: dict,
+        bytes_moved: int | None = None,
+        flops: int | None = None,
+        dataset: str = "",
+    ) -> None:
         """Rows for each repetition: time, CPU time, and the rates and memory that apply."""
         for rep, seconds in enumerate(m.seconds):
+
             def add(metric, value, unit):
-                self.add(role=role, variant=variant, config=config, metric=metric,
-                         value=value, unit=unit, repetition=rep, dataset=dataset)
+                self.add(
+                    role=role,
+                    variant=variant,
+                    config=config,
+                    metric=metric,
+                    value=value,
+                    unit=unit,
+                    repetition=rep,
+                    dataset=dataset,
+                )
 
             add("time", seconds, "s")
             add("cpu_time", m.cpu_core_seconds[rep], "core-s")
@@ -196,16 +244,19 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
         row["repetition"] = _parse_int(raw["repetition"])
         row["value"] = float(raw["value"])
     except ValueError:
-        raise ResultsFormatError(f"{where}: repetition must be an integer and value a number, "
-                                 f"got {raw['repetition']!r} and {raw['value']!r}") from None
+        raise ResultsFormatError(
+            f"{where}: repetition must be an integer and value a number, got {raw['repetition']!r} and {raw['value']!r}"
+        ) from None
     if row["repetition"] < 0:
         raise ResultsFormatError(f"{where}: repetition {row['repetition']} is negative")
     if not math.isfinite(row["value"]):
         raise ResultsFormatError(f"{where}: value {raw['value']!r} is not finite")
     row["metric"], row["unit"] = raw["metric"], raw["unit"]
     if UNITS.get(row["metric"]) != row["unit"]:
-        raise ResultsFormatError(f"{where}: metric '{row['metric']}' in unit '{row['unit']}'; "
-                                 f"expected one of {sorted(UNITS)} in its unit ({UNITS.get(row['metric'], 'unknown metric')})")
+        raise ResultsFormatError(
+            f"{where}: metric '{row['metric']}' in unit '{row['unit']}'; "
+            f"expected one of {sorted(UNITS)} in its unit ({UNITS.get(row['metric'], 'unknown metric')})"
+        )
     return row
 
 
@@ -223,8 +274,9 @@ def read_rows(path: Path | str, schema: Schema) -> list[dict]:
     scale = _scale_of(path)
     provenance = load_provenance(path)
     if provenance.get("scale") != scale:
-        raise ResultsFormatError(f"{path}: its provenance record says scale {provenance.get('scale')!r}, "
-                                 f"its name says {scale!r}")
+        raise ResultsFormatError(
+            f"{path}: its provenance record says scale {provenance.get('scale')!r}, its name says {scale!r}"
+        )
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         header = tuple(reader.fieldnames or ())
@@ -235,7 +287,8 @@ def read_rows(path: Path | str, schema: Schema) -> list[dict]:
             extra = [c for c in header if c not in schema.columns]
             raise ResultsFormatError(
                 f"{path}: header does not match the '{schema.topic}' schema "
-                f"(missing {missing or 'none'}, unexpected {extra or 'none'}, expected order {list(schema.columns)})")
+                f"(missing {missing or 'none'}, unexpected {extra or 'none'}, expected order {list(schema.columns)})"
+            )
         rows, seen = [], {}
         for line_no, raw in enumerate(reader, start=2):
             if None in raw or any(v is None for v in raw.values()):
@@ -243,11 +296,15 @@ def read_rows(path: Path | str, schema: Schema) -> list[dict]:
             raw = {name: raw.get(name, "") for name in schema.columns}
             row = _parse_row(raw, schema, f"{path}:{line_no}")
             if row["scale"] != scale:
-                raise ResultsFormatError(f"{path}:{line_no}: a row of scale '{row['scale']}' in a file of scale '{scale}'")
+                raise ResultsFormatError(
+                    f"{path}:{line_no}: a row of scale '{row['scale']}' in a file of scale '{scale}'"
+                )
             key = tuple(row[c] for c in schema.columns if c != "value")
             if key in seen:
-                raise ResultsFormatError(f"{path}:{line_no}: the same measurement as line {seen[key]} "
-                                         "(same configuration, repetition and metric)")
+                raise ResultsFormatError(
+                    f"{path}:{line_no}: the same measurement as line {seen[key]} "
+                    "(same configuration, repetition and metric)"
+                )
             seen[key] = line_no
             rows.append(row)
     if not rows:
@@ -280,8 +337,10 @@ def load_provenance(csv_path: Path | str) -> dict:
     """The provenance record beside a results file; refused if missing or not a JSON object."""
     path = provenance_path(Path(csv_path))
     if not path.exists():
-        raise ResultsFormatError(f"{csv_path}: no provenance record beside it ({path.name}); "
-                                 "a results file without provenance is not accepted")
+        raise ResultsFormatError(
+            f"{csv_path}: no provenance record beside it ({path.name}); "
+            "a results file without provenance is not accepted"
+        )
     try:
         record = json.loads(path.read_text())
     except json.JSONDecodeError as err:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from harness import resources
 from harness.progress import progress
@@ -149,8 +149,13 @@ class PhaseClock:
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
 
 
-def wall_clock(fn: Callable[[], object], device: str, *, before: Callable[[], object] | None = None,
-               after: Callable[[], object] | None = None) -> float:
+def wall_clock(
+    fn: Callable[[], object],
+    device: str,
+    *,
+    before: Callable[[], object] | None = None,
+    after: Callable[[], object] | None = None,
+) -> float:
     """Seconds for one call of ``fn``, waiting for the GPU before and after (epoch timing).
 
     ``before`` and ``after``, when given, are those waits instead: in data-parallel training they

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from harness.errors import UserError
 from harness.results import Schema
@@ -123,7 +123,9 @@ def discover() -> dict[str, Topic]:
         if topic is None:
             continue  # a shared package (graphs, gnn), not a topic
         if topic.name != info.name:
-            raise ValueError(f"workloads/{info.name}/__init__.py declares topic {topic.name!r}; name it after its folder")
+            raise ValueError(
+                f"workloads/{info.name}/__init__.py declares topic {topic.name!r}; name it after its folder"
+            )
         topics[topic.name] = topic
     for topic in topics.values():
         unknown = set(topic.reads) - set(topics)

@@ -43,7 +43,8 @@ def _cupy():
     except ImportError:
         raise RuntimeError(
             "CUDA kernels need CuPy for NVRTC compilation (pip install cupy-cuda12x or cupy-cuda13x, "
-            "see envs/requirements-gpu.txt)") from None
+            "see envs/requirements-gpu.txt)"
+        ) from None
     return cupy
 
 
@@ -60,8 +61,7 @@ def load_module(source_path: Path, options: tuple[str, ...] = DEFAULT_OPTIONS):
     return module
 
 
-def launch(module, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
-           shared_mem: int = 0) -> None:
+def launch(module, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
     """Launch ``name`` from ``module`` on torch's current stream of the current device.
 
     ``args`` are numpy scalars of the kernel's exact parameter types; pass pointers as

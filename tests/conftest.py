@@ -9,9 +9,14 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE = REPO_ROOT / ".cache"
-for var, sub in (("MPLCONFIGDIR", "matplotlib"), ("IPYTHONDIR", "ipython"),
-                 ("JUPYTER_CONFIG_DIR", "jupyter/config"), ("JUPYTER_DATA_DIR", "jupyter/data"),
-                 ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"), ("CUPY_CACHE_DIR", "cupy")):
+for var, sub in (
+    ("MPLCONFIGDIR", "matplotlib"),
+    ("IPYTHONDIR", "ipython"),
+    ("JUPYTER_CONFIG_DIR", "jupyter/config"),
+    ("JUPYTER_DATA_DIR", "jupyter/data"),
+    ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
+    ("CUPY_CACHE_DIR", "cupy"),
+):
     os.environ.setdefault(var, str(CACHE / sub))
     Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("SUITE_NO_PROGRESS", "1")
@@ -20,8 +25,9 @@ os.environ.setdefault("SUITE_NO_PROGRESS", "1")
 def copy_repository(root: Path) -> Path:
     """Copy the repository's files (tracked, and untracked but not ignored) into ``root``, without
     this machine's own results: a checkout as a user would clone it, plus uncommitted work."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT,
-                           capture_output=True, text=True, check=True).stdout.split("\n")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     for name in filter(None, files):
         source = REPO_ROOT / name
         if source.is_file() and not name.startswith(("results/local/", "paper_figs/local/")):

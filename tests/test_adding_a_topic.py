@@ -55,15 +55,26 @@ def test_a_new_topic_is_new_files_only_and_runs_at_tiny_scale(tmp_path):
             assert path not in before, f"the guide's {path} already exists"
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_text(text)
-    commands = [line for language, path, text in blocks if language == "bash" and not path
-                for line in text.splitlines() if line.strip()]
+    commands = [
+        line
+        for language, path, text in blocks
+        if language == "bash" and not path
+        for line in text.splitlines()
+        if line.strip()
+    ]
     assert commands == ["snakemake --cores all vector_sum --config scale=tiny"]
     env = {**os.environ, "SUITE_HIDE_GPU": "1"}  # the CPU path, also on a GPU machine
     for command in commands:
         argv = shlex.split(command)
         assert argv[0] == "snakemake"
-        result = subprocess.run([sys.executable, "-m", "snakemake", *argv[1:]], cwd=root, env=env,
-                                capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [sys.executable, "-m", "snakemake", *argv[1:]],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     results = root / "results" / "local" / "vector_sum"
@@ -78,6 +89,12 @@ def test_a_new_topic_is_new_files_only_and_runs_at_tiny_scale(tmp_path):
     added = sorted(set(after) - set(before))
     assert added == sorted(path for _, path, _ in blocks if path)
 
-    listed = subprocess.run([sys.executable, "-m", "workloads", "vector_sum", "--list-parts"], cwd=root,
-                            env=env, capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        [sys.executable, "-m", "workloads", "vector_sum", "--list-parts"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert listed == ["reduce"]

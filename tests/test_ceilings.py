@@ -2,19 +2,21 @@
 
 import pytest
 
+from harness.entry import main as entry
 from harness.resources import block_device_counters
 from harness.results import load, load_provenance
-from harness.entry import main as entry
 from workloads.ceilings import TOPIC
+from workloads.ceilings.schema import SCHEMA
 
 HOST_PROBES = [p.name for p in TOPIC.parts_on(0)]
 GPU_PROBES = [p.name for p in TOPIC.parts if not p.cpu]
-from workloads.ceilings.schema import SCHEMA
 
 
 def _run(tmp_path, probe):
     out = tmp_path / "results" / f"{probe}-tiny.csv"
-    entry(["ceilings", "--part", probe, "--scale", "tiny", "--out", str(out), "--scratch-dir", str(tmp_path / "scratch")])
+    entry(
+        ["ceilings", "--part", probe, "--scale", "tiny", "--out", str(out), "--scratch-dir", str(tmp_path / "scratch")]
+    )
     return load([out], SCHEMA), load_provenance(out)
 
 
@@ -45,7 +47,7 @@ def test_disk_probe_reaches_the_device_and_cleans_up(tmp_path):
 
 def test_matmul_rate_is_consistent_with_its_time(tmp_path):
     frame, _ = _run(tmp_path, "matmul")
-    for (variant, rep), rows in frame.groupby(["variant", "repetition"]):
+    for _, rows in frame.groupby(["variant", "repetition"]):
         by = dict(zip(rows.metric, rows.value))
         n = int(rows.matrix_dim.iloc[0])
         assert by["flop_rate"] == pytest.approx(2 * n**3 / by["time"] / 1e12)

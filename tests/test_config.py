@@ -28,14 +28,25 @@ def test_shipped_config_is_valid_and_every_topic_has_the_three_scales(cfg):
     [
         (lambda c: c.update(scale=3), "config key 'scale': 3 is not of type 'string'"),
         (lambda c: c.update(colour="blue"), "Additional properties are not allowed \\('colour'"),
-        (lambda c: c["topics"]["ceilings"]["cpu"]["uva_read"].update(granularities=[100]),
-         "config/ceilings.yaml: key 'cpu/uva_read/granularities/0': 100 is not one of"),
-        (lambda c: c["topics"]["ceilings"]["tiny"].pop("disk"), "config/ceilings.yaml: key 'tiny': 'disk' is a required"),
+        (
+            lambda c: c["topics"]["ceilings"]["cpu"]["uva_read"].update(granularities=[100]),
+            "config/ceilings.yaml: key 'cpu/uva_read/granularities/0': 100 is not one of",
+        ),
+        (
+            lambda c: c["topics"]["ceilings"]["tiny"].pop("disk"),
+            "config/ceilings.yaml: key 'tiny': 'disk' is a required",
+        ),
         # A definition shared through workflow/schemas/definitions.schema.yaml is enforced too.
-        (lambda c: c["topics"]["gnn_training"]["cpu"]["products"].update(models=[{"name": "gcn", "layers": 2, "fanouts": [5]}]),
-         "config/gnn_training.yaml: key 'cpu/products/models/0/name': 'gcn' is not one of"),
-        (lambda c: c["topics"]["ceilings"].update(huge=c["topics"]["ceilings"]["cpu"]),
-         "config/ceilings.yaml: block for unknown scale 'huge'; the scales are tiny, cpu, h200"),
+        (
+            lambda c: c["topics"]["gnn_training"]["cpu"]["products"].update(
+                models=[{"name": "gcn", "layers": 2, "fanouts": [5]}]
+            ),
+            "config/gnn_training.yaml: key 'cpu/products/models/0/name': 'gcn' is not one of",
+        ),
+        (
+            lambda c: c["topics"]["ceilings"].update(huge=c["topics"]["ceilings"]["cpu"]),
+            "config/ceilings.yaml: block for unknown scale 'huge'; the scales are tiny, cpu, h200",
+        ),
         (lambda c: c["topics"].update(nosuch={}), "config key 'topics': no topic named nosuch"),
         (lambda c: c.update(machine="../etc"), "config key 'machine': '../etc' does not match"),
     ],
@@ -74,8 +85,9 @@ def test_missing_and_invalid_files(tmp_path):
 
 def test_a_topic_without_a_block_for_the_scale_is_named(cfg):
     cfg["topics"]["gnn_training"].pop("cpu")
-    with pytest.raises(suite_config.ConfigError,
-                       match="topic 'gnn_training' has no block for scale 'cpu' in config/gnn_training.yaml"):
+    with pytest.raises(
+        suite_config.ConfigError, match="topic 'gnn_training' has no block for scale 'cpu' in config/gnn_training.yaml"
+    ):
         suite_config.topic_params(cfg, "gnn_training", "cpu")
 
 

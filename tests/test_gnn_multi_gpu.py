@@ -25,9 +25,17 @@ from workloads.gnn_multi_gpu.schema import SCHEMA
 from workloads.graphs import shared, store
 from workloads.graphs.datasets import cached_graph
 
-SHARED = {"dataset": "products", "scale_factor": 0.002, "graph_seed": 0, "hidden": 32, "batch_size": 32,
-          "sampler_workers": 0, "learning_rate": 0.01, "loss_steps": 1000,
-          "models": [{"name": "sage", "layers": 2, "fanouts": [5, 5]}]}
+SHARED = {
+    "dataset": "products",
+    "scale_factor": 0.002,
+    "graph_seed": 0,
+    "hidden": 32,
+    "batch_size": 32,
+    "sampler_workers": 0,
+    "learning_rate": 0.01,
+    "loss_steps": 1000,
+    "models": [{"name": "sage", "layers": 2, "fanouts": [5, 5]}],
+}
 
 
 def test_rank_shards_partition_each_global_batch():
@@ -101,13 +109,20 @@ def _one_process_reference(steps_wanted: int, world: int):
     torch.manual_seed(0)
     model = build("sage", spec.feature_dim, SHARED["hidden"], spec.classes, 2, [5, 5], dropout=0.0)
     optimizer = torch.optim.Adam(model.parameters(), lr=SHARED["learning_rate"])
-    shards = [list(Pipeline("cpu_gather", graph, [5, 5], SHARED["batch_size"], seed=0, shard=(r, world)).batches(0))
-              for r in range(world)]
+    shards = [
+        list(Pipeline("cpu_gather", graph, [5, 5], SHARED["batch_size"], seed=0, shard=(r, world)).batches(0))
+        for r in range(world)
+    ]
     losses = []
     for step in range(len(shards[0])):
         optimizer.zero_grad()
-        loss = sum(F.cross_entropy(model(b.x, b.edge_index)[: b.batch_size], b.y)
-                   for b in (shard[step] for shard in shards)) / world
+        loss = (
+            sum(
+                F.cross_entropy(model(b.x, b.edge_index)[: b.batch_size], b.y)
+                for b in (shard[step] for shard in shards)
+            )
+            / world
+        )
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
@@ -118,8 +133,17 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batches(tmp_pa
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     writer = ResultsWriter(SCHEMA, scale="tiny")
     weights = tmp_path / "weights.pt"
-    notes = run_world(2, {}, writer, shared=SHARED, repeat=1, warmup=0, device="cpu", timeout_s=300,
-                      job_overrides={"dropout": 0.0, "save_weights": str(weights)})
+    notes = run_world(
+        2,
+        {},
+        writer,
+        shared=SHARED,
+        repeat=1,
+        warmup=0,
+        device="cpu",
+        timeout_s=300,
+        job_overrides={"dropout": 0.0, "save_weights": str(weights)},
+    )
     assert notes["skipped_pipelines"].keys() == {"zero_copy", "zero_copy_overlap", "all_in_gpu", "uva_sampling"}
     rows = [r for r in writer.rows if r["metric"] == "loss"]
     distributed = [r["value"] for r in sorted(rows, key=lambda r: r["repetition"])]
@@ -148,6 +172,7 @@ def test_gpu_pipelines_and_the_reasons_for_those_left_out(monkeypatch):
     assert skipped.keys() == {"all_in_gpu"} | NOT_DATA_PARALLEL.keys()
     # Every single-GPU pipeline is either run or skipped with a reason, never dropped silently.
     from workloads.gnn.pipelines import PIPELINES as SINGLE_GPU
+
     assert set(SINGLE_GPU) <= set(run) | skipped.keys()
 
 
@@ -167,8 +192,16 @@ def test_gpu_ranks_run_every_pipeline(world, workers):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs")
     writer = ResultsWriter(SCHEMA, scale="tiny")
-    notes = run_world(world, {}, writer, shared=SHARED | {"sampler_workers": workers}, repeat=1, warmup=0,
-                      device="cuda", timeout_s=300)
+    notes = run_world(
+        world,
+        {},
+        writer,
+        shared=SHARED | {"sampler_workers": workers},
+        repeat=1,
+        warmup=0,
+        device="cuda",
+        timeout_s=300,
+    )
     assert notes["skipped_pipelines"] == NOT_DATA_PARALLEL
     variants = {r["variant"] for r in writer.rows}
     assert variants == {"cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu"}
@@ -196,8 +229,9 @@ def test_a_run_past_its_time_limit_is_ended_with_every_session_under_it(tmp_path
     # A "torchrun" whose rank never finishes and, like torchrun's ranks, runs in a session of its
     # own, out of reach of one killpg of the launcher's child.
     pid_file = tmp_path / "rank.pid"
-    monkeypatch.setattr(launch, "torchrun_command",
-                        lambda world, job: ["sh", "-c", f"setsid sleep 60 & echo $! > {pid_file}; wait"])
+    monkeypatch.setattr(
+        launch, "torchrun_command", lambda world, job: ["sh", "-c", f"setsid sleep 60 & echo $! > {pid_file}; wait"]
+    )
     started = time.monotonic()
     with pytest.raises(UserError, match="ran past 1 s"):
         launch.launch(2, tmp_path / "job.json", timeout_s=1)
@@ -226,9 +260,19 @@ def test_sigterm_ends_real_torchrun_ranks_and_their_workers(tmp_path, monkeypatc
     script.write_text(RANK_THAT_HANGS)
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
-    monkeypatch.setattr(launch, "torchrun_command", lambda world, job: [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", str(script),
-        str(pids_dir)])
+    monkeypatch.setattr(
+        launch,
+        "torchrun_command",
+        lambda world, job: [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={world}",
+            str(script),
+            str(pids_dir),
+        ],
+    )
 
     def terminate_once_both_ranks_run():
         deadline = time.monotonic() + 120

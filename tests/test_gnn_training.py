@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+from harness.entry import main as entry
 from harness.results import load, load_provenance
 from workloads.gnn.epoch import timed_epochs, train_epoch
 from workloads.gnn.models import build
 from workloads.gnn.pipelines import GPU_PIPELINES, PIPELINES, Graph, Pipeline
-from harness.entry import main as entry
 from workloads.gnn_training.schema import SCHEMA
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
@@ -73,9 +73,16 @@ def test_the_epoch_loop_times_from_its_opening_wait_to_its_closing_one(arrays):
     pipeline = Pipeline("cpu_gather", graph, [5], 256, seed=0)
     waits = []
     epochs = []
-    for epoch in timed_epochs(model, optimizer, pipeline, warmup=1, repeat=2, device="cpu",
-                              before=lambda: waits.append("before"),
-                              after=lambda: (waits.append("after"), time.sleep(0.05))):
+    for epoch in timed_epochs(
+        model,
+        optimizer,
+        pipeline,
+        warmup=1,
+        repeat=2,
+        device="cpu",
+        before=lambda: waits.append("before"),
+        after=lambda: (waits.append("after"), time.sleep(0.05)),
+    ):
         waits.append("caller")
         epochs.append(epoch)
         assert epoch.cpu_seconds() > 0
@@ -84,6 +91,7 @@ def test_the_epoch_loop_times_from_its_opening_wait_to_its_closing_one(arrays):
     assert all(e.seconds >= 0.05 for e in epochs)  # the closing wait is inside the time
     assert [len(e.losses) for e in epochs] == [len(pipeline.seeds(i)) for i in range(3)]
     assert all(e.feature_bytes > 0 for e in epochs)
+
 
 def test_cpu_part_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
@@ -188,8 +196,8 @@ def test_sampler_workers_hand_over_the_same_batches(arrays):
 def test_training_on_an_imported_published_dataset(tmp_path, monkeypatch):
     import numpy as np
 
-    from harness.results import ResultsWriter
     from harness import config as suite_config
+    from harness.results import ResultsWriter
     from workloads.gnn_training.train import run_dataset
     from workloads.graphs import published
 
@@ -198,18 +206,37 @@ def test_training_on_an_imported_published_dataset(tmp_path, monkeypatch):
     row, col = rng.integers(0, n, 3000), rng.integers(0, n, 3000)
     raw = tmp_path / "reddit"
     raw.mkdir()
-    np.savez(raw / "reddit_graph.npz", row=np.concatenate([row, col]), col=np.concatenate([col, row]),
-             shape=np.array([n, n]))
-    np.savez(raw / "reddit_data.npz", feature=rng.standard_normal((n, 16)), label=rng.integers(0, 3, n),
-             node_types=rng.choice([1, 2, 3], n, p=[0.6, 0.2, 0.2]))
+    np.savez(
+        raw / "reddit_graph.npz", row=np.concatenate([row, col]), col=np.concatenate([col, row]), shape=np.array([n, n])
+    )
+    np.savez(
+        raw / "reddit_data.npz",
+        feature=rng.standard_normal((n, 16)),
+        label=rng.integers(0, 3, n),
+        node_types=rng.choice([1, 2, 3], n, p=[0.6, 0.2, 0.2]),
+    )
     monkeypatch.setattr(published.store, "DEFAULT_ROOT", tmp_path / "graphs")
     shared = suite_config.load()["topics"]["gnn_training"]["tiny"]
     writer = ResultsWriter(SCHEMA, scale="tiny")
-    notes = run_dataset("reddit", {"scale_factor": 1.0, "published_dir": str(raw)}, writer, shared=shared,
-                        repeat=1, warmup=0, device="cpu")
+    notes = run_dataset(
+        "reddit",
+        {"scale_factor": 1.0, "published_dir": str(raw)},
+        writer,
+        shared=shared,
+        repeat=1,
+        warmup=0,
+        device="cpu",
+    )
     assert notes["graph_source"] == str(raw) and notes["graph"]["nodes"] == n
     assert {row["dataset"] for row in writer.rows} == {"reddit"}  # the real one, not "reddit-like"
     folders = list((tmp_path / "graphs").glob("reddit-*"))
-    run_dataset("reddit", {"scale_factor": 1.0, "published_dir": str(raw)}, ResultsWriter(SCHEMA, scale="tiny"),
-                shared=shared, repeat=1, warmup=0, device="cpu")
+    run_dataset(
+        "reddit",
+        {"scale_factor": 1.0, "published_dir": str(raw)},
+        ResultsWriter(SCHEMA, scale="tiny"),
+        shared=shared,
+        repeat=1,
+        warmup=0,
+        device="cpu",
+    )
     assert list((tmp_path / "graphs").glob("reddit-*")) == folders  # imported once, then reused

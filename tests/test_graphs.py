@@ -94,6 +94,7 @@ def test_truncated_or_tampered_files_are_refused(tmp_path):
 
 # --- the published formats, on tiny fixtures written in them ----------------------------------
 
+
 def _gz_csv(path, rows):
     import gzip
 
@@ -109,7 +110,7 @@ def _expected_csr(rows, cols, n):
 
 def _csr_as_dict(arrays):
     indptr, indices = arrays["indptr"], arrays["indices"]
-    return {node: sorted(indices[indptr[node]:indptr[node + 1]].tolist()) for node in range(len(indptr) - 1)}
+    return {node: sorted(indices[indptr[node] : indptr[node + 1]].tolist()) for node in range(len(indptr) - 1)}
 
 
 def test_reddit_files_import(tmp_path):
@@ -123,7 +124,9 @@ def test_reddit_files_import(tmp_path):
     raw.mkdir()
     np.savez(raw / "reddit_graph.npz", row=row, col=col, data=np.ones(row.size), shape=np.array([n, n]), format=b"coo")
     types = np.array([1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3])
-    np.savez(raw / "reddit_data.npz", feature=rng.standard_normal((n, d)), label=rng.integers(0, 4, n), node_types=types)
+    np.savez(
+        raw / "reddit_data.npz", feature=rng.standard_normal((n, d)), label=rng.integers(0, 4, n), node_types=types
+    )
     arrays = store.load(import_published("reddit", raw, root=tmp_path / "graphs"))
     assert _csr_as_dict(arrays) == _expected_csr(row, col, n)
     assert arrays["features"].shape == (n, d) and arrays["features"].dtype == np.float32
@@ -156,8 +159,12 @@ def test_ogb_papers_files_import_with_unlabelled_nodes(tmp_path):
     n = 8
     root = tmp_path / "ogbn_papers100M"
     (root / "raw").mkdir(parents=True)
-    np.savez(root / "raw" / "data.npz", edge_index=rng.integers(0, n, (2, 15)),
-             node_feat=rng.standard_normal((n, 4)).astype(np.float16), num_nodes_list=np.array([n]))
+    np.savez(
+        root / "raw" / "data.npz",
+        edge_index=rng.integers(0, n, (2, 15)),
+        node_feat=rng.standard_normal((n, 4)).astype(np.float16),
+        num_nodes_list=np.array([n]),
+    )
     label = rng.integers(0, 5, (n, 1)).astype(np.float32)
     label[3] = np.nan
     np.savez(root / "raw" / "node-label.npz", node_label=label)
@@ -183,8 +190,11 @@ def test_published_import_refuses_missing_files(tmp_path):
 
 PAPER_AUTHOR = (NodeType("paper", 0), NodeType("author", 0))
 # In the CSR a target node lists its source neighbours: a paper lists the authors who write it.
-RELATIONS = (Relation("writes", "author", "paper", 0), Relation("cites", "paper", "paper", 0),
-             Relation("written_by", "paper", "author", 0))
+RELATIONS = (
+    Relation("writes", "author", "paper", 0),
+    Relation("cites", "paper", "paper", 0),
+    Relation("written_by", "paper", "author", 0),
+)
 
 
 class _Params:
@@ -217,16 +227,29 @@ def _heterograph(seed: int = 0, n: int = 40) -> tuple[GraphSpec, dict]:
         edge_type += [r for _, r in chosen]
         indptr.append(len(indices))
     m = len(indices)
-    spec = GraphSpec("toy-hetero", n, m, 4, 3, 0.5, 0.25,
-                     node_types=tuple(NodeType(t.name, int((node_type == i).sum())) for i, t in enumerate(PAPER_AUTHOR)),
-                     relations=tuple(Relation(r.name, r.source, r.target, edge_type.count(i))
-                                     for i, r in enumerate(RELATIONS)))
+    spec = GraphSpec(
+        "toy-hetero",
+        n,
+        m,
+        4,
+        3,
+        0.5,
+        0.25,
+        node_types=tuple(NodeType(t.name, int((node_type == i).sum())) for i, t in enumerate(PAPER_AUTHOR)),
+        relations=tuple(Relation(r.name, r.source, r.target, edge_type.count(i)) for i, r in enumerate(RELATIONS)),
+    )
     perm = rng.permutation(n)
-    arrays = {"indptr": np.array(indptr, dtype=np.int64), "indices": np.array(indices, dtype=np.int64),
-              "features": rng.standard_normal((n, 4)).astype(np.float32),
-              "labels": rng.integers(0, 3, n).astype(np.int64), "train_idx": np.sort(perm[:20]),
-              "val_idx": np.sort(perm[20:30]), "test_idx": np.sort(perm[30:]),
-              "node_type": node_type, "edge_type": np.array(edge_type, dtype=np.int64)}
+    arrays = {
+        "indptr": np.array(indptr, dtype=np.int64),
+        "indices": np.array(indices, dtype=np.int64),
+        "features": rng.standard_normal((n, 4)).astype(np.float32),
+        "labels": rng.integers(0, 3, n).astype(np.int64),
+        "train_idx": np.sort(perm[:20]),
+        "val_idx": np.sort(perm[20:30]),
+        "test_idx": np.sort(perm[30:]),
+        "node_type": node_type,
+        "edge_type": np.array(edge_type, dtype=np.int64),
+    }
     return spec, arrays
 
 
@@ -328,9 +351,17 @@ def test_heterograph_specs_check_their_types_and_scale_them():
         replace(spec, relations=(Relation("at", "venue", "paper", spec.edges),))
     with pytest.raises(ValueError, match="both node types and relations"):
         replace(spec, relations=())
-    big = GraphSpec("big", 10_000, 100_000, 8, 5, 0.5, 0.1,
-                    node_types=(NodeType("paper", 7_001), NodeType("author", 2_999)),
-                    relations=(Relation("writes", "author", "paper", 30_001), Relation("cites", "paper", "paper", 69_999)))
+    big = GraphSpec(
+        "big",
+        10_000,
+        100_000,
+        8,
+        5,
+        0.5,
+        0.1,
+        node_types=(NodeType("paper", 7_001), NodeType("author", 2_999)),
+        relations=(Relation("writes", "author", "paper", 30_001), Relation("cites", "paper", "paper", 69_999)),
+    )
     small = big.scaled(0.1)
     assert sum(small.node_type_counts) == small.nodes == 1_000 and small.node_type_counts == (700, 300)
     assert sum(small.relation_counts) == small.edges == 10_000 and small.relation_counts == (3_000, 7_000)

@@ -25,8 +25,20 @@ def test_kernel_compiles_for_sm90(source, tmp_path):
             pytest.fail("nvcc is not on PATH; CI must compile every kernel")
         pytest.skip("nvcc is not on PATH")
     result = subprocess.run(
-        [nvcc, "-arch=sm_90", "--cubin", "-std=c++17", "-Werror", "all-warnings", "-o", str(tmp_path / "k.cubin"), str(source)],
-        capture_output=True, text=True)
+        [
+            nvcc,
+            "-arch=sm_90",
+            "--cubin",
+            "-std=c++17",
+            "-Werror",
+            "all-warnings",
+            "-o",
+            str(tmp_path / "k.cubin"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "k.cubin").stat().st_size > 0
 

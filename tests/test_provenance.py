@@ -19,8 +19,11 @@ def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch)
     monkeypatch.setenv("SUITE_GIT_COMMIT", "0123abcd" * 5)
     monkeypatch.setenv("SUITE_GIT_DIRTY", "1")
     state = provenance.git_state()
-    assert state == {"commit": "0123abcd" * 5, "dirty": True,
-                     "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)"}
+    assert state == {
+        "commit": "0123abcd" * 5,
+        "dirty": True,
+        "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)",
+    }
     monkeypatch.delenv("SUITE_GIT_DIRTY")
     assert provenance.git_state()["dirty"] is None  # not said is not clean
     monkeypatch.delenv("SUITE_GIT_COMMIT")

@@ -19,7 +19,7 @@ def random_table(rows, dim, dtype, seed=0, pin=False):
         table = torch.randn(rows, dim, generator=g).to(dtype)
     else:
         info = torch.iinfo(dtype)
-        table = torch.randint(max(info.min, -10**6), min(info.max, 10**6), (rows, dim), generator=g, dtype=dtype)
+        table = torch.randint(max(info.min, -(10**6)), min(info.max, 10**6), (rows, dim), generator=g, dtype=dtype)
     return table.pin_memory() if pin else table
 
 
@@ -28,6 +28,7 @@ def same_bytes(a, b):
 
 
 # --- CPU: the reference op ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -99,6 +100,7 @@ def test_unified_tensor_refuses_non_tensors():
 
 
 # --- GPU: the kernels against the reference (skipped without a GPU) -----------------------------
+
 
 def poisoned_like(shape, dtype):
     out = torch.empty(shape, dtype=dtype, device="cuda")

@@ -30,23 +30,37 @@ def notebook(tmp_path):
 
 
 def render(notebook, tmp_path, *args):
-    main([str(notebook), "--executed", str(tmp_path / "run.ipynb"), "--figure", str(tmp_path / "fig.png"),
-          "--summary", str(tmp_path / "fig.md"), *args])
+    main(
+        [
+            str(notebook),
+            "--executed",
+            str(tmp_path / "run.ipynb"),
+            "--figure",
+            str(tmp_path / "fig.png"),
+            "--summary",
+            str(tmp_path / "fig.md"),
+            *args,
+        ]
+    )
 
 
 def test_parameters_and_results_files_reach_the_notebook(notebook, tmp_path):
-    render(notebook, tmp_path, "-p", "value=hello", "--results", "a=x.csv", "--results", "b=y.csv",
-           "--results", "a=z.csv")
+    render(
+        notebook, tmp_path, "-p", "value=hello", "--results", "a=x.csv", "--results", "b=y.csv", "--results", "a=z.csv"
+    )
     assert (tmp_path / "fig.md").read_text() == "hello {'a': ['x.csv', 'z.csv'], 'b': ['y.csv']}"
     assert (tmp_path / "fig.png").read_text() == "a figure"
     assert "Injected by analysis.render" in (tmp_path / "run.ipynb").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.py", "fig.md", "fig.png", "run.ipynb"]
 
 
-@pytest.mark.parametrize("value, message", [
-    ("boom", "ValueError: the notebook refused value=boom"),
-    ("lazy", "ran but wrote no"),  # a notebook that forgets its figure fails too
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("boom", "ValueError: the notebook refused value=boom"),
+        ("lazy", "ran but wrote no"),  # a notebook that forgets its figure fails too
+    ],
+)
 def test_a_failed_render_leaves_the_previous_outputs_as_they_were(notebook, tmp_path, capsys, value, message):
     (tmp_path / "fig.png").write_text("old figure")
     (tmp_path / "fig.md").write_text("old summary")

@@ -12,16 +12,28 @@ from harness.timing import Measurement
 SCHEMA = Schema(topic="demo", config={"size_bytes": int, "ratio": float, "kind": str, "flag": bool})
 
 
-PROVENANCE = {"scale": "cpu", "git": {"commit": "0" * 40, "dirty": False}, "machine": {}, "date_utc": "2026-11-30",
-              "note": "test"}
+PROVENANCE = {
+    "scale": "cpu",
+    "git": {"commit": "0" * 40, "dirty": False},
+    "machine": {},
+    "date_utc": "2026-11-30",
+    "note": "test",
+}
 
 
 def _write(tmp_path, rows=3, name="demo-cpu.csv"):
     rng = random.Random(7)
     writer = ResultsWriter(SCHEMA, scale="cpu")
     for rep in range(rows):
-        writer.add(role="baseline", variant="v", config={"size_bytes": 4096, "ratio": 0.5, "kind": None, "flag": True},
-                   metric="time", value=rng.uniform(0.1, 1.0), unit="s", repetition=rep)
+        writer.add(
+            role="baseline",
+            variant="v",
+            config={"size_bytes": 4096, "ratio": 0.5, "kind": None, "flag": True},
+            metric="time",
+            value=rng.uniform(0.1, 1.0),
+            unit="s",
+            repetition=rep,
+        )
     path = tmp_path / name
     writer.write(path, PROVENANCE)
     return path, writer
@@ -158,4 +170,6 @@ def test_writer_writes_numpy_floats_it_can_read_back(tmp_path):
 
 def test_writer_refuses_a_metric_in_the_wrong_unit():
     with pytest.raises(ValueError, match="must be recorded in GB/s"):
-        ResultsWriter(SCHEMA, scale="cpu").add(role="probe", variant="v", config={}, metric="bandwidth", value=1.0, unit="MB/s")
+        ResultsWriter(SCHEMA, scale="cpu").add(
+            role="probe", variant="v", config={}, metric="bandwidth", value=1.0, unit="MB/s"
+        )

@@ -19,7 +19,7 @@ def graph():
 
 
 def neighbour_lists(indptr, indices, seeds):
-    return [indices[indptr[s]:indptr[s + 1]].tolist() for s in seeds.tolist()]
+    return [indices[indptr[s] : indptr[s + 1]].tolist() for s in seeds.tolist()]
 
 
 @pytest.mark.parametrize("fanout", [1, 5, 25])
@@ -31,7 +31,7 @@ def test_without_replacement_draws_distinct_positions_of_real_neighbours(graph, 
     assert torch.equal(counts, torch.clamp(degrees, max=fanout))
     offset = 0
     for seed_neighbours, count in zip(neighbour_lists(indptr, indices, seeds), counts.tolist()):
-        drawn = neighbors[offset:offset + count].tolist()
+        drawn = neighbors[offset : offset + count].tolist()
         offset += count
         # A multiset subset of the true neighbour list (duplicate edges may repeat a node).
         for node in set(drawn):
@@ -141,14 +141,18 @@ def test_subgraph_structure(graph):
     assert sub.n_id.unique().numel() == sub.n_id.numel() == sum(sub.num_sampled_nodes)
     assert sub.edge_index.shape == (2, sum(sub.num_sampled_edges))
     assert sub.edge_index.min() >= 0 and sub.edge_index.max() < sub.n_id.numel()
-    real = set(zip(torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr[1:] - indptr[:-1]).tolist(),
-                   indices.tolist()))
+    real = set(
+        zip(
+            torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr[1:] - indptr[:-1]).tolist(),
+            indices.tolist(),
+        )
+    )
     src, dst = sub.n_id[sub.edge_index[0]], sub.n_id[sub.edge_index[1]]
     assert all(pair in real for pair in zip(dst.tolist(), src.tolist()))  # src is a neighbour of dst
     # Hop-1 edges end at seeds; hop-2 edges end at the nodes hop 1 added.
     hop1 = sub.edge_index[1, : sub.num_sampled_edges[0]]
     assert hop1.max() < 64
-    hop2 = sub.edge_index[1, sub.num_sampled_edges[0]:]
+    hop2 = sub.edge_index[1, sub.num_sampled_edges[0] :]
     assert hop2.min() >= 64 and hop2.max() < 64 + sub.num_sampled_nodes[1]
     assert (sampler.position == -1).all()  # the id map is clean for the next batch
 
@@ -189,6 +193,7 @@ def test_dgl_comparison_is_skipped_with_a_reason():
 
 
 # --- GPU: the kernel draws exactly what the reference draws ------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("place", ["cuda", "uva"])

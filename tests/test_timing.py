@@ -90,8 +90,10 @@ def test_cpu_time_of_finished_children_can_be_included():
     import sys
 
     before_self, before_all = resources.cpu_core_seconds(), resources.cpu_core_seconds(include_children=True)
-    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-c", "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"],
+        check=True,
+    )
     assert resources.cpu_core_seconds(include_children=True) - before_all >= 0.19
     assert resources.cpu_core_seconds() - before_self < 0.1
 
@@ -102,9 +104,17 @@ def test_cpu_time_of_running_children_is_included_and_not_counted_twice_when_the
     import sys
 
     before = resources.cpu_core_seconds(include_children=True)
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time\nend = time.process_time() + 0.3\n"
-                              "while time.process_time() < end: pass\nprint(flush=True)\nsys.stdin.read()"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nend = time.process_time() + 0.3\n"
+            "while time.process_time() < end: pass\nprint(flush=True)\nsys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child.stdout.readline()  # it has spent its 0.3 s and now waits, still running
     running = resources.cpu_core_seconds(include_children=True) - before
     child.communicate("")

@@ -34,8 +34,14 @@ def workdir(tmp_path_factory):
 
 
 def snakemake(workdir, *args, env=None, check=True):
-    result = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir, capture_output=True,
-                            text=True, env={**os.environ, **HIDE_GPU, **(env or {})}, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **HIDE_GPU, **(env or {})},
+        timeout=600,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
@@ -144,9 +150,14 @@ def test_a_deleted_result_is_the_only_job_redone(workdir):
 def test_interrupted_run_redoes_only_unfinished_jobs(workdir):
     folder = workdir / "results" / "local" / "ceilings"
     shutil.rmtree(folder.parent, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "reproduce", "--config", "scale=tiny"],
-                            cwd=workdir, env={**os.environ, **HIDE_GPU}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "reproduce", "--config", "scale=tiny"],
+        cwd=workdir,
+        env={**os.environ, **HIDE_GPU},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     # Measuring jobs run one at a time, so once a second results file appears the first job is
     # over and recorded; interrupt then (Ctrl-C), while the second job may still be running.
     deadline = time.time() + 120
@@ -170,10 +181,16 @@ def test_interrupted_run_redoes_only_unfinished_jobs(workdir):
         (["reproduce", "--config", "scale=huge"], {}, "error: unknown scale 'huge'; choose one of tiny, cpu, h200"),
         (["reproduce", "--config", "scale=h200"], {}, "error: scale 'h200' needs a CUDA GPU"),
         (["reproduce", "--config", "machine=../x"], {}, "error: config key 'machine': '../x' does not match"),
-        (["reproduce", "--config", "scale=tiny", "topics={gnn_training: {}}"], {},
-         "error: topic 'gnn_training' has no block for scale 'tiny' in config/gnn_training.yaml"),
-        (["reproduce", "--config", "scale=tiny", "topics={gnn_training: {cpu: {}}}"], {},
-         "error: config/gnn_training.yaml: key 'cpu': 'repeat' is a required property"),
+        (
+            ["reproduce", "--config", "scale=tiny", "topics={gnn_training: {}}"],
+            {},
+            "error: topic 'gnn_training' has no block for scale 'tiny' in config/gnn_training.yaml",
+        ),
+        (
+            ["reproduce", "--config", "scale=tiny", "topics={gnn_training: {cpu: {}}}"],
+            {},
+            "error: config/gnn_training.yaml: key 'cpu': 'repeat' is a required property",
+        ),
         (["nosuchtarget"], {}, "No rule to produce nosuchtarget"),
     ],
 )

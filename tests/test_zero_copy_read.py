@@ -53,6 +53,7 @@ def test_opcheck_on_cpu():
 
 # --- GPU: the NVRTC kernel against the reference (skipped without a GPU) ---------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("row_bytes", [1, 3, 16, 17, 100, 128, 512, 1000, 4096])
 @pytest.mark.parametrize("offset_rows", [0, 1])
@@ -60,7 +61,7 @@ def test_kernel_matches_reference(row_bytes, offset_rows):
     torch.manual_seed(row_bytes)
     base = torch.randint(0, 256, ((2000 + offset_rows) * row_bytes,), dtype=torch.uint8).pin_memory()
     # A view that starts one row in: misaligned for odd row sizes, so the byte path runs too.
-    table = base[offset_rows * row_bytes:].view(2000, row_bytes)
+    table = base[offset_rows * row_bytes :].view(2000, row_bytes)
     rows = torch.randint(0, 2000, (7000,), device="cuda")
     out = torch.full((7000, row_bytes), 0xA5, dtype=torch.uint8, device="cuda")  # poison
     launch_read_rows(table, rows, out)

@@ -37,8 +37,11 @@ def profile(pipeline: Pipeline, batches: int) -> dict:
     for _ in range(batches):
         sub = timed(steps, "next subgraph", lambda: next(subgraphs))
         if pipeline.name == "cpu_gather":
-            staging = timed(steps, "pinned staging alloc", lambda: torch.empty(
-                (sub.n_id.numel(), features.shape[1]), dtype=features.dtype, pin_memory=True))
+            staging = timed(
+                steps,
+                "pinned staging alloc",
+                lambda: torch.empty((sub.n_id.numel(), features.shape[1]), dtype=features.dtype, pin_memory=True),
+            )
             timed(steps, "cpu index_select", lambda: torch.index_select(features, 0, sub.n_id, out=staging))
             timed(steps, "copy to gpu", lambda: staging.to("cuda", non_blocking=True))
         elif pipeline.name == "zero_copy":
@@ -67,8 +70,10 @@ def main() -> None:
         for name in ("cpu_gather", "zero_copy"):
             pipeline = Pipeline(name, graph, [10, 25], 1024, seed=0, sampler_workers=workers)
             for step, ms in profile(pipeline, args.batches).items():
-                print(f"{name:10s} workers={workers:2d} threads={torch.get_num_threads():2d}  {step:26s} {ms:8.2f} ms",
-                      flush=True)
+                print(
+                    f"{name:10s} workers={workers:2d} threads={torch.get_num_threads():2d}  {step:26s} {ms:8.2f} ms",
+                    flush=True,
+                )
             pipeline.close()
     graph.close()
 

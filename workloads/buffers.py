@@ -26,7 +26,9 @@ def fill_random_(buffer: torch.Tensor, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator(device=gen_device).manual_seed(seed)
     for start in range(0, buffer.numel(), _CHUNK):
         n = min(_CHUNK, buffer.numel() - start)
-        buffer[start:start + n].copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, device=gen_device, generator=generator))
+        buffer[start : start + n].copy_(
+            torch.randint(0, 256, (n,), dtype=torch.uint8, device=gen_device, generator=generator)
+        )
     return buffer
 
 

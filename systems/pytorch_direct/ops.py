@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -52,7 +51,9 @@ def _check(table: torch.Tensor, idx: torch.Tensor, kernel: str, slots, cache) ->
         raise ValueError("slots and cache go together: give both or neither")
     if slots is not None:
         if slots.dtype != torch.int32 or slots.shape != (table.shape[0],):
-            raise ValueError(f"slots must be int32 of shape ({table.shape[0]},), got {slots.dtype} {tuple(slots.shape)}")
+            raise ValueError(
+                f"slots must be int32 of shape ({table.shape[0]},), got {slots.dtype} {tuple(slots.shape)}"
+            )
         if cache.dtype != table.dtype or cache.dim() != 2 or cache.shape[1] != table.shape[1]:
             raise ValueError("cache must have the table's dtype and row length")
         if slots.device != idx.device or cache.device != idx.device:
@@ -64,9 +65,16 @@ def _raise_out_of_range(value: int, rows: int) -> None:
 
 
 @torch.library.custom_op("pytorch_direct::gather", mutates_args=())
-def gather(table: torch.Tensor, idx: torch.Tensor, kernel: str = "vectorized", sort: bool = False,
-           dedup: bool = False, max_threads: int = 0, slots: Optional[torch.Tensor] = None,
-           cache: Optional[torch.Tensor] = None) -> torch.Tensor:
+def gather(
+    table: torch.Tensor,
+    idx: torch.Tensor,
+    kernel: str = "vectorized",
+    sort: bool = False,
+    dedup: bool = False,
+    max_threads: int = 0,
+    slots: torch.Tensor | None = None,
+    cache: torch.Tensor | None = None,
+) -> torch.Tensor:
     """CPU reference: ``table[idx]`` with the same checks (options do not change the result)."""
     _check(table, idx, kernel, slots, cache)
     bad = idx[(idx < 0) | (idx >= table.shape[0])]
@@ -99,7 +107,7 @@ def _(table, idx, kernel="vectorized", sort=False, dedup=False, max_threads=0, s
     return out
 
 
-def launch_sorted_gather(table, idx, out, *, check: bool = True, **options) -> Optional["BoundsCheck"]:
+def launch_sorted_gather(table, idx, out, *, check: bool = True, **options) -> BoundsCheck | None:
     """Gather in ascending index order into a buffer, then scatter the rows to their positions
     in ``out``; no host synchronisation except the bounds check (see :func:`launch_gather`)."""
     order, positions = torch.sort(idx)
@@ -118,9 +126,17 @@ def word_bytes(kernel: str, element_size: int, row_bytes: int, table_address: in
     return alignment & -alignment  # lowest set bit
 
 
-def launch_gather(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, *, kernel: str = "vectorized",
-                  max_threads: int = 0, slots: Optional[torch.Tensor] = None,
-                  cache: Optional[torch.Tensor] = None, check: bool = True) -> Optional["BoundsCheck"]:
+def launch_gather(
+    table: torch.Tensor,
+    idx: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    kernel: str = "vectorized",
+    max_threads: int = 0,
+    slots: torch.Tensor | None = None,
+    cache: torch.Tensor | None = None,
+    check: bool = True,
+) -> BoundsCheck | None:
     """Launch the gather into ``out``. With ``check`` (default), raise on an out-of-range index,
     which waits for the kernel (the flag it sets is read back); with ``check=False`` return a
     :class:`BoundsCheck` to call later, so the caller can overlap other work first."""
@@ -142,12 +158,21 @@ def launch_gather(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, *, 
         blocks = min(blocks, props.multi_processor_count * (props.max_threads_per_multi_processor // THREADS_PER_BLOCK))
     null = np.uint64(0)
     nvrtc.launch(
-        nvrtc.load_module(KERNEL_SOURCE), name, grid=(blocks,), block=(THREADS_PER_BLOCK,),
-        args=(np.uint64(table_address), np.int64(table.shape[0]),
-              np.uint64(idx.data_ptr()), np.int64(n), np.int64(row_bytes),
-              np.uint64(slots.data_ptr()) if slots is not None else null,
-              np.uint64(cache.data_ptr()) if cache is not None else null,
-              np.uint64(out.data_ptr()), np.uint64(bad_pos.data_ptr())),
+        nvrtc.load_module(KERNEL_SOURCE),
+        name,
+        grid=(blocks,),
+        block=(THREADS_PER_BLOCK,),
+        args=(
+            np.uint64(table_address),
+            np.int64(table.shape[0]),
+            np.uint64(idx.data_ptr()),
+            np.int64(n),
+            np.int64(row_bytes),
+            np.uint64(slots.data_ptr()) if slots is not None else null,
+            np.uint64(cache.data_ptr()) if cache is not None else null,
+            np.uint64(out.data_ptr()),
+            np.uint64(bad_pos.data_ptr()),
+        ),
     )
     bounds = BoundsCheck(bad_pos, idx, table.shape[0])
     if not check:
@@ -161,7 +186,7 @@ class BoundsCheck:
     """The out-of-range flag of one launched gather; calling it waits for the gather and raises
     ``IndexError`` naming the first out-of-range index it met."""
 
-    bad_pos: Optional[torch.Tensor]
+    bad_pos: torch.Tensor | None
     idx: torch.Tensor
     table_rows: int
 

@@ -35,8 +35,7 @@ def _unregister(tensor: torch.Tensor, nbytes: int) -> None:
 class UnifiedTensor:
     """A host tensor pinned in place; ``self[idx_on_gpu]`` returns those rows as a CUDA tensor."""
 
-    def __init__(self, tensor: torch.Tensor, *, kernel: str = "vectorized", dedup: bool = False,
-                 max_threads: int = 0):
+    def __init__(self, tensor: torch.Tensor, *, kernel: str = "vectorized", dedup: bool = False, max_threads: int = 0):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         if tensor.device.type != "cpu":
@@ -50,15 +49,18 @@ class UnifiedTensor:
         if tensor.storage_offset() != 0 or storage.nbytes() != nbytes:
             raise ValueError(
                 "the tensor is a view into a larger allocation; the driver pins whole allocations, "
-                "so pin the tensor that owns the memory (or pass view.clone())")
+                "so pin the tensor that owns the memory (or pass view.clone())"
+            )
         cudart = _cudart()
         if tensor.is_pinned():
             raise ValueError("the tensor's memory is already page-locked (pin_memory() or another UnifiedTensor)")
         error = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, CUDA_HOST_REGISTER_PORTABLE_MAPPED)
         if int(error) != 0:
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes ({nbytes / 2**30:.2f} GiB) failed with CUDA error "
-                               f"{int(error)}; error 2 (out of memory) means the host cannot page-lock that much: "
-                               "pin a smaller table")
+            raise RuntimeError(
+                f"cudaHostRegister of {nbytes} bytes ({nbytes / 2**30:.2f} GiB) failed with CUDA error "
+                f"{int(error)}; error 2 (out of memory) means the host cannot page-lock that much: "
+                "pin a smaller table"
+            )
         resources.note_registered_pinned(nbytes)
         self.tensor = tensor
         self.nbytes = nbytes
@@ -93,7 +95,7 @@ class UnifiedTensor:
         """Unregister the memory now (idempotent); the tensor itself stays valid, unpinned."""
         self._release()
 
-    def __enter__(self) -> "UnifiedTensor":
+    def __enter__(self) -> UnifiedTensor:
         return self
 
     def __exit__(self, *exc) -> None:

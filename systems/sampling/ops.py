@@ -57,8 +57,9 @@ def check_arguments(indptr, indices, seeds, fanout, rng_seed) -> None:
         raise IndexError(f"seed node {int(bad)} is out of range for a graph of {indptr.numel() - 1} nodes")
 
 
-def reference(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanout: int, replace: bool,
-              rng_seed: int) -> tuple[np.ndarray, np.ndarray]:
+def reference(
+    indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanout: int, replace: bool, rng_seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The specification in numpy (vectorized over seeds; Floyd's algorithm step by step)."""
     start, degree = indptr[seeds], indptr[seeds + 1] - indptr[seeds]
     if replace:
@@ -95,16 +96,27 @@ def reference(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanout
 
 
 @torch.library.custom_op("sampling::sample_neighbors", mutates_args=())
-def sample_neighbors(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanout: int,
-                     replace: bool, rng_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_neighbors(
+    indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanout: int, replace: bool, rng_seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     check_arguments(indptr, indices, seeds, fanout, rng_seed)
     indptr, indices, seeds = indptr.contiguous(), indices.contiguous(), seeds.contiguous()
     counts = torch.empty_like(seeds)
     out = torch.empty(seeds.numel() * fanout, dtype=torch.int64)
     p = native.pointer
-    total = cpu_kernels().sample_neighbors(p(indptr), p(indices), indptr.numel() - 1, indices.numel(), p(seeds),
-                                           seeds.numel(), fanout, int(replace), ctypes.c_uint64(rng_seed),
-                                           p(counts), p(out))
+    total = cpu_kernels().sample_neighbors(
+        p(indptr),
+        p(indices),
+        indptr.numel() - 1,
+        indices.numel(),
+        p(seeds),
+        seeds.numel(),
+        fanout,
+        int(replace),
+        ctypes.c_uint64(rng_seed),
+        p(counts),
+        p(out),
+    )
     if total == BAD_CSR:
         raise ValueError(BAD_CSR_MESSAGE)
     return counts, out[:total].clone()
@@ -117,8 +129,25 @@ def cpu_kernels():
         ptr, i64, i32, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64
         library.sample_neighbors.argtypes = [ptr, ptr, i64, i64, ptr, i64, i32, i32, u64, ptr, ptr]
         library.sample_neighbors.restype = i64
-        library.sample_hop.argtypes = [ptr, ptr, i64, i64, ptr, i64, i32, i32, u64, ptr, i64, ptr, ptr, ptr, ptr, ptr,
-                                       ptr]
+        library.sample_hop.argtypes = [
+            ptr,
+            ptr,
+            i64,
+            i64,
+            ptr,
+            i64,
+            i32,
+            i32,
+            u64,
+            ptr,
+            i64,
+            ptr,
+            ptr,
+            ptr,
+            ptr,
+            ptr,
+            ptr,
+        ]
         library.sample_hop.restype = i64
         library.reset_positions.argtypes = [ptr, ptr, i64]
         library.reset_positions.restype = None
@@ -151,14 +180,38 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
     module = nvrtc.load_module(KERNEL_SOURCE)
     grid = (-(-n // THREADS_PER_BLOCK),)
     indptr_at, indices_at = np.uint64(_address(indptr)), np.uint64(_address(indices))
-    nvrtc.launch(module, "count_samples", grid, (THREADS_PER_BLOCK,),
-                 (indptr_at, np.uint64(seeds.data_ptr()), np.int64(n), np.int32(fanout), np.int32(replace),
-                  np.uint64(counts.data_ptr())))
+    nvrtc.launch(
+        module,
+        "count_samples",
+        grid,
+        (THREADS_PER_BLOCK,),
+        (
+            indptr_at,
+            np.uint64(seeds.data_ptr()),
+            np.int64(n),
+            np.int32(fanout),
+            np.int32(replace),
+            np.uint64(counts.data_ptr()),
+        ),
+    )
     offsets = torch.cumsum(counts, 0) - counts
     total = int(counts.sum())  # the output size: one wait for the GPU
     neighbors = torch.empty(total, dtype=torch.int64, device=seeds.device)
-    nvrtc.launch(module, "sample_neighbors", grid, (THREADS_PER_BLOCK,),
-                 (indptr_at, indices_at, np.uint64(seeds.data_ptr()), np.int64(n), np.int32(fanout),
-                  np.int32(replace), np.uint64(rng_seed), np.uint64(offsets.data_ptr()),
-                  np.uint64(neighbors.data_ptr())))
+    nvrtc.launch(
+        module,
+        "sample_neighbors",
+        grid,
+        (THREADS_PER_BLOCK,),
+        (
+            indptr_at,
+            indices_at,
+            np.uint64(seeds.data_ptr()),
+            np.int64(n),
+            np.int32(fanout),
+            np.int32(replace),
+            np.uint64(rng_seed),
+            np.uint64(offsets.data_ptr()),
+            np.uint64(neighbors.data_ptr()),
+        ),
+    )
     return counts, neighbors

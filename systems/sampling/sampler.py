@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from systems import native
-from systems.sampling.ops import (BAD_CSR, BAD_CSR_MESSAGE, MAX_FANOUT, check_arguments, cpu_kernels,
-                                  sample_neighbors)
+from systems.sampling.ops import BAD_CSR, BAD_CSR_MESSAGE, MAX_FANOUT, check_arguments, cpu_kernels, sample_neighbors
 
 PLACES = ("cpu", "cuda", "uva")
 
@@ -46,12 +45,22 @@ def _check_csr(indptr: torch.Tensor, indices: torch.Tensor) -> None:
     if n < 1 or int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel() or bool((indptr[1:] < indptr[:-1]).any()):
         raise ValueError("indptr must start at 0, never decrease and end at the number of indices")
     if indices.numel() and not 0 <= int(indices.min()) <= int(indices.max()) < n:
-        raise ValueError(f"indices must be node ids in [0, {n}); the CSR holds {int(indices.min())}..{int(indices.max())}")
+        raise ValueError(
+            f"indices must be node ids in [0, {n}); the CSR holds {int(indices.min())}..{int(indices.max())}"
+        )
 
 
 class NeighborSampler:
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, fanouts: list[int], *,
-                 replace: bool = False, place: str = "cpu", seed: int = 0):
+    def __init__(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        fanouts: list[int],
+        *,
+        replace: bool = False,
+        place: str = "cpu",
+        seed: int = 0,
+    ):
         if place not in PLACES:
             raise ValueError(f"place must be one of {PLACES}, got {place!r}")
         if not fanouts or any(not isinstance(k, int) or not 1 <= k <= MAX_FANOUT for k in fanouts):
@@ -95,10 +104,25 @@ class NeighborSampler:
                 counts = torch.empty(frontier.numel(), dtype=torch.int64)
                 neighbors, src, dst, new = (torch.empty(room, dtype=torch.int64) for _ in range(4))
                 num_new = torch.zeros(1, dtype=torch.int64)
-                edges = kernels.sample_hop(p(self.indptr), p(self.indices), self.num_nodes, self.indices.numel(),
-                                           p(frontier), frontier.numel(), fanout, int(self.replace),
-                                           ctypes.c_uint64(self.rng_seed(batch, hop)), p(position), total,
-                                           p(counts), p(neighbors), p(src), p(dst), p(new), p(num_new))
+                edges = kernels.sample_hop(
+                    p(self.indptr),
+                    p(self.indices),
+                    self.num_nodes,
+                    self.indices.numel(),
+                    p(frontier),
+                    frontier.numel(),
+                    fanout,
+                    int(self.replace),
+                    ctypes.c_uint64(self.rng_seed(batch, hop)),
+                    p(position),
+                    total,
+                    p(counts),
+                    p(neighbors),
+                    p(src),
+                    p(dst),
+                    p(new),
+                    p(num_new),
+                )
                 if edges == BAD_CSR:
                     raise ValueError(BAD_CSR_MESSAGE)
                 new = new[: int(num_new)]
@@ -124,8 +148,9 @@ class NeighborSampler:
         num_nodes, num_edges = [seeds.numel()], []
         try:
             for hop, fanout in enumerate(self.fanouts):
-                counts, neighbors = sample_neighbors(self.indptr, self.indices, frontier, fanout,
-                                                     self.replace, self.rng_seed(batch, hop))
+                counts, neighbors = sample_neighbors(
+                    self.indptr, self.indices, frontier, fanout, self.replace, self.rng_seed(batch, hop)
+                )
                 targets.append(torch.repeat_interleave(position[frontier], counts))
                 new = torch.unique(neighbors[position[neighbors] < 0])
                 position[new] = torch.arange(total, total + new.numel(), device=self.device)

@@ -25,7 +25,9 @@ THREADS_PER_BLOCK = 256
 
 def _check_arguments(table: torch.Tensor, rows: torch.Tensor) -> None:
     if table.dim() != 2 or table.dtype != torch.uint8:
-        raise ValueError(f"table must be a 2-D uint8 tensor [num_rows, row_bytes], got {table.dtype} of shape {tuple(table.shape)}")
+        raise ValueError(
+            f"table must be a 2-D uint8 tensor [num_rows, row_bytes], got {table.dtype} of shape {tuple(table.shape)}"
+        )
     if table.device.type != "cpu":
         raise ValueError(f"table must live in host memory, got a tensor on {table.device}")
     if not table.is_contiguous():
@@ -79,6 +81,11 @@ def launch_read_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor,
         "read_rows_vec16" if vectorized else "read_rows_bytes",
         grid=(min(blocks, max_blocks),),
         block=(THREADS_PER_BLOCK,),
-        args=(np.uint64(table_ptr), np.uint64(rows.data_ptr()), np.int64(num_rows),
-              np.int64(row_bytes), np.uint64(out.data_ptr())),
+        args=(
+            np.uint64(table_ptr),
+            np.uint64(rows.data_ptr()),
+            np.int64(num_rows),
+            np.int64(row_bytes),
+            np.uint64(out.data_ptr()),
+        ),
     )

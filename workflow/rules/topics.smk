@@ -38,7 +38,6 @@ for topic in TOPICS.values():
             topic.name
         input:
             topic_targets(topic.name),
-        default_target: False
 
     # A render writes to temporary files and replaces the figure only when it succeeds, and
     # `update` keeps Snakemake from deleting the previous figure before the job and restores

@@ -39,8 +39,10 @@ def _open_direct(path: Path, flags: int) -> int:
         return os.open(path, flags | os.O_DIRECT, 0o600)
     except OSError as err:
         if err.errno == errno.EINVAL:
-            raise UserError(f"the filesystem holding {path.parent} does not support O_DIRECT; "
-                            "set scratch_dir (--config scratch_dir=DIR) to a directory on a local disk") from None
+            raise UserError(
+                f"the filesystem holding {path.parent} does not support O_DIRECT; "
+                "set scratch_dir (--config scratch_dir=DIR) to a directory on a local disk"
+            ) from None
         raise
 
 
@@ -68,7 +70,7 @@ class _Transfer:
         for i in range(first, first + self.blocks_per_thread):
             offset = i * self.block
             shift = (i % SHIFTS) * PAGE
-            buf = view[shift: shift + self.block]
+            buf = view[shift : shift + self.block]
             done = os.pwrite(fd, buf, offset) if write else os.preadv(fd, [buf], offset)
             if done != self.block:
                 raise OSError(f"short {'write' if write else 'read'} at offset {offset}: {done} of {self.block} bytes")
@@ -124,33 +126,48 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
     scratch_dir.mkdir(parents=True, exist_ok=True)
     stat = block_device_counters(scratch_dir)
     if stat is None:
-        raise UserError(f"scratch_dir {scratch_dir} is not on a block device (tmpfs or overlay?), so the disk "
-                        "probe cannot prove its bytes reached a disk; set scratch_dir to a directory on a local disk")
+        raise UserError(
+            f"scratch_dir {scratch_dir} is not on a block device (tmpfs or overlay?), so the disk "
+            "probe cannot prove its bytes reached a disk; set scratch_dir to a directory on a local disk"
+        )
     path = scratch_dir / f"disk-probe-{os.getpid()}.bin"
     cases = list(itertools.product(params["block_sizes_kib"], params["threads"]))
     try:
         for block_kib, threads in progress(cases, desc="disk"):
             transfer = _Transfer(path, params["file_size_mib"] * MIB, block_kib * 1024, threads)
             if transfer.blocks_per_thread == 0:
-                raise UserError(f"disk: file_size_mib={params['file_size_mib']} is too small for "
-                                f"{threads} threads of {block_kib} KiB requests")
+                raise UserError(
+                    f"disk: file_size_mib={params['file_size_mib']} is too small for "
+                    f"{threads} threads of {block_kib} KiB requests"
+                )
             try:
                 for variant, column in (("write", 1), ("overwrite", 1), ("read", 0)):
                     call = _CountedCall(getattr(transfer, variant), stat, column)
                     # The first write creates the file that the other variants use.
                     m = measure(call, device="cpu", repeat=repeat, warmup=warmup if variant == "write" else 0)
-                    config = {"device": "cpu", "size_bytes": transfer.nbytes,
-                              "block_bytes": transfer.block, "threads": threads}
-                    writer.add_measurement(m, role="probe", variant=variant, bytes_moved=transfer.nbytes,
-                                           config=config)
+                    config = {
+                        "device": "cpu",
+                        "size_bytes": transfer.nbytes,
+                        "block_bytes": transfer.block,
+                        "threads": threads,
+                    }
+                    writer.add_measurement(m, role="probe", variant=variant, bytes_moved=transfer.nbytes, config=config)
                     timed = call.device_bytes[-repeat:]
                     for rep, counted in enumerate(timed):
-                        writer.add(role="probe", variant=variant, config=config, metric="device_bytes_ratio",
-                                   value=counted / transfer.nbytes, unit="ratio", repetition=rep)
+                        writer.add(
+                            role="probe",
+                            variant=variant,
+                            config=config,
+                            metric="device_bytes_ratio",
+                            value=counted / transfer.nbytes,
+                            unit="ratio",
+                            repetition=rep,
+                        )
                     if variant == "read" and min(timed) < MIN_DEVICE_SHARE * transfer.nbytes:
                         raise RuntimeError(
                             f"disk read: the device saw only {min(timed) / transfer.nbytes:.0%} of the bytes read; "
-                            "the page cache was not bypassed, so this is not a disk measurement")
+                            "the page cache was not bypassed, so this is not a disk measurement"
+                        )
             finally:
                 transfer.close()
     finally:

@@ -16,5 +16,6 @@ def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:
     if not torch.equal(dst, src):
         raise RuntimeError("hbm_copy: copied bytes differ from the source")
     m = measure(lambda: dst.copy_(src), device="cuda", repeat=repeat, warmup=warmup, desc="hbm_copy")
-    writer.add_measurement(m, role="probe", variant="read+write", bytes_moved=2 * nbytes,
-                           config={"device": "cuda", "size_bytes": nbytes})
+    writer.add_measurement(
+        m, role="probe", variant="read+write", bytes_moved=2 * nbytes, config={"device": "cuda", "size_bytes": nbytes}
+    )

@@ -22,7 +22,12 @@ def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:
                 raise RuntimeError("host_memcpy: copied bytes differ from the source")
             dst.fill_(0)
             m = measure(lambda: dst.copy_(src), device="cpu", repeat=repeat, warmup=warmup)
-            writer.add_measurement(m, role="probe", variant="read+write", bytes_moved=2 * nbytes,
-                                   config={"device": "cpu", "size_bytes": nbytes, "threads": threads})
+            writer.add_measurement(
+                m,
+                role="probe",
+                variant="read+write",
+                bytes_moved=2 * nbytes,
+                config={"device": "cpu", "size_bytes": nbytes, "threads": threads},
+            )
     finally:
         torch.set_num_threads(threads_before)

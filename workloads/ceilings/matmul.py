@@ -28,7 +28,8 @@ def run(params: dict, writer, *, repeat: int, warmup: int, device: str, **_) -> 
             if not err < TOLERANCE[precision]:
                 raise RuntimeError(f"matmul {precision}: relative error {err:.2e} exceeds {TOLERANCE[precision]:.0e}")
             m = measure(lambda: torch.mm(a, b, out=c), device=device, repeat=repeat, warmup=warmup)
-            writer.add_measurement(m, role="probe", variant=precision, flops=2 * n**3,
-                                   config={"device": device, "matrix_dim": n})
+            writer.add_measurement(
+                m, role="probe", variant=precision, flops=2 * n**3, config={"device": device, "matrix_dim": n}
+            )
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_before

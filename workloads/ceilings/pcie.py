@@ -10,10 +10,12 @@ from workloads.buffers import MIB, random_bytes
 
 
 def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:
-    cases = [(size_mib, direction, host_memory)
-             for size_mib in params["sizes_mib"]
-             for direction in ("h2d", "d2h")
-             for host_memory in ("pinned", "pageable")]
+    cases = [
+        (size_mib, direction, host_memory)
+        for size_mib in params["sizes_mib"]
+        for direction in ("h2d", "d2h")
+        for host_memory in ("pinned", "pageable")
+    ]
     for size_mib, direction, host_memory in progress(cases, desc="pcie_copy"):
         nbytes = size_mib * MIB
         host = random_bytes(nbytes, pin_memory=host_memory == "pinned", seed=size_mib)
@@ -28,6 +30,11 @@ def run(params: dict, writer, *, repeat: int, warmup: int, **_) -> None:
         if not torch.equal(dst.cpu() if dst.is_cuda else dst, src.cpu() if src.is_cuda else src):
             raise RuntimeError(f"pcie_copy {direction}/{host_memory}: copied bytes differ from the source")
         m = measure(copy, device="cuda", repeat=repeat, warmup=warmup)
-        writer.add_measurement(m, role="probe", variant=direction, bytes_moved=nbytes,
-                               config={"device": "cuda", "host_memory": host_memory, "size_bytes": nbytes})
-        del host, gpu, src, dst
+        writer.add_measurement(
+            m,
+            role="probe",
+            variant=direction,
+            bytes_moved=nbytes,
+            config={"device": "cuda", "host_memory": host_memory, "size_bytes": nbytes},
+        )
+        host = gpu = src = dst = None  # frees both buffers before the next size is allocated

@@ -72,6 +72,15 @@ def _measure(table: torch.Tensor, allocation: str, params: dict, writer, *, repe
         rotation = itertools.cycle(sets)
         m = measure(lambda: launch_read_rows(view, next(rotation), out), device="cuda", repeat=repeat, warmup=warmup)
         writer.add_measurement(
-            m, role="probe", variant=order, bytes_moved=rows * granularity,
-            config={"device": "cuda", "host_memory": allocation, "table_bytes": table_bytes,
-                    "granularity_bytes": granularity, "rows": rows})
+            m,
+            role="probe",
+            variant=order,
+            bytes_moved=rows * granularity,
+            config={
+                "device": "cuda",
+                "host_memory": allocation,
+                "table_bytes": table_bytes,
+                "granularity_bytes": granularity,
+                "rows": rows,
+            },
+        )

@@ -52,8 +52,15 @@ class Sweep:
         crossed = batch.bytes if pcie_bytes is None else pcie_bytes
         if self.device == "cuda" and variant != "all_in_gpu":
             for rep in range(len(m.seconds)):
-                self.writer.add(role=role, variant=variant, config=full, metric="pcie_bytes",
-                                value=float(crossed), unit="B", repetition=rep)
+                self.writer.add(
+                    role=role,
+                    variant=variant,
+                    config=full,
+                    metric="pcie_bytes",
+                    value=float(crossed),
+                    unit="B",
+                    repetition=rep,
+                )
         return batch.bytes / m.median / 1e9
 
 
@@ -76,7 +83,7 @@ def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         if gpu_copy is not None:
             extra["gpu_table"] = gpu_copy[: table.numel() * table.element_size()].view(DTYPES[dtype]).view(table.shape)
         batch = sweep.batch(table, rows, **extra)
-        for variant in (names if device == "cuda" else ("cpu_gather",)):
+        for variant in names if device == "cuda" else ("cpu_gather",):
             threads = sweep.threads if variant == "cpu_gather" else 0
             sweep.run(variant, batch, config | ({"threads": threads} if threads else {}), threads=threads)
     host.close()
@@ -122,15 +129,18 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
             batch = sweep.batch(table, rows)
             config = base | {"distribution": f"zipf{exponent:g}" + ("" if layout == "scattered" else "-hot_first")}
             rates = {v: sweep.run(v, batch, config) for v in ("naive", "vectorized", "sorted")}
-            rates["cpu_gather"] = sweep.run("cpu_gather", batch, config | {"threads": sweep.threads}, threads=sweep.threads)
+            rates["cpu_gather"] = sweep.run(
+                "cpu_gather", batch, config | {"threads": sweep.threads}, threads=sweep.threads
+            )
             _split(sweep, batch, config, rates)
             hot = popularity.hottest_rows(cached_rows, layout)
             batch.slots = torch.full((table.shape[0],), -1, dtype=torch.int32, device="cuda")
             batch.slots[hot] = torch.arange(cached_rows, dtype=torch.int32, device="cuda")
             batch.cache = gather(table, hot)  # filled by a zero-copy gather: fast for GiB-sized caches
             misses = int((batch.slots[rows] < 0).sum())
-            sweep.run("hot_cache", batch, config | {"cache_bytes": cached_rows * row_bytes},
-                      pcie_bytes=misses * row_bytes)
+            sweep.run(
+                "hot_cache", batch, config | {"cache_bytes": cached_rows * row_bytes}, pcie_bytes=misses * row_bytes
+            )
             batch.slots = batch.cache = None
         del popularity
     host.close()
@@ -141,8 +151,13 @@ def _split(sweep: Sweep, batch: Batch, config: dict, rates: dict) -> None:
     """CPU and GPU gather one batch together, in proportion to their rates measured just before."""
     cpu, gpu = rates["cpu_gather"], rates["sorted"]
     fraction = round(cpu / (cpu + gpu), 3)
-    sweep.run("split", batch, config | {"threads": sweep.threads, "split_fraction": fraction},
-              threads=sweep.threads, split_fraction=fraction)
+    sweep.run(
+        "split",
+        batch,
+        config | {"threads": sweep.threads, "split_fraction": fraction},
+        threads=sweep.threads,
+        split_fraction=fraction,
+    )
 
 
 def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
@@ -153,8 +168,9 @@ def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     gpu_table = gpu_copy[: table.numel() * 4].view(torch.float32).view(table.shape)
     base = _table_config(table, "fp32") | {"distribution": "uniform"}
     for n in progress(params["batch_rows"], desc="batch_sizes"):
-        batch = sweep.batch(table, uniform_rows(table.shape[0], min(n, table.shape[0]), sweep.generator),
-                            gpu_table=gpu_table)
+        batch = sweep.batch(
+            table, uniform_rows(table.shape[0], min(n, table.shape[0]), sweep.generator), gpu_table=gpu_table
+        )
         for variant in ("pageable", "cpu_gather", "vectorized", "sorted", "all_in_gpu"):
             threads = sweep.threads if variant == "cpu_gather" else 0
             sweep.run(variant, batch, base | ({"threads": threads} if threads else {}), threads=threads)
@@ -169,7 +185,9 @@ def thread_cap(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     cases = [(rb, cap) for rb in params["row_bytes"] for cap in params["max_threads"]]
     for row_bytes, cap in progress(cases, desc="thread_cap"):
         table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
-        batch = sweep.batch(table, uniform_rows(table.shape[0], min(shared["batch_rows"], table.shape[0]), sweep.generator))
+        batch = sweep.batch(
+            table, uniform_rows(table.shape[0], min(shared["batch_rows"], table.shape[0]), sweep.generator)
+        )
         config = _table_config(table, "fp32") | {"distribution": "uniform", "max_threads": cap}
         sweep.run("vectorized", batch, config, max_threads=cap)
     host.close()

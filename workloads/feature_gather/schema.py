@@ -10,18 +10,18 @@ from harness.results import Schema
 SCHEMA = Schema(
     topic="feature_gather",
     config={
-        "device": str,            # "cuda" (gather into GPU memory) or "cpu" (CPU gather only)
-        "dtype": str,             # "fp32" or "bf16"
-        "dim": int,               # features per row
+        "device": str,  # "cuda" (gather into GPU memory) or "cpu" (CPU gather only)
+        "dtype": str,  # "fp32" or "bf16"
+        "dim": int,  # features per row
         "row_bytes": int,
         "table_bytes": int,
-        "batch_rows": int,        # rows per gather
-        "distribution": str,      # "uniform" or "zipf<exponent>" (distinct rows either way)
-        "threads": int,           # CPU threads of the CPU gather
-        "max_threads": int,       # GPU thread cap of the zero-copy gather (0: fill the GPU)
-        "cache_bytes": int,       # GPU memory holding the hottest rows
-        "window_bytes": int,      # locality: rows come from windows of this size...
-        "windows": int,           # ...this many of them, spread over the table
+        "batch_rows": int,  # rows per gather
+        "distribution": str,  # "uniform" or "zipf<exponent>" (distinct rows either way)
+        "threads": int,  # CPU threads of the CPU gather
+        "max_threads": int,  # GPU thread cap of the zero-copy gather (0: fill the GPU)
+        "cache_bytes": int,  # GPU memory holding the hottest rows
+        "window_bytes": int,  # locality: rows come from windows of this size...
+        "windows": int,  # ...this many of them, spread over the table
         "split_fraction": float,  # share of rows gathered by the CPU in the split variant
     },
 )

@@ -82,12 +82,13 @@ class Popularity:
         return self.rows(torch.arange(count, device=self.generator.device), layout)
 
 
-def window_rows(num_rows: int, row_bytes: int, window_bytes: int, windows: int, n: int,
-                generator: torch.Generator) -> torch.Tensor:
+def window_rows(
+    num_rows: int, row_bytes: int, window_bytes: int, windows: int, n: int, generator: torch.Generator
+) -> torch.Tensor:
     """``n`` distinct rows drawn from ``windows`` randomly placed windows of ``window_bytes``."""
     device = generator.device
     rows_per_window = window_bytes // row_bytes
-    slots = (num_rows // rows_per_window)
+    slots = num_rows // rows_per_window
     if windows > slots:
         raise ValueError(f"{windows} windows of {window_bytes} B do not fit in a table of {num_rows} rows")
     starts = torch.randperm(slots, generator=generator, device=device)[:windows] * rows_per_window

@@ -17,8 +17,8 @@ the full path (index copy, dispatch, bounds check, waiting) is the difference be
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -48,11 +48,11 @@ def wait() -> None:
 class Batch:
     """One gather's inputs: a host table and the rows asked for."""
 
-    table: torch.Tensor           # [rows, dim], host, pinned on a GPU machine
-    idx: torch.Tensor             # [n] int64, pinned host memory (CPU: plain)
+    table: torch.Tensor  # [rows, dim], host, pinned on a GPU machine
+    idx: torch.Tensor  # [n] int64, pinned host memory (CPU: plain)
     device: str
-    gpu_table: torch.Tensor | None = None   # for all_in_gpu
-    slots: torch.Tensor | None = None       # for hot_cache
+    gpu_table: torch.Tensor | None = None  # for all_in_gpu
+    slots: torch.Tensor | None = None  # for hot_cache
     cache: torch.Tensor | None = None
     staging: torch.Tensor = field(init=False)
     idx_gpu: torch.Tensor | None = field(init=False, default=None)
@@ -70,11 +70,13 @@ class Batch:
         return self.idx.shape[0] * self.table.shape[1] * self.table.element_size()
 
 
-def make(variant: str, batch: Batch, *, threads: int = 0, max_threads: int = 0,
-         split_fraction: float = 0.0) -> Callable[[], torch.Tensor]:
+def make(
+    variant: str, batch: Batch, *, threads: int = 0, max_threads: int = 0, split_fraction: float = 0.0
+) -> Callable[[], torch.Tensor]:
     """A callable that runs one gather along ``variant`` and returns the gathered rows."""
     b = batch
     if variant == "cpu_gather":
+
         def run():
             torch.index_select(b.table, 0, b.idx, out=b.staging)
             if b.device == "cpu":
@@ -83,11 +85,13 @@ def make(variant: str, batch: Batch, *, threads: int = 0, max_threads: int = 0,
             wait()
             return b.out
     elif variant == "pageable":
+
         def run():
             out = b.table[b.idx].to("cuda")
             wait()
             return out
     elif variant == "all_in_gpu":
+
         def run():
             b.idx_gpu.copy_(b.idx, non_blocking=True)
             torch.index_select(b.gpu_table, 0, b.idx_gpu, out=b.out)
@@ -122,8 +126,9 @@ def make(variant: str, batch: Batch, *, threads: int = 0, max_threads: int = 0,
             # its own stream so it does not queue behind the gather kernel.
             b.idx_gpu.copy_(b.idx, non_blocking=True)
             gpu_idx = b.idx_gpu[k:]
-            bounds_check = launch_sorted_gather(b.table, gpu_idx, b.out[k:], kernel="vectorized",
-                                                max_threads=max_threads, check=False)
+            bounds_check = launch_sorted_gather(
+                b.table, gpu_idx, b.out[k:], kernel="vectorized", max_threads=max_threads, check=False
+            )
             torch.index_select(b.table, 0, cpu_idx, out=staging)
             with torch.cuda.stream(copy_stream):
                 b.out[:k].copy_(staging, non_blocking=True)

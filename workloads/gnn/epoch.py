@@ -22,7 +22,9 @@ from harness.timing import PhaseClock, wall_clock
 from workloads.gnn.pipelines import Pipeline
 
 
-def train_epoch(model, optimizer, pipeline: Pipeline, epoch: int, clock: PhaseClock | None = None) -> tuple[list[float], int]:
+def train_epoch(
+    model, optimizer, pipeline: Pipeline, epoch: int, clock: PhaseClock | None = None
+) -> tuple[list[float], int]:
     """One epoch; returns the losses (one wait, at the end) and the feature bytes gathered."""
     model.train()
     pipeline.clock = clock
@@ -71,9 +73,17 @@ class Epoch:
         return resources.cpu_core_seconds(include_children=True) - self.cpu_before
 
 
-def timed_epochs(model, optimizer, pipeline: Pipeline, *, warmup: int, repeat: int, device: str,
-                 before: Callable[[], object] | None = None,
-                 after: Callable[[], object] | None = None) -> Iterator[Epoch]:
+def timed_epochs(
+    model,
+    optimizer,
+    pipeline: Pipeline,
+    *,
+    warmup: int,
+    repeat: int,
+    device: str,
+    before: Callable[[], object] | None = None,
+    after: Callable[[], object] | None = None,
+) -> Iterator[Epoch]:
     """Train ``warmup`` + ``repeat`` epochs, yielding each once it is timed (the caller's work on
     it runs before the next epoch starts). An epoch's time runs from ``before`` to ``after``
     (default: waiting for the GPU, see harness.timing.wall_clock)."""
@@ -81,7 +91,11 @@ def timed_epochs(model, optimizer, pipeline: Pipeline, *, warmup: int, repeat: i
         # Sampling workers are child processes (persistent, still running): count them too.
         cpu_before = resources.cpu_core_seconds(include_children=True)
         result = {}
-        seconds = wall_clock(lambda: result.update(out=train_epoch(model, optimizer, pipeline, epoch)), device,
-                             before=before, after=after)
+        seconds = wall_clock(
+            lambda: result.update(out=train_epoch(model, optimizer, pipeline, epoch)),
+            device,
+            before=before,
+            after=after,
+        )
         losses, gathered = result["out"]
         yield Epoch(epoch, epoch - warmup if epoch >= warmup else None, seconds, losses, gathered, cpu_before)

@@ -34,8 +34,9 @@ class GAT(nn.Module):
         if hidden % heads:
             raise ValueError(f"GAT hidden size {hidden} must be a multiple of its {heads} heads")
         dims = [in_dim] + [hidden] * (layers - 1)
-        self.convs = nn.ModuleList([GATConv(a, hidden // heads, heads=heads) for a in dims[:-1]]
-                                   + [GATConv(dims[-1], classes, heads=1)])
+        self.convs = nn.ModuleList(
+            [GATConv(a, hidden // heads, heads=heads) for a in dims[:-1]] + [GATConv(dims[-1], classes, heads=1)]
+        )
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
@@ -46,8 +47,9 @@ class GAT(nn.Module):
         return x
 
 
-def build(name: str, in_dim: int, hidden: int, classes: int, layers: int, fanouts: list[int],
-          dropout: float = 0.5) -> nn.Module:
+def build(
+    name: str, in_dim: int, hidden: int, classes: int, layers: int, fanouts: list[int], dropout: float = 0.5
+) -> nn.Module:
     """The model ``name`` with ``layers`` layers; sampling must have one fan-out per layer."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")

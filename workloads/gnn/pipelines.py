@@ -27,9 +27,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -40,8 +40,13 @@ from workloads.graphs.shared import shared_anonymous_copy
 PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "uva_sampling", "all_in_gpu")
 GPU_PIPELINES = PIPELINES[1:]
 # The results' ``role`` of each pipeline, in one table so both GNN topics label a pipeline alike.
-ROLE = {"cpu_gather": "baseline", "zero_copy": "optimized", "zero_copy_overlap": "optimized",
-        "uva_sampling": "optimized", "all_in_gpu": "upper_bound"}
+ROLE = {
+    "cpu_gather": "baseline",
+    "zero_copy": "optimized",
+    "zero_copy_overlap": "optimized",
+    "uva_sampling": "optimized",
+    "all_in_gpu": "upper_bound",
+}
 WORKER_TIMEOUT_S = 600  # a sampling worker that delivers nothing for this long is stuck: fail, never hang
 OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
 PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
@@ -114,8 +119,9 @@ class Graph:
             self._unified.close()
 
 
-def epoch_seeds(train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int,
-                shard: tuple[int, int] = (0, 1)) -> list[torch.Tensor]:
+def epoch_seeds(
+    train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int, shard: tuple[int, int] = (0, 1)
+) -> list[torch.Tensor]:
     """The epoch's batches of training seeds: shuffled by (seed, epoch), the same for every pipeline.
 
     With ``shard=(rank, world)`` (data-parallel training), the shuffled seeds form global batches
@@ -127,7 +133,7 @@ def epoch_seeds(train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int,
     if world == 1:
         return list(order.split(batch_size))
     steps = order.numel() // (world * batch_size)
-    return [order[(i * world + rank) * batch_size:(i * world + rank + 1) * batch_size] for i in range(steps)]
+    return [order[(i * world + rank) * batch_size : (i * world + rank + 1) * batch_size] for i in range(steps)]
 
 
 def batch_number(epoch: int, index: int) -> int:
@@ -139,8 +145,9 @@ class _TrainingBatches(torch.utils.data.Dataset):
     """Batch ``index`` of ``epoch`` (the key), sampled wherever this runs: in the training process
     or in a DataLoader worker, which computes the epoch's seeds itself (once per epoch)."""
 
-    def __init__(self, sampler: NeighborSampler, train_idx: torch.Tensor, batch_size: int, seed: int,
-                 shard: tuple[int, int]):
+    def __init__(
+        self, sampler: NeighborSampler, train_idx: torch.Tensor, batch_size: int, seed: int, shard: tuple[int, int]
+    ):
         self.sampler, self.train_idx, self.batch_size, self.seed = sampler, train_idx, batch_size, seed
         self.shard = shard
         self._epoch, self._seeds = None, []
@@ -171,8 +178,18 @@ class _EpochKeys(torch.utils.data.Sampler):
 
 
 class Pipeline:
-    def __init__(self, name: str, graph: Graph, fanouts: list[int], batch_size: int, *, seed: int,
-                 sampler_workers: int = 0, clock=None, shard: tuple[int, int] = (0, 1)):
+    def __init__(
+        self,
+        name: str,
+        graph: Graph,
+        fanouts: list[int],
+        batch_size: int,
+        *,
+        seed: int,
+        sampler_workers: int = 0,
+        clock=None,
+        shard: tuple[int, int] = (0, 1),
+    ):
         if name not in PIPELINES:
             raise ValueError(f"pipeline must be one of {PIPELINES}, got {name!r}")
         if name in GPU_PIPELINES and graph.device != "cuda":
@@ -182,8 +199,10 @@ class Pipeline:
             raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
         self.shard = shard  # (rank, world): this process's slice of every global batch
         if shard[1] > 1 and graph.train_idx.numel() < shard[1] * batch_size:
-            raise ValueError(f"{graph.train_idx.numel()} training nodes do not fill one global batch of "
-                             f"{shard[1]} ranks x {batch_size}; use a smaller batch or fewer ranks")
+            raise ValueError(
+                f"{graph.train_idx.numel()} training nodes do not fill one global batch of "
+                f"{shard[1]} ranks x {batch_size}; use a smaller batch or fewer ranks"
+            )
         self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
         self.device = torch.device(graph.device)
         place = SAMPLING_PLACE.get(name, "cpu")
@@ -205,9 +224,16 @@ class Pipeline:
         self._loader = None
         if self.sampler_workers:
             self._loader = torch.utils.data.DataLoader(
-                self.training_batches, sampler=self._keys, batch_size=None, collate_fn=_as_is,
-                num_workers=self.sampler_workers, prefetch_factor=4, persistent_workers=True,
-                timeout=WORKER_TIMEOUT_S, multiprocessing_context="fork")  # fork: the CSR is not pickled
+                self.training_batches,
+                sampler=self._keys,
+                batch_size=None,
+                collate_fn=_as_is,
+                num_workers=self.sampler_workers,
+                prefetch_factor=4,
+                persistent_workers=True,
+                timeout=WORKER_TIMEOUT_S,
+                multiprocessing_context="fork",
+            )  # fork: the CSR is not pickled
 
     def close(self) -> None:
         """Stop the sampling workers."""
@@ -237,8 +263,9 @@ class Pipeline:
             row_bytes = self.graph.features.shape[1] * self.graph.features.element_size()
             features = self.graph.features
             if self.name == "cpu_gather":
-                staging = torch.empty((sub.n_id.numel(), features.shape[1]), dtype=features.dtype,
-                                      pin_memory=self.device.type == "cuda")
+                staging = torch.empty(
+                    (sub.n_id.numel(), features.shape[1]), dtype=features.dtype, pin_memory=self.device.type == "cuda"
+                )
                 x = torch.index_select(features, 0, sub.n_id, out=staging).to(self.device, non_blocking=True)
             elif self.name == "all_in_gpu":
                 x = self.graph.gpu_features().index_select(0, sub.n_id)
@@ -323,7 +350,9 @@ class Pipeline:
                 try:
                     batch, prepared = ready.get(timeout=WORKER_TIMEOUT_S)
                 except queue.Empty:
-                    raise RuntimeError(f"no batch prepared in {WORKER_TIMEOUT_S} s: the prefetch thread is stuck") from None
+                    raise RuntimeError(
+                        f"no batch prepared in {WORKER_TIMEOUT_S} s: the prefetch thread is stuck"
+                    ) from None
                 if isinstance(batch, BaseException):
                     raise batch
                 torch.cuda.current_stream().wait_event(prepared)

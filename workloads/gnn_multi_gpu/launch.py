@@ -30,8 +30,19 @@ PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu")
 REPLICA_HEADROOM = 0.8  # all_in_gpu replicates the table only where it fits in this share of a GPU's memory
 
 
-def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str,
-              job_overrides: dict | None = None, timeout_s: float | None = None, **_) -> dict:
+def run_world(
+    world: int,
+    params: dict,
+    writer,
+    *,
+    shared: dict,
+    repeat: int,
+    warmup: int,
+    device: str,
+    job_overrides: dict | None = None,
+    timeout_s: float | None = None,
+    **_,
+) -> dict:
     """Train at ``world`` ranks and add rank 0's rows to ``writer``; ``timeout_s`` ends a run that
     takes longer (all its processes), with an error."""
     if device == "cuda" and world > len(machine.nvidia_gpus()):
@@ -40,23 +51,44 @@ def run_world(world: int, params: dict, writer, *, shared: dict, repeat: int, wa
     features = store.load(folder)["features"]
     pipelines, skipped = _pipelines(device, features.nbytes)
     with shared_table(features, folder.name) as table, tempfile.TemporaryDirectory() as tmp:
-        job = {"device": device, "dataset": dataset, "graph_folder": str(folder), "table": table,
-               "nodes": spec.nodes, "edges": spec.edges, "feature_dim": spec.feature_dim, "classes": spec.classes,
-               "models": shared["models"], "pipelines": pipelines, "batch_size": shared["batch_size"],
-               "hidden": shared["hidden"], "sampler_workers": shared["sampler_workers"],
-               "learning_rate": shared["learning_rate"], "loss_steps": shared["loss_steps"],
-               "graph_seed": shared["graph_seed"], "repeat": repeat, "warmup": warmup,
-               "out": str(Path(tmp) / "rows.json"), **(job_overrides or {})}
+        job = {
+            "device": device,
+            "dataset": dataset,
+            "graph_folder": str(folder),
+            "table": table,
+            "nodes": spec.nodes,
+            "edges": spec.edges,
+            "feature_dim": spec.feature_dim,
+            "classes": spec.classes,
+            "models": shared["models"],
+            "pipelines": pipelines,
+            "batch_size": shared["batch_size"],
+            "hidden": shared["hidden"],
+            "sampler_workers": shared["sampler_workers"],
+            "learning_rate": shared["learning_rate"],
+            "loss_steps": shared["loss_steps"],
+            "graph_seed": shared["graph_seed"],
+            "repeat": repeat,
+            "warmup": warmup,
+            "out": str(Path(tmp) / "rows.json"),
+            **(job_overrides or {}),
+        }
         job_file = Path(tmp) / "job.json"
         job_file.write_text(json.dumps(job))
-        report(f"{dataset}: training on {world} {'GPUs' if device == 'cuda' else 'CPU processes'} "
-               f"({', '.join(pipelines)})")
+        report(
+            f"{dataset}: training on {world} {'GPUs' if device == 'cuda' else 'CPU processes'} ({', '.join(pipelines)})"
+        )
         launch(world, job_file, timeout_s)
         rows = json.loads(Path(job["out"]).read_text())
     for row in rows:
         writer.add(**row)
-    return {"skipped_pipelines": skipped, "graph": spec.as_dict(), "world_size": world, "shared_table": "/dev/shm",
-            "environment": NVLS_OFF}
+    return {
+        "skipped_pipelines": skipped,
+        "graph": spec.as_dict(),
+        "world_size": world,
+        "shared_table": "/dev/shm",
+        "environment": NVLS_OFF,
+    }
 
 
 def launch(world: int, job_file: Path, timeout_s: float | None = None) -> None:
@@ -109,8 +141,16 @@ def _end_all(process: subprocess.Popen) -> None:
 
 
 def torchrun_command(world: int, job_file: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-            "-m", "workloads.gnn_multi_gpu.rank", str(job_file)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world}",
+        "-m",
+        "workloads.gnn_multi_gpu.rank",
+        str(job_file),
+    ]
 
 
 def _python_path() -> str:
@@ -124,11 +164,14 @@ NOT_DATA_PARALLEL = {"uva_sampling": "single-GPU only here: every rank would pin
 
 def _pipelines(device: str, table_bytes: int) -> tuple[list[str], dict]:
     if device != "cuda":
-        return ["cpu_gather"], {p: "no GPU on this machine" for p in PIPELINES if p in GPU_PIPELINES} | NOT_DATA_PARALLEL
+        return ["cpu_gather"], {
+            p: "no GPU on this machine" for p in PIPELINES if p in GPU_PIPELINES
+        } | NOT_DATA_PARALLEL
     # From nvidia-smi, so the launcher itself never opens a CUDA context on the ranks' GPUs.
     smallest = min(gpu.memory_mib for gpu in machine.nvidia_gpus()) * 2**20
     if table_bytes > REPLICA_HEADROOM * smallest:
         return [p for p in PIPELINES if p != "all_in_gpu"], {
             "all_in_gpu": f"a {table_bytes / 2**30:.1f} GiB replica per GPU does not fit in "
-                          f"{REPLICA_HEADROOM:.0%} of {smallest / 2**30:.0f} GiB"} | NOT_DATA_PARALLEL
+            f"{REPLICA_HEADROOM:.0%} of {smallest / 2**30:.0f} GiB"
+        } | NOT_DATA_PARALLEL
     return list(PIPELINES), dict(NOT_DATA_PARALLEL)

@@ -62,24 +62,58 @@ def train_all(job: dict, rank: int, world: int, local_world: int) -> list[dict]:
 def train_one(job: dict, graph: Graph, model_spec: dict, name: str, rank: int, world: int, threads: int) -> list[dict]:
     cuda = job["device"] == "cuda"
     workers = workers_of(name, job["sampler_workers"])
-    config = {"device": job["device"], "backend": "nccl" if cuda else "gloo", "world_size": world,
-              "model": model_spec["name"], "layers": model_spec["layers"],
-              "fanouts": "-".join(map(str, model_spec["fanouts"])), "batch_size": job["batch_size"],
-              "hidden": job["hidden"], "nodes": job["nodes"], "edges": job["edges"],
-              "feature_dim": job["feature_dim"], "sampler_workers": workers, "train_threads": threads}
+    config = {
+        "device": job["device"],
+        "backend": "nccl" if cuda else "gloo",
+        "world_size": world,
+        "model": model_spec["name"],
+        "layers": model_spec["layers"],
+        "fanouts": "-".join(map(str, model_spec["fanouts"])),
+        "batch_size": job["batch_size"],
+        "hidden": job["hidden"],
+        "nodes": job["nodes"],
+        "edges": job["edges"],
+        "feature_dim": job["feature_dim"],
+        "sampler_workers": workers,
+        "train_threads": threads,
+    }
     rows = []
 
     def add(metric, value, unit, repetition=0, rank_label="all"):
-        rows.append(dict(role=ROLE[name], variant=name, config=config | {"rank": rank_label}, metric=metric,
-                         value=float(value), unit=unit, repetition=repetition, dataset=job["dataset"]))
+        rows.append(
+            dict(
+                role=ROLE[name],
+                variant=name,
+                config=config | {"rank": rank_label},
+                metric=metric,
+                value=float(value),
+                unit=unit,
+                repetition=repetition,
+                dataset=job["dataset"],
+            )
+        )
 
     torch.manual_seed(0)  # the same initial weights on every rank and for every pipeline
-    model = build(model_spec["name"], job["feature_dim"], job["hidden"], job["classes"], model_spec["layers"],
-                  model_spec["fanouts"], dropout=job.get("dropout", 0.5)).to(graph.device)
+    model = build(
+        model_spec["name"],
+        job["feature_dim"],
+        job["hidden"],
+        job["classes"],
+        model_spec["layers"],
+        model_spec["fanouts"],
+        dropout=job.get("dropout", 0.5),
+    ).to(graph.device)
     ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if cuda else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=job["learning_rate"])
-    pipeline = Pipeline(name, graph, model_spec["fanouts"], job["batch_size"], seed=job["graph_seed"],
-                        sampler_workers=workers, shard=(rank, world))
+    pipeline = Pipeline(
+        name,
+        graph,
+        model_spec["fanouts"],
+        job["batch_size"],
+        seed=job["graph_seed"],
+        sampler_workers=workers,
+        shard=(rank, world),
+    )
 
     def every_rank_done() -> None:
         # The epoch ends by reading its losses back, a wait for this rank's GPU already; the
@@ -90,8 +124,16 @@ def train_one(job: dict, graph: Graph, model_spec: dict, name: str, rank: int, w
 
     epoch_seconds = []
     # Timed barrier to barrier, so an epoch's time is the slowest rank's.
-    for epoch in timed_epochs(ddp, optimizer, pipeline, warmup=job["warmup"], repeat=job["repeat"],
-                              device=job["device"], before=dist.barrier, after=every_rank_done):
+    for epoch in timed_epochs(
+        ddp,
+        optimizer,
+        pipeline,
+        warmup=job["warmup"],
+        repeat=job["repeat"],
+        device=job["device"],
+        before=dist.barrier,
+        after=every_rank_done,
+    ):
         cpu = torch.tensor([epoch.cpu_seconds()], dtype=torch.float64, device=graph.device)
         dist.all_reduce(cpu)  # all ranks' CPU time, sampling workers included
         per_rank_bytes = [None] * world
@@ -114,8 +156,11 @@ def train_one(job: dict, graph: Graph, model_spec: dict, name: str, rank: int, w
         add("accuracy", correct, "ratio")
         if job.get("save_weights"):
             torch.save({k: v.cpu() for k, v in model.state_dict().items()}, job["save_weights"])
-        report(f"{job['dataset']} {model_spec['name']}{model_spec['layers']} {name} x{world}: epochs "
-               + " ".join(f"{s:.3f}" for s in epoch_seconds) + f" s; accuracy {correct:.3f}")
+        report(
+            f"{job['dataset']} {model_spec['name']}{model_spec['layers']} {name} x{world}: epochs "
+            + " ".join(f"{s:.3f}" for s in epoch_seconds)
+            + f" s; accuracy {correct:.3f}"
+        )
     dist.barrier()
     pipeline.close()
     return rows

@@ -14,19 +14,19 @@ from harness.results import Schema
 SCHEMA = Schema(
     topic="gnn_multi_gpu",
     config={
-        "device": str,          # "cuda" (one GPU per rank) or "cpu"
-        "backend": str,         # "nccl" or "gloo"
-        "world_size": int,      # ranks
+        "device": str,  # "cuda" (one GPU per rank) or "cpu"
+        "backend": str,  # "nccl" or "gloo"
+        "world_size": int,  # ranks
         "model": str,
         "layers": int,
         "fanouts": str,
-        "batch_size": int,      # seeds per rank per step (the global batch is world_size times this)
+        "batch_size": int,  # seeds per rank per step (the global batch is world_size times this)
         "hidden": int,
         "nodes": int,
         "edges": int,
         "feature_dim": int,
         "sampler_workers": int,  # CPU sampling processes per rank
-        "train_threads": int,   # torch threads per rank
-        "rank": str,            # the rank of a per-rank value, or "all"
+        "train_threads": int,  # torch threads per rank
+        "rank": str,  # the rank of a per-rank value, or "all"
     },
 )

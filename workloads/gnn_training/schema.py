@@ -17,17 +17,17 @@ from harness.results import Schema
 SCHEMA = Schema(
     topic="gnn_training",
     config={
-        "device": str,          # where the model trains: "cuda" or "cpu"
-        "model": str,           # "sage" or "gat"
+        "device": str,  # where the model trains: "cuda" or "cpu"
+        "model": str,  # "sage" or "gat"
         "layers": int,
-        "fanouts": str,         # e.g. "10-25", hop 1 first
+        "fanouts": str,  # e.g. "10-25", hop 1 first
         "batch_size": int,
         "hidden": int,
         "nodes": int,
         "edges": int,
         "feature_dim": int,
         "sampler_workers": int,  # CPU sampling processes (0: in the training process)
-        "train_threads": int,   # torch threads of the training process (the cores workers leave)
-        "phase": str,           # for phase_time: "sample", "gather" (with transfer), "train"
+        "train_threads": int,  # torch threads of the training process (the cores workers leave)
+        "phase": str,  # for phase_time: "sample", "gather" (with transfer), "train"
     },
 )

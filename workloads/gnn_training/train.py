@@ -26,8 +26,10 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     started = time.perf_counter()
     spec, dataset, arrays = load_graph(SHORT_NAMES[part], params, shared["graph_seed"])
     graph = Graph(arrays, device)
-    report(f"{dataset}: {spec.nodes:,} nodes, {spec.edges:,} edges, {spec.feature_dim} features; "
-           f"ready in {time.perf_counter() - started:.1f} s")
+    report(
+        f"{dataset}: {spec.nodes:,} nodes, {spec.edges:,} edges, {spec.feature_dim} features; "
+        f"ready in {time.perf_counter() - started:.1f} s"
+    )
     threads = training_threads(shared["sampler_workers"])
     torch.set_num_threads(threads)
     pipelines = [p for p in PIPELINES if device == "cuda" or p not in GPU_PIPELINES]
@@ -36,35 +38,71 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     try:
         for model_spec, name in progress(cases, desc=f"{dataset} training", total=len(cases)):
             fanouts = model_spec["fanouts"]
-            config = {"device": device, "model": model_spec["name"], "layers": model_spec["layers"],
-                      "fanouts": "-".join(map(str, fanouts)), "batch_size": shared["batch_size"],
-                      "hidden": shared["hidden"], "nodes": spec.nodes, "edges": spec.edges,
-                      "feature_dim": spec.feature_dim, "sampler_workers": workers_of(name, shared["sampler_workers"]),
-                      "train_threads": threads}
+            config = {
+                "device": device,
+                "model": model_spec["name"],
+                "layers": model_spec["layers"],
+                "fanouts": "-".join(map(str, fanouts)),
+                "batch_size": shared["batch_size"],
+                "hidden": shared["hidden"],
+                "nodes": spec.nodes,
+                "edges": spec.edges,
+                "feature_dim": spec.feature_dim,
+                "sampler_workers": workers_of(name, shared["sampler_workers"]),
+                "train_threads": threads,
+            }
 
             def add(metric, value, unit, repetition=0, **extra):
-                writer.add(role=ROLE[name], variant=name, config=config | extra, metric=metric, value=value,
-                           unit=unit, repetition=repetition, dataset=dataset)
+                writer.add(
+                    role=ROLE[name],
+                    variant=name,
+                    config=config | extra,
+                    metric=metric,
+                    value=value,
+                    unit=unit,
+                    repetition=repetition,
+                    dataset=dataset,
+                )
 
             torch.manual_seed(0)  # the same initial weights for every pipeline
-            model = build(model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes,
-                          model_spec["layers"], fanouts).to(device)
-            pipeline = Pipeline(name, graph, fanouts, shared["batch_size"], seed=shared["graph_seed"],
-                                sampler_workers=shared["sampler_workers"])
+            model = build(
+                model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes, model_spec["layers"], fanouts
+            ).to(device)
+            pipeline = Pipeline(
+                name,
+                graph,
+                fanouts,
+                shared["batch_size"],
+                seed=shared["graph_seed"],
+                sampler_workers=shared["sampler_workers"],
+            )
             try:
-                summary = measure_pipeline(model, pipeline, add, learning_rate=shared["learning_rate"],
-                                           loss_steps=shared["loss_steps"], repeat=repeat, warmup=warmup, device=device)
+                summary = measure_pipeline(
+                    model,
+                    pipeline,
+                    add,
+                    learning_rate=shared["learning_rate"],
+                    loss_steps=shared["loss_steps"],
+                    repeat=repeat,
+                    warmup=warmup,
+                    device=device,
+                )
             finally:
                 pipeline.close()  # its sampling workers, also when training fails
             report(f"{dataset} {model_spec['name']}{model_spec['layers']} {name}: {summary}")
     finally:
         graph.close()
-    return {"skipped_pipelines": skipped, "graph": spec.as_dict(), "graph_source": params.get("published_dir") or "generated",
-            "graph_seed": shared["graph_seed"]}
+    return {
+        "skipped_pipelines": skipped,
+        "graph": spec.as_dict(),
+        "graph_source": params.get("published_dir") or "generated",
+        "graph_seed": shared["graph_seed"],
+    }
 
 
-def measure_pipeline(model, pipeline: Pipeline, add, *, learning_rate: float, loss_steps: int, repeat: int,
-                     warmup: int, device: str) -> str:
+def measure_pipeline(
+    model, pipeline: Pipeline, add, *, learning_rate: float, loss_steps: int, repeat: int, warmup: int, device: str
+) -> str:
     """Train ``model`` fed by ``pipeline`` for warm-up + timed epochs, then one instrumented epoch
     for the phase breakdown, and record through ``add``: the first epoch's losses, each timed
     epoch's time, CPU time and feature bytes, the phases and the validation accuracy. Returns a
@@ -81,13 +119,22 @@ def measure_pipeline(model, pipeline: Pipeline, add, *, learning_rate: float, lo
             add("epoch_time", epoch.seconds, "s", repetition=rep)
             add("cpu_time", epoch.cpu_seconds(), "core-s", repetition=rep)
             if device == "cuda":
-                add("pcie_bytes", float(0 if pipeline.name == "all_in_gpu" else epoch.feature_bytes), "B",
-                    repetition=rep)
+                add(
+                    "pcie_bytes",
+                    float(0 if pipeline.name == "all_in_gpu" else epoch.feature_bytes),
+                    "B",
+                    repetition=rep,
+                )
     clock = PhaseClock(device)
     train_epoch(model, optimizer, pipeline, warmup + repeat, clock)
     for phase, seconds in clock.totals.items():
         add("phase_time", seconds, "s", phase=phase)
     correct = accuracy(model, pipeline)
     add("accuracy", correct, "ratio")
-    return ("epochs " + " ".join(f"{s:.3f}" for s in epoch_seconds) + " s; phases "
-            + " ".join(f"{k} {v:.3f}" for k, v in clock.totals.items()) + f" s; accuracy {correct:.3f}")
+    return (
+        "epochs "
+        + " ".join(f"{s:.3f}" for s in epoch_seconds)
+        + " s; phases "
+        + " ".join(f"{k} {v:.3f}" for k, v in clock.totals.items())
+        + f" s; accuracy {correct:.3f}"
+    )

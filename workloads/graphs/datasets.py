@@ -24,9 +24,15 @@ def cached_graph(name: str, params: dict, graph_seed: int) -> tuple[GraphSpec, s
         folder = import_published(name, Path(params["published_dir"]).expanduser())
         arrays = store.load(folder)
         nodes = arrays["labels"].shape[0]
-        spec = GraphSpec(name, nodes, arrays["indices"].shape[0], arrays["features"].shape[1],
-                         int(arrays["labels"].max()) + 1, arrays["train_idx"].shape[0] / nodes,
-                         arrays["val_idx"].shape[0] / nodes)
+        spec = GraphSpec(
+            name,
+            nodes,
+            arrays["indices"].shape[0],
+            arrays["features"].shape[1],
+            int(arrays["labels"].max()) + 1,
+            arrays["train_idx"].shape[0] / nodes,
+            arrays["val_idx"].shape[0] / nodes,
+        )
         return spec, name, folder
     spec = DATASETS[name].scaled(params["scale_factor"])
     generator = GeneratorParams(spec, seed=graph_seed)

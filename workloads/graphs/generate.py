@@ -36,9 +36,9 @@ RANK_OFFSET = 1.0  # weights (r + 1)^-a rather than r^-a: keeps the first hub fi
 class GeneratorParams:
     spec: GraphSpec
     seed: int = 0
-    gamma: float = 2.5          # power-law exponent of the degree distribution
-    homophily: float = 0.6      # share of neighbours drawn from the node's own class
-    signal: float = 1.0         # distance of class centroids, in units of the feature noise
+    gamma: float = 2.5  # power-law exponent of the degree distribution
+    homophily: float = 0.6  # share of neighbours drawn from the node's own class
+    signal: float = 1.0  # distance of class centroids, in units of the feature noise
 
     def __post_init__(self):
         if not self.spec.homogeneous:  # the arrays below have no node or edge types
@@ -53,8 +53,14 @@ class GeneratorParams:
         return f"{self.spec.name}-like"
 
     def as_dict(self) -> dict:
-        return {"algorithm": ALGORITHM, "spec": self.spec.as_dict(), "seed": self.seed, "gamma": self.gamma,
-                "homophily": self.homophily, "signal": self.signal}
+        return {
+            "algorithm": ALGORITHM,
+            "spec": self.spec.as_dict(),
+            "seed": self.seed,
+            "gamma": self.gamma,
+            "homophily": self.homophily,
+            "signal": self.signal,
+        }
 
 
 class PowerLawRanks:
@@ -62,7 +68,7 @@ class PowerLawRanks:
 
     def __init__(self, n: int, gamma: float):
         self.n, self.e = n, 1.0 - 1.0 / (gamma - 1.0)  # e = 1 - a: the exponent of the integral
-        self.low = RANK_OFFSET ** self.e
+        self.low = RANK_OFFSET**self.e
 
     def _cdf_at(self, x: np.ndarray) -> np.ndarray:
         return (x + RANK_OFFSET) ** self.e - self.low
@@ -111,11 +117,11 @@ def generate(params: GeneratorParams, progress=lambda items, desc, total: items)
         same = np.flatnonzero(chunk_rng.random(count) < params.homophily)
         cls = row_labels[start + same]
         cols[same] = by_class[class_start[cls] + ranks.draw(class_size[cls], chunk_rng, same.size)]
-        indices[start:start + count] = cols
+        indices[start : start + count] = cols
 
     starts = range(0, m, CHUNK)
     _in_parallel(draw_edges, starts, edge_streams, progress, f"edges of {spec.name}-like")
-    del row_labels
+    row_labels = None  # frees its memory before the features are drawn
 
     centroids = rng.standard_normal((spec.classes, spec.feature_dim)).astype(np.float32)
     centroids *= params.signal / np.sqrt(spec.feature_dim) * 4.0
@@ -124,19 +130,23 @@ def generate(params: GeneratorParams, progress=lambda items, desc, total: items)
 
     def draw_features(start: int, stream: np.random.SeedSequence) -> None:
         stop = min(start + rows_per_chunk, n)
-        np.random.default_rng(stream).standard_normal((stop - start, spec.feature_dim), dtype=np.float32,
-                                                      out=features[start:stop])
+        np.random.default_rng(stream).standard_normal(
+            (stop - start, spec.feature_dim), dtype=np.float32, out=features[start:stop]
+        )
         features[start:stop] += centroids[labels[start:stop]]
 
-    _in_parallel(draw_features, range(0, n, rows_per_chunk), feature_streams, progress,
-                 f"features of {spec.name}-like")
+    _in_parallel(draw_features, range(0, n, rows_per_chunk), feature_streams, progress, f"features of {spec.name}-like")
 
     perm = rng.permutation(n)
     n_train, n_val = int(n * spec.train_fraction), int(n * spec.val_fraction)
     return {
-        "indptr": indptr, "indices": indices, "features": features, "labels": labels,
-        "train_idx": np.sort(perm[:n_train]), "val_idx": np.sort(perm[n_train:n_train + n_val]),
-        "test_idx": np.sort(perm[n_train + n_val:]),
+        "indptr": indptr,
+        "indices": indices,
+        "features": features,
+        "labels": labels,
+        "train_idx": np.sort(perm[:n_train]),
+        "val_idx": np.sort(perm[n_train : n_train + n_val]),
+        "test_idx": np.sort(perm[n_train + n_val :]),
     }
 
 

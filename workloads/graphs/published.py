@@ -75,9 +75,15 @@ def read_reddit(folder: Path) -> dict[str, np.ndarray]:
     # Messages flow col -> row: node `row` lists neighbour `col`.
     indptr, indices = _csr(graph["row"].astype(np.int64), graph["col"], n)
     types = data["node_types"]
-    return {"indptr": indptr, "indices": indices, "features": data["feature"].astype(np.float32),
-            "labels": data["label"].astype(np.int64), "train_idx": np.flatnonzero(types == 1),
-            "val_idx": np.flatnonzero(types == 2), "test_idx": np.flatnonzero(types == 3)}
+    return {
+        "indptr": indptr,
+        "indices": indices,
+        "features": data["feature"].astype(np.float32),
+        "labels": data["label"].astype(np.int64),
+        "train_idx": np.flatnonzero(types == 1),
+        "val_idx": np.flatnonzero(types == 2),
+        "test_idx": np.flatnonzero(types == 3),
+    }
 
 
 def read_ogb(name: str, folder: Path) -> dict[str, np.ndarray]:
@@ -95,13 +101,22 @@ def read_ogb(name: str, folder: Path) -> dict[str, np.ndarray]:
     rows = np.concatenate([edges[1], edges[0]])
     cols = np.concatenate([edges[0], edges[1]])
     indptr, indices = _csr(rows, cols, n)
-    return {"indptr": indptr, "indices": indices, "features": features, "labels": labels,
-            "train_idx": _csv(split / "train.csv.gz", np.int64), "val_idx": _csv(split / "valid.csv.gz", np.int64),
-            "test_idx": _csv(split / "test.csv.gz", np.int64)}
+    return {
+        "indptr": indptr,
+        "indices": indices,
+        "features": features,
+        "labels": labels,
+        "train_idx": _csv(split / "train.csv.gz", np.int64),
+        "val_idx": _csv(split / "valid.csv.gz", np.int64),
+        "test_idx": _csv(split / "test.csv.gz", np.int64),
+    }
 
 
-READERS = {"reddit": read_reddit, "ogbn-products": lambda f: read_ogb("ogbn-products", f),
-           "ogbn-papers100M": lambda f: read_ogb("ogbn-papers100M", f)}
+READERS = {
+    "reddit": read_reddit,
+    "ogbn-products": lambda f: read_ogb("ogbn-products", f),
+    "ogbn-papers100M": lambda f: read_ogb("ogbn-papers100M", f),
+}
 
 
 def import_published(name: str, folder: Path, root: Path | None = None) -> Path:
@@ -119,8 +134,13 @@ def import_published(name: str, folder: Path, root: Path | None = None) -> Path:
         if meta.get("params", {}).get("files") == files:
             return done.parent
     arrays = READERS[name](folder)
-    spec = {"name": name, "nodes": int(arrays["labels"].shape[0]), "edges": int(arrays["indices"].shape[0]),
-            "feature_dim": int(arrays["features"].shape[1]), "classes": int(arrays["labels"].max()) + 1}
+    spec = {
+        "name": name,
+        "nodes": int(arrays["labels"].shape[0]),
+        "edges": int(arrays["indices"].shape[0]),
+        "feature_dim": int(arrays["features"].shape[1]),
+        "classes": int(arrays["labels"].max()) + 1,
+    }
     params = PublishedParams(name, files, spec)
     target = store.folder_for(params, root)
     store.save(arrays, params, target)

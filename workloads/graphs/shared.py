@@ -12,9 +12,9 @@ import json
 import mmap
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -35,9 +35,11 @@ def check_table_fits_in_memory(nbytes: int) -> None:
     through a run, not in an error that says why."""
     available = machine.available_memory_bytes()
     if available is not None and nbytes + MEMORY_HEADROOM > available:
-        raise UserError(f"the feature table ({nbytes / 2**30:.1f} GiB) is too large to hold and pin in this host's "
-                        f"memory ({available / 2**30:.1f} GiB available, {MEMORY_HEADROOM >> 30} GiB of it kept for "
-                        "the training and sampling processes); use a smaller scale_factor")
+        raise UserError(
+            f"the feature table ({nbytes / 2**30:.1f} GiB) is too large to hold and pin in this host's "
+            f"memory ({available / 2**30:.1f} GiB available, {MEMORY_HEADROOM >> 30} GiB of it kept for "
+            "the training and sampling processes); use a smaller scale_factor"
+        )
 
 
 @contextmanager
@@ -47,13 +49,16 @@ def shared_table(array: np.ndarray, name: str, directory: Path = SHARED_MEMORY) 
     check_table_fits_in_memory(array.nbytes)
     directory = Path(directory)
     if not directory.is_dir():
-        raise UserError(f"{directory} does not exist: sharing a feature table between processes needs Linux "
-                        "shared memory")
+        raise UserError(
+            f"{directory} does not exist: sharing a feature table between processes needs Linux shared memory"
+        )
     free = shutil.disk_usage(directory).free
     if array.nbytes + SHARED_MEMORY_HEADROOM > free:
-        raise UserError(f"the feature table ({array.nbytes / 2**30:.1f} GiB) and {SHARED_MEMORY_HEADROOM >> 30} GiB "
-                        f"for the sampling workers' batches do not fit in {directory} ({free / 2**30:.1f} GiB free); "
-                        "free space there or use a smaller scale")
+        raise UserError(
+            f"the feature table ({array.nbytes / 2**30:.1f} GiB) and {SHARED_MEMORY_HEADROOM >> 30} GiB "
+            f"for the sampling workers' batches do not fit in {directory} ({free / 2**30:.1f} GiB free); "
+            "free space there or use a smaller scale"
+        )
     path = directory / f"suite-{name}-{os.getpid()}.table"
     try:
         table = np.memmap(path, dtype=array.dtype, mode="w+", shape=array.shape)
@@ -84,7 +89,7 @@ def _copy_in_steps(source: np.ndarray, target: np.ndarray) -> None:
     one copy would first fault all of it in next to the target."""
     rows_per_step = max(1, (256 << 20) // max(1, source.strides[0] if source.ndim else 1))
     for start in range(0, source.shape[0], rows_per_step):
-        target[start:start + rows_per_step] = source[start:start + rows_per_step]
+        target[start : start + rows_per_step] = source[start : start + rows_per_step]
 
 
 def map_table(description: dict | str) -> torch.Tensor:

@@ -54,8 +54,9 @@ class GraphSpec:
         object.__setattr__(self, "node_types", tuple(self.node_types))
         object.__setattr__(self, "relations", tuple(self.relations))
         if bool(self.node_types) != bool(self.relations):
-            raise ValueError(f"{self.name}: a heterograph declares both node types and relations, a homogeneous "
-                             "graph neither")
+            raise ValueError(
+                f"{self.name}: a heterograph declares both node types and relations, a homogeneous graph neither"
+            )
         if not self.node_types:
             return
         names = [t.name for t in self.node_types]
@@ -64,16 +65,21 @@ class GraphSpec:
         if any(t.count < 0 for t in self.node_types) or any(r.count < 0 for r in self.relations):
             raise ValueError(f"{self.name}: type and relation counts must be >= 0")
         if sum(t.count for t in self.node_types) != self.nodes or sum(r.count for r in self.relations) != self.edges:
-            raise ValueError(f"{self.name}: node type counts must sum to {self.nodes} nodes and relation counts to "
-                             f"{self.edges} edges")
+            raise ValueError(
+                f"{self.name}: node type counts must sum to {self.nodes} nodes and relation counts to "
+                f"{self.edges} edges"
+            )
         count = {t.name: t.count for t in self.node_types}
         for r in self.relations:
             if r.source not in count or r.target not in count:
-                raise ValueError(f"{self.name}: relation {r.name} joins {r.source} and {r.target}; "
-                                 f"the node types are {', '.join(names)}")
+                raise ValueError(
+                    f"{self.name}: relation {r.name} joins {r.source} and {r.target}; "
+                    f"the node types are {', '.join(names)}"
+                )
             if r.count and not (count[r.source] and count[r.target]):
-                raise ValueError(f"{self.name}: relation {r.name} has {r.count} edges but no {r.source} or no "
-                                 f"{r.target} nodes")
+                raise ValueError(
+                    f"{self.name}: relation {r.name} has {r.count} edges but no {r.source} or no {r.target} nodes"
+                )
 
     @property
     def homogeneous(self) -> bool:
@@ -100,26 +106,40 @@ class GraphSpec:
             return replace(self, nodes=nodes, edges=edges)
         node_counts = _apportion([t.count for t in self.node_types], nodes)
         edge_counts = _apportion([r.count for r in self.relations], edges)
-        return replace(self, nodes=nodes, edges=edges,
-                       node_types=tuple(replace(t, count=c) for t, c in zip(self.node_types, node_counts)),
-                       relations=tuple(replace(r, count=c) for r, c in zip(self.relations, edge_counts)))
+        return replace(
+            self,
+            nodes=nodes,
+            edges=edges,
+            node_types=tuple(replace(t, count=c) for t, c in zip(self.node_types, node_counts)),
+            relations=tuple(replace(r, count=c) for r, c in zip(self.relations, edge_counts)),
+        )
 
     def as_dict(self) -> dict:
         """JSON-able (lists, not tuples: it is compared with the store's meta.json as read back).
         A homogeneous graph's has no type fields, as before types existed."""
-        d = {"name": self.name, "nodes": self.nodes, "edges": self.edges, "feature_dim": self.feature_dim,
-             "classes": self.classes, "train_fraction": self.train_fraction, "val_fraction": self.val_fraction}
+        d = {
+            "name": self.name,
+            "nodes": self.nodes,
+            "edges": self.edges,
+            "feature_dim": self.feature_dim,
+            "classes": self.classes,
+            "train_fraction": self.train_fraction,
+            "val_fraction": self.val_fraction,
+        }
         if not self.homogeneous:
             d["node_types"] = [{"name": t.name, "count": t.count} for t in self.node_types]
-            d["relations"] = [{"name": r.name, "source": r.source, "target": r.target, "count": r.count}
-                              for r in self.relations]
+            d["relations"] = [
+                {"name": r.name, "source": r.source, "target": r.target, "count": r.count} for r in self.relations
+            ]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> GraphSpec:
-        return cls(**{k: v for k, v in d.items() if k not in ("node_types", "relations")},
-                   node_types=tuple(NodeType(**t) for t in d.get("node_types", ())),
-                   relations=tuple(Relation(**r) for r in d.get("relations", ())))
+        return cls(
+            **{k: v for k, v in d.items() if k not in ("node_types", "relations")},
+            node_types=tuple(NodeType(**t) for t in d.get("node_types", ())),
+            relations=tuple(Relation(**r) for r in d.get("relations", ())),
+        )
 
 
 def _apportion(counts: list[int], total: int) -> list[int]:

@@ -75,8 +75,11 @@ def save(arrays: dict[str, np.ndarray], params, folder: Path) -> None:
     for name in _array_names(spec):
         array = np.ascontiguousarray(arrays[name])
         np.save(tmp / f"{name}.npy", array)
-        meta["arrays"][name] = {"dtype": str(array.dtype), "shape": list(array.shape),
-                                "file_bytes": (tmp / f"{name}.npy").stat().st_size}
+        meta["arrays"][name] = {
+            "dtype": str(array.dtype),
+            "shape": list(array.shape),
+            "file_bytes": (tmp / f"{name}.npy").stat().st_size,
+        }
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     if folder.exists():
         shutil.rmtree(folder)
@@ -93,21 +96,29 @@ def load(folder: Path, params=None) -> dict[str, np.ndarray]:
     except json.JSONDecodeError:
         raise GraphFileError(f"{folder}/meta.json is not valid JSON; delete the folder to regenerate") from None
     if meta.get("format") != FORMAT_VERSION:
-        raise GraphFileError(f"{folder}: format {meta.get('format')} is not {FORMAT_VERSION}; delete the folder to regenerate")
+        raise GraphFileError(
+            f"{folder}: format {meta.get('format')} is not {FORMAT_VERSION}; delete the folder to regenerate"
+        )
     if params is not None and meta.get("params") != params.as_dict():
-        raise GraphFileError(f"{folder}: cached with other parameters than asked for "
-                             f"({meta.get('params')} vs {params.as_dict()}); delete the folder to regenerate")
+        raise GraphFileError(
+            f"{folder}: cached with other parameters than asked for "
+            f"({meta.get('params')} vs {params.as_dict()}); delete the folder to regenerate"
+        )
     arrays = {}
     for name in _array_names(meta["params"]["spec"]):
         path, record = folder / f"{name}.npy", meta["arrays"].get(name)
         if record is None or not path.exists():
             raise GraphFileError(f"{path}: missing; delete {folder} to regenerate")
         if path.stat().st_size != record["file_bytes"]:
-            raise GraphFileError(f"{path}: {path.stat().st_size} bytes on disk, {record['file_bytes']} recorded "
-                                 f"(truncated or replaced); delete {folder} to regenerate")
+            raise GraphFileError(
+                f"{path}: {path.stat().st_size} bytes on disk, {record['file_bytes']} recorded "
+                f"(truncated or replaced); delete {folder} to regenerate"
+            )
         array = np.load(path, mmap_mode="c")
         if str(array.dtype) != record["dtype"] or list(array.shape) != record["shape"]:
-            raise GraphFileError(f"{path}: holds {array.dtype} {array.shape}, recorded {record['dtype']} {record['shape']}")
+            raise GraphFileError(
+                f"{path}: holds {array.dtype} {array.shape}, recorded {record['dtype']} {record['shape']}"
+            )
         arrays[name] = array
     _check_structure(folder, arrays, meta["params"]["spec"])
     return arrays
@@ -137,8 +148,10 @@ def _typed(arrays: dict, spec: dict) -> dict:
         raise ValueError(f"{spec['name']}: a heterograph needs the arrays {', '.join(missing)}")
     problems = _type_problems(arrays, spec)  # before the cast, which could wrap a wrong id into range
     if not problems:
-        arrays = arrays | {"node_type": arrays["node_type"].astype(type_dtype(len(spec["node_types"])), copy=False),
-                           "edge_type": arrays["edge_type"].astype(type_dtype(len(spec["relations"])), copy=False)}
+        arrays = arrays | {
+            "node_type": arrays["node_type"].astype(type_dtype(len(spec["node_types"])), copy=False),
+            "edge_type": arrays["edge_type"].astype(type_dtype(len(spec["relations"])), copy=False),
+        }
         problems = _endpoint_problems(arrays, spec)
     if problems:
         raise ValueError(f"{spec['name']}: {'; '.join(problems)}")
@@ -149,15 +162,18 @@ def _type_problems(arrays: dict, spec: dict) -> list[str]:
     """What is wrong with a heterograph's type arrays: dtype, length, ids out of range, counts
     other than the spec's."""
     problems = []
-    for name, kinds, length in (("node_type", spec["node_types"], spec["nodes"]),
-                                ("edge_type", spec["relations"], spec["edges"])):
+    for name, kinds, length in (
+        ("node_type", spec["node_types"], spec["nodes"]),
+        ("edge_type", spec["relations"], spec["edges"]),
+    ):
         array = arrays[name]
         expected = [kind["count"] for kind in kinds]
         if not np.issubdtype(array.dtype, np.integer):
             problems.append(f"{name} holds {array.dtype}, not integer ids")
         elif array.shape != (length,):
-            problems.append(f"{name} has shape {array.shape}, the graph has {length} "
-                            f"{'nodes' if name == 'node_type' else 'edges'}")
+            problems.append(
+                f"{name} has shape {array.shape}, the graph has {length} {'nodes' if name == 'node_type' else 'edges'}"
+            )
         else:
             counts, low = _count_ids(array, len(expected))
             if low < 0 or len(counts) > len(expected):
@@ -172,7 +188,7 @@ def _count_ids(array: np.ndarray, kinds: int) -> tuple[np.ndarray, int]:
     read once, with no full-length temporary."""
     counts, low = np.zeros(kinds, dtype=np.int64), 0
     for start in range(0, array.shape[0], CHECK_CHUNK):
-        chunk = np.asarray(array[start:start + CHECK_CHUNK], dtype=np.int64)
+        chunk = np.asarray(array[start : start + CHECK_CHUNK], dtype=np.int64)
         low = min(low, int(chunk.min()))
         if low < 0:
             break
@@ -194,8 +210,11 @@ def _endpoint_problems(arrays: dict, spec: dict) -> list[str]:
         stop = min(start + CHECK_CHUNK, indices.shape[0])
         relation = np.asarray(edge_type[start:stop], dtype=np.int64)
         rows = np.searchsorted(indptr, np.arange(start, stop), side="right") - 1
-        wrong += int(np.count_nonzero((node_type[rows] != target[relation])
-                                      | (node_type[indices[start:stop]] != source[relation])))
+        wrong += int(
+            np.count_nonzero(
+                (node_type[rows] != target[relation]) | (node_type[indices[start:stop]] != source[relation])
+            )
+        )
     return [f"{wrong} edges join other node types than their relation's"] if wrong else []
 
 
@@ -211,5 +230,9 @@ def get(params: GeneratorParams, root: Path = DEFAULT_ROOT) -> dict[str, np.ndar
     """The graph for ``params``: loaded from the cache, or generated and cached first."""
     folder = folder_for(params, root)
     if not (folder / "meta.json").exists():
-        save(generate(params, progress=lambda items, desc, total: progress(items, desc=desc, total=total)), params, folder)
+        save(
+            generate(params, progress=lambda items, desc, total: progress(items, desc=desc, total=total)),
+            params,
+            folder,
+        )
     return load(folder, params)
