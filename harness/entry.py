@@ -66,7 +66,12 @@ def measure(
         )
         or {}
     )
-    writer.write(out, provenance.collect(scale_name, topic=topic.name, part=part.name, parameters=part_params, **notes))
+    writer.write(
+        out,
+        provenance.collect(
+            scale_name, packages=topic.packages, topic=topic.name, part=part.name, parameters=part_params, **notes
+        ),
+    )
     return len(writer.rows)
 
 

@@ -61,9 +61,10 @@ def git_state() -> dict:
     return {"commit": "unknown", "dirty": None, "source": "unavailable"}
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Installed versions of TRACKED_PACKAGES and of ``extra`` (a topic's own); absent ones left out."""
     versions = {}
-    for name in TRACKED_PACKAGES:
+    for name in dict.fromkeys(TRACKED_PACKAGES + tuple(extra)):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -88,8 +89,9 @@ def cuda_state() -> dict:
     return state
 
 
-def collect(scale: str, **extra) -> dict:
-    """Everything needed to say where, when and how a number was measured."""
+def collect(scale: str, packages: tuple[str, ...] = (), **extra) -> dict:
+    """Everything needed to say where, when and how a number was measured; ``packages``: the
+    libraries besides TRACKED_PACKAGES whose versions can change this topic's numbers."""
     return {
         "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "scale": scale,
@@ -97,7 +99,7 @@ def collect(scale: str, **extra) -> dict:
         "machine": machine.describe().as_dict(),
         "cuda": cuda_state(),
         "python": sys.version.split()[0],
-        "packages": package_versions(),
+        "packages": package_versions(packages),
         "command": sys.argv,
         **extra,
     }

@@ -5,9 +5,9 @@ its value and unit. The configuration columns are typed and declared once per to
 :class:`Schema`. Each CSV file has a provenance record beside it (``<name>.provenance.json``).
 Files are written atomically: a results file either exists whole or not at all.
 
-Every metric has one unit (:data:`UNITS`): seconds ``s``; bandwidth ``GB/s`` (10^9 bytes per
-second); ``TFLOP/s``; bytes ``B``; CPU time ``core-s`` (user + system seconds of all the
-process's threads); ``ratio``.
+Every metric has one unit (:data:`UNITS`, plus the metrics a topic's schema adds): seconds
+``s``; bandwidth ``GB/s`` (10^9 bytes per second); ``TFLOP/s``; bytes ``B``; CPU time ``core-s``
+(user + system seconds of all the process's threads); ``ratio``.
 
 A file written before a configuration column was added to its topic's schema still loads: the
 missing column reads as NA. Any other difference from the schema refuses the file.
@@ -21,7 +21,7 @@ import math
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import UserError
@@ -81,6 +81,17 @@ class Schema:
 
     topic: str
     config: dict[str, type]
+    metrics: dict[str, str] = field(default_factory=dict)  # this topic's own metrics, with their units
+
+    def __post_init__(self):
+        clash = {m for m, unit in self.metrics.items() if UNITS.get(m, unit) != unit}
+        if clash:
+            raise ValueError(f"{self.topic}: metrics {sorted(clash)} already have units in harness.results.UNITS")
+
+    @property
+    def units(self) -> dict[str, str]:
+        """Every metric this topic may record, with its unit."""
+        return {**UNITS, **self.metrics}
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -132,8 +143,8 @@ class ResultsWriter:
         self.schema.check_config(config)
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-        if UNITS.get(metric) != unit:
-            expected = UNITS.get(metric, "a unit listed in harness.results.UNITS")
+        if self.schema.units.get(metric) != unit:
+            expected = self.schema.units.get(metric, "a unit listed in harness.results.UNITS or the topic's schema")
             raise ValueError(f"metric {metric!r} must be recorded in {expected}, not {unit!r}")
         if not math.isfinite(value):
             raise ValueError(f"{role}/{variant}: {metric} is not finite ({value})")
@@ -252,10 +263,11 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
     if not math.isfinite(row["value"]):
         raise ResultsFormatError(f"{where}: value {raw['value']!r} is not finite")
     row["metric"], row["unit"] = raw["metric"], raw["unit"]
-    if UNITS.get(row["metric"]) != row["unit"]:
+    units = schema.units
+    if units.get(row["metric"]) != row["unit"]:
         raise ResultsFormatError(
             f"{where}: metric '{row['metric']}' in unit '{row['unit']}'; "
-            f"expected one of {sorted(UNITS)} in its unit ({UNITS.get(row['metric'], 'unknown metric')})"
+            f"expected one of {sorted(units)} in its unit ({units.get(row['metric'], 'unknown metric')})"
         )
     return row
 

@@ -59,6 +59,7 @@ class Topic:
     schema: Schema
     parts: tuple[Part, ...]
     reads: tuple[str, ...] = ()  # topics whose results (same machine, same scale) the figure also shows
+    packages: tuple[str, ...] = ()  # libraries, besides harness.provenance's, whose versions its numbers depend on
 
     def __post_init__(self):
         names = [p.name for p in self.parts]

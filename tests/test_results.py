@@ -86,6 +86,7 @@ def test_writer_refuses_to_write_nothing(tmp_path):
         (lambda cells: cells.__setitem__(-4, "-1"), r"demo-cpu.csv:3: repetition -1 is negative"),
         (lambda cells: cells.__setitem__(0, "other"), r"demo-cpu.csv:3: workload 'other' does not belong"),
         (lambda cells: cells.__setitem__(2, ""), r"demo-cpu.csv:3: column 'role' is empty"),
+        (lambda cells: cells.__setitem__(2, "pytorch_direct"), r"demo-cpu.csv:3: role 'pytorch_direct' is not one of"),
         (lambda cells: cells.__setitem__(8, "maybe"), r"demo-cpu.csv:3: column 'flag': 'maybe' is not true or false"),
         (lambda cells: cells.pop(), r"demo-cpu.csv:3: expected 13 fields"),
     ],
@@ -172,4 +173,27 @@ def test_writer_refuses_a_metric_in_the_wrong_unit():
     with pytest.raises(ValueError, match="must be recorded in GB/s"):
         ResultsWriter(SCHEMA, scale="cpu").add(
             role="probe", variant="v", config={}, metric="bandwidth", value=1.0, unit="MB/s"
+        )
+
+
+def test_a_topic_adds_its_own_metrics_with_their_units(tmp_path):
+    schema = Schema(topic="demo", config={}, metrics={"tokens_per_s": "1/s"})
+    writer = ResultsWriter(schema, scale="cpu")
+    writer.add(role="optimized", variant="v", config={}, metric="tokens_per_s", value=5.0, unit="1/s")
+    writer.add(role="optimized", variant="v", config={}, metric="time", value=0.5, unit="s")
+    path = tmp_path / "demo-cpu.csv"
+    writer.write(path, PROVENANCE)
+    assert set(load([path], schema)["metric"]) == {"tokens_per_s", "time"}
+    with pytest.raises(ResultsFormatError, match="metric 'tokens_per_s' in unit '1/s'"):
+        load([path], Schema(topic="demo", config={}))  # another topic does not know the metric
+    with pytest.raises(ValueError, match="must be recorded in 1/s"):
+        writer.add(role="optimized", variant="v", config={}, metric="tokens_per_s", value=5.0, unit="s")
+    with pytest.raises(ValueError, match="already have units"):
+        Schema(topic="demo", config={}, metrics={"time": "ms"})
+
+
+def test_a_role_outside_the_vocabulary_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="role must be one of baseline, optimized, upper_bound, probe"):
+        ResultsWriter(SCHEMA, scale="cpu").add(
+            role="pytorch_direct", variant="v", config={}, metric="time", value=1.0, unit="s"
         )

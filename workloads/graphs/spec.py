@@ -1,4 +1,5 @@
-"""Published statistics of the datasets PyTorch-Direct was evaluated on (REFERENCE.md, §1), and
+"""Published statistics of the datasets PyTorch-Direct was evaluated on (arXiv 2101.07956 and
+PVLDB 14(11): reddit, ogbn-products, ogbn-papers100M, as distributed by PyG and OGB), and
 the shape of a graph: its sizes and, for a heterograph, its node types and relations.
 
 Edge counts are the numbers of stored (directed) edges the generated CSR holds; the train and
