@@ -1,0 +1,53 @@
+"""Topic declarations (harness/topic.py): which parts run where, and the refusals."""
+
+import pytest
+
+from harness.errors import UserError
+from harness.results import Schema
+from harness.topic import Part, Topic, discover
+
+SCHEMA = Schema(topic="demo", config={})
+
+
+def demo(*parts, technique=None, **kw):
+    return Topic(name="demo", title="Demo", technique=technique, schema=SCHEMA, parts=parts, **kw)
+
+
+def test_parts_run_by_gpu_count():
+    topic = demo(Part("cpu_and_gpu"), Part("gpu_only", cpu=False), Part("two_gpus", gpus=2), Part("host", gpus=0))
+    names = lambda gpus: [p.name for p in topic.parts_on(gpus)]  # noqa: E731
+    assert names(0) == ["cpu_and_gpu", "two_gpus", "host"]
+    assert names(1) == ["cpu_and_gpu", "gpu_only", "host"]
+    assert names(2) == ["cpu_and_gpu", "gpu_only", "two_gpus", "host"]
+    assert topic.part("two_gpus").gpus_held(0) == 0 and topic.part("two_gpus").gpus_held(4) == 2
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: demo(), "non-empty list of distinct names"),
+        (lambda: demo(Part("a"), Part("a")), "distinct names"),
+        (lambda: demo(Part("a"), technique="magic"), "technique must be one of"),
+        (lambda: Topic(name="other", title="", technique=None, schema=SCHEMA, parts=(Part("a"),)), "declared for"),
+    ],
+)
+def test_malformed_declarations_are_refused(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_unknown_part_names_the_known_ones():
+    with pytest.raises(UserError, match="topic demo has no part 'c'; its parts: a, b"):
+        demo(Part("a"), Part("b")).part("c")
+
+
+def test_every_shipped_topic_has_a_measuring_function_per_part_and_its_files():
+    topics = discover()
+    assert {"ceilings", "feature_gather", "gnn_training", "gnn_multi_gpu"} <= set(topics)
+    for topic in topics.values():
+        for part in topic.parts:
+            assert callable(topic.measure_function(part.name)), (topic.name, part.name)
+        for path in (topic.config_file, topic.schema_file):
+            assert path.exists(), path
+        for relative in (topic.notebook, topic.caption):
+            assert (topic.config_file.parent.parent / relative).exists(), relative
