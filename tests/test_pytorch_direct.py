@@ -1,5 +1,5 @@
 """PyTorch-Direct's gather: CPU reference semantics and refusals; on a GPU, every kernel against
-the reference, and UnifiedTensor's in-place pinning."""
+the reference, index tensors of any layout, and UnifiedTensor's in-place pinning."""
 
 import gc
 
@@ -7,10 +7,29 @@ import pytest
 import torch
 
 from systems.pytorch_direct import UnifiedTensor
-from systems.pytorch_direct.ops import KERNELS, gather, launch_gather, word_bytes
+from systems.pytorch_direct.ops import (INDEX_DTYPES, KERNELS, gather, launch_gather, launch_sorted_gather,
+                                        word_bytes)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64]
 ORDERS = [{}, {"sort": True}, {"dedup": True}]  # as asked, sorted, sorted and de-duplicated
+
+# Index tensors whose elements are not one dense block from data_ptr(), made from 3000 random ids.
+INDEX_VIEWS = {
+    "strided": lambda ids: ids[::3],
+    "offset": lambda ids: ids[5:],
+    "strided_offset": lambda ids: ids[7::5],
+    "column": lambda ids: ids.view(1000, 3)[:, 1],
+    "expanded": lambda ids: ids[:1].expand(100),
+    "expanded_offset": lambda ids: ids[9:10].expand(2500),
+    "empty": lambda ids: ids[:0],
+    "empty_strided": lambda ids: ids[::3][:0],
+}
+INDEX_VIEWS_2D = {
+    "transposed": lambda ids: ids[:2400].view(40, 60).t(),
+    "strided_2d": lambda ids: ids[:600].view(20, 30)[::2, 1::3],
+    "expanded_2d": lambda ids: ids[4:5].view(1, 1).expand(7, 9),
+    "empty_2d": lambda ids: ids[:0].view(0, 4),
+}
 
 
 def random_table(rows, dim, dtype, seed=0, pin=False):
@@ -23,8 +42,25 @@ def random_table(rows, dim, dtype, seed=0, pin=False):
     return table.pin_memory() if pin else table
 
 
+def random_ids(rows, dtype, device="cpu", seed=0, n=3000):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, rows, (n,), generator=g).to(dtype=dtype, device=device)
+
+
+def index_view(name, rows, dtype, device="cpu", seed=0):
+    """The view ``name`` of random ids, checked not to be a plain tensor from its storage's start."""
+    idx = {**INDEX_VIEWS, **INDEX_VIEWS_2D}[name](random_ids(rows, dtype, device, seed))
+    assert idx.numel() == 0 or idx.storage_offset() > 0 or not idx.is_contiguous()
+    return idx
+
+
+def expected_rows(table, idx):
+    """``table[idx]`` through a fresh list of the index values, whatever the view's layout."""
+    return table[torch.tensor(idx.tolist(), dtype=torch.long).view(idx.shape)]
+
+
 def same_bytes(a, b):
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 # --- CPU: the reference op ---------------------------------------------------------------------
@@ -37,6 +73,28 @@ def test_reference_is_plain_indexing_with_duplicates_and_any_order(dtype, index_
     for kernel in KERNELS:
         for order in ORDERS:
             assert same_bytes(gather(table, idx, kernel=kernel, **order), table[idx.long()])
+
+
+@pytest.mark.parametrize("view", INDEX_VIEWS)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_reference_reads_strided_offset_expanded_and_empty_index_views(view, index_dtype):
+    table = random_table(500, 37, torch.float32, seed=12)
+    idx = index_view(view, 500, index_dtype, seed=13)
+    before = idx.clone()
+    for kernel in KERNELS:
+        for order in ORDERS:
+            assert same_bytes(gather(table, idx, kernel=kernel, **order), expected_rows(table, idx))
+    assert torch.equal(idx, before)
+
+
+def test_reference_ignores_out_of_range_values_outside_the_view():
+    table = random_table(500, 8, torch.float32, seed=14)
+    ids = random_ids(500, torch.int64, seed=15)
+    ids[1::3] = 10**9  # not in ids[::3]
+    assert same_bytes(gather(table, ids[::3]), expected_rows(table, ids[::3]))
+    ids[3] = -7  # position 1 of ids[::3]
+    with pytest.raises(IndexError, match="index -7 is out of range for a table of 500 rows"):
+        gather(table, ids[::3])
 
 
 @pytest.mark.parametrize("bad", [500, -1, 2**40])
@@ -55,11 +113,29 @@ def test_reference_names_an_out_of_range_index(bad):
         ((torch.ones(10, 4), torch.tensor([[1]])), {}, "1-D"),
         ((torch.ones(10, 4), torch.tensor([1])), {"kernel": "fast"}, "kernel must be one of"),
         ((torch.ones(10, 4), torch.tensor([1])), {"slots": torch.full((10,), -1, dtype=torch.int32)}, "go together"),
+        ((torch.ones(10, 4), torch.tensor([1])),
+         {"slots": torch.full((20,), -1, dtype=torch.int32)[::2], "cache": torch.ones(3, 4)}, "contiguous"),
+        ((torch.ones(10, 4), torch.tensor([1])),
+         {"slots": torch.full((10,), -1, dtype=torch.int32), "cache": torch.ones(4, 3).t()}, "contiguous"),
     ],
 )
 def test_reference_refuses_bad_arguments(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
         gather(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        (torch.empty(2, 8)[:, ::2], "out must be contiguous"),
+        (torch.empty(3, 4), r"out must be torch.float32 of shape \(2, 4\)"),
+        (torch.empty(2, 4, dtype=torch.float64), "got torch.float64"),
+    ],
+)
+def test_launch_refuses_an_out_it_cannot_fill_row_by_row(out, message):
+    # Checked before anything touches a GPU, so it runs here too.
+    with pytest.raises(ValueError, match=message):
+        launch_gather(torch.ones(10, 4), torch.tensor([1, 2])[::1], out)
 
 
 def test_reference_passes_opcheck():
@@ -106,6 +182,54 @@ def poisoned_like(shape, dtype):
     return out
 
 
+@pytest.fixture
+def poisoned_allocations(monkeypatch):
+    """During the test, torch.empty and torch.empty_like hand out CUDA memory filled with 0xA5, so
+    a row the op allocates but never writes fails the comparison instead of passing on the stale
+    bytes of an earlier, identical result."""
+    def poisoning(make):
+        def make_poisoned(*args, **kwargs):
+            tensor = make(*args, **kwargs)
+            if tensor.is_cuda:
+                tensor.untyped_storage().fill_(0xA5)
+            return tensor
+        return make_poisoned
+
+    monkeypatch.setattr(torch, "empty", poisoning(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoning(torch.empty_like))
+
+
+def gpu_row_cache(table, hot_rows, seed=0):
+    """``slots`` and ``cache`` holding ``hot_rows`` random rows of ``table`` in GPU memory."""
+    rows = table.shape[0]
+    hot = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))[:hot_rows]
+    slots = torch.full((rows,), -1, dtype=torch.int32)
+    slots[hot] = torch.arange(hot_rows, dtype=torch.int32)
+    return slots.cuda(), table[hot].cuda()
+
+
+# Every option of the op, alone and combined with the GPU row cache ("cached": slots and cache).
+GPU_OPTIONS = {
+    "asked": {}, "sort": {"sort": True}, "dedup": {"dedup": True}, "max_threads": {"max_threads": 64},
+    "cached": {"cached": True}, "cached_sort": {"cached": True, "sort": True},
+    "cached_dedup": {"cached": True, "dedup": True},
+    "cached_sort_max_threads": {"cached": True, "sort": True, "max_threads": 64},
+}
+
+
+def op_options(name, table):
+    options = dict(GPU_OPTIONS[name])
+    if options.pop("cached", False):
+        options["slots"], options["cache"] = gpu_row_cache(table, table.shape[0] // 4, seed=21)
+    return options
+
+
+def mid_line_table(dtype=torch.float32, seed=0):
+    """1200 rows of 144 bytes, pinned, from the second row of an allocation: every row starts
+    mid-line (the aligned kernels mask) and 16-byte words fit (the vectorized kernel uses them)."""
+    return random_table(1201, 144 // dtype.itemsize, dtype, seed=seed, pin=True)[1:]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim", [1, 3, 16, 37, 100, 128, 602, 1024])
@@ -128,10 +252,7 @@ def test_op_cached_rows_and_thread_cap_give_the_same_rows(order):
     table = random_table(5000, 100, torch.float32, seed=3, pin=True)
     idx = torch.randint(0, 5000, (20000,), device="cuda")
     expected = table[idx.cpu()]
-    hot = torch.randperm(5000)[:500].cuda()
-    slots = torch.full((5000,), -1, dtype=torch.int32, device="cuda")
-    slots[hot] = torch.arange(500, dtype=torch.int32, device="cuda")
-    cache = table[hot.cpu()].cuda()
+    slots, cache = gpu_row_cache(table, 500, seed=3)
     cache_poisoned = cache.clone()
     assert same_bytes(gather(table, idx, **order, slots=slots, cache=cache).cpu(), expected)
     # The cached copy is really read: corrupt it and the cached rows change.
@@ -160,6 +281,67 @@ def test_gpu_out_of_range_index_raises_and_is_never_read(bad):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("option", GPU_OPTIONS)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("view", INDEX_VIEWS)
+def test_every_kernel_and_option_reads_index_views(view, kernel, option, poisoned_allocations):
+    table = mid_line_table(seed=22)
+    options = op_options(option, table)
+    for index_dtype in INDEX_DTYPES:
+        idx = index_view(view, 1200, index_dtype, "cuda", seed=23)
+        before = idx.clone()
+        rows = gather(table, idx, kernel=kernel, **options)
+        assert same_bytes(rows.cpu(), expected_rows(table, idx))
+        assert torch.equal(idx, before)  # only read
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("view", INDEX_VIEWS)
+def test_launches_read_index_views_into_poisoned_outputs(view, kernel):
+    # What the workloads call directly, with the bounds check deferred as they do.
+    table = mid_line_table(torch.float16, seed=24)
+    for index_dtype in INDEX_DTYPES:
+        idx = index_view(view, 1200, index_dtype, "cuda", seed=25)
+        expected = expected_rows(table, idx)
+        for launch in (launch_gather, launch_sorted_gather):
+            out = poisoned_like(expected.shape, table.dtype)
+            bounds_check = launch(table, idx, out, kernel=kernel, check=False)
+            bounds_check()
+            assert same_bytes(out.cpu(), expected), launch.__name__
+
+
+@pytest.mark.gpu
+def test_gpu_reads_only_the_ids_inside_the_view():
+    table = random_table(5000, 16, torch.float32, seed=26, pin=True)
+    ids = random_ids(5000, torch.int64, "cuda", seed=27)
+    ids[1::3] = 10**9  # not in ids[::3]: never read, so never reported
+    broadcast = ids[:1].expand(500)  # ids[1] = 10**9 sits right after its only element
+    for kernel in KERNELS:
+        for order in ORDERS:
+            for idx in (ids[::3], broadcast):
+                assert same_bytes(gather(table, idx, kernel=kernel, **order).cpu(), expected_rows(table, idx))
+    ids[3 * 250] = -7  # position 250 of ids[::3]
+    for kernel in KERNELS:
+        for order in ORDERS:
+            with pytest.raises(IndexError, match="index -7 is out of range for a table of 5000 rows"):
+                gather(table, ids[::3], kernel=kernel, **order)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dedup", [False, True])
+@pytest.mark.parametrize("view", [*INDEX_VIEWS, *INDEX_VIEWS_2D])
+def test_unified_tensor_takes_index_views_of_any_shape(view, dedup):
+    table = random_table(1200, 12, torch.bfloat16, seed=28).view(1200, 3, 4)
+    with UnifiedTensor(table, dedup=dedup) as unified:
+        for index_dtype in INDEX_DTYPES:
+            idx = index_view(view, 1200, index_dtype, "cuda", seed=29)
+            rows = unified[idx]
+            assert rows.shape == idx.shape + (3, 4)
+            assert same_bytes(rows.cpu(), expected_rows(table, idx))
+
+
+@pytest.mark.gpu
 def test_gpu_refuses_pageable_table():
     with pytest.raises(ValueError, match="page-locked"):
         gather(random_table(10, 4, torch.float32), torch.tensor([1], device="cuda"))
@@ -182,14 +364,24 @@ def test_gpu_opcheck_and_fake_registration():
     assert (fake.shape, fake.dtype, fake.device) == (real.shape, real.dtype, real.device)
 
 
-@pytest.mark.gpu
-def test_table_larger_than_4_gib():
+@pytest.fixture(scope="module")
+def table_over_4_gib():
+    """A 5 GiB float32 table whose last 100 rows, past 4 GiB, are random (the tests read those)."""
     rows = (5 << 30) // 2048
     table = torch.empty((rows, 512), dtype=torch.float32)
-    tail = torch.arange(rows - 100, rows)
-    table[tail] = torch.randn(100, 512)
+    table[-100:] = torch.randn(100, 512, generator=torch.Generator().manual_seed(30))
+    return table
+
+
+def tail_rows(table, count=100):
+    return torch.arange(table.shape[0] - count, table.shape[0])
+
+
+@pytest.mark.gpu
+def test_table_larger_than_4_gib(table_over_4_gib):
+    table = table_over_4_gib
     with UnifiedTensor(table) as unified:
-        idx = tail.flip(0).cuda()
+        idx = tail_rows(table).flip(0).cuda()
         assert same_bytes(unified[idx].cpu(), table[idx.cpu()])
 
 

@@ -82,12 +82,14 @@ class UnifiedTensor:
         return self.tensor.shape[0]
 
     def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        """``table[idx]`` for a CUDA ``idx`` of any shape and strides: the rows, shaped
+        ``idx.shape + table.shape[1:]``."""
         if not self.registered:
             raise RuntimeError("this UnifiedTensor was closed; its memory is no longer pinned")
         if not isinstance(idx, torch.Tensor) or not idx.is_cuda:
             raise TypeError("index a UnifiedTensor with an int32/int64 CUDA tensor of row ids")
-        rows = gather(self._rows, idx, **self.options)
-        return rows.view(idx.shape[0], *self.tensor.shape[1:])
+        rows = gather(self._rows, idx.reshape(-1), **self.options)
+        return rows.view(idx.shape + self.tensor.shape[1:])
 
     def close(self) -> None:
         """Unregister the memory now (idempotent); the tensor itself stays valid, unpinned."""
