@@ -1,16 +1,22 @@
 """PyTorch-Direct's gather: CPU reference semantics and refusals; on a GPU, every kernel against
-the reference, index tensors of any layout, and UnifiedTensor's in-place pinning."""
+the reference, index tensors of any layout, UnifiedTensor's in-place pinning and its CUDA alias."""
 
 import gc
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+from systems import nvrtc
 from systems.pytorch_direct import UnifiedTensor
+from systems.pytorch_direct import unified as unified_module
 from systems.pytorch_direct.ops import (INDEX_DTYPES, KERNELS, gather, launch_gather, launch_sorted_gather,
                                         word_bytes)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64]
+ALIAS_DTYPES = DTYPES + [torch.float64, torch.uint8, torch.int16, torch.int32, torch.bool]
+ROW_SIZES = [1, 3, 31, 64, 602, 1025]  # elements per row
 ORDERS = [{}, {"sort": True}, {"dedup": True}]  # as asked, sorted, sorted and de-duplicated
 
 # Index tensors whose elements are not one dense block from data_ptr(), made from 3000 random ids.
@@ -36,6 +42,8 @@ def random_table(rows, dim, dtype, seed=0, pin=False):
     g = torch.Generator().manual_seed(seed)
     if dtype.is_floating_point:
         table = torch.randn(rows, dim, generator=g).to(dtype)
+    elif dtype == torch.bool:
+        table = torch.randint(0, 2, (rows, dim), generator=g).bool()
     else:
         info = torch.iinfo(dtype)
         table = torch.randint(max(info.min, -10**6), min(info.max, 10**6), (rows, dim), generator=g, dtype=dtype)
@@ -172,6 +180,108 @@ def test_unified_tensor_refuses_what_cannot_be_pinned_safely(make, message):
 def test_unified_tensor_refuses_non_tensors():
     with pytest.raises(TypeError, match="expected a torch.Tensor"):
         UnifiedTensor([1, 2, 3])
+
+
+# --- CPU: the alias's lifetime rule, with a stand-in for the CUDA driver ------------------------
+
+class FakeDriver:
+    """Stands in for the CUDA runtime: records what is registered; unregistering twice fails."""
+
+    def __init__(self):
+        self.registered = {}
+
+    def cudaHostRegister(self, address, nbytes, flags):
+        self.registered[address] = nbytes
+        return 0
+
+    def cudaHostUnregister(self, address):
+        del self.registered[address]
+        return 0
+
+
+class HostBytes:
+    """The alias's bytes through the CPU array interface: numpy and torch then hold this object
+    (and so the alias's owner) for as long as a tensor uses the memory, as torch does on a GPU."""
+
+    def __init__(self, memory):
+        self.memory = memory
+        self.__array_interface__ = {**memory.__cuda_array_interface__, "version": 3}
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    driver = FakeDriver()
+    monkeypatch.setattr(unified_module, "_cudart", lambda: driver)
+    monkeypatch.setattr(nvrtc, "device_pointer_of_pinned", lambda tensor: tensor.data_ptr())
+    monkeypatch.setattr(unified_module, "_wrap_device_bytes",
+                        lambda memory: torch.from_numpy(np.asarray(HostBytes(memory))))
+    yield driver
+    gc.collect()
+    assert not driver.registered, "a test left memory registered"
+
+
+@pytest.mark.parametrize("dtype", ALIAS_DTYPES)
+def test_alias_has_the_table_shape_and_dtype_over_the_same_memory(fake_driver, dtype):
+    table = random_table(50, 12, dtype, seed=16).view(50, 3, 4)
+    unified = UnifiedTensor(table)
+    alias = unified.cuda_alias()
+    assert (alias.shape, alias.dtype, alias.data_ptr()) == (table.shape, dtype, table.data_ptr())
+    assert same_bytes(alias, table)
+    del alias
+    unified.close()
+
+
+def test_close_is_refused_while_an_alias_or_a_view_of_it_lives(fake_driver):
+    table = random_table(100, 6, torch.float32, seed=17)
+    unified = UnifiedTensor(table)
+    alias = unified.cuda_alias()
+    rows = alias[10:20].t()  # a view shares the alias's memory
+    copy = alias[[1, 2]]  # a result computed from it does not
+    del alias
+    with pytest.raises(RuntimeError, match=r"cannot close: 1 alias\(es\) from cuda_alias\(\)"):
+        unified.close()
+    assert unified.registered and fake_driver.registered
+    del rows
+    unified.close()
+    assert not unified.registered and not fake_driver.registered
+    assert same_bytes(copy, table[[1, 2]])
+    with pytest.raises(RuntimeError, match="closed"):
+        unified.cuda_alias()
+    unified.close()  # still idempotent
+
+
+def test_an_alias_keeps_the_registration_after_its_unified_tensor_is_dropped(fake_driver):
+    table = random_table(100, 6, torch.float32, seed=18)
+    alias = UnifiedTensor(table).cuda_alias()
+    gc.collect()
+    assert fake_driver.registered  # the UnifiedTensor lives on inside the alias
+    assert same_bytes(alias, table)
+    del alias
+    gc.collect()
+    assert not fake_driver.registered
+
+
+def test_an_alias_left_in_a_reference_cycle_does_not_block_close(fake_driver):
+    unified = UnifiedTensor(random_table(100, 6, torch.float32, seed=19))
+    cycle = [unified.cuda_alias()]
+    cycle.append(cycle)
+    del cycle
+    unified.close()
+
+
+def test_with_block_closes_after_the_alias_and_leaves_an_error_in_flight_alone(fake_driver):
+    table = random_table(100, 6, torch.float32, seed=20)
+    with UnifiedTensor(table) as unified:
+        row = unified.cuda_alias()[3].clone()  # the alias itself is gone at the end of the line
+    assert not fake_driver.registered and same_bytes(row, table[3])
+    # The error is not buried under the refusal to close.
+    with pytest.raises(KeyError, match="the error in flight"), UnifiedTensor(table) as unified:
+        alias = unified.cuda_alias()
+        raise KeyError("the error in flight")
+    assert fake_driver.registered  # left for garbage collection, after the alias
+    del alias, unified
+    gc.collect()
+    assert not fake_driver.registered
 
 
 # --- GPU: the kernels against the reference (skipped without a GPU) -----------------------------
@@ -417,3 +527,93 @@ def test_unified_tensor_refuses_cuda_tensors_and_keeps_row_shape():
         assert out.shape == (30, 3, 4) and same_bytes(out.cpu(), table[idx.long().cpu()])
         with pytest.raises(TypeError, match="CUDA tensor"):
             unified[idx.cpu()]
+
+
+# --- GPU: the CUDA alias of a UnifiedTensor -------------------------------------------------------
+
+def assert_stock_ops_read(alias, table, candidates, seed=0):
+    """Stock torch reads of ``alias`` give ``table``'s bytes: indexing (1-D, strided, 2-D index
+    views), index_select and F.embedding with int32 and int64 ids drawn from ``candidates``, and
+    slicing."""
+    rows = table.shape[0]
+    for index_dtype in INDEX_DTYPES:
+        positions = random_ids(len(candidates), torch.int64, seed=seed)
+        idx = candidates[positions].to(dtype=index_dtype, device=alias.device)
+        expected = expected_rows(table, idx)
+        assert same_bytes(alias[idx].cpu(), expected)
+        assert same_bytes(alias.index_select(0, idx).cpu(), expected)
+        assert same_bytes(F.embedding(idx, alias.view(rows, -1)).cpu(), expected.view(len(idx), -1))
+        for view in (idx[::3], idx[:1].expand(50), idx[:600].view(20, 30).t()):
+            assert same_bytes(alias[view].cpu(), expected_rows(table, view))
+    for piece in (slice(5, 17), slice(-3, None), slice(None, None, 7)):
+        assert same_bytes(alias[piece].cpu(), table[piece])
+    assert same_bytes(alias[:, -1].cpu(), table[:, -1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", ROW_SIZES)
+@pytest.mark.parametrize("dtype", ALIAS_DTYPES)
+def test_alias_is_the_registered_memory_for_stock_torch_ops(dtype, dim):
+    table = random_table(1000, dim, dtype, seed=dim)
+    unified = UnifiedTensor(table)
+    alias = unified.cuda_alias()
+    assert alias.device == torch.device("cuda", torch.cuda.current_device())
+    assert (alias.shape, alias.dtype) == (table.shape, dtype)
+    assert alias.data_ptr() == nvrtc.device_pointer_of_pinned(table)  # the same memory: no copy
+    assert_stock_ops_read(alias, table, torch.arange(1000), seed=dim)
+    del alias
+    unified.close()
+    assert not table.is_pinned()
+
+
+@pytest.mark.gpu
+def test_alias_of_a_table_larger_than_4_gib(table_over_4_gib):
+    table = table_over_4_gib
+    unified = UnifiedTensor(table)
+    alias = unified.cuda_alias()
+    assert_stock_ops_read(alias, table, tail_rows(table), seed=31)
+    del alias
+    unified.close()
+
+
+@pytest.mark.gpu
+def test_alias_writes_reach_the_host_table():
+    table = random_table(1000, 24, torch.int64, seed=32)
+    before = table[7].clone()
+    unified = UnifiedTensor(table)
+    alias = unified.cuda_alias()
+    alias[7].add_(5)  # a kernel writing over PCIe into the host memory
+    torch.cuda.synchronize()  # the CPU sees the writes once the kernel has finished
+    assert torch.equal(table[7], before + 5)
+    del alias
+    unified.close()
+
+
+@pytest.mark.gpu
+def test_close_is_refused_while_an_alias_lives_and_the_alias_is_refused_after_close():
+    table = random_table(1000, 24, torch.float32, seed=33)
+    unified = UnifiedTensor(table)
+    alias = unified.cuda_alias()
+    rows = alias[10:20]  # a view holds the registration too
+    del alias
+    with pytest.raises(RuntimeError, match="cannot close: 1 alias"):
+        unified.close()
+    assert unified.registered and table.is_pinned()
+    assert same_bytes(rows.cpu(), table[10:20])
+    del rows
+    unified.close()
+    assert not table.is_pinned()
+    with pytest.raises(RuntimeError, match="closed"):
+        unified.cuda_alias()
+
+
+@pytest.mark.gpu
+def test_alias_keeps_the_table_registered_after_its_unified_tensor_is_dropped():
+    table = random_table(1000, 24, torch.float32, seed=34)
+    alias = UnifiedTensor(table).cuda_alias()
+    gc.collect()
+    assert table.is_pinned()
+    assert_stock_ops_read(alias, table, torch.arange(1000), seed=34)
+    del alias
+    gc.collect()
+    assert not table.is_pinned()

@@ -5,8 +5,10 @@ Two lines in a training loop::
     feats = UnifiedTensor(features)      # pin the existing host tensor in place (no copy)
     batch = feats[node_ids_on_gpu]       # GPU threads gather the rows over PCIe
 
-``ops.gather`` is the ``torch.library`` op underneath (with a CPU reference); ``baselines`` holds
-what it is compared against.
+``feats.cuda_alias()`` is the same host memory as a CUDA tensor, for stock torch ops
+(``alias[idx]``, ``index_select``, ``F.embedding``, slicing); ``unified.py`` says when it may be
+used and written. ``ops.gather`` is the ``torch.library`` op underneath ``feats[idx]`` (with a
+CPU reference); ``baselines`` holds what it is compared against.
 """
 
 from systems.pytorch_direct.unified import UnifiedTensor
