@@ -2,8 +2,9 @@
 
 ``gather(table, idx)`` returns ``table[idx]`` on the GPU that holds ``idx``. ``table`` is a 2-D
 CPU tensor of any dtype, pinned (in place through :class:`UnifiedTensor`, or ``pin_memory()``);
-``idx`` is int32 or int64, on the GPU (CPU ``idx`` with a CPU table runs the reference). Options
-(each one an ablation step of the benchmark):
+``idx`` is a 1-D int32 or int64 tensor of any strides (a strided or expanded view is made
+contiguous before the kernel reads it), on the GPU (CPU ``idx`` with a CPU table runs the
+reference). Options (each one an ablation step of the benchmark):
 
 * ``kernel``: ``"naive"`` (each lane loads one element, wherever the row starts), ``"aligned"``
   (the warp's reads start on the 128-byte line holding the row, lanes outside it masked), or
@@ -58,6 +59,10 @@ def _check(table: torch.Tensor, idx: torch.Tensor, kernel: str, slots, cache) ->
             raise ValueError("cache must have the table's dtype and row length")
         if slots.device != idx.device or cache.device != idx.device:
             raise ValueError("slots and cache must be on the device of idx")
+        if not (slots.is_contiguous() and cache.is_contiguous()):
+            # The kernel reads slots[row] and cache rows by plain offsets; a contiguous copy per
+            # call could cost as much as the gather, so the caller makes it once.
+            raise ValueError("slots and cache must be contiguous (make them so once with .contiguous())")
 
 
 def _raise_out_of_range(value: int, rows: int) -> None:
@@ -140,7 +145,12 @@ def launch_gather(
     """Launch the gather into ``out``. With ``check`` (default), raise on an out-of-range index,
     which waits for the kernel (the flag it sets is read back); with ``check=False`` return a
     :class:`BoundsCheck` to call later, so the caller can overlap other work first."""
+    # The kernel reads idx[i] at idx.data_ptr() + i * element size: a strided or expanded view
+    # (ids[::3], ids[:1].expand(n)) must become a dense copy first, or other memory is read as
+    # indices. A contiguous index (offset views included) is passed through as it is.
+    idx = idx.contiguous()
     n = idx.shape[0]
+    _check_out(out, table, idx)
     if n == 0:
         return None if check else BoundsCheck(None, idx, table.shape[0])
     row_bytes = table.shape[1] * table.element_size()
@@ -179,6 +189,18 @@ def launch_gather(
         return bounds
     bounds()
     return None
+
+
+def _check_out(out: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> None:
+    """The kernel writes row i at out.data_ptr() + i * row bytes: ``out`` must be dense."""
+    expected = (idx.shape[0], table.shape[1])
+    if tuple(out.shape) != expected or out.dtype != table.dtype or out.device != idx.device:
+        raise ValueError(
+            f"out must be {table.dtype} of shape {expected} on {idx.device}, "
+            f"got {out.dtype} of shape {tuple(out.shape)} on {out.device}"
+        )
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous: the kernel writes whole rows back to back")
 
 
 @dataclass

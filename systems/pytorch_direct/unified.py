@@ -1,18 +1,39 @@
 """In-place pinning of an existing host tensor, and a tensor-like view that GPU kernels read.
 
 ``UnifiedTensor(t)`` registers ``t``'s memory with the CUDA driver (cudaHostRegister, no copy),
-so GPU threads can read it over PCIe; ``unified[idx]`` gathers rows onto the GPU of ``idx``. The
-memory is unregistered exactly once: on ``close()``, at the end of a ``with`` block, or when the
-object is garbage-collected, whichever comes first.
+so GPU threads can read it over PCIe; ``unified[idx]`` gathers rows onto the GPU of ``idx``
+through the suite's optimized op (``ops.gather``). The memory is unregistered exactly once: on
+``close()``, at the end of a ``with`` block, or when the object is garbage-collected, whichever
+comes first.
+
+``unified.cuda_alias()`` is the same memory as a CUDA tensor of ``t``'s shape and dtype (no
+copy), so stock torch code reads it unchanged: ``alias[idx]``, ``alias.index_select(0, idx)``,
+``F.embedding(idx, alias)``, slicing. It lives on the GPU that was current when ``t`` was
+registered (the driver records that device for the memory).
+
+Lifetime: every tensor sharing the alias's memory (the alias, its views, its storage) holds the
+registration. The UnifiedTensor is not garbage-collected before them, and ``close()`` (or the end
+of a ``with`` block) raises ``RuntimeError`` while one of them lives; delete them first. Results
+computed from the alias (``alias[idx]`` is a copy in GPU memory) are not aliases and may stay. So
+no tensor can reach the memory once it is unregistered; ``close()`` also waits for the current
+device's queued work, which may still be reading it.
+
+What is safe with the alias: reads, from any stream, while nothing writes the same bytes. What is
+not: in-place writes through the alias (``alias[i] = x``, ``alias.add_(...)``) from several streams
+without synchronisation (they race like any unsynchronised writes, and each one crosses PCIe);
+GPU writes racing CPU reads or writes of ``t`` (the CPU sees a kernel's writes only once it has
+finished: synchronise first); and writing ``t`` on the CPU while GPU work reads it.
 """
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 import torch
 
 from harness import resources
+from systems import nvrtc
 from systems.pytorch_direct.ops import gather
 
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
@@ -25,15 +46,47 @@ def _cudart():
 
 
 def _unregister(tensor: torch.Tensor, nbytes: int) -> None:
-    # `tensor` is held here so its memory outlives the registration.
+    # `tensor` is held here so its memory outlives the registration. Kernels already queued (an
+    # asynchronous sorted gather, a read through an alias just dropped) may still read it.
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     error = _cudart().cudaHostUnregister(tensor.data_ptr())
     resources.note_registered_pinned(-nbytes)
     if int(error) != 0:
         raise RuntimeError(f"cudaHostUnregister failed with CUDA error {int(error)}")
 
 
+class _DeviceBytes:
+    """The registered bytes as torch reads them (the CUDA array interface), and their owner.
+
+    torch keeps a reference to this object in the storage of the tensor it makes from it, so it
+    lives as long as any tensor sharing that storage (the alias and all its views), and it holds
+    the UnifiedTensor, so the registration lives as long too.
+    """
+
+    def __init__(self, owner: UnifiedTensor, address: int, nbytes: int):
+        self.owner = owner
+        self.address = address
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "strides": None,
+            "version": 3,
+            "stream": None,
+        }
+
+
+def _wrap_device_bytes(memory: _DeviceBytes) -> torch.Tensor:
+    """A uint8 CUDA tensor over ``memory``, no copy: torch has no public call to wrap a device
+    pointer, but ``as_tensor`` wraps a CUDA array interface in place (placing it on the device
+    the driver reports for the pointer)."""
+    return torch.as_tensor(memory)
+
+
 class UnifiedTensor:
-    """A host tensor pinned in place; ``self[idx_on_gpu]`` returns those rows as a CUDA tensor."""
+    """A host tensor pinned in place; ``self[idx_on_gpu]`` returns those rows as a CUDA tensor,
+    and ``cuda_alias()`` the whole table as a CUDA tensor over the same memory."""
 
     def __init__(self, tensor: torch.Tensor, *, kernel: str = "vectorized", dedup: bool = False, max_threads: int = 0):
         if not isinstance(tensor, torch.Tensor):
@@ -67,6 +120,7 @@ class UnifiedTensor:
         self.options = {"kernel": kernel, "dedup": dedup, "max_threads": max_threads}
         self._rows = tensor.view(tensor.shape[0], -1)
         self._release = weakref.finalize(self, _unregister, tensor, nbytes)
+        self._aliases = weakref.WeakSet()  # the _DeviceBytes of every alias still in use
 
     @property
     def shape(self) -> torch.Size:
@@ -84,21 +138,58 @@ class UnifiedTensor:
         return self.tensor.shape[0]
 
     def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
-        if not self.registered:
-            raise RuntimeError("this UnifiedTensor was closed; its memory is no longer pinned")
+        """``table[idx]`` for a CUDA ``idx`` of any shape and strides: the rows, shaped
+        ``idx.shape + table.shape[1:]``."""
+        self._check_open()
         if not isinstance(idx, torch.Tensor) or not idx.is_cuda:
             raise TypeError("index a UnifiedTensor with an int32/int64 CUDA tensor of row ids")
-        rows = gather(self._rows, idx, **self.options)
-        return rows.view(idx.shape[0], *self.tensor.shape[1:])
+        rows = gather(self._rows, idx.reshape(-1), **self.options)
+        return rows.view(idx.shape + self.tensor.shape[1:])
+
+    def cuda_alias(self) -> torch.Tensor:
+        """The table as a CUDA tensor of its shape and dtype over the registered memory (no
+        copy), for stock torch ops. ``close()`` is refused while it or a view of it lives; see
+        the module docstring for what is safe to do with it."""
+        self._check_open()
+        memory = _DeviceBytes(self, nvrtc.device_pointer_of_pinned(self.tensor), self.nbytes)
+        raw = _wrap_device_bytes(memory)
+        if raw.data_ptr() != memory.address:
+            raise RuntimeError(
+                "torch copied the table instead of aliasing it (a default device set by "
+                "torch.set_default_device that differs from the table's GPU?)"
+            )
+        self._aliases.add(memory)
+        # Bytes, then the table's dtype and shape: views share the storage that holds `memory`.
+        return raw.view(self.dtype).view(self.shape)
 
     def close(self) -> None:
-        """Unregister the memory now (idempotent); the tensor itself stays valid, unpinned."""
+        """Unregister the memory now (idempotent); the tensor itself stays valid, unpinned.
+        Raises ``RuntimeError`` while an alias from :meth:`cuda_alias` (or a view of one) lives."""
+        in_use = self._aliases_in_use()
+        if in_use:
+            raise RuntimeError(
+                f"cannot close: {in_use} alias(es) from cuda_alias() (or views of them) still use the "
+                "registered memory; delete them first (tensors computed from them are copies and may stay)"
+            )
         self._release()
+
+    def _aliases_in_use(self) -> int:
+        if len(self._aliases):
+            gc.collect()  # an alias kept only by a reference cycle is garbage, not in use
+        return len(self._aliases)
+
+    def _check_open(self) -> None:
+        if not self.registered:
+            raise RuntimeError("this UnifiedTensor was closed; its memory is no longer pinned")
 
     def __enter__(self) -> UnifiedTensor:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is not None and self._aliases_in_use():
+            # Refusing here would bury the error in flight (whose frames may hold the alias);
+            # the registration ends instead when the last alias and this object are collected.
+            return
         self.close()
 
     def __repr__(self) -> str:
