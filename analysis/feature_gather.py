@@ -27,6 +27,7 @@ results = {}  # topic -> its results files, passed by the workflow
 from pathlib import Path
 
 from analysis.common import errorbars, load_results, machine_label, panel_grid, summarize
+from analysis.style import VARIANT_STYLE
 from workloads.ceilings.schema import SCHEMA as CEILINGS
 from workloads.feature_gather.schema import SCHEMA
 
@@ -79,19 +80,19 @@ def ceiling_at(row_bytes, table_bytes, order="random"):
     return c[c.table_bytes == table_bytes]["median"].iloc[0]
 
 
-STYLE = {
-    "pageable": ("tab:gray", ":"),
-    "cpu_gather": ("black", "-"),
-    "all_in_gpu": ("tab:purple", "--"),
-    "naive": ("tab:red", "-"),
-    "aligned": ("tab:orange", "-"),
-    "vectorized": ("tab:blue", "-"),
-    "vectorized_kernel": ("tab:brown", ":"),
-    "sorted": ("tab:green", "-"),
-    "hot_cache": ("tab:olive", "-"),
-    "split": ("tab:cyan", "-"),
-}
+STYLE = VARIANT_STYLE
 ZERO_COPY = ["naive", "aligned", "vectorized", "sorted", "hot_cache", "split"]
+CPU_BASELINES = ["cpu_gather", "cpu_gather_pipelined"]  # speedups are quoted against the faster
+STOCK_TORCH = ["torch_uva", "torch_uva_sorted"]
+
+
+def best_of(values: dict, names) -> tuple[str | None, float | None]:
+    """The fastest of ``names`` measured in ``values`` (variant -> GB/s), or (None, None)."""
+    present = [n for n in names if n in values]
+    if not present:
+        return None, None
+    name = max(present, key=values.get)
+    return name, values[name]
 
 
 def size_label(nbytes):
@@ -119,15 +120,22 @@ if "table_sizes" in parts:
         "Ceilings come from the same machine's ceilings run: pinned copy, and the random / sorted "
         "zero-copy read rate at the same row and table size.",
         "",
-        "| row | table | indices | best zero-copy path | GB/s | ms per gather | cpu_gather GB/s | x CPU "
-        "| / pinned copy | / random-read ceiling | / sorted-read ceiling | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "The CPU baseline is the faster of `cpu_gather` and `cpu_gather_pipelined`, stock torch the "
+        "faster of `torch_uva` and `torch_uva_sorted` (where this run measured them).",
+        "",
+        "| row | table | indices | best zero-copy path | GB/s | ms per gather | CPU baseline GB/s | x CPU "
+        "| stock torch GB/s | x stock torch | / pinned copy | / random-read ceiling | / sorted-read ceiling "
+        "| target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     times = medians("table_sizes", "time")
     for (row_bytes, table_bytes, dist), g in ts.groupby(["row_bytes", "table_bytes", "distribution"]):
         zc = g[g.variant.isin(ZERO_COPY)]
         b = zc.loc[zc["median"].idxmax()]
-        cpu = g[g.variant == "cpu_gather"]["median"].iloc[0]
+        values = dict(zip(g.variant, g["median"]))
+        cpu_name, cpu = best_of(values, CPU_BASELINES)
+        torch_name, stock = best_of(values, STOCK_TORCH)
+        stock_cells = f"{stock:.1f} ({torch_name}) | {b['median'] / stock:.2f}" if stock else "n/a | n/a"
         target = {2048: "≥ 0.92 of pinned copy, ≥ 2x CPU"}.get(row_bytes, "")
         if row_bytes == 512 and table_bytes >= 16 * GiB:
             target = "≥ 1.6x CPU" if dist == "uniform" else "≥ 2x CPU"
@@ -146,10 +154,12 @@ if "table_sizes" in parts:
         ]["median"].iloc[0]
         lines.append(
             f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {dist} | {b.variant} | {b['median']:.1f} | "
-            f"{t * 1e3:.2f} | {cpu:.1f} | {b['median'] / cpu:.2f} | {copy} | {ratios[0]} | {ratios[1]} | {target} |"
+            f"{t * 1e3:.2f} | {cpu:.1f} ({cpu_name}) | {b['median'] / cpu:.2f} | {stock_cells} | {copy} | "
+            f"{ratios[0]} | {ratios[1]} | {target} |"
         )
     lines += ["", "### Ablation (part table_sizes): GB/s of each step", ""]
-    steps = ["cpu_gather", "naive", "vectorized", "sorted", "hot_cache", "split"]
+    steps = [*CPU_BASELINES, *STOCK_TORCH, "naive", "vectorized", "sorted", "hot_cache", "split"]
+    steps = [s for s in steps if s in set(ts.variant)]
     lines += ["| row | table | indices | " + " | ".join(steps) + " |", "|---|---|---|" + "---|" * len(steps)]
     for (row_bytes, table_bytes, dist), g in ts.groupby(["row_bytes", "table_bytes", "distribution"]):
         values = dict(zip(g.variant, g["median"]))
@@ -177,13 +187,21 @@ if "row_sizes" in parts:
     kernels = [v for v in ("vectorized", "sorted") if v in wide]
     if kernels:
         best_zc = wide[kernels].max(axis=1)
-        cpu_wins = [int(r) for r in wide.index[wide["cpu_gather"] > best_zc]]
-        lines.append(f"Row sizes at which cpu_gather beats the best zero-copy kernel: {cpu_wins or 'none'}.")
+        best_cpu = wide[[c for c in CPU_BASELINES if c in wide]].max(axis=1)
+        cpu_wins = [int(r) for r in wide.index[best_cpu > best_zc]]
+        lines.append(f"Row sizes at which the CPU baseline beats the best zero-copy kernel: {cpu_wins or 'none'}.")
         lines.append(
-            "Speedup of the best zero-copy kernel over cpu_gather, by row size: "
-            + ", ".join(f"{int(r)} B {s:.2f}x" for r, s in (best_zc / wide["cpu_gather"]).items())
+            "Speedup of the best zero-copy kernel over the faster CPU baseline, by row size: "
+            + ", ".join(f"{int(r)} B {s:.2f}x" for r, s in (best_zc / best_cpu).items())
             + "."
         )
+        stock = [c for c in STOCK_TORCH if c in wide]
+        if stock:
+            lines.append(
+                "Speedup of the best zero-copy kernel over the faster stock torch path on the alias, by row size: "
+                + ", ".join(f"{int(r)} B {s:.2f}x" for r, s in (best_zc / wide[stock].max(axis=1)).items())
+                + "."
+            )
         if "all_in_gpu" in wide:
             gap = wide["all_in_gpu"] / best_zc
             lines.append(
@@ -209,9 +227,9 @@ if "cpu_threads" in parts:
         "| row | " + " | ".join(f"{t} thr" for t in sorted(set(ct.threads))) + " |",
         "|---|" + "---|" * len(set(ct.threads)),
     ]
-    for row_bytes, g in ct.groupby("row_bytes"):
+    for (variant, row_bytes), g in ct.groupby(["variant", "row_bytes"]):
         values = dict(zip(g.threads, g["median"]))
-        lines.append(f"| {row_bytes} B | " + " | ".join(f"{values[t]:.1f}" for t in sorted(values)) + " |")
+        lines.append(f"| {row_bytes} B {variant} | " + " | ".join(f"{values[t]:.1f}" for t in sorted(values)) + " |")
     lines.append("")
 
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
@@ -270,6 +288,9 @@ for ax, panel in zip(axes, panels):
             d_all = d_all[d_all.distribution == "uniform"]
             shown = [
                 ("cpu_gather", "uniform"),
+                ("cpu_gather_pipelined", "uniform"),
+                ("torch_uva", "uniform"),
+                ("torch_uva_sorted", "uniform"),
                 ("naive", "uniform"),
                 ("vectorized", "uniform"),
                 ("sorted", "uniform"),
@@ -279,6 +300,8 @@ for ax, panel in zip(axes, panels):
             zipf = sorted(x for x in set(d_all.distribution) if x.startswith("zipf") and "hot_first" not in x)[0]
             shown = [
                 ("cpu_gather", zipf),
+                ("cpu_gather_pipelined", zipf),
+                ("torch_uva_sorted", zipf),
                 ("sorted", zipf),
                 ("hot_cache", zipf),
                 ("split", zipf),
@@ -295,7 +318,7 @@ for ax, panel in zip(axes, panels):
                     "gib",
                     variant + (", hot-first" if hot else ""),
                     STYLE[variant][0],
-                    "--" if hot else "-",
+                    ":" if hot else STYLE[variant][1],
                 )
         ceiling_lines(ax, row_bytes if dist == "uniform" else None)
         ax.set(
@@ -318,13 +341,20 @@ for ax, panel in zip(axes, panels):
             title=f"By batch size ({int(data.row_bytes.iloc[0])} B rows, {size_label(data.table_bytes.max())})",
         )
     elif part == "cpu_threads":
-        for row_bytes, d in data.groupby("row_bytes"):
-            errorbars(ax, d, "threads", f"{row_bytes} B rows")
-        ax.set(xlabel="CPU threads", ylabel="GB/s", ylim=(0, None), title="cpu_gather by thread count")
+        row_colors = dict(zip(sorted(set(data.row_bytes)), ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+        for (variant, row_bytes), d in data.groupby(["variant", "row_bytes"]):
+            errorbars(ax, d, "threads", f"{row_bytes} B, {variant}", row_colors[row_bytes], STYLE[variant][1])
+        ax.set(xlabel="CPU threads", ylabel="GB/s", ylim=(0, None), title="CPU baselines by thread count")
     elif part == "thread_cap":
         for (row_bytes, d), color in zip(data.groupby("row_bytes"), ("tab:blue", "tab:orange", "tab:green")):
+            stock = d[d.variant == "torch_uva"]
+            d = d[d.variant == "vectorized"]
             full = d[d.max_threads == 0]
             d = d[d.max_threads > 0]
+            if not stock.empty:
+                ax.axhline(
+                    stock["median"].iloc[0], color=color, linestyle="-.", linewidth=1, label=f"{row_bytes} B, torch_uva"
+                )
             errorbars(ax, d, "max_threads", f"{row_bytes} B rows", color)
             if not full.empty:
                 ax.axhline(
@@ -338,8 +368,16 @@ for ax, panel in zip(axes, panels):
             title="vectorized gather with capped threads",
         )
     elif part == "locality":
-        for row_bytes, d in data.groupby("row_bytes"):
-            errorbars(ax, d.assign(kib=d.window_bytes / 1024), "kib", f"{row_bytes} B rows")
+        row_colors = dict(zip(sorted(set(data.row_bytes)), ("tab:blue", "tab:orange", "tab:green")))
+        for (variant, row_bytes), d in data.groupby(["variant", "row_bytes"]):
+            errorbars(
+                ax,
+                d.assign(kib=d.window_bytes / 1024),
+                "kib",
+                f"{row_bytes} B, {variant}",
+                row_colors[row_bytes],
+                STYLE[variant][1],
+            )
         union = (data.windows * data.window_bytes).iloc[0] / MiB
         ax.set(
             xscale="log",

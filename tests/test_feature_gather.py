@@ -70,10 +70,15 @@ def test_gpu_part_writes_valid_results(tmp_path, part):
     assert (frame[frame.metric == "bandwidth"]["value"] > 0).all()
     if part == "table_sizes":
         assert {"naive", "vectorized", "sorted", "hot_cache", "split", "cpu_gather"} <= set(frame.variant)
+        assert {"cpu_gather_pipelined", "torch_uva", "torch_uva_sorted"} <= set(frame.variant)
+        assert set(frame[frame.variant.isin(["torch_uva", "cpu_gather"])].role) == {"baseline"}
         hits = frame[(frame.variant == "hot_cache") & (frame.metric == "pcie_bytes")]
         assert (hits.value < hits.batch_rows * hits.row_bytes).all()  # cached rows do not cross PCIe
     if part == "row_sizes":
-        assert {"pageable", "all_in_gpu", "naive", "aligned"} <= set(frame.variant)
+        assert {"pageable", "all_in_gpu", "naive", "aligned", "torch_uva", "cpu_gather_pipelined"} <= set(frame.variant)
+        assert set(frame[frame.variant == "all_in_gpu"].role) == {"upper_bound"}
+        pipelined = frame[frame.variant == "cpu_gather_pipelined"]
+        assert (pipelined.chunk_rows > 0).all() and (pipelined.threads > 0).all()
 
 
 def test_gpu_parts_need_a_gpu(tmp_path, monkeypatch, capsys):
@@ -90,3 +95,41 @@ def test_gpu_parts_need_a_gpu(tmp_path, monkeypatch, capsys):
             assert f"feature_gather part '{part}' needs 1 CUDA GPU and this machine has 0" in capsys.readouterr().err
     finally:
         machine.forget()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim, n", [(3, 1), (100, 5_001), (602, 4_099)])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_every_path_delivers_the_rows_into_a_poisoned_output(monkeypatch, dim, n, dtype):
+    """Each baseline and zero-copy path against table[idx], on an odd batch; the pipelined CPU
+    gather with chunks of a few rows, so the two staging buffers take many turns."""
+    from workloads.feature_gather import variants
+    from workloads.feature_gather.tables import DTYPES, HostTable
+
+    monkeypatch.setattr(variants, "PIPELINE_CHUNK_BYTES", 7 * dim * DTYPES[dtype].itemsize)
+    host = HostTable(64 << 20, "cuda", seed=5)
+    try:
+        table = host.view(64 << 20, dtype, dim)
+        g = torch.Generator().manual_seed(dim)
+        idx = torch.randperm(table.shape[0], generator=g)[:n].pin_memory()
+        batch = variants.Batch(table=table, idx=idx, device="cuda", alias=host.cuda_view(table))
+        expected = table[idx].cuda()
+        names = ("cpu_gather", "cpu_gather_pipelined", "torch_uva", "torch_uva_sorted", "naive", "vectorized", "sorted")
+        for name in names:
+            batch.out.fill_(float("nan"))  # poison: a row left unwritten cannot pass
+            got = variants.make(name, batch, threads=2)()
+            torch.cuda.synchronize()
+            assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), name
+        assert batch.chunk_rows == 7
+        del batch
+    finally:
+        host.close()
+
+
+def test_the_pipelined_cpu_gather_needs_a_gpu():
+    from workloads.feature_gather import variants
+
+    table = torch.rand(100, 4)
+    batch = variants.Batch(table=table, idx=torch.arange(10), device="cpu")
+    with pytest.raises(ValueError, match="without a GPU it is cpu_gather"):
+        variants.make("cpu_gather_pipelined", batch)

@@ -26,10 +26,10 @@ def dgl_skip_reason(device: str) -> str:
 
 
 class Sweep:
-    """Shared state of one part: timing settings, the writer, index generators."""
+    """Shared state of one part: timing settings, the writer, index generators, the host table."""
 
-    def __init__(self, writer, *, repeat: int, warmup: int, device: str, seed: int = 0):
-        self.writer, self.repeat, self.warmup, self.device = writer, repeat, warmup, device
+    def __init__(self, writer, host: HostTable, *, repeat: int, warmup: int, device: str, seed: int = 0):
+        self.writer, self.host, self.repeat, self.warmup, self.device = writer, host, repeat, warmup, device
         gen_device = "cuda" if device == "cuda" else "cpu"
         self.generator = torch.Generator(device=gen_device).manual_seed(seed)
         self.threads = len(os.sched_getaffinity(0))
@@ -38,7 +38,13 @@ class Sweep:
         idx = rows_on_gen_device.to("cpu")
         if self.device == "cuda":
             idx = idx.pin_memory()
-        return Batch(table=table, idx=idx, device=self.device, **extra)
+        return Batch(table=table, idx=idx, device=self.device, alias=self.host.cuda_view(table), **extra)
+
+    def run_with_threads(self, variant: str, batch: Batch, config: dict) -> float:
+        """:meth:`run`, with every CPU thread for the CPU baselines (recorded in the config)."""
+        if variant in variants.CPU_BASELINES:
+            return self.run(variant, batch, config | {"threads": self.threads}, threads=self.threads)
+        return self.run(variant, batch, config)
 
     def run(self, variant: str, batch: Batch, config: dict, *, pcie_bytes: int | None = None, **options) -> float:
         """Check, then time one variant on one batch; returns its median bandwidth (GB/s)."""
@@ -48,6 +54,8 @@ class Sweep:
         m = measure(fn, device=clock, repeat=self.repeat, warmup=self.warmup)
         role = variants.role(variant)
         full = {"device": self.device, "batch_rows": batch.idx.shape[0], **config}
+        if variant == "cpu_gather_pipelined":
+            full["chunk_rows"] = batch.chunk_rows
         self.writer.add_measurement(m, role=role, variant=variant, config=full, bytes_moved=batch.bytes)
         crossed = batch.bytes if pcie_bytes is None else pcie_bytes
         if self.device == "cuda" and variant != "all_in_gpu":
@@ -70,11 +78,21 @@ def _table_config(table: torch.Tensor, dtype: str) -> dict:
 
 
 def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
-    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device)
     host = HostTable(mib(params["table_mib"]), device)
+    sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device)
     gpu_copy = host.buffer.to("cuda") if device == "cuda" else None
     cases = [(dtype, dim) for dtype in params["dtypes"] for dim in params["dims"]]
-    names = ("pageable", "cpu_gather", "naive", "aligned", "vectorized", "vectorized_kernel", "sorted", "all_in_gpu")
+    names = (
+        "pageable",
+        *variants.CPU_BASELINES,
+        *variants.STOCK_TORCH,
+        "naive",
+        "aligned",
+        "vectorized",
+        "vectorized_kernel",
+        "sorted",
+        "all_in_gpu",
+    )
     for dtype, dim in progress(cases, desc="row_sizes"):
         table = host.view(mib(params["table_mib"]), dtype, dim)
         config = _table_config(table, dtype) | {"distribution": "uniform"}
@@ -84,21 +102,24 @@ def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
             extra["gpu_table"] = gpu_copy[: table.numel() * table.element_size()].view(DTYPES[dtype]).view(table.shape)
         batch = sweep.batch(table, rows, **extra)
         for variant in names if device == "cuda" else ("cpu_gather",):
-            threads = sweep.threads if variant == "cpu_gather" else 0
-            sweep.run(variant, batch, config | ({"threads": threads} if threads else {}), threads=threads)
+            sweep.run_with_threads(variant, batch, config)
+    del batch  # it holds a CUDA view of the pinned table, which must go before the table is unpinned
     host.close()
     return {"dgl": dgl_skip_reason(device), "cpu_threads": sweep.threads}
 
 
 def cpu_threads(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
-    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=1)
     host = HostTable(mib(params["table_mib"]), device)
+    sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=1)
     cases = [(rb, t) for rb in params["row_bytes"] for t in params["threads"] if t <= sweep.threads]
     for row_bytes, threads in progress(cases, desc="cpu_threads"):
         table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
         rows = uniform_rows(table.shape[0], min(shared["batch_rows"], table.shape[0]), sweep.generator)
         config = _table_config(table, "fp32") | {"distribution": "uniform", "threads": threads}
-        sweep.run("cpu_gather", sweep.batch(table, rows), config, threads=threads)
+        batch = sweep.batch(table, rows)
+        for variant in variants.CPU_BASELINES if device == "cuda" else ("cpu_gather",):
+            sweep.run(variant, batch, config, threads=threads)
+    del batch
     host.close()
     return {"usable_cpus": sweep.threads}
 
@@ -106,8 +127,8 @@ def cpu_threads(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
 def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     """The ablation: each zero-copy step and the translation-bound fixes, by row and table size,
     for uniform and Zipf-skewed rows; the split fraction comes from the same run's rates."""
-    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=2)
     host = HostTable(mib(max(params["table_mib"])), device)
+    sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=2)
     exponent = shared["zipf_exponent"]
     cases = [(rb, t) for rb in params["row_bytes"] for t in params["table_mib"]]
     for row_bytes, table_mib in progress(cases, desc="table_sizes"):
@@ -117,8 +138,7 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         # Uniform rows.
         batch = sweep.batch(table, uniform_rows(table.shape[0], n, sweep.generator))
         config = base | {"distribution": "uniform"}
-        rates = {v: sweep.run(v, batch, config) for v in ("naive", "vectorized", "sorted")}
-        rates["cpu_gather"] = sweep.run("cpu_gather", batch, config | {"threads": sweep.threads}, threads=sweep.threads)
+        rates = _ablation(sweep, batch, config)
         _split(sweep, batch, config, rates)
         # Zipf-skewed rows, popular rows scattered (random ids) or stored first (relabelled ids).
         popularity = Popularity(table.shape[0], exponent, sweep.generator)
@@ -128,10 +148,7 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
             rows = popularity.rows(ranks, layout)
             batch = sweep.batch(table, rows)
             config = base | {"distribution": f"zipf{exponent:g}" + ("" if layout == "scattered" else "-hot_first")}
-            rates = {v: sweep.run(v, batch, config) for v in ("naive", "vectorized", "sorted")}
-            rates["cpu_gather"] = sweep.run(
-                "cpu_gather", batch, config | {"threads": sweep.threads}, threads=sweep.threads
-            )
+            rates = _ablation(sweep, batch, config)
             _split(sweep, batch, config, rates)
             hot = popularity.hottest_rows(cached_rows, layout)
             batch.slots = torch.full((table.shape[0],), -1, dtype=torch.int32, device="cuda")
@@ -143,8 +160,15 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
             )
             batch.slots = batch.cache = None
         del popularity
+    del batch
     host.close()
     return {"zipf_exponent": exponent, "cache_fraction": shared["cache_fraction"], "cpu_threads": sweep.threads}
+
+
+def _ablation(sweep: Sweep, batch: Batch, config: dict) -> dict[str, float]:
+    """Each zero-copy step, stock torch on the alias and both CPU baselines on one batch: their rates."""
+    names = ("naive", "vectorized", "sorted", *variants.STOCK_TORCH, *variants.CPU_BASELINES)
+    return {v: sweep.run_with_threads(v, batch, config) for v in names}
 
 
 def _split(sweep: Sweep, batch: Batch, config: dict, rates: dict) -> None:
@@ -161,8 +185,8 @@ def _split(sweep: Sweep, batch: Batch, config: dict, rates: dict) -> None:
 
 
 def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
-    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=3)
     host = HostTable(mib(params["table_mib"]), device)
+    sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=3)
     gpu_copy = host.buffer.to("cuda")
     table = host.view(mib(params["table_mib"]), "fp32", params["row_bytes"] // 4)
     gpu_table = gpu_copy[: table.numel() * 4].view(torch.float32).view(table.shape)
@@ -171,25 +195,34 @@ def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         batch = sweep.batch(
             table, uniform_rows(table.shape[0], min(n, table.shape[0]), sweep.generator), gpu_table=gpu_table
         )
-        for variant in ("pageable", "cpu_gather", "vectorized", "sorted", "all_in_gpu"):
-            threads = sweep.threads if variant == "cpu_gather" else 0
-            sweep.run(variant, batch, base | ({"threads": threads} if threads else {}), threads=threads)
-    del gpu_copy
+        for variant in (
+            "pageable",
+            *variants.CPU_BASELINES,
+            *variants.STOCK_TORCH,
+            "vectorized",
+            "sorted",
+            "all_in_gpu",
+        ):
+            sweep.run_with_threads(variant, batch, base)
+    del gpu_copy, batch
     host.close()
     return {"cpu_threads": sweep.threads}
 
 
 def thread_cap(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
-    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=4)
     host = HostTable(mib(params["table_mib"]), device)
+    sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=4)
     cases = [(rb, cap) for rb in params["row_bytes"] for cap in params["max_threads"]]
     for row_bytes, cap in progress(cases, desc="thread_cap"):
         table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
         batch = sweep.batch(
             table, uniform_rows(table.shape[0], min(shared["batch_rows"], table.shape[0]), sweep.generator)
         )
-        config = _table_config(table, "fp32") | {"distribution": "uniform", "max_threads": cap}
-        sweep.run("vectorized", batch, config, max_threads=cap)
+        config = _table_config(table, "fp32") | {"distribution": "uniform"}
+        sweep.run("vectorized", batch, config | {"max_threads": cap}, max_threads=cap)
+        if cap == params["max_threads"][0]:  # stock torch has no thread cap: once per row size
+            sweep.run("torch_uva", batch, config)
+    del batch
     host.close()
     return {}
 
@@ -197,8 +230,8 @@ def thread_cap(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
 def locality(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     """Random reads of the same number of bytes, from windows of growing size spread over a large
     table: if the rate depends on the window size, address translation (not PCIe) bounds it."""
-    sweep = Sweep(writer, repeat=repeat, warmup=warmup, device=device, seed=5)
     host = HostTable(mib(params["table_mib"]), device)
+    sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=5)
     union = mib(params["union_mib"])
     cases = [(rb, w) for rb in params["row_bytes"] for w in params["window_kib"]]
     for row_bytes, window_kib in progress(cases, desc="locality"):
@@ -208,6 +241,9 @@ def locality(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         n = min(shared["batch_rows"], union // row_bytes)
         rows = window_rows(table.shape[0], row_bytes, window, windows, n, sweep.generator)
         config = _table_config(table, "fp32") | {"distribution": "windows", "window_bytes": window, "windows": windows}
-        sweep.run("vectorized", sweep.batch(table, rows), config)
+        batch = sweep.batch(table, rows)
+        for variant in ("vectorized", *variants.STOCK_TORCH):
+            sweep.run(variant, batch, config)
+    del batch
     host.close()
     return {"union_bytes": union}

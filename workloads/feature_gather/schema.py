@@ -1,6 +1,8 @@
 """Results format of the feature_gather topic (see harness.results for the common columns).
 
-``system`` is ``baseline`` or ``pytorch_direct``; ``variant`` names the path (see variants.py).
+``role`` is ``baseline`` (what the suite's kernels are judged against: pageable, the CPU
+gathers, stock torch on the CUDA alias, WholeGraph), ``upper_bound`` (all_in_gpu) or
+``optimized`` (the suite's zero-copy paths); ``variant`` names the path (see variants.py).
 Metric ``bandwidth`` counts the bytes delivered to the GPU (rows requested x row size);
 ``pcie_bytes`` counts the bytes that crossed PCIe (rows served from a GPU cache do not).
 """
@@ -23,5 +25,6 @@ SCHEMA = Schema(
         "window_bytes": int,  # locality: rows come from windows of this size...
         "windows": int,  # ...this many of them, spread over the table
         "split_fraction": float,  # share of rows gathered by the CPU in the split variant
+        "chunk_rows": int,  # rows per chunk of cpu_gather_pipelined
     },
 )

@@ -21,15 +21,18 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class HostTable:
     """A buffer of ``nbytes`` random bytes in host memory, pinned in place on a GPU machine
-    (cudaHostRegister through UnifiedTensor, as a user of PyTorch-Direct would)."""
+    (cudaHostRegister through UnifiedTensor, as a user of PyTorch-Direct would), and the same
+    bytes as a CUDA tensor (the UnifiedTensor's alias, no copy) for stock torch ops."""
 
     def __init__(self, nbytes: int, device: str, seed: int = 0):
         self.nbytes = nbytes
         self._pinned = PinnedHostBuffer(nbytes, "registered", seed=seed) if device == "cuda" else None
         if self._pinned is not None:
             self.buffer = self._pinned.tensor
+            self._alias = self._pinned.unified.cuda_alias()
         else:
             self.buffer = fill_random_(torch.empty(nbytes, dtype=torch.uint8), seed=seed)
+            self._alias = None
 
     def view(self, table_bytes: int, dtype: str, dim: int) -> torch.Tensor:
         """The table [rows, dim] of ``dtype`` in the first ``table_bytes`` of the buffer."""
@@ -37,7 +40,16 @@ class HostTable:
         rows = min(table_bytes, self.nbytes) // row_bytes
         return self.buffer[: rows * row_bytes].view(DTYPES[dtype]).view(rows, dim)
 
+    def cuda_view(self, table: torch.Tensor) -> torch.Tensor | None:
+        """``table`` (a :meth:`view`) as a CUDA tensor over the same pinned bytes; None without a GPU."""
+        if self._alias is None:
+            return None
+        nbytes = table.numel() * table.element_size()
+        return self._alias[:nbytes].view(table.dtype).view(table.shape)
+
     def close(self) -> None:
+        """Unpin the buffer; the caller has dropped every batch that holds a :meth:`cuda_view`."""
+        self._alias = None
         if self._pinned is not None:
             self._pinned.close()
 

@@ -6,8 +6,13 @@ memory (``device='cuda'``) or, on a machine without a GPU, in a host buffer. Eac
 with a blocking wait (the host thread sleeps, so the CPU time it records is work, not spinning).
 
 Baselines: ``pageable`` (``table[idx].to('cuda')``), ``cpu_gather`` (``index_select`` into a
-pinned staging buffer, then an asynchronous copy; threads recorded), ``all_in_gpu`` (the table
-held in GPU memory: the upper bound). PyTorch-Direct: ``naive`` -> ``aligned`` -> ``vectorized``
+pinned staging buffer, then an asynchronous copy; threads recorded), ``cpu_gather_pipelined``
+(the same in chunks through two staging buffers, each chunk's copy overlapping the next chunk's
+gather: what a careful user writes), and stock torch on a CUDA tensor aliasing the pinned table
+(``UnifiedTensor.cuda_alias``): ``torch_uva`` (``index_select`` on the alias, every row read over
+PCIe by torch's own kernel) and ``torch_uva_sorted`` (the ids sorted first, the rows put back in
+request order with ``index_copy_``). Upper bound: ``all_in_gpu`` (the table held in GPU memory).
+PyTorch-Direct: ``naive`` -> ``aligned`` -> ``vectorized``
 -> ``sorted`` (rows read in ascending index order) -> ``hot_cache`` (sorted, and the hottest rows
 kept in GPU memory) and ``split`` (part of the batch through the CPU path at the same time).
 ``vectorized_kernel`` is a diagnostic, not a path: the vectorized kernel alone, timed with CUDA
@@ -24,11 +29,19 @@ import torch
 
 from systems.pytorch_direct.ops import gather, launch_gather, launch_sorted_gather
 
-BASELINES = ("pageable", "cpu_gather")
+CPU_BASELINES = ("cpu_gather", "cpu_gather_pipelined")  # speedups are quoted against the faster
+STOCK_TORCH = ("torch_uva", "torch_uva_sorted")  # the user's own code on the alias: the peer to beat
+BASELINES = ("pageable", *CPU_BASELINES, *STOCK_TORCH)
 UPPER_BOUNDS = ("all_in_gpu",)  # no transfer at all: what no feeding path can beat
 ZERO_COPY = ("naive", "aligned", "vectorized", "sorted", "hot_cache", "split")
 KERNEL_ONLY = ("vectorized_kernel",)  # timed with CUDA events (see above)
 CHECKED_ROWS = 4096
+# cpu_gather_pipelined: rows per chunk come from this many bytes (small enough that the first
+# chunk's gather, which nothing overlaps, is a small share of a batch; large enough that a
+# chunk's dispatch to the CPU threads and its copy launch stay a small share of a chunk), and
+# this many pinned staging buffers take turns.
+PIPELINE_CHUNK_BYTES = 8 << 20
+PIPELINE_BUFFERS = 2
 
 
 def role(variant: str) -> str:
@@ -51,6 +64,7 @@ class Batch:
     table: torch.Tensor  # [rows, dim], host, pinned on a GPU machine
     idx: torch.Tensor  # [n] int64, pinned host memory (CPU: plain)
     device: str
+    alias: torch.Tensor | None = None  # the pinned table as a CUDA tensor (no copy), for torch_uva
     gpu_table: torch.Tensor | None = None  # for all_in_gpu
     slots: torch.Tensor | None = None  # for hot_cache
     cache: torch.Tensor | None = None
@@ -69,6 +83,11 @@ class Batch:
     def bytes(self) -> int:
         return self.idx.shape[0] * self.table.shape[1] * self.table.element_size()
 
+    @property
+    def chunk_rows(self) -> int:
+        """Rows per chunk of cpu_gather_pipelined."""
+        return max(1, PIPELINE_CHUNK_BYTES // (self.table.shape[1] * self.table.element_size()))
+
 
 def make(
     variant: str, batch: Batch, *, threads: int = 0, max_threads: int = 0, split_fraction: float = 0.0
@@ -82,6 +101,23 @@ def make(
             if b.device == "cpu":
                 return b.staging
             b.out.copy_(b.staging, non_blocking=True)
+            wait()
+            return b.out
+    elif variant == "cpu_gather_pipelined":
+        run = _pipelined_cpu_gather(b)
+    elif variant == "torch_uva":
+
+        def run():
+            b.idx_gpu.copy_(b.idx, non_blocking=True)
+            torch.index_select(b.alias, 0, b.idx_gpu, out=b.out)
+            wait()
+            return b.out
+    elif variant == "torch_uva_sorted":
+
+        def run():
+            b.idx_gpu.copy_(b.idx, non_blocking=True)
+            ids, order = torch.sort(b.idx_gpu)
+            b.out.index_copy_(0, order, torch.index_select(b.alias, 0, ids))
             wait()
             return b.out
     elif variant == "pageable":
@@ -139,8 +175,41 @@ def make(
     else:
         raise ValueError(f"unknown variant {variant!r}")
 
-    if variant in ("cpu_gather", "split"):
+    if variant in ("cpu_gather", "cpu_gather_pipelined", "split"):
         return _with_threads(run, threads)
+    return run
+
+
+def _pipelined_cpu_gather(b: Batch) -> Callable[[], torch.Tensor]:
+    """cpu_gather in chunks: the CPU gathers chunk k+1 into one pinned staging buffer while the
+    copy engine sends chunk k from another, so only the last chunk's copy is not hidden."""
+    if b.device != "cuda":
+        raise ValueError("cpu_gather_pipelined overlaps a copy to the GPU; without a GPU it is cpu_gather")
+    n, rows = b.idx.shape[0], b.chunk_rows
+    buffers = [b.staging[:rows]] + [
+        torch.empty_like(b.staging[:rows], pin_memory=True) for _ in range(PIPELINE_BUFFERS - 1)
+    ]
+    copied = [torch.cuda.Event(blocking=True) for _ in buffers]  # blocking: the host sleeps, not spins
+    copy_stream = torch.cuda.Stream()
+    done = torch.cuda.Event(blocking=True)
+
+    def run():
+        copy_stream.wait_stream(torch.cuda.current_stream())  # earlier readers of b.out come first
+        for k, start in enumerate(range(0, n, rows)):
+            stop = min(start + rows, n)
+            slot = k % len(buffers)
+            if k >= len(buffers):
+                copied[slot].synchronize()  # this buffer's previous chunk has left it
+            staging = buffers[slot][: stop - start]
+            torch.index_select(b.table, 0, b.idx[start:stop], out=staging)
+            with torch.cuda.stream(copy_stream):
+                b.out[start:stop].copy_(staging, non_blocking=True)
+                copied[slot].record(copy_stream)
+        done.record(copy_stream)
+        done.synchronize()
+        torch.cuda.current_stream().wait_stream(copy_stream)
+        return b.out
+
     return run
 
 

@@ -1,6 +1,6 @@
 """Results format of the gnn_multi_gpu topic (see harness.results for the common columns).
 
-``dataset`` names the graph; ``system``/``variant`` as in gnn_training (variant = pipeline).
+``dataset`` names the graph; ``role``/``variant`` as in gnn_training (variant = pipeline).
 Metrics: ``epoch_time`` per timed epoch (barrier to barrier, so the slowest rank's),
 ``cpu_time`` per epoch summed over the ranks and their sampling workers, ``bandwidth`` of
 feature-row payload one rank moved per second of epoch (``rank`` names the rank; payload as in
