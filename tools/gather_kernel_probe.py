@@ -12,7 +12,9 @@ timed launches, median). Kernels, each a hypothesis:
   flat         one thread per 16-byte word of the output, a grid covering all of it (torch's
                index_select shape, with 16-byte instead of element-sized loads)
   torch        stock torch.index_select on the fp32 alias
-and the sorted-index variants of suite and torch.
+suite_plain16 the suite's kernel without the aligned window (16 B words; rows already on lines)
+and every kernel again on the same rows sorted (the read only, no scatter back), plus the suite
+kernel capped at 16,384 and 4,096 threads (fewer rows in flight: a narrower address window).
 
     python tools/gather_kernel_probe.py [--table-gib 4] [--rows 262144] [--row-bytes 128 512 2048]
 """
@@ -29,6 +31,7 @@ import torch
 
 from systems import nvrtc
 from systems.pytorch_direct import UnifiedTensor
+from systems.pytorch_direct.ops import KERNEL_SOURCE as GATHER_SOURCE
 from systems.pytorch_direct.ops import launch_gather
 from systems.zero_copy.ops import launch_read_rows
 
@@ -123,6 +126,7 @@ def main() -> None:
             table_ptr = nvrtc.device_pointer_of_pinned(table)
             n = idx.shape[0]
             group = min(32, words)
+            bad_pos = torch.full((1,), n, dtype=torch.int64, device="cuda")
 
             def raw(name, grid, extra=()):
                 return lambda: nvrtc.launch(
@@ -140,8 +144,27 @@ def main() -> None:
                     ),
                 )
 
+            plain16 = "gather_plain_w16_i64"
+            suite_module = nvrtc.load_module(GATHER_SOURCE)
             kernels = {
                 "suite": lambda: launch_gather(table, idx, out, kernel="vectorized", check=False),
+                "suite_plain16": lambda: nvrtc.launch(
+                    suite_module,
+                    plain16,
+                    grid=(sms * 8,),
+                    block=(256,),
+                    args=(
+                        np.uint64(table_ptr),
+                        np.int64(rows),
+                        np.uint64(idx.data_ptr()),
+                        np.int64(n),
+                        np.int64(row_bytes),
+                        np.uint64(0),
+                        np.uint64(0),
+                        np.uint64(out.data_ptr()),
+                        np.uint64(bad_pos.data_ptr()),
+                    ),
+                ),
                 "read_rows": lambda: launch_read_rows(table, idx, out),
                 "one_pass": raw("one_pass", -(-n // 8)),
                 "packed": raw("packed", min(-(-n // (8 * (32 // group))), sms * 8), (np.int32(group),)),
@@ -157,14 +180,26 @@ def main() -> None:
                     continue
                 seconds = timed(fn)
                 print(f"{table_gib:>5g}G {row_bytes:>5} {name:>14} {n * row_bytes / seconds / 1e9:7.1f}")
-            for name, fn in {
-                "suite_sorted": lambda: launch_gather(table, idx_sorted, out, kernel="vectorized", check=False),
-                "torch_sorted": lambda: torch.index_select(
-                    table_f32, 0, idx_sorted, out=out.view(torch.float32).view(n, -1)
-                ),
-            }.items():
+            # The same kernels reading the rows in ascending order (the gather only: no scatter back).
+            idx_in_order = idx
+            idx = idx_sorted
+            expected = table[idx.cpu()].cuda()
+            kernels["suite_cap16k"] = lambda: launch_gather(
+                table, idx, out, kernel="vectorized", check=False, max_threads=16384
+            )
+            kernels["suite_cap4k"] = lambda: launch_gather(
+                table, idx, out, kernel="vectorized", check=False, max_threads=4096
+            )
+            for name, fn in kernels.items():
+                out.fill_(0)
+                fn()
+                torch.cuda.synchronize()
+                if not torch.equal(out, expected):
+                    print(f"{table_gib:>5g}G {row_bytes:>5} {name + '/sorted':>14}   WRONG ROWS")
+                    continue
                 seconds = timed(fn)
-                print(f"{table_gib:>5g}G {row_bytes:>5} {name:>14} {n * row_bytes / seconds / 1e9:7.1f}  (read only)")
+                print(f"{table_gib:>5g}G {row_bytes:>5} {name + '/sorted':>14} {n * row_bytes / seconds / 1e9:7.1f}")
+            idx = idx_in_order
             table_f32 = None  # a view of the alias: it must go before the table is unregistered
         del alias
         unified.close()
