@@ -159,13 +159,16 @@ def launch_gather(
     word = word_bytes(kernel, table.element_size(), row_bytes, table_address, out.data_ptr())
     name = f"gather_{mode}_w{word}_{'i32' if idx.dtype == torch.int32 else 'i64'}"
     bad_pos = torch.full((1,), n, dtype=torch.int64, device=idx.device)
+    # A warp per row and, uncapped, a block for every eight rows: blocks start in index order and
+    # each reads its rows once, so the rows in flight are always neighbours in the index list.
+    # With sorted indices that keeps the addresses being read within a narrow window (few
+    # translations); a grid-stride loop over a full-occupancy grid lets warps drift apart and
+    # widens it (512 B sorted rows of a 16 GiB table on an H200: 25.8 GB/s strided, 34.5 in one
+    # pass). A thread cap (to leave the GPU to training) needs the grid-stride loop.
     warps_per_block = THREADS_PER_BLOCK // 32
     blocks = -(-n // warps_per_block)
     if max_threads > 0:
         blocks = min(blocks, max(1, max_threads // THREADS_PER_BLOCK))
-    else:
-        props = torch.cuda.get_device_properties(idx.device)
-        blocks = min(blocks, props.multi_processor_count * (props.max_threads_per_multi_processor // THREADS_PER_BLOCK))
     null = np.uint64(0)
     nvrtc.launch(
         nvrtc.load_module(KERNEL_SOURCE),
