@@ -248,6 +248,12 @@ if "table_sizes" in parts:
     panels += [f"table_sizes:uniform:{r}" for r in ts_rows] + [f"table_sizes:zipf:{r}" for r in ts_rows]
 panels += [p for p in ("batch_sizes", "cpu_threads", "thread_cap", "locality") if p in parts]
 fig, axes = panel_grid(len(panels), width=4.8, height=3.9)
+# Panels of variants share one legend below the figure; the others explain their own lines
+# (row sizes, thread caps) in a corner their curves leave empty.
+SHARED_LEGEND_PARTS = {"row_sizes", "table_sizes", "batch_sizes"}
+PANEL_LEGEND_PLACE = {"cpu_threads": "lower right", "thread_cap": "upper left", "locality": "lower right"}
+LEGEND_ORDER = {name: i for i, name in enumerate(["pinned copy", "random-read ceiling", *STYLE])}
+shared_legend = {}
 
 
 def ceiling_lines(ax, row_bytes=None):
@@ -367,6 +373,7 @@ for ax, panel in zip(axes, panels):
             ylim=(0, None),
             title="vectorized gather with capped threads",
         )
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.6)  # headroom: the legend sits above the curves
     elif part == "locality":
         row_colors = dict(zip(sorted(set(data.row_bytes)), ("tab:blue", "tab:orange", "tab:green")))
         for (variant, row_bytes), d in data.groupby(["variant", "row_bytes"]):
@@ -387,8 +394,12 @@ for ax, panel in zip(axes, panels):
             title=f"Same {union:.0f} MiB of rows, in windows\nspread over a {size_label(data.table_bytes.max())} table",
         )
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=6)
+    handles, labels = ax.get_legend_handles_labels()
+    if part in SHARED_LEGEND_PARTS:
+        # Variants keep one colour everywhere: one legend for all these panels, off the data.
+        shared_legend.update(zip(labels, handles))
+    elif handles:
+        ax.legend(fontsize=6, loc=PANEL_LEGEND_PLACE[part])
 
 what = (
     "Feature gathering into GPU memory"
@@ -398,6 +409,20 @@ what = (
 fig.suptitle(
     f"{what}: {machine}, scale '{scale}' (measured; median, bars = IQR)\n{machine_label(provenance)}", fontsize=9
 )
-fig.tight_layout()
+legend_rows = 0
+if shared_legend:
+    ordered = sorted(shared_legend.items(), key=lambda item: LEGEND_ORDER.get(item[0].split(",")[0], len(LEGEND_ORDER)))
+    columns = 7
+    legend_rows = -(-len(ordered) // columns)
+    fig.legend(
+        [h for _, h in ordered],
+        [label for label, _ in ordered],
+        loc="lower center",
+        ncol=columns,
+        fontsize=8,
+        frameon=False,
+    )
+bottom = (0.3 * legend_rows + 0.1) / fig.get_figheight()
+fig.tight_layout(rect=(0, bottom, 1, 1))
 Path(figure).parent.mkdir(parents=True, exist_ok=True)
 fig.savefig(figure, dpi=130)
