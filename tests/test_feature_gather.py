@@ -61,6 +61,7 @@ def test_cpu_part_writes_valid_results(tmp_path, part, monkeypatch):
     assert prov["part"] == part
     if part == "row_sizes":
         assert "dgl" in prov  # the reason DGL was not measured is recorded
+        assert prov["wholegraph"] == "not measured: no GPU"
 
 
 @pytest.mark.gpu
@@ -72,6 +73,8 @@ def test_gpu_part_writes_valid_results(tmp_path, part):
         assert {"naive", "vectorized", "sorted", "hot_cache", "split", "cpu_gather"} <= set(frame.variant)
         assert {"cpu_gather_pipelined", "torch_uva", "torch_uva_sorted"} <= set(frame.variant)
         assert set(frame[frame.variant.isin(["torch_uva", "cpu_gather"])].role) == {"baseline"}
+        # WholeGraph is measured where it imports, and otherwise the reason is recorded.
+        assert ("wholegraph" in set(frame.variant)) == (not prov["wholegraph"].startswith("not measured"))
         hits = frame[(frame.variant == "hot_cache") & (frame.metric == "pcie_bytes")]
         assert (hits.value < hits.batch_rows * hits.row_bytes).all()  # cached rows do not cross PCIe
     if part == "row_sizes":

@@ -9,7 +9,7 @@ import torch
 from harness.progress import progress
 from harness.timing import measure
 from systems.pytorch_direct.ops import gather
-from workloads.feature_gather import variants
+from workloads.feature_gather import variants, wholegraph
 from workloads.feature_gather.tables import DTYPES, HostTable, Popularity, mib, uniform_rows, window_rows
 from workloads.feature_gather.variants import Batch
 
@@ -72,6 +72,25 @@ class Sweep:
         return batch.bytes / m.median / 1e9
 
 
+def wholegraph_state(device: str) -> tuple[bool, str]:
+    """Whether WholeGraph is measured in this run, and what the provenance records: its version,
+    or why it is not measured."""
+    if device != "cuda":
+        return False, "not measured: no GPU"
+    reason = wholegraph.available()
+    if reason is not None:
+        return False, f"not measured: {reason}"
+    return True, f"pylibwholegraph {wholegraph.version()}, host-mapped 'continuous' table in location 'cpu'"
+
+
+def _run_wholegraph(sweep: Sweep, table: torch.Tensor, runs: list[tuple[Batch, dict]]) -> None:
+    """WholeGraph on each (batch, config) of one table, from one copy of it in WholeGraph's
+    host-mapped memory (made outside timing, freed after)."""
+    with wholegraph.WholeGraphTable(table) as copy:
+        for batch, config in runs:
+            sweep.run("wholegraph", batch, config, wholegraph_table=copy)
+
+
 def _table_config(table: torch.Tensor, dtype: str) -> dict:
     row_bytes = table.shape[1] * table.element_size()
     return {"dtype": dtype, "dim": table.shape[1], "row_bytes": row_bytes, "table_bytes": table.shape[0] * row_bytes}
@@ -93,6 +112,7 @@ def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         "sorted",
         "all_in_gpu",
     )
+    measure_wholegraph, wholegraph_note = wholegraph_state(device)
     for dtype, dim in progress(cases, desc="row_sizes"):
         table = host.view(mib(params["table_mib"]), dtype, dim)
         config = _table_config(table, dtype) | {"distribution": "uniform"}
@@ -103,9 +123,11 @@ def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         batch = sweep.batch(table, rows, **extra)
         for variant in names if device == "cuda" else ("cpu_gather",):
             sweep.run_with_threads(variant, batch, config)
+        if measure_wholegraph:
+            _run_wholegraph(sweep, table, [(batch, config)])
     del batch  # it holds a CUDA view of the pinned table, which must go before the table is unpinned
     host.close()
-    return {"dgl": dgl_skip_reason(device), "cpu_threads": sweep.threads}
+    return {"dgl": dgl_skip_reason(device), "wholegraph": wholegraph_note, "cpu_threads": sweep.threads}
 
 
 def cpu_threads(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
@@ -131,6 +153,7 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=2)
     exponent = shared["zipf_exponent"]
     cases = [(rb, t) for rb in params["row_bytes"] for t in params["table_mib"]]
+    measure_wholegraph, wholegraph_note = wholegraph_state(device)
     for row_bytes, table_mib in progress(cases, desc="table_sizes"):
         table = host.view(mib(table_mib), "fp32", row_bytes // 4)
         n = min(shared["batch_rows"], table.shape[0])
@@ -140,6 +163,7 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         config = base | {"distribution": "uniform"}
         rates = _ablation(sweep, batch, config)
         _split(sweep, batch, config, rates)
+        wholegraph_runs = [(batch, config)]
         # Zipf-skewed rows, popular rows scattered (random ids) or stored first (relabelled ids).
         popularity = Popularity(table.shape[0], exponent, sweep.generator)
         ranks = popularity.sample_ranks(n)
@@ -150,6 +174,7 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
             config = base | {"distribution": f"zipf{exponent:g}" + ("" if layout == "scattered" else "-hot_first")}
             rates = _ablation(sweep, batch, config)
             _split(sweep, batch, config, rates)
+            wholegraph_runs.append((batch, config))
             hot = popularity.hottest_rows(cached_rows, layout)
             batch.slots = torch.full((table.shape[0],), -1, dtype=torch.int32, device="cuda")
             batch.slots[hot] = torch.arange(cached_rows, dtype=torch.int32, device="cuda")
@@ -159,10 +184,17 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
                 "hot_cache", batch, config | {"cache_bytes": cached_rows * row_bytes}, pcie_bytes=misses * row_bytes
             )
             batch.slots = batch.cache = None
-        del popularity
+        if measure_wholegraph:  # one copy of the table serves the uniform and the skewed batches
+            _run_wholegraph(sweep, table, wholegraph_runs)
+        del popularity, wholegraph_runs
     del batch
     host.close()
-    return {"zipf_exponent": exponent, "cache_fraction": shared["cache_fraction"], "cpu_threads": sweep.threads}
+    return {
+        "zipf_exponent": exponent,
+        "cache_fraction": shared["cache_fraction"],
+        "cpu_threads": sweep.threads,
+        "wholegraph": wholegraph_note,
+    }
 
 
 def _ablation(sweep: Sweep, batch: Batch, config: dict) -> dict[str, float]:

@@ -11,7 +11,9 @@ pinned staging buffer, then an asynchronous copy; threads recorded), ``cpu_gathe
 gather: what a careful user writes), and stock torch on a CUDA tensor aliasing the pinned table
 (``UnifiedTensor.cuda_alias``): ``torch_uva`` (``index_select`` on the alias, every row read over
 PCIe by torch's own kernel) and ``torch_uva_sorted`` (the ids sorted first, the rows put back in
-request order with ``index_copy_``). Upper bound: ``all_in_gpu`` (the table held in GPU memory).
+request order with ``index_copy_``), and NVIDIA WholeGraph's gather from its own host-mapped copy
+of the table (``wholegraph``, workloads/feature_gather/wholegraph.py). Upper bound: ``all_in_gpu``
+(the table held in GPU memory).
 PyTorch-Direct: ``naive`` -> ``aligned`` -> ``vectorized``
 -> ``sorted`` (rows read in ascending index order) -> ``hot_cache`` (sorted, and the hottest rows
 kept in GPU memory) and ``split`` (part of the batch through the CPU path at the same time).
@@ -31,7 +33,8 @@ from systems.pytorch_direct.ops import gather, launch_gather, launch_sorted_gath
 
 CPU_BASELINES = ("cpu_gather", "cpu_gather_pipelined")  # speedups are quoted against the faster
 STOCK_TORCH = ("torch_uva", "torch_uva_sorted")  # the user's own code on the alias: the peer to beat
-BASELINES = ("pageable", *CPU_BASELINES, *STOCK_TORCH)
+PEERS = ("wholegraph",)  # another library's zero-copy gather
+BASELINES = ("pageable", *CPU_BASELINES, *STOCK_TORCH, *PEERS)
 UPPER_BOUNDS = ("all_in_gpu",)  # no transfer at all: what no feeding path can beat
 ZERO_COPY = ("naive", "aligned", "vectorized", "sorted", "hot_cache", "split")
 KERNEL_ONLY = ("vectorized_kernel",)  # timed with CUDA events (see above)
@@ -90,7 +93,13 @@ class Batch:
 
 
 def make(
-    variant: str, batch: Batch, *, threads: int = 0, max_threads: int = 0, split_fraction: float = 0.0
+    variant: str,
+    batch: Batch,
+    *,
+    threads: int = 0,
+    max_threads: int = 0,
+    split_fraction: float = 0.0,
+    wholegraph_table=None,
 ) -> Callable[[], torch.Tensor]:
     """A callable that runs one gather along ``variant`` and returns the gathered rows."""
     b = batch
@@ -120,6 +129,10 @@ def make(
             b.out.index_copy_(0, order, torch.index_select(b.alias, 0, ids))
             wait()
             return b.out
+    elif variant == "wholegraph":
+        from workloads.feature_gather.wholegraph import make_wholegraph  # needs pylibwholegraph
+
+        run = make_wholegraph(b, wholegraph_table)
     elif variant == "pageable":
 
         def run():
