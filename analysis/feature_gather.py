@@ -251,7 +251,7 @@ fig, axes = panel_grid(len(panels), width=4.8, height=3.9)
 # Panels of variants share one legend below the figure; the others explain their own lines
 # (row sizes, thread caps) in a corner their curves leave empty.
 SHARED_LEGEND_PARTS = {"row_sizes", "table_sizes", "batch_sizes"}
-PANEL_LEGEND_PLACE = {"cpu_threads": "lower right", "thread_cap": "upper left", "locality": "lower right"}
+PANEL_LEGEND_PLACE = {"cpu_threads": "upper left", "thread_cap": "upper left", "locality": "lower right"}
 LEGEND_ORDER = {name: i for i, name in enumerate(["pinned copy", "random-read ceiling", *STYLE])}
 shared_legend = {}
 

@@ -63,11 +63,14 @@ def main(argv=None) -> None:
         default=[],
         help="TOPIC=FILE, a results file the notebook reads (repeat for each)",
     )
+    parser.add_argument(
+        "--topic", action="append", default=[], help="a topic the notebook reads, in `results` even with no files"
+    )
     parser.add_argument("--figure", type=Path, required=True, help="the figure to write (PNG)")
     parser.add_argument("--summary", type=Path, required=True, help="the summary table to write (Markdown)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
     args = parser.parse_args(argv)
-    results: dict[str, list[str]] = {}
+    results: dict[str, list[str]] = {topic: [] for topic in args.topic}
     for topic, path in args.results:
         results.setdefault(topic, []).append(path)
     outputs = {"figure": args.figure, "summary": args.summary}

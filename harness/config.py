@@ -39,6 +39,8 @@ def _read_yaml(path: Path, what: str = "config file"):
         return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{what} {_relative(path)} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{what} {_relative(path)} cannot be read: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{what} {_relative(path)} is not valid YAML: {str(err).splitlines()[0]}") from None
 
@@ -50,7 +52,7 @@ def _registry():
     from referencing.jsonschema import DRAFT202012
 
     return Registry().with_resources(
-        (path.name, Resource.from_contents(yaml.safe_load(path.read_text()), default_specification=DRAFT202012))
+        (path.name, Resource.from_contents(_read_yaml(path, "schema"), default_specification=DRAFT202012))
         for path in sorted(SCHEMAS.glob("*.schema.yaml"))
     )
 
@@ -68,26 +70,37 @@ def _check(document, schema_path: Path, where: str, key_prefix: str = "") -> Non
         raise ConfigError(f"{where}key '{key or '(top level)'}': {err.message} (schema: {_relative(schema_path)})")
 
 
-def validate(config: dict) -> None:
-    """Check the whole configuration: the top level, then each topic's blocks."""
+# Every topic's block at every scale has these (the harness times each part with them).
+COMMON_KEYS = ("repeat", "warmup")
+
+
+def validate(config: dict, sources: dict[str, str] | None = None) -> None:
+    """Check the whole configuration: the top level, then each topic's blocks. ``sources`` names
+    where each topic's blocks came from, for the messages (default: its config/<topic>.yaml)."""
     from harness.topic import discover
 
     _check(config, SCHEMA, "config ")
     topics = discover()
-    unknown = set(config.get("topics", {})) - set(topics)
+    scales = [str(s) for s in config["scales"]]
+    unknown = {str(name) for name in config.get("topics", {})} - set(topics)
     if unknown:
         raise ConfigError(
             f"config key 'topics': no topic named {', '.join(sorted(unknown))}; topics: {', '.join(topics)}"
         )
     for name, blocks in config.get("topics", {}).items():
-        source = f"{_relative(topics[name].config_file)}: "
+        source = (sources or {}).get(name, _relative(topics[name].config_file))
+        if not isinstance(blocks, dict):
+            raise ConfigError(f"{source}: must map scale names to parameter blocks")
         for scale, block in blocks.items():
-            if scale not in config["scales"]:
+            if str(scale) not in scales or not isinstance(scale, str):
+                known = ", ".join(scales)
                 raise ConfigError(
-                    f"{source}block for unknown scale '{scale}'; the scales are "
-                    f"{', '.join(config['scales'])} (config/config.yaml)"
+                    f"{source}: block for unknown scale '{scale}'; the scales are {known} (config/config.yaml)"
                 )
-            _check(block, topics[name].schema_file, source, key_prefix=scale)
+            _check(block, topics[name].schema_file, f"{source}: ", key_prefix=scale)
+            missing = [key for key in COMMON_KEYS if key not in block]
+            if missing:
+                raise ConfigError(f"{source}: key '{scale}': needs {' and '.join(missing)} (every topic's block does)")
 
 
 def complete(config: dict) -> dict:
@@ -97,15 +110,16 @@ def complete(config: dict) -> dict:
 
     if not isinstance(config, dict):
         raise ConfigError("the config must hold a mapping at the top level")
-    topics = dict(config.get("topics") or {})
+    given = config.get("topics") or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"config key 'topics' must map topic names to their blocks, got {type(given).__name__}")
+    topics, sources = dict(given), {name: f"the config's topics/{name}" for name in given}
     for name, topic in discover().items():
         if name not in topics:
-            blocks = _read_yaml(topic.config_file, f"topic {name}'s config file")
-            if not isinstance(blocks, dict):
-                raise ConfigError(f"{_relative(topic.config_file)} must map scale names to parameter blocks")
-            topics[name] = blocks
+            topics[name] = _read_yaml(topic.config_file, f"topic {name}'s config file")
+            sources[name] = _relative(topic.config_file)
     config = {**config, "topics": topics}
-    validate(config)
+    validate(config, sources)
     return config
 
 
@@ -136,5 +150,7 @@ def topic_params(config: dict, topic: str, scale: str) -> dict:
     scale_params(config, scale)
     blocks = config["topics"][topic]
     if scale not in blocks:
-        raise ConfigError(f"topic '{topic}' has no block for scale '{scale}' in config/{topic}.yaml")
+        raise ConfigError(
+            f"topic '{topic}' has no block for scale '{scale}' (config/{topic}.yaml, or the config's topics/{topic})"
+        )
     return blocks[scale]

@@ -122,8 +122,13 @@ def _torch_sees_a_gpu() -> bool:
 
 
 def gpu_count() -> int:
-    """GPUs this Python can use (0 without a usable one): what decides which parts run here."""
-    return len(nvidia_gpus()) if has_gpu() else 0
+    """GPUs this Python can use (0 without a usable one): what decides which parts run here.
+    Counted by torch, which honours CUDA_VISIBLE_DEVICES (nvidia-smi lists every GPU)."""
+    if not has_gpu():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def describe() -> MachineInfo:

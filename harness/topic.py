@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,28 @@ from harness.errors import UserError
 from harness.results import Schema
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+TOPIC_NAME = re.compile(r"[a-z][a-z0-9_]*")
+# Names the workflow already uses: its rules, the figure rule's other inputs, and the attributes
+# of Snakemake's input lists (a topic's results are a named input of its figure job).
+RESERVED_NAMES = {
+    "measure",
+    "reproduce",
+    "figures",
+    "notebook",
+    "helpers",
+    "get",
+    "keys",
+    "items",
+    "index",
+    "count",
+    "size",
+    "size_mb",
+    "size_files",
+    "size_files_mb",
+    "size_files_gb",
+    "size_gb",
+    "size_tb",
+}
 WORKLOADS = REPO_ROOT / "workloads"
 TECHNIQUES = ("pytorch_direct", "hector", "ssdtrain")  # the thesis' three; None: the machine itself
 
@@ -62,6 +85,13 @@ class Topic:
     packages: tuple[str, ...] = ()  # libraries, besides harness.provenance's, whose versions its numbers depend on
 
     def __post_init__(self):
+        if not TOPIC_NAME.fullmatch(self.name) or self.name in RESERVED_NAMES or self.name.endswith("_figure"):
+            raise ValueError(
+                f"topic name {self.name!r}: use lowercase letters, digits and _, not ending in _figure, "
+                f"and none of {', '.join(sorted(RESERVED_NAMES))} (the workflow uses them)"
+            )
+        if self.name in self.reads:
+            raise ValueError(f"topic {self.name} lists itself in reads; its own results are read anyway")
         names = [p.name for p in self.parts]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"topic {self.name}: parts must be a non-empty list of distinct names, got {names}")

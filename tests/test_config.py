@@ -86,7 +86,7 @@ def test_missing_and_invalid_files(tmp_path):
 def test_a_topic_without_a_block_for_the_scale_is_named(cfg):
     cfg["topics"]["gnn_training"].pop("cpu")
     with pytest.raises(
-        suite_config.ConfigError, match="topic 'gnn_training' has no block for scale 'cpu' in config/gnn_training.yaml"
+        suite_config.ConfigError, match=r"topic 'gnn_training' has no block for scale 'cpu' \(config/gnn_training.yaml"
     ):
         suite_config.topic_params(cfg, "gnn_training", "cpu")
 
@@ -99,3 +99,37 @@ def test_topic_blocks_come_from_their_own_files_unless_given(tmp_path):
     given = dict(cfg["topics"]["ceilings"])
     given["tiny"] = {**given["tiny"], "repeat": 7}
     assert suite_config.load(top, {"topics": {"ceilings": given}})["topics"]["ceilings"]["tiny"]["repeat"] == 7
+
+
+@pytest.mark.parametrize(
+    "topics, message",
+    [
+        ("foo", "config key 'topics' must map topic names to their blocks, got str"),
+        ({"ceilings": ["cpu"]}, r"config key 'topics/ceilings': \['cpu'\] is not of type 'object'"),
+        ({"ceilings": {5: {}}}, "the config's topics/ceilings: block for unknown scale '5'"),
+        ({"ceilings": {"cpu": {"repeat": 1}}}, "the config's topics/ceilings: key 'cpu': 'warmup' is a required"),
+    ],
+)
+def test_malformed_topic_blocks_given_in_the_config_are_one_line_errors(topics, message):
+    with pytest.raises(suite_config.ConfigError, match=message):
+        suite_config.load(overrides={"topics": topics})
+
+
+def test_every_topic_block_needs_repeat_and_warmup(cfg, monkeypatch, tmp_path):
+    from harness import topic as topic_module
+
+    schema = tmp_path / "loose.schema.yaml"
+    schema.write_text("type: object\n")  # a topic schema that forgets them
+    monkeypatch.setattr(topic_module.Topic, "schema_file", property(lambda self: schema))
+    bad = copy.deepcopy(cfg)
+    del bad["topics"]["ceilings"]["cpu"]["warmup"]
+    with pytest.raises(suite_config.ConfigError, match="key 'cpu': needs warmup"):
+        suite_config.validate(bad)
+
+
+def test_an_unreadable_topic_file_is_one_line(monkeypatch, tmp_path):
+    from harness import topic as topic_module
+
+    monkeypatch.setattr(topic_module.Topic, "config_file", property(lambda self: tmp_path))  # a directory
+    with pytest.raises(suite_config.ConfigError, match="cannot be read"):
+        suite_config.load()

@@ -45,10 +45,10 @@ def render(notebook, tmp_path, *args):
 
 
 def test_parameters_and_results_files_reach_the_notebook(notebook, tmp_path):
-    render(
-        notebook, tmp_path, "-p", "value=hello", "--results", "a=x.csv", "--results", "b=y.csv", "--results", "a=z.csv"
-    )
-    assert (tmp_path / "fig.md").read_text() == "hello {'a': ['x.csv', 'z.csv'], 'b': ['y.csv']}"
+    files = ["--results", "a=x.csv", "--results", "b=y.csv", "--results", "a=z.csv"]
+    render(notebook, tmp_path, "-p", "value=hello", "--topic", "a", "--topic", "c", *files)
+    # A topic named with --topic is in `results` even when it has no files.
+    assert (tmp_path / "fig.md").read_text() == "hello {'a': ['x.csv', 'z.csv'], 'c': [], 'b': ['y.csv']}"
     assert (tmp_path / "fig.png").read_text() == "a figure"
     assert "Injected by analysis.render" in (tmp_path / "run.ipynb").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.py", "fig.md", "fig.png", "run.ipynb"]

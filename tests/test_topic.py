@@ -29,6 +29,16 @@ def test_parts_run_by_gpu_count():
         (lambda: demo(Part("a"), Part("a")), "distinct names"),
         (lambda: demo(Part("a"), technique="magic"), "technique must be one of"),
         (lambda: Topic(name="other", title="", technique=None, schema=SCHEMA, parts=(Part("a"),)), "declared for"),
+        (lambda: demo(Part("a"), reads=("demo",)), "lists itself in reads"),
+    ]
+    + [
+        (
+            lambda name=name: Topic(
+                name=name, title="", technique=None, schema=Schema(topic=name, config={}), parts=(Part("a"),)
+            ),
+            "the workflow uses them",
+        )
+        for name in ("measure", "figures", "items", "ceilings_figure", "Bad-Name")
     ],
 )
 def test_malformed_declarations_are_refused(make, message):

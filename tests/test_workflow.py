@@ -184,12 +184,12 @@ def test_interrupted_run_redoes_only_unfinished_jobs(workdir):
         (
             ["reproduce", "--config", "scale=tiny", "topics={gnn_training: {}}"],
             {},
-            "error: topic 'gnn_training' has no block for scale 'tiny' in config/gnn_training.yaml",
+            "error: topic 'gnn_training' has no block for scale 'tiny' (config/gnn_training.yaml",
         ),
         (
             ["reproduce", "--config", "scale=tiny", "topics={gnn_training: {cpu: {}}}"],
             {},
-            "error: config/gnn_training.yaml: key 'cpu': 'repeat' is a required property",
+            "error: the config's topics/gnn_training: key 'cpu': 'repeat' is a required property",
         ),
         (["nosuchtarget"], {}, "No rule to produce nosuchtarget"),
     ],

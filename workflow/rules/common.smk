@@ -6,6 +6,7 @@
 # requirements in envs/ (the machines it targets have no conda), and each results file records
 # the software versions it was measured with.
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -52,6 +53,11 @@ wildcard_constraints:
     scale="[A-Za-z0-9_]+",
 
 
+# <machine>/<part>-<scale>.csv, as the measuring rule names its files (machine names as the config
+# schema allows them).
+RESULTS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[a-z0-9_]+-[A-Za-z0-9_]+\.csv")
+
+
 def parts_here(topic):
     """Names of the parts of ``topic`` that run on this machine."""
     return [part.name for part in TOPICS[topic].parts_on(GPU_COUNT)]
@@ -85,15 +91,18 @@ def results_arguments(topic):
 
     def arguments(wildcards, input):
         names = (topic, *TOPICS[topic].reads)
-        return " ".join(f"--results {name}={path}" for name in names for path in input[name])
+        listed = [f"--topic {name}" for name in names]  # named even when it has no files
+        return " ".join(listed + [f"--results {name}={path}" for name in names for path in input[name]])
 
     return arguments
 
 
 def topic_targets(topic):
     """This machine's figure of ``topic`` at the configured scale, and its results files as
-    targets too, so a deleted results file is measured again (and the figure re-rendered)."""
-    return [f"paper_figs/{MACHINE}/{topic}-{SCALE}.png", *results_of(topic, MACHINE, SCALE)]
+    targets too, so a deleted results file is measured again (and the figure re-rendered);
+    nothing for a topic none of whose parts runs here."""
+    results = results_of(topic, MACHINE, SCALE)
+    return [f"paper_figs/{MACHINE}/{topic}-{SCALE}.png", *results] if results else []
 
 
 def committed_figures(topic):
@@ -102,6 +111,8 @@ def committed_figures(topic):
     triggers a measurement."""
     pairs = set()
     for csv in Path("results").glob(f"*/{topic}/*.csv"):
+        if not RESULTS_NAME.fullmatch(f"{csv.parent.parent.name}/{csv.name}"):
+            continue  # not a results file the workflow writes (a copy, a note): leave it alone
         machine, scale = csv.parent.parent.name, csv.stem.rsplit("-", 1)[-1]
         if machine == MACHINE and not all(
             Path(path).exists() and Path(path.removesuffix(".csv") + ".provenance.json").exists()

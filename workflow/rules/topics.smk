@@ -48,7 +48,7 @@ for topic in TOPICS.values():
         input:
             unpack(figure_inputs(topic.name)),
             notebook=topic.notebook,
-            helpers="analysis/common.py",
+            helpers=["analysis/common.py", "analysis/style.py"],
         output:
             figure=report(
                 update(f"paper_figs/{{machine}}/{topic.name}-{{scale}}.png"),

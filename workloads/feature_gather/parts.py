@@ -83,12 +83,18 @@ def wholegraph_state(device: str) -> tuple[bool, str]:
     return True, f"pylibwholegraph {wholegraph.version()}, host-mapped 'continuous' table in location 'cpu'"
 
 
-def _run_wholegraph(sweep: Sweep, table: torch.Tensor, runs: list[tuple[Batch, dict]]) -> None:
+def _run_wholegraph(sweep: Sweep, table: torch.Tensor, runs: list[tuple[Batch, dict]]) -> str | None:
     """WholeGraph on each (batch, config) of one table, from one copy of it in WholeGraph's
-    host-mapped memory (made outside timing, freed after)."""
-    with wholegraph.WholeGraphTable(table) as copy:
+    host-mapped memory (made outside timing, freed after). A table WholeGraph cannot hold (its
+    copy doubles the host memory) is left out, not the whole part: returns why, or None."""
+    try:
+        copy = wholegraph.WholeGraphTable(table)
+    except RuntimeError as err:
+        return f"{table.numel() * table.element_size()} B table left out: {err}"
+    with copy:
         for batch, config in runs:
             sweep.run("wholegraph", batch, config, wholegraph_table=copy)
+    return None
 
 
 def _table_config(table: torch.Tensor, dtype: str) -> dict:
@@ -99,6 +105,7 @@ def _table_config(table: torch.Tensor, dtype: str) -> dict:
 def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     host = HostTable(mib(params["table_mib"]), device)
     sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device)
+    batch = None  # a sweep with no cases still reaches the del below
     gpu_copy = host.buffer.to("cuda") if device == "cuda" else None
     cases = [(dtype, dim) for dtype in params["dtypes"] for dim in params["dims"]]
     names = (
@@ -123,8 +130,8 @@ def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         batch = sweep.batch(table, rows, **extra)
         for variant in names if device == "cuda" else ("cpu_gather",):
             sweep.run_with_threads(variant, batch, config)
-        if measure_wholegraph:
-            _run_wholegraph(sweep, table, [(batch, config)])
+        if measure_wholegraph and (skipped := _run_wholegraph(sweep, table, [(batch, config)])):
+            wholegraph_note += f"; {skipped}"
     del batch  # it holds a CUDA view of the pinned table, which must go before the table is unpinned
     host.close()
     return {"dgl": dgl_skip_reason(device), "wholegraph": wholegraph_note, "cpu_threads": sweep.threads}
@@ -133,6 +140,7 @@ def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
 def cpu_threads(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     host = HostTable(mib(params["table_mib"]), device)
     sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=1)
+    batch = None  # a sweep with no cases still reaches the del below
     cases = [(rb, t) for rb in params["row_bytes"] for t in params["threads"] if t <= sweep.threads]
     for row_bytes, threads in progress(cases, desc="cpu_threads"):
         table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
@@ -151,6 +159,7 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     for uniform and Zipf-skewed rows; the split fraction comes from the same run's rates."""
     host = HostTable(mib(max(params["table_mib"])), device)
     sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=2)
+    batch = None  # a sweep with no cases still reaches the del below
     exponent = shared["zipf_exponent"]
     cases = [(rb, t) for rb in params["row_bytes"] for t in params["table_mib"]]
     measure_wholegraph, wholegraph_note = wholegraph_state(device)
@@ -184,8 +193,9 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
                 "hot_cache", batch, config | {"cache_bytes": cached_rows * row_bytes}, pcie_bytes=misses * row_bytes
             )
             batch.slots = batch.cache = None
-        if measure_wholegraph:  # one copy of the table serves the uniform and the skewed batches
-            _run_wholegraph(sweep, table, wholegraph_runs)
+        # One copy of the table serves the uniform and the skewed batches.
+        if measure_wholegraph and (skipped := _run_wholegraph(sweep, table, wholegraph_runs)):
+            wholegraph_note += f"; {skipped}"
         del popularity, wholegraph_runs
     del batch
     host.close()
@@ -219,6 +229,7 @@ def _split(sweep: Sweep, batch: Batch, config: dict, rates: dict) -> None:
 def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     host = HostTable(mib(params["table_mib"]), device)
     sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=3)
+    batch = None  # a sweep with no cases still reaches the del below
     gpu_copy = host.buffer.to("cuda")
     table = host.view(mib(params["table_mib"]), "fp32", params["row_bytes"] // 4)
     gpu_table = gpu_copy[: table.numel() * 4].view(torch.float32).view(table.shape)
@@ -244,6 +255,7 @@ def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
 def thread_cap(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     host = HostTable(mib(params["table_mib"]), device)
     sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=4)
+    batch = None  # a sweep with no cases still reaches the del below
     cases = [(rb, cap) for rb in params["row_bytes"] for cap in params["max_threads"]]
     for row_bytes, cap in progress(cases, desc="thread_cap"):
         table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
@@ -264,6 +276,7 @@ def locality(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     table: if the rate depends on the window size, address translation (not PCIe) bounds it."""
     host = HostTable(mib(params["table_mib"]), device)
     sweep = Sweep(writer, host, repeat=repeat, warmup=warmup, device=device, seed=5)
+    batch = None  # a sweep with no cases still reaches the del below
     union = mib(params["union_mib"])
     cases = [(rb, w) for rb in params["row_bytes"] for w in params["window_kib"]]
     for row_bytes, window_kib in progress(cases, desc="locality"):

@@ -73,6 +73,7 @@ class Batch:
     cache: torch.Tensor | None = None
     staging: torch.Tensor = field(init=False)
     idx_gpu: torch.Tensor | None = field(init=False, default=None)
+    out: torch.Tensor | None = field(init=False, default=None)  # rows in GPU memory, shared by paths
 
     def __post_init__(self):
         n, dim = self.idx.shape[0], self.table.shape[1]
@@ -241,8 +242,18 @@ def _with_threads(run, threads: int):
     return wrapped
 
 
+POISON = 0xA5  # a byte pattern random table rows do not repeat across a whole sample
+
+
 def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str) -> None:
-    """Compare a path's rows with the reference ``table[idx]``, byte for byte, on sample rows."""
+    """Compare a path's rows with the reference ``table[idx]``, byte for byte, on sample rows.
+
+    The batch's buffers are poisoned first: several paths write into the same ``out`` and
+    staging buffers, so a path that wrote nothing would otherwise pass on the rows the path
+    before it left there."""
+    batch.staging.view(torch.uint8).fill_(POISON)
+    if batch.out is not None:
+        batch.out.view(torch.uint8).fill_(POISON)
     out = run()
     n = batch.idx.shape[0]
     sample = torch.linspace(0, n - 1, min(CHECKED_ROWS, n)).long()
