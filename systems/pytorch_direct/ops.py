@@ -117,8 +117,14 @@ def launch_sorted_gather(table, idx, out, *, check: bool = True, **options) -> B
     in ``out``; no host synchronisation except the bounds check (see :func:`launch_gather`)."""
     order, positions = torch.sort(idx)
     rows = torch.empty_like(out)
-    bounds_check = launch_gather(table, order, rows, check=check, **options)
+    # The scatter is queued before the bounds check waits, so the GPU runs gather and scatter
+    # back to back. Rows of out-of-range indices are never read (their slots hold garbage),
+    # and the check raises before ``out`` reaches anyone.
+    bounds_check = launch_gather(table, order, rows, check=False, **options)
     out.index_copy_(0, positions, rows)
+    if check:
+        bounds_check()
+        return None
     return bounds_check
 
 
@@ -187,7 +193,7 @@ def launch_gather(
             np.uint64(bad_pos.data_ptr()),
         ),
     )
-    bounds = BoundsCheck(bad_pos, idx, table.shape[0])
+    bounds = BoundsCheck(bad_pos, idx, table.shape[0], torch.cuda.current_stream(idx.device))
     if not check:
         return bounds
     bounds()
@@ -209,15 +215,25 @@ def _check_out(out: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> Non
 @dataclass
 class BoundsCheck:
     """The out-of-range flag of one launched gather; calling it waits for the gather and raises
-    ``IndexError`` naming the first out-of-range index it met."""
+    ``IndexError`` naming the first out-of-range index it met.
+
+    The wait sleeps on a blocking event instead of spinning in a synchronous copy (``.item()``):
+    the host thread is free for other work, and a gather costs no CPU time while it runs."""
 
     bad_pos: torch.Tensor | None
     idx: torch.Tensor
     table_rows: int
+    stream: torch.cuda.Stream | None = None  # where the gather was launched
 
     def __call__(self) -> None:
         if self.bad_pos is None:
             return
-        position = int(self.bad_pos.item())
+        host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        with torch.cuda.stream(self.stream or torch.cuda.current_stream(self.bad_pos.device)):
+            host.copy_(self.bad_pos, non_blocking=True)
+            done = torch.cuda.Event(blocking=True)
+            done.record()
+        done.synchronize()
+        position = int(host[0])
         if position < self.idx.shape[0]:
             _raise_out_of_range(int(self.idx[position]), self.table_rows)
