@@ -27,6 +27,7 @@ from harness.results import Schema
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOPIC_NAME = re.compile(r"[a-z][a-z0-9_]*")
+PART_NAME = re.compile(r"[a-z0-9_]+")  # as the measuring rule's wildcard allows
 # Names the workflow already uses: its rules, the figure rule's other inputs, and the attributes
 # of Snakemake's input lists (a topic's results are a named input of its figure job).
 RESERVED_NAMES = {
@@ -93,6 +94,9 @@ class Topic:
         if self.name in self.reads:
             raise ValueError(f"topic {self.name} lists itself in reads; its own results are read anyway")
         names = [p.name for p in self.parts]
+        bad = [p.name for p in self.parts if not PART_NAME.fullmatch(p.name) or p.gpus < 0]
+        if bad:
+            raise ValueError(f"topic {self.name}: parts {bad} need names of [a-z0-9_] and gpus >= 0")
         if not names or len(set(names)) != len(names):
             raise ValueError(f"topic {self.name}: parts must be a non-empty list of distinct names, got {names}")
         if self.schema.topic != self.name:

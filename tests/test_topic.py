@@ -30,6 +30,8 @@ def test_parts_run_by_gpu_count():
         (lambda: demo(Part("a"), technique="magic"), "technique must be one of"),
         (lambda: Topic(name="other", title="", technique=None, schema=SCHEMA, parts=(Part("a"),)), "declared for"),
         (lambda: demo(Part("a"), reads=("demo",)), "lists itself in reads"),
+        (lambda: demo(Part("Part-1")), "need names of"),
+        (lambda: demo(Part("a", gpus=-1)), "gpus >= 0"),
     ]
     + [
         (
