@@ -1,0 +1,262 @@
+"""The tensor cache: each storage autograd saves for backward is stored once, however many tensors
+(views, transposes, splits) are saved from it, and comes back as views of one restored copy.
+
+Identity of a storage. Two saved tensors share an entry when they have the same ``StorageKey``: the
+address of the storage's C++ object (the StorageImpl behind ``untyped_storage()``), its data address
+and the tensor's version counter. Addresses alone are no identity: once a storage is freed, the
+allocator may give its data address, and its StorageImpl's address, to a new tensor (peers that
+keyed on an address restored one activation's bytes for another). So every entry holds a weak
+reference to its StorageImpl (``StorageWeakRef``). A weak reference keeps the StorageImpl object
+allocated, not its data, so its address cannot be reused while the entry exists; the key leaves the
+index with the entry. The data address in the key catches a storage whose memory was replaced
+(``resize_``, ``set_``), and the version one modified in place between two saves (other bytes).
+
+Life of an entry. ``offload`` starts the store's put and keeps the whole storage in memory until
+the put completes. An entry backward asks for (by ``prefetch`` or an unpack) while still in memory
+is served from there (forwarding) and stays; otherwise it is read back, once, into a new storage on
+the tensor's device, and every handle becomes a view of it. Autograd drops a handle once
+backward has used it; with the last handle the entry frees its memory and the store's copy. A
+tensor modified in place after it was saved (autograd does not check that when saved-tensor hooks
+are active) makes its unpack raise, as autograd would without hooks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import Future, wait
+from typing import NamedTuple
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from systems.ssdtrain.stores import Store
+
+# Store keys are never reused in a process: a free deferred until its transfer ends cannot meet a
+# later tensor under the same key, even when several caches share a store.
+_store_keys = itertools.count()
+
+
+class StorageKey(NamedTuple):
+    impl: int  # the StorageImpl's address, reserved by the StorageWeakRef held with the key
+    data_ptr: int
+    version: int
+
+
+def storage_key(tensor: torch.Tensor) -> tuple[StorageKey, StorageWeakRef]:
+    """The identity of ``tensor``'s storage, and the weak reference that keeps it unique: hold the
+    reference as long as the key is used."""
+    storage = tensor.untyped_storage()
+    ref = StorageWeakRef(storage)
+    return StorageKey(ref.cdata, storage.data_ptr(), tensor._version), ref
+
+
+def whole_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """A uint8 tensor over all of ``tensor``'s storage (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+
+
+def modified_error(version: int, now: int) -> RuntimeError:
+    return RuntimeError(
+        f"a tensor saved for backward was modified in place after it was saved (version {version}, now {now}); "
+        "autograd raises the same without the offloader: clone it before the in-place operation"
+    )
+
+
+class Entry:
+    """One stored storage, its bytes in the store and, while needed, in memory."""
+
+    def __init__(self, tensor: torch.Tensor, key: StorageKey, ref: StorageWeakRef, layer: int):
+        self.store_key = next(_store_keys)
+        self.key, self.ref, self.layer = key, ref, layer
+        self.device = tensor.device
+        self.nbytes = tensor.untyped_storage().nbytes()
+        self.source = tensor  # the saved tensor, until its bytes are in the store (version check)
+        self.memory: torch.Tensor | None = whole_storage(tensor)  # the bytes on the device, when there
+        self.put: Future | None = None
+        self.load: tuple[Future, torch.Tensor] | None = None  # the read back: its future and its bytes
+        self.written = False  # the put has ended well
+        self.wanted = False  # backward wants it: memory still holding it stays
+        self.problem: Exception | None = None  # why the stored bytes cannot be used
+        self.refs = 0  # live handles
+        self.released = False
+
+
+class Handle:
+    """What autograd holds for an offloaded tensor: its entry and where in the storage it lies."""
+
+    __slots__ = ("cache", "entry", "dtype", "offset", "shape", "stride")
+
+    def __init__(self, cache: TensorCache, entry: Entry, tensor: torch.Tensor):
+        self.cache, self.entry = cache, entry
+        self.dtype, self.offset, self.shape, self.stride = (
+            tensor.dtype,
+            tensor.storage_offset(),
+            tensor.shape,
+            tensor.stride(),
+        )
+
+    def view_of(self, memory: torch.Tensor) -> torch.Tensor:
+        return torch.empty(0, dtype=self.dtype, device=memory.device).set_(
+            memory.untyped_storage(), self.offset, self.shape, self.stride
+        )
+
+    def __del__(self):
+        self.cache.release(self.entry)
+
+
+class TensorCache:
+    """Entries by storage identity, their transfers to and from ``store``, and their lifetimes."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        # Reentrant: a store may complete a transfer, and run its callback, inside the call.
+        self._lock = threading.RLock()
+        self._index: dict[StorageKey, Entry] = {}
+        self._by_layer: dict[int, dict[int, Entry]] = {}
+        self._transfers: list[Future] = []  # every put and get started since the last reset
+        self.error: BaseException | None = None  # the first failed transfer, for the engine to raise
+        # Reads back started by prefetch, and by an unpack that found nothing on its way (a stall).
+        self.prefetched_loads = self.demand_loads = 0
+
+    def start_step(self) -> None:
+        """Forget the last step's error and counts."""
+        with self._lock:
+            self.error = None
+            self.prefetched_loads = self.demand_loads = 0
+
+    def holds(self, key: StorageKey) -> bool:
+        with self._lock:
+            return key in self._index
+
+    def offload(self, tensor: torch.Tensor, layer: int, key: StorageKey, ref: StorageWeakRef) -> tuple[Handle, bool]:
+        """A handle for ``tensor``, whose ``storage_key`` is ``key, ref``; True when its storage is
+        new to the cache (its put has started)."""
+        with self._lock:
+            entry = self._index.get(key)
+            new = entry is None
+            if new:
+                entry = Entry(tensor, key, ref, layer)
+                self._index[key] = entry
+                self._by_layer.setdefault(layer, {})[entry.store_key] = entry
+            elif layer > entry.layer:
+                # Saved again by a later layer (Llama's rotary cos and sin are saved by every
+                # layer): that layer's backward comes first, so prefetch it with that layer.
+                del self._by_layer[entry.layer][entry.store_key]
+                self._by_layer.setdefault(layer, {})[entry.store_key] = entry
+                entry.layer = layer
+            entry.refs += 1
+            handle = Handle(self, entry, tensor)
+            if new:
+                entry.put = self.store.put(entry.store_key, entry.memory)
+                self._transfers.append(entry.put)
+        if new:
+            entry.put.add_done_callback(lambda future: self._written(entry, future))
+        return handle, new
+
+    def _written(self, entry: Entry, future: Future) -> None:
+        """The put of ``entry`` has ended: let go of its memory unless backward wants it."""
+        with self._lock:
+            if future.exception() is not None:
+                self.error = self.error or future.exception()
+                return  # the bytes stay in memory; the engine raises the error
+            if entry.released or entry.written:
+                return
+            entry.written = True
+            if entry.source._version != entry.key.version:
+                # Changed while being written: the stored bytes may be either version. Only an
+                # unpack raises, as autograd would: a tensor never used again is no error.
+                entry.problem = modified_error(entry.key.version, entry.source._version)
+            entry.source = None
+            if not entry.wanted:
+                entry.memory = None  # the store has the bytes; the device memory may go
+
+    def unpack(self, handle: Handle) -> torch.Tensor:
+        entry = handle.entry
+        with self._lock:
+            if entry.problem is not None:
+                raise entry.problem
+            if entry.released:
+                raise RuntimeError(
+                    "a saved activation was used after the Offloader freed it (its step ended: the end of the "
+                    "with block, reset() or an error); run backward inside the with block"
+                )
+            if entry.source is not None and entry.source._version != entry.key.version:
+                raise modified_error(entry.key.version, entry.source._version)
+            entry.wanted = True  # if still in memory (forwarding: its put has not ended), it stays
+            memory, reading = entry.memory, None
+            if memory is None:
+                self.demand_loads += entry.load is None
+                reading, memory = self._start_load(entry)
+        if reading is not None:
+            reading.result()  # raises the store's error, if any
+        return handle.view_of(memory)
+
+    def _start_load(self, entry: Entry) -> tuple[Future, torch.Tensor]:
+        """The read of ``entry`` back into device memory, started if it is not yet (under the lock)."""
+        if entry.load is None:
+            out = torch.empty(entry.nbytes, dtype=torch.uint8, device=entry.device)
+            entry.load = (self.store.get(entry.store_key, out), out)
+            self._transfers.append(entry.load[0])
+            entry.load[0].add_done_callback(lambda future: self._loaded(entry, out, future))
+        return entry.load
+
+    def _loaded(self, entry: Entry, out: torch.Tensor, future: Future) -> None:
+        with self._lock:
+            if future.exception() is not None:
+                self.error = self.error or future.exception()
+            elif not entry.released:
+                entry.memory = out
+
+    def prefetch(self, layer: int) -> None:
+        """Start reading back every entry of ``layer`` that is only in the store, and keep in
+        memory those still there (their puts have not ended)."""
+        with self._lock:
+            for entry in self._by_layer.get(layer, {}).values():
+                entry.wanted = True
+                if entry.memory is None and entry.load is None:
+                    self.prefetched_loads += 1
+                    self._start_load(entry)
+
+    def layers(self) -> list[int]:
+        """The layers that have entries, in descending order (the order backward needs them)."""
+        with self._lock:
+            return sorted((layer for layer, entries in self._by_layer.items() if entries), reverse=True)
+
+    def release(self, entry: Entry) -> None:
+        """One handle of ``entry`` is gone; the last one frees the entry."""
+        with self._lock:
+            entry.refs -= 1
+            if entry.refs == 0 and not entry.released:
+                self._drop(entry)
+
+    def _drop(self, entry: Entry) -> None:
+        entry.released = True
+        entry.source = entry.memory = entry.load = None
+        del self._index[entry.key]
+        del self._by_layer[entry.layer][entry.store_key]
+        if entry.put is not None:
+            self.store.free(entry.store_key)  # the store waits for the entry's transfers in flight
+
+    def wait_puts(self) -> None:
+        """Wait until every put started so far has ended and its entry has let go of the memory."""
+        with self._lock:
+            entries = [e for e in self._index.values() if e.put is not None]
+        wait([e.put for e in entries])
+        # A future's callbacks may still be running when wait() returns; _written is idempotent.
+        for entry in entries:
+            self._written(entry, entry.put)
+
+    def reset(self) -> None:
+        """Wait for every transfer in flight, also those of entries already gone (their frees wait
+        for them), then free every entry: the store holds nothing after."""
+        with self._lock:
+            transfers, self._transfers = self._transfers, []
+        wait(transfers)
+        with self._lock:
+            for entry in list(self._index.values()):
+                if not entry.released:  # a handle collected meanwhile may have dropped it
+                    self._drop(entry)
+
+    def __len__(self) -> int:
+        return len(self._index)

@@ -1,0 +1,216 @@
+"""The offloader: a context manager around one training step's forward and backward that sends the
+activations autograd saves to a store during forward and brings them back for backward.
+
+How. ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd saves: the pack hook
+returns a small handle instead of the tensor, the unpack hook turns it back into the tensor. Forward
+hooks on the model's layers (layers.py) say which layer is running, so each saved tensor belongs to
+a layer and the policy decides per layer: ``keep`` (on the device) or ``offload`` (to the store).
+The last ``keep_last`` layers are always kept: their backward comes first, right after forward.
+Parameters and buffers (recognised by their storage) and tensors under ``min_bytes`` are never
+offloaded; a storage saved several times is stored once (cache.py).
+
+Overlap. A put starts as soon as the tensor is saved and runs on the store's threads and streams
+while forward goes on. Backward runs the layers in reverse: the first unpack of backward starts
+reading back the last offloaded layers, and the first unpack of each layer starts reading the
+``prefetch`` layers below it, so a layer's tensors are in memory (or on their way) when its backward
+starts. A tensor whose put has not finished yet is served from memory.
+
+A step. Entering the context starts a step and its ``stats``; leaving it (normally or by an
+exception) waits for the transfers in flight and frees everything the step stored, so files never
+accumulate. Backward must run inside the context.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from harness.errors import UserError
+from systems.ssdtrain.cache import TensorCache, modified_error, storage_key
+from systems.ssdtrain.layers import find_layers
+from systems.ssdtrain.stats import StepStats
+from systems.ssdtrain.stores import Store
+
+KEEP, OFFLOAD = "keep", "offload"
+# Named policies: layer index -> decision. A callable with the same signature is a policy too.
+POLICIES: dict[str, Callable[[int], str]] = {
+    "keep": lambda layer: KEEP,  # the control: hooks and bookkeeping, nothing offloaded
+    "offload_all": lambda layer: OFFLOAD,
+}
+
+
+class _Kept:
+    """What autograd holds for a tensor kept on the device: the tensor, detached (returning the
+    saved output itself would make a reference cycle through its grad_fn that the garbage collector
+    cannot see, and leak it), and its version when saved, which autograd no longer checks."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor, self.version = tensor.detach(), tensor._version
+
+    def unpack(self) -> torch.Tensor:
+        if self.tensor._version != self.version:
+            raise modified_error(self.version, self.tensor._version)
+        return self.tensor
+
+
+def _has_storage_identity(tensor: torch.Tensor) -> bool:
+    """A plain dense tensor with a storage of its own; subclasses, sparse, nested, quantized and
+    meta tensors are kept as they are."""
+    return (
+        type(tensor) in (torch.Tensor, nn.Parameter)
+        and tensor.layout == torch.strided
+        and not tensor.is_nested
+        and not tensor.is_quantized
+        and tensor.device.type != "meta"
+    )
+
+
+class Offloader:
+    """``with Offloader(model, store): loss = ...; loss.backward()`` offloads the activations of
+    that step (see the module's docstring).
+
+    ``policy``: ``"offload_all"``, ``"keep"`` or a callable ``decide(layer_index) -> "keep" |
+    "offload"``, asked once per layer per step. ``keep_last``: how many of the last layers are kept
+    whatever the policy says. ``min_bytes``: smaller saved tensors are kept. ``layers``: the blocks
+    to number (default: found by ``find_layers``). ``prefetch``: how many layers ahead backward
+    reads back.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        store: Store,
+        *,
+        policy: str | Callable[[int], str] = "offload_all",
+        min_bytes: int = 1 << 20,
+        keep_last: int = 1,
+        layers: list[nn.Module] | None = None,
+        prefetch: int = 1,
+    ):
+        if not isinstance(store, Store):
+            raise TypeError(f"store must be a systems.ssdtrain Store, got {type(store).__name__}")
+        if isinstance(policy, str):
+            if policy not in POLICIES:
+                raise UserError(
+                    f"unknown offloading policy {policy!r}; choose one of {sorted(POLICIES)} or pass a callable"
+                )
+            policy = POLICIES[policy]
+        elif not callable(policy):
+            raise UserError(f"policy must be a name or a callable decide(layer_index), got {policy!r}")
+        for name, value in (("min_bytes", min_bytes), ("keep_last", keep_last), ("prefetch", prefetch)):
+            if not isinstance(value, int) or value < 0:
+                raise UserError(f"{name} must be a non-negative integer, got {value!r}")
+        self.model, self.store, self.decide = model, store, policy
+        self.min_bytes, self.keep_last, self.prefetch = min_bytes, keep_last, prefetch
+        self.layers = list(layers) if layers is not None else find_layers(model)
+        self.cache = TensorCache(store)
+        self.stats = StepStats()
+        self._active = False
+
+    # -- a step --------------------------------------------------------------------------------
+    def __enter__(self) -> Offloader:
+        if self._active:
+            raise RuntimeError("this Offloader is already active: its steps do not nest")
+        self._active = True
+        self.stats = StepStats()
+        self.cache.start_step()
+        self._counters_at_start = self.store.counters
+        self._layer: int | None = None  # the layer running forward now
+        self._decisions: dict[int, str] = {}
+        self._backward_layers: set[int | None] = set()  # layers whose backward has started
+        # A parameter's storage lives as long as the model, so its address identifies it all step.
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        self._parameter_storages = {StorageWeakRef(t.untyped_storage()).cdata for t in tensors}
+        self._module_hooks = []
+        for index, layer in enumerate(self.layers):
+            self._module_hooks.append(layer.register_forward_pre_hook(functools.partial(self._enter_layer, index)))
+            self._module_hooks.append(layer.register_forward_hook(self._leave_layer))
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_hooks.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._saved_hooks.__exit__(exc_type, exc, tb)
+        for hook in self._module_hooks:
+            hook.remove()
+        self._active = False
+        self.reset()
+        self.stats.store = self.store.counters - self._counters_at_start
+        self.stats.prefetched_loads, self.stats.demand_loads = self.cache.prefetched_loads, self.cache.demand_loads
+        if exc_type is None and self.cache.error is not None:
+            raise self.cache.error
+
+    def flush(self) -> None:
+        """Wait for the puts in flight: after forward, device memory is then what offloading leaves."""
+        self.cache.wait_puts()
+
+    def reset(self) -> None:
+        """Wait for the transfers in flight and free everything stored (the end of a step does it).
+        A saved tensor used after that raises, never returns stale bytes."""
+        self.cache.reset()
+
+    # -- layers --------------------------------------------------------------------------------
+    def _enter_layer(self, index: int, module, args) -> None:
+        self._layer = index
+        if index not in self._decisions:
+            decision = KEEP if index >= len(self.layers) - self.keep_last else self.decide(index)
+            if decision not in (KEEP, OFFLOAD):
+                raise UserError(
+                    f"the offloading policy returned {decision!r} for layer {index}; expected 'keep' or 'offload'"
+                )
+            self._decisions[index] = decision
+
+    def _leave_layer(self, module, args, output) -> None:
+        self._layer = None
+
+    # -- saved tensors -------------------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor):
+        if self.cache.error is not None:
+            raise self.cache.error  # a failed put: stop the step now rather than at its end
+        layer = self._layer
+        key = storage_key(tensor) if _has_storage_identity(tensor) else None
+        parameter = key is not None and key[0].impl in self._parameter_storages
+        offload = (
+            key is not None
+            and not parameter
+            and layer is not None
+            and self._decisions[layer] == OFFLOAD
+            and tensor.numel() * tensor.element_size() >= max(self.min_bytes, 1)
+            # A storage this step already keeps is held anyway: a copy in the store frees nothing.
+            and (not self.stats.has(key[0]) or self.cache.holds(key[0]))
+        )
+        if not offload:
+            self.stats.record(tensor, layer, key, parameter=parameter)
+            return _Kept(tensor)
+        with torch.no_grad():
+            handle, new = self.cache.offload(tensor, layer, *key)
+        self.stats.record(tensor, layer, key, offloaded=new)
+        return handle
+
+    def _unpack(self, packed) -> torch.Tensor:
+        if isinstance(packed, _Kept):
+            self._backward_reached(None)
+            return packed.unpack()
+        self._backward_reached(packed.entry.layer)
+        return self.cache.unpack(packed)
+
+    def _backward_reached(self, layer: int | None) -> None:
+        """Prefetch on the first unpack of backward (the last offloaded layers) and on the first
+        unpack of each layer (the layers below it)."""
+        if layer in self._backward_layers:
+            return
+        first = not self._backward_layers
+        self._backward_layers.add(layer)
+        order = self.cache.layers()  # descending: the order backward needs them
+        if first:
+            for target in order[: self.prefetch]:
+                self.cache.prefetch(target)
+        if layer is not None:
+            for target in [t for t in order if t < layer][: self.prefetch]:
+                self.cache.prefetch(target)

@@ -1,0 +1,193 @@
+"""Files on a real disk for the SSD stores: a private scratch folder, O_DIRECT transfers through
+aligned bounce buffers, and one-line errors for what the user can fix.
+
+O_DIRECT moves bytes between the buffer and the device without the page cache, so a transfer costs
+what the disk costs (a host with more RAM than the activations would otherwise serve them from
+DRAM: REFERENCE.md §5). It needs the buffer address, the file offset and the length aligned to the
+device's logical block; ``ALIGN`` (4096 B) covers every common device, so each file holds its data
+padded with zeros to a multiple of it. The true length is kept by the store that wrote the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from harness.errors import UserError
+
+ALIGN = 4096
+# Memory-backed file systems: their "files" are RAM. Before Linux 6.6 tmpfs refuses O_DIRECT
+# (EINVAL); later kernels accept it and serve it from memory, so nothing would reach a disk.
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+def align_up(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the file system holding ``path`` (``ext4``, ``tmpfs``...), from the mount whose
+    device number is the path's; None where /proc/self/mountinfo is missing or lacks it."""
+    dev = os.stat(path).st_dev
+    wanted = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields, _, tail = line.partition(" - ")
+        if fields.split()[2] == wanted:
+            return tail.split()[0]
+    return None
+
+
+def explain(err: OSError, path: Path, action: str) -> Exception:
+    """What to raise for ``err`` while ``action`` on ``path``: a one-line UserError for what the
+    user can fix (a full disk, a quota, a permission), else the OSError with the path named."""
+    fixes = {
+        errno.ENOSPC: "no space left on the device; free space there or pass a folder on another disk",
+        errno.EDQUOT: "disk quota exceeded; free space there or pass a folder on another disk",
+        errno.EACCES: "permission denied; pass a folder this user can write",
+        errno.EPERM: "operation not permitted; pass a folder this user can write",
+        errno.EROFS: "the file system is read-only; pass a writable folder",
+    }
+    if err.errno in fixes:
+        return UserError(f"{action} {path} failed: {fixes[err.errno]}")
+    return OSError(err.errno, f"{action} {path} failed: {err.strerror or err}")
+
+
+def make_scratch(folder: Path, *, direct: bool) -> Path:
+    """A new private folder inside ``folder`` for one store's files, after checking that ``folder``
+    is on a disk (not memory) and, with ``direct``, that its file system takes O_DIRECT."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f"ssdtrain-{os.getpid()}-", dir=folder))
+    except OSError as err:
+        raise explain(err, folder, "creating a scratch folder in") from None
+    fs_type = filesystem_type(folder)
+    if fs_type in MEMORY_FILESYSTEMS:
+        scratch.rmdir()
+        raise UserError(
+            f"{folder} is on {fs_type}, which is memory, not a disk: O_DIRECT there fails (EINVAL) on "
+            "kernels before 6.6 and is served from RAM on later ones; pass a folder on a local disk"
+        )
+    if direct:
+        try:
+            _probe_direct(scratch / "probe")
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    return scratch
+
+
+def _probe_direct(path: Path) -> None:
+    """Write one aligned block with O_DIRECT, so a file system that refuses it fails here, once."""
+    buffer = BounceBuffer(ALIGN, pin=False)
+    buffer.tensor.zero_()
+    fd = open_direct(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        os.pwrite(fd, buffer.array, 0)
+    except OSError as err:
+        raise explain(err, path, "writing a probe block to") from None
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def open_direct(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags | os.O_DIRECT, 0o600)
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            raise UserError(
+                f"the file system holding {path.parent} refuses O_DIRECT (opening {path.name}: EINVAL); "
+                "pass a folder on a local disk (ext4, xfs)"
+            ) from None
+        if err.errno == errno.ENOENT and flags & os.O_CREAT == 0:
+            raise UserError(
+                f"{path} is missing: the stored tensor's file was removed behind the store's back"
+            ) from None
+        raise explain(err, path, "opening") from None
+
+
+def remove_scratch(scratch: Path) -> None:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+class BounceBuffer:
+    """``nbytes`` of host memory at an ``ALIGN``-aligned address, as O_DIRECT requires: a uint8
+    tensor (page-locked with ``pin``, so device copies are direct DMA) and a NumPy view of the same
+    bytes for ``os.pwrite`` / ``os.preadv``."""
+
+    def __init__(self, nbytes: int, *, pin: bool):
+        raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
+        shift = -raw.data_ptr() % ALIGN
+        self.tensor = raw[shift : shift + nbytes]
+        self.array = self.tensor.numpy()
+
+
+# stage(offset, n, block) fills or drains block (a uint8 tensor of n bytes) for bytes offset..offset+n.
+Stage = Callable[[int, int, torch.Tensor], None]
+
+
+def write_file(path: Path, nbytes: int, buffer: BounceBuffer, stage: Stage) -> int:
+    """Write ``nbytes`` of data into a new file at ``path`` with O_DIRECT, one buffer-full at a time:
+    ``stage`` fills each block, the last block is zero-padded to ``ALIGN``. Returns the bytes the
+    file holds. On any failure the file is removed, so a failed write leaves nothing behind."""
+    block = len(buffer.array)
+    fd = open_direct(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        for offset in range(0, nbytes, block):
+            n = min(block, nbytes - offset)
+            padded = align_up(n)
+            stage(offset, n, buffer.tensor[:n])
+            buffer.tensor[n:padded].zero_()  # no stale bytes of an earlier tensor in the padding
+            done = os.pwrite(fd, buffer.array[:padded], offset)
+            if done != padded:
+                raise OSError(errno.EIO, f"short write: {done} of {padded} bytes at offset {offset}")
+    except BaseException as err:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        if isinstance(err, OSError):
+            raise explain(err, path, "writing") from err
+        raise
+    os.close(fd)
+    # No fsync: the bytes are on the device once pwrite returns (O_DIRECT), and nothing outlives
+    # the process that would need the file's metadata to be durable.
+    return align_up(nbytes)
+
+
+def read_file(path: Path, nbytes: int, buffer: BounceBuffer, stage: Stage) -> int:
+    """Read the ``nbytes`` of data that ``write_file`` wrote at ``path``, one buffer-full at a time,
+    handing each block to ``stage``. A missing file, or one of another size (truncated, replaced),
+    raises naming it: the store never returns bytes it did not write. Returns the bytes read."""
+    block = len(buffer.array)
+    fd = open_direct(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size != align_up(nbytes):
+            raise UserError(
+                f"{path} holds {size} bytes, not the {align_up(nbytes)} written ({nbytes} of data padded to "
+                f"{ALIGN}): the file was truncated or replaced behind the store's back"
+            )
+        for offset in range(0, nbytes, block):
+            n = min(block, nbytes - offset)
+            padded = align_up(n)
+            done = os.preadv(fd, [buffer.array[:padded]], offset)
+            if done != padded:
+                raise UserError(f"{path}: short read, {done} of {padded} bytes at offset {offset} (file truncated?)")
+            stage(offset, n, buffer.tensor[:n])
+    except OSError as err:
+        raise explain(err, path, "reading") from err
+    finally:
+        os.close(fd)
+    return align_up(nbytes)

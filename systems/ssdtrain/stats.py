@@ -1,0 +1,91 @@
+"""Per-step bookkeeping of what autograd saved and where it went, in total and per layer.
+
+Bytes are counted two ways: ``packed`` counts every save with the saved tensor's own bytes (a tensor
+saved by three operations counts three times); ``unique`` counts each storage once, whole, in the
+layer that saved it first. The unique bytes split into ``offloaded`` (sent to the store),
+``parameter`` (the model's parameters and buffers, never offloaded) and ``kept`` (the rest, held on
+the device for backward: the policy's keep, the last layers, tensors below ``min_bytes`` and those
+saved outside the layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from systems.ssdtrain.cache import StorageKey
+from systems.ssdtrain.stores import StoreCounters
+
+
+@dataclass
+class LayerStats:
+    packed_tensors: int = 0
+    packed_bytes: int = 0
+    unique_tensors: int = 0
+    unique_bytes: int = 0
+    offloaded_tensors: int = 0
+    offloaded_bytes: int = 0
+    parameter_bytes: int = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        return self.unique_bytes - self.offloaded_bytes - self.parameter_bytes
+
+    def __add__(self, other: LayerStats) -> LayerStats:
+        return LayerStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"kept_bytes": self.kept_bytes}
+
+
+class StepStats:
+    """One step's ``LayerStats`` by layer index (None: saved outside the model's layers); set when
+    the step ends: what the store moved (``store``) and how reads back started."""
+
+    def __init__(self):
+        self.layers: dict[int | None, LayerStats] = {}
+        self.store: StoreCounters | None = None
+        # Reads back started ahead by prefetch, and by an unpack that found nothing on its way (a
+        # stall of backward); a tensor still in memory needs neither.
+        self.prefetched_loads = self.demand_loads = 0
+        # Weak references to every storage counted: they keep the keys unique (cache.py).
+        self._seen: dict[StorageKey, StorageWeakRef] = {}
+
+    def record(
+        self,
+        tensor: torch.Tensor,
+        layer: int | None,
+        key: tuple[StorageKey, StorageWeakRef] | None,
+        *,
+        parameter: bool = False,
+        offloaded: bool = False,
+    ) -> None:
+        """One save of ``tensor``; ``key`` is its storage's identity (None: a tensor without one,
+        counted as unique), ``offloaded`` says that this save sent a new storage to the store."""
+        stats = self.layers.setdefault(layer, LayerStats())
+        nbytes = tensor.numel() * tensor.element_size()
+        stats.packed_tensors += 1
+        stats.packed_bytes += nbytes
+        if key is None:
+            stats.unique_tensors += 1
+            stats.unique_bytes += nbytes
+            return
+        storage_bytes = tensor.untyped_storage().nbytes()
+        if key[0] not in self._seen:
+            self._seen[key[0]] = key[1]
+            stats.unique_tensors += 1
+            stats.unique_bytes += storage_bytes
+            stats.parameter_bytes += storage_bytes if parameter else 0
+        if offloaded:
+            stats.offloaded_tensors += 1
+            stats.offloaded_bytes += storage_bytes
+
+    def has(self, key: StorageKey) -> bool:
+        """Whether this step has counted the storage ``key`` already."""
+        return key in self._seen
+
+    @property
+    def total(self) -> LayerStats:
+        return sum(self.layers.values(), LayerStats())
