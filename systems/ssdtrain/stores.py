@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 import errno
 import threading
-import time
+import time  # busy-time counters and the emulated device's pacing; step timing is harness.timing's
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import astuple, dataclass
