@@ -1,0 +1,139 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # LLM activation offloading (SSDTrain): step time against activation memory
+#
+# One training step per policy (`workloads.llm_offload`): keep every activation, recompute each
+# block (`torch.utils.checkpoint`), `torch.autograd.graph.save_on_cpu`, and SSDTrain's
+# `offload_all` into each store (host memory, O_DIRECT files, emulated SSDs). Every policy was
+# checked bit-identical to `keep` before it was timed. Step times are medians of the timed steps
+# with the interquartile range; the x axis is the saved-activation memory the step held on the
+# device (on a GPU: the measured peak above the weights and optimizer state). The lower left wins:
+# the "ROK" view of recompute, offload and keep.
+
+# %% tags=["parameters"]
+machine = "local"
+scale = "cpu"
+figure = "paper_figs/local/llm_offload-cpu.png"
+summary = "paper_figs/local/llm_offload-cpu.md"
+results = {}  # topic -> its results files, passed by the workflow
+
+# %%
+from pathlib import Path
+
+from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
+from workloads.llm_offload.schema import SCHEMA
+
+frame, provenance = load_results(results["llm_offload"], SCHEMA)
+KEYS = ["dataset", "variant", "policy", "store", "emulated_gbps"]
+step = summarize(frame, "time", KEYS)
+rate = summarize(frame, "flop_rate", KEYS)
+# On a GPU the measured peak; without one the bytes the hooks saw held on the device.
+memory_metric = "activation_peak" if (frame.metric == "activation_peak").any() else "activation_bytes"
+memory = summarize(frame, memory_metric, KEYS)
+written = summarize(frame, "bytes_written", KEYS)
+print(machine_label(provenance))
+
+# Fixed colours per policy (analysis/style.py has none for these variants yet); emulated stores
+# in a blue ramp by bandwidth.
+POLICY_COLORS = {
+    "keep": "black",
+    "recompute": "tab:red",
+    "save_on_cpu": "tab:pink",
+    "offload_all_host": "tab:purple",
+    "offload_all_file": "tab:green",
+    "offload_all_kvikio": "tab:olive",
+}
+EMULATED_COLORS = ["lightskyblue", "tab:blue", "navy", "midnightblue"]
+emulated = sorted(
+    {(g, v) for g, v in zip(step.emulated_gbps, step.variant) if v.startswith("offload_all_emulated")},
+    key=lambda x: x[0],
+)
+for i, (_, variant) in enumerate(emulated):
+    POLICY_COLORS[variant] = EMULATED_COLORS[min(i, len(EMULATED_COLORS) - 1)]
+ORDER = [v for v in POLICY_COLORS if v in set(step.variant)]
+
+
+def label(variant: str) -> str:
+    return variant.replace("offload_all_emulated_", "offload_all, ").replace("gbps", " GB/s (emulated)")
+
+
+# %% [markdown]
+# ## Key numbers: medians, and ratios to keep from the same run
+
+# %%
+lines = [
+    f"# LLM activation offloading on `{machine}` at scale `{scale}`",
+    "",
+    machine_label(provenance),
+    "",
+    f"Activation memory: `{memory_metric}`. Emulated stores are throttled host memory, not a disk.",
+    "",
+    "| model | variant | step s | x keep | activation MiB | x keep | written MiB/step | model TFLOP/s |",
+    "|---|---|---|---|---|---|---|---|",
+]
+for dataset, g in step.groupby("dataset"):
+    keep = g[g.variant == "keep"]["median"]
+    keep_mem = memory[(memory.dataset == dataset) & (memory.variant == "keep")]["median"]
+    for variant in [v for v in ORDER if v in set(g.variant)]:
+        t = g[g.variant == variant]["median"].iloc[0]
+        sel = lambda d: d[(d.dataset == dataset) & (d.variant == variant)]["median"]  # noqa: E731
+        mem, w, r = sel(memory), sel(written), sel(rate)
+        mem_cell = f"{mem.iloc[0] / 2**20:.2f}" if not mem.empty else ""
+        mem_ratio = f"{mem.iloc[0] / keep_mem.iloc[0]:.2f}" if not mem.empty and not keep_mem.empty else ""
+        lines.append(
+            f"| {dataset} | {label(variant)} | {t:.4f} | {t / keep.iloc[0]:.2f} | {mem_cell} | {mem_ratio} | "
+            f"{w.iloc[0] / 2**20 if not w.empty else 0:.2f} | {r.iloc[0]:.4g} |"
+        )
+Path(summary).parent.mkdir(parents=True, exist_ok=True)
+Path(summary).write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+
+# %% [markdown]
+# ## Figure: one panel per model
+
+# %%
+datasets = sorted(set(step.dataset))
+fig, axes = panel_grid(len(datasets), width=4.4, height=3.6, cols=2)
+for ax, dataset in zip(axes, datasets):
+    for variant in ORDER:
+        t = step[(step.dataset == dataset) & (step.variant == variant)]
+        mem = memory[(memory.dataset == dataset) & (memory.variant == variant)]
+        if t.empty or mem.empty:
+            continue
+        x, y = mem["median"].iloc[0] / 2**20, t["median"].iloc[0]
+        ax.errorbar(
+            [x],
+            [y],
+            yerr=[[y - t["q25"].iloc[0]], [t["q75"].iloc[0] - y]],
+            fmt="o" if not variant.startswith("offload_all_emulated") else "s",
+            color=POLICY_COLORS[variant],
+            markersize=6,
+            capsize=3,
+            label=label(variant),
+        )
+    ax.set(
+        xlabel=f"activation memory on the device, MiB ({memory_metric})",
+        ylabel="s per training step",
+        title=dataset,
+        xlim=(0, None),
+        ylim=(0, None),
+    )
+    ax.grid(alpha=0.3)
+handles, labels = axes[0].get_legend_handles_labels()
+fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
+layout_with_title(
+    fig,
+    f"LLM activation offloading: {machine}, scale '{scale}' (measured; emulated stores are throttled host "
+    f"memory)\n{machine_label(provenance)}",
+)
+Path(figure).parent.mkdir(parents=True, exist_ok=True)
+fig.savefig(figure, dpi=130, bbox_inches="tight")

@@ -1,0 +1,20 @@
+"""SSDTrain activation offloading against keeping, recomputing and ``save_on_cpu`` (issue 12).
+
+One part, ``policies``: for each model of the scale (GPT-2 and Llama shapes from workloads.llm),
+one seeded training step per policy is first checked bit-identical to ``keep`` (losses and every
+gradient), then timed; each row says how much activation memory the step held on the device and
+what the store moved. Without a GPU it runs the same policies and stores on the CPU (KvikioStore
+and pinned memory are GPU-only; the provenance notes say what was skipped and why).
+"""
+
+from harness.topic import Part, Topic
+from workloads.llm_offload.schema import SCHEMA
+
+TOPIC = Topic(
+    name="llm_offload",
+    title="LLM activation offloading (SSDTrain)",
+    technique="ssdtrain",
+    schema=SCHEMA,
+    parts=(Part("policies", gpus=1, cpu=True),),
+    packages=("transformers",),
+)

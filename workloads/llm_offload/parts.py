@@ -1,0 +1,285 @@
+"""The measuring function of the llm_offload topic: ``policies``.
+
+For each model of the scale: one seeded batch; a reference step with no hooks at all (``keep``'s
+losses and gradients); then every policy's step on the same weights and batch, checked
+bit-identical to the reference (a difference raises :class:`NotBitIdentical`: a wrong path is never
+timed); then each policy timed over ``repeat`` training steps (forward, backward, AdamW) after
+``warmup``. Every policy runs under saved-tensor hooks that count what it saves: ``keep`` and
+``recompute`` under an Offloader whose policy keeps everything (the counter), ``save_on_cpu``
+under torch's own hooks with a byte count, ``offload_all`` under the Offloader with its store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from harness.errors import UserError
+from harness.timing import measure
+from systems.ssdtrain import DirectFileStore, EmulatedStore, HostStore, KvikioStore, Offloader, Store
+from workloads.llm.cost import training_flops
+from workloads.llm.data import batches
+from workloads.llm.layers import blocks
+from workloads.llm.models import ModelSpec, build, spec
+
+logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw warnings about token ids
+
+
+class NotBitIdentical(AssertionError):
+    """A policy's loss or gradients differ from keeping every activation: that path is wrong."""
+
+
+class _CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
+    """``torch.autograd.graph.save_on_cpu`` that counts the bytes it copies to and from the host."""
+
+    def __init__(self, pin_memory: bool, parameters: set[int]):
+        super().__init__(pin_memory=pin_memory)
+        self.packed = self.unpacked = 0
+        self.unique: dict[int, int] = {}  # storage address -> bytes, parameters left out
+        pack, unpack = self.pack_hook, self.unpack_hook
+
+        def counting_pack(tensor):
+            self.packed += tensor.numel() * tensor.element_size()
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in parameters:
+                self.unique[storage.data_ptr()] = storage.nbytes()
+            return pack(tensor)
+
+        def counting_unpack(packed):
+            tensor = unpack(packed)
+            self.unpacked += tensor.numel() * tensor.element_size()
+            return tensor
+
+        self.pack_hook, self.unpack_hook = counting_pack, counting_unpack
+
+
+def _tensors(values) -> Iterator[torch.Tensor]:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, tuple | list):
+            yield from _tensors(value)
+
+
+class Policy:
+    """One variant: a policy (and a store for ``offload_all``) around a training step's forward
+    and backward; ``history`` has each step's byte counts (metric -> bytes)."""
+
+    def __init__(self, name: str, model, layers, device: str, *, store: Store | None = None, **offload):
+        self.name, self.layers, self.device = name, layers, device
+        self.parameters = [*model.parameters(), *model.buffers()]
+        self.store = store
+        if name == "offload_all":
+            self.offloader = Offloader(model, store, policy="offload_all", layers=layers, **offload)
+        elif name in ("keep", "recompute"):
+            self.offloader = Offloader(model, HostStore(), policy="keep", layers=layers)  # counts only
+        elif name != "save_on_cpu":
+            raise UserError(f"unknown policy {name!r}; one of keep, recompute, save_on_cpu, offload_all")
+        self.history: list[dict[str, int]] = []
+
+    @contextlib.contextmanager
+    def step(self):
+        if self.name == "save_on_cpu":
+            on_gpu = self.device == "cuda"
+            hooks = _CountingSaveOnCpu(on_gpu, {p.untyped_storage().data_ptr() for p in self.parameters})
+            with hooks:
+                yield
+            # On a GPU every saved tensor is copied to the host; on a CPU, tensor.cpu() is the
+            # tensor itself: nothing moves and the activations stay where keep holds them.
+            self.history.append(
+                {
+                    "activation_bytes": 0 if on_gpu else sum(hooks.unique.values()),
+                    "bytes_packed": hooks.packed,
+                    "bytes_unique": sum(hooks.unique.values()),
+                    "bytes_written": hooks.packed if on_gpu else 0,
+                    "bytes_read": hooks.unpacked if on_gpu else 0,
+                }
+            )
+            return
+        inputs: dict[int, int] = {}
+        with self.offloader, self._checkpointed(inputs):
+            yield
+        stats = self.offloader.stats
+        counts = {
+            "activation_bytes": stats.total.kept_bytes + sum(inputs.values()),
+            "bytes_packed": stats.total.packed_bytes,
+            "bytes_unique": stats.total.unique_bytes,
+        }
+        if self.name == "offload_all":
+            counts |= {"bytes_written": stats.store.bytes_written, "bytes_read": stats.store.bytes_read}
+        self.history.append(counts)
+
+    @contextlib.contextmanager
+    def _checkpointed(self, inputs: dict[int, int]):
+        """For ``recompute``: each block's forward through ``torch.utils.checkpoint`` (non-reentrant);
+        ``inputs`` collects the storages of the blocks' tensor inputs, which checkpointing holds."""
+        if self.name != "recompute":
+            yield
+            return
+
+        def hold(module, args, kwargs):
+            for tensor in _tensors([*args, *kwargs.values()]):
+                storage = tensor.untyped_storage()
+                inputs[storage.data_ptr()] = storage.nbytes()
+
+        hooks = [layer.register_forward_pre_hook(hold, with_kwargs=True) for layer in self.layers]
+        for layer in self.layers:
+            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                del layer.forward  # the class's forward again
+            for hook in hooks:
+                hook.remove()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def _one_step(model, batch, policy: Policy | None):
+    """Loss and gradients of one forward and backward (no optimizer step), under ``policy``."""
+    model.zero_grad(set_to_none=True)
+    with policy.step() if policy else contextlib.nullcontext():
+        loss = model(**batch).loss
+        loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach().clone(), grads
+
+
+def _check_identical(name: str, reference, result) -> None:
+    (loss0, grads0), (loss1, grads1) = reference, result
+    if not torch.equal(loss0, loss1):
+        raise NotBitIdentical(f"{name}: loss {loss1.item()!r} differs from keep's {loss0.item()!r}")
+    if grads0.keys() != grads1.keys():
+        raise NotBitIdentical(f"{name}: gradients of {sorted(grads0.keys() ^ grads1.keys())} missing or extra")
+    wrong = [n for n in grads0 if not torch.equal(grads0[n], grads1[n])]
+    if wrong:
+        raise NotBitIdentical(f"{name}: gradients of {len(wrong)} parameters differ from keep's, e.g. {wrong[0]}")
+
+
+def _stores(params, device: str, scratch_dir, notes: dict) -> list[tuple[str, float | None, Callable[[], Store]]]:
+    """(store name, emulated GB/s or None, a factory) for every store of ``offload_all`` that applies."""
+    block_bytes = params["file_block_mib"] << 20
+    threads = params["file_threads"]
+    stores = [
+        ("host", None, HostStore),
+        ("file", None, lambda: DirectFileStore(scratch_dir, threads=threads, block_bytes=block_bytes)),
+    ]
+    stores += [
+        (f"emulated_{g:g}gbps", float(g), functools.partial(EmulatedStore, float(g))) for g in params["emulated_gbps"]
+    ]
+    if device != "cuda":
+        notes["skipped"]["kvikio"] = "KvikioStore moves GPU memory; this run trains on the CPU"
+    else:
+        try:
+            KvikioStore(scratch_dir, threads=threads).close()
+            stores.append(("kvikio", None, lambda: KvikioStore(scratch_dir, threads=threads)))
+        except UserError as err:
+            notes["skipped"]["kvikio"] = str(err)
+    return stores
+
+
+def _model_spec(entry: dict) -> tuple[str, ModelSpec]:
+    entry = dict(entry)
+    family, preset = entry.pop("family"), entry.pop("preset")
+    s = spec(family, preset, **entry)
+    name = f"{family}-{preset}" if not entry else f"{family}-{s.hidden}x{s.layers}-s{s.sequence}b{s.micro_batch}"
+    return name, s
+
+
+def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
+    """Every policy and store on every model of the scale: checked, then timed (see the module)."""
+    notes = {"skipped": {}, "models": {}}
+    for entry in params["models"]:
+        dataset, s = _model_spec(entry)
+        built = build(s, device=device, seed=params["seed"])
+        model = built.model
+        layers = [block for _, block in blocks(model)]
+        batch = next(batches(s, seed=params["seed"], device=device))
+        notes["models"][dataset] = {
+            "attention": built.attention,
+            "attention_note": built.attention_note,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
+        reference = _one_step(model, batch, None)
+        if not torch.isfinite(reference[0]) or not any(g.any() for g in reference[1].values()):
+            raise NotBitIdentical(f"{dataset}: the reference step has a non-finite loss or all-zero gradients")
+        base = {
+            "device": device,
+            "family": s.family,
+            "preset": entry["preset"],
+            "hidden": s.hidden,
+            "layers": s.layers,
+            "sequence": s.sequence,
+            "micro_batch": s.micro_batch,
+            "dtype": str(built.dtype).removeprefix("torch."),
+        }
+        offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
+        variants = [(name, "baseline", name, None, None, None) for name in ("keep", "recompute", "save_on_cpu")]
+        for store_name, gbps, factory in _stores(params, device, scratch_dir, notes):
+            variants.append((f"offload_all_{store_name}", "optimized", "offload_all", store_name, gbps, factory))
+        runs = []
+        try:
+            for variant, role, policy_name, store_name, gbps, factory in variants:
+                store = factory() if factory else None
+                policy = Policy(policy_name, model, layers, device, store=store, **offload)
+                runs.append((variant, role, policy, store_name, gbps))
+                _check_identical(variant, reference, _one_step(model, batch, policy))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            flops = training_flops(s)
+            for variant, role, policy, store_name, gbps in runs:
+                policy.history.clear()
+                allocated = []
+
+                def train_step(policy=policy, allocated=allocated):
+                    optimizer.zero_grad(set_to_none=True)
+                    if device == "cuda":
+                        allocated.append(torch.cuda.memory_allocated())
+                    with policy.step():
+                        model(**batch).loss.backward()
+                    optimizer.step()
+
+                m = measure(
+                    train_step,
+                    device=device,
+                    repeat=repeat,
+                    warmup=warmup,
+                    track_memory=device == "cuda",
+                    desc=f"{dataset} {variant}",
+                )
+                offloading = policy.name == "offload_all"
+                config = base | {
+                    "policy": policy.name,
+                    "store": store_name.split("_")[0] if store_name else None,
+                    "store_emulated": gbps is not None,
+                    "emulated_gbps": gbps,
+                    "keep_last": params["keep_last"] if offloading else None,
+                    "min_bytes": params["min_bytes"] if offloading else None,
+                }
+                writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
+                for rep in range(repeat):
+                    counts = dict(policy.history[warmup + rep])
+                    if m.peak_gpu_bytes:
+                        counts["activation_peak"] = m.peak_gpu_bytes[rep] - allocated[warmup + rep]
+                    for metric, value in counts.items():
+                        writer.add(
+                            role=role,
+                            variant=variant,
+                            config=config,
+                            metric=metric,
+                            value=value,
+                            unit="B",
+                            repetition=rep,
+                            dataset=dataset,
+                        )
+        finally:
+            for _, _, policy, _, _ in runs:
+                policy.close()
+    return notes

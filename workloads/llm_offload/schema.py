@@ -1,0 +1,50 @@
+"""Results format of the llm_offload topic (see harness.results for the common columns).
+
+``dataset`` names the model (``gpt2-tiny``, ``llama-paper-8192x4``); ``variant`` is the policy,
+with the store for ``offload_all`` (``offload_all_host``, ``offload_all_file``,
+``offload_all_emulated_4gbps``). Roles: ``keep``, ``recompute`` and ``save_on_cpu`` are
+``baseline`` (what SSDTrain is compared with), ``offload_all_*`` ``optimized``.
+
+Metrics per timed step: ``time`` and ``cpu_time``; ``flop_rate``, the model TFLOP/s
+(workloads.llm.cost.training_flops: recomputation's extra forward is not counted); on a GPU
+``peak_gpu_memory`` and ``activation_peak``, the peak allocated memory of the step minus what was
+allocated before it (weights and optimizer state). From the saved-tensor hooks of every policy:
+``activation_bytes``, the saved activations held on the compute device for backward (unique
+storages, parameters excluded; for ``recompute`` the tensors saved outside the checkpointed
+blocks plus the blocks' inputs that checkpointing holds; for ``save_on_cpu`` zero on a GPU, as it
+copies every saved tensor to the host, and on a CPU what keep holds, as ``tensor.cpu()`` is then
+the tensor itself); ``bytes_packed`` (every save, counted each time) and ``bytes_unique`` (each
+storage once). From the store: ``bytes_written`` and ``bytes_read`` (the tensors' own bytes;
+``save_on_cpu``'s copies to and from the host on a GPU count as written and read, every save
+again, parameters included; on a CPU it moves nothing).
+"""
+
+from harness.results import Schema
+
+SCHEMA = Schema(
+    topic="llm_offload",
+    config={
+        "device": str,  # where the model trains: "cuda" or "cpu"
+        "family": str,  # gpt2, llama (workloads.llm.models.FAMILIES)
+        "preset": str,  # workloads.llm.models.PRESETS name the shape started from
+        "hidden": int,
+        "layers": int,
+        "sequence": int,
+        "micro_batch": int,
+        "dtype": str,  # "bfloat16" on a GPU, "float32" on a CPU
+        "policy": str,  # keep, recompute, save_on_cpu, offload_all
+        "store": str,  # offload_all: host, file, emulated, kvikio; empty otherwise
+        "store_emulated": bool,  # the store's bandwidth is emulated (EmulatedStore), not a device's
+        "emulated_gbps": float,  # the emulated bandwidth, GB/s (10^9 B/s); empty when not emulated
+        "keep_last": int,  # offload_all: the last layers kept on the device
+        "min_bytes": int,  # offload_all: saved tensors smaller than this are kept
+    },
+    metrics={
+        "activation_bytes": "B",
+        "activation_peak": "B",
+        "bytes_packed": "B",
+        "bytes_unique": "B",
+        "bytes_written": "B",
+        "bytes_read": "B",
+    },
+)
