@@ -30,6 +30,7 @@ results = {}  # topic -> its results files, passed by the workflow
 from pathlib import Path
 
 from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
+from analysis.style import EMULATED_RAMP, color
 from workloads.llm_offload.schema import SCHEMA
 
 frame, provenance = load_results(results["llm_offload"], SCHEMA)
@@ -42,17 +43,12 @@ memory = summarize(frame, memory_metric, KEYS)
 written = summarize(frame, "bytes_written", KEYS)
 print(machine_label(provenance))
 
-# Fixed colours per policy (analysis/style.py has none for these variants yet); emulated stores
-# in a blue ramp by bandwidth.
+# The suite's fixed colours per variant (analysis/style.py); emulated stores in its blue ramp.
 POLICY_COLORS = {
-    "keep": "black",
-    "recompute": "tab:red",
-    "save_on_cpu": "tab:pink",
-    "offload_all_host": "tab:purple",
-    "offload_all_file": "tab:green",
-    "offload_all_kvikio": "tab:olive",
+    v: color(v)
+    for v in ("keep", "recompute", "save_on_cpu", "offload_all_host", "offload_all_file", "offload_all_kvikio")
 }
-EMULATED_COLORS = ["lightskyblue", "tab:blue", "navy", "midnightblue"]
+EMULATED_COLORS = EMULATED_RAMP
 emulated = sorted(
     {(g, v) for g, v in zip(step.emulated_gbps, step.variant) if v.startswith("offload_all_emulated")},
     key=lambda x: x[0],

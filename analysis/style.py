@@ -21,5 +21,20 @@ VARIANT_STYLE = {
 }
 
 
+# LLM activation offloading (llm_offload): one colour per policy and store; emulated stores take
+# a blue ramp by bandwidth, slowest lightest (EMULATED_RAMP, in the order of their bandwidths).
+VARIANT_STYLE.update(
+    {
+        "keep": ("black", "-"),
+        "recompute": ("tab:red", "-"),
+        "save_on_cpu": ("tab:pink", "-"),
+        "offload_all_host": ("tab:purple", "-"),
+        "offload_all_file": ("tab:green", "-"),
+        "offload_all_kvikio": ("tab:olive", "-"),
+    }
+)
+EMULATED_RAMP = ["lightskyblue", "tab:blue", "navy", "midnightblue"]
+
+
 def color(variant: str) -> str:
     return VARIANT_STYLE[variant][0]
