@@ -3,6 +3,7 @@ bytes a block device read and wrote (its own counters, whatever the page cache d
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import threading
@@ -101,6 +102,22 @@ def pinned_host_bytes() -> int:
     except ImportError:
         pass
     return allocator + _registered_pinned_bytes
+
+
+def open_direct(path: Path, flags: int, *, hint: str) -> int:
+    """``os.open`` with O_DIRECT (transfers bypass the page cache); a file system that refuses it
+    (EINVAL) is a one-line UserError ending in ``hint``, what the user should do instead. Other
+    errors are raised as they are, for the caller to explain."""
+    from harness.errors import UserError
+
+    try:
+        return os.open(path, flags | os.O_DIRECT, 0o600)
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            raise UserError(
+                f"the file system holding {path.parent} refuses O_DIRECT ({path.name}: EINVAL); {hint}"
+            ) from None
+        raise
 
 
 def block_device_counters(path: Path) -> Path | None:

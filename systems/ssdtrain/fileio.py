@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from harness import resources
 from harness.errors import UserError
 
 ALIGN = 4096
@@ -104,13 +105,8 @@ def _probe_direct(path: Path) -> None:
 
 def open_direct(path: Path, flags: int) -> int:
     try:
-        return os.open(path, flags | os.O_DIRECT, 0o600)
+        return resources.open_direct(path, flags, hint="pass a folder on a local disk (ext4, xfs)")
     except OSError as err:
-        if err.errno == errno.EINVAL:
-            raise UserError(
-                f"the file system holding {path.parent} refuses O_DIRECT (opening {path.name}: EINVAL); "
-                "pass a folder on a local disk (ext4, xfs)"
-            ) from None
         if err.errno == errno.ENOENT and flags & os.O_CREAT == 0:
             raise UserError(
                 f"{path} is missing: the stored tensor's file was removed behind the store's back"

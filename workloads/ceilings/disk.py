@@ -14,7 +14,6 @@ rewrites the existing file in place, ``read`` reads it back.
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import mmap
 import os
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from harness.errors import UserError
 from harness.progress import progress
-from harness.resources import block_device_counters, device_bytes
+from harness.resources import block_device_counters, device_bytes, open_direct
 from harness.timing import measure
 
 MIB = 1 << 20
@@ -35,15 +34,7 @@ MIN_DEVICE_SHARE = 0.95
 
 
 def _open_direct(path: Path, flags: int) -> int:
-    try:
-        return os.open(path, flags | os.O_DIRECT, 0o600)
-    except OSError as err:
-        if err.errno == errno.EINVAL:
-            raise UserError(
-                f"the filesystem holding {path.parent} does not support O_DIRECT; "
-                "set scratch_dir (--config scratch_dir=DIR) to a directory on a local disk"
-            ) from None
-        raise
+    return open_direct(path, flags, hint="set scratch_dir (--config scratch_dir=DIR) to a directory on a local disk")
 
 
 class _Transfer:
