@@ -81,7 +81,7 @@ def ceiling_at(row_bytes, table_bytes, order="random"):
 
 
 STYLE = VARIANT_STYLE
-ZERO_COPY = ["naive", "aligned", "vectorized", "sorted", "hot_cache", "split"]
+ZERO_COPY = ["naive", "aligned", "vectorized", "sorted", "hot_cache", "split", "default"]
 CPU_BASELINES = ["cpu_gather", "cpu_gather_pipelined"]  # speedups are quoted against the faster
 STOCK_TORCH = ["torch_uva", "torch_uva_sorted"]
 
@@ -157,8 +157,48 @@ if "table_sizes" in parts:
             f"{t * 1e3:.2f} | {cpu:.1f} ({cpu_name}) | {b['median'] / cpu:.2f} | {stock_cells} | {copy} | "
             f"{ratios[0]} | {ratios[1]} | {target} |"
         )
+    if "default" in set(ts.variant):
+        lines += [
+            "",
+            "### The default path (`UnifiedTensor[idx]`) against every peer, uniform rows",
+            "",
+            "`default` takes the path that the GPU's dispatch table (systems/pytorch_direct/dispatch.py) "
+            "picked from earlier table_sizes runs, and adds the suite's bounds check. Ratios are default "
+            "over each peer, from the same run.",
+            "",
+            "| row | table | path taken | GB/s | / pinned copy | x torch_uva | x torch_uva_sorted "
+            "| x wholegraph | x CPU baseline |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        paths = frame[(frame.part == "table_sizes") & (frame.variant == "default")]
+        for (row_bytes, table_bytes), g in ts[ts.distribution == "uniform"].groupby(["row_bytes", "table_bytes"]):
+            values = dict(zip(g.variant, g["median"]))
+            if "default" not in values:
+                continue
+            d = values["default"]
+            taken = paths[(paths.row_bytes == row_bytes) & (paths.table_bytes == table_bytes)]["path"]
+            cells = [
+                f"{d / values[p]:.2f}" if p in values else "n/a"
+                for p in ("torch_uva", "torch_uva_sorted", "wholegraph")
+            ]
+            _, cpu = best_of(values, CPU_BASELINES)
+            lines.append(
+                f"| {row_bytes} B | {table_bytes / GiB:g} GiB | {', '.join(sorted(set(taken.dropna())))} | {d:.1f} | "
+                + (f"{d / pinned_copy:.3f}" if pinned_copy else "n/a")
+                + f" | {' | '.join(cells)} | {d / cpu:.2f} |"
+            )
     lines += ["", "### Ablation (part table_sizes): GB/s of each step", ""]
-    steps = [*CPU_BASELINES, *STOCK_TORCH, "naive", "vectorized", "sorted", "hot_cache", "split"]
+    steps = [
+        *CPU_BASELINES,
+        *STOCK_TORCH,
+        "wholegraph",
+        "naive",
+        "vectorized",
+        "sorted",
+        "hot_cache",
+        "split",
+        "default",
+    ]
     steps = [s for s in steps if s in set(ts.variant)]
     lines += ["| row | table | indices | " + " | ".join(steps) + " |", "|---|---|---|" + "---|" * len(steps)]
     for (row_bytes, table_bytes, dist), g in ts.groupby(["row_bytes", "table_bytes", "distribution"]):
@@ -297,10 +337,12 @@ for ax, panel in zip(axes, panels):
                 ("cpu_gather_pipelined", "uniform"),
                 ("torch_uva", "uniform"),
                 ("torch_uva_sorted", "uniform"),
+                ("wholegraph", "uniform"),
                 ("naive", "uniform"),
                 ("vectorized", "uniform"),
                 ("sorted", "uniform"),
                 ("split", "uniform"),
+                ("default", "uniform"),
             ]
         else:
             zipf = sorted(x for x in set(d_all.distribution) if x.startswith("zipf") and "hot_first" not in x)[0]

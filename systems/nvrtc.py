@@ -25,6 +25,8 @@ import warnings
 from pathlib import Path
 
 _modules: dict[str, object] = {}
+_modules_by_path: dict[tuple[str, tuple[str, ...]], object] = {}  # no file read or hash per launch
+_functions: dict[tuple[int, str], object] = {}
 _streams: dict[tuple[int, int], object] = {}
 
 DEFAULT_OPTIONS = ("--std=c++17",)
@@ -49,7 +51,13 @@ def _cupy():
 
 
 def load_module(source_path: Path, options: tuple[str, ...] = DEFAULT_OPTIONS):
-    """Compile (or fetch from cache) the module in ``source_path`` for the current device."""
+    """Compile (or fetch from cache) the module in ``source_path`` for the current device.
+
+    A path seen before returns its module without reading the file again: kernels are launched
+    per call, and reading and hashing the source each time cost tens of microseconds."""
+    by_path = (str(source_path), tuple(options))
+    if by_path in _modules_by_path:
+        return _modules_by_path[by_path]
     source = Path(source_path).read_text()
     key = hashlib.sha256("\0".join((source, *options)).encode()).hexdigest()
     module = _modules.get(key)
@@ -58,6 +66,7 @@ def load_module(source_path: Path, options: tuple[str, ...] = DEFAULT_OPTIONS):
         module = cupy.RawModule(code=source, options=options, backend="nvrtc")
         module.compile()
         _modules[key] = module
+    _modules_by_path[by_path] = module
     return module
 
 
@@ -69,7 +78,9 @@ def launch(module, name: str, grid: tuple[int, ...], block: tuple[int, ...], arg
     """
     import torch
 
-    kernel = module.get_function(name)
+    kernel = _functions.get((id(module), name))
+    if kernel is None:
+        kernel = _functions[(id(module), name)] = module.get_function(name)
     stream = torch.cuda.current_stream()
     with cupy_stream(stream.device.index, stream.cuda_stream):
         kernel(grid, block, args, shared_mem=shared_mem)

@@ -200,6 +200,51 @@ def launch_gather(
     return None
 
 
+def index_select_alias(alias: torch.Tensor, idx: torch.Tensor, *, sort: bool = False) -> torch.Tensor:
+    """Stock torch's ``index_select`` on the CUDA alias of a pinned table (``UnifiedTensor.cuda_alias``),
+    with the suite's bounds check: ``alias[idx]`` as a new CUDA tensor, or ``IndexError`` naming
+    the first out-of-range value. With ``sort``, the rows are read in ascending index order and
+    put back in the order asked for (``index_copy_``).
+
+    torch itself asserts on the device for an out-of-range index, which leaves the CUDA context
+    unusable; here one kernel copies the indices with out-of-range ones replaced by row 0 (and
+    notes the first one's position) before torch reads any row."""
+    if alias.dim() != 2 or not alias.is_cuda:
+        raise ValueError(f"alias must be a 2-D CUDA tensor, got shape {tuple(alias.shape)} on {alias.device}")
+    if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES or idx.device != alias.device:
+        raise ValueError(
+            f"idx must be a 1-D int32 or int64 tensor on {alias.device}, "
+            f"got {idx.dtype} of shape {tuple(idx.shape)} on {idx.device}"
+        )
+    idx = idx.contiguous()  # the kernel reads idx[i] by plain offsets (see launch_gather)
+    n = idx.shape[0]
+    safe = torch.empty_like(idx)
+    bad_pos = torch.full((1,), n, dtype=torch.int64, device=idx.device)
+    if n:
+        threads = THREADS_PER_BLOCK
+        nvrtc.launch(
+            nvrtc.load_module(KERNEL_SOURCE),
+            f"sanitize_indices_{'i32' if idx.dtype == torch.int32 else 'i64'}",
+            grid=(min(-(-n // threads), 4096),),
+            block=(threads,),
+            args=(
+                np.uint64(idx.data_ptr()),
+                np.int64(n),
+                np.int64(alias.shape[0]),
+                np.uint64(safe.data_ptr()),
+                np.uint64(bad_pos.data_ptr()),
+            ),
+        )
+    if sort:
+        ids, order = torch.sort(safe)
+        out = torch.empty((n, alias.shape[1]), dtype=alias.dtype, device=alias.device)
+        out.index_copy_(0, order, torch.index_select(alias, 0, ids))
+    else:
+        out = torch.index_select(alias, 0, safe)
+    BoundsCheck(bad_pos, idx, alias.shape[0], torch.cuda.current_stream(idx.device))()
+    return out
+
+
 def _check_out(out: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> None:
     """The kernel writes row i at out.data_ptr() + i * row bytes: ``out`` must be dense."""
     expected = (idx.shape[0], table.shape[1])

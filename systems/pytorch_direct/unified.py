@@ -2,7 +2,9 @@
 
 ``UnifiedTensor(t)`` registers ``t``'s memory with the CUDA driver (cudaHostRegister, no copy),
 so GPU threads can read it over PCIe; ``unified[idx]`` gathers rows onto the GPU of ``idx``
-through the suite's optimized op (``ops.gather``). The memory is unregistered exactly once: on
+along the path measured fastest on this GPU for the table's row and table size (``dispatch.py``:
+the suite's ``ops.gather`` kernel or stock torch's ``index_select`` on the alias, each sorted or
+not; ``unified.path`` says which and why). The memory is unregistered exactly once: on
 ``close()``, at the end of a ``with`` block, or when the object is garbage-collected, whichever
 comes first.
 
@@ -34,7 +36,7 @@ import torch
 
 from harness import resources
 from systems import nvrtc
-from systems.pytorch_direct.ops import gather
+from systems.pytorch_direct import dispatch
 
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 
@@ -64,7 +66,7 @@ class _DeviceBytes:
     the UnifiedTensor, so the registration lives as long too.
     """
 
-    def __init__(self, owner: UnifiedTensor, address: int, nbytes: int):
+    def __init__(self, owner: UnifiedTensor | None, address: int, nbytes: int):
         self.owner = owner
         self.address = address
         self.__cuda_array_interface__ = {
@@ -86,9 +88,21 @@ def _wrap_device_bytes(memory: _DeviceBytes) -> torch.Tensor:
 
 class UnifiedTensor:
     """A host tensor pinned in place; ``self[idx_on_gpu]`` returns those rows as a CUDA tensor,
-    and ``cuda_alias()`` the whole table as a CUDA tensor over the same memory."""
+    and ``cuda_alias()`` the whole table as a CUDA tensor over the same memory.
 
-    def __init__(self, tensor: torch.Tensor, *, kernel: str = "vectorized", dedup: bool = False, max_threads: int = 0):
+    ``path``: ``"auto"`` (the measured dispatch table; the suite's kernel where this GPU has none)
+    or one of ``dispatch.PATHS``. Kernel options (``kernel``, ``dedup``, ``max_threads``, see
+    ``ops.gather``) choose the suite's kernel: with ``"auto"`` they pick ``"kernel"``."""
+
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        *,
+        path: str = "auto",
+        kernel: str | None = None,
+        dedup: bool | None = None,
+        max_threads: int | None = None,
+    ):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         if tensor.device.type != "cpu":
@@ -104,6 +118,10 @@ class UnifiedTensor:
                 "the tensor is a view into a larger allocation; the driver pins whole allocations, "
                 "so pin the tensor that owns the memory (or pass view.clone())"
             )
+        self.options = {
+            k: v for k, v in (("kernel", kernel), ("dedup", dedup), ("max_threads", max_threads)) if v is not None
+        }
+        self._choice = self._check_path(path)  # "auto" is resolved on first use (it asks the GPU's name)
         cudart = _cudart()
         if tensor.is_pinned():
             raise ValueError("the tensor's memory is already page-locked (pin_memory() or another UnifiedTensor)")
@@ -117,10 +135,10 @@ class UnifiedTensor:
         resources.note_registered_pinned(nbytes)
         self.tensor = tensor
         self.nbytes = nbytes
-        self.options = {"kernel": kernel, "dedup": dedup, "max_threads": max_threads}
         self._rows = tensor.view(tensor.shape[0], -1)
         self._release = weakref.finalize(self, _unregister, tensor, nbytes)
         self._aliases = weakref.WeakSet()  # the _DeviceBytes of every alias still in use
+        self._rows_alias = None  # the torch paths' own alias, made on first use, dropped by close()
 
     @property
     def shape(self) -> torch.Size:
@@ -137,14 +155,51 @@ class UnifiedTensor:
     def __len__(self) -> int:
         return self.tensor.shape[0]
 
+    def _check_path(self, path: str) -> dispatch.Choice | None:
+        if path != "auto" and path not in dispatch.PATHS:
+            raise ValueError(f"path must be 'auto' or one of {dispatch.PATHS}, got {path!r}")
+        if self.options:
+            if path == "auto":
+                return dispatch.Choice("kernel", f"kernel options {sorted(self.options)} given")
+            if path not in ("kernel", "kernel_sorted"):
+                raise ValueError(f"kernel options {sorted(self.options)} apply to the kernel paths, not {path!r}")
+        return None if path == "auto" else dispatch.Choice(path, "chosen by the caller")
+
+    def _resolved(self) -> dispatch.Choice:
+        if self._choice is None:
+            self._choice = dispatch.choose_for(self._rows)
+        return self._choice
+
+    @property
+    def path(self) -> str:
+        """The path ``self[idx]`` takes (one of ``dispatch.PATHS``)."""
+        return self._resolved().path
+
+    @property
+    def path_reason(self) -> str:
+        """Why :attr:`path` was taken: the dispatch table's cell, or the caller's choice."""
+        return self._resolved().reason
+
     def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
         """``table[idx]`` for a CUDA ``idx`` of any shape and strides: the rows, shaped
         ``idx.shape + table.shape[1:]``."""
         self._check_open()
         if not isinstance(idx, torch.Tensor) or not idx.is_cuda:
             raise TypeError("index a UnifiedTensor with an int32/int64 CUDA tensor of row ids")
-        rows = gather(self._rows, idx.reshape(-1), **self.options)
+        alias = None
+        if self.path.startswith("torch"):
+            if self._rows_alias is None:
+                self._rows_alias = self._alias_of_rows()
+            alias = self._rows_alias
+        rows = dispatch.gather_rows(self.path, self._rows, alias, idx.reshape(-1), **self.options)
         return rows.view(idx.shape + self.tensor.shape[1:])
+
+    def _alias_of_rows(self) -> torch.Tensor:
+        """The table as a 2-D CUDA tensor for the torch paths. Its memory object does not hold
+        this UnifiedTensor (no reference cycle) and is not counted as a user's alias: nothing
+        outside this object can reach it, and close() drops it before unregistering."""
+        memory = _DeviceBytes(None, nvrtc.device_pointer_of_pinned(self.tensor), self.nbytes)
+        return _wrap_device_bytes(memory).view(self.dtype).view(self._rows.shape)
 
     def cuda_alias(self) -> torch.Tensor:
         """The table as a CUDA tensor of its shape and dtype over the registered memory (no
@@ -171,6 +226,7 @@ class UnifiedTensor:
                 f"cannot close: {in_use} alias(es) from cuda_alias() (or views of them) still use the "
                 "registered memory; delete them first (tensors computed from them are copies and may stay)"
             )
+        self._rows_alias = None
         self._release()
 
     def _aliases_in_use(self) -> int:

@@ -8,6 +8,7 @@ import torch
 
 from harness.progress import progress
 from harness.timing import measure
+from systems.pytorch_direct import dispatch
 from systems.pytorch_direct.ops import gather
 from workloads.feature_gather import variants, wholegraph
 from workloads.feature_gather.tables import DTYPES, HostTable, Popularity, mib, uniform_rows, window_rows
@@ -56,6 +57,8 @@ class Sweep:
         full = {"device": self.device, "batch_rows": batch.idx.shape[0], **config}
         if variant == "cpu_gather_pipelined":
             full["chunk_rows"] = batch.chunk_rows
+        if variant == "default":
+            full["path"] = dispatch.choose_for(batch.table).path
         self.writer.add_measurement(m, role=role, variant=variant, config=full, bytes_moved=batch.bytes)
         crossed = batch.bytes if pcie_bytes is None else pcie_bytes
         if self.device == "cuda" and variant != "all_in_gpu":
@@ -117,6 +120,7 @@ def row_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         "vectorized",
         "vectorized_kernel",
         "sorted",
+        "default",
         "all_in_gpu",
     )
     measure_wholegraph, wholegraph_note = wholegraph_state(device)
@@ -209,7 +213,7 @@ def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
 
 def _ablation(sweep: Sweep, batch: Batch, config: dict) -> dict[str, float]:
     """Each zero-copy step, stock torch on the alias and both CPU baselines on one batch: their rates."""
-    names = ("naive", "vectorized", "sorted", *variants.STOCK_TORCH, *variants.CPU_BASELINES)
+    names = ("naive", "vectorized", "sorted", "default", *variants.STOCK_TORCH, *variants.CPU_BASELINES)
     return {v: sweep.run_with_threads(v, batch, config) for v in names}
 
 
@@ -244,6 +248,7 @@ def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
             *variants.STOCK_TORCH,
             "vectorized",
             "sorted",
+            "default",
             "all_in_gpu",
         ):
             sweep.run_with_threads(variant, batch, base)

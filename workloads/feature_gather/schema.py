@@ -26,5 +26,6 @@ SCHEMA = Schema(
         "windows": int,  # ...this many of them, spread over the table
         "split_fraction": float,  # share of rows gathered by the CPU in the split variant
         "chunk_rows": int,  # rows per chunk of cpu_gather_pipelined
+        "path": str,  # the path the `default` variant took (systems/pytorch_direct/dispatch.py)
     },
 )

@@ -16,7 +16,10 @@ of the table (``wholegraph``, workloads/feature_gather/wholegraph.py). Upper bou
 (the table held in GPU memory).
 PyTorch-Direct: ``naive`` -> ``aligned`` -> ``vectorized``
 -> ``sorted`` (rows read in ascending index order) -> ``hot_cache`` (sorted, and the hottest rows
-kept in GPU memory) and ``split`` (part of the batch through the CPU path at the same time).
+kept in GPU memory) and ``split`` (part of the batch through the CPU path at the same time);
+``default`` is ``UnifiedTensor[idx]``: the path that systems/pytorch_direct/dispatch.py picks for
+the table from earlier measurements (the suite's kernel or stock torch on the alias, sorted or
+not), with the suite's bounds check either way.
 ``vectorized_kernel`` is a diagnostic, not a path: the vectorized kernel alone, timed with CUDA
 events, indices already on the GPU and no bounds-check read-back, so the per-call overhead of
 the full path (index copy, dispatch, bounds check, waiting) is the difference between the two.
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from systems.pytorch_direct import dispatch
 from systems.pytorch_direct.ops import gather, launch_gather, launch_sorted_gather
 
 CPU_BASELINES = ("cpu_gather", "cpu_gather_pipelined")  # speedups are quoted against the faster
@@ -36,7 +40,7 @@ STOCK_TORCH = ("torch_uva", "torch_uva_sorted")  # the user's own code on the al
 PEERS = ("wholegraph",)  # another library's zero-copy gather
 BASELINES = ("pageable", *CPU_BASELINES, *STOCK_TORCH, *PEERS)
 UPPER_BOUNDS = ("all_in_gpu",)  # no transfer at all: what no feeding path can beat
-ZERO_COPY = ("naive", "aligned", "vectorized", "sorted", "hot_cache", "split")
+ZERO_COPY = ("naive", "aligned", "vectorized", "sorted", "hot_cache", "split", "default")
 KERNEL_ONLY = ("vectorized_kernel",)  # timed with CUDA events (see above)
 CHECKED_ROWS = 4096
 # cpu_gather_pipelined: rows per chunk come from this many bytes (small enough that the first
@@ -147,6 +151,14 @@ def make(
             torch.index_select(b.gpu_table, 0, b.idx_gpu, out=b.out)
             wait()
             return b.out
+    elif variant == "default":
+        path = dispatch.choose_for(b.table).path
+
+        def run():
+            b.idx_gpu.copy_(b.idx, non_blocking=True)
+            out = dispatch.gather_rows(path, b.table, b.alias, b.idx_gpu)
+            wait()
+            return out
     elif variant == "vectorized_kernel":
         b.idx_gpu.copy_(b.idx)
 

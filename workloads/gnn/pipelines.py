@@ -100,7 +100,9 @@ class Graph:
         if self._unified is None:
             from systems.pytorch_direct import UnifiedTensor
 
-            self._unified = UnifiedTensor(self.features, max_threads=0)
+            # The suite's kernel, as in the committed gnn_training results (UnifiedTensor's default
+            # path is chosen per table by feature_gather's measurements; see dispatch.py).
+            self._unified = UnifiedTensor(self.features, path="kernel")
         return self._unified
 
     def pinned_csr(self):

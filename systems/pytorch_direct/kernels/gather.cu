@@ -69,3 +69,29 @@ GATHER_WORDS(aligned, true, false, i32, int)
 GATHER_WORDS(aligned, true, false, i64, long long)
 GATHER_WORDS(cached, true, true, i32, int)
 GATHER_WORDS(cached, true, true, i64, long long)
+
+// Index check for stock torch ops on the CUDA alias of the table: torch's index_select asserts on
+// the device for an out-of-range index, which leaves the CUDA context unusable. This copies idx
+// to `safe` with each out-of-range index replaced by row 0, and writes the smallest position
+// holding one to *bad_pos (initialised to n), so the host can raise after the gather instead.
+template <typename Index>
+__device__ __forceinline__ void sanitize(const Index* __restrict__ idx, long long n, long long table_rows,
+                                         Index* __restrict__ safe, long long* bad_pos) {
+    const long long stride = gridDim.x * (long long)blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
+        const Index r = idx[i];
+        const bool bad = r < 0 || (long long)r >= table_rows;
+        if (bad) atomicMin(bad_pos, i);
+        safe[i] = bad ? (Index)0 : r;
+    }
+}
+
+extern "C" __global__ void sanitize_indices_i32(const int* idx, long long n, long long table_rows, int* safe,
+                                                long long* bad_pos) {
+    sanitize<int>(idx, n, table_rows, safe, bad_pos);
+}
+
+extern "C" __global__ void sanitize_indices_i64(const long long* idx, long long n, long long table_rows,
+                                                long long* safe, long long* bad_pos) {
+    sanitize<long long>(idx, n, table_rows, safe, bad_pos);
+}

@@ -1,0 +1,103 @@
+"""Which path ``UnifiedTensor[idx]`` takes: the fastest one measured on this GPU, never a guess.
+
+Paths (each also a variant of the feature_gather benchmark, named in ``VARIANT_OF_PATH``):
+
+* ``kernel``: the suite's gather op (``ops.gather``, vectorized kernel);
+* ``kernel_sorted``: the same, rows read in ascending index order;
+* ``torch``: stock torch's ``index_select`` on the CUDA alias of the table, with the suite's
+  bounds check (``ops.index_select_alias``);
+* ``torch_sorted``: the same, ids sorted first and rows put back in request order.
+
+A GPU's table holds, for each (row size, table size) measured by the feature_gather topic's
+``table_sizes`` part (uniform rows, every process found), the path with the highest median
+bandwidth. It is a JSON file under ``dispatch_tables/``, built from the results by
+``python -m workloads.feature_gather.dispatch_table`` (a test checks that the committed tables are
+what the committed results give). A lookup takes the measured cell nearest in log2(row bytes),
+then in log2(table bytes). On a GPU with no table the suite's kernel is used, and
+:func:`choose` says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from systems.pytorch_direct.ops import gather, index_select_alias
+
+TABLES = Path(__file__).parent / "dispatch_tables"
+PATHS = ("kernel", "kernel_sorted", "torch", "torch_sorted")
+VARIANT_OF_PATH = {
+    "kernel": "vectorized",
+    "kernel_sorted": "sorted",
+    "torch": "torch_uva",
+    "torch_sorted": "torch_uva_sorted",
+}
+FALLBACK = "kernel"
+
+
+@dataclass(frozen=True)
+class Choice:
+    path: str  # one of PATHS
+    reason: str  # where the choice came from, for provenance and for users asking why
+
+
+def table_file(gpu_name: str) -> Path:
+    """The dispatch table of a GPU model ("NVIDIA H200" -> dispatch_tables/nvidia-h200.json)."""
+    return TABLES / (re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") + ".json")
+
+
+@functools.cache
+def load_table(gpu_name: str) -> dict | None:
+    path = table_file(gpu_name)
+    if not path.exists():
+        return None
+    table = json.loads(path.read_text())
+    for cell in table["cells"]:
+        if cell["path"] not in PATHS:
+            raise ValueError(f"{path}: unknown path {cell['path']!r} (known: {PATHS})")
+    return table
+
+
+def choose(row_bytes: int, table_bytes: int, gpu_name: str) -> Choice:
+    """The path for a table of ``table_bytes`` with rows of ``row_bytes`` on ``gpu_name``."""
+    if row_bytes <= 0 or table_bytes <= 0:
+        raise ValueError(f"row and table sizes must be positive, got {row_bytes} and {table_bytes}")
+    table = load_table(gpu_name)
+    if table is None or not table["cells"]:
+        return Choice(FALLBACK, f"no dispatch table for {gpu_name!r}: the suite's kernel")
+    cells = table["cells"]
+    row = min({c["row_bytes"] for c in cells}, key=lambda r: abs(math.log2(r / row_bytes)))
+    cell = min(
+        (c for c in cells if c["row_bytes"] == row), key=lambda c: abs(math.log2(c["table_bytes"] / table_bytes))
+    )
+    return Choice(
+        cell["path"],
+        f"{table_file(gpu_name).name}: measured cell {cell['row_bytes']} B rows, "
+        f"{cell['table_bytes'] / 2**30:g} GiB table",
+    )
+
+
+def choose_for(table: torch.Tensor, device: torch.device | int | None = None) -> Choice:
+    """:func:`choose` for a 2-D host table read from ``device`` (default: the current GPU)."""
+    row_bytes = table.shape[1] * table.element_size()
+    return choose(row_bytes, table.shape[0] * row_bytes, torch.cuda.get_device_name(device))
+
+
+def gather_rows(path: str, table: torch.Tensor, alias: torch.Tensor | None, idx: torch.Tensor, **kernel_options):
+    """``table[idx]`` along ``path``: ``table`` is the pinned 2-D host table, ``alias`` the same
+    memory as a CUDA tensor (needed by the torch paths), ``idx`` a 1-D CUDA index tensor."""
+    if path in ("kernel", "kernel_sorted"):
+        return gather(table, idx, sort=path == "kernel_sorted", **kernel_options)
+    if path in ("torch", "torch_sorted"):
+        if kernel_options:
+            raise ValueError(f"path {path!r} is stock torch: kernel options {sorted(kernel_options)} do not apply")
+        if alias is None:
+            raise ValueError(f"path {path!r} reads the table through its CUDA alias; none was given")
+        return index_select_alias(alias, idx, sort=path == "torch_sorted")
+    raise ValueError(f"unknown gather path {path!r} (known: {PATHS})")
