@@ -74,7 +74,7 @@ def main() -> None:
             for name, fn in paths.items():
                 got = fn(idx)
                 got = out if got is None else got
-                if not torch.equal(got[:4096].cpu(), expected):
+                if not torch.equal(got[:4096].cpu().view(torch.int32), expected.view(torch.int32)):  # bytes: NaNs
                     raise RuntimeError(f"{name} returned wrong rows")
                 w1, w, g = wall_us(lambda fn=fn: fn(one)), wall_us(lambda fn=fn: fn(idx)), gpu_us(lambda fn=fn: fn(idx))
                 rate = args.rows * row_bytes / (w * 1e-6) / 1e9
