@@ -18,7 +18,7 @@ VARIANT_STYLE = {
     "sorted": ("tab:green", "-"),
     "hot_cache": ("tab:olive", "-"),
     "split": ("tab:cyan", "-"),
-    "default": ("darkslateblue", "-"),  # UnifiedTensor[idx]: the measured dispatch of the paths above
+    "default": ("teal", "-"),  # UnifiedTensor[idx]: the measured dispatch of the paths above
 }
 
 

@@ -48,20 +48,29 @@ def test_builder_finds_every_process_and_refuses_an_empty_folder(tmp_path, capsy
     files = dispatch_table.process_files(ROOT / "results/h200/feature_gather")
     assert len(files) >= 3 and any("reruns" in str(f) for f in files)
     assert dispatch_table.main([str(tmp_path)]) == 2
-    assert "no table_sizes-*.csv" in capsys.readouterr().err
+    assert "no table_sizes-*.csv or row_sizes-*.csv" in capsys.readouterr().err
 
 
 def test_lookup_takes_the_nearest_measured_cell():
     table = dispatch.load_table("NVIDIA H200")
     for cell in table["cells"]:
         assert dispatch.choose(cell["row_bytes"], cell["table_bytes"], "NVIDIA H200").path == cell["path"]
-    # 600 B rows are nearest to 512 B; a 3 GiB table nearest to the 4 GiB cell.
+    # 640 B rows (16-byte aligned) are nearest to 512 B; a 3 GiB table nearest to the 4 GiB cell.
     by_cell = {(c["row_bytes"], c["table_bytes"]): c["path"] for c in table["cells"]}
-    choice = dispatch.choose(600, 3 * GiB, "NVIDIA H200")
+    choice = dispatch.choose(640, 3 * GiB, "NVIDIA H200")
     assert choice.path == by_cell[(512, 4 * GiB)]
     assert "512 B rows, 4 GiB table" in choice.reason
+    # A row of 2392 B is nearer 2408 B than 2048 B in size, but rows are matched by alignment first:
+    # 2392 and 2408 are multiples of 8, not 16; 2400 is a multiple of 16, like 2048.
+    assert "2408 B rows" in dispatch.choose(2392, 4 * GiB, "NVIDIA H200").reason
+    assert "2048 B rows" in dispatch.choose(2400, 4 * GiB, "NVIDIA H200").reason
     # Beyond the measured range the edge cell decides.
-    assert dispatch.choose(8, 1 << 20, "NVIDIA H200").path == by_cell[(128, GiB // 4)]
+    assert dispatch.choose(16, 1 << 20, "NVIDIA H200").path == by_cell[(32, 4 * GiB)]
+
+
+@pytest.mark.parametrize("row_bytes, expected", [(1, 1), (2, 2), (12, 4), (200, 8), (2408, 8), (1204, 4), (4096, 16)])
+def test_alignment_is_the_widest_word_a_row_allows(row_bytes, expected):
+    assert dispatch.alignment(row_bytes) == expected
 
 
 def test_a_gpu_without_a_table_gets_the_kernel_and_says_why():

@@ -9,11 +9,13 @@ Paths (each also a variant of the feature_gather benchmark, named in ``VARIANT_O
 * ``torch_sorted``: the same, ids sorted first and rows put back in request order.
 
 A GPU's table holds, for each (row size, table size) measured by the feature_gather topic's
-``table_sizes`` part (uniform rows, every process found), the path with the highest median
-bandwidth. It is a JSON file under ``dispatch_tables/``, built from the results by
+``table_sizes`` and ``row_sizes`` parts (uniform rows, every process found), the path with the
+highest median bandwidth. It is a JSON file under ``dispatch_tables/``, built from the results by
 ``python -m workloads.feature_gather.dispatch_table`` (a test checks that the committed tables are
-what the committed results give). A lookup takes the measured cell nearest in log2(row bytes),
-then in log2(table bytes). On a GPU with no table the suite's kernel is used, and
+what the committed results give). A lookup takes, among the measured cells whose rows have the
+same alignment (the largest power of two up to 16 dividing the row size: it decides which loads
+each path can use, and a 2408 B row reads unlike a 2048 B one), the one nearest in log2(row
+bytes), then in log2(table bytes). On a GPU with no table the suite's kernel is used, and
 :func:`choose` says so.
 """
 
@@ -71,7 +73,7 @@ def choose(row_bytes: int, table_bytes: int, gpu_name: str) -> Choice:
     table = load_table(gpu_name)
     if table is None or not table["cells"]:
         return Choice(FALLBACK, f"no dispatch table for {gpu_name!r}: the suite's kernel")
-    cells = table["cells"]
+    cells = [c for c in table["cells"] if alignment(c["row_bytes"]) == alignment(row_bytes)] or table["cells"]
     row = min({c["row_bytes"] for c in cells}, key=lambda r: abs(math.log2(r / row_bytes)))
     cell = min(
         (c for c in cells if c["row_bytes"] == row), key=lambda c: abs(math.log2(c["table_bytes"] / table_bytes))
@@ -81,6 +83,12 @@ def choose(row_bytes: int, table_bytes: int, gpu_name: str) -> Choice:
         f"{table_file(gpu_name).name}: measured cell {cell['row_bytes']} B rows, "
         f"{cell['table_bytes'] / 2**30:g} GiB table",
     )
+
+
+def alignment(row_bytes: int) -> int:
+    """The largest power of two, up to 16, that divides ``row_bytes``."""
+    word = row_bytes | 16
+    return word & -word
 
 
 def choose_for(table: torch.Tensor, device: torch.device | int | None = None) -> Choice:

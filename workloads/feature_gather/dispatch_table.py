@@ -1,13 +1,16 @@
-"""Build a GPU's dispatch table (systems/pytorch_direct/dispatch.py) from table_sizes results.
+"""Build a GPU's dispatch table (systems/pytorch_direct/dispatch.py) from feature_gather results.
 
-For each (row size, table size) of uniform rows, every process's median bandwidth of each path's
-variant is taken; the path whose median over processes is highest is chosen. The table records
-every path's rate, the number of processes and the commits and dates measured, so a reader can
-see how close each choice was.
+The cells are every (row size, table size) of uniform rows measured by the ``table_sizes`` part
+(three row sizes, five table sizes) and the ``row_sizes`` part (fourteen row sizes, fp32 and bf16,
+one table size). For each cell, every process's median bandwidth of each path's variant is
+taken; the path whose median over processes is highest is chosen. The table records every
+path's rate, the number of processes and the commits and dates measured, so a reader can see how
+close each choice was.
 
     python -m workloads.feature_gather.dispatch_table results/h200/feature_gather
 
-reads ``table_sizes-<scale>.csv`` there and under ``reruns/*/`` (one file per process), and writes
+reads ``table_sizes-<scale>.csv`` and ``row_sizes-<scale>.csv`` there and under ``reruns/*/``
+(one file per process), and writes
 ``systems/pytorch_direct/dispatch_tables/<gpu>.json`` for the GPU named in their provenance.
 """
 
@@ -23,12 +26,16 @@ from harness.results import load, load_provenance
 from systems.pytorch_direct import dispatch
 from workloads.feature_gather.schema import SCHEMA
 
+PARTS = ("table_sizes", "row_sizes")
+
 
 def process_files(folder: Path) -> list[Path]:
-    """The table_sizes results of every process in a machine's feature_gather folder."""
-    files = sorted(folder.glob("table_sizes-*.csv")) + sorted(folder.glob("reruns/*/table_sizes-*.csv"))
+    """The table_sizes and row_sizes results of every process in a machine's feature_gather folder."""
+    files = [f for part in PARTS for where in ("", "reruns/*/") for f in sorted(folder.glob(f"{where}{part}-*.csv"))]
     if not files:
-        raise UserError(f"{folder}: no table_sizes-*.csv (here or under reruns/*/) to build a dispatch table from")
+        raise UserError(
+            f"{folder}: no table_sizes-*.csv or row_sizes-*.csv (here or under reruns/*/) to build a table from"
+        )
     return files
 
 
