@@ -86,10 +86,12 @@ def forward_flops(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[lis
 
     torch's FlopCounterMode counts matrix products and attention (2 per multiply-add; attention
     over the full square, whatever the mask) and no elementwise work: the same terms as the
-    analytic formulas.
+    analytic formulas. Rotary position tables are not model FLOPs and are left out of the total:
+    transformers 5.17 builds them with a matrix product (counted), 5.24 without.
     """
     counter = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION)
     with torch.no_grad(), counter:
         model(**batch)
     counts = {name.split(".", 1)[-1]: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
-    return [counts.get(name, 0) for name, _ in blocks(model)], counter.get_total_flops()
+    rotary = sum(n for name, n in counts.items() if name.split(".")[-1] == "rotary_emb")
+    return [counts.get(name, 0) for name, _ in blocks(model)], counter.get_total_flops() - rotary

@@ -1,12 +1,16 @@
 """The measuring function of the llm_offload topic: ``policies``.
 
 For each model of the scale: one seeded batch; a reference step with no hooks at all (``keep``'s
-losses and gradients); then every policy's step on the same weights and batch, checked
-bit-identical to the reference (a difference raises :class:`NotBitIdentical`: a wrong path is never
-timed); then each policy timed over ``repeat`` training steps (forward, backward, AdamW) after
-``warmup``. Every policy runs under saved-tensor hooks that count what it saves: ``keep`` and
-``recompute`` under an Offloader whose policy keeps everything (the counter), ``save_on_cpu``
-under torch's own hooks with a byte count, ``offload_all`` under the Offloader with its store.
+losses and gradients), taken twice to show it reproduces; then every policy's step on the same
+weights and batch, checked bit-identical to the reference (a difference raises
+:class:`NotBitIdentical`: a wrong path is never timed); then each policy timed over ``repeat``
+training steps (forward, backward, AdamW) after ``warmup``. On a GPU the checked steps run in
+deterministic mode (:func:`deterministic`): fused attention's backward and some reductions
+accumulate with atomics, so two identical keep steps would otherwise differ in their last bits;
+the timed steps run the fast kernels. Every policy runs under saved-tensor hooks that count what
+it saves: ``keep`` and ``recompute`` under an Offloader whose policy keeps everything (the
+counter), ``save_on_cpu`` under torch's own hooks with a byte count, ``offload_all`` under the
+Offloader with its store.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from harness.errors import UserError
@@ -28,6 +34,26 @@ from workloads.llm.layers import blocks
 from workloads.llm.models import ModelSpec, build, spec
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw warnings about token ids
+# cuBLAS reads this when its first handle is made (this module is imported before any model runs);
+# deterministic mode needs it for reproducible matrix products.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+@contextlib.contextmanager
+def deterministic(device: str):
+    """Reproducible kernels on a GPU for the bit-identity check: attention through SDPA's math
+    backend, torch's deterministic algorithms (a warning, not an error, for an op that has none:
+    the check itself then tells whether the step reproduces)."""
+    if device != "cuda":
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 class NotBitIdentical(AssertionError):
@@ -208,7 +234,10 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             "attention_note": built.attention_note,
             "parameters": sum(p.numel() for p in model.parameters()),
         }
-        reference = _one_step(model, batch, None)
+        with deterministic(device):
+            reference = _one_step(model, batch, None)
+            # The reference must reproduce itself, or no comparison with it means anything.
+            _check_identical("keep (a second reference step)", reference, _one_step(model, batch, None))
         if not torch.isfinite(reference[0]) or not any(g.any() for g in reference[1].values()):
             raise NotBitIdentical(f"{dataset}: the reference step has a non-finite loss or all-zero gradients")
         base = {
@@ -231,7 +260,8 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                 store = factory() if factory else None
                 policy = Policy(policy_name, model, layers, device, store=store, **offload)
                 runs.append((variant, role, policy, store_name, gbps))
-                _check_identical(variant, reference, _one_step(model, batch, policy))
+                with deterministic(device):
+                    _check_identical(variant, reference, _one_step(model, batch, policy))
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             flops = training_flops(s)
             for variant, role, policy, store_name, gbps in runs:
