@@ -266,14 +266,18 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             flops = training_flops(s)
             for variant, role, policy, store_name, gbps in runs:
                 policy.history.clear()
-                allocated = []
+                allocated, peaks = [], []
 
-                def train_step(policy=policy, allocated=allocated):
+                def train_step(policy=policy, allocated=allocated, peaks=peaks):
                     optimizer.zero_grad(set_to_none=True)
                     if device == "cuda":
                         allocated.append(torch.cuda.memory_allocated())
                     with policy.step():
                         model(**batch).loss.backward()
+                    if device == "cuda":
+                        # The peak of forward and backward, read before the optimizer step: AdamW's
+                        # temporaries (the size of the weights, twice over) would otherwise set it.
+                        peaks.append(torch.cuda.max_memory_allocated())
                     optimizer.step()
 
                 m = measure(
@@ -296,8 +300,8 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                 writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
                 for rep in range(repeat):
                     counts = dict(policy.history[warmup + rep])
-                    if m.peak_gpu_bytes:
-                        counts["activation_peak"] = m.peak_gpu_bytes[rep] - allocated[warmup + rep]
+                    if peaks:
+                        counts["activation_peak"] = peaks[warmup + rep] - allocated[warmup + rep]
                     for metric, value in counts.items():
                         writer.add(
                             role=role,

@@ -7,8 +7,9 @@ with the store for ``offload_all`` (``offload_all_host``, ``offload_all_file``,
 
 Metrics per timed step: ``time`` and ``cpu_time``; ``flop_rate``, the model TFLOP/s
 (workloads.llm.cost.training_flops: recomputation's extra forward is not counted); on a GPU
-``peak_gpu_memory`` and ``activation_peak``, the peak allocated memory of the step minus what was
-allocated before it (weights and optimizer state). From the saved-tensor hooks of every policy:
+``peak_gpu_memory`` (the step's peak allocated memory, optimizer step included) and
+``activation_peak`` (the peak of forward and backward, read before the optimizer step, minus what
+was allocated before the step: weights and optimizer state). From the saved-tensor hooks of every policy:
 ``activation_bytes``, the saved activations held on the compute device for backward (unique
 storages, parameters excluded; for ``recompute`` the tensors saved outside the checkpointed
 blocks plus the blocks' inputs that checkpointing holds; for ``save_on_cpu`` zero on a GPU, as it
