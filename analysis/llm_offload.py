@@ -55,11 +55,35 @@ emulated = sorted(
 )
 for i, (_, variant) in enumerate(emulated):
     POLICY_COLORS[variant] = EMULATED_COLORS[min(i, len(EMULATED_COLORS) - 1)]
+# The planned policies take their store's colour and a marker of their own.
+PLANNED = ("offload_adaptive", "planner")
+MARKERS = {"offload_adaptive": "^", "planner": "D"}
+for variant in sorted(set(step.variant)):
+    for name in PLANNED:
+        if variant.startswith(name + "_"):
+            POLICY_COLORS[variant] = POLICY_COLORS.get("offload_all_" + variant.removeprefix(name + "_"), "tab:gray")
 ORDER = [v for v in POLICY_COLORS if v in set(step.variant)]
 
 
+def store_label(store: str) -> str:
+    """host, file, kvikio, or "N GB/s (emulated)" for emulated_Ngbps."""
+    if store.startswith("emulated_"):
+        return store.removeprefix("emulated_").replace("gbps", " GB/s (emulated)")
+    return store
+
+
 def label(variant: str) -> str:
-    return variant.replace("offload_all_emulated_", "offload_all, ").replace("gbps", " GB/s (emulated)")
+    for name in ("offload_all", *PLANNED):
+        if variant.startswith(name + "_"):
+            return f"{name}, {store_label(variant.removeprefix(name + '_'))}"
+    return variant
+
+
+def marker(variant: str) -> str:
+    for name in PLANNED:
+        if variant.startswith(name + "_"):
+            return MARKERS[name]
+    return "s" if variant.startswith("offload_all_emulated") else "o"
 
 
 # %% [markdown]
@@ -89,6 +113,32 @@ for dataset, g in step.groupby("dataset"):
             f"| {dataset} | {label(variant)} | {t:.4f} | {t / keep.iloc[0]:.2f} | {mem_cell} | {mem_ratio} | "
             f"{w.iloc[0] / 2**20 if not w.empty else 0:.2f} | {r.iloc[0]:.4g} |"
         )
+
+# The planned policies: what the cost model predicted against what was measured.
+predicted = frame[frame.metric.isin(["predicted_time", "predicted_activation_bytes"])]
+if not predicted.empty:
+    held = summarize(frame, "activation_bytes", KEYS)
+    lines += [
+        "",
+        "## Plans: predicted against measured (systems/ssdtrain/planning.py)",
+        "",
+        "Layers offloaded / recomputed per plan; the store bandwidth the plan assumed was measured just before. "
+        "Predicted activation bytes are the hooks' count at the end of forward, as measured in `activation_bytes`.",
+        "",
+        "| model | variant | offloaded | recomputed | store GB/s | predicted s | measured s "
+        "| predicted MiB | measured MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (dataset, variant), g in predicted.groupby(["dataset", "variant"]):
+        first = g.iloc[0]
+        value = dict(zip(g.metric, g.value))
+        t = step[(step.dataset == dataset) & (step.variant == variant)]["median"].iloc[0]
+        h = held[(held.dataset == dataset) & (held.variant == variant)]["median"].iloc[0]
+        lines.append(
+            f"| {dataset} | {label(variant)} | {first.layers_offloaded} | {first.layers_recomputed} | "
+            f"{first.planned_gbps:.2f} | {value['predicted_time']:.4f} | {t:.4f} | "
+            f"{value['predicted_activation_bytes'] / 2**20:.2f} | {h / 2**20:.2f} |"
+        )
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
@@ -110,7 +160,7 @@ for ax, dataset in zip(axes, datasets):
             [x],
             [y],
             yerr=[[y - t["q25"].iloc[0]], [t["q75"].iloc[0] - y]],
-            fmt="o" if not variant.startswith("offload_all_emulated") else "s",
+            fmt=marker(variant),
             color=POLICY_COLORS[variant],
             markersize=6,
             capsize=3,

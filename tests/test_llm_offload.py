@@ -22,7 +22,12 @@ VARIANTS = {
     "offload_all_file",
     "offload_all_emulated_0.5gbps",
     "offload_all_emulated_2gbps",
+    "offload_adaptive_host",
+    "offload_adaptive_file",
+    "planner_host",
+    "planner_file",
 }
+OFFLOADING = {v for v in VARIANTS if v.startswith(("offload_all", "offload_adaptive", "planner"))}
 
 
 @pytest.fixture
@@ -58,11 +63,22 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
         emulated = rows[rows.variant.str.startswith("offload_all_emulated")]
         assert emulated.store_emulated.all() and set(emulated.emulated_gbps) == {0.5, 2.0}
         assert not rows[~rows.variant.str.startswith("offload_all_emulated")].store_emulated.any()
-        assert set(rows[rows.role == "optimized"].variant) == {v for v in VARIANTS if v.startswith("offload_all")}
+        assert set(rows[rows.role == "optimized"].variant) == OFFLOADING
+        # The planned policies: their plan's counts and the predictions beside the measurements.
+        planned = rows[rows.variant.str.startswith(("offload_adaptive", "planner"))]
+        assert planned.planned_gbps.notna().all() and (planned.planned_gbps > 0).all()
+        assert (planned.layers_offloaded + planned.layers_recomputed <= 2).all()
+        predicted = planned[planned.metric.str.startswith("predicted_")]
+        assert set(predicted.metric) == {"predicted_time", "predicted_activation_bytes"}
+        assert (predicted.groupby(["variant", "metric"]).size() == 1).all() and (predicted.value > 0).all()
+        assert planned[planned.variant.str.startswith("planner")].budget_fraction.eq(0.5).all()
     notes = load_provenance(out)
     assert notes["part"] == "policies"
     assert "kvikio" in notes["skipped"]
     assert notes["models"]["gpt2-tiny"]["attention"] in ("sdpa", "eager")
+    profile = notes["models"]["llama-tiny"]["profile"]
+    assert len(profile["saved_bytes"]) == 2 and min(profile["saved_bytes"]) > 0
+    assert set(notes["models"]["llama-tiny"]["plans"]) == {"host", "file"}
     assert not list(scratch.iterdir())  # the file store removed its files
 
 

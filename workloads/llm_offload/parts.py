@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from harness.errors import UserError
 from harness.timing import measure
-from systems.ssdtrain import DirectFileStore, EmulatedStore, HostStore, KvikioStore, Offloader, Store
+from systems.ssdtrain import DirectFileStore, EmulatedStore, HostStore, KvikioStore, Offloader, Store, planning
 from workloads.llm.cost import training_flops
 from workloads.llm.data import batches
 from workloads.llm.layers import blocks
@@ -92,20 +92,42 @@ def _tensors(values) -> Iterator[torch.Tensor]:
             yield from _tensors(value)
 
 
-class Policy:
-    """One variant: a policy (and a store for ``offload_all``) around a training step's forward
-    and backward; ``history`` has each step's byte counts (metric -> bytes)."""
+PLANNED = ("offload_adaptive", "planner")  # policies that decide per layer from a profile and a plan
 
-    def __init__(self, name: str, model, layers, device: str, *, store: Store | None = None, **offload):
+
+class Policy:
+    """One variant: a policy (and a store for the offloading ones) around a training step's forward
+    and backward; ``history`` has each step's byte counts (metric -> bytes). The planned policies
+    take their per-layer decisions from a :class:`planning.Plan`."""
+
+    def __init__(
+        self,
+        name: str,
+        model,
+        layers,
+        device: str,
+        *,
+        store: Store | None = None,
+        plan: planning.Plan | None = None,
+        **offload,
+    ):
         self.name, self.layers, self.device = name, layers, device
         self.parameters = [*model.parameters(), *model.buffers()]
-        self.store = store
+        self.store, self.plan = store, plan
+        self.recomputed = list(layers) if name == "recompute" else []
         if name == "offload_all":
             self.offloader = Offloader(model, store, policy="offload_all", layers=layers, **offload)
+        elif name in PLANNED:
+            decisions = plan.decisions
+            self.recomputed = [layer for layer, d in zip(layers, decisions) if d == planning.RECOMPUTE]
+            decide = lambda i: "offload" if decisions[i] == planning.OFFLOAD else "keep"  # noqa: E731
+            self.offloader = Offloader(model, store, policy=decide, layers=layers, **offload)
         elif name in ("keep", "recompute"):
             self.offloader = Offloader(model, HostStore(), policy="keep", layers=layers)  # counts only
         elif name != "save_on_cpu":
-            raise UserError(f"unknown policy {name!r}; one of keep, recompute, save_on_cpu, offload_all")
+            raise UserError(
+                f"unknown policy {name!r}; one of keep, recompute, save_on_cpu, offload_all, {', '.join(PLANNED)}"
+            )
         self.history: list[dict[str, int]] = []
 
     @contextlib.contextmanager
@@ -136,15 +158,16 @@ class Policy:
             "bytes_packed": stats.total.packed_bytes,
             "bytes_unique": stats.total.unique_bytes,
         }
-        if self.name == "offload_all":
+        if self.name == "offload_all" or self.name in PLANNED:
             counts |= {"bytes_written": stats.store.bytes_written, "bytes_read": stats.store.bytes_read}
         self.history.append(counts)
 
     @contextlib.contextmanager
     def _checkpointed(self, inputs: dict[int, int]):
-        """For ``recompute``: each block's forward through ``torch.utils.checkpoint`` (non-reentrant);
-        ``inputs`` collects the storages of the blocks' tensor inputs, which checkpointing holds."""
-        if self.name != "recompute":
+        """The recomputed blocks' forwards (all for ``recompute``, the plan's for the planned
+        policies) through ``torch.utils.checkpoint`` (non-reentrant); ``inputs`` collects the
+        storages of their tensor inputs, which checkpointing holds."""
+        if not self.recomputed:
             yield
             return
 
@@ -153,13 +176,13 @@ class Policy:
                 storage = tensor.untyped_storage()
                 inputs[storage.data_ptr()] = storage.nbytes()
 
-        hooks = [layer.register_forward_pre_hook(hold, with_kwargs=True) for layer in self.layers]
-        for layer in self.layers:
+        hooks = [layer.register_forward_pre_hook(hold, with_kwargs=True) for layer in self.recomputed]
+        for layer in self.recomputed:
             layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
         try:
             yield
         finally:
-            for layer in self.layers:
+            for layer in self.recomputed:
                 del layer.forward  # the class's forward again
             for hook in hooks:
                 hook.remove()
@@ -212,6 +235,64 @@ def _stores(params, device: str, scratch_dir, notes: dict) -> list[tuple[str, fl
     return stores
 
 
+def _planned_variants(params, model, layers, batch, device, stores, notes: dict) -> list[tuple]:
+    """The planned policies for each store in ``planned_stores``: the layers profiled once, each
+    store's bandwidth measured, then SSDTrain's adaptive rule and the planner (within
+    ``planner_budget`` of what keep saves). The profile and the plans go into ``notes``."""
+    names = params.get("planned_stores", [])
+    if not names:
+        return []
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+
+    profiles, keep_seconds, fixed = planning.profile(model, layers, step, device)
+    model.zero_grad(set_to_none=True)
+    budget = int(params["planner_budget"] * (sum(p.saved_bytes for p in profiles) + fixed))
+    notes["profile"] = {
+        "keep_step_seconds": keep_seconds,
+        "saved_bytes": [p.saved_bytes for p in profiles],
+        "input_bytes": [p.input_bytes for p in profiles],
+        "forward_seconds": [p.forward_seconds for p in profiles],
+        "bytes_saved_outside_layers": fixed,
+        "planner_budget_bytes": budget,
+    }
+    by_name = {name: (gbps, factory) for name, gbps, factory in stores}
+    variants = []
+    for name in names:
+        if name not in by_name:
+            notes.setdefault("planned_skipped", {})[name] = "no such store in this run (see skipped)"
+            continue
+        gbps, factory = by_name[name]
+        with factory() as probe:
+            bandwidth = planning.store_bandwidth(probe, device)
+        plans = {
+            "offload_adaptive": planning.adaptive(
+                profiles, bandwidth, keep_seconds, params["keep_last"], fixed_bytes=fixed
+            ),
+            "planner": planning.plan(profiles, bandwidth, keep_seconds, budget, params["keep_last"], fixed_bytes=fixed),
+        }
+        notes.setdefault("plans", {})[name] = {"bandwidth_gbps": bandwidth / 1e9} | {
+            policy: list(plan.decisions) for policy, plan in plans.items()
+        }
+        for policy, plan in plans.items():
+            variants.append((f"{policy}_{name}", "optimized", policy, name, gbps, factory, plan))
+    return variants
+
+
+def _plan_config(policy: Policy, params) -> dict:
+    if policy.plan is None:
+        return {}
+    plan = policy.plan
+    return {
+        "layers_offloaded": plan.count(planning.OFFLOAD),
+        "layers_recomputed": plan.count(planning.RECOMPUTE),
+        "planned_gbps": plan.bandwidth / 1e9,
+        "budget_fraction": params["planner_budget"] if policy.name == "planner" else None,
+    }
+
+
 def _model_spec(entry: dict) -> tuple[str, ModelSpec]:
     entry = dict(entry)
     family, preset = entry.pop("family"), entry.pop("preset")
@@ -251,14 +332,16 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             "dtype": str(built.dtype).removeprefix("torch."),
         }
         offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
-        variants = [(name, "baseline", name, None, None, None) for name in ("keep", "recompute", "save_on_cpu")]
-        for store_name, gbps, factory in _stores(params, device, scratch_dir, notes):
-            variants.append((f"offload_all_{store_name}", "optimized", "offload_all", store_name, gbps, factory))
+        variants = [(name, "baseline", name, None, None, None, None) for name in ("keep", "recompute", "save_on_cpu")]
+        stores = _stores(params, device, scratch_dir, notes)
+        for store_name, gbps, factory in stores:
+            variants.append((f"offload_all_{store_name}", "optimized", "offload_all", store_name, gbps, factory, None))
+        variants += _planned_variants(params, model, layers, batch, device, stores, notes["models"][dataset])
         runs = []
         try:
-            for variant, role, policy_name, store_name, gbps, factory in variants:
+            for variant, role, policy_name, store_name, gbps, factory, plan in variants:
                 store = factory() if factory else None
-                policy = Policy(policy_name, model, layers, device, store=store, **offload)
+                policy = Policy(policy_name, model, layers, device, store=store, plan=plan, **offload)
                 runs.append((variant, role, policy, store_name, gbps))
                 with deterministic(device):
                     _check_identical(variant, reference, _one_step(model, batch, policy))
@@ -288,16 +371,35 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                     track_memory=device == "cuda",
                     desc=f"{dataset} {variant}",
                 )
-                offloading = policy.name == "offload_all"
-                config = base | {
-                    "policy": policy.name,
-                    "store": store_name.split("_")[0] if store_name else None,
-                    "store_emulated": gbps is not None,
-                    "emulated_gbps": gbps,
-                    "keep_last": params["keep_last"] if offloading else None,
-                    "min_bytes": params["min_bytes"] if offloading else None,
-                }
+                offloading = policy.name == "offload_all" or policy.name in PLANNED
+                config = (
+                    base
+                    | _plan_config(policy, params)
+                    | {
+                        "policy": policy.name,
+                        "store": store_name.split("_")[0] if store_name else None,
+                        "store_emulated": gbps is not None,
+                        "emulated_gbps": gbps,
+                        "keep_last": params["keep_last"] if offloading else None,
+                        "min_bytes": params["min_bytes"] if offloading else None,
+                    }
+                )
                 writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
+                if policy.plan is not None:  # what the cost model predicted, beside what was measured
+                    for metric, value, unit in (
+                        ("predicted_time", policy.plan.predicted_seconds, "s"),
+                        ("predicted_activation_bytes", policy.plan.predicted_activation_bytes, "B"),
+                    ):
+                        writer.add(
+                            role=role,
+                            variant=variant,
+                            config=config,
+                            metric=metric,
+                            value=value,
+                            unit=unit,
+                            repetition=0,
+                            dataset=dataset,
+                        )
                 for rep in range(repeat):
                     counts = dict(policy.history[warmup + rep])
                     if peaks:

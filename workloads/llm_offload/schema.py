@@ -17,7 +17,10 @@ copies every saved tensor to the host, and on a CPU what keep holds, as ``tensor
 the tensor itself); ``bytes_packed`` (every save, counted each time) and ``bytes_unique`` (each
 storage once). From the store: ``bytes_written`` and ``bytes_read`` (the tensors' own bytes;
 ``save_on_cpu``'s copies to and from the host on a GPU count as written and read, every save
-again, parameters included; on a CPU it moves nothing).
+again, parameters included; on a CPU it moves nothing). ``offload_adaptive_*`` (SSDTrain's rule)
+and ``planner_*`` (keep, offload or recompute per layer within a budget) are ``optimized`` too;
+their plan's predictions are the metrics ``predicted_time`` and ``predicted_activation_bytes``
+(repetition 0), beside the measured ones.
 """
 
 from harness.results import Schema
@@ -39,6 +42,10 @@ SCHEMA = Schema(
         "emulated_gbps": float,  # the emulated bandwidth, GB/s (10^9 B/s); empty when not emulated
         "keep_last": int,  # offload_all: the last layers kept on the device
         "min_bytes": int,  # offload_all: saved tensors smaller than this are kept
+        "layers_offloaded": int,  # offload_adaptive, planner: layers the plan offloads...
+        "layers_recomputed": int,  # ...and recomputes (the rest are kept)
+        "planned_gbps": float,  # the store bandwidth the plan was made for, measured just before (GB/s)
+        "budget_fraction": float,  # planner: the activation budget, a fraction of what keep saves
     },
     metrics={
         "activation_bytes": "B",
@@ -47,5 +54,7 @@ SCHEMA = Schema(
         "bytes_unique": "B",
         "bytes_written": "B",
         "bytes_read": "B",
+        "predicted_time": "s",  # the plan's predicted step time (systems/ssdtrain/planning.py)
+        "predicted_activation_bytes": "B",  # ...and activation bytes when forward ends
     },
 )

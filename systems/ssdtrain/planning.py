@@ -1,0 +1,265 @@
+"""Which layers to keep, offload or recompute: a cost model, SSDTrain's adaptive rule and a planner.
+
+A step is modelled from a profile of its layers (``LayerProfile``: the bytes each layer saves for
+backward, the bytes of its input, its forward time) and the store's bandwidth:
+
+* Forward runs the layers in order; layer i ends at E_i. An offloaded layer's bytes join one write
+  queue when it ends and leave at the store's bandwidth.
+* Backward runs the layers in reverse, each taking ``backward_ratio`` times its forward; it
+  reaches layer i at R_i. An offloaded layer whose write has finished by then is read back (one
+  read queue, started when backward reaches the layer above it: the engine's prefetch of one
+  layer), and backward waits if the read is late. A layer whose write has not finished is still
+  in memory: nothing is read, and nothing was saved either.
+* A recomputed layer keeps only its input and runs its forward again in backward.
+* Step time = the measured keep step + recomputed forwards + read stalls + writes still running
+  when backward ends (a step waits for its transfers). Activation bytes = what is held on the
+  device when forward ends: kept layers, recomputed layers' inputs, and offloaded layers whose
+  write has not finished.
+
+``adaptive`` is SSDTrain's rule: offload the longest run of leading layers whose writes finish
+by the end of forward (so offloading frees memory and costs no time), keep the rest. ``plan``
+goes beyond the paper: it picks per layer keep, offload or recompute to minimise the predicted
+step time within an activation budget. Both return a :class:`Plan` whose predictions are
+recorded next to the measured step (workloads/llm_offload).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
+DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    saved_bytes: int  # what the layer saves for backward and offloading could move (no parameters)
+    input_bytes: int  # its input: what recomputation keeps instead
+    forward_seconds: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    decisions: tuple[str, ...]  # per layer: keep, offload or recompute
+    predicted_seconds: float  # the step
+    predicted_activation_bytes: int  # held on the device when forward ends
+    stall_seconds: float  # read stalls and the wait for writes at the step's end
+    bandwidth: float = 0.0  # the store's B/s the plan was made for
+
+    def count(self, decision: str) -> int:
+        return self.decisions.count(decision)
+
+
+def _check(profiles: list[LayerProfile], bandwidth: float, keep_last: int) -> None:
+    if not profiles:
+        raise ValueError("no layers to plan")
+    if not bandwidth > 0:
+        raise ValueError(f"the store's bandwidth must be positive, got {bandwidth!r} B/s")
+    if not 0 <= keep_last <= len(profiles):
+        raise ValueError(f"keep_last must be between 0 and {len(profiles)}, got {keep_last}")
+
+
+def predict(
+    profiles: list[LayerProfile],
+    decisions: tuple[str, ...] | list[str],
+    bandwidth: float,
+    keep_seconds: float,
+    backward_ratio: float = 2.0,
+    fixed_bytes: int = 0,
+) -> Plan:
+    """The modelled step (see the module) of ``decisions`` with a store of ``bandwidth`` B/s;
+    ``fixed_bytes`` are saved outside the layers (embeddings, the loss) and always held."""
+    if len(decisions) != len(profiles) or any(d not in DECISIONS for d in decisions):
+        raise ValueError(f"one decision of {DECISIONS} per layer expected, got {decisions!r}")
+    ends, t = [], 0.0
+    for p in profiles:
+        t += p.forward_seconds
+        ends.append(t)
+    forward_end = t
+    written, queue = {}, 0.0  # layer -> when its write finishes
+    for i, (p, d) in enumerate(zip(profiles, decisions)):
+        if d == OFFLOAD:
+            queue = max(queue, ends[i]) + p.saved_bytes / bandwidth
+            written[i] = queue
+    held = fixed_bytes
+    for i, (p, d) in enumerate(zip(profiles, decisions)):
+        if d == KEEP or (d == OFFLOAD and written[i] > forward_end):
+            held += p.saved_bytes
+        elif d == RECOMPUTE:
+            held += p.input_bytes
+    # Backward, from the last layer down; `clock` includes the stalls so far, `above` is when
+    # backward reached the layer above (the engine prefetches a layer from then).
+    clock = above = forward_end
+    reads = stall = 0.0
+    for i in reversed(range(len(profiles))):
+        if i in written and written[i] <= clock:  # freed once written: read back
+            reads = max(reads, above, written[i]) + profiles[i].saved_bytes / bandwidth
+            if reads > clock:
+                stall += reads - clock
+                clock = reads
+        above = clock
+        clock += backward_ratio * profiles[i].forward_seconds
+        if decisions[i] == RECOMPUTE:
+            clock += profiles[i].forward_seconds
+    tail = max(0.0, max(written.values(), default=0.0) - clock)
+    recompute = sum(p.forward_seconds for p, d in zip(profiles, decisions) if d == RECOMPUTE)
+    return Plan(tuple(decisions), keep_seconds + recompute + stall + tail, held, stall + tail, bandwidth)
+
+
+def adaptive(profiles: list[LayerProfile], bandwidth: float, keep_seconds: float, keep_last: int = 1, **model) -> Plan:
+    """SSDTrain's adaptive keep: offload the longest run of leading layers (the last ``keep_last``
+    never) whose writes all finish by the end of forward; keep the rest."""
+    _check(profiles, bandwidth, keep_last)
+    best = predict(profiles, [KEEP] * len(profiles), bandwidth, keep_seconds, **model)
+    ends = [sum(p.forward_seconds for p in profiles[: i + 1]) for i in range(len(profiles))]
+    queue = 0.0
+    for k in range(1, len(profiles) - keep_last + 1):
+        queue = max(queue, ends[k - 1]) + profiles[k - 1].saved_bytes / bandwidth  # layer k-1's write ends
+        if queue > ends[-1]:
+            break
+        best = predict(profiles, [OFFLOAD] * k + [KEEP] * (len(profiles) - k), bandwidth, keep_seconds, **model)
+    return best
+
+
+def plan(
+    profiles: list[LayerProfile],
+    bandwidth: float,
+    keep_seconds: float,
+    budget_bytes: int,
+    keep_last: int = 1,
+    **model,
+) -> Plan:
+    """The keep / offload / recompute choice per layer with the smallest predicted step time whose
+    activation bytes fit ``budget_bytes``; if none fits, the one that holds the least. The last
+    ``keep_last`` layers are never offloaded (the engine keeps them). Exhaustive over 3^n choices
+    for up to 10 layers; beyond that, offloading a leading run and recomputing the rest greedily."""
+    _check(profiles, bandwidth, keep_last)
+    n = len(profiles)
+    options = [(KEEP, OFFLOAD, RECOMPUTE) if i < n - keep_last else (KEEP, RECOMPUTE) for i in range(n)]
+    candidates = _all(options) if n <= 10 else _greedy(profiles, options)
+    plans = [predict(profiles, c, bandwidth, keep_seconds, **model) for c in candidates]
+    fitting = [p for p in plans if p.predicted_activation_bytes <= budget_bytes]
+    if fitting:
+        return min(fitting, key=lambda p: (p.predicted_seconds, p.predicted_activation_bytes))
+    return min(plans, key=lambda p: (p.predicted_activation_bytes, p.predicted_seconds))
+
+
+def _all(options):
+    plans = [()]
+    for choices in options:
+        plans = [p + (c,) for p in plans for c in choices]
+    return plans
+
+
+def _greedy(profiles, options):
+    """Offload layers 0..k-1 (k from 0 up), then recompute the rest one at a time, the layer that
+    frees the most bytes per recomputed second first: every prefix of that order is a candidate."""
+    n, candidates = len(profiles), []
+    offloadable = sum(1 for o in options if OFFLOAD in o)
+    for k in range(offloadable + 1):
+        base = [OFFLOAD] * k + [KEEP] * (n - k)
+        candidates.append(tuple(base))
+        rest = sorted(
+            range(k, n),
+            key=lambda i: (
+                -(profiles[i].saved_bytes - profiles[i].input_bytes) / max(profiles[i].forward_seconds, 1e-12)
+            ),
+        )
+        for i in rest:
+            base[i] = RECOMPUTE
+            candidates.append(tuple(base))
+    return candidates
+
+
+# -- measuring what the model needs -------------------------------------------------------------
+
+
+def profile(model, layers, run_step, device: str, min_bytes: int = 0) -> tuple[list[LayerProfile], float, int]:
+    """Each layer's saved bytes, input bytes and forward time, the step's time and the bytes saved
+    outside the layers, from one ``run_step()`` (forward and backward) under a counting,
+    keep-everything Offloader, after one warm-up step. Forward times come from CUDA events (GPU)
+    or the host clock (CPU) around each layer; saved bytes are the layer's unique saved storages
+    less parameters (what offloading could move)."""
+    import time
+
+    import torch
+
+    from systems.ssdtrain.engine import Offloader
+    from systems.ssdtrain.stores import HostStore
+
+    cuda = device == "cuda"
+    starts, ends, inputs = {}, {}, {}
+
+    def clock():
+        if cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def before(index, module, args):
+        inputs[index] = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        starts[index] = clock()
+
+    def after(index, module, args, output):
+        ends[index] = clock()
+
+    hooks = []
+    for i, layer in enumerate(layers):
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: before(i, m, a)))
+        hooks.append(layer.register_forward_hook(lambda m, a, o, i=i: after(i, m, a, o)))
+    counter = Offloader(model, HostStore(), policy="keep", layers=layers, min_bytes=min_bytes, keep_last=0)
+    try:
+        seconds = 0.0
+        for _ in range(2):  # the first step warms up
+            started = clock()
+            with counter:
+                run_step()
+            stopped = clock()
+            if cuda:
+                torch.cuda.synchronize()
+                seconds = started.elapsed_time(stopped) / 1e3
+            else:
+                seconds = stopped - started
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if cuda:
+        forward = {i: starts[i].elapsed_time(ends[i]) / 1e3 for i in starts}
+    else:
+        forward = {i: ends[i] - starts[i] for i in starts}
+    stats = counter.stats.layers
+    profiles = []
+    for i in range(len(layers)):
+        if i not in forward:
+            raise ValueError(f"layer {i} did not run in the step: the layer list does not match the model")
+        layer = stats.get(i)
+        saved = 0 if layer is None else layer.unique_bytes - layer.parameter_bytes
+        profiles.append(LayerProfile(saved, inputs[i], forward[i]))
+    outside = stats.get(None)
+    return profiles, seconds, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
+
+
+def store_bandwidth(store, device: str, nbytes: int = 64 << 20, repeat: int = 3) -> float:
+    """The store's write-and-read bandwidth in B/s (median of ``repeat`` rounds: put a tensor of
+    ``nbytes`` from ``device``, read it back), the figure the plans use for both directions."""
+    import statistics
+    import time
+
+    import torch
+
+    tensor = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    out = torch.empty_like(tensor)
+    rates = []
+    for round_ in range(repeat + 1):  # one warm-up round
+        key = -1 - round_
+        started = time.perf_counter()
+        store.put(key, tensor).result()
+        store.get(key, out).result()
+        elapsed = time.perf_counter() - started
+        store.free(key)
+        if round_:
+            rates.append(2 * nbytes / elapsed)
+    if not torch.equal(out, tensor):
+        raise RuntimeError("the store returned other bytes than it was given")
+    return statistics.median(rates)

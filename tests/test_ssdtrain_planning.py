@@ -1,0 +1,125 @@
+"""The cost model, SSDTrain's adaptive rule and the planner (systems/ssdtrain/planning.py) on
+profiles whose answers can be worked out by hand, and the profile and bandwidth probe on a real
+tiny model and store."""
+
+import pytest
+import torch
+
+from systems.ssdtrain import HostStore, planning
+from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, LayerProfile
+from workloads.llm.data import batches
+from workloads.llm.layers import blocks
+from workloads.llm.models import build, spec
+
+# Four layers of 1 s forward (2 s backward), each saving 10 B with a 2 B input.
+FOUR = [LayerProfile(saved_bytes=10, input_bytes=2, forward_seconds=1.0) for _ in range(4)]
+
+
+def test_keeping_everything_costs_nothing_and_holds_everything():
+    plan = planning.predict(FOUR, [KEEP] * 4, bandwidth=1.0, keep_seconds=12.0, fixed_bytes=7)
+    assert (plan.predicted_seconds, plan.predicted_activation_bytes, plan.stall_seconds) == (12.0, 47, 0.0)
+
+
+def test_a_fast_store_frees_the_offloaded_bytes_without_stalls():
+    plan = planning.predict(FOUR, [OFFLOAD, OFFLOAD, KEEP, KEEP], bandwidth=1e6, keep_seconds=12.0)
+    assert plan.predicted_activation_bytes == 20
+    assert plan.predicted_seconds == pytest.approx(12.0)
+
+
+def test_a_slow_store_frees_nothing_and_the_step_waits_for_its_writes():
+    # 10 B at 1 B/s: layer 0's write runs from 1 s to 11 s, past the end of forward (4 s) and of
+    # backward (4 + 8 = 12 s on the step's clock, where it is still in memory): nothing is read
+    # back, nothing is freed, and the step ends when the write does.
+    plan = planning.predict(FOUR, [OFFLOAD, KEEP, KEEP, KEEP], bandwidth=1.0, keep_seconds=12.0)
+    assert plan.predicted_activation_bytes == 40
+    assert plan.predicted_seconds == pytest.approx(12.0)  # the write (11 s) ends before backward (12 s)
+    plan = planning.predict(FOUR, [OFFLOAD, OFFLOAD, KEEP, KEEP], bandwidth=1.0, keep_seconds=12.0)
+    assert plan.predicted_seconds == pytest.approx(12.0 + 9.0)  # writes end at 21 s: 9 s after backward
+
+
+def test_a_late_read_stalls_backward():
+    # 10 B/s: layer 0 is written by 2 s and freed. Backward reaches layer 1 at 4 + 2 + 2 = 8 s,
+    # asks for layer 0 then, and needs it at 10 s: a 1 s read, no stall. At 2 B/s the write takes
+    # 5 s (1 -> 6 s), the read 5 s from 8 s: 3 s late.
+    fast = planning.predict(FOUR, [OFFLOAD, KEEP, KEEP, KEEP], bandwidth=10.0, keep_seconds=12.0)
+    assert fast.stall_seconds == 0.0 and fast.predicted_activation_bytes == 30
+    slow = planning.predict(FOUR, [OFFLOAD, KEEP, KEEP, KEEP], bandwidth=2.0, keep_seconds=12.0)
+    assert slow.stall_seconds == pytest.approx(3.0) and slow.predicted_seconds == pytest.approx(15.0)
+
+
+def test_recomputation_holds_the_input_and_pays_a_forward():
+    plan = planning.predict(FOUR, [RECOMPUTE, RECOMPUTE, KEEP, KEEP], bandwidth=1.0, keep_seconds=12.0)
+    assert plan.predicted_activation_bytes == 2 + 2 + 10 + 10
+    assert plan.predicted_seconds == pytest.approx(14.0)
+
+
+@pytest.mark.parametrize("bandwidth, offloaded", [(10.0, 3), (5.0, 1), (1.0, 0)])
+def test_adaptive_offloads_the_leading_layers_whose_writes_end_with_forward(bandwidth, offloaded):
+    # 10 B/s: writes of 1 s, layers 0-2 written by 2, 3 and 4 s (forward ends at 4 s); layer 3 is
+    # the kept last layer. 5 B/s: 2 s writes, layer 1's would end at 5 s. 1 B/s: none fits.
+    plan = planning.adaptive(FOUR, bandwidth, keep_seconds=12.0, keep_last=1)
+    assert plan.decisions == (OFFLOAD,) * offloaded + (KEEP,) * (4 - offloaded)
+
+
+def test_planner_offloads_when_the_store_keeps_up_and_recomputes_when_it_does_not():
+    fast = planning.plan(FOUR, 1e6, keep_seconds=12.0, budget_bytes=20, keep_last=1)
+    assert fast.count(OFFLOAD) >= 2 and fast.count(RECOMPUTE) == 0 and fast.predicted_activation_bytes <= 20
+    slow = planning.plan(FOUR, 0.01, keep_seconds=12.0, budget_bytes=20, keep_last=1)
+    assert slow.count(OFFLOAD) == 0 and slow.count(RECOMPUTE) >= 2 and slow.predicted_activation_bytes <= 20
+    # Cheapest within the budget: exactly what keeps it (no more recomputation than needed).
+    assert slow.predicted_seconds == pytest.approx(12.0 + slow.count(RECOMPUTE))
+
+
+def test_planner_never_offloads_the_kept_last_layers_and_says_when_nothing_fits():
+    plan = planning.plan(FOUR, 1e6, keep_seconds=12.0, budget_bytes=0, keep_last=2)
+    assert plan.decisions[2:] != (OFFLOAD, OFFLOAD) and OFFLOAD not in plan.decisions[2:]
+    assert plan.predicted_activation_bytes > 0  # nothing fits 0 B: the least-holding plan
+
+
+def test_planner_on_many_layers_searches_greedily_and_keeps_the_budget():
+    layers = [LayerProfile(10 + i, 2, 1.0 + 0.1 * i) for i in range(14)]
+    total = sum(p.saved_bytes for p in layers)
+    for bandwidth in (1e6, 1.0):
+        plan = planning.plan(layers, bandwidth, keep_seconds=40.0, budget_bytes=total // 3, keep_last=1)
+        assert plan.predicted_activation_bytes <= total // 3 and len(plan.decisions) == 14
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: planning.plan([], 1.0, 1.0, 10), "no layers"),
+        (lambda: planning.plan(FOUR, 0.0, 1.0, 10), "bandwidth must be positive"),
+        (lambda: planning.adaptive(FOUR, 1.0, 1.0, keep_last=5), "keep_last must be between 0 and 4"),
+        (lambda: planning.predict(FOUR, [KEEP] * 3, 1.0, 1.0), "one decision of"),
+        (lambda: planning.predict(FOUR, [KEEP, KEEP, KEEP, "drop"], 1.0, 1.0), "one decision of"),
+    ],
+)
+def test_bad_input_is_refused(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_profile_of_a_real_model_matches_what_keep_saves():
+    s = spec("llama", "tiny")
+    model = build(s, seed=0).model
+    layers = [block for _, block in blocks(model)]
+    batch = next(batches(s, seed=0))
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+
+    profiles, seconds, fixed = planning.profile(model, layers, step, "cpu")
+    assert len(profiles) == len(layers) and seconds > 0 and fixed > 0
+    for p in profiles:
+        assert p.saved_bytes > p.input_bytes > 0 and p.forward_seconds > 0
+    # Identical blocks save identical bytes, except that storages shared by every block (the rotary
+    # tables) count once, in the first block that saves them.
+    assert len({p.saved_bytes for p in profiles[1:]}) == 1 and profiles[0].saved_bytes >= profiles[1].saved_bytes
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_store_bandwidth_is_measured_and_checked():
+    with HostStore() as store:
+        rate = planning.store_bandwidth(store, "cpu", nbytes=1 << 20, repeat=2)
+        assert rate > 0 and len(store) == 0  # the probe frees what it stored
