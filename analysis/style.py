@@ -34,7 +34,7 @@ VARIANT_STYLE.update(
         "offload_all_kvikio": ("tab:olive", "-"),
     }
 )
-EMULATED_RAMP = ["lightskyblue", "tab:blue", "navy", "midnightblue"]
+EMULATED_RAMP = ["lightskyblue", "deepskyblue", "tab:blue", "mediumblue", "midnightblue"]
 
 
 def color(variant: str) -> str:
