@@ -10,7 +10,9 @@ accumulate with atomics, so two identical keep steps would otherwise differ in t
 the timed steps run the fast kernels. Every policy runs under saved-tensor hooks that count what
 it saves: ``keep`` and ``recompute`` under an Offloader whose policy keeps everything (the
 counter), ``save_on_cpu`` under torch's own hooks with a byte count, ``offload_all`` under the
-Offloader with its store.
+Offloader with its store. For each store in ``planned_stores``, ``offload_adaptive`` and ``planner``
+run the per-layer decisions of a plan (systems/ssdtrain/planning.py) made from a profile of the
+model and the store's measured bandwidth; their predictions are recorded beside the measurements.
 """
 
 from __future__ import annotations
