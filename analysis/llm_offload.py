@@ -29,8 +29,12 @@ results = {}  # topic -> its results files, passed by the workflow
 # %%
 from pathlib import Path
 
+import numpy as np
+
 from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
 from analysis.style import EMULATED_RAMP, color
+from workloads.llm import cost
+from workloads.llm.models import spec
 from workloads.llm_offload.schema import SCHEMA
 
 frame, provenance = load_results(results["llm_offload"], SCHEMA)
@@ -41,6 +45,7 @@ rate = summarize(frame, "flop_rate", KEYS)
 memory_metric = "activation_peak" if (frame.metric == "activation_peak").any() else "activation_bytes"
 memory = summarize(frame, memory_metric, KEYS)
 written = summarize(frame, "bytes_written", KEYS)
+write_seconds = summarize(frame, "write_seconds", KEYS)
 print(machine_label(provenance))
 
 # The suite's fixed colours per variant (analysis/style.py); emulated stores in its blue ramp.
@@ -86,6 +91,21 @@ def marker(variant: str) -> str:
     return "s" if variant.startswith("offload_all_emulated") else "o"
 
 
+def block_costs_of(dataset: str) -> tuple[list[int], list[int]]:
+    """The per-block saved bytes and forward FLOPs the run recorded for a model (the formulas of
+    workloads/llm/cost.py); runs before they were recorded: the same formulas from the preset and
+    the shape columns."""
+    for record in provenance:
+        blocks = record.get("models", {}).get(dataset, {}).get("blocks")
+        if blocks:
+            return blocks["saved_bytes"], blocks["forward_flops"]
+    row = frame[frame.dataset == dataset].iloc[0]
+    shape = {k: int(row[k]) for k in ("hidden", "layers", "sequence", "micro_batch")}
+    element = 2 if row["dtype"] == "bfloat16" else 4  # row.dtype would be the Series attribute
+    costs = cost.block_costs(spec(row["family"], row["preset"], **shape), element)
+    return [c.saved_bytes for c in costs], [c.forward_flops for c in costs]
+
+
 # %% [markdown]
 # ## Key numbers: medians, and ratios to keep from the same run
 
@@ -97,8 +117,13 @@ lines = [
     "",
     f"Activation memory: `{memory_metric}`. Emulated stores are throttled host memory, not a disk.",
     "",
-    "| model | variant | step s | x keep | activation MiB | x keep | written MiB/step | model TFLOP/s |",
-    "|---|---|---|---|---|---|---|---|",
+    "Exposed I/O = the step's time over keep's. Write GB/s = bytes written over the time the store had a "
+    "write in flight (achieved, not nominal; blank where the run did not record it). TB/day = bytes written "
+    "per step at this step rate for a day: what an SSD would have to endure.",
+    "",
+    "| model | variant | step s | x keep | exposed I/O s | activation MiB | x keep | written MiB/step "
+    "| write GB/s | TB/day | model TFLOP/s |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 for dataset, g in step.groupby("dataset"):
     keep = g[g.variant == "keep"]["median"]
@@ -106,12 +131,15 @@ for dataset, g in step.groupby("dataset"):
     for variant in [v for v in ORDER if v in set(g.variant)]:
         t = g[g.variant == variant]["median"].iloc[0]
         sel = lambda d: d[(d.dataset == dataset) & (d.variant == variant)]["median"]  # noqa: E731
-        mem, w, r = sel(memory), sel(written), sel(rate)
+        mem, w, r, ws = sel(memory), sel(written), sel(rate), sel(write_seconds)
         mem_cell = f"{mem.iloc[0] / 2**20:.2f}" if not mem.empty else ""
         mem_ratio = f"{mem.iloc[0] / keep_mem.iloc[0]:.2f}" if not mem.empty and not keep_mem.empty else ""
+        w_bytes = w.iloc[0] if not w.empty else 0.0
+        achieved = f"{w_bytes / ws.iloc[0] / 1e9:.2f}" if not ws.empty and ws.iloc[0] > 0 else ""
         lines.append(
-            f"| {dataset} | {label(variant)} | {t:.4f} | {t / keep.iloc[0]:.2f} | {mem_cell} | {mem_ratio} | "
-            f"{w.iloc[0] / 2**20 if not w.empty else 0:.2f} | {r.iloc[0]:.4g} |"
+            f"| {dataset} | {label(variant)} | {t:.4f} | {t / keep.iloc[0]:.2f} | {t - keep.iloc[0]:.4f} | "
+            f"{mem_cell} | {mem_ratio} | {w_bytes / 2**20:.2f} | {achieved} | {w_bytes / t * 86400 / 1e12:.3g} | "
+            f"{r.iloc[0]:.4g} |"
         )
 
 # The planned policies: what the cost model predicted against what was measured.
@@ -148,8 +176,8 @@ print("\n".join(lines))
 
 # %%
 datasets = sorted(set(step.dataset))
-fig, axes = panel_grid(len(datasets), width=4.4, height=3.6, cols=2)
-for ax, dataset in zip(axes, datasets):
+fig, grid = panel_grid(2 * len(datasets), width=4.4, height=3.6, cols=2)
+for ax, dataset in zip(grid[0::2], datasets):
     for variant in ORDER:
         t = step[(step.dataset == dataset) & (step.variant == variant)]
         mem = memory[(memory.dataset == dataset) & (memory.variant == variant)]
@@ -174,7 +202,46 @@ for ax, dataset in zip(axes, datasets):
     )
     ax.set_xlim(left=-0.03 * ax.get_xlim()[1])  # a policy that keeps nothing on the device sits at 0: inside
     ax.grid(alpha=0.3)
-handles, labels = axes[0].get_legend_handles_labels()
+for ax, dataset in zip(grid[1::2], datasets):
+    # What-if: the write bandwidth that hides a block's offload inside its own forward, for a GPU
+    # of any speed (SSDTrain's criterion), against the bandwidths the stores reached here.
+    saved, flops = block_costs_of(dataset)
+
+    def needed(flop_rate):  # GB/s that writes every block's saved bytes within its own forward
+        return max(b / (f / flop_rate) for b, f in zip(saved, flops)) / 1e9
+
+    keep_rate = rate[(rate.dataset == dataset) & (rate.variant == "keep")]["median"]
+    here = keep_rate.iloc[0] * 1e12 if not keep_rate.empty else None
+    low = min(20e12, here / 3) if here else 20e12  # the range reaches down to the measured rate
+    speeds = np.logspace(np.log10(low), np.log10(2e15), 60)
+    ax.plot(speeds / 1e12, [needed(F) for F in speeds], color="black", label="needed to hide every write")
+    if here:
+        ax.plot([here / 1e12], [needed(here)], "ko")
+        ax.annotate(
+            "keep, measured", (here / 1e12, needed(here)), textcoords="offset points", xytext=(6, 4), fontsize=7
+        )
+    for variant in ORDER:
+        sel = lambda d: d[(d.dataset == dataset) & (d.variant == variant)]["median"]  # noqa: E731
+        w, ws = sel(written), sel(write_seconds)
+        nominal = step[(step.dataset == dataset) & (step.variant == variant)]["emulated_gbps"]
+        if not ws.empty and ws.iloc[0] > 0:
+            value, style = w.iloc[0] / ws.iloc[0] / 1e9, "-"
+        elif not nominal.empty and nominal.notna().iloc[0]:
+            value, style = float(nominal.iloc[0]), ":"
+        else:
+            continue
+        if variant.startswith("offload_all"):
+            ax.axhline(value, color=POLICY_COLORS[variant], linestyle=style, linewidth=1.2)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="compute throughput, model TFLOP/s",
+        ylabel="write GB/s",
+        title=f"{dataset}: needed vs available\n(solid: achieved here; dotted: emulated, nominal)",
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="upper left", fontsize=7, frameon=False)
+handles, labels = grid[0].get_legend_handles_labels()
 fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
 layout_with_title(
     fig,

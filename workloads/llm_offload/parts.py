@@ -30,10 +30,11 @@ from torch.utils.checkpoint import checkpoint
 from harness.errors import UserError
 from harness.timing import measure
 from systems.ssdtrain import DirectFileStore, EmulatedStore, HostStore, KvikioStore, Offloader, Store, planning
-from workloads.llm.cost import training_flops
+from workloads.llm.cost import block_costs, training_flops
 from workloads.llm.data import batches
 from workloads.llm.layers import blocks
 from workloads.llm.models import ModelSpec, build, spec
+from workloads.llm_offload.schema import SCHEMA
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw warnings about token ids
 # cuBLAS reads this when its first handle is made (this module is imported before any model runs);
@@ -99,7 +100,7 @@ PLANNED = ("offload_adaptive", "planner")  # policies that decide per layer from
 
 class Policy:
     """One variant: a policy (and a store for the offloading ones) around a training step's forward
-    and backward; ``history`` has each step's byte counts (metric -> bytes). The planned policies
+    and backward; ``history`` has each step's counts (metric -> bytes, or seconds of store I/O). The planned policies
     take their per-layer decisions from a :class:`planning.Plan`."""
 
     def __init__(
@@ -161,7 +162,13 @@ class Policy:
             "bytes_unique": stats.total.unique_bytes,
         }
         if self.name == "offload_all" or self.name in PLANNED:
-            counts |= {"bytes_written": stats.store.bytes_written, "bytes_read": stats.store.bytes_read}
+            store = stats.store
+            counts |= {
+                "bytes_written": store.bytes_written,
+                "bytes_read": store.bytes_read,
+                "write_seconds": store.write_seconds,
+                "read_seconds": store.read_seconds,
+            }
         self.history.append(counts)
 
     @contextlib.contextmanager
@@ -316,6 +323,11 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             "attention": built.attention,
             "attention_note": built.attention_note,
             "parameters": sum(p.numel() for p in model.parameters()),
+            # The formulas' per-block costs (workloads/llm/cost.py), for the required-bandwidth what-if.
+            "blocks": {
+                "saved_bytes": [c.saved_bytes for c in block_costs(s, built.dtype.itemsize)],
+                "forward_flops": [c.forward_flops for c in block_costs(s, built.dtype.itemsize)],
+            },
         }
         with deterministic(device):
             reference = _one_step(model, batch, None)
@@ -413,7 +425,7 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                             config=config,
                             metric=metric,
                             value=value,
-                            unit="B",
+                            unit=SCHEMA.units[metric],
                             repetition=rep,
                             dataset=dataset,
                         )

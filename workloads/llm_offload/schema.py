@@ -15,7 +15,9 @@ storages, parameters excluded; for ``recompute`` the tensors saved outside the c
 blocks plus the blocks' inputs that checkpointing holds; for ``save_on_cpu`` zero on a GPU, as it
 copies every saved tensor to the host, and on a CPU what keep holds, as ``tensor.cpu()`` is then
 the tensor itself); ``bytes_packed`` (every save, counted each time) and ``bytes_unique`` (each
-storage once). From the store: ``bytes_written`` and ``bytes_read`` (the tensors' own bytes;
+storage once). From the store: ``write_seconds`` and ``read_seconds`` (wall time with a transfer
+of that direction in flight: bytes over them is the bandwidth achieved), ``bytes_written`` and
+``bytes_read`` (the tensors' own bytes;
 ``save_on_cpu``'s copies to and from the host on a GPU count as written and read, every save
 again, parameters included; on a CPU it moves nothing). ``offload_adaptive_*`` (SSDTrain's rule)
 and ``planner_*`` (keep, offload or recompute per layer within a budget) are ``optimized`` too;
@@ -54,6 +56,8 @@ SCHEMA = Schema(
         "bytes_unique": "B",
         "bytes_written": "B",
         "bytes_read": "B",
+        "write_seconds": "s",  # wall time the store had a write in flight during the step
+        "read_seconds": "s",  # ...a read
         "predicted_time": "s",  # the plan's predicted step time (systems/ssdtrain/planning.py)
         "predicted_activation_bytes": "B",  # ...and activation bytes when forward ends
     },
