@@ -266,8 +266,8 @@ class BoundsCheck:
     The wait polls (``cudaEventSynchronize`` on a default event, which spins or yields): a blocking
     event sleeps until an interrupt wakes the thread, which cost about 250 us per call on an H200
     (tools/gather_call_overhead.py: a one-row gather took 494 us through the op, 30 us through
-    stock torch), a fifth of a 128 B-row batch. The flag comes back through one pinned word per
-    device, reused by every call on it."""
+    stock torch), a fifth of a 128 B-row batch. The flag comes back through a pinned word kept per
+    device and thread (:func:`_flag_word`)."""
 
     bad_pos: torch.Tensor | None
     idx: torch.Tensor
