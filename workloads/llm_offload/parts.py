@@ -399,36 +399,28 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                     }
                 )
                 writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
+
+                def record(metric, value, rep, config=config, role=role, variant=variant):
+                    writer.add(
+                        role=role,
+                        variant=variant,
+                        config=config,
+                        metric=metric,
+                        value=value,
+                        unit=SCHEMA.units[metric],
+                        repetition=rep,
+                        dataset=dataset,
+                    )
+
                 if policy.plan is not None:  # what the cost model predicted, beside what was measured
-                    for metric, value, unit in (
-                        ("predicted_time", policy.plan.predicted_seconds, "s"),
-                        ("predicted_activation_bytes", policy.plan.predicted_activation_bytes, "B"),
-                    ):
-                        writer.add(
-                            role=role,
-                            variant=variant,
-                            config=config,
-                            metric=metric,
-                            value=value,
-                            unit=unit,
-                            repetition=0,
-                            dataset=dataset,
-                        )
+                    record("predicted_time", policy.plan.predicted_seconds, 0)
+                    record("predicted_activation_bytes", policy.plan.predicted_activation_bytes, 0)
                 for rep in range(repeat):
                     counts = dict(policy.history[warmup + rep])
                     if peaks:
                         counts["activation_peak"] = peaks[warmup + rep] - allocated[warmup + rep]
                     for metric, value in counts.items():
-                        writer.add(
-                            role=role,
-                            variant=variant,
-                            config=config,
-                            metric=metric,
-                            value=value,
-                            unit=SCHEMA.units[metric],
-                            repetition=rep,
-                            dataset=dataset,
-                        )
+                        record(metric, value, rep)
         finally:
             for _, _, policy, _, _ in runs:
                 policy.close()
