@@ -38,6 +38,9 @@ from workloads.llm.models import spec
 from workloads.llm_offload.schema import SCHEMA
 
 frame, provenance = load_results(results["llm_offload"], SCHEMA)
+# Part micro_batches (the memory spent on a larger micro-batch) has its own table and panels.
+sweep = frame[frame.part == "micro_batches"]
+frame = frame[frame.part != "micro_batches"]
 KEYS = ["dataset", "variant", "policy", "store", "emulated_gbps"]
 step = summarize(frame, "time", KEYS)
 rate = summarize(frame, "flop_rate", KEYS)
@@ -167,6 +170,35 @@ if not predicted.empty:
             f"{first.planned_gbps:.2f} | {value['predicted_time']:.4f} | {t:.4f} | "
             f"{value['predicted_activation_bytes'] / 2**20:.2f} | {h / 2**20:.2f} |"
         )
+
+# Part micro_batches: tokens per second at a fixed global batch, by micro-batch.
+if not sweep.empty:
+    sweep = sweep.assign(tokens=sweep.global_batch * sweep.sequence)
+    sweep_keys = ["dataset", "variant", "micro_batch", "global_batch", "sequence"]
+    sweep_time = summarize(sweep, "time", sweep_keys)
+    sweep_held = summarize(sweep, "activation_bytes", sweep_keys)
+    oom = sweep[sweep.metric == "out_of_memory"]
+    lines += [
+        "",
+        "## Micro-batches at a fixed global batch (part micro_batches)",
+        "",
+        "Tokens per second of one optimizer step over the global batch (gradient accumulation), and the activation "
+        "bytes one micro-step holds.",
+        "",
+        "| model | micro-batch | variant | tokens/s | activation MiB |",
+        "|---|---|---|---|---|",
+    ]
+    for _, r in sweep_time.sort_values(["dataset", "micro_batch", "variant"]).iterrows():
+        held_row = sweep_held[
+            (sweep_held.dataset == r.dataset)
+            & (sweep_held.variant == r.variant)
+            & (sweep_held.micro_batch == r.micro_batch)
+        ]["median"]
+        held_cell = f"{held_row.iloc[0] / 2**20:.1f}" if not held_row.empty else ""
+        tokens = r.global_batch * r.sequence / r["median"]
+        lines.append(f"| {r.dataset} | {r.micro_batch} | {label(r.variant)} | {tokens:,.0f} | {held_cell} |")
+    for _, r in oom.iterrows():
+        lines.append(f"| {r.dataset} | {r.micro_batch} | {label(r.variant)} | out of memory | |")
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
@@ -176,7 +208,7 @@ print("\n".join(lines))
 
 # %%
 datasets = sorted(set(step.dataset))
-fig, grid = panel_grid(2 * len(datasets), width=4.4, height=3.6, cols=2)
+fig, grid = panel_grid(2 * len(datasets) + (2 if not sweep.empty else 0), width=4.4, height=3.6, cols=2)
 for ax, dataset in zip(grid[0::2], datasets):
     for variant in ORDER:
         t = step[(step.dataset == dataset) & (step.variant == variant)]
@@ -241,6 +273,24 @@ for ax, dataset in zip(grid[1::2], datasets):
     )
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="upper left", fontsize=7, frameon=False)
+if not sweep.empty:
+    speed_ax, held_ax = grid[-2], grid[-1]
+    for variant in [v for v in ORDER + sorted(set(sweep_time.variant)) if v in set(sweep_time.variant)]:
+        t = sweep_time[sweep_time.variant == variant].sort_values("micro_batch")
+        h = sweep_held[sweep_held.variant == variant].sort_values("micro_batch")
+        colour = POLICY_COLORS.get(variant, "tab:gray")
+        speed_ax.plot(
+            t.micro_batch, t.global_batch * t.sequence / t["median"], "o-", color=colour, label=label(variant)
+        )
+        held_ax.plot(h.micro_batch, h["median"] / 2**20, "o-", color=colour, label=label(variant))
+    title = f"{sweep_time.dataset.iloc[0]}, {int(sweep_time.global_batch.iloc[0])} sequences per step"
+    speed_ax.set(xscale="log", xlabel="micro-batch", ylabel="tokens/s", ylim=(0, None), title=title)
+    held_ax.set(xscale="log", xlabel="micro-batch", ylabel="activation MiB (activation_bytes)", ylim=(0, None))
+    held_ax.set_title("activation bytes one micro-step holds")
+    for ax in (speed_ax, held_ax):
+        ax.minorticks_off()  # the micro-batches themselves are the ticks
+        ax.set_xticks(sorted(set(sweep_time.micro_batch)), [str(b) for b in sorted(set(sweep_time.micro_batch))])
+        ax.grid(alpha=0.3)
 handles, labels = grid[0].get_legend_handles_labels()
 fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
 layout_with_title(

@@ -98,3 +98,42 @@ def test_a_wrong_policy_is_refused_before_timing(tmp_path, scratch, monkeypatch)
     with pytest.raises(parts.NotBitIdentical, match="save_on_cpu"):
         run(out, scratch)
     assert not out.exists() and not timed
+
+
+def test_micro_batches_tiny_end_to_end(tmp_path, scratch):
+    """Every micro-batch and policy checked and timed at a fixed global batch; activation bytes grow
+    with the micro-batch and offloading holds less than keep at each."""
+    out = tmp_path / "micro_batches-tiny.csv"
+    entry(
+        ["llm_offload", "--part", "micro_batches", "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)]
+    )
+    frame = load([out], SCHEMA)
+    assert set(frame.micro_batch) == {2, 4} and set(frame.global_batch) == {4}
+    assert set(frame.variant) == {"keep", "recompute", "offload_all_host"}
+    assert not (frame.metric == "out_of_memory").any()  # nothing runs out of memory on a CPU
+    held = frame[frame.metric == "activation_bytes"].groupby(["micro_batch", "variant"]).value.median()
+    for variant in ("keep", "recompute", "offload_all_host"):
+        assert held[(4, variant)] > held[(2, variant)]
+    for micro in (2, 4):
+        assert held[(micro, "offload_all_host")] < held[(micro, "keep")]
+    assert not list(scratch.iterdir())
+
+
+def test_a_micro_batch_that_does_not_divide_the_global_batch_is_refused(scratch):
+    from harness.errors import UserError
+
+    params = {
+        "seed": 0,
+        "model": {"family": "llama", "preset": "tiny"},
+        "global_batch": 4,
+        "micro_batches": [3],
+        "stores": [],
+        "emulated_gbps": [],
+        "keep_last": 1,
+        "min_bytes": 0,
+        "prefetch": 1,
+        "file_threads": 1,
+        "file_block_mib": 1,
+    }
+    with pytest.raises(UserError, match="micro-batch 3 does not divide the global batch 4"):
+        parts.micro_batches(params, None, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)

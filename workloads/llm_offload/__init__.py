@@ -5,6 +5,10 @@ one seeded training step per policy is first checked bit-identical to ``keep`` (
 gradient), then timed; each row says how much activation memory the step held on the device and
 what the store moved. Without a GPU it runs the same policies and stores on the CPU (KvikioStore
 and pinned memory are GPU-only; the provenance notes say what was skipped and why).
+
+A second part, ``micro_batches``: the memory offloading frees, spent on a larger micro-batch at a
+fixed global batch (gradient accumulation): tokens per second and activation bytes of keep,
+recompute and offload_all per micro-batch, an out-of-memory recorded as an outcome.
 """
 
 from harness.topic import Part, Topic
@@ -15,6 +19,6 @@ TOPIC = Topic(
     title="LLM activation offloading (SSDTrain)",
     technique="ssdtrain",
     schema=SCHEMA,
-    parts=(Part("policies", gpus=1, cpu=True),),
+    parts=(Part("policies", gpus=1, cpu=True), Part("micro_batches", gpus=1, cpu=True)),
     packages=("transformers",),
 )

@@ -1,4 +1,4 @@
-"""The measuring function of the llm_offload topic: ``policies``.
+"""The measuring functions of the llm_offload topic: ``policies`` and ``micro_batches``.
 
 For each model of the scale: one seeded batch; a reference step with no hooks at all (``keep``'s
 losses and gradients), taken twice to show it reproduces; then every policy's step on the same
@@ -18,6 +18,7 @@ model and the store's measured bandwidth; their predictions are recorded beside 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -425,3 +426,118 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             for _, _, policy, _, _ in runs:
                 policy.close()
     return notes
+
+
+def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
+    """The memory a policy frees, spent on a larger micro-batch at a fixed global batch.
+
+    One model; for each micro-batch, ``keep``, ``recompute`` and ``offload_all`` to each store in
+    ``stores`` train ``global_batch`` sequences per optimizer step (gradient accumulation over
+    global_batch / micro_batch micro-steps). Each policy's first micro-step is checked bit-identical
+    to keep's at that micro-batch before it is timed. A micro-batch that does not fit in GPU memory
+    is recorded as ``out_of_memory`` (value 1), not a failure of the part."""
+    notes = {"skipped": {}, "models": {}}
+    dataset, shape = _model_spec(params["model"])
+    built = build(shape, device=device, seed=params["seed"])
+    model = built.model
+    layers = [block for _, block in blocks(model)]
+    notes["models"][dataset] = {"attention": built.attention, "parameters": sum(p.numel() for p in model.parameters())}
+    stores = {name: factory for name, _, factory in _stores(params, device, scratch_dir, notes)}
+    offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    global_batch = params["global_batch"]
+    for micro in params["micro_batches"]:
+        if global_batch % micro:
+            raise UserError(f"micro-batch {micro} does not divide the global batch {global_batch}")
+        s = dataclasses.replace(shape, micro_batch=micro)
+        data = batches(s, seed=params["seed"], device=device)
+        steps = [next(data) for _ in range(global_batch // micro)]
+        base = {
+            "device": device,
+            "family": s.family,
+            "preset": params["model"]["preset"],
+            "hidden": s.hidden,
+            "layers": s.layers,
+            "sequence": s.sequence,
+            "micro_batch": micro,
+            "global_batch": global_batch,
+            "dtype": str(built.dtype).removeprefix("torch."),
+        }
+        try:
+            with deterministic(device):
+                reference = _one_step(model, steps[0], None)
+        except torch.cuda.OutOfMemoryError:
+            _out_of_memory(writer, dataset, base | {"policy": "keep"}, "keep")
+            continue
+        # Every policy is checked before any is timed: timing trains, and changes the weights.
+        checked = []
+        for variant in ("keep", "recompute", *(f"offload_all_{name}" for name in params["stores"])):
+            store_name = variant.removeprefix("offload_all_") if variant.startswith("offload_all_") else None
+            if store_name is not None and store_name not in stores:
+                notes["skipped"][variant] = "no such store in this run"
+                continue
+            name = "offload_all" if store_name else variant
+            policy = Policy(name, model, layers, device, store=stores[store_name]() if store_name else None, **offload)
+            config = base | {"policy": name, "store": store_name, "store_emulated": False}
+            if store_name:
+                config |= {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"]}
+            try:
+                with deterministic(device):
+                    _check_identical(f"{variant} at micro-batch {micro}", reference, _one_step(model, steps[0], policy))
+            except torch.cuda.OutOfMemoryError:
+                policy.close()
+                _out_of_memory(writer, dataset, config, variant)
+                continue
+            except BaseException:
+                policy.close()
+                raise
+            checked.append((variant, policy, config, store_name))
+        for variant, policy, config, store_name in checked:
+            policy.history.clear()
+
+            def train_step(policy=policy, steps=steps):
+                optimizer.zero_grad(set_to_none=True)
+                for batch in steps:
+                    with policy.step():
+                        model(**batch).loss.backward()
+                optimizer.step()
+
+            try:
+                m = measure(train_step, device=device, repeat=repeat, warmup=warmup, desc=f"b={micro} {variant}")
+            except torch.cuda.OutOfMemoryError:
+                _out_of_memory(writer, dataset, config, variant)
+                continue
+            finally:
+                policy.close()
+            role = "baseline" if store_name is None else "optimized"
+            flops = training_flops(s) * len(steps)
+            writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
+            for rep in range(repeat):
+                first = policy.history[(warmup + rep) * len(steps)]  # every micro-step holds the same
+                writer.add(
+                    role=role,
+                    variant=variant,
+                    config=config,
+                    metric="activation_bytes",
+                    value=first["activation_bytes"],
+                    unit="B",
+                    repetition=rep,
+                    dataset=dataset,
+                )
+    return notes
+
+
+def _out_of_memory(writer, dataset: str, config: dict, variant: str) -> None:
+    """Record that ``variant`` did not fit, and give its memory back."""
+    torch.cuda.empty_cache()
+    role = "optimized" if variant.startswith("offload") else "baseline"
+    writer.add(
+        role=role,
+        variant=variant,
+        config=config,
+        metric="out_of_memory",
+        value=1,
+        unit="1",
+        repetition=0,
+        dataset=dataset,
+    )

@@ -37,6 +37,7 @@ SCHEMA = Schema(
         "layers": int,
         "sequence": int,
         "micro_batch": int,
+        "global_batch": int,  # micro_batches: sequences per optimizer step (gradient accumulation)
         "dtype": str,  # "bfloat16" on a GPU, "float32" on a CPU
         "policy": str,  # keep, recompute, save_on_cpu, offload_all
         "store": str,  # offload_all: host, file, emulated, kvikio; empty otherwise
@@ -58,6 +59,7 @@ SCHEMA = Schema(
         "bytes_read": "B",
         "write_seconds": "s",  # wall time the store had a write in flight during the step
         "read_seconds": "s",  # ...a read
+        "out_of_memory": "1",  # micro_batches: 1 where the micro-batch did not fit in GPU memory
         "predicted_time": "s",  # the plan's predicted step time (systems/ssdtrain/planning.py)
         "predicted_activation_bytes": "B",  # ...and activation bytes when forward ends
     },
