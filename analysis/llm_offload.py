@@ -54,7 +54,15 @@ print(machine_label(provenance))
 # The suite's fixed colours per variant (analysis/style.py); emulated stores in its blue ramp.
 POLICY_COLORS = {
     v: color(v)
-    for v in ("keep", "recompute", "save_on_cpu", "offload_all_host", "offload_all_file", "offload_all_kvikio")
+    for v in (
+        "keep",
+        "recompute",
+        "save_on_cpu",
+        "torchtune_offload",
+        "offload_all_host",
+        "offload_all_file",
+        "offload_all_kvikio",
+    )
 }
 EMULATED_COLORS = EMULATED_RAMP
 emulated = sorted(

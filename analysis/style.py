@@ -32,6 +32,7 @@ VARIANT_STYLE.update(
         "offload_all_host": ("tab:purple", "-"),
         "offload_all_file": ("tab:green", "-"),
         "offload_all_kvikio": ("tab:olive", "-"),
+        "torchtune_offload": ("tab:brown", "-"),  # a peer: torchtune's OffloadActivations
     }
 )
 EMULATED_RAMP = ["lightskyblue", "deepskyblue", "tab:blue", "mediumblue", "midnightblue"]

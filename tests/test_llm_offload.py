@@ -14,7 +14,7 @@ from harness.topic import REPO_ROOT
 from workloads.llm_offload import parts
 from workloads.llm_offload.schema import SCHEMA
 
-VARIANTS = {
+VARIANTS = {  # torchtune_offload runs only on a GPU
     "keep",
     "recompute",
     "save_on_cpu",
@@ -75,6 +75,8 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
     notes = load_provenance(out)
     assert notes["part"] == "policies"
     assert "kvikio" in notes["skipped"]
+    # torchtune: not importable in the CPU environment, or (where it is) CPU-only training.
+    assert "torchtune" in notes["skipped"]["torchtune_offload"]
     assert notes["models"]["gpt2-tiny"]["attention"] in ("sdpa", "eager")
     profile = notes["models"]["llama-tiny"]["profile"]
     assert len(profile["saved_bytes"]) == 2 and min(profile["saved_bytes"]) > 0
@@ -137,3 +139,18 @@ def test_a_micro_batch_that_does_not_divide_the_global_batch_is_refused(scratch)
     }
     with pytest.raises(UserError, match="micro-batch 3 does not divide the global batch 4"):
         parts.micro_batches(params, None, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+
+
+def test_a_peer_runs_through_its_own_hooks_and_is_checked(tmp_path, scratch, monkeypatch):
+    """The plumbing of another library's offloading (torchtune's on a GPU), with stand-in hooks
+    that keep every tensor: checked bit-identical, timed, its packed bytes counted."""
+    stand_in = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
+    monkeypatch.setattr(parts, "_peers", lambda params, device, notes: [("torchtune_offload", stand_in)])
+    out = tmp_path / "policies-tiny.csv"
+    run(out, scratch)
+    frame = load([out], SCHEMA)
+    peer = frame[frame.variant == "torchtune_offload"]
+    assert set(peer.role) == {"baseline"} and set(peer.dataset) == {"gpt2-tiny", "llama-tiny"}
+    assert (peer[peer.metric == "time"].groupby("dataset").size() == 3).all()
+    packed = peer[peer.metric == "bytes_packed"].value
+    assert len(packed) == 6 and (packed > 0).all()

@@ -64,28 +64,63 @@ class NotBitIdentical(AssertionError):
     """A policy's loss or gradients differ from keeping every activation: that path is wrong."""
 
 
+def _counting(hooks, parameters: set[int]):
+    """Wrap the pack and unpack hooks of a ``saved_tensors_hooks`` object (before it is entered)
+    so that it counts the bytes it packs (``packed``), unpacks (``unpacked``) and the unique
+    storages it saw, parameters left out (``unique``: storage address -> bytes)."""
+    hooks.packed = hooks.unpacked = 0
+    hooks.unique = {}
+    pack, unpack = hooks.pack_hook, hooks.unpack_hook
+
+    def counting_pack(tensor):
+        hooks.packed += tensor.numel() * tensor.element_size()
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            hooks.unique[storage.data_ptr()] = storage.nbytes()
+        return pack(tensor)
+
+    def counting_unpack(packed):
+        tensor = unpack(packed)
+        hooks.unpacked += tensor.numel() * tensor.element_size()
+        return tensor
+
+    hooks.pack_hook, hooks.unpack_hook = counting_pack, counting_unpack
+    return hooks
+
+
 class _CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
     """``torch.autograd.graph.save_on_cpu`` that counts the bytes it copies to and from the host."""
 
     def __init__(self, pin_memory: bool, parameters: set[int]):
         super().__init__(pin_memory=pin_memory)
-        self.packed = self.unpacked = 0
-        self.unique: dict[int, int] = {}  # storage address -> bytes, parameters left out
-        pack, unpack = self.pack_hook, self.unpack_hook
+        _counting(self, parameters)
 
-        def counting_pack(tensor):
-            self.packed += tensor.numel() * tensor.element_size()
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in parameters:
-                self.unique[storage.data_ptr()] = storage.nbytes()
-            return pack(tensor)
 
-        def counting_unpack(packed):
-            tensor = unpack(packed)
-            self.unpacked += tensor.numel() * tensor.element_size()
-            return tensor
+PEERS = ("torchtune_offload",)  # other libraries' activation offloading, where they run
 
-        self.pack_hook, self.unpack_hook = counting_pack, counting_unpack
+
+def _peers(params, device: str, notes: dict) -> list[tuple[str, Callable]]:
+    """(variant, a factory of its saved-tensor hooks) for each peer that runs here; the others
+    are skipped with the reason in ``notes``."""
+    try:
+        import torchtune
+        from torchtune.training import OffloadActivations
+    except Exception as err:  # torchtune's package import pulls datasets, torchao and more
+        reason = str(err).splitlines()[0][:200] if str(err) else ""
+        notes["skipped"]["torchtune_offload"] = f"torchtune not importable ({type(err).__name__}: {reason})"
+        return []
+    if device != "cuda":
+        notes["skipped"]["torchtune_offload"] = (
+            "torchtune's OffloadActivations moves CUDA tensors to the host; this run trains on the CPU"
+        )
+        return []
+    notes["peers"] = {"torchtune": torchtune.__version__}
+    return [
+        (
+            "torchtune_offload",
+            lambda: OffloadActivations(use_pin_memory=True, use_streams=True, min_offload_size=params["min_bytes"]),
+        )
+    ]
 
 
 def _tensors(values) -> Iterator[torch.Tensor]:
@@ -113,11 +148,12 @@ class Policy:
         *,
         store: Store | None = None,
         plan: planning.Plan | None = None,
+        hooks: Callable | None = None,
         **offload,
     ):
         self.name, self.layers, self.device = name, layers, device
         self.parameters = [*model.parameters(), *model.buffers()]
-        self.store, self.plan = store, plan
+        self.store, self.plan, self.hooks = store, plan, hooks
         self.recomputed = list(layers) if name == "recompute" else []
         if name == "offload_all":
             self.offloader = Offloader(model, store, policy="offload_all", layers=layers, **offload)
@@ -128,6 +164,9 @@ class Policy:
             self.offloader = Offloader(model, store, policy=decide, layers=layers, **offload)
         elif name in ("keep", "recompute"):
             self.offloader = Offloader(model, HostStore(), policy="keep", layers=layers)  # counts only
+        elif name in PEERS:
+            if hooks is None:
+                raise UserError(f"{name} needs its library's saved-tensor hooks")
         elif name != "save_on_cpu":
             raise UserError(
                 f"unknown policy {name!r}; one of keep, recompute, save_on_cpu, offload_all, {', '.join(PLANNED)}"
@@ -152,6 +191,14 @@ class Policy:
                     "bytes_read": hooks.unpacked if on_gpu else 0,
                 }
             )
+            return
+        if self.name in PEERS:
+            # Another library's hooks: what they pack is counted; what they keep on the device
+            # is theirs to decide, so the memory figure is the measured activation peak.
+            hooks = _counting(self.hooks(), {p.untyped_storage().data_ptr() for p in self.parameters})
+            with hooks:
+                yield
+            self.history.append({"bytes_packed": hooks.packed, "bytes_unique": sum(hooks.unique.values())})
             return
         inputs: dict[int, int] = {}
         with self.offloader, self._checkpointed(inputs):
@@ -352,11 +399,15 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
         for store_name, gbps, factory in stores:
             variants.append((f"offload_all_{store_name}", "optimized", "offload_all", store_name, gbps, factory, None))
         variants += _planned_variants(params, model, layers, batch, device, stores, notes["models"][dataset])
+        peers = dict(_peers(params, device, notes))
+        variants += [(name, "baseline", name, None, None, None, None) for name in peers]
         runs = []
         try:
             for variant, role, policy_name, store_name, gbps, factory, plan in variants:
                 store = factory() if factory else None
-                policy = Policy(policy_name, model, layers, device, store=store, plan=plan, **offload)
+                policy = Policy(
+                    policy_name, model, layers, device, store=store, plan=plan, hooks=peers.get(variant), **offload
+                )
                 runs.append((variant, role, policy, store_name, gbps))
                 with deterministic(device):
                     _check_identical(variant, reference, _one_step(model, batch, policy))

@@ -2,7 +2,8 @@
 
 ``dataset`` names the model (``gpt2-tiny``, ``llama-paper-8192x4``); ``variant`` is the policy,
 with the store for ``offload_all`` (``offload_all_host``, ``offload_all_file``,
-``offload_all_emulated_4gbps``). Roles: ``keep``, ``recompute`` and ``save_on_cpu`` are
+``offload_all_emulated_4gbps``). Roles: ``keep``, ``recompute``, ``save_on_cpu`` and the peers
+(``torchtune_offload``: torchtune's ``OffloadActivations``, on a GPU where torchtune imports) are
 ``baseline`` (what SSDTrain is compared with), ``offload_all_*`` ``optimized``.
 
 Metrics per timed step: ``time`` and ``cpu_time``; ``flop_rate``, the model TFLOP/s
