@@ -169,7 +169,8 @@ class Policy:
                 raise UserError(f"{name} needs its library's saved-tensor hooks")
         elif name != "save_on_cpu":
             raise UserError(
-                f"unknown policy {name!r}; one of keep, recompute, save_on_cpu, offload_all, {', '.join(PLANNED)}"
+                f"unknown policy {name!r}; one of keep, recompute, save_on_cpu, offload_all, "
+                f"{', '.join(PLANNED + PEERS)}"
             )
         self.history: list[dict[str, int]] = []
 
