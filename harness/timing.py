@@ -4,6 +4,7 @@
 time (CUDA events on the current stream when ``device='cuda'``, the monotonic clock otherwise) and
 the CPU core-seconds the process spent, and on request peak GPU memory (reset before each
 repetition), peak host RSS and pinned host memory. Medians and spread come from the samples.
+``mark``/``elapsed`` time pieces of work that hooks delimit (layers of a step), on the same clocks.
 """
 
 from __future__ import annotations
@@ -117,6 +118,25 @@ def measure(
         peak_rss_bytes=tuple(peak_rss),
         pinned_host_bytes=tuple(pinned),
     )
+
+
+def mark(device: str):
+    """A point in time for :func:`elapsed`: a CUDA event recorded on the current stream (``cuda``)
+    or the monotonic clock (``cpu``), for timing pieces of work from inside hooks, where
+    :func:`measure` cannot bracket them."""
+    if device == "cuda":
+        event = _cuda().cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def elapsed(start, end) -> float:
+    """Seconds between two :func:`mark` of the same device; for CUDA events, once both have
+    completed (synchronize first)."""
+    if isinstance(start, float):
+        return end - start
+    return start.elapsed_time(end) / 1e3
 
 
 class PhaseClock:

@@ -25,7 +25,14 @@ recorded next to the measured step (workloads/llm_offload).
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
+
+import torch
+
+from harness import timing
+from systems.ssdtrain.engine import Offloader
+from systems.ssdtrain.stores import HostStore
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
 DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)
@@ -180,29 +187,14 @@ def profile(model, layers, run_step, device: str, min_bytes: int = 0) -> tuple[l
     keep-everything Offloader, after one warm-up step. Forward times come from CUDA events (GPU)
     or the host clock (CPU) around each layer; saved bytes are the layer's unique saved storages
     less parameters (what offloading could move)."""
-    import time
-
-    import torch
-
-    from systems.ssdtrain.engine import Offloader
-    from systems.ssdtrain.stores import HostStore
-
-    cuda = device == "cuda"
     starts, ends, inputs = {}, {}, {}
-
-    def clock():
-        if cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
 
     def before(index, module, args):
         inputs[index] = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
-        starts[index] = clock()
+        starts[index] = timing.mark(device)
 
     def after(index, module, args, output):
-        ends[index] = clock()
+        ends[index] = timing.mark(device)
 
     hooks = []
     for i, layer in enumerate(layers):
@@ -212,22 +204,17 @@ def profile(model, layers, run_step, device: str, min_bytes: int = 0) -> tuple[l
     try:
         seconds = 0.0
         for _ in range(2):  # the first step warms up
-            started = clock()
+            started = timing.mark(device)
             with counter:
                 run_step()
-            stopped = clock()
-            if cuda:
+            stopped = timing.mark(device)
+            if device == "cuda":
                 torch.cuda.synchronize()
-                seconds = started.elapsed_time(stopped) / 1e3
-            else:
-                seconds = stopped - started
+            seconds = timing.elapsed(started, stopped)
     finally:
         for hook in hooks:
             hook.remove()
-    if cuda:
-        forward = {i: starts[i].elapsed_time(ends[i]) / 1e3 for i in starts}
-    else:
-        forward = {i: ends[i] - starts[i] for i in starts}
+    forward = {i: timing.elapsed(starts[i], ends[i]) for i in starts}
     stats = counter.stats.layers
     profiles = []
     for i in range(len(layers)):
@@ -243,23 +230,18 @@ def profile(model, layers, run_step, device: str, min_bytes: int = 0) -> tuple[l
 def store_bandwidth(store, device: str, nbytes: int = 64 << 20, repeat: int = 3) -> float:
     """The store's write-and-read bandwidth in B/s (median of ``repeat`` rounds: put a tensor of
     ``nbytes`` from ``device``, read it back), the figure the plans use for both directions."""
-    import statistics
-    import time
-
-    import torch
-
     tensor = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
     out = torch.empty_like(tensor)
     rates = []
     for round_ in range(repeat + 1):  # one warm-up round
         key = -1 - round_
-        started = time.perf_counter()
+        started = timing.mark("cpu")  # the futures complete once the bytes have arrived
         store.put(key, tensor).result()
         store.get(key, out).result()
-        elapsed = time.perf_counter() - started
+        seconds = timing.elapsed(started, timing.mark("cpu"))
         store.free(key)
         if round_:
-            rates.append(2 * nbytes / elapsed)
+            rates.append(2 * nbytes / seconds)
     if not torch.equal(out, tensor):
         raise RuntimeError("the store returned other bytes than it was given")
     return statistics.median(rates)

@@ -123,6 +123,20 @@ def _peers(params, device: str, notes: dict) -> list[tuple[str, Callable]]:
     ]
 
 
+def _add(writer, dataset: str, role: str, variant: str, config: dict, metric: str, value, repetition: int) -> None:
+    """One row of a topic metric, in the unit the schema gives it."""
+    writer.add(
+        role=role,
+        variant=variant,
+        config=config,
+        metric=metric,
+        value=value,
+        unit=SCHEMA.units[metric],
+        repetition=repetition,
+        dataset=dataset,
+    )
+
+
 def _tensors(values) -> Iterator[torch.Tensor]:
     for value in values:
         if isinstance(value, torch.Tensor):
@@ -452,28 +466,16 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                     }
                 )
                 writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
-
-                def record(metric, value, rep, config=config, role=role, variant=variant):
-                    writer.add(
-                        role=role,
-                        variant=variant,
-                        config=config,
-                        metric=metric,
-                        value=value,
-                        unit=SCHEMA.units[metric],
-                        repetition=rep,
-                        dataset=dataset,
-                    )
-
+                row = functools.partial(_add, writer, dataset, role, variant, config)
                 if policy.plan is not None:  # what the cost model predicted, beside what was measured
-                    record("predicted_time", policy.plan.predicted_seconds, 0)
-                    record("predicted_activation_bytes", policy.plan.predicted_activation_bytes, 0)
+                    row("predicted_time", policy.plan.predicted_seconds, 0)
+                    row("predicted_activation_bytes", policy.plan.predicted_activation_bytes, 0)
                 for rep in range(repeat):
                     counts = dict(policy.history[warmup + rep])
                     if peaks:
                         counts["activation_peak"] = peaks[warmup + rep] - allocated[warmup + rep]
                     for metric, value in counts.items():
-                        record(metric, value, rep)
+                        row(metric, value, rep)
         finally:
             for _, _, policy, _, _ in runs:
                 policy.close()
@@ -566,16 +568,7 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
             for rep in range(repeat):
                 first = policy.history[(warmup + rep) * len(steps)]  # every micro-step holds the same
-                writer.add(
-                    role=role,
-                    variant=variant,
-                    config=config,
-                    metric="activation_bytes",
-                    value=first["activation_bytes"],
-                    unit="B",
-                    repetition=rep,
-                    dataset=dataset,
-                )
+                _add(writer, dataset, role, variant, config, "activation_bytes", first["activation_bytes"], rep)
     return notes
 
 
@@ -583,13 +576,4 @@ def _out_of_memory(writer, dataset: str, config: dict, variant: str) -> None:
     """Record that ``variant`` did not fit, and give its memory back."""
     torch.cuda.empty_cache()
     role = "optimized" if variant.startswith("offload") else "baseline"
-    writer.add(
-        role=role,
-        variant=variant,
-        config=config,
-        metric="out_of_memory",
-        value=1,
-        unit="1",
-        repetition=0,
-        dataset=dataset,
-    )
+    _add(writer, dataset, role, variant, config, "out_of_memory", 1, 0)
