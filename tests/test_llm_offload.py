@@ -14,7 +14,8 @@ from harness.topic import REPO_ROOT
 from workloads.llm_offload import parts
 from workloads.llm_offload.schema import SCHEMA
 
-VARIANTS = {  # torchtune_offload runs only on a GPU
+ON_GPU = torch.cuda.is_available()  # the entry trains on the GPU where there is one
+VARIANTS = {  # and, on a GPU, offload_all_kvikio and torchtune_offload where those libraries import
     "keep",
     "recompute",
     "save_on_cpu",
@@ -48,8 +49,15 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
     run(out, scratch)
     frame = load([out], SCHEMA)
     assert set(frame.dataset) == {"gpt2-tiny", "llama-tiny"}
+    notes = load_provenance(out)
+    # kvikio and torchtune run only on a GPU, where they import; elsewhere the notes say why not.
+    optional = {"offload_all_kvikio": "kvikio", "torchtune_offload": "torchtune_offload"}
+    for variant, skip_key in optional.items():
+        ran = variant in set(frame.variant)
+        assert ran != (skip_key in notes["skipped"]), variant
+        assert ON_GPU or not ran
     for dataset, rows in frame.groupby("dataset"):
-        assert set(rows.variant) == VARIANTS, dataset
+        assert set(rows.variant) - set(optional) == VARIANTS, dataset
         times = rows[rows.metric == "time"]
         assert (times.groupby("variant").size() == 3).all()  # repeat: 3
         assert (times.value > 0).all()
@@ -57,13 +65,13 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
         # Offloading and recomputation hold less than keep; every offload store moved the same bytes.
         assert held["offload_all_host"] < held["keep"] and held["recompute"] < held["keep"]
         written = rows[rows.metric == "bytes_written"].groupby("variant").value.median()
-        offloaded = written[[v for v in VARIANTS if v.startswith("offload_all")]]
+        offloaded = written[[v for v in written.index if v.startswith("offload_all")]]
         assert offloaded.nunique() == 1 and offloaded.iloc[0] > 0
         assert (rows[rows.metric == "bytes_read"].groupby("variant").value.median()[offloaded.index] > 0).all()
         emulated = rows[rows.variant.str.startswith("offload_all_emulated")]
         assert emulated.store_emulated.all() and set(emulated.emulated_gbps) == {0.5, 2.0}
         assert not rows[~rows.variant.str.startswith("offload_all_emulated")].store_emulated.any()
-        assert set(rows[rows.role == "optimized"].variant) == OFFLOADING
+        assert set(rows[rows.role == "optimized"].variant) - {"offload_all_kvikio"} == OFFLOADING
         # The planned policies: their plan's counts and the predictions beside the measurements.
         planned = rows[rows.variant.str.startswith(("offload_adaptive", "planner"))]
         assert planned.planned_gbps.notna().all() and (planned.planned_gbps > 0).all()
@@ -72,11 +80,7 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
         assert set(predicted.metric) == {"predicted_time", "predicted_activation_bytes"}
         assert (predicted.groupby(["variant", "metric"]).size() == 1).all() and (predicted.value > 0).all()
         assert planned[planned.variant.str.startswith("planner")].budget_fraction.eq(0.5).all()
-    notes = load_provenance(out)
     assert notes["part"] == "policies"
-    assert "kvikio" in notes["skipped"]
-    # torchtune: not importable in the CPU environment, or (where it is) CPU-only training.
-    assert "torchtune" in notes["skipped"]["torchtune_offload"]
     assert notes["models"]["gpt2-tiny"]["attention"] in ("sdpa", "eager")
     profile = notes["models"]["llama-tiny"]["profile"]
     assert len(profile["saved_bytes"]) == 2 and min(profile["saved_bytes"]) > 0
@@ -154,3 +158,35 @@ def test_a_peer_runs_through_its_own_hooks_and_is_checked(tmp_path, scratch, mon
     assert (peer[peer.metric == "time"].groupby("dataset").size() == 3).all()
     packed = peer[peer.metric == "bytes_packed"].value
     assert len(packed) == 6 and (packed > 0).all()
+
+
+def test_models_tiny_runs_bert_and_t5_through_the_host_store(tmp_path, scratch):
+    """Part models: the encoder-only and encoder-decoder families, every policy checked and timed."""
+    out = tmp_path / "models-tiny.csv"
+    entry(["llm_offload", "--part", "models", "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)])
+    frame = load([out], SCHEMA)
+    assert set(frame.dataset) == {"bert-tiny", "t5-tiny"} and set(frame.family) == {"bert", "t5"}
+    expected = {"keep", "recompute", "save_on_cpu", "offload_all_host", "offload_adaptive_host", "planner_host"}
+    for dataset, rows in frame.groupby("dataset"):
+        assert set(rows.variant) - {"torchtune_offload"} == expected, dataset
+        held = rows[rows.metric == "activation_bytes"].groupby("variant").value.median()
+        assert held["offload_all_host"] < held["keep"] and held["recompute"] < held["keep"]
+    # T5 has an encoder and a decoder: its profile has a block of each.
+    assert len(load_provenance(out)["models"]["t5-tiny"]["profile"]["saved_bytes"]) == 4
+
+
+def test_a_peer_that_is_not_bit_identical_is_reported_not_timed(tmp_path, scratch, monkeypatch):
+    """Another library's wrong gradients are its own result, recorded with the reason; the suite's
+    own policies still run. (A wrong policy of the suite's raises: see above.)"""
+    wrong = lambda: torch.autograd.graph.saved_tensors_hooks(  # noqa: E731
+        lambda t: t, lambda t: t * 1.0001 if t.is_floating_point() else t
+    )
+    monkeypatch.setattr(parts, "_peers", lambda params, device, notes: [("torchtune_offload", wrong)])
+    out = tmp_path / "policies-tiny.csv"
+    run(out, scratch)
+    frame = load([out], SCHEMA)
+    assert "torchtune_offload" not in set(frame.variant) and "keep" in set(frame.variant)
+    skipped = load_provenance(out)["skipped"]
+    for dataset in ("gpt2-tiny", "llama-tiny"):
+        assert "not bit-identical to keep" in skipped[f"torchtune_offload ({dataset})"]
+    assert not list(scratch.iterdir())

@@ -6,7 +6,10 @@ gradient), then timed; each row says how much activation memory the step held on
 what the store moved. Without a GPU it runs the same policies and stores on the CPU (KvikioStore
 and pinned memory are GPU-only; the provenance notes say what was skipped and why).
 
-A second part, ``micro_batches``: the memory offloading frees, spent on a larger micro-batch at a
+A second part, ``models``, runs the same policies on more models (the other families, a deeper
+configuration), usually with fewer stores: the main comparison per model.
+
+A third part, ``micro_batches``: the memory offloading frees, spent on a larger micro-batch at a
 fixed global batch (gradient accumulation): tokens per second and activation bytes of keep,
 recompute and offload_all per micro-batch, an out-of-memory recorded as an outcome.
 """
@@ -19,6 +22,10 @@ TOPIC = Topic(
     title="LLM activation offloading (SSDTrain)",
     technique="ssdtrain",
     schema=SCHEMA,
-    parts=(Part("policies", gpus=1, cpu=True), Part("micro_batches", gpus=1, cpu=True)),
+    parts=(
+        Part("policies", gpus=1, cpu=True),
+        Part("models", gpus=1, cpu=True),
+        Part("micro_batches", gpus=1, cpu=True),
+    ),
     packages=("transformers",),
 )

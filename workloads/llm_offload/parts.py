@@ -1,4 +1,4 @@
-"""The measuring functions of the llm_offload topic: ``policies`` and ``micro_batches``.
+"""The measuring functions of the llm_offload topic: ``policies``, ``models`` and ``micro_batches``.
 
 For each model of the scale: one seeded batch; a reference step with no hooks at all (``keep``'s
 losses and gradients), taken twice to show it reproduces; then every policy's step on the same
@@ -285,18 +285,27 @@ def _check_identical(name: str, reference, result) -> None:
         raise NotBitIdentical(f"{name}: gradients of {len(wrong)} parameters differ from keep's, e.g. {wrong[0]}")
 
 
-def _stores(params, device: str, scratch_dir, notes: dict) -> list[tuple[str, float | None, Callable[[], Store]]]:
-    """(store name, emulated GB/s or None, a factory) for every store of ``offload_all`` that applies."""
+def _stores(
+    params, device: str, scratch_dir, notes: dict, names=("host", "file", "kvikio")
+) -> list[tuple[str, float | None, Callable[[], Store]]]:
+    """(store name, emulated GB/s or None, a factory) for each of the real stores in ``names`` that
+    applies here, then an emulated store per bandwidth in ``emulated_gbps``."""
     block_bytes = params["file_block_mib"] << 20
     threads = params["file_threads"]
     stores = [
-        ("host", None, HostStore),
-        ("file", None, lambda: DirectFileStore(scratch_dir, threads=threads, block_bytes=block_bytes)),
+        (name, None, factory)
+        for name, factory in (
+            ("host", HostStore),
+            ("file", lambda: DirectFileStore(scratch_dir, threads=threads, block_bytes=block_bytes)),
+        )
+        if name in names
     ]
     stores += [
         (f"emulated_{g:g}gbps", float(g), functools.partial(EmulatedStore, float(g))) for g in params["emulated_gbps"]
     ]
-    if device != "cuda":
+    if "kvikio" not in names:
+        pass
+    elif device != "cuda":
         notes["skipped"]["kvikio"] = "KvikioStore moves GPU memory; this run trains on the CPU"
     else:
         try:
@@ -410,7 +419,7 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
         }
         offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
         variants = [(name, "baseline", name, None, None, None, None) for name in ("keep", "recompute", "save_on_cpu")]
-        stores = _stores(params, device, scratch_dir, notes)
+        stores = _stores(params, device, scratch_dir, notes, params["stores"])
         for store_name, gbps, factory in stores:
             variants.append((f"offload_all_{store_name}", "optimized", "offload_all", store_name, gbps, factory, None))
         variants += _planned_variants(params, model, layers, batch, device, stores, notes["models"][dataset])
@@ -423,9 +432,16 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                 policy = Policy(
                     policy_name, model, layers, device, store=store, plan=plan, hooks=peers.get(variant), **offload
                 )
-                runs.append((variant, role, policy, store_name, gbps))
-                with deterministic(device):
-                    _check_identical(variant, reference, _one_step(model, batch, policy))
+                runs.append((variant, role, policy, store_name, gbps))  # closed in finally, whatever happens
+                try:
+                    with deterministic(device):
+                        _check_identical(variant, reference, _one_step(model, batch, policy))
+                except NotBitIdentical as err:
+                    if variant not in peers:
+                        raise
+                    # Another library's result: reported, not timed, and not a failure of the suite.
+                    runs.pop()[2].close()
+                    notes["skipped"][f"{variant} ({dataset})"] = f"not bit-identical to keep: {err}"
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             flops = training_flops(s)
             for variant, role, policy, store_name, gbps in runs:
@@ -480,6 +496,12 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             for _, _, policy, _, _ in runs:
                 policy.close()
     return notes
+
+
+def models(params, writer, **kwargs):
+    """The same policies as :func:`policies` on more models (the other families, a deeper
+    configuration), usually with fewer stores: the main comparison per model."""
+    return policies(params, writer, **kwargs)
 
 
 def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
