@@ -4,8 +4,10 @@ parameters and small tensors never offloaded, prefetch, files gone after every s
 error, in-place modification of saved tensors caught, and on a GPU the same plus the memory saved."""
 
 import errno
+import gc
 import logging
 import os
+import weakref
 
 import pytest
 import torch
@@ -323,6 +325,23 @@ def test_prefetch_reads_ahead_and_without_it_backward_waits():
             assert (offloader.stats.prefetched_loads, offloader.stats.demand_loads) == (offloaded, 0)
         else:
             assert (offloader.stats.prefetched_loads, offloader.stats.demand_loads) == (0, offloaded)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("kind", ["direct_file", "emulated"])  # stores whose reads end on another thread
+def test_read_back_bytes_go_with_their_last_use_not_at_the_step_end(kind, prefetch, disk):
+    """Each read-back buffer is freed once backward has used its tensors, inside the step: nothing
+    the cache keeps until the step's end (a future's callback, say) may hold it."""
+    model, loss_of = make_model("mlp")
+    buffers = []
+    with make_store(kind, disk) as store:
+        get = store.get
+        store.get = lambda key, out: buffers.append(weakref.ref(out)) or get(key, out)
+        with Offloader(model, store, min_bytes=0, keep_last=0, prefetch=prefetch):
+            loss_of(0).backward()
+            gc.collect()
+            alive = sum(ref() is not None for ref in buffers)
+    assert buffers and alive == 0, f"{alive} of {len(buffers)} read-back buffers outlived their use"
 
 
 def test_the_last_layers_are_kept():

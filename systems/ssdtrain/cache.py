@@ -22,6 +22,7 @@ are active) makes its unpack raise, as autograd would without hooks.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from concurrent.futures import Future, wait
@@ -198,15 +199,17 @@ class TensorCache:
             out = torch.empty(entry.nbytes, dtype=torch.uint8, device=entry.device)
             entry.load = (self.store.get(entry.store_key, out), out)
             self._transfers.append(entry.load[0])
-            entry.load[0].add_done_callback(lambda future: self._loaded(entry, out, future))
+            # The callback must not hold ``out``: the future (and its callbacks) lives in
+            # _transfers until the step ends, and the read-back bytes must go with their entry.
+            entry.load[0].add_done_callback(functools.partial(self._loaded, entry))
         return entry.load
 
-    def _loaded(self, entry: Entry, out: torch.Tensor, future: Future) -> None:
+    def _loaded(self, entry: Entry, future: Future) -> None:
         with self._lock:
             if future.exception() is not None:
                 self.error = self.error or future.exception()
-            elif not entry.released:
-                entry.memory = out
+            elif not entry.released and entry.load is not None:
+                entry.memory = entry.load[1]
 
     def prefetch(self, layer: int) -> None:
         """Start reading back every entry of ``layer`` that is only in the store, and keep in

@@ -10,20 +10,21 @@ Metrics per timed step: ``time`` and ``cpu_time``; ``flop_rate``, the model TFLO
 (workloads.llm.cost.training_flops: recomputation's extra forward is not counted); on a GPU
 ``peak_gpu_memory`` (the step's peak allocated memory, optimizer step included) and
 ``activation_peak`` (the peak of forward and backward, read before the optimizer step, minus what
-was allocated before the step: weights and optimizer state). From the saved-tensor hooks of every policy:
-``activation_bytes``, the saved activations held on the compute device for backward (unique
-storages, parameters excluded; for ``recompute`` the tensors saved outside the checkpointed
-blocks plus the blocks' inputs that checkpointing holds; for ``save_on_cpu`` zero on a GPU, as it
-copies every saved tensor to the host, and on a CPU what keep holds, as ``tensor.cpu()`` is then
-the tensor itself); ``bytes_packed`` (every save, counted each time) and ``bytes_unique`` (each
-storage once). From the store: ``write_seconds`` and ``read_seconds`` (wall time with a transfer
-of that direction in flight: bytes over them is the bandwidth achieved), ``bytes_written`` and
-``bytes_read`` (the tensors' own bytes;
-``save_on_cpu``'s copies to and from the host on a GPU count as written and read, every save
-again, parameters included; on a CPU it moves nothing). ``offload_adaptive_*`` (SSDTrain's rule)
-and ``planner_*`` (keep, offload or recompute per layer within a budget) are ``optimized`` too;
-their plan's predictions are the metrics ``predicted_time`` and ``predicted_activation_bytes``
-(repetition 0), beside the measured ones.
+was allocated before the step: weights, gradients, which the timed steps zero instead of freeing,
+and optimizer state). From the saved-tensor hooks of every policy: ``activation_bytes``, the saved
+activations held on the compute device for backward (unique storages, parameters excluded; an
+offloaded tensor counts as gone once it is handed to the store, even while its write is still
+running, so on a GPU the peak is the measure of memory; for ``recompute`` the tensors saved outside
+the checkpointed blocks plus the blocks' inputs that checkpointing holds; for ``save_on_cpu`` zero
+on a GPU, as it copies every saved tensor to the host, and on a CPU what keep holds, as
+``tensor.cpu()`` is then the tensor itself); ``bytes_packed`` (every save, counted each time) and
+``bytes_unique`` (each storage once). From the store: ``write_seconds`` and ``read_seconds`` (wall
+time with a transfer of that direction in flight: bytes over them is the bandwidth achieved),
+``bytes_written`` and ``bytes_read`` (the tensors' own bytes; ``save_on_cpu``'s copies to and from
+the host on a GPU count as written and read, every save again, parameters included; on a CPU it
+moves nothing). ``offload_adaptive_*`` (SSDTrain's rule) and ``planner_*`` (keep, offload or
+recompute per layer within a budget) are ``optimized`` too; their plan's predictions are the metrics
+``predicted_time`` and ``predicted_activation_bytes`` (repetition 0), beside the measured ones.
 """
 
 from harness.results import Schema
