@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -386,118 +387,129 @@ def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
     """Every policy and store on every model of the scale: checked, then timed (see the module)."""
     notes = {"skipped": {}, "models": {}}
     for entry in params["models"]:
-        dataset, s = _model_spec(entry)
-        built = build(s, device=device, seed=params["seed"])
-        model = built.model
-        layers = [block for _, block in blocks(model)]
-        batch = next(batches(s, seed=params["seed"], device=device))
-        notes["models"][dataset] = {
-            "attention": built.attention,
-            "attention_note": built.attention_note,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            # The formulas' per-block costs (workloads/llm/cost.py), for the required-bandwidth what-if.
-            "blocks": {
-                "saved_bytes": [c.saved_bytes for c in block_costs(s, built.dtype.itemsize)],
-                "forward_flops": [c.forward_flops for c in block_costs(s, built.dtype.itemsize)],
-            },
-        }
-        with deterministic(device):
-            reference = _one_step(model, batch, None)
-            # The reference must reproduce itself, or no comparison with it means anything.
-            _check_identical("keep (a second reference step)", reference, _one_step(model, batch, None))
-        if not torch.isfinite(reference[0]) or not any(g.any() for g in reference[1].values()):
-            raise NotBitIdentical(f"{dataset}: the reference step has a non-finite loss or all-zero gradients")
-        base = {
-            "device": device,
-            "family": s.family,
-            "preset": entry["preset"],
-            "hidden": s.hidden,
-            "layers": s.layers,
-            "sequence": s.sequence,
-            "micro_batch": s.micro_batch,
-            "dtype": str(built.dtype).removeprefix("torch."),
-        }
-        offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
-        variants = [(name, "baseline", name, None, None, None, None) for name in ("keep", "recompute", "save_on_cpu")]
-        stores = _stores(params, device, scratch_dir, notes, params["stores"])
-        for store_name, gbps, factory in stores:
-            variants.append((f"offload_all_{store_name}", "optimized", "offload_all", store_name, gbps, factory, None))
-        variants += _planned_variants(params, model, layers, batch, device, stores, notes["models"][dataset])
-        peers = dict(_peers(params, device, notes))
-        variants += [(name, "baseline", name, None, None, None, None) for name in peers]
-        runs = []
-        try:
-            for variant, role, policy_name, store_name, gbps, factory, plan in variants:
-                store = factory() if factory else None
-                policy = Policy(
-                    policy_name, model, layers, device, store=store, plan=plan, hooks=peers.get(variant), **offload
-                )
-                runs.append((variant, role, policy, store_name, gbps))  # closed in finally, whatever happens
-                try:
-                    with deterministic(device):
-                        _check_identical(variant, reference, _one_step(model, batch, policy))
-                except NotBitIdentical as err:
-                    if variant not in peers:
-                        raise
-                    # Another library's result: reported, not timed, and not a failure of the suite.
-                    runs.pop()[2].close()
-                    notes["skipped"][f"{variant} ({dataset})"] = f"not bit-identical to keep: {err}"
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            flops = training_flops(s)
-            for variant, role, policy, store_name, gbps in runs:
-                policy.history.clear()
-                allocated, peaks = [], []
-
-                def train_step(policy=policy, allocated=allocated, peaks=peaks):
-                    # Gradients stay allocated (zeroed, not freed): they are part of the memory the
-                    # step starts from, so the peak above it is the activations' alone.
-                    optimizer.zero_grad(set_to_none=False)
-                    if device == "cuda":
-                        allocated.append(torch.cuda.memory_allocated())
-                    with policy.step():
-                        model(**batch).loss.backward()
-                    if device == "cuda":
-                        # The peak of forward and backward, read before the optimizer step: AdamW's
-                        # temporaries (the size of the weights, twice over) would otherwise set it.
-                        peaks.append(torch.cuda.max_memory_allocated())
-                    optimizer.step()
-
-                m = measure(
-                    train_step,
-                    device=device,
-                    repeat=repeat,
-                    warmup=warmup,
-                    track_memory=device == "cuda",
-                    desc=f"{dataset} {variant}",
-                )
-                offloading = policy.name == "offload_all" or policy.name in PLANNED
-                config = (
-                    base
-                    | _plan_config(policy, params)
-                    | {
-                        "policy": policy.name,
-                        "store": store_name.split("_")[0] if store_name else None,
-                        "store_emulated": gbps is not None,
-                        "emulated_gbps": gbps,
-                        "keep_last": params["keep_last"] if offloading else None,
-                        "min_bytes": params["min_bytes"] if offloading else None,
-                    }
-                )
-                writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
-                row = functools.partial(_add, writer, dataset, role, variant, config)
-                if policy.plan is not None:  # what the cost model predicted, beside what was measured
-                    row("predicted_time", policy.plan.predicted_seconds, 0)
-                    row("predicted_activation_bytes", policy.plan.predicted_activation_bytes, 0)
-                for rep in range(repeat):
-                    counts = dict(policy.history[warmup + rep])
-                    if peaks:
-                        counts["activation_peak"] = peaks[warmup + rep] - allocated[warmup + rep]
-                    for metric, value in counts.items():
-                        row(metric, value, rep)
-        finally:
-            for _, _, policy, _, _ in runs:
-                policy.close()
+        _policies_of_model(
+            entry, params, writer, notes, repeat=repeat, warmup=warmup, device=device, scratch_dir=scratch_dir
+        )
+        # The model, its gradients and optimizer state go before the next model is built.
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return notes
+
+
+def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, device, scratch_dir) -> None:
+    """Every policy of :func:`policies` on one model; its rows go to ``writer``, its notes to ``notes``."""
+    dataset, s = _model_spec(entry)
+    built = build(s, device=device, seed=params["seed"])
+    model = built.model
+    layers = [block for _, block in blocks(model)]
+    batch = next(batches(s, seed=params["seed"], device=device))
+    notes["models"][dataset] = {
+        "attention": built.attention,
+        "attention_note": built.attention_note,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        # The formulas' per-block costs (workloads/llm/cost.py), for the required-bandwidth what-if.
+        "blocks": {
+            "saved_bytes": [c.saved_bytes for c in block_costs(s, built.dtype.itemsize)],
+            "forward_flops": [c.forward_flops for c in block_costs(s, built.dtype.itemsize)],
+        },
+    }
+    with deterministic(device):
+        reference = _one_step(model, batch, None)
+        # The reference must reproduce itself, or no comparison with it means anything.
+        _check_identical("keep (a second reference step)", reference, _one_step(model, batch, None))
+    if not torch.isfinite(reference[0]) or not any(g.any() for g in reference[1].values()):
+        raise NotBitIdentical(f"{dataset}: the reference step has a non-finite loss or all-zero gradients")
+    base = {
+        "device": device,
+        "family": s.family,
+        "preset": entry["preset"],
+        "hidden": s.hidden,
+        "layers": s.layers,
+        "sequence": s.sequence,
+        "micro_batch": s.micro_batch,
+        "dtype": str(built.dtype).removeprefix("torch."),
+    }
+    offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
+    variants = [(name, "baseline", name, None, None, None, None) for name in ("keep", "recompute", "save_on_cpu")]
+    stores = _stores(params, device, scratch_dir, notes, params["stores"])
+    for store_name, gbps, factory in stores:
+        variants.append((f"offload_all_{store_name}", "optimized", "offload_all", store_name, gbps, factory, None))
+    variants += _planned_variants(params, model, layers, batch, device, stores, notes["models"][dataset])
+    peers = dict(_peers(params, device, notes))
+    variants += [(name, "baseline", name, None, None, None, None) for name in peers]
+    runs = []
+    try:
+        for variant, role, policy_name, store_name, gbps, factory, plan in variants:
+            store = factory() if factory else None
+            policy = Policy(
+                policy_name, model, layers, device, store=store, plan=plan, hooks=peers.get(variant), **offload
+            )
+            runs.append((variant, role, policy, store_name, gbps))  # closed in finally, whatever happens
+            try:
+                with deterministic(device):
+                    _check_identical(variant, reference, _one_step(model, batch, policy))
+            except NotBitIdentical as err:
+                if variant not in peers:
+                    raise
+                # Another library's result: reported, not timed, and not a failure of the suite.
+                runs.pop()[2].close()
+                notes["skipped"][f"{variant} ({dataset})"] = f"not bit-identical to keep: {err}"
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        flops = training_flops(s)
+        for variant, role, policy, store_name, gbps in runs:
+            policy.history.clear()
+            allocated, peaks = [], []
+
+            def train_step(policy=policy, allocated=allocated, peaks=peaks):
+                # Gradients stay allocated (zeroed, not freed): they are part of the memory the
+                # step starts from, so the peak above it is the activations' alone.
+                optimizer.zero_grad(set_to_none=False)
+                if device == "cuda":
+                    allocated.append(torch.cuda.memory_allocated())
+                with policy.step():
+                    model(**batch).loss.backward()
+                if device == "cuda":
+                    # The peak of forward and backward, read before the optimizer step: AdamW's
+                    # temporaries (the size of the weights, twice over) would otherwise set it.
+                    peaks.append(torch.cuda.max_memory_allocated())
+                optimizer.step()
+
+            m = measure(
+                train_step,
+                device=device,
+                repeat=repeat,
+                warmup=warmup,
+                track_memory=device == "cuda",
+                desc=f"{dataset} {variant}",
+            )
+            offloading = policy.name == "offload_all" or policy.name in PLANNED
+            config = (
+                base
+                | _plan_config(policy, params)
+                | {
+                    "policy": policy.name,
+                    "store": store_name.split("_")[0] if store_name else None,
+                    "store_emulated": gbps is not None,
+                    "emulated_gbps": gbps,
+                    "keep_last": params["keep_last"] if offloading else None,
+                    "min_bytes": params["min_bytes"] if offloading else None,
+                }
+            )
+            writer.add_measurement(m, role=role, variant=variant, config=config, flops=flops, dataset=dataset)
+            row = functools.partial(_add, writer, dataset, role, variant, config)
+            if policy.plan is not None:  # what the cost model predicted, beside what was measured
+                row("predicted_time", policy.plan.predicted_seconds, 0)
+                row("predicted_activation_bytes", policy.plan.predicted_activation_bytes, 0)
+            for rep in range(repeat):
+                counts = dict(policy.history[warmup + rep])
+                if peaks:
+                    counts["activation_peak"] = peaks[warmup + rep] - allocated[warmup + rep]
+                for metric, value in counts.items():
+                    row(metric, value, rep)
+    finally:
+        for _, _, policy, _, _ in runs:
+            policy.close()
 
 
 def models(params, writer, **kwargs):
