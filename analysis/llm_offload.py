@@ -30,6 +30,8 @@ results = {}  # topic -> its results files, passed by the workflow
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from matplotlib import ticker
 
 from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
 from analysis.style import EMULATED_RAMP, color
@@ -38,6 +40,13 @@ from workloads.llm.models import spec
 from workloads.llm_offload.schema import SCHEMA
 
 frame, provenance = load_results(results["llm_offload"], SCHEMA)
+# Separate processes of the same part, where the machine's results have them (reruns/<name>/):
+# the ratios below are given as ranges over every process, the figure shows each process.
+rerun_files = sorted(
+    str(f) for name in results["llm_offload"] for f in Path(name).parent.glob(f"reruns/*/{Path(name).name}")
+)
+reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
+reruns = reruns.assign(process=reruns["source"].map(lambda s: Path(s).parent.name))
 # Part micro_batches (the memory spent on a larger micro-batch) has its own table and panels.
 sweep = frame[frame.part == "micro_batches"]
 frame = frame[frame.part != "micro_batches"]
@@ -117,6 +126,22 @@ def block_costs_of(dataset: str) -> tuple[list[int], list[int]]:
     return [c.saved_bytes for c in costs], [c.forward_flops for c in costs]
 
 
+def profile_keep_seconds(dataset: str) -> float | None:
+    """The keep step (forward and backward) the plans were made from, from the run's notes."""
+    for record in provenance:
+        found = record.get("models", {}).get(dataset, {}).get("profile")
+        if found:
+            return found["keep_step_seconds"]
+    return None
+
+
+def ratios_to_keep(rows, metric: str):
+    """Per (dataset, variant): the median of ``metric`` over the median of keep's, in one process."""
+    medians = rows[rows.metric == metric].groupby(["dataset", "variant"]).value.median()
+    keep = medians.xs("keep", level="variant")
+    return medians.div(keep, level="dataset")
+
+
 # %% [markdown]
 # ## Key numbers: medians, and ratios to keep from the same run
 
@@ -162,21 +187,60 @@ if not predicted.empty:
         "## Plans: predicted against measured (systems/ssdtrain/planning.py)",
         "",
         "Layers offloaded / recomputed per plan; the store bandwidth the plan assumed was measured just before. "
-        "Predicted activation bytes are the hooks' count at the end of forward, as measured in `activation_bytes`.",
+        "Predicted seconds are forward and backward from a profiled keep step; measured seconds also hold the "
+        "optimizer step, so compare the time each adds to keep's (extra s). Predicted activation bytes are held "
+        "at the end of forward, offloaded layers whose writes are still running counted; measured: the hooks' "
+        "`activation_bytes`, which count a tensor as gone once it is handed to the store.",
         "",
-        "| model | variant | offloaded | recomputed | store GB/s | predicted s | measured s "
-        "| predicted MiB | measured MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | variant | offloaded | recomputed | store GB/s | predicted s | measured s | predicted extra s "
+        "| measured extra s | predicted MiB | measured MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (dataset, variant), g in predicted.groupby(["dataset", "variant"]):
         first = g.iloc[0]
         value = dict(zip(g.metric, g.value))
         t = step[(step.dataset == dataset) & (step.variant == variant)]["median"].iloc[0]
+        keep_t = step[(step.dataset == dataset) & (step.variant == "keep")]["median"].iloc[0]
         h = held[(held.dataset == dataset) & (held.variant == variant)]["median"].iloc[0]
+        # The model predicts forward and backward from the profile's keep step; the measured step
+        # also has the optimizer's. The time over keep's compares like with like.
+        profiled = profile_keep_seconds(dataset)
+        predicted_extra = f"{value['predicted_time'] - profiled:.4f}" if profiled else ""
         lines.append(
             f"| {dataset} | {label(variant)} | {first.layers_offloaded} | {first.layers_recomputed} | "
-            f"{first.planned_gbps:.2f} | {value['predicted_time']:.4f} | {t:.4f} | "
-            f"{value['predicted_activation_bytes'] / 2**20:.2f} | {h / 2**20:.2f} |"
+            f"{first.planned_gbps:.2f} | {value['predicted_time']:.4f} | {t:.4f} | {predicted_extra} | "
+            f"{t - keep_t:.4f} | {value['predicted_activation_bytes'] / 2**20:.2f} | {h / 2**20:.2f} |"
+        )
+
+# Separate processes: each ratio to keep computed within its process, then the range over processes.
+processes = {"the committed run": frame} | {name: rows for name, rows in reruns.groupby("process")}
+if len(processes) > 1:
+    ratio = {
+        metric: pd.concat(
+            {name: ratios_to_keep(rows[rows.dataset.isin(reruns.dataset)], metric) for name, rows in processes.items()},
+            axis=1,
+        )
+        for metric in ("time", memory_metric)
+    }
+    lines += [
+        "",
+        f"## Ratios to keep over {len(processes)} processes (min to max)",
+        "",
+        "Each ratio is taken within one process, from medians of its timed steps; processes: "
+        + ", ".join(processes)
+        + ".",
+        "",
+        f"| model | variant | step time x keep | {memory_metric} x keep |",
+        "|---|---|---|---|",
+    ]
+    order = {v: i for i, v in enumerate(ORDER)}
+    for (dataset, variant), row in sorted(ratio["time"].iterrows(), key=lambda r: (r[0][0], order.get(r[0][1], 99))):
+        if variant == "keep":
+            continue
+        held_row = ratio[memory_metric].loc[(dataset, variant)]
+        lines.append(
+            f"| {dataset} | {label(variant)} | {row.min():.3f} to {row.max():.3f} | "
+            f"{held_row.min():.3f} to {held_row.max():.3f} |"
         )
 
 # Part micro_batches: tokens per second at a fixed global batch, by micro-batch.
@@ -212,18 +276,38 @@ Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 
 # %% [markdown]
-# ## Figure: one panel per model
+# ## Figure
+# The ROK view of each model of part `policies` (every store), one what-if panel for every model,
+# the main comparison per model (ratios to keep), and the micro-batch sweep.
 
 # %%
-datasets = sorted(set(step.dataset))
-fig, grid = panel_grid(2 * len(datasets) + (2 if not sweep.empty else 0), width=4.4, height=3.6, cols=2)
-for ax, dataset in zip(grid[0::2], datasets):
+rok_datasets = sorted(set(frame[frame.part == "policies"].dataset)) or sorted(set(step.dataset))
+panels = len(rok_datasets) + 1 + 2 + (2 if not sweep.empty else 0)
+panels += panels % 2  # a full last row: the legend takes the spare cell
+fig, grid = panel_grid(panels, width=5.2, height=4.0, cols=2)
+cells = iter(grid)
+legend_entries = {}  # label -> handle, across every panel
+
+
+def plain_numbers(axis):
+    """Tick labels of a log axis as plain numbers (0.2, 0.5, 2), not powers of ten."""
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
+
+
+def remember(ax):
+    for handle, text in zip(*ax.get_legend_handles_labels()):
+        legend_entries.setdefault(text, handle)
+
+
+for dataset in rok_datasets:
+    ax = next(cells)
     for variant in ORDER:
         t = step[(step.dataset == dataset) & (step.variant == variant)]
         mem = memory[(memory.dataset == dataset) & (memory.variant == variant)]
         if t.empty or mem.empty:
             continue
-        x, y = mem["median"].iloc[0] / 2**20, t["median"].iloc[0]
+        x, y = mem["median"].iloc[0] / 2**30, t["median"].iloc[0]
         ax.errorbar(
             [x],
             [y],
@@ -234,55 +318,104 @@ for ax, dataset in zip(grid[0::2], datasets):
             capsize=3,
             label=label(variant),
         )
+        # The other processes of the same part: hollow markers, one per process.
+        for _, rows in reruns[(reruns.dataset == dataset) & (reruns.variant == variant)].groupby("process"):
+            rx = rows[rows.metric == memory_metric].value.median() / 2**30
+            ry = rows[rows.metric == "time"].value.median()
+            ax.plot([rx], [ry], marker(variant), mfc="none", color=POLICY_COLORS[variant], markersize=8, alpha=0.7)
+    times = step[step.dataset == dataset]["median"]
+    wide = times.max() / times.min() > 4  # a log axis only where the times span a wide range
     ax.set(
-        xlabel=f"activation memory on the device, MiB ({memory_metric})",
-        ylabel="s per training step",
-        title=dataset,
-        ylim=(0, None),
+        xlabel=f"activation memory on the device, GiB ({memory_metric})",
+        ylabel="s per training step" + (" (log)" if wide else ""),
+        yscale="log" if wide else "linear",
+        title=f"{dataset}: every policy and store"
+        + ("\n(filled: committed run, median and IQR; hollow: other processes)" if not reruns.empty else ""),
     )
-    ax.set_xlim(left=-0.03 * ax.get_xlim()[1])  # a policy that keeps nothing on the device sits at 0: inside
-    ax.grid(alpha=0.3)
-for ax, dataset in zip(grid[1::2], datasets):
-    # What-if: the write bandwidth that hides a block's offload inside its own forward, for a GPU
-    # of any speed (SSDTrain's criterion), against the bandwidths the stores reached here.
+    ax.set_xlim(left=0, right=1.08 * ax.get_xlim()[1])
+    if wide:
+        plain_numbers(ax.yaxis)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, which="both")
+    remember(ax)
+
+# What-if: the write bandwidth that hides a block's offload inside its own forward, for a GPU of
+# any speed (SSDTrain's criterion), against the bandwidths the stores reached here.
+ax = next(cells)
+keep_rates = rate[rate.variant == "keep"]["median"] * 1e12
+low = min(10e12, keep_rates.min() / 3) if not keep_rates.empty else 10e12  # reach down to the measured rates
+speeds = np.logspace(np.log10(low), np.log10(2e15), 60)
+dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]
+for i, dataset in enumerate(sorted(set(step.dataset))):
     saved, flops = block_costs_of(dataset)
 
-    def needed(flop_rate):  # GB/s that writes every block's saved bytes within its own forward
+    def needed(flop_rate, saved=saved, flops=flops):  # GB/s that writes each block within its forward
         return max(b / (f / flop_rate) for b, f in zip(saved, flops)) / 1e9
 
+    ax.plot(speeds / 1e12, [needed(F) for F in speeds], color="black", linestyle=dashes[i % len(dashes)], label=dataset)
     keep_rate = rate[(rate.dataset == dataset) & (rate.variant == "keep")]["median"]
-    here = keep_rate.iloc[0] * 1e12 if not keep_rate.empty else None
-    low = min(20e12, here / 3) if here else 20e12  # the range reaches down to the measured rate
-    speeds = np.logspace(np.log10(low), np.log10(2e15), 60)
-    ax.plot(speeds / 1e12, [needed(F) for F in speeds], color="black", label="needed to hide every write")
-    if here:
-        ax.plot([here / 1e12], [needed(here)], "ko")
-        ax.annotate(
-            "keep, measured", (here / 1e12, needed(here)), textcoords="offset points", xytext=(6, 4), fontsize=7
+    if not keep_rate.empty:
+        here = keep_rate.iloc[0] * 1e12
+        ax.plot([here / 1e12], [needed(here)], "o", color="black", markersize=4)
+stores_here = {}
+for variant in ORDER:
+    if not variant.startswith("offload_all"):
+        continue
+    sel = lambda d: d[d.variant == variant]["median"]  # noqa: E731
+    w, ws = sel(written).sum(), sel(write_seconds).sum()
+    nominal = step[step.variant == variant]["emulated_gbps"].dropna()
+    if ws > 0 and nominal.empty:
+        stores_here[variant] = (w / ws / 1e9, "-")
+    elif not nominal.empty:
+        stores_here[variant] = (float(nominal.iloc[0]), ":")
+for variant, (value, style) in stores_here.items():
+    ax.axhline(value, color=POLICY_COLORS[variant], linestyle=style, linewidth=1.2)
+ax.set(
+    xscale="log",
+    yscale="log",
+    xlim=(speeds[0] / 1e12, speeds[-1] / 1e12),
+    xlabel="compute throughput, model TFLOP/s (dots: keep, measured here)",
+    ylabel="write GB/s",
+    title="write bandwidth to hide every block's write (black)\nvs stores here (solid: achieved; dotted: emulated)",
+)
+ax.grid(alpha=0.3, which="both")
+ax.legend(loc="upper left", fontsize=7, frameon=False, title="needed, per model", title_fontsize=7)
+
+# The main comparison per model: the variants every model ran, as ratios to keep.
+shared = [v for v in ORDER if all(((step.dataset == d) & (step.variant == v)).any() for d in set(step.dataset))]
+shared = [v for v in shared if v != "keep"]
+models = sorted(set(step.dataset))
+for ax, table, what in (
+    (next(cells), step, "step time"),
+    (next(cells), memory, memory_metric.replace("_", " ")),
+):
+    width = 0.8 / max(len(shared), 1)
+    for j, variant in enumerate(shared):
+        values = []
+        for dataset in models:
+            both = table[table.dataset == dataset].set_index("variant")["median"]
+            values.append(both[variant] / both["keep"])
+        ax.bar(
+            np.arange(len(models)) + (j - (len(shared) - 1) / 2) * width,
+            values,
+            width,
+            color=POLICY_COLORS[variant],
+            label=label(variant),
+            hatch="//" if marker(variant) in ("^", "D") else None,
+            edgecolor="white",
         )
-    for variant in ORDER:
-        sel = lambda d: d[(d.dataset == dataset) & (d.variant == variant)]["median"]  # noqa: E731
-        w, ws = sel(written), sel(write_seconds)
-        nominal = step[(step.dataset == dataset) & (step.variant == variant)]["emulated_gbps"]
-        if not ws.empty and ws.iloc[0] > 0:
-            value, style = w.iloc[0] / ws.iloc[0] / 1e9, "-"
-        elif not nominal.empty and nominal.notna().iloc[0]:
-            value, style = float(nominal.iloc[0]), ":"
-        else:
-            continue
-        if variant.startswith("offload_all"):
-            ax.axhline(value, color=POLICY_COLORS[variant], linestyle=style, linewidth=1.2)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="compute throughput, model TFLOP/s",
-        ylabel="write GB/s",
-        title=f"{dataset}: needed vs available\n(solid: achieved here; dotted: emulated, nominal)",
-    )
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper left", fontsize=7, frameon=False)
+    ax.axhline(1.0, color="black", linewidth=1, label="keep")
+    ax.set_xticks(range(len(models)), [m.replace("-s", "\ns") for m in models], fontsize=7)
+    ax.set(ylabel=f"{what}, x keep", title=f"{what} per model, x keep (same run)")
+    if what == "step time":
+        ax.set_yscale("log")
+        plain_numbers(ax.yaxis)
+    ax.grid(alpha=0.3, axis="y", which="both")
+    remember(ax)
+
 if not sweep.empty:
-    speed_ax, held_ax = grid[-2], grid[-1]
+    speed_ax, held_ax = next(cells), next(cells)
     for variant in [v for v in ORDER + sorted(set(sweep_time.variant)) if v in set(sweep_time.variant)]:
         t = sweep_time[sweep_time.variant == variant].sort_values("micro_batch")
         h = sweep_held[sweep_held.variant == variant].sort_values("micro_batch")
@@ -290,17 +423,33 @@ if not sweep.empty:
         speed_ax.plot(
             t.micro_batch, t.global_batch * t.sequence / t["median"], "o-", color=colour, label=label(variant)
         )
-        held_ax.plot(h.micro_batch, h["median"] / 2**20, "o-", color=colour, label=label(variant))
+        held_ax.plot(h.micro_batch, h["median"] / 2**30, "o-", color=colour, label=label(variant))
+    micro_all = sorted(set(sweep.micro_batch))
     title = f"{sweep_time.dataset.iloc[0]}, {int(sweep_time.global_batch.iloc[0])} sequences per step"
+    if not oom.empty:
+        title += f"\nout of memory: micro-batch {', '.join(str(b) for b in sorted(set(oom.micro_batch)))} (see table)"
     speed_ax.set(xscale="log", xlabel="micro-batch", ylabel="tokens/s", ylim=(0, None), title=title)
-    held_ax.set(xscale="log", xlabel="micro-batch", ylabel="activation MiB (activation_bytes)", ylim=(0, None))
+    held_ax.set(xscale="log", xlabel="micro-batch", ylabel="activation GiB (activation_bytes)", ylim=(0, None))
     held_ax.set_title("activation bytes one micro-step holds")
     for ax in (speed_ax, held_ax):
         ax.minorticks_off()  # the micro-batches themselves are the ticks
-        ax.set_xticks(sorted(set(sweep_time.micro_batch)), [str(b) for b in sorted(set(sweep_time.micro_batch))])
+        ax.set_xticks(micro_all, [str(b) for b in micro_all])
         ax.grid(alpha=0.3)
-handles, labels = grid[0].get_legend_handles_labels()
-fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
+    remember(speed_ax)
+
+spare = next(cells, None)
+if spare is not None:  # the legend's own cell
+    spare.axis("off")
+    spare.legend(legend_entries.values(), legend_entries.keys(), loc="center", fontsize=8, frameon=False, ncol=2)
+else:
+    fig.legend(
+        legend_entries.values(),
+        legend_entries.keys(),
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        fontsize=8,
+        frameon=False,
+    )
 layout_with_title(
     fig,
     f"LLM activation offloading: {machine}, scale '{scale}' (measured; emulated stores are throttled host "

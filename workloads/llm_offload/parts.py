@@ -557,7 +557,7 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             with deterministic(device):
                 reference = _one_step(model, steps[0], None)
         except torch.cuda.OutOfMemoryError:
-            _out_of_memory(writer, dataset, base | {"policy": "keep"}, "keep")
+            _out_of_memory(writer, dataset, base | {"policy": "keep"}, "keep", notes, "check")
             continue
         # Every policy is checked before any is timed: timing trains, and changes the weights.
         checked = []
@@ -576,7 +576,7 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                     _check_identical(f"{variant} at micro-batch {micro}", reference, _one_step(model, steps[0], policy))
             except torch.cuda.OutOfMemoryError:
                 policy.close()
-                _out_of_memory(writer, dataset, config, variant)
+                _out_of_memory(writer, dataset, config, variant, notes, "check")
                 continue
             except BaseException:
                 policy.close()
@@ -595,7 +595,7 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             try:
                 m = measure(train_step, device=device, repeat=repeat, warmup=warmup, desc=f"b={micro} {variant}")
             except torch.cuda.OutOfMemoryError:
-                _out_of_memory(writer, dataset, config, variant)
+                _out_of_memory(writer, dataset, config, variant, notes, "timed")
                 continue
             finally:
                 policy.close()
@@ -608,8 +608,11 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
     return notes
 
 
-def _out_of_memory(writer, dataset: str, config: dict, variant: str) -> None:
-    """Record that ``variant`` did not fit, and give its memory back."""
+def _out_of_memory(writer, dataset: str, config: dict, variant: str, notes: dict, phase: str) -> None:
+    """Record that ``variant`` did not fit, and give its memory back. ``phase`` says where, in the
+    notes: the ``check`` step runs deterministic kernels (math attention holds the whole attention
+    matrix), so it can run out of memory where the ``timed`` steps' kernels would not."""
+    notes.setdefault("out_of_memory", {})[f"{variant} at micro-batch {config['micro_batch']}"] = phase
     torch.cuda.empty_cache()
     role = "optimized" if variant.startswith("offload") else "baseline"
     _add(writer, dataset, role, variant, config, "out_of_memory", 1, 0)
