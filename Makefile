@@ -19,10 +19,11 @@ export CUPY_CACHE_DIR := $(CURDIR)/.cache/cupy
 
 .PHONY: setup reproduce figures report test lint
 
-$(STAMP): envs/requirements-$(ENV).txt pyproject.toml
+$(STAMP): envs/requirements-$(ENV).txt envs/requirements-data.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -r envs/requirements-$(ENV).txt
+	$(VENV)/bin/pip install --quiet --no-deps -r envs/requirements-data.txt
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation --editable .
 	rm -f $(VENV)/.installed-*
 	touch $@

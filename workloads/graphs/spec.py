@@ -105,8 +105,8 @@ class GraphSpec:
         edges = max(nodes, round(self.edges * factor))
         if self.homogeneous:
             return replace(self, nodes=nodes, edges=edges)
-        node_counts = _apportion([t.count for t in self.node_types], nodes)
-        edge_counts = _apportion([r.count for r in self.relations], edges)
+        node_counts = apportion([t.count for t in self.node_types], nodes)
+        edge_counts = apportion([r.count for r in self.relations], edges)
         return replace(
             self,
             nodes=nodes,
@@ -143,7 +143,7 @@ class GraphSpec:
         )
 
 
-def _apportion(counts: list[int], total: int) -> list[int]:
+def apportion(counts: list[int], total: int) -> list[int]:
     """``total`` split in proportion to ``counts`` (largest remainders), summing exactly to it."""
     whole = sum(counts)
     if whole == 0:

@@ -28,6 +28,7 @@ import numpy as np
 
 from harness.errors import UserError
 from harness.progress import progress
+from workloads.graphs import relational
 from workloads.graphs.generate import GeneratorParams, generate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -226,13 +227,13 @@ def type_id(spec: dict, name: str) -> int:
     raise KeyError(f"{spec['name']} has no node type {name!r}")
 
 
-def get(params: GeneratorParams, root: Path = DEFAULT_ROOT) -> dict[str, np.ndarray]:
+GENERATORS = {GeneratorParams: generate, relational.HeteroParams: relational.generate}
+
+
+def get(params: GeneratorParams | relational.HeteroParams, root: Path = DEFAULT_ROOT) -> dict[str, np.ndarray]:
     """The graph for ``params``: loaded from the cache, or generated and cached first."""
     folder = folder_for(params, root)
     if not (folder / "meta.json").exists():
-        save(
-            generate(params, progress=lambda items, desc, total: progress(items, desc=desc, total=total)),
-            params,
-            folder,
-        )
+        make = GENERATORS[type(params)]
+        save(make(params, progress=lambda items, desc, total: progress(items, desc=desc, total=total)), params, folder)
     return load(folder, params)

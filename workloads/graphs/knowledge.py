@@ -1,0 +1,86 @@
+"""Real small knowledge graphs: Nations, Kinships and UMLS, read from the pykeen wheel's data files.
+
+They are the relational GNN topic's real data for correctness (every implementation of a layer
+must agree on them). pykeen is installed without its dependencies (envs/requirements-data.txt)
+and never imported: the files are found through the package's installed metadata, so no network
+and none of pykeen's own dependencies are needed. Each file holds one ``head<TAB>relation<TAB>tail``
+triple per line; the graph is the union of the train, valid and test files, one node type, one
+relation per relation label (ids in sorted label order), messages flowing head -> tail. The
+result has the layout of workloads/graphs/store.py (a CSR by target node), without features:
+the topic draws those itself.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import numpy as np
+
+from harness.errors import UserError
+from workloads.graphs.spec import GraphSpec, NodeType, Relation
+
+GRAPHS = ("nations", "kinships", "umls")
+SPLITS = ("train", "valid", "test")
+
+
+def triples(name: str) -> list[tuple[str, str, str]]:
+    """Every (head, relation, tail) of ``name``, from the installed pykeen wheel's files."""
+    if name not in GRAPHS:
+        raise UserError(f"unknown knowledge graph {name!r}; one of {', '.join(GRAPHS)}")
+    try:
+        package = importlib.metadata.distribution("pykeen")
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(
+            "the knowledge graphs are read from the pykeen wheel, which is not installed: "
+            "pip install --no-deps -r envs/requirements-data.txt"
+        ) from None
+    rows = []
+    for split in SPLITS:
+        path = package.locate_file(f"pykeen/datasets/{name}/{split}.txt")
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise UserError(f"{path}: missing from pykeen {package.version}; reinstall it") from None
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) != 3:
+                raise UserError(f"{path}:{number}: expected head, relation and tail separated by tabs")
+            rows.append((fields[0], fields[1], fields[2]))
+    return rows
+
+
+def load(name: str) -> tuple[GraphSpec, dict[str, np.ndarray]]:
+    """The knowledge graph ``name`` as a spec and arrays: ``indptr``/``indices`` (each target's
+    sources), ``edge_type`` and ``node_type`` (all 0)."""
+    rows = triples(name)
+    entities = sorted({h for h, _, _ in rows} | {t for _, _, t in rows})
+    labels = sorted({r for _, r, _ in rows})
+    entity_id = {e: i for i, e in enumerate(entities)}
+    relation_id = {r: i for i, r in enumerate(labels)}
+    src = np.array([entity_id[h] for h, _, _ in rows], dtype=np.int64)
+    dst = np.array([entity_id[t] for _, _, t in rows], dtype=np.int64)
+    kind = np.array([relation_id[r] for _, r, _ in rows], dtype=np.int64)
+    order = np.lexsort((kind, src, dst))  # by target, then source and relation: a fixed order
+    indptr = np.zeros(len(entities) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=len(entities)), out=indptr[1:])
+    counts = np.bincount(kind, minlength=len(labels))
+    spec = GraphSpec(
+        name,
+        len(entities),
+        len(rows),
+        feature_dim=0,
+        classes=1,
+        train_fraction=0.0,
+        val_fraction=0.0,
+        node_types=(NodeType("entity", len(entities)),),
+        relations=tuple(Relation(label, "entity", "entity", int(c)) for label, c in zip(labels, counts)),
+    )
+    arrays = {
+        "indptr": indptr,
+        "indices": src[order],
+        "edge_type": kind[order],
+        "node_type": np.zeros(len(entities), dtype=np.int64),
+    }
+    return spec, arrays
