@@ -1,0 +1,108 @@
+"""Relational GNN layers: every form of RGCN computes the same function from the same weights
+(outputs and gradients, against a float64 reference written from the definition), on the real
+knowledge graphs and on synthetic ones with odd sizes, empty relations and no edges; bad ids
+are refused by name."""
+
+import numpy as np
+import pytest
+import torch
+
+from harness.errors import UserError
+from workloads.graphs import knowledge
+from workloads.rgnn import rgcn
+from workloads.rgnn.graph import RelGraph
+
+
+def reference(graph: RelGraph, x, w: rgcn.RGCNWeights) -> torch.Tensor:
+    """The definition, edge by edge in float64: root term, bias, per-relation means."""
+    x, weight = x.double(), w.weight.double()
+    out = x @ w.root.double() + w.bias.double()
+    for v in range(graph.num_nodes):
+        for r in range(graph.num_relations):
+            mask = (graph.dst == v) & (graph.etype == r)
+            if mask.any():
+                out[v] += (x[graph.src[mask]] @ weight[r]).mean(0)
+    return out
+
+
+def random_graph(nodes, relations, edges, seed=0, index_dtype=torch.int64):
+    g = torch.Generator().manual_seed(seed)
+    src, dst = (torch.randint(0, nodes, (edges,), generator=g, dtype=index_dtype) for _ in range(2))
+    etype = torch.randint(0, max(relations - 1, 1), (edges,), generator=g, dtype=index_dtype)  # the last: empty
+    return RelGraph.build(src, dst, etype, nodes, relations)
+
+
+def run(form_name, graph, in_dim, out_dim, seed=0):
+    """Output and gradients (features, weight, root, bias) of one form, from seeded weights and
+    features; the gradients are of a random projection of the output, never a plain sum."""
+    weights = rgcn.RGCNWeights(graph.num_relations, in_dim, out_dim, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(graph.num_nodes, in_dim, generator=g).requires_grad_()
+    projection = torch.randn(graph.num_nodes, out_dim, generator=g)
+    out = rgcn.form(form_name, weights, graph)(x)
+    (out * projection).sum().backward()
+    return out.detach(), [t.grad for t in (x, weights.weight, weights.root, weights.bias)], (x, weights)
+
+
+@pytest.mark.parametrize("name", rgcn.FORMS)
+def test_every_form_matches_the_definition_on_a_small_graph_with_odd_sizes(name):
+    graph = random_graph(nodes=37, relations=5, edges=211)
+    out, grads, (x, weights) = run(name, graph, in_dim=5, out_dim=7)
+    expected = reference(graph, x.detach(), weights)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    assert all(grad is not None and grad.abs().sum() > 0 for grad in grads[:3])
+
+
+@pytest.mark.parametrize("graph_name", knowledge.GRAPHS)
+def test_every_form_agrees_on_the_real_knowledge_graphs(graph_name):
+    spec, arrays = knowledge.load(graph_name)
+    graph = RelGraph.from_store(arrays, len(spec.relations))
+    base_out, base_grads, _ = run("segment_mm", graph, 16, 16)
+    for name in rgcn.FORMS:
+        out, grads, _ = run(name, graph, 16, 16)
+        torch.testing.assert_close(out, base_out, rtol=1e-4, atol=1e-4, msg=name)
+        for got, want in zip(grads, base_grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("name", rgcn.FORMS)
+def test_a_graph_without_edges_gives_root_and_bias(name):
+    graph = RelGraph.build([], [], [], num_nodes=4, num_relations=3)
+    out, _, (x, weights) = run(name, graph, 8, 8)
+    torch.testing.assert_close(out, x.detach() @ weights.root.detach() + weights.bias.detach())
+
+
+def test_both_index_dtypes_and_views_give_one_graph():
+    a = random_graph(20, 3, 64, index_dtype=torch.int64)
+    b = random_graph(20, 3, 64, index_dtype=torch.int32)
+    assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("src", "dst", "etype", "norm", "offsets"))
+    # Strided views of a larger edge table are taken as they are.
+    table = torch.stack([a.src, a.dst, a.etype], 1)
+    c = RelGraph.build(table[:, 0], table[:, 1], table[:, 2], 20, 3)
+    assert torch.equal(c.by_relation, a.by_relation)
+
+
+def test_features_that_do_not_match_the_weights_are_refused():
+    graph = random_graph(10, 2, 30)
+    layer = rgcn.form("segment_mm", rgcn.RGCNWeights(2, 8, 8), graph)
+    with pytest.raises(UserError, match=r"features must be \[10 nodes, 8\], got \(10, 7\)"):
+        layer(torch.randn(10, 7))
+    with pytest.raises(UserError, match="the weights have 3 relations, the graph 2"):
+        rgcn.form("per_edge", rgcn.RGCNWeights(3, 8, 8), graph)
+    with pytest.raises(UserError, match="unknown RGCN form 'dgl'; one of pyg"):
+        rgcn.form("dgl", rgcn.RGCNWeights(2, 8, 8), graph)
+
+
+def test_ids_out_of_range_are_refused_by_name():
+    with pytest.raises(UserError, match=r"etype\[2\] = 5 is not a relation id of this graph \(0 to 4; 1 such ids\)"):
+        RelGraph.build([0, 1, 2], [1, 2, 0], [0, 1, 5], num_nodes=3, num_relations=5)
+    with pytest.raises(UserError, match=r"dst\[0\] = -1 is not a node id"):
+        RelGraph.build([0], [-1], [0], num_nodes=3, num_relations=1)
+    with pytest.raises(UserError, match="src, dst and etype must be 1-d and of one length"):
+        RelGraph.build([0, 1], [1], [0], num_nodes=3, num_relations=1)
+
+
+def test_the_graph_counts_unique_source_relation_pairs():
+    graph = RelGraph.build([0, 0, 0, 1], [1, 2, 2, 0], [0, 0, 1, 0], num_nodes=3, num_relations=2)
+    assert graph.unique_source_relation_pairs() == 3
+    assert np.allclose(graph.norm.numpy(), [1.0, 1.0, 1.0, 1.0])
