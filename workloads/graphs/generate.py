@@ -43,8 +43,7 @@ class GeneratorParams:
     def __post_init__(self):
         if not self.spec.homogeneous:  # the arrays below have no node or edge types
             raise ValueError(f"{self.spec.name}: this generator makes homogeneous graphs only, not heterographs")
-        if not self.gamma > 2:
-            raise ValueError(f"gamma must be > 2 (a finite mean degree), got {self.gamma}")
+        check_gamma(self.gamma)
         if not 0 <= self.homophily <= 1:
             raise ValueError(f"homophily must be in [0, 1], got {self.homophily}")
 
@@ -61,6 +60,11 @@ class GeneratorParams:
             "homophily": self.homophily,
             "signal": self.signal,
         }
+
+
+def check_gamma(gamma: float) -> None:
+    if not gamma > 2:
+        raise ValueError(f"gamma must be > 2 (a finite mean degree), got {gamma}")
 
 
 class PowerLawRanks:

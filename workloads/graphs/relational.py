@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.errors import UserError
-from workloads.graphs.generate import PowerLawRanks
+from workloads.graphs.generate import PowerLawRanks, check_gamma
 from workloads.graphs.spec import GraphSpec, NodeType, Relation, apportion
 
 ALGORITHM = 1  # bumped whenever the same parameters would give a different graph
@@ -128,8 +128,7 @@ class HeteroParams:
             raise ValueError(f"{self.spec.name}: a relational graph needs node types and relations")
         if not 0 < self.unique_pair_ratio <= 1:
             raise ValueError(f"unique_pair_ratio must be in (0, 1], got {self.unique_pair_ratio}")
-        if not self.gamma > 2:
-            raise ValueError(f"gamma must be > 2 (a finite mean degree), got {self.gamma}")
+        check_gamma(self.gamma)
 
     @property
     def label(self) -> str:
