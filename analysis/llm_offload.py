@@ -47,6 +47,7 @@ rerun_files = sorted(
 )
 reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
 reruns = reruns.assign(process=reruns["source"].map(lambda s: Path(s).parent.name))
+reruns = reruns[reruns.part != "micro_batches"]  # the sweep's own processes are not compared here
 # Part micro_batches (the memory spent on a larger micro-batch) has its own table and panels.
 sweep = frame[frame.part == "micro_batches"]
 frame = frame[frame.part != "micro_batches"]

@@ -304,11 +304,10 @@ def _stores(
     stores += [
         (f"emulated_{g:g}gbps", float(g), functools.partial(EmulatedStore, float(g))) for g in params["emulated_gbps"]
     ]
-    if "kvikio" not in names:
-        pass
-    elif device != "cuda":
-        notes["skipped"]["kvikio"] = "KvikioStore moves GPU memory; this run trains on the CPU"
-    else:
+    if "kvikio" in names:
+        if device != "cuda":
+            notes["skipped"]["kvikio"] = "KvikioStore moves GPU memory; this run trains on the CPU"
+            return stores
         try:
             KvikioStore(scratch_dir, threads=threads).close()
             stores.append(("kvikio", None, lambda: KvikioStore(scratch_dir, threads=threads)))
