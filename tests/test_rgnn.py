@@ -1,6 +1,6 @@
-"""Relational GNN layers: every form of RGCN computes the same function from the same weights
-(outputs and gradients, against a float64 reference written from the definition), on the real
-knowledge graphs and on synthetic ones with odd sizes, empty relations and no edges; bad ids
+"""Relational GNN layers: every form of RGCN and RGAT computes the same function from the same
+weights (outputs and gradients, against a float64 reference written from the definition), on the
+real knowledge graphs and on synthetic ones with odd sizes, empty relations and no edges; bad ids
 are refused by name."""
 
 import numpy as np
@@ -9,12 +9,12 @@ import torch
 
 from harness.errors import UserError
 from workloads.graphs import knowledge
-from workloads.rgnn import rgcn
+from workloads.rgnn import rgat, rgcn
 from workloads.rgnn.graph import RelGraph
 
 
-def reference(graph: RelGraph, x, w: rgcn.RGCNWeights) -> torch.Tensor:
-    """The definition, edge by edge in float64: root term, bias, per-relation means."""
+def reference_rgcn(graph: RelGraph, x, w: rgcn.RGCNWeights) -> torch.Tensor:
+    """The definition, target by target in float64: root term, bias, per-relation means."""
     x, weight = x.double(), w.weight.double()
     out = x @ w.root.double() + w.bias.double()
     for v in range(graph.num_nodes):
@@ -25,6 +25,25 @@ def reference(graph: RelGraph, x, w: rgcn.RGCNWeights) -> torch.Tensor:
     return out
 
 
+def reference_rgat(graph: RelGraph, x, w: rgat.RGATWeights) -> torch.Tensor:
+    """The definition, target by target in float64: a softmax over all the target's edges."""
+    x, weight, q, k = x.double(), w.weight.double(), w.q.double(), w.k.double()
+    out = w.bias.double().repeat(graph.num_nodes, 1)
+    for v in range(graph.num_nodes):
+        edges = torch.nonzero(graph.dst == v).flatten()
+        if not len(edges):
+            continue
+        sources = torch.stack([x[graph.src[e]] @ weight[graph.etype[e]] for e in edges])
+        targets = torch.stack([x[v] @ weight[graph.etype[e]] for e in edges])
+        scores = torch.nn.functional.leaky_relu(targets @ q + sources @ k, 0.2).squeeze(1)
+        out[v] += (scores.softmax(0).unsqueeze(1) * sources).sum(0)
+    return out
+
+
+LAYERS = {"rgcn": (rgcn, rgcn.RGCNWeights, reference_rgcn), "rgat": (rgat, rgat.RGATWeights, reference_rgat)}
+CASES = [(layer, name) for layer, (module, _, _) in LAYERS.items() for name in module.FORMS]
+
+
 def random_graph(nodes, relations, edges, seed=0, index_dtype=torch.int64):
     g = torch.Generator().manual_seed(seed)
     src, dst = (torch.randint(0, nodes, (edges,), generator=g, dtype=index_dtype) for _ in range(2))
@@ -32,44 +51,49 @@ def random_graph(nodes, relations, edges, seed=0, index_dtype=torch.int64):
     return RelGraph.build(src, dst, etype, nodes, relations)
 
 
-def run(form_name, graph, in_dim, out_dim, seed=0):
-    """Output and gradients (features, weight, root, bias) of one form, from seeded weights and
+def run(layer, form_name, graph, in_dim, out_dim, seed=0):
+    """Output and gradients (features, then every weight) of one form, from seeded weights and
     features; the gradients are of a random projection of the output, never a plain sum."""
-    weights = rgcn.RGCNWeights(graph.num_relations, in_dim, out_dim, seed=seed)
+    module, weights_class, _ = LAYERS[layer]
+    weights = weights_class(graph.num_relations, in_dim, out_dim, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(graph.num_nodes, in_dim, generator=g).requires_grad_()
     projection = torch.randn(graph.num_nodes, out_dim, generator=g)
-    out = rgcn.form(form_name, weights, graph)(x)
+    out = module.form(form_name, weights, graph)(x)
     (out * projection).sum().backward()
-    return out.detach(), [t.grad for t in (x, weights.weight, weights.root, weights.bias)], (x, weights)
+    return out.detach(), [x.grad] + [p.grad for p in weights.parameters()], (x, weights)
 
 
-@pytest.mark.parametrize("name", rgcn.FORMS)
-def test_every_form_matches_the_definition_on_a_small_graph_with_odd_sizes(name):
+@pytest.mark.parametrize("layer, name", CASES)
+def test_every_form_matches_the_definition_on_a_small_graph_with_odd_sizes(layer, name):
     graph = random_graph(nodes=37, relations=5, edges=211)
-    out, grads, (x, weights) = run(name, graph, in_dim=5, out_dim=7)
-    expected = reference(graph, x.detach(), weights)
+    out, grads, (x, weights) = run(layer, name, graph, in_dim=5, out_dim=7)
+    expected = LAYERS[layer][2](graph, x.detach(), weights)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
-    assert all(grad is not None and grad.abs().sum() > 0 for grad in grads[:3])
+    assert all(grad is not None and grad.abs().sum() > 0 for grad in grads)
 
 
+@pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("graph_name", knowledge.GRAPHS)
-def test_every_form_agrees_on_the_real_knowledge_graphs(graph_name):
+def test_every_form_agrees_on_the_real_knowledge_graphs(layer, graph_name):
     spec, arrays = knowledge.load(graph_name)
     graph = RelGraph.from_store(arrays, len(spec.relations))
-    base_out, base_grads, _ = run("segment_mm", graph, 16, 16)
-    for name in rgcn.FORMS:
-        out, grads, _ = run(name, graph, 16, 16)
+    base_out, base_grads, _ = run(layer, "segment_mm", graph, 16, 16)
+    for name in LAYERS[layer][0].FORMS:
+        out, grads, _ = run(layer, name, graph, 16, 16)
         torch.testing.assert_close(out, base_out, rtol=1e-4, atol=1e-4, msg=name)
         for got, want in zip(grads, base_grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("name", rgcn.FORMS)
-def test_a_graph_without_edges_gives_root_and_bias(name):
+@pytest.mark.parametrize("layer, name", CASES)
+def test_a_graph_without_edges_gives_the_terms_without_neighbours(layer, name):
     graph = RelGraph.build([], [], [], num_nodes=4, num_relations=3)
-    out, _, (x, weights) = run(name, graph, 8, 8)
-    torch.testing.assert_close(out, x.detach() @ weights.root.detach() + weights.bias.detach())
+    out, _, (x, weights) = run(layer, name, graph, 8, 8)
+    expected = weights.bias.detach().expand(4, -1)
+    if layer == "rgcn":
+        expected = x.detach() @ weights.root.detach() + expected
+    torch.testing.assert_close(out, expected)
 
 
 def test_both_index_dtypes_and_views_give_one_graph():
@@ -91,6 +115,8 @@ def test_features_that_do_not_match_the_weights_are_refused():
         rgcn.form("per_edge", rgcn.RGCNWeights(3, 8, 8), graph)
     with pytest.raises(UserError, match="unknown RGCN form 'dgl'; one of pyg"):
         rgcn.form("dgl", rgcn.RGCNWeights(2, 8, 8), graph)
+    with pytest.raises(UserError, match="unknown RGAT form 'pyg_fast'; one of pyg"):
+        rgat.form("pyg_fast", rgat.RGATWeights(2, 8, 8), graph)
 
 
 def test_ids_out_of_range_are_refused_by_name():

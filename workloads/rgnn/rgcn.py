@@ -10,37 +10,23 @@ the output, and gradients reach the shared weights whichever form computed them.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from harness.errors import UserError
+from workloads.rgnn.form import Form, glorot, pick
 from workloads.rgnn.graph import RelGraph
+from workloads.rgnn.ops import grouped_products, segment_products
 
 
 class RGCNWeights(nn.Module):
     def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        scale = (6.0 / (in_dim + out_dim)) ** 0.5  # Glorot-uniform, as PyG initializes
-        uniform = lambda *shape: nn.Parameter((torch.rand(*shape, generator=g) * 2 - 1) * scale)  # noqa: E731
-        self.weight = uniform(num_relations, in_dim, out_dim)
-        self.root = uniform(in_dim, out_dim)
+        self.weight = glorot((num_relations, in_dim, out_dim), g)
+        self.root = glorot((in_dim, out_dim), g)
         self.bias = nn.Parameter(torch.rand(out_dim, generator=g) * 0.1)
 
 
-class _Form(nn.Module):
-    def __init__(self, weights: RGCNWeights, graph: RelGraph):
-        super().__init__()
-        if weights.weight.shape[0] != graph.num_relations:
-            raise UserError(f"the weights have {weights.weight.shape[0]} relations, the graph {graph.num_relations}")
-        self.w, self.graph = weights, graph
-
-    def _check(self, x: torch.Tensor) -> None:
-        if x.dim() != 2 or x.shape[0] != self.graph.num_nodes or x.shape[1] != self.w.weight.shape[1]:
-            raise UserError(
-                f"features must be [{self.graph.num_nodes} nodes, {self.w.weight.shape[1]}], got {tuple(x.shape)}"
-            )
-
+class _Form(Form):
     def _finish(self, x, messages, order=None) -> torch.Tensor:
         """Root term and bias plus the normalized messages summed into their targets; ``order``
         (edges ordered by relation) says which edge each message row is, when not edge order."""
@@ -67,28 +53,18 @@ class SegmentMM(_Form):
     def forward(self, x):
         self._check(x)
         g = self.graph
-        gathered = x[g.src[g.by_relation]]
-        bounds = g.offsets.tolist()  # one host read per call, not one per relation
-        messages = torch.cat([gathered[bounds[r] : bounds[r + 1]] @ self.w.weight[r] for r in range(g.num_relations)])
+        messages = segment_products(x[g.src[g.by_relation]], self.w.weight, g.offsets)
         return self._finish(x, messages, g.by_relation)
 
 
 class GroupedMM(_Form):
-    """The relation segments in one ``torch.nn.functional.grouped_mm`` call. Its operands' rows
-    must be multiples of 16 bytes, so odd feature sizes are zero-padded (which adds nothing)."""
+    """The relation segments in one grouped GEMM (``torch.nn.functional.grouped_mm``)."""
 
     def forward(self, x):
         self._check(x)
         g = self.graph
-        gathered = x[g.src[g.by_relation]]
-        weight = self.w.weight
-        align = 16 // x.element_size()
-        pad_in, pad_out = -weight.shape[1] % align, -weight.shape[2] % align
-        if pad_in or pad_out:
-            gathered = F.pad(gathered, (0, pad_in))
-            weight = F.pad(weight, (0, pad_out, 0, pad_in))
-        messages = F.grouped_mm(gathered, weight, offs=g.offsets[1:].to(torch.int32))
-        return self._finish(x, messages[:, : self.w.weight.shape[2]], g.by_relation)
+        messages = grouped_products(x[g.src[g.by_relation]], self.w.weight, g.offsets)
+        return self._finish(x, messages, g.by_relation)
 
 
 class _PyG(_Form):
@@ -122,6 +98,4 @@ FORMS = {"pyg": PyG, "pyg_fast": PyGFast, "per_edge": PerEdge, "segment_mm": Seg
 
 
 def form(name: str, weights: RGCNWeights, graph: RelGraph) -> nn.Module:
-    if name not in FORMS:
-        raise UserError(f"unknown RGCN form {name!r}; one of {', '.join(FORMS)}")
-    return FORMS[name](weights, graph)
+    return pick(FORMS, "RGCN", name)(weights, graph)

@@ -1,0 +1,36 @@
+"""What every form of every relational layer shares: its weights (with a per-relation
+``weight`` of shape [relations, in, out]) and graph, checked against each other and the input."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness.errors import UserError
+from workloads.rgnn.graph import RelGraph
+
+
+class Form(nn.Module):
+    def __init__(self, weights: nn.Module, graph: RelGraph):
+        super().__init__()
+        if weights.weight.shape[0] != graph.num_relations:
+            raise UserError(f"the weights have {weights.weight.shape[0]} relations, the graph {graph.num_relations}")
+        self.w, self.graph = weights, graph
+
+    def _check(self, x: torch.Tensor) -> None:
+        if x.dim() != 2 or x.shape[0] != self.graph.num_nodes or x.shape[1] != self.w.weight.shape[1]:
+            raise UserError(
+                f"features must be [{self.graph.num_nodes} nodes, {self.w.weight.shape[1]}], got {tuple(x.shape)}"
+            )
+
+
+def glorot(shape, generator: torch.Generator) -> nn.Parameter:
+    """Glorot-uniform over the last two dimensions, as PyG initializes."""
+    scale = (6.0 / (shape[-2] + shape[-1])) ** 0.5
+    return nn.Parameter((torch.rand(*shape, generator=generator) * 2 - 1) * scale)
+
+
+def pick(forms: dict, kind: str, name: str):
+    if name not in forms:
+        raise UserError(f"unknown {kind} form {name!r}; one of {', '.join(forms)}")
+    return forms[name]

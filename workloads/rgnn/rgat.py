@@ -1,0 +1,105 @@
+"""RGAT, one layer, one head, in every baseline form, from one set of weights: PyG's ``RGATConv``
+with its defaults (attention across relations, additive self-attention, no root term):
+
+    for an edge u -> v of relation r:  a = leaky_relu((x[v] @ W[r]) @ q + (x[u] @ W[r]) @ k, 0.2)
+    alpha = softmax of a over all edges into v;  out[v] = bias + sum over edges of alpha * (x[u] @ W[r])
+
+Both ends are transformed with the edge's relation weight; the baselines compute ``x @ W[r]``
+once per edge end, as the frameworks do (computing it once per (node, relation) pair, and ``W[r]
+@ q`` once per relation, are Hector's compact materialization and reordering).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workloads.rgnn.form import Form, glorot, pick
+from workloads.rgnn.graph import RelGraph
+from workloads.rgnn.ops import edge_softmax, grouped_products, segment_products
+
+NEGATIVE_SLOPE = 0.2  # PyG's default
+
+
+class RGATWeights(nn.Module):
+    def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.weight = glorot((num_relations, in_dim, out_dim), g)
+        self.q = glorot((out_dim, 1), g)
+        self.k = glorot((out_dim, 1), g)
+        self.bias = nn.Parameter(torch.rand(out_dim, generator=g) * 0.1)
+
+
+class _Form(Form):
+    def _attend(self, target_side, source_side, order=None) -> torch.Tensor:
+        """The attention-weighted sum of the transformed sources into each target; row i of both
+        sides is edge ``order[i]`` (edge order if None)."""
+        g = self.graph
+        dst = g.dst if order is None else g.dst[order]
+        scores = F.leaky_relu(target_side @ self.w.q + source_side @ self.w.k, NEGATIVE_SLOPE).squeeze(1)
+        alpha = edge_softmax(scores, dst, g.num_nodes)
+        out = self.w.bias.expand(g.num_nodes, -1)
+        return out.index_add(0, dst, alpha.unsqueeze(1) * source_side)
+
+
+class PerEdge(_Form):
+    """Each edge's two products with its own gathered weight: [edges, in, out] materialized."""
+
+    def forward(self, x):
+        self._check(x)
+        g = self.graph
+        weight = self.w.weight[g.etype]
+        return self._attend(
+            torch.bmm(x[g.dst].unsqueeze(1), weight).squeeze(1), torch.bmm(x[g.src].unsqueeze(1), weight).squeeze(1)
+        )
+
+
+class SegmentMM(_Form):
+    def forward(self, x):
+        self._check(x)
+        g = self.graph
+        order = g.by_relation
+        return self._attend(
+            segment_products(x[g.dst[order]], self.w.weight, g.offsets),
+            segment_products(x[g.src[order]], self.w.weight, g.offsets),
+            order,
+        )
+
+
+class GroupedMM(_Form):
+    def forward(self, x):
+        self._check(x)
+        g = self.graph
+        order = g.by_relation
+        return self._attend(
+            grouped_products(x[g.dst[order]], self.w.weight, g.offsets),
+            grouped_products(x[g.src[order]], self.w.weight, g.offsets),
+            order,
+        )
+
+
+class PyG(Form):
+    """PyG's ``RGATConv`` (defaults) whose parameters are the shared weights themselves."""
+
+    def __init__(self, weights, graph):
+        super().__init__(weights, graph)
+        from torch_geometric.nn import RGATConv
+
+        r, i, o = weights.weight.shape
+        self.layer = RGATConv(i, o, r, negative_slope=NEGATIVE_SLOPE)
+        self.layer.weight, self.layer.q, self.layer.k = weights.weight, weights.q, weights.k
+        self.layer.bias = weights.bias
+        self.edge_index = torch.stack([graph.src, graph.dst])
+
+    def forward(self, x):
+        self._check(x)
+        return self.layer(x, self.edge_index, self.graph.etype)
+
+
+FORMS = {"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM}
+
+
+def form(name: str, weights: RGATWeights, graph: RelGraph) -> nn.Module:
+    return pick(FORMS, "RGAT", name)(weights, graph)
