@@ -40,11 +40,10 @@ from workloads.llm.models import spec
 from workloads.llm_offload.schema import SCHEMA
 
 frame, provenance = load_results(results["llm_offload"], SCHEMA)
-# Separate processes of the same part, where the machine's results have them (reruns/<name>/):
-# the ratios below are given as ranges over every process, the figure shows each process.
-rerun_files = sorted(
-    str(f) for name in results["llm_offload"] for f in Path(name).parent.glob(f"reruns/*/{Path(name).name}")
-)
+# Separate processes of the same parts, where the machine's results have them (the workflow passes
+# results/<machine>/llm_offload/reruns/*/): the ratios below are given as ranges over every
+# process, and the figure shows each process.
+rerun_files = results.get("llm_offload_reruns", [])
 reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
 reruns = reruns.assign(process=reruns["source"].map(lambda s: Path(s).parent.name))
 reruns = reruns[reruns.part != "micro_batches"]  # the sweep's own processes are not compared here

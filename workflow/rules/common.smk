@@ -75,13 +75,23 @@ def results_of(topic, machine, scale):
     return [str(p) for p in sorted(Path(folder).glob(f"*-{scale}.csv"))]
 
 
+def reruns_of(topic, machine, scale):
+    """Other processes of a topic's parts, committed beside a machine's results as
+    ``results/<machine>/<topic>/reruns/<name>/<part>-<scale>.csv``, so that a figure can show the
+    spread across processes and a table ratios over them."""
+    return [str(p) for p in sorted(Path(f"results/{machine}/{topic}/reruns").glob(f"*/*-{scale}.csv"))]
+
+
 def figure_inputs(topic):
     """Input function of a topic's figure: its results and those of the topics it reads, by topic
-    name (the render passes them on to the notebook, which never looks for files itself)."""
+    name, and its reruns under ``<topic>_reruns`` (the render passes them on to the notebook,
+    which never looks for files itself)."""
 
     def inputs(wildcards):
         names = (topic, *TOPICS[topic].reads)
-        return {name: results_of(name, wildcards.machine, wildcards.scale) for name in names}
+        files = {name: results_of(name, wildcards.machine, wildcards.scale) for name in names}
+        files[f"{topic}_reruns"] = reruns_of(topic, wildcards.machine, wildcards.scale)
+        return files
 
     return inputs
 
@@ -90,7 +100,7 @@ def results_arguments(topic):
     """The render's ``--results TOPIC=FILE`` arguments for the files a figure job received."""
 
     def arguments(wildcards, input):
-        names = (topic, *TOPICS[topic].reads)
+        names = (topic, *TOPICS[topic].reads, f"{topic}_reruns")
         listed = [f"--topic {name}" for name in names]  # named even when it has no files
         return " ".join(listed + [f"--results {name}={path}" for name in names for path in input[name]])
 
