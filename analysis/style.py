@@ -35,6 +35,16 @@ VARIANT_STYLE.update(
         "torchtune_offload": ("tab:brown", "-"),  # a peer: torchtune's OffloadActivations
     }
 )
+# Relational GNN layers (relational_gnn): the baseline forms of workloads/rgnn.
+VARIANT_STYLE.update(
+    {
+        "pyg": ("tab:orange", "-"),
+        "pyg_fast": ("tab:brown", "-"),
+        "per_edge": ("tab:red", "-"),
+        "segment_mm": ("tab:blue", "-"),
+        "grouped_mm": ("tab:green", "-"),
+    }
+)
 EMULATED_RAMP = ["lightskyblue", "deepskyblue", "tab:blue", "mediumblue", "midnightblue"]
 
 

@@ -103,3 +103,6 @@ FORMS = {"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm":
 
 def form(name: str, weights: RGATWeights, graph: RelGraph) -> nn.Module:
     return pick(FORMS, "RGAT", name)(weights, graph)
+
+
+WEIGHTS = RGATWeights  # the weights every form of this layer shares

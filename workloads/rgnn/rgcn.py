@@ -99,3 +99,6 @@ FORMS = {"pyg": PyG, "pyg_fast": PyGFast, "per_edge": PerEdge, "segment_mm": Seg
 
 def form(name: str, weights: RGCNWeights, graph: RelGraph) -> nn.Module:
     return pick(FORMS, "RGCN", name)(weights, graph)
+
+
+WEIGHTS = RGCNWeights  # the weights every form of this layer shares

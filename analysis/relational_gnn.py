@@ -1,0 +1,147 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Relational GNN layers: every baseline form on every graph
+#
+# One layer on the full graph (`workloads.relational_gnn`): RGCN and RGAT in each form of
+# `workloads/rgnn` (PyG's layers, per-edge weights, a matrix product per relation segment, one
+# grouped GEMM), inference and training, every form checked against the `segment_mm` form before
+# it was timed. Times are medians of the timed calls with the interquartile range; memory is the
+# intermediate memory (the call's peak above what was allocated before the timed loop, GPU only).
+# A form that ran out of memory is marked OOM with the allocation that failed.
+
+# %% tags=["parameters"]
+machine = "local"
+scale = "cpu"
+figure = "paper_figs/local/relational_gnn-cpu.png"
+summary = "paper_figs/local/relational_gnn-cpu.md"
+results = {}  # topic -> its results files, passed by the workflow
+
+# %%
+from pathlib import Path
+
+import numpy as np
+
+from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
+from analysis.style import color
+from workloads.relational_gnn.schema import SCHEMA
+
+frame, provenance = load_results(results["relational_gnn"], SCHEMA)
+KEYS = ["dataset", "model", "mode", "in_dim", "variant", "edges", "unique_pairs"]
+time = summarize(frame, "time", KEYS)
+memory = summarize(frame, "intermediate_memory", KEYS)
+oom = frame[frame.metric == "out_of_memory"]
+failed = frame[frame.metric == "failed_allocation_bytes"]
+FORMS = [f for f in ("pyg", "pyg_fast", "per_edge", "segment_mm", "grouped_mm") if f in set(frame.variant)]
+# Graphs from the smallest to the largest, so the panels read left to right by size.
+GRAPHS = list(frame.drop_duplicates("dataset").sort_values("edges").dataset)
+print(machine_label(provenance))
+
+# %% [markdown]
+# ## Every model x dataset x form x mode
+
+# %%
+lines = [
+    f"# Relational GNN layers on `{machine}` at scale `{scale}`",
+    "",
+    machine_label(provenance),
+    "",
+    "Time: median of the timed calls. Memory: intermediate memory (GPU). Best: the fastest form of the row's "
+    "model, dataset, width and mode. Edges / pairs: edges per distinct (source, relation) pair, the most "
+    "compact materialization can save.",
+    "",
+    "| dataset | edges / pairs | model | width | mode | form | time ms | x best | memory MiB |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
+for (dataset, model, dim, mode), g in time.groupby(["dataset", "model", "in_dim", "mode"]):
+    best = g["median"].min()
+    ratio = g.edges.iloc[0] / g.unique_pairs.iloc[0]
+    for _, r in g.sort_values("median").iterrows():
+        held = memory[
+            (memory.dataset == dataset)
+            & (memory.model == model)
+            & (memory.in_dim == dim)
+            & (memory["mode"] == mode)
+            & (memory.variant == r.variant)
+        ]["median"]
+        held_cell = f"{held.iloc[0] / 2**20:.1f}" if not held.empty else ""
+        lines.append(
+            f"| {dataset} | {ratio:.2f} | {model} | {dim} | {mode} | {r.variant} | {r['median'] * 1e3:.3f} | "
+            f"{r['median'] / best:.2f} | {held_cell} |"
+        )
+for _, r in oom.iterrows():
+    size = failed[
+        (failed.dataset == r.dataset)
+        & (failed.model == r.model)
+        & (failed.in_dim == r.in_dim)
+        & (failed["mode"] == r["mode"])
+        & (failed.variant == r.variant)
+    ].value
+    tried = f" (tried {size.iloc[0] / 2**30:.1f} GiB)" if not size.empty else ""
+    lines.append(f"| {r.dataset} | | {r.model} | {r.in_dim} | {r['mode']} | {r.variant} | out of memory{tried} | | |")
+skipped = {k: v for record in provenance for k, v in record.get("skipped", {}).items()}
+if skipped:
+    lines += ["", "Not attempted:", ""] + [f"- {where}: {why}" for where, why in sorted(skipped.items())]
+Path(summary).parent.mkdir(parents=True, exist_ok=True)
+Path(summary).write_text("\n".join(lines) + "\n")
+print("\n".join(lines[:40]))
+
+# %% [markdown]
+# ## Figure: time (and memory on a GPU) per graph, one panel per model and mode
+
+# %%
+width = max(time.in_dim)  # the widest layer measured: Hector's 64 where the scale has it
+width = 64 if 64 in set(time.in_dim) else width
+panels = [(model, mode) for model in sorted(set(time.model)) for mode in ("inference", "training")]
+panels = [(m, mode) for m, mode in panels if ((time.model == m) & (time["mode"] == mode)).any()]
+has_memory = not memory.empty
+fig, grid = panel_grid(len(panels) * (2 if has_memory else 1), width=7.0, height=3.6, cols=2)
+legend = {}
+for i, (model, mode) in enumerate(panels):
+    # The forms this model has (RGAT has no second PyG implementation): no empty slots.
+    forms = [f for f in FORMS if ((frame.model == model) & (frame.variant == f)).any()]
+    bar = 0.8 / max(len(forms), 1)
+    axes = [(grid[i * 2] if has_memory else grid[i], time, "time per call, ms (log)", 1e3)]
+    if has_memory:
+        axes.append((grid[i * 2 + 1], memory, "intermediate memory, MiB (log)", 1 / 2**20))
+    for ax, table, ylabel, unit in axes:
+        sel = table[(table.model == model) & (table["mode"] == mode) & (table.in_dim == width)]
+        top = sel["median"].max() * unit if not sel.empty else 1.0
+        for j, form in enumerate(forms):
+            xs = np.arange(len(GRAPHS)) + (j - (len(forms) - 1) / 2) * bar
+            values = [sel[(sel.dataset == d) & (sel.variant == form)]["median"] for d in GRAPHS]
+            heights = [v.iloc[0] * unit if not v.empty else np.nan for v in values]
+            ax.bar(xs, heights, bar, color=color(form), label=form)
+            for x, d in zip(xs, GRAPHS):
+                gone = oom[
+                    (oom.dataset == d)
+                    & (oom.model == model)
+                    & (oom["mode"] == mode)
+                    & (oom.in_dim == width)
+                    & (oom.variant == form)
+                ]
+                if not gone.empty:
+                    ax.text(x, top, "OOM", rotation=90, ha="center", va="top", fontsize=6, color=color(form))
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(GRAPHS)), GRAPHS, rotation=30, ha="right", fontsize=7)
+        ax.set(ylabel=ylabel, title=f"{model.upper()} {mode}, width {width}")
+        ax.grid(alpha=0.3, axis="y", which="both")
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+order = [f for f in FORMS if f in legend]
+fig.legend([legend[f] for f in order], order, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+layout_with_title(
+    fig,
+    f"Relational GNN layers, baseline forms: {machine}, scale '{scale}' (measured; generated graphs are "
+    f"'-like' stand-ins)\n{machine_label(provenance)}",
+)
+Path(figure).parent.mkdir(parents=True, exist_ok=True)
+fig.savefig(figure, dpi=130, bbox_inches="tight")

@@ -1,0 +1,82 @@
+"""relational_gnn: both parts end to end at the tiny scale (every model, form and mode, validated
+results, graph statistics in the notes), a form that disagrees refused before anything is timed,
+an out-of-memory recorded as an outcome with the failed allocation, and the CPU's limit on
+per-edge weights."""
+
+import pytest
+import torch
+
+from harness.entry import main as entry
+from harness.results import load, load_provenance
+from workloads.relational_gnn import parts
+from workloads.relational_gnn.schema import SCHEMA
+from workloads.rgnn import rgat, rgcn
+
+FORMS = {"rgcn": set(rgcn.FORMS), "rgat": set(rgat.FORMS)}
+
+
+def run(part, out):
+    entry(["relational_gnn", "--part", part, "--scale", "tiny", "--out", str(out)])
+    return load([out], SCHEMA), load_provenance(out)
+
+
+@pytest.mark.parametrize("part, dataset", [("knowledge_graphs", "nations"), ("datasets", "aifb-like-0.05")])
+def test_every_model_form_and_mode_is_timed(part, dataset, tmp_path):
+    frame, notes = run(part, tmp_path / f"{part}-tiny.csv")
+    assert set(frame.dataset) == {dataset} and set(frame.role) == {"baseline"}
+    times = frame[frame.metric == "time"]
+    for model, forms in FORMS.items():
+        rows = times[times.model == model]
+        assert set(rows.variant) == forms, model
+        assert (rows.groupby(["variant", "mode"]).size() == 3).all()  # repeat: 3, both modes
+        assert set(rows["mode"]) == {"inference", "training"}
+    assert (times.value > 0).all()
+    stats = notes["graphs"][dataset]
+    assert 0 < stats["unique_pairs"] <= stats["edges"] == int(frame.edges.iloc[0])
+    assert not (frame.metric == "out_of_memory").any()
+
+
+def test_a_form_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):
+    real = rgcn.PerEdge.forward
+    monkeypatch.setattr(rgcn.PerEdge, "forward", lambda self, x: real(self, x) * 1.01)
+    monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed before every form was checked"))
+    out = tmp_path / "knowledge_graphs-tiny.csv"
+    with pytest.raises(parts.FormsDisagree, match="rgcn per_edge on nations at 8: differs from segment_mm"):
+        run("knowledge_graphs", out)
+    assert not out.exists()
+
+
+def test_out_of_memory_is_an_outcome_with_the_failed_allocation(tmp_path, monkeypatch):
+    def too_big(self, x):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 86.50 GiB. GPU 0 has ...")
+
+    monkeypatch.setattr(rgat.PerEdge, "forward", too_big)
+    frame, _ = run("knowledge_graphs", tmp_path / "knowledge_graphs-tiny.csv")
+    gone = frame[(frame.model == "rgat") & (frame.variant == "per_edge")]
+    assert set(gone.metric) == {"out_of_memory", "failed_allocation_bytes"}
+    assert set(gone["mode"]) == {"inference", "training"}
+    assert (gone[gone.metric == "failed_allocation_bytes"].value == 86.5 * 2**30).all()
+    assert (frame[(frame.model == "rgat") & (frame.variant == "pyg")].metric == "time").any()
+
+
+def test_per_edge_weights_over_the_cpu_limit_are_not_attempted(tmp_path, monkeypatch):
+    params = {
+        "seed": 0,
+        "graphs": ["nations"],
+        "models": ["rgcn"],
+        "dims": [8],
+        "modes": ["inference"],
+        "cpu_materialize_limit_gib": 1e-6,  # ~1 KiB: nations' 1992 edges x 8 x 8 floats do not fit
+    }
+    writer = parts_writer()
+    notes = parts.knowledge_graphs(params, writer, repeat=1, warmup=0, device="cpu")
+    timed = {row["variant"] for row in writer.rows if row["metric"] == "time"}
+    assert timed == {"pyg", "segment_mm", "grouped_mm"}
+    assert set(notes["skipped"]) == {"rgcn pyg_fast on nations at 8", "rgcn per_edge on nations at 8"}
+    assert "would gather 0.00095 GiB of per-edge weights" in notes["skipped"]["rgcn per_edge on nations at 8"]
+
+
+def parts_writer():
+    from harness.results import ResultsWriter
+
+    return ResultsWriter(SCHEMA, scale="tiny")

@@ -1,0 +1,23 @@
+"""Relational GNN layers in the baseline forms Hector is measured against (issue 13).
+
+One layer on the full graph (Hector's protocol: 64 in, 64 out, one head), RGCN and RGAT, each in
+every form of workloads/rgnn (``pyg``, ``pyg_fast`` where PyG has one, ``per_edge``,
+``segment_mm``, ``grouped_mm``), for inference (forward without gradients) and training (forward,
+backward and an optimizer step). Every form's output is checked against the ``segment_mm`` form's
+before any is timed. Part ``knowledge_graphs``: the real Nations, Kinships and UMLS graphs from
+the pykeen wheel. Part ``datasets``: heterographs shaped like Hector's eight datasets
+(workloads/graphs/relational.py), at the scale's size. A form that runs out of GPU memory is
+recorded as ``out_of_memory`` with the size of the allocation that failed, not as a failure.
+"""
+
+from harness.topic import Part, Topic
+from workloads.relational_gnn.schema import SCHEMA
+
+TOPIC = Topic(
+    name="relational_gnn",
+    title="Relational GNN layers (Hector's baselines)",
+    technique="hector",
+    schema=SCHEMA,
+    parts=(Part("knowledge_graphs", gpus=1, cpu=True), Part("datasets", gpus=1, cpu=True)),
+    packages=("torch_geometric",),
+)

@@ -1,0 +1,221 @@
+"""The measuring functions of the relational_gnn topic: ``knowledge_graphs`` and ``datasets``.
+
+For each graph, model (``models``) and width (``dims``: in = out): seeded features and weights;
+every form's output (forward, no gradients) compared with the ``segment_mm`` form's, before any
+form is timed (a form that disagrees stops the part: a wrong path is never timed); then each form
+timed for each mode in ``modes``:
+
+* ``inference``: the forward pass under ``torch.no_grad``;
+* ``training``: forward, a mean-squared loss against a seeded target, backward, Adam's step.
+
+One untimed call comes first (it also makes the gradients and Adam's state), then ``warmup`` more
+and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what
+was allocated after the untimed call. Matrix products run in exact float32 (TF32 off), as in
+Hector's protocol. A form that runs out of GPU memory, in its check or its timing, is recorded as
+``out_of_memory`` with the size of the allocation that failed; ``memory_cap_gib`` caps the memory
+the process may take (a smaller GPU). On a CPU, a form that would materialize per-edge weights
+beyond ``cpu_materialize_limit_gib`` is not attempted (an exhausted host is killed, not told): the
+notes say so, with the bytes it would have needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import torch
+import torch.nn.functional as F
+
+from harness.errors import UserError
+from harness.timing import measure
+from workloads.graphs import knowledge, relational, store
+from workloads.rgnn import rgat, rgcn
+from workloads.rgnn.graph import RelGraph
+
+MODELS = {"rgcn": rgcn, "rgat": rgat}
+REFERENCE_FORM = "segment_mm"
+# Forms that gather one [in, out] weight matrix per edge (twice for training: its gradient too).
+PER_EDGE_WEIGHTS = {("rgcn", "pyg_fast"), ("rgcn", "per_edge"), ("rgat", "pyg"), ("rgat", "per_edge")}
+_ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+class FormsDisagree(AssertionError):
+    """Two forms of one layer computed different outputs from the same weights and features."""
+
+
+def knowledge_graphs(params, writer, *, repeat, warmup, device, **_):
+    """The real knowledge graphs (workloads/graphs/knowledge.py), every model, form and mode."""
+    notes = {"skipped": {}, "graphs": {}}
+    with _exact_float32(), _memory_cap(params, device):
+        for name in params["graphs"]:
+            spec, arrays = knowledge.load(name)
+            _graph(name, spec, arrays, 1.0, params, writer, notes, repeat=repeat, warmup=warmup, device=device)
+    return notes
+
+
+def datasets(params, writer, *, repeat, warmup, device, **_):
+    """Heterographs shaped like Hector's datasets (workloads/graphs/relational.py), generated once
+    and cached on disk, every model, form and mode."""
+    notes = {"skipped": {}, "graphs": {}}
+    with _exact_float32(), _memory_cap(params, device):
+        for entry in params["datasets"]:
+            name, factor = entry["name"], entry["scale_factor"]
+            spec = relational.dataset_spec(name, seed=params["graph_seed"])
+            spec = spec.scaled(factor) if factor < 1 else spec
+            ratio = entry.get("unique_pair_ratio", relational.PUBLISHED[name].unique_pair_ratio)
+            arrays = store.get(relational.HeteroParams(spec, ratio, seed=params["graph_seed"]))
+            dataset = f"{name}-like" if factor == 1 else f"{name}-like-{factor:g}"
+            _graph(dataset, spec, arrays, factor, params, writer, notes, repeat=repeat, warmup=warmup, device=device)
+    return notes
+
+
+def _graph(dataset, spec, arrays, factor, params, writer, notes, *, repeat, warmup, device) -> None:
+    graph = RelGraph.from_store(arrays, len(spec.relations), device)
+    pairs = graph.unique_source_relation_pairs()
+    notes["graphs"][dataset] = {
+        "nodes": graph.num_nodes,
+        "edges": graph.edges,
+        "relations": graph.num_relations,
+        "unique_pairs": pairs,
+    }
+    cap = params.get("memory_cap_gib")
+    for model in params["models"]:
+        for dim in params["dims"]:
+            config = {
+                "device": device,
+                "model": model,
+                "in_dim": dim,
+                "out_dim": dim,
+                "dtype": "float32",
+                "nodes": graph.num_nodes,
+                "edges": graph.edges,
+                "relations": graph.num_relations,
+                "unique_pairs": pairs,
+                "scale_factor": factor,
+                "memory_cap_bytes": int(cap * (1 << 30)) if cap and device == "cuda" else None,
+            }
+            _layer(dataset, graph, model, dim, params, writer, notes, config, repeat=repeat, warmup=warmup)
+
+
+def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat, warmup) -> None:
+    """Check every form of ``model`` against the reference form, then time each in each mode."""
+    device = config["device"]
+    module = MODELS[model]
+    generator = torch.Generator().manual_seed(params["seed"])
+    x = torch.randn(graph.num_nodes, dim, generator=generator).to(device)
+    target = torch.randn(graph.num_nodes, dim, generator=generator).to(device)
+    weights = module.WEIGHTS(graph.num_relations, dim, dim, seed=params["seed"]).to(device)
+    names = sorted(module.FORMS, key=lambda name: name != REFERENCE_FORM)  # the reference first
+    reference, checked = None, []
+    for name in names:
+        where = f"{model} {name} on {dataset} at {dim}"
+        if device == "cpu" and (model, name) in PER_EDGE_WEIGHTS:
+            need = graph.edges * dim * dim * 4 * 2  # the gathered weights and their gradient
+            if need > params["cpu_materialize_limit_gib"] * (1 << 30):
+                notes["skipped"][where] = (
+                    f"would gather {need / 2**30:.3g} GiB of per-edge weights, over this scale's "
+                    f"cpu_materialize_limit_gib ({params['cpu_materialize_limit_gib']})"
+                )
+                continue
+        layer = module.form(name, weights, graph)
+        try:
+            with torch.no_grad():
+                out = layer(x)
+        except torch.cuda.OutOfMemoryError as err:
+            for mode in params["modes"]:
+                _out_of_memory(writer, dataset, name, config | {"mode": mode}, err)
+            continue
+        if reference is None:
+            if name != REFERENCE_FORM:
+                raise UserError(f"{where}: the reference form {REFERENCE_FORM} did not run, so nothing is checked")
+            reference = out
+        elif not torch.allclose(out, reference, rtol=1e-3, atol=1e-3 * float(reference.abs().max())):
+            worst = float((out - reference).abs().max())
+            raise FormsDisagree(f"{where}: differs from {REFERENCE_FORM} by up to {worst:.3g}")
+        del out
+        checked.append((name, layer))
+    del reference
+    optimizer = torch.optim.Adam(weights.parameters(), lr=1e-3)
+
+    def step(layer, mode):
+        if mode == "inference":
+            with torch.no_grad():
+                return layer(x)
+        optimizer.zero_grad(set_to_none=False)  # gradients stay allocated: not intermediate memory
+        loss = F.mse_loss(layer(x), target)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for name, layer in checked:
+        for mode in params["modes"]:
+            row = config | {"mode": mode}
+            try:
+                step(layer, mode)  # untimed: makes the gradients and the optimizer's state
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                before = torch.cuda.memory_allocated() if device == "cuda" else 0
+                m = measure(
+                    lambda: step(layer, mode),
+                    device=device,
+                    repeat=repeat,
+                    warmup=warmup,
+                    track_memory=device == "cuda",
+                    desc=f"{dataset} {model} {dim} {name} {mode}",
+                )
+            except torch.cuda.OutOfMemoryError as err:
+                _out_of_memory(writer, dataset, name, row, err)
+                continue
+            writer.add_measurement(m, role="baseline", variant=name, config=row, dataset=dataset)
+            for rep, peak in enumerate(m.peak_gpu_bytes):
+                writer.add(
+                    role="baseline",
+                    variant=name,
+                    config=row,
+                    metric="intermediate_memory",
+                    value=peak - before,
+                    unit="B",
+                    repetition=rep,
+                    dataset=dataset,
+                )
+
+
+def _out_of_memory(writer, dataset: str, variant: str, config: dict, err: BaseException) -> None:
+    """Record that ``variant`` did not fit, with the failed allocation's size where the error says
+    it, and give the memory back."""
+    torch.cuda.empty_cache()
+    common = {"role": "baseline", "variant": variant, "config": config, "dataset": dataset}
+    writer.add(metric="out_of_memory", value=1, unit="1", **common)
+    found = _ALLOCATION.search(str(err))
+    if found:
+        size = float(found.group(1)) * _UNITS[found.group(2)]
+        writer.add(metric="failed_allocation_bytes", value=size, unit="B", **common)
+
+
+@contextlib.contextmanager
+def _exact_float32():
+    """Matrix products in full float32 (TF32 off), restored afterwards."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def _memory_cap(params, device: str):
+    """At most ``memory_cap_gib`` of the GPU for this process, where set (a smaller GPU)."""
+    cap = params.get("memory_cap_gib")
+    if not cap or device != "cuda":
+        yield
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    if cap * (1 << 30) > total:
+        raise UserError(f"memory_cap_gib {cap} is more than this GPU's {total / 2**30:.1f} GiB")
+    torch.cuda.set_per_process_memory_fraction(cap * (1 << 30) / total)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

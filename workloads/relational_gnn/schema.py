@@ -1,0 +1,32 @@
+"""Results format of the relational_gnn topic (see harness.results for the common columns).
+
+``dataset`` names the graph (``nations``, ``aifb-like``, ``am-like-0.01`` at a scale factor);
+``variant`` is the form (workloads/rgnn: ``pyg``, ``pyg_fast``, ``per_edge``, ``segment_mm``,
+``grouped_mm``), every one a ``baseline`` (Hector is what they are compared with). Metrics per
+timed call: ``time``, ``cpu_time``, on a GPU ``peak_gpu_memory`` and ``intermediate_memory`` (the
+peak allocated during the call minus what was allocated before the timed loop: the graph, the
+features, the weights and, for training, their gradients and optimizer state). Where a form did
+not fit: ``out_of_memory`` (1) and ``failed_allocation_bytes`` (the size of the allocation that
+failed, from the error; absent if the error did not say).
+"""
+
+from harness.results import Schema
+
+SCHEMA = Schema(
+    topic="relational_gnn",
+    config={
+        "device": str,  # "cuda" or "cpu"
+        "model": str,  # "rgcn" or "rgat"
+        "mode": str,  # "inference" (forward, no gradients) or "training" (forward, backward, step)
+        "in_dim": int,
+        "out_dim": int,
+        "dtype": str,  # "float32" (TF32 off)
+        "nodes": int,
+        "edges": int,
+        "relations": int,
+        "unique_pairs": int,  # distinct (source, relation) pairs: what compact materialization computes
+        "scale_factor": float,  # share of the dataset's published nodes and edges (1 for the real graphs)
+        "memory_cap_bytes": int,  # the GPU memory the run allowed itself, where capped
+    },
+    metrics={"intermediate_memory": "B", "out_of_memory": "1", "failed_allocation_bytes": "B"},
+)
