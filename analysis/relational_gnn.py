@@ -87,6 +87,41 @@ for _, r in oom.iterrows():
     ].value
     tried = f" (tried {size.iloc[0] / 2**30:.1f} GiB)" if not size.empty else ""
     lines.append(f"| {r.dataset} | | {r.model} | {r.in_dim} | {r['mode']} | {r.variant} | out of memory{tried} | | |")
+# What compact materialization could save: a per-edge value at the widest width, against one per
+# distinct (source, relation) pair; and the per-edge weight matrices some forms gather.
+width = 64 if 64 in set(time.in_dim) else max(time.in_dim)
+lines += [
+    "",
+    f"## Bytes materialized at width {width} (float32)",
+    "",
+    "| dataset | edges | distinct (source, relation) pairs | edges / pairs | per-edge messages MiB "
+    "| per-pair messages MiB | per-edge weights MiB |",
+    "|---|---|---|---|---|---|---|",
+]
+for _, r in frame.drop_duplicates("dataset").sort_values("edges").iterrows():
+    lines.append(
+        f"| {r.dataset} | {r.edges:,} | {r.unique_pairs:,} | {r.edges / r.unique_pairs:.2f} | "
+        f"{r.edges * width * 4 / 2**20:,.1f} | {r.unique_pairs * width * 4 / 2**20:,.1f} | "
+        f"{r.edges * width * width * 4 / 2**20:,.1f} |"
+    )
+# Time by kind of work, one profiled call per form and mode, on the largest graph.
+split = frame[frame.metric == "breakdown_time"]
+CLASSES = ["gemm", "aggregation", "gather_scatter", "elementwise", "other"]
+largest = GRAPHS[-1]
+shares = split[(split.dataset == largest) & (split.in_dim == width)]
+if not shares.empty:
+    lines += [
+        "",
+        f"## Time by kind of work on {largest}, width {width} (one profiled call; shares of its total)",
+        "",
+        "| model | mode | form | " + " | ".join(CLASSES) + " | profiled ms |",
+        "|---|---|---|" + "---|" * (len(CLASSES) + 1),
+    ]
+    for (model, mode, form), g in shares.groupby(["model", "mode", "variant"]):
+        by = g.set_index("kernel_class").value
+        total = by.sum()
+        cells = " | ".join(f"{by.get(c, 0) / total:.2f}" for c in CLASSES)
+        lines.append(f"| {model} | {mode} | {form} | {cells} | {total * 1e3:.2f} |")
 skipped = {k: v for record in provenance for k, v in record.get("skipped", {}).items()}
 if skipped:
     lines += ["", "Not attempted:", ""] + [f"- {where}: {why}" for where, why in sorted(skipped.items())]
@@ -98,12 +133,11 @@ print("\n".join(lines[:40]))
 # ## Figure: time (and memory on a GPU) per graph, one panel per model and mode
 
 # %%
-width = max(time.in_dim)  # the widest layer measured: Hector's 64 where the scale has it
-width = 64 if 64 in set(time.in_dim) else width
 panels = [(model, mode) for model in sorted(set(time.model)) for mode in ("inference", "training")]
 panels = [(m, mode) for m, mode in panels if ((time.model == m) & (time["mode"] == mode)).any()]
 has_memory = not memory.empty
-fig, grid = panel_grid(len(panels) * (2 if has_memory else 1), width=7.0, height=3.6, cols=2)
+models = sorted(set(shares.model)) if not shares.empty else []
+fig, grid = panel_grid(len(panels) * (2 if has_memory else 1) + len(models), width=7.0, height=3.6, cols=2)
 legend = {}
 for i, (model, mode) in enumerate(panels):
     # The forms this model has (RGAT has no second PyG implementation): no empty slots.
@@ -136,6 +170,26 @@ for i, (model, mode) in enumerate(panels):
         ax.grid(alpha=0.3, axis="y", which="both")
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
+# Time by kind of work on the largest graph: one stacked bar per form and mode, shares of the call.
+KIND_COLORS = dict(zip(CLASSES, ["tab:blue", "tab:purple", "tab:red", "tab:olive", "lightgray"]))
+for ax, model in zip(grid[len(grid) - len(models) :], models):
+    rows = shares[shares.model == model]
+    bars = sorted({(mode, form) for mode, form in zip(rows["mode"], rows.variant)})
+    left = np.zeros(len(bars))
+    for kind in CLASSES:
+        values = np.array(
+            [
+                rows[(rows["mode"] == mode) & (rows.variant == form) & (rows.kernel_class == kind)].value.sum()
+                / rows[(rows["mode"] == mode) & (rows.variant == form)].value.sum()
+                for mode, form in bars
+            ]
+        )
+        ax.barh(range(len(bars)), values, left=left, color=KIND_COLORS[kind], label=kind)
+        left += values
+    ax.set_yticks(range(len(bars)), [f"{form}, {mode}" for mode, form in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlim=(0, 1), xlabel="share of one profiled call", title=f"{model.upper()} on {largest}: time by kind")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=7, frameon=False)
 order = [f for f in FORMS if f in legend]
 fig.legend([legend[f] for f in order], order, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
 layout_with_title(

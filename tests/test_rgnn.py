@@ -132,3 +132,41 @@ def test_the_graph_counts_unique_source_relation_pairs():
     graph = RelGraph.build([0, 0, 0, 1], [1, 2, 2, 0], [0, 0, 1, 0], num_nodes=3, num_relations=2)
     assert graph.unique_source_relation_pairs() == 3
     assert np.allclose(graph.norm.numpy(), [1.0, 1.0, 1.0, 1.0])
+
+
+def test_operators_are_classified_by_what_they_do():
+    from workloads.rgnn.breakdown import classify
+
+    cases = {
+        "aten::mm": "gemm",
+        "aten::bmm": "gemm",
+        "aten::_grouped_mm": "gemm",
+        "aten::index_add": "aggregation",
+        "aten::scatter_add_": "aggregation",
+        "aten::index_select": "gather_scatter",
+        "aten::index": "gather_scatter",
+        "aten::_index_put_impl_": "gather_scatter",
+        "aten::mul": "elementwise",
+        "aten::leaky_relu": "elementwise",
+        "aten::view": "other",
+        "autograd::engine::evaluate_function: MmBackward0": "other",
+    }
+    assert {name: classify(name) for name in cases} == cases
+
+
+def test_the_breakdown_sees_each_forms_own_kind_of_work():
+    """On the CPU: the per-edge form spends more in gathers than the segment form, whose time is
+    mostly matrix products and gathers; every class is a time, none negative."""
+    from workloads.rgnn.breakdown import CLASSES, breakdown
+
+    spec, arrays = knowledge.load("kinships")
+    graph = RelGraph.from_store(arrays, len(spec.relations))
+    x = torch.randn(graph.num_nodes, 32)
+    weights = rgcn.RGCNWeights(graph.num_relations, 32, 32)
+    seconds = {}
+    for name in ("per_edge", "segment_mm"):
+        layer = rgcn.form(name, weights, graph)
+        seconds[name] = breakdown(lambda: layer(x).sum().backward(), "cpu")  # noqa: B023 (called at once)
+    for split in seconds.values():
+        assert set(split) == set(CLASSES) and min(split.values()) >= 0 and split["gemm"] > 0
+    assert seconds["per_edge"]["gather_scatter"] > seconds["segment_mm"]["gather_scatter"]

@@ -7,7 +7,8 @@ timed call: ``time``, ``cpu_time``, on a GPU ``peak_gpu_memory`` and ``intermedi
 peak allocated during the call minus what was allocated before the timed loop: the graph, the
 features, the weights and, for training, their gradients and optimizer state). Where a form did
 not fit: ``out_of_memory`` (1) and ``failed_allocation_bytes`` (the size of the allocation that
-failed, from the error; absent if the error did not say).
+failed, from the error; absent if the error did not say). ``breakdown_time``: one profiled call's
+time per ``kernel_class`` (operators' own device time on a GPU, CPU time on a CPU).
 """
 
 from harness.results import Schema
@@ -27,6 +28,12 @@ SCHEMA = Schema(
         "unique_pairs": int,  # distinct (source, relation) pairs: what compact materialization computes
         "scale_factor": float,  # share of the dataset's published nodes and edges (1 for the real graphs)
         "memory_cap_bytes": int,  # the GPU memory the run allowed itself, where capped
+        "kernel_class": str,  # breakdown_time: gemm, aggregation, gather_scatter, elementwise, other
     },
-    metrics={"intermediate_memory": "B", "out_of_memory": "1", "failed_allocation_bytes": "B"},
+    metrics={
+        "intermediate_memory": "B",
+        "out_of_memory": "1",
+        "failed_allocation_bytes": "B",
+        "breakdown_time": "s",  # one profiled call's time in one kernel_class (workloads/rgnn/breakdown.py)
+    },
 )

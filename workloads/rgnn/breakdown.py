@@ -1,0 +1,72 @@
+"""Where a layer's time goes, by kind of work: one call under ``torch.profiler``, each operator's
+own time (its device kernels' on a GPU, its CPU time on a CPU) put in one class by the operator's
+name, the first rule that matches:
+
+* ``gemm``: matrix products (``mm``, ``bmm``, ``addmm``, ``grouped_mm``, ``linear``);
+* ``aggregation``: sums and maxima into targets and softmax (``index_add``, ``scatter_add``,
+  ``scatter_reduce``, ``softmax``, ``sum``);
+* ``gather_scatter``: moving rows by index and copies (``index``, ``index_select``, ``gather``,
+  ``scatter``, ``cat``, ``copy``, ``sort``, ``fill``, ...);
+* ``elementwise``: per-edge or per-node arithmetic (``mul``, ``add``, ``exp``, ``leaky_relu``, ...);
+* ``other``: everything else (autograd's own bookkeeping, views).
+
+Operators, not kernels, are classified: a kernel's name says little (an ``index_add`` kernel is
+called ``indexFuncLargeIndex``), its operator says what it is for.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+CLASSES = ("gemm", "aggregation", "gather_scatter", "elementwise", "other")
+_RULES = (
+    ("gemm", re.compile(r"^aten::(mm|bmm|addmm|addbmm|baddbmm|matmul|linear|_grouped_mm|grouped_mm)$")),
+    (
+        "aggregation",
+        re.compile(r"^aten::(index_add_?|scatter_add_?|scatter_reduce_?|_?softmax|_softmax_backward_data|sum|amax)$"),
+    ),
+    (
+        "gather_scatter",
+        re.compile(
+            r"^aten::(index|index_select|_index_put_impl_|index_put_?|gather|scatter_?|take|cat|copy_|_to_copy|"
+            r"clone|contiguous|sort|unique\w*|masked_\w+|nonzero|repeat|stack|constant_pad_nd|fill_|zero_|"
+            r"embedding\w*|index_select_backward|gather_backward)$"
+        ),
+    ),
+    (
+        "elementwise",
+        re.compile(
+            r"^aten::(mul_?|add_?|sub_?|div_?|rsub|exp_?|neg|pow|sqrt|rsqrt|leaky_relu\w*|gelu\w*|sigmoid\w*|"
+            r"where|clamp\w*|reciprocal|lerp_?|addcmul_?|addcdiv_?|_foreach_\w+)$"
+        ),
+    ),
+)
+
+
+def classify(operator: str) -> str:
+    for name, rule in _RULES:
+        if rule.match(operator):
+            return name
+    return "other"
+
+
+def breakdown(fn, device: str) -> dict[str, float]:
+    """Seconds per class of one call of ``fn`` (see the module)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    seconds = dict.fromkeys(CLASSES, 0.0)
+    for event in prof.key_averages():
+        if device == "cuda":
+            if event.device_type != torch.autograd.DeviceType.CPU:
+                continue  # kernels are counted through the operator that launched them
+            own = event.self_device_time_total
+        else:
+            own = event.self_cpu_time_total
+        seconds[classify(event.key)] += own / 1e6
+    return seconds
