@@ -73,7 +73,7 @@ def datasets(params, writer, *, repeat, warmup, device, **_):
 
 
 def _graph(dataset, spec, arrays, factor, params, writer, notes, *, repeat, warmup, device) -> None:
-    graph = RelGraph.from_store(arrays, len(spec.relations), device)
+    graph = RelGraph.from_store(arrays, len(spec.relations), device, num_node_types=len(spec.node_types))
     pairs = graph.unique_source_relation_pairs()
     notes["graphs"][dataset] = {
         "nodes": graph.num_nodes,

@@ -1,5 +1,5 @@
-"""What every form of every relational layer shares: its weights (with a per-relation
-``weight`` of shape [relations, in, out]) and graph, checked against each other and the input."""
+"""What every form of every relational layer shares: its weights (which say their
+``num_relations`` and ``in_dim``) and graph, checked against each other and the input."""
 
 from __future__ import annotations
 
@@ -13,15 +13,13 @@ from workloads.rgnn.graph import RelGraph
 class Form(nn.Module):
     def __init__(self, weights: nn.Module, graph: RelGraph):
         super().__init__()
-        if weights.weight.shape[0] != graph.num_relations:
-            raise UserError(f"the weights have {weights.weight.shape[0]} relations, the graph {graph.num_relations}")
+        if weights.num_relations != graph.num_relations:
+            raise UserError(f"the weights have {weights.num_relations} relations, the graph {graph.num_relations}")
         self.w, self.graph = weights, graph
 
     def _check(self, x: torch.Tensor) -> None:
-        if x.dim() != 2 or x.shape[0] != self.graph.num_nodes or x.shape[1] != self.w.weight.shape[1]:
-            raise UserError(
-                f"features must be [{self.graph.num_nodes} nodes, {self.w.weight.shape[1]}], got {tuple(x.shape)}"
-            )
+        if x.dim() != 2 or x.shape[0] != self.graph.num_nodes or x.shape[1] != self.w.in_dim:
+            raise UserError(f"features must be [{self.graph.num_nodes} nodes, {self.w.in_dim}], got {tuple(x.shape)}")
 
 
 def glorot(shape, generator: torch.Generator) -> nn.Parameter:

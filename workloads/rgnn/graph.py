@@ -26,22 +26,43 @@ class RelGraph:
     # The edges ordered by relation (stable), and each relation's segment [offsets[r], offsets[r + 1]).
     by_relation: torch.Tensor
     offsets: torch.Tensor
+    # Node types (HGT's per-type weights): each node's type, the nodes ordered by type (stable) and
+    # each type's segment of that order. One type (all 0) unless given.
+    num_node_types: int
+    node_type: torch.Tensor
+    by_type: torch.Tensor
+    type_offsets: torch.Tensor
 
     @classmethod
-    def build(cls, src, dst, etype, num_nodes: int, num_relations: int, device="cpu") -> RelGraph:
+    def build(
+        cls, src, dst, etype, num_nodes: int, num_relations: int, device="cpu", node_type=None, num_node_types=1
+    ) -> RelGraph:
         """Checks the ids (every node id below ``num_nodes``, every relation id below
-        ``num_relations``: a clear error names the first offender) and precomputes the rest."""
+        ``num_relations``, every node type below ``num_node_types``: a clear error names the first
+        offender) and precomputes the rest."""
         src, dst, etype = (torch.as_tensor(np.asarray(a), dtype=torch.int64) for a in (src, dst, etype))
+        node_type = (
+            torch.zeros(num_nodes, dtype=torch.int64)
+            if node_type is None
+            else torch.as_tensor(np.asarray(node_type), dtype=torch.int64)
+        )
+        if node_type.shape != (num_nodes,):
+            raise UserError(f"node_type must hold one type per node ({num_nodes}), got {tuple(node_type.shape)}")
         if not src.shape == dst.shape == etype.shape or src.dim() != 1:
             raise UserError(
                 f"src, dst and etype must be 1-d and of one length, got {tuple(src.shape)}, "
                 f"{tuple(dst.shape)} and {tuple(etype.shape)}"
             )
-        for name, ids, bound in (("src", src, num_nodes), ("dst", dst, num_nodes), ("etype", etype, num_relations)):
+        checks = (
+            ("src", src, num_nodes, "node"),
+            ("dst", dst, num_nodes, "node"),
+            ("etype", etype, num_relations, "relation"),
+            ("node_type", node_type, num_node_types, "node type"),
+        )
+        for name, ids, bound, kind in checks:
             bad = torch.nonzero((ids < 0) | (ids >= bound))
             if bad.numel():
                 i = int(bad[0])
-                kind = "relation" if name == "etype" else "node"
                 raise UserError(
                     f"{name}[{i}] = {int(ids[i])} is not a {kind} id of this graph (0 to {bound - 1}; "
                     f"{bad.numel()} such ids)"
@@ -50,21 +71,33 @@ class RelGraph:
         counts.index_add_(0, dst * num_relations + etype, torch.ones(len(dst)))
         norm = 1.0 / counts[dst * num_relations + etype] if len(dst) else torch.zeros(0)
         by_relation = torch.sort(etype, stable=True).indices
-        offsets = torch.zeros(num_relations + 1, dtype=torch.int64)
-        offsets[1:] = torch.cumsum(torch.bincount(etype, minlength=num_relations), 0)
+        offsets = _segments(etype, num_relations)
+        by_type = torch.sort(node_type, stable=True).indices
+        type_offsets = _segments(node_type, num_node_types)
         move = lambda t: t.to(device)  # noqa: E731
         return cls(
             num_nodes,
             num_relations,
             *map(move, (src, dst, etype, norm, by_relation, offsets)),
+            num_node_types,
+            *map(move, (node_type, by_type, type_offsets)),
         )
 
     @classmethod
-    def from_store(cls, arrays: dict, num_relations: int, device="cpu") -> RelGraph:
+    def from_store(cls, arrays: dict, num_relations: int, device="cpu", num_node_types: int = 1) -> RelGraph:
         """From a graph in the store's layout (a CSR by target: each target's sources)."""
         indptr = np.asarray(arrays["indptr"])
         dst = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-        return cls.build(arrays["indices"], dst, arrays["edge_type"], len(indptr) - 1, num_relations, device)
+        return cls.build(
+            arrays["indices"],
+            dst,
+            arrays["edge_type"],
+            len(indptr) - 1,
+            num_relations,
+            device,
+            node_type=arrays.get("node_type"),
+            num_node_types=num_node_types,
+        )
 
     @property
     def edges(self) -> int:
@@ -73,3 +106,10 @@ class RelGraph:
     def unique_source_relation_pairs(self) -> int:
         """Distinct (source, relation) pairs: what a compact form materializes instead of edges."""
         return int(torch.unique(self.src * self.num_relations + self.etype).numel())
+
+
+def _segments(ids: torch.Tensor, count: int) -> torch.Tensor:
+    """Where each id's run starts in ``ids`` sorted: [0, n_0, n_0 + n_1, ..., len(ids)]."""
+    offsets = torch.zeros(count + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.bincount(ids, minlength=count), 0)
+    return offsets

@@ -25,6 +25,7 @@ NEGATIVE_SLOPE = 0.2  # PyG's default
 class RGATWeights(nn.Module):
     def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0):
         super().__init__()
+        self.num_relations, self.in_dim, self.out_dim = num_relations, in_dim, out_dim
         g = torch.Generator().manual_seed(seed)
         self.weight = glorot((num_relations, in_dim, out_dim), g)
         self.q = glorot((out_dim, 1), g)

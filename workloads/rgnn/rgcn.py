@@ -20,6 +20,7 @@ from workloads.rgnn.ops import grouped_products, segment_products
 class RGCNWeights(nn.Module):
     def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0):
         super().__init__()
+        self.num_relations, self.in_dim, self.out_dim = num_relations, in_dim, out_dim
         g = torch.Generator().manual_seed(seed)
         self.weight = glorot((num_relations, in_dim, out_dim), g)
         self.root = glorot((in_dim, out_dim), g)
