@@ -11,7 +11,7 @@
 # %% [markdown]
 # # Relational GNN layers: every baseline form on every graph
 #
-# One layer on the full graph (`workloads.relational_gnn`): RGCN and RGAT in each form of
+# One layer on the full graph (`workloads.relational_gnn`): RGCN, RGAT and HGT in each form of
 # `workloads/rgnn` (PyG's layers, per-edge weights, a matrix product per relation segment, one
 # grouped GEMM), inference and training, every form checked against the `segment_mm` form before
 # it was timed. Times are medians of the timed calls with the interquartile range; memory is the

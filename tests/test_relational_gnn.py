@@ -10,9 +10,9 @@ from harness.entry import main as entry
 from harness.results import load, load_provenance
 from workloads.relational_gnn import parts
 from workloads.relational_gnn.schema import SCHEMA
-from workloads.rgnn import rgat, rgcn
+from workloads.rgnn import hgt, rgat, rgcn
 
-FORMS = {"rgcn": set(rgcn.FORMS), "rgat": set(rgat.FORMS)}
+FORMS = {"rgcn": set(rgcn.FORMS), "rgat": set(rgat.FORMS), "hgt": set(hgt.FORMS)}
 
 
 def run(part, out):

@@ -1,4 +1,4 @@
-"""Relational GNN layers: every form of RGCN and RGAT computes the same function from the same
+"""Relational GNN layers: every form of RGCN, RGAT and HGT computes the same function from the same
 weights (outputs and gradients, against a float64 reference written from the definition), on the
 real knowledge graphs and on synthetic ones with odd sizes, empty relations and no edges; bad ids
 are refused by name."""
@@ -9,7 +9,7 @@ import torch
 
 from harness.errors import UserError
 from workloads.graphs import knowledge
-from workloads.rgnn import rgat, rgcn
+from workloads.rgnn import hgt, rgat, rgcn
 from workloads.rgnn.graph import RelGraph
 
 
@@ -40,28 +40,71 @@ def reference_rgat(graph: RelGraph, x, w: rgat.RGATWeights) -> torch.Tensor:
     return out
 
 
-LAYERS = {"rgcn": (rgcn, rgcn.RGCNWeights, reference_rgcn), "rgat": (rgat, rgat.RGATWeights, reference_rgat)}
+def reference_hgt(graph: RelGraph, x, w: hgt.HGTWeights) -> torch.Tensor:
+    """The definition, node by node in float64 (one head)."""
+    x, width = x.double(), w.out_dim
+    types = graph.node_type.tolist()
+    kqv = torch.stack([x[n] @ w.kqv_weight[t].double().T + w.kqv_bias[t].double() for n, t in enumerate(types)])
+    k, q, v = kqv[:, :width], kqv[:, width : 2 * width], kqv[:, 2 * width :]
+    summed = torch.zeros(graph.num_nodes, width, dtype=torch.float64)
+    for node in range(graph.num_nodes):
+        edges = torch.nonzero(graph.dst == node).flatten().tolist()
+        if not edges:
+            continue
+        rel = [int(graph.etype[e]) for e in edges]
+        keys = torch.stack([k[graph.src[e]] @ w.k_rel[r].double() for e, r in zip(edges, rel)])
+        values = torch.stack([v[graph.src[e]] @ w.v_rel[r].double() for e, r in zip(edges, rel)])
+        priority = torch.tensor([float(w.p_rel[r].detach()) for r in rel], dtype=torch.float64)
+        scores = (q[node] * keys).sum(1) * priority / width**0.5
+        summed[node] = (scores.softmax(0).unsqueeze(1) * values).sum(0)
+    gelu = torch.nn.functional.gelu(summed)
+    out = torch.stack([gelu[n] @ w.out_weight[t].double().T + w.out_bias[t].double() for n, t in enumerate(types)])
+    if w.in_dim == w.out_dim:
+        share = torch.stack([w.skip[t].double().sigmoid() for t in types])
+        out = share * out + (1 - share) * x
+    return out
+
+
+LAYERS = {
+    "rgcn": (rgcn, rgcn.RGCNWeights, reference_rgcn),
+    "rgat": (rgat, rgat.RGATWeights, reference_rgat),
+    "hgt": (hgt, hgt.HGTWeights, reference_hgt),
+}
 CASES = [(layer, name) for layer, (module, _, _) in LAYERS.items() for name in module.FORMS]
 
 
-def random_graph(nodes, relations, edges, seed=0, index_dtype=torch.int64):
+def random_graph(nodes, relations, edges, seed=0, index_dtype=torch.int64, types=3):
+    """Nodes of ``types`` types; each relation joins one source type to one target type (as in a
+    heterograph), and the last relation has no edges."""
     g = torch.Generator().manual_seed(seed)
-    src, dst = (torch.randint(0, nodes, (edges,), generator=g, dtype=index_dtype) for _ in range(2))
-    etype = torch.randint(0, max(relations - 1, 1), (edges,), generator=g, dtype=index_dtype)  # the last: empty
-    return RelGraph.build(src, dst, etype, nodes, relations)
+    node_type = torch.arange(nodes) % types
+    ends = torch.randint(0, types, (relations, 2), generator=g)
+    etype = torch.randint(0, max(relations - 1, 1), (edges,), generator=g)
+    members = [torch.nonzero(node_type == t).flatten() for t in range(types)]
+
+    def pick(side):  # a random node of the relation's type on that side, per edge
+        of_type = [members[int(ends[r, side])] for r in etype.tolist()]
+        return torch.stack([m[torch.randint(0, len(m), (1,), generator=g)][0] for m in of_type])
+
+    src, dst = pick(0), pick(1)
+    return RelGraph.build(
+        src.to(index_dtype), dst.to(index_dtype), etype.to(index_dtype), nodes, relations,
+        node_type=node_type, num_node_types=types,
+    )  # fmt: skip
 
 
 def run(layer, form_name, graph, in_dim, out_dim, seed=0):
     """Output and gradients (features, then every weight) of one form, from seeded weights and
     features; the gradients are of a random projection of the output, never a plain sum."""
     module, weights_class, _ = LAYERS[layer]
-    weights = weights_class(graph.num_relations, in_dim, out_dim, seed=seed)
+    weights = weights_class(graph.num_relations, in_dim, out_dim, seed=seed, num_node_types=graph.num_node_types)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(graph.num_nodes, in_dim, generator=g).requires_grad_()
     projection = torch.randn(graph.num_nodes, out_dim, generator=g)
     out = module.form(form_name, weights, graph)(x)
     (out * projection).sum().backward()
-    return out.detach(), [x.grad] + [p.grad for p in weights.parameters()], (x, weights)
+    grads = {"x": x.grad} | {name: p.grad for name, p in weights.named_parameters()}
+    return out.detach(), grads, (x, weights)
 
 
 @pytest.mark.parametrize("layer, name", CASES)
@@ -70,7 +113,11 @@ def test_every_form_matches_the_definition_on_a_small_graph_with_odd_sizes(layer
     out, grads, (x, weights) = run(layer, name, graph, in_dim=5, out_dim=7)
     expected = LAYERS[layer][2](graph, x.detach(), weights)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
-    assert all(grad is not None and grad.abs().sum() > 0 for grad in grads)
+    if layer != "hgt":
+        assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
+    else:  # no skip gates where in != out; a type no edge leads to, a relation without edges: zero
+        assert all((g is None) == n.startswith("skip.") for n, g in grads.items())
+        assert all(grads[n].abs().sum() > 0 for n in ("x", "k_rel", "v_rel", "kqv_weight.0", "p_rel.0"))
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -82,17 +129,15 @@ def test_every_form_agrees_on_the_real_knowledge_graphs(layer, graph_name):
     for name in LAYERS[layer][0].FORMS:
         out, grads, _ = run(layer, name, graph, 16, 16)
         torch.testing.assert_close(out, base_out, rtol=1e-4, atol=1e-4, msg=name)
-        for got, want in zip(grads, base_grads):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
+        for key in base_grads:
+            torch.testing.assert_close(grads[key], base_grads[key], rtol=1e-4, atol=1e-4, msg=f"{name} {key}")
 
 
 @pytest.mark.parametrize("layer, name", CASES)
 def test_a_graph_without_edges_gives_the_terms_without_neighbours(layer, name):
     graph = RelGraph.build([], [], [], num_nodes=4, num_relations=3)
     out, _, (x, weights) = run(layer, name, graph, 8, 8)
-    expected = weights.bias.detach().expand(4, -1)
-    if layer == "rgcn":
-        expected = x.detach() @ weights.root.detach() + expected
+    expected = LAYERS[layer][2](graph, x.detach(), weights).float()
     torch.testing.assert_close(out, expected)
 
 
@@ -117,6 +162,14 @@ def test_features_that_do_not_match_the_weights_are_refused():
         rgcn.form("dgl", rgcn.RGCNWeights(2, 8, 8), graph)
     with pytest.raises(UserError, match="unknown RGAT form 'pyg_fast'; one of pyg"):
         rgat.form("pyg_fast", rgat.RGATWeights(2, 8, 8), graph)
+    with pytest.raises(UserError, match="the weights have 1 node types, the graph 3"):
+        hgt.form("segment_mm", hgt.HGTWeights(2, 8, 8), graph)
+
+
+def test_pyg_hgt_refuses_a_relation_between_several_type_pairs():
+    mixed = RelGraph.build([0, 1], [1, 0], [0, 0], num_nodes=2, num_relations=1, node_type=[0, 1], num_node_types=2)
+    with pytest.raises(UserError, match=r"relation 0 joins several node types \(\[0, 1\] to \[0, 1\]\)"):
+        hgt.form("pyg", hgt.HGTWeights(1, 4, 4, num_node_types=2), mixed)
 
 
 def test_ids_out_of_range_are_refused_by_name():

@@ -1,6 +1,6 @@
 """Relational GNN layers in the baseline forms Hector is measured against (issue 13).
 
-One layer on the full graph (Hector's protocol: 64 in, 64 out, one head), RGCN and RGAT, each in
+One layer on the full graph (Hector's protocol: 64 in, 64 out, one head), RGCN, RGAT and HGT, each in
 every form of workloads/rgnn (``pyg``, ``pyg_fast`` where PyG has one, ``per_edge``,
 ``segment_mm``, ``grouped_mm``), for inference (forward without gradients) and training (forward,
 backward and an optimizer step). Every form's output is checked against the ``segment_mm`` form's

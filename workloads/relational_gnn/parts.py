@@ -30,14 +30,21 @@ import torch.nn.functional as F
 from harness.errors import UserError
 from harness.timing import measure
 from workloads.graphs import knowledge, relational, store
-from workloads.rgnn import rgat, rgcn
+from workloads.rgnn import hgt, rgat, rgcn
 from workloads.rgnn.breakdown import breakdown
 from workloads.rgnn.graph import RelGraph
 
-MODELS = {"rgcn": rgcn, "rgat": rgat}
+MODELS = {"rgcn": rgcn, "rgat": rgat, "hgt": hgt}
 REFERENCE_FORM = "segment_mm"
-# Forms that gather one [in, out] weight matrix per edge (twice for training: its gradient too).
-PER_EDGE_WEIGHTS = {("rgcn", "pyg_fast"), ("rgcn", "per_edge"), ("rgat", "pyg"), ("rgat", "per_edge")}
+# Forms that gather one [in, out] weight matrix per edge (twice for training: its gradient too;
+# HGT's per-edge form gathers two [out, out] relation matrices, the same size where in = out).
+PER_EDGE_WEIGHTS = {
+    ("rgcn", "pyg_fast"),
+    ("rgcn", "per_edge"),
+    ("rgat", "pyg"),
+    ("rgat", "per_edge"),
+    ("hgt", "per_edge"),
+}
 _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -107,7 +114,9 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
     generator = torch.Generator().manual_seed(params["seed"])
     x = torch.randn(graph.num_nodes, dim, generator=generator).to(device)
     target = torch.randn(graph.num_nodes, dim, generator=generator).to(device)
-    weights = module.WEIGHTS(graph.num_relations, dim, dim, seed=params["seed"]).to(device)
+    weights = module.WEIGHTS(
+        graph.num_relations, dim, dim, seed=params["seed"], num_node_types=graph.num_node_types
+    ).to(device)
     names = sorted(module.FORMS, key=lambda name: name != REFERENCE_FORM)  # the reference first
     reference, checked = None, []
     for name in names:

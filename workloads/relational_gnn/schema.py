@@ -17,7 +17,7 @@ SCHEMA = Schema(
     topic="relational_gnn",
     config={
         "device": str,  # "cuda" or "cpu"
-        "model": str,  # "rgcn" or "rgat"
+        "model": str,  # "rgcn", "rgat" or "hgt"
         "mode": str,  # "inference" (forward, no gradients) or "training" (forward, backward, step)
         "in_dim": int,
         "out_dim": int,

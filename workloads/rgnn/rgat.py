@@ -23,7 +23,9 @@ NEGATIVE_SLOPE = 0.2  # PyG's default
 
 
 class RGATWeights(nn.Module):
-    def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0):
+    """One weight set for every node type (``num_node_types`` is taken, like HGT's, and not used)."""
+
+    def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0, num_node_types: int = 1):
         super().__init__()
         self.num_relations, self.in_dim, self.out_dim = num_relations, in_dim, out_dim
         g = torch.Generator().manual_seed(seed)

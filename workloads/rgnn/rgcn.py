@@ -18,7 +18,9 @@ from workloads.rgnn.ops import grouped_products, segment_products
 
 
 class RGCNWeights(nn.Module):
-    def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0):
+    """One weight set for every node type (``num_node_types`` is taken, like HGT's, and not used)."""
+
+    def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0, num_node_types: int = 1):
         super().__init__()
         self.num_relations, self.in_dim, self.out_dim = num_relations, in_dim, out_dim
         g = torch.Generator().manual_seed(seed)

@@ -1,0 +1,186 @@
+"""HGT (Hu et al.), one layer, one head, in every baseline form, from one set of weights: PyG's
+``HGTConv`` with ``heads=1``:
+
+    k, q, v = split(x[n] @ Wkqv[type(n)].T + bkqv[type(n)])          per node n
+    for an edge u -> w of relation r:
+        a = (q[w] . (k[u] @ Krel[r])) * p[r] / sqrt(out)
+        alpha = softmax of a over all edges into w
+    h[w] = gelu(sum over edges of alpha * (v[u] @ Vrel[r])) @ Wout[type(w)].T + bout[type(w)]
+    out[w] = s * h[w] + (1 - s) * x[w], s = sigmoid(skip[type(w)])   (where in = out)
+
+The per-type weights are kept one parameter per node type, in ``torch.nn.Linear``'s [out, in]
+layout, so PyG's per-type linear layers can be given the very same parameters. PyG returns no
+output for node types no edge leads to; its form here gives them what every other form does (the
+output of a node without incoming edges), so forms compare row by row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.errors import UserError
+from workloads.rgnn.form import Form, glorot, pick
+from workloads.rgnn.graph import RelGraph
+from workloads.rgnn.ops import edge_softmax, grouped_products, segment_products
+
+
+class HGTWeights(nn.Module):
+    def __init__(self, num_relations: int, in_dim: int, out_dim: int, seed: int = 0, num_node_types: int = 1):
+        super().__init__()
+        self.num_relations, self.in_dim, self.out_dim = num_relations, in_dim, out_dim
+        self.num_node_types = num_node_types
+        g = torch.Generator().manual_seed(seed)
+        per_type = lambda make: nn.ParameterList(make() for _ in range(num_node_types))  # noqa: E731
+        self.kqv_weight = per_type(lambda: glorot((3 * out_dim, in_dim), g))
+        self.kqv_bias = per_type(lambda: nn.Parameter(torch.rand(3 * out_dim, generator=g) * 0.1))
+        self.out_weight = per_type(lambda: glorot((out_dim, out_dim), g))
+        self.out_bias = per_type(lambda: nn.Parameter(torch.rand(out_dim, generator=g) * 0.1))
+        self.skip = per_type(lambda: nn.Parameter(torch.randn(1, generator=g)))
+        self.k_rel = glorot((num_relations, out_dim, out_dim), g)
+        self.v_rel = glorot((num_relations, out_dim, out_dim), g)
+        # PyG keeps one [1, heads] priority per relation; 0.5 to 1.5 here, so that it matters.
+        self.p_rel = nn.ParameterList(nn.Parameter(0.5 + torch.rand(1, 1, generator=g)) for _ in range(num_relations))
+
+    def stacked(self, name: str) -> torch.Tensor:
+        """A per-type weight as one [types, in, out] tensor (a copy; gradients flow back)."""
+        return torch.stack(list(getattr(self, name))).transpose(1, 2)
+
+
+class _Form(Form):
+    def __init__(self, weights: HGTWeights, graph: RelGraph):
+        super().__init__(weights, graph)
+        if weights.num_node_types != graph.num_node_types:
+            raise UserError(f"the weights have {weights.num_node_types} node types, the graph {graph.num_node_types}")
+
+    def _typed(self, rows, weight, bias) -> torch.Tensor:
+        """``rows[n] @ weight[type(n)] + bias[type(n)]`` for every node (rows in node order)."""
+        raise NotImplementedError
+
+    def _related(self, rows, weight) -> torch.Tensor:
+        """``rows[i] @ weight[relation of edge i]``, rows in this form's edge order."""
+        raise NotImplementedError
+
+    order = None  # the edge order of _related's rows: None is edge order
+
+    def forward(self, x):
+        self._check(x)
+        g, w = self.graph, self.w
+        kqv = self._typed(x, w.stacked("kqv_weight"), torch.stack(list(w.kqv_bias)))
+        k, q, v = torch.tensor_split(kqv, 3, dim=1)
+        src = g.src if self.order is None else g.src[self.order]
+        dst = g.dst if self.order is None else g.dst[self.order]
+        etype = g.etype if self.order is None else g.etype[self.order]
+        keys, values = self._related(k[src], w.k_rel), self._related(v[src], w.v_rel)
+        priority = torch.cat(list(w.p_rel)).squeeze(1) if g.num_relations else k.new_zeros(0)
+        scores = (q[dst] * keys).sum(1) * priority[etype] / math.sqrt(w.out_dim)
+        alpha = edge_softmax(scores, dst, g.num_nodes)
+        summed = torch.zeros_like(q).index_add(0, dst, alpha.unsqueeze(1) * values)
+        out = self._typed(F.gelu(summed), w.stacked("out_weight"), torch.stack(list(w.out_bias)))
+        if w.in_dim != w.out_dim:
+            return out
+        share = torch.cat(list(w.skip)).sigmoid()[g.node_type].unsqueeze(1)
+        return share * out + (1 - share) * x
+
+
+class PerEdge(_Form):
+    """Each node's typed weight and each edge's relation weight gathered and applied one by one
+    (the UDF style): [nodes, in, 3 out] and [edges, out, out] materialized."""
+
+    def _typed(self, rows, weight, bias):
+        t = self.graph.node_type
+        return torch.bmm(rows.unsqueeze(1), weight[t]).squeeze(1) + bias[t]
+
+    def _related(self, rows, weight):
+        return torch.bmm(rows.unsqueeze(1), weight[self.graph.etype]).squeeze(1)
+
+
+class _Segmented(_Form):
+    """Nodes in type order and edges in relation order (both sorted once, in RelGraph), one
+    product per segment; ``products`` says how."""
+
+    products = None
+
+    @property
+    def order(self):
+        return self.graph.by_relation
+
+    def _typed(self, rows, weight, bias):
+        g = self.graph
+        product = type(self).products(rows[g.by_type], weight, g.type_offsets) + bias[g.node_type[g.by_type]]
+        return torch.empty_like(product).index_copy(0, g.by_type, product)  # back to node order
+
+    def _related(self, rows, weight):
+        return type(self).products(rows, weight, self.graph.offsets)
+
+
+class SegmentMM(_Segmented):
+    products = staticmethod(segment_products)
+
+
+class GroupedMM(_Segmented):
+    products = staticmethod(grouped_products)
+
+
+class PyG(Form):
+    """PyG's ``HGTConv`` (one head) whose parameters are the shared weights themselves; node types
+    and relations become PyG's typed dictionaries once, here."""
+
+    def __init__(self, weights: HGTWeights, graph: RelGraph):
+        super().__init__(weights, graph)
+        from torch_geometric.nn import HGTConv
+
+        self.types = [f"t{i}" for i in range(graph.num_node_types)]
+        ends = []  # (source type, name, target type) of each relation, from its edges (type 0 if none)
+        for r in range(graph.num_relations):
+            mask = graph.etype == r
+            kinds = [graph.node_type[ids[mask]].unique().tolist() for ids in (graph.src, graph.dst)]
+            if any(len(k) > 1 for k in kinds):
+                raise UserError(
+                    f"relation {r} joins several node types ({kinds[0]} to {kinds[1]}): PyG's heterographs "
+                    "need one source and one target type per relation"
+                )
+            ends.append(tuple(self.types[k[0]] if k else "t0" for k in kinds))
+        ends = [(s, f"r{r}", t) for r, (s, t) in enumerate(ends)]
+        self.relations = ends
+        self.layer = HGTConv(weights.in_dim, weights.out_dim, (self.types, ends), heads=1)
+        for i, t in enumerate(self.types):
+            for pyg, ours in ((self.layer.kqv_lin.lins[t], "kqv"), (self.layer.out_lin.lins[t], "out")):
+                pyg.weight, pyg.bias = getattr(weights, f"{ours}_weight")[i], getattr(weights, f"{ours}_bias")[i]
+            self.layer.skip[t] = weights.skip[i]
+        self.layer.k_rel.weight, self.layer.v_rel.weight = weights.k_rel, weights.v_rel
+        for r, relation in enumerate(ends):
+            self.layer.p_rel["__".join(relation)] = weights.p_rel[r]
+        # Local ids within each type, and each relation's edges in them.
+        self.members = [torch.nonzero(graph.node_type == i).flatten() for i in range(graph.num_node_types)]
+        local = torch.empty_like(graph.node_type)
+        for ids in self.members:
+            local[ids] = torch.arange(len(ids), device=ids.device)
+        self.edges = {
+            relation: torch.stack([local[graph.src[graph.etype == r]], local[graph.dst[graph.etype == r]]])
+            for r, relation in enumerate(ends)
+        }
+
+    def forward(self, x):
+        self._check(x)
+        w = self.w
+        out = self.layer({t: x[ids] for t, ids in zip(self.types, self.members)}, self.edges)
+        rows = torch.empty(x.shape[0], w.out_dim, dtype=x.dtype, device=x.device)
+        for i, (t, ids) in enumerate(zip(self.types, self.members)):
+            if out.get(t) is None:  # a type no edge leads to: a node without incoming edges
+                alone = self.layer.out_lin.lins[t](torch.zeros(len(ids), w.out_dim, device=x.device, dtype=x.dtype))
+                share = w.skip[i].sigmoid() if w.in_dim == w.out_dim else None
+                out[t] = alone if share is None else share * alone + (1 - share) * x[ids]
+            rows = rows.index_copy(0, ids, out[t])
+        return rows
+
+
+FORMS = {"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM}
+WEIGHTS = HGTWeights  # the weights every form of this layer shares
+
+
+def form(name: str, weights: HGTWeights, graph: RelGraph) -> nn.Module:
+    return pick(FORMS, "HGT", name)(weights, graph)
