@@ -20,16 +20,24 @@ def run(part, out):
     return load([out], SCHEMA), load_provenance(out)
 
 
-@pytest.mark.parametrize("part, dataset", [("knowledge_graphs", "nations"), ("datasets", "aifb-like-0.05")])
-def test_every_model_form_and_mode_is_timed(part, dataset, tmp_path):
+@pytest.mark.parametrize(
+    "part, dataset, models, modes",
+    [
+        ("knowledge_graphs", "nations", set(FORMS), {"inference", "training"}),
+        ("datasets", "aifb-like-0.05", set(FORMS), {"inference", "training"}),
+        ("large_datasets", "am-like-0.002", {"rgcn"}, {"inference"}),
+    ],
+)
+def test_every_model_form_and_mode_is_timed(part, dataset, models, modes, tmp_path):
     frame, notes = run(part, tmp_path / f"{part}-tiny.csv")
     assert set(frame.dataset) == {dataset} and set(frame.role) == {"baseline"}
     times = frame[frame.metric == "time"]
-    for model, forms in FORMS.items():
+    assert set(times.model) == models
+    for model in models:
         rows = times[times.model == model]
-        assert set(rows.variant) == forms, model
-        assert (rows.groupby(["variant", "mode"]).size() == 3).all()  # repeat: 3, both modes
-        assert set(rows["mode"]) == {"inference", "training"}
+        assert set(rows.variant) == FORMS[model], model
+        assert (rows.groupby(["variant", "mode"]).size() == 3).all()  # repeat: 3 per mode
+        assert set(rows["mode"]) == modes
     assert (times.value > 0).all()
     stats = notes["graphs"][dataset]
     assert 0 < stats["unique_pairs"] <= stats["edges"] == int(frame.edges.iloc[0])

@@ -6,7 +6,8 @@ every form of workloads/rgnn (``pyg``, ``pyg_fast`` where PyG has one, ``per_edg
 backward and an optimizer step). Every form's output is checked against the ``segment_mm`` form's
 before any is timed. Part ``knowledge_graphs``: the real Nations, Kinships and UMLS graphs from
 the pykeen wheel. Part ``datasets``: heterographs shaped like Hector's eight datasets
-(workloads/graphs/relational.py), at the scale's size. A form that runs out of GPU memory is
+(workloads/graphs/relational.py), at the scale's size; part ``large_datasets`` the same for the
+large ones, in a job of its own. A form that runs out of GPU memory is
 recorded as ``out_of_memory`` with the size of the allocation that failed, not as a failure.
 """
 
@@ -18,6 +19,10 @@ TOPIC = Topic(
     title="Relational GNN layers (Hector's baselines)",
     technique="hector",
     schema=SCHEMA,
-    parts=(Part("knowledge_graphs", gpus=1, cpu=True), Part("datasets", gpus=1, cpu=True)),
+    parts=(
+        Part("knowledge_graphs", gpus=1, cpu=True),
+        Part("datasets", gpus=1, cpu=True),
+        Part("large_datasets", gpus=1, cpu=True),
+    ),
     packages=("torch_geometric",),
 )

@@ -1,4 +1,5 @@
-"""The measuring functions of the relational_gnn topic: ``knowledge_graphs`` and ``datasets``.
+"""The measuring functions of the relational_gnn topic: ``knowledge_graphs``, ``datasets`` and
+``large_datasets``.
 
 For each graph, model (``models``) and width (``dims``: in = out): seeded features and weights;
 every form's output (forward, no gradients) compared with the ``segment_mm`` form's, before any
@@ -77,6 +78,12 @@ def datasets(params, writer, *, repeat, warmup, device, **_):
             dataset = f"{name}-like" if factor == 1 else f"{name}-like-{factor:g}"
             _graph(dataset, spec, arrays, factor, params, writer, notes, repeat=repeat, warmup=warmup, device=device)
     return notes
+
+
+def large_datasets(params, writer, **kwargs):
+    """The same as :func:`datasets` for the large graphs, in a job of their own (on a GPU machine
+    they take most of the time, and a job that is cut short loses only its own graphs)."""
+    return datasets(params, writer, **kwargs)
 
 
 def _graph(dataset, spec, arrays, factor, params, writer, notes, *, repeat, warmup, device) -> None:
