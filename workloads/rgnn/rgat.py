@@ -59,28 +59,29 @@ class PerEdge(_Form):
         )
 
 
-class SegmentMM(_Form):
+class _Segmented(_Form):
+    """Edges in relation order (sorted once, in RelGraph), one product per relation's segment;
+    ``products`` says how."""
+
+    products = None
+
     def forward(self, x):
         self._check(x)
-        g = self.graph
+        g, products = self.graph, type(self).products
         order = g.by_relation
         return self._attend(
-            segment_products(x[g.dst[order]], self.w.weight, g.offsets),
-            segment_products(x[g.src[order]], self.w.weight, g.offsets),
+            products(x[g.dst[order]], self.w.weight, g.offsets),
+            products(x[g.src[order]], self.w.weight, g.offsets),
             order,
         )
 
 
-class GroupedMM(_Form):
-    def forward(self, x):
-        self._check(x)
-        g = self.graph
-        order = g.by_relation
-        return self._attend(
-            grouped_products(x[g.dst[order]], self.w.weight, g.offsets),
-            grouped_products(x[g.src[order]], self.w.weight, g.offsets),
-            order,
-        )
+class SegmentMM(_Segmented):
+    products = staticmethod(segment_products)
+
+
+class GroupedMM(_Segmented):
+    products = staticmethod(grouped_products)
 
 
 class PyG(Form):

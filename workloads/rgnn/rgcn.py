@@ -50,24 +50,25 @@ class PerEdge(_Form):
         return self._finish(x, messages)
 
 
-class SegmentMM(_Form):
-    """Edges in relation order (sorted once, in RelGraph), one matrix product per relation."""
+class _Segmented(_Form):
+    """Edges in relation order (sorted once, in RelGraph), one product per relation's segment;
+    ``products`` says how: a loop of matrix products, or one grouped GEMM."""
+
+    products = None
 
     def forward(self, x):
         self._check(x)
         g = self.graph
-        messages = segment_products(x[g.src[g.by_relation]], self.w.weight, g.offsets)
+        messages = type(self).products(x[g.src[g.by_relation]], self.w.weight, g.offsets)
         return self._finish(x, messages, g.by_relation)
 
 
-class GroupedMM(_Form):
-    """The relation segments in one grouped GEMM (``torch.nn.functional.grouped_mm``)."""
+class SegmentMM(_Segmented):
+    products = staticmethod(segment_products)
 
-    def forward(self, x):
-        self._check(x)
-        g = self.graph
-        messages = grouped_products(x[g.src[g.by_relation]], self.w.weight, g.offsets)
-        return self._finish(x, messages, g.by_relation)
+
+class GroupedMM(_Segmented):
+    products = staticmethod(grouped_products)
 
 
 class _PyG(_Form):
