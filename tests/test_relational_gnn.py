@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from harness.entry import main as entry
+from harness.errors import UserError
 from harness.results import load, load_provenance
 from workloads.relational_gnn import parts
 from workloads.relational_gnn.schema import SCHEMA
@@ -91,3 +92,38 @@ def parts_writer():
     from harness.results import ResultsWriter
 
     return ResultsWriter(SCHEMA, scale="tiny")
+
+
+def test_a_published_dataset_is_read_from_its_files(tmp_path):
+    """The opt-in loader on a tiny fixture in FB15k-237's format: three tab-separated files."""
+    folder = tmp_path / "fb15k-237"
+    folder.mkdir()
+    rows = {
+        "train": ["/m/a\t/r/x\t/m/b", "/m/b\t/r/y\t/m/c", "/m/c\t/r/x\t/m/a"],
+        "valid": ["/m/a\t/r/y\t/m/c"],
+        "test": ["/m/b\t/r/x\t/m/a", "/m/b\t/r/x\t/m/c", ""],  # (b, x) twice: 6 edges, 5 pairs
+    }
+    for split, lines in rows.items():
+        (folder / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    params = {
+        "seed": 0,
+        "graph_seed": 0,
+        "datasets": [{"name": "fb15k", "scale_factor": 1.0, "published_dir": str(folder)}],
+        "models": ["rgcn"],
+        "dims": [4],
+        "modes": ["inference"],
+        "cpu_materialize_limit_gib": 1,
+    }
+    writer = parts_writer()
+    notes = parts.datasets(params, writer, repeat=1, warmup=0, device="cpu")
+    assert notes["graphs"]["fb15k"] == {"nodes": 3, "edges": 6, "relations": 2, "unique_pairs": 5}
+    assert {row["dataset"] for row in writer.rows} == {"fb15k"}
+    (folder / "valid.txt").write_text("/m/a\t/r/y\n")
+    with pytest.raises(UserError, match=r"valid.txt:1: expected head, relation and tail separated by tabs"):
+        parts.datasets(params, parts_writer(), repeat=1, warmup=0, device="cpu")
+    (folder / "valid.txt").unlink()
+    with pytest.raises(UserError, match="valid.txt: missing"):
+        parts.datasets(params, parts_writer(), repeat=1, warmup=0, device="cpu")
+    params["datasets"] = [{"name": "am", "scale_factor": 1.0, "published_dir": str(folder)}]
+    with pytest.raises(UserError, match="no loader for am's published files yet"):
+        parts.datasets(params, parts_writer(), repeat=1, warmup=0, device="cpu")

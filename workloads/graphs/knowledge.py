@@ -13,6 +13,7 @@ the topic draws those itself.
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 
 import numpy as np
 
@@ -34,27 +35,37 @@ def triples(name: str) -> list[tuple[str, str, str]]:
             "the knowledge graphs are read from the pykeen wheel, which is not installed: "
             "pip install --no-deps -r envs/requirements-data.txt"
         ) from None
+    return _read([package.locate_file(f"pykeen/datasets/{name}/{split}.txt") for split in SPLITS])
+
+
+def triples_in_folder(folder) -> list[tuple[str, str, str]]:
+    """Every triple of a knowledge graph published as ``train.txt``, ``valid.txt`` and
+    ``test.txt`` of tab-separated head, relation and tail (FB15k-237's format, and pykeen's)."""
+    return _read([Path(folder) / f"{split}.txt" for split in SPLITS])
+
+
+def _read(paths) -> list[tuple[str, str, str]]:
     rows = []
-    for split in SPLITS:
-        path = package.locate_file(f"pykeen/datasets/{name}/{split}.txt")
+    for path in paths:
         try:
             text = path.read_text()
         except FileNotFoundError:
-            raise UserError(f"{path}: missing from pykeen {package.version}; reinstall it") from None
+            raise UserError(f"{path}: missing (a knowledge graph needs {', '.join(SPLITS)} .txt files)") from None
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             fields = line.split("\t")
-            if len(fields) != 3:
+            if len(fields) != 3 or not all(fields):
                 raise UserError(f"{path}:{number}: expected head, relation and tail separated by tabs")
             rows.append((fields[0], fields[1], fields[2]))
     return rows
 
 
-def load(name: str) -> tuple[GraphSpec, dict[str, np.ndarray]]:
+def load(name: str, folder=None) -> tuple[GraphSpec, dict[str, np.ndarray]]:
     """The knowledge graph ``name`` as a spec and arrays: ``indptr``/``indices`` (each target's
-    sources), ``edge_type`` and ``node_type`` (all 0)."""
-    rows = triples(name)
+    sources), ``edge_type`` and ``node_type`` (all 0); from pykeen's wheel, or from ``folder``
+    holding the graph's published files."""
+    rows = triples(name) if folder is None else triples_in_folder(folder)
     entities = sorted({h for h, _, _ in rows} | {t for _, _, t in rows})
     labels = sorted({r for _, r, _ in rows})
     entity_id = {e: i for i, e in enumerate(entities)}
