@@ -223,3 +223,23 @@ def test_the_breakdown_sees_each_forms_own_kind_of_work():
     for split in seconds.values():
         assert set(split) == set(CLASSES) and min(split.values()) >= 0 and split["gemm"] > 0
     assert seconds["per_edge"]["gather_scatter"] > seconds["segment_mm"]["gather_scatter"]
+
+
+@pytest.mark.parametrize("layer, name", CASES)
+def test_features_as_strided_offset_and_expanded_views_give_the_same_output(layer, name):
+    """Features a user passes as views (every other column of a wider table, rows from an offset,
+    one row expanded over all nodes) give what their contiguous copies give."""
+    graph = random_graph(nodes=37, relations=5, edges=211)
+    module, weights_class, _ = LAYERS[layer]
+    weights = weights_class(graph.num_relations, 6, 6, num_node_types=graph.num_node_types)
+    form = module.form(name, weights, graph)
+    g = torch.Generator().manual_seed(5)
+    wide = torch.randn(40, 12, generator=g)
+    views = {
+        "strided": wide[:37, ::2],
+        "offset": torch.randn(50, 6, generator=g)[13:],
+        "expanded": torch.randn(1, 6, generator=g).expand(37, 6),
+    }
+    with torch.no_grad():
+        for kind, view in views.items():
+            torch.testing.assert_close(form(view), form(view.contiguous()), msg=kind)
