@@ -93,14 +93,15 @@ def random_graph(nodes, relations, edges, seed=0, index_dtype=torch.int64, types
     )  # fmt: skip
 
 
-def run(layer, form_name, graph, in_dim, out_dim, seed=0):
+def run(layer, form_name, graph, in_dim, out_dim, seed=0, device="cpu"):
     """Output and gradients (features, then every weight) of one form, from seeded weights and
     features; the gradients are of a random projection of the output, never a plain sum."""
     module, weights_class, _ = LAYERS[layer]
     weights = weights_class(graph.num_relations, in_dim, out_dim, seed=seed, num_node_types=graph.num_node_types)
+    weights = weights.to(device)
     g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(graph.num_nodes, in_dim, generator=g).requires_grad_()
-    projection = torch.randn(graph.num_nodes, out_dim, generator=g)
+    x = torch.randn(graph.num_nodes, in_dim, generator=g).to(device).requires_grad_()
+    projection = torch.randn(graph.num_nodes, out_dim, generator=g).to(device)
     out = module.form(form_name, weights, graph)(x)
     (out * projection).sum().backward()
     grads = {"x": x.grad} | {name: p.grad for name, p in weights.named_parameters()}
@@ -243,3 +244,50 @@ def test_features_as_strided_offset_and_expanded_views_give_the_same_output(laye
     with torch.no_grad():
         for kind, view in views.items():
             torch.testing.assert_close(form(view), form(view.contiguous()), msg=kind)
+
+
+def _on(graph: RelGraph, device: str) -> RelGraph:
+    return RelGraph.build(
+        graph.src, graph.dst, graph.etype, graph.num_nodes, graph.num_relations, device=device,
+        node_type=graph.node_type, num_node_types=graph.num_node_types,
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer, name", CASES)
+def test_every_form_on_the_gpu_matches_its_cpu_run_outputs_and_gradients(layer, name):
+    """The forms run on the GPU as timed (TF32 off); they give what the same form gives on the
+    CPU, which the tests above hold to the float64 definition."""
+    graph = random_graph(nodes=301, relations=7, edges=4001, types=3)
+    cpu_out, cpu_grads, _ = run(layer, name, graph, 24, 24)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out, grads, _ = run(layer, name, _on(graph, "cuda"), 24, 24, device="cuda")
+    torch.testing.assert_close(out.cpu(), cpu_out, rtol=1e-4, atol=1e-4)
+    for key, expected in cpu_grads.items():
+        if expected is None:
+            assert grads[key] is None, key
+        else:
+            torch.testing.assert_close(grads[key].cpu(), expected, rtol=1e-4, atol=1e-4, msg=key)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer", LAYERS)
+def test_the_gpu_breakdown_accounts_for_the_timed_call(layer):
+    """On a graph large enough that kernels, not launches, take the time, the classes' device
+    time sums to most of the call's CUDA-event time and never more."""
+    from harness.timing import measure
+    from workloads.rgnn.breakdown import breakdown
+
+    g = torch.Generator().manual_seed(3)
+    nodes, edges, relations = 50_000, 2_000_000, 40
+    src, dst = torch.randint(0, nodes, (2, edges), generator=g)
+    etype = torch.randint(0, relations, (edges,), generator=g)
+    graph = RelGraph.build(src, dst, etype, nodes, relations, device="cuda")
+    module, weights_class, _ = LAYERS[layer]
+    weights = weights_class(relations, 64, 64, num_node_types=1).to("cuda")
+    x = torch.randn(nodes, 64, device="cuda")
+    form = module.form("segment_mm", weights, graph)
+    call = lambda: form(x).sum().backward()  # noqa: E731
+    timed = measure(call, device="cuda", repeat=5, warmup=2).median
+    split = breakdown(call, "cuda")
+    assert 0.6 * timed < sum(split.values()) < 1.05 * timed, (split, timed)
