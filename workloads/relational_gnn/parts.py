@@ -11,10 +11,10 @@ timed for each mode in ``modes``:
 
 One untimed call comes first (it also makes the gradients and Adam's state), then ``warmup`` more
 and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what was
-allocated after the untimed call. Then, unless ``breakdown`` is false, one more call under the
-profiler gives the time by kind of work (workloads/rgnn/breakdown.py). Matrix products run in exact
-float32 (TF32 off), as in Hector's protocol. A form that runs out of GPU memory, in its check or its
-timing, is recorded as ``out_of_memory`` with the size of the allocation that failed;
+allocated after the untimed call. Then, at the widths in ``breakdown_dims`` (default: all), one
+more call under the profiler gives the time by kind of work (workloads/rgnn/breakdown.py). Matrix
+products run in exact float32 (TF32 off), as in Hector's protocol. A form that runs out of GPU
+memory, in its check or its timing, is recorded as ``out_of_memory`` with the size of the allocation that failed;
 ``memory_cap_gib`` caps the memory the process may take (a smaller GPU). On a CPU, a form that would
 materialize per-edge weights beyond ``cpu_materialize_limit_gib`` is not attempted (an exhausted
 host is killed, not told): the notes say so, with the bytes it would have needed.
@@ -205,7 +205,7 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                 _out_of_memory(writer, dataset, name, row, err)
                 continue
             writer.add_measurement(m, role="baseline", variant=name, config=row, dataset=dataset)
-            if params.get("breakdown", True):  # one more call, under the profiler
+            if config["in_dim"] in params.get("breakdown_dims", params["dims"]):  # one more call, profiled
                 for kind, seconds in breakdown(lambda: step(layer, mode), device).items():
                     writer.add(
                         role="baseline",
