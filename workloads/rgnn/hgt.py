@@ -25,7 +25,7 @@ from torch import nn
 from harness.errors import UserError
 from workloads.rgnn.form import Form, glorot, pick
 from workloads.rgnn.graph import RelGraph
-from workloads.rgnn.ops import edge_softmax, grouped_products, segment_products
+from workloads.rgnn.ops import edge_softmax, grouped_products, segment_products, take_rows
 
 
 class HGTWeights(nn.Module):
@@ -74,15 +74,15 @@ class _Form(Form):
         src = g.src if self.order is None else g.src[self.order]
         dst = g.dst if self.order is None else g.dst[self.order]
         etype = g.etype if self.order is None else g.etype[self.order]
-        keys, values = self._related(k[src], w.k_rel), self._related(v[src], w.v_rel)
+        keys, values = self._related(take_rows(k, src), w.k_rel), self._related(take_rows(v, src), w.v_rel)
         priority = torch.cat(list(w.p_rel)).squeeze(1) if g.num_relations else k.new_zeros(0)
-        scores = (q[dst] * keys).sum(1) * priority[etype] / math.sqrt(w.out_dim)
+        scores = (take_rows(q, dst) * keys).sum(1) * take_rows(priority, etype) / math.sqrt(w.out_dim)
         alpha = edge_softmax(scores, dst, g.num_nodes)
         summed = torch.zeros_like(q).index_add(0, dst, alpha.unsqueeze(1) * values)
         out = self._typed(F.gelu(summed), w.stacked("out_weight"), torch.stack(list(w.out_bias)))
         if w.in_dim != w.out_dim:
             return out
-        share = torch.cat(list(w.skip)).sigmoid()[g.node_type].unsqueeze(1)
+        share = take_rows(torch.cat(list(w.skip)).sigmoid(), g.node_type).unsqueeze(1)
         return share * out + (1 - share) * x
 
 
@@ -92,10 +92,10 @@ class PerEdge(_Form):
 
     def _typed(self, rows, weight, bias):
         t = self.graph.node_type
-        return torch.bmm(rows.unsqueeze(1), weight[t]).squeeze(1) + bias[t]
+        return torch.bmm(rows.unsqueeze(1), take_rows(weight, t)).squeeze(1) + take_rows(bias, t)
 
     def _related(self, rows, weight):
-        return torch.bmm(rows.unsqueeze(1), weight[self.graph.etype]).squeeze(1)
+        return torch.bmm(rows.unsqueeze(1), take_rows(weight, self.graph.etype)).squeeze(1)
 
 
 class _Segmented(_Form):
@@ -110,7 +110,8 @@ class _Segmented(_Form):
 
     def _typed(self, rows, weight, bias):
         g = self.graph
-        product = type(self).products(rows[g.by_type], weight, g.type_offsets) + bias[g.node_type[g.by_type]]
+        product = type(self).products(take_rows(rows, g.by_type), weight, g.type_offsets)
+        product = product + take_rows(bias, g.node_type[g.by_type])
         return torch.empty_like(product).index_copy(0, g.by_type, product)  # back to node order
 
     def _related(self, rows, weight):
@@ -167,13 +168,13 @@ class PyG(Form):
     def forward(self, x):
         self._check(x)
         w = self.w
-        out = self.layer({t: x[ids] for t, ids in zip(self.types, self.members)}, self.edges)
+        out = self.layer({t: take_rows(x, ids) for t, ids in zip(self.types, self.members)}, self.edges)
         rows = torch.empty(x.shape[0], w.out_dim, dtype=x.dtype, device=x.device)
         for i, (t, ids) in enumerate(zip(self.types, self.members)):
             if out.get(t) is None:  # a type no edge leads to: a node without incoming edges
                 alone = self.layer.out_lin.lins[t](torch.zeros(len(ids), w.out_dim, device=x.device, dtype=x.dtype))
                 share = w.skip[i].sigmoid() if w.in_dim == w.out_dim else None
-                out[t] = alone if share is None else share * alone + (1 - share) * x[ids]
+                out[t] = alone if share is None else share * alone + (1 - share) * take_rows(x, ids)
             rows = rows.index_copy(0, ids, out[t])
         return rows
 

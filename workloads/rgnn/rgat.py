@@ -17,7 +17,7 @@ from torch import nn
 
 from workloads.rgnn.form import Form, glorot, pick
 from workloads.rgnn.graph import RelGraph
-from workloads.rgnn.ops import edge_softmax, grouped_products, segment_products
+from workloads.rgnn.ops import edge_softmax, grouped_products, segment_products, take_rows
 
 NEGATIVE_SLOPE = 0.2  # PyG's default
 
@@ -53,9 +53,10 @@ class PerEdge(_Form):
     def forward(self, x):
         self._check(x)
         g = self.graph
-        weight = self.w.weight[g.etype]
+        weight = take_rows(self.w.weight, g.etype)
         return self._attend(
-            torch.bmm(x[g.dst].unsqueeze(1), weight).squeeze(1), torch.bmm(x[g.src].unsqueeze(1), weight).squeeze(1)
+            torch.bmm(take_rows(x, g.dst).unsqueeze(1), weight).squeeze(1),
+            torch.bmm(take_rows(x, g.src).unsqueeze(1), weight).squeeze(1),
         )
 
 
@@ -70,8 +71,8 @@ class _Segmented(_Form):
         g, products = self.graph, type(self).products
         order = g.by_relation
         return self._attend(
-            products(x[g.dst[order]], self.w.weight, g.offsets),
-            products(x[g.src[order]], self.w.weight, g.offsets),
+            products(take_rows(x, g.dst[order]), self.w.weight, g.offsets),
+            products(take_rows(x, g.src[order]), self.w.weight, g.offsets),
             order,
         )
 

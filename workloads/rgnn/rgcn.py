@@ -14,7 +14,7 @@ from torch import nn
 
 from workloads.rgnn.form import Form, glorot, pick
 from workloads.rgnn.graph import RelGraph
-from workloads.rgnn.ops import grouped_products, segment_products
+from workloads.rgnn.ops import grouped_products, segment_products, take_rows
 
 
 class RGCNWeights(nn.Module):
@@ -46,7 +46,7 @@ class PerEdge(_Form):
     def forward(self, x):
         self._check(x)
         g = self.graph
-        messages = torch.bmm(x[g.src].unsqueeze(1), self.w.weight[g.etype]).squeeze(1)
+        messages = torch.bmm(take_rows(x, g.src).unsqueeze(1), take_rows(self.w.weight, g.etype)).squeeze(1)
         return self._finish(x, messages)
 
 
@@ -59,7 +59,7 @@ class _Segmented(_Form):
     def forward(self, x):
         self._check(x)
         g = self.graph
-        messages = type(self).products(x[g.src[g.by_relation]], self.w.weight, g.offsets)
+        messages = type(self).products(take_rows(x, g.src[g.by_relation]), self.w.weight, g.offsets)
         return self._finish(x, messages, g.by_relation)
 
 
