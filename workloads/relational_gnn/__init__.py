@@ -7,7 +7,8 @@ backward and an optimizer step). Every form's output is checked against the ``se
 before any is timed. Part ``knowledge_graphs``: the real Nations, Kinships and UMLS graphs from
 the pykeen wheel. Part ``datasets``: heterographs shaped like Hector's eight datasets
 (workloads/graphs/relational.py), at the scale's size; part ``large_datasets`` the same for the
-large ones, in a job of its own. A form that runs out of GPU memory is
+large ones, in a job of its own; part ``width_sweep`` (GPU machines only) the same graphs as
+``datasets`` at other widths. A form that runs out of GPU memory is
 recorded as ``out_of_memory`` with the size of the allocation that failed, not as a failure.
 """
 
@@ -23,6 +24,7 @@ TOPIC = Topic(
         Part("knowledge_graphs", gpus=1, cpu=True),
         Part("datasets", gpus=1, cpu=True),
         Part("large_datasets", gpus=1, cpu=True),
+        Part("width_sweep", gpus=1, cpu=False),
     ),
     packages=("torch_geometric",),
 )

@@ -1,5 +1,5 @@
-"""The measuring functions of the relational_gnn topic: ``knowledge_graphs``, ``datasets`` and
-``large_datasets``.
+"""The measuring functions of the relational_gnn topic: ``knowledge_graphs``, ``datasets``,
+``large_datasets`` and ``width_sweep``.
 
 For each graph, model (``models``) and width (``dims``: in = out): seeded features and weights;
 every form's output (forward, no gradients) compared with the ``segment_mm`` form's, before any
@@ -56,7 +56,7 @@ class FormsDisagree(AssertionError):
 
 def knowledge_graphs(params, writer, *, repeat, warmup, device, **_):
     """The real knowledge graphs (workloads/graphs/knowledge.py), every model, form and mode."""
-    notes = {"skipped": {}, "graphs": {}}
+    notes = _notes()
     with _exact_float32(), _memory_cap(params, device):
         for name in params["graphs"]:
             spec, arrays = knowledge.load(name)
@@ -67,7 +67,7 @@ def knowledge_graphs(params, writer, *, repeat, warmup, device, **_):
 def datasets(params, writer, *, repeat, warmup, device, **_):
     """Heterographs shaped like Hector's datasets (workloads/graphs/relational.py), generated once
     and cached on disk, every model, form and mode."""
-    notes = {"skipped": {}, "graphs": {}}
+    notes = _notes()
     with _exact_float32(), _memory_cap(params, device):
         for entry in params["datasets"]:
             name, factor = entry["name"], entry["scale_factor"]
@@ -103,6 +103,23 @@ def large_datasets(params, writer, **kwargs):
     """The same as :func:`datasets` for the large graphs, in a job of their own (on a GPU machine
     they take most of the time, and a job that is cut short loses only its own graphs)."""
     return datasets(params, writer, **kwargs)
+
+
+def width_sweep(params, writer, **kwargs):
+    """The same as :func:`datasets` at other widths, in a job of its own (one device call each)."""
+    return datasets(params, writer, **kwargs)
+
+
+def _notes() -> dict:
+    """The part's provenance notes, starting with why there is no DGL form."""
+    try:
+        import dgl  # noqa: F401  (only whether it imports)
+    except Exception as err:  # ImportError, or DGL's own errors against this torch
+        reason = f"dgl does not import here ({type(err).__name__}: {err})"
+    else:
+        reason = "dgl imports, but the suite has no dgl form yet"
+    reason += "; DGL's PyPI wheels are CPU-only and built against an old torch"
+    return {"skipped": {"dgl": reason}, "graphs": {}}
 
 
 def _graph(dataset, spec, arrays, factor, params, writer, notes, *, repeat, warmup, device) -> None:
