@@ -1,0 +1,250 @@
+"""The model language: a relational GNN layer is a short Python function over symbolic values,
+traced once into the IR (systems/hector/ir.py).
+
+    @model
+    def rgcn(m):
+        x = m.input("x", "in")
+        W = m.weight("W", ("in", "out"), per="relation")
+        message = m.src(x) @ W[m.relation] * m.graph_data("norm")
+        return x @ m.weight("root", ("in", "out")) + m.weight("bias", ("out",)) + m.sum_into_dst(message)
+
+``m.src(x)`` / ``m.dst(x)`` are a node value seen from each edge's source or target;
+``W[m.relation]`` / ``W[m.node_type]`` pick each row's weight by its relation or node type; ``@``
+multiplies by a weight; ``+ - *`` are elementwise (a width-1 operand broadcasts);
+``m.edge_softmax`` normalizes an edge score over each target's incoming edges; ``m.sum_into_dst``
+sums edge rows into their targets. Mistakes (a width that does not match, an edge value added to
+a node value) are refused while tracing, naming the operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harness.errors import UserError
+from systems.hector.ir import Program, Value
+
+GRAPH_DATA = {"norm": ("edge", 1, frozenset({"dst", "etype"}))}  # what a RelGraph provides per edge
+
+
+class ModelError(UserError):
+    """A model program that cannot mean anything (widths, domains, unknown names)."""
+
+
+@dataclass(frozen=True)
+class _Index:
+    by: str  # "etype" or "node_type"
+
+
+@dataclass(frozen=True)
+class Selected:
+    """``weight[m.relation]`` or ``weight[m.node_type]``: one weight per row, by its type."""
+
+    weight: Value
+    by: str
+
+
+class Expr:
+    """A traced value; arithmetic on it records operators."""
+
+    def __init__(self, builder: Builder, value: Value):
+        self.builder, self.value = builder, value
+
+    def __matmul__(self, other):
+        return self.builder._matmul(self, other)
+
+    def __add__(self, other):
+        return self.builder._binary("add", self, other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self.builder._binary("sub", self, other)
+
+    def __rsub__(self, other):
+        return self.builder._binary("sub", other, self)
+
+    def __mul__(self, other):
+        return self.builder._binary("mul", self, other)
+
+    __rmul__ = __mul__
+
+    def __getitem__(self, index):
+        if self.value.domain != "weight" or not isinstance(index, _Index):
+            raise ModelError("only a weight can be indexed, and only by m.relation or m.node_type")
+        wanted = {"etype": "relation", "node_type": "node_type"}[index.by]
+        if self.value.per != wanted:
+            raise ModelError(f"weight {self.value.name} is per {self.value.per}, not per {wanted}")
+        return Selected(self.value, index.by)
+
+
+class Builder:
+    """What a model function receives as ``m``."""
+
+    relation = _Index("etype")
+    node_type = _Index("node_type")
+
+    def __init__(self):
+        self._names: dict[str, Value] = {}
+
+    # Leaves
+    def input(self, name: str, width) -> Expr:
+        return Expr(self, self._leaf(Value("input", (), "node", width, name=name)))
+
+    def weight(self, name: str, shape: tuple, per: str | None = None) -> Expr:
+        if per not in (None, "relation", "node_type"):
+            raise ModelError(f"weight {name}: per must be 'relation', 'node_type' or None, not {per!r}")
+        if len(shape) not in (1, 2):
+            raise ModelError(f"weight {name}: a vector or a matrix per row type, got shape {shape}")
+        return Expr(self, self._leaf(Value("weight", (), "weight", name=name, shape=tuple(shape), per=per)))
+
+    def graph_data(self, name: str) -> Expr:
+        if name not in GRAPH_DATA:
+            raise ModelError(f"no graph data {name!r}; known: {', '.join(GRAPH_DATA)}")
+        domain, width, depends = GRAPH_DATA[name]
+        return Expr(self, self._leaf(Value("graph_data", (), domain, width, depends, name=name)))
+
+    # Moving between domains
+    def src(self, x: Expr) -> Expr:
+        return self._gather(x, "src")
+
+    def dst(self, x: Expr) -> Expr:
+        return self._gather(x, "dst")
+
+    def sum_into_dst(self, e: Expr) -> Expr:
+        self._need(e, "edge", "sum_into_dst")
+        return self._op("sum_into_dst", (e.value,), "node", e.value.width)
+
+    def edge_softmax(self, score: Expr) -> Expr:
+        self._need(score, "edge", "edge_softmax")
+        if score.value.width != 1:
+            raise ModelError(f"edge_softmax takes one score per edge, got width {score.value.width}")
+        return self._op("edge_softmax", (score.value,), "edge", 1, frozenset({"src", "dst", "etype"}))
+
+    def each_edge(self, w: Selected) -> Expr:
+        """A per-relation vector weight as one row per edge (``w`` is ``W[m.relation]``)."""
+        if not isinstance(w, Selected) or w.by != "etype" or len(w.weight.shape) != 1:
+            raise ModelError("each_edge takes a per-relation vector weight indexed by m.relation")
+        return self._op("take", (w.weight,), "edge", w.weight.shape[0], {"etype"}, (("by", "etype"),))
+
+    def each_node(self, w: Selected) -> Expr:
+        """A per-node-type vector weight as one row per node (``w`` is ``W[m.node_type]``)."""
+        if not isinstance(w, Selected) or w.by != "node_type" or len(w.weight.shape) != 1:
+            raise ModelError("each_node takes a per-node-type vector weight indexed by m.node_type")
+        return self._op("take", (w.weight,), "node", w.weight.shape[0], (), (("by", "node_type"),))
+
+    def rsqrt(self, width, like: Expr) -> Expr:
+        """``1 / sqrt(width)`` (a width symbol, known when the model runs) in ``like``'s domain."""
+        return self._op("const", (), like.value.domain, 1, (), (("rsqrt", width),))
+
+    # Rows
+    def dot(self, a: Expr, b: Expr) -> Expr:
+        """The row-wise dot product of two values of one domain and width."""
+        self._same(a, b, "dot")
+        if a.value.width != b.value.width:
+            raise ModelError(f"dot of widths {a.value.width} and {b.value.width}")
+        return self._op("dot", (a.value, b.value), a.value.domain, 1, a.value.depends | b.value.depends)
+
+    def leaky_relu(self, e: Expr, slope: float) -> Expr:
+        return self._unary("leaky_relu", e, (("slope", slope),))
+
+    def gelu(self, e: Expr) -> Expr:
+        return self._unary("gelu", e)
+
+    def sigmoid(self, e: Expr) -> Expr:
+        return self._unary("sigmoid", e)
+
+    def exp(self, e: Expr) -> Expr:
+        return self._unary("exp", e)
+
+    # Helpers
+    def _leaf(self, value: Value) -> Value:
+        if value.name in self._names:
+            raise ModelError(f"the name {value.name!r} is used twice")
+        self._names[value.name] = value
+        return value
+
+    def _op(self, op, args, domain, width, depends=frozenset(), attrs=()) -> Expr:
+        return Expr(self, Value(op, tuple(args), domain, width, frozenset(depends), tuple(attrs)))
+
+    def _need(self, e, domain, what):
+        if not isinstance(e, Expr) or e.value.domain != domain:
+            got = e.value.domain if isinstance(e, Expr) else type(e).__name__
+            raise ModelError(f"{what} takes a {domain} value, got {got}")
+
+    def _same(self, a, b, what):
+        if a.value.domain != b.value.domain:
+            raise ModelError(f"{what} of a {a.value.domain} value and a {b.value.domain} value")
+
+    def _gather(self, x: Expr, end: str) -> Expr:
+        self._need(x, "node", f"m.{end}")
+        return self._op("gather", (x.value,), "edge", x.value.width, {end}, (("end", end),))
+
+    def _unary(self, op, e: Expr, attrs=()) -> Expr:
+        if e.value.domain == "weight":
+            raise ModelError(f"{op} of a weight: apply it to rows")
+        return self._op(op, (e.value,), e.value.domain, e.value.width, e.value.depends, attrs)
+
+    def _as_rows(self, operand, like: Expr) -> Expr:
+        """An operand of an elementwise op as rows of ``like``'s domain."""
+        if isinstance(operand, int | float):
+            return self._op("const", (), like.value.domain, 1, frozenset(), (("value", float(operand)),))
+        if isinstance(operand, Selected):
+            return self.each_node(operand) if operand.by == "node_type" else self.each_edge(operand)
+        if isinstance(operand, Expr) and operand.value.domain == "weight":
+            w = operand.value
+            if w.per is not None or len(w.shape) != 1:
+                raise ModelError(f"weight {w.name} in elementwise arithmetic must be a shared vector")
+            return self._op("broadcast", (w,), like.value.domain, w.shape[0])
+        if isinstance(operand, Expr):
+            return operand
+        raise ModelError(f"cannot use {type(operand).__name__} in a model's arithmetic")
+
+    def _binary(self, op, a, b) -> Expr:
+        like = a if isinstance(a, Expr) and a.value.domain != "weight" else b
+        if not isinstance(like, Expr) or like.value.domain == "weight":
+            raise ModelError(f"{op} needs at least one operand that is rows (node, edge or pair values)")
+        a, b = self._as_rows(a, like), self._as_rows(b, like)
+        self._same(a, b, op)
+        wa, wb = a.value.width, b.value.width
+        if wa != wb and 1 not in (wa, wb):
+            raise ModelError(f"{op} of widths {wa} and {wb} (only width 1 broadcasts)")
+        width = wb if wa == 1 else wa
+        return self._op(op, (a.value, b.value), a.value.domain, width, a.value.depends | b.value.depends)
+
+    def _matmul(self, e: Expr, w) -> Expr:
+        if isinstance(w, Selected):
+            weight, by = w.weight, w.by
+        elif isinstance(w, Expr) and w.value.domain == "weight" and w.value.per is None:
+            weight, by = w.value, None
+        else:
+            raise ModelError("@ multiplies rows by a weight: W, W[m.relation] or W[m.node_type]")
+        if len(weight.shape) != 2:
+            raise ModelError(f"@ by weight {weight.name} of shape {weight.shape}: a matrix is needed")
+        if e.value.domain == "weight":
+            raise ModelError("@ of two weights: multiply rows by a weight")
+        if e.value.width != weight.shape[0]:
+            raise ModelError(f"@ of width {e.value.width} by weight {weight.name} of shape {weight.shape}")
+        if by == "node_type" and e.value.domain != "node":
+            raise ModelError(f"{weight.name}[m.node_type] applies to node values; gather after the product")
+        if by is None:
+            return self._op("matmul", (e.value, weight), e.value.domain, weight.shape[1], e.value.depends)
+        depends = e.value.depends | ({"etype"} if by == "etype" else set())
+        return self._op("typed_matmul", (e.value, weight), e.value.domain, weight.shape[1], depends, (("by", by),))
+
+
+def model(fn: Callable) -> Callable[[], Program]:
+    """Trace ``fn(m)`` into a :class:`Program` named after it; calling the result traces anew, so
+    each caller gets a program of its own to run passes on."""
+
+    def trace() -> Program:
+        out = fn(Builder())
+        outputs = out if isinstance(out, tuple) else (out,)
+        for o in outputs:
+            if not isinstance(o, Expr) or o.value.domain != "node":
+                raise ModelError(f"{fn.__name__} must return node values")
+        return Program(fn.__name__, [o.value for o in outputs])
+
+    trace.__name__ = fn.__name__
+    trace.__doc__ = fn.__doc__
+    return trace

@@ -1,0 +1,152 @@
+"""The reference backend: runs a program (before or after any pass) with stock PyTorch operators,
+one operator at a time, so autograd gives its gradients. It is the oracle of the generated
+kernels' tests and Hector's path on a machine without a GPU.
+
+Rows are in their domain's natural order: nodes by id, edges in the graph's edge order, pairs in
+the order of ``src * relations + etype``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from harness.errors import UserError
+from systems.hector.ir import Program, Value
+from workloads.rgnn.graph import RelGraph
+
+
+class BindingError(UserError):
+    """The tensors given do not fit the program (a missing name, a width, a type count)."""
+
+
+class Pairs:
+    """The distinct (source, relation) pairs of a graph: each pair's source and relation, and each
+    edge's pair."""
+
+    def __init__(self, graph: RelGraph):
+        keys = graph.src * max(graph.num_relations, 1) + graph.etype
+        unique, self.of_edge = torch.unique(keys, return_inverse=True)
+        self.src = unique // max(graph.num_relations, 1)
+        self.etype = unique % max(graph.num_relations, 1)
+
+    def __len__(self):
+        return len(self.src)
+
+
+def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The program's outputs for ``graph``, with its inputs and weights from ``tensors`` by name."""
+    widths: dict[str, int] = {}
+    pairs = Pairs(graph) if any(v.domain == "pair" for v in program.values) else None
+    results = {id(v): _bind(v, tensors, graph, widths) for v in program.values if v.op in ("input", "weight")}
+    for value in program.values:
+        if id(value) not in results:
+            args = [results[id(a)] for a in value.args]
+            results[id(value)] = _evaluate(value, args, graph, pairs, widths)
+    return [results[id(o)] for o in program.outputs]
+
+
+def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) -> torch.Tensor:
+    op, domain = value.op, value.domain
+    if op == "graph_data":  # "norm", the only one so far
+        return graph.norm.unsqueeze(1)
+    if op == "const":
+        symbol = value.attr("rsqrt")
+        number = value.attr("value") if symbol is None else _width(symbol, widths) ** -0.5
+        return torch.tensor([[number]], dtype=torch.float32, device=graph.src.device)
+    if op == "broadcast":
+        return args[0].unsqueeze(0)
+    if op == "gather":
+        return args[0].index_select(0, _end_ids(value.attr("end"), domain, graph, pairs))
+    if op == "unpair":
+        return args[0].index_select(0, pairs.of_edge)
+    if op == "take":
+        return args[0].index_select(0, _type_ids(value.attr("by"), domain, graph, pairs))
+    if op == "matmul":
+        return args[0] @ args[1]
+    if op == "typed_matmul":
+        by = value.attr("by")
+        return typed_products(args[0], args[1], _type_ids(by, domain, graph, pairs))
+    if op == "weight_product":  # per relation: W[r] @ v (linear-operator reordering)
+        return args[0] @ args[1]
+    if op in ("add", "sub", "mul"):
+        return {"add": torch.add, "sub": torch.sub, "mul": torch.mul}[op](args[0], args[1])
+    if op == "dot":
+        return (args[0] * args[1]).sum(1, keepdim=True)
+    if op == "leaky_relu":
+        return F.leaky_relu(args[0], value.attr("slope"))
+    if op in ("gelu", "sigmoid", "exp"):
+        return {"gelu": F.gelu, "sigmoid": torch.sigmoid, "exp": torch.exp}[op](args[0])
+    if op == "edge_softmax":
+        return _edge_softmax(args[0], graph)
+    if op == "sum_into_dst":
+        rows = args[0]
+        return rows.new_zeros(graph.num_nodes, rows.shape[1]).index_add(0, graph.dst, rows)
+    raise NotImplementedError(f"the reference backend has no operator {op!r}")
+
+
+def typed_products(rows: torch.Tensor, weight: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+    """``rows[i] @ weight[types[i]]`` for every row: rows sorted by type once, one product per
+    type's segment (``split``/``unbind``: one ``cat`` and one ``stack`` in the gradient), and
+    back to row order."""
+    order = torch.sort(types, stable=True).indices
+    sizes = torch.bincount(types, minlength=weight.shape[0]).tolist()
+    segments = rows.index_select(0, order).split(sizes)
+    products = torch.cat([s @ w for s, w in zip(segments, weight.unbind(0), strict=True)])
+    return products.new_empty(products.shape).index_copy(0, order, products)
+
+
+def _edge_softmax(scores: torch.Tensor, graph: RelGraph) -> torch.Tensor:
+    """Softmax of [edges, 1] scores over each target's incoming edges (the maximum is taken out for
+    range only and not differentiated)."""
+    flat, dst = scores.squeeze(1), graph.dst
+    top = flat.new_full((graph.num_nodes,), -torch.inf).scatter_reduce(0, dst, flat.detach(), "amax")
+    exp = (flat - top.index_select(0, dst)).exp()
+    total = flat.new_zeros(graph.num_nodes).index_add(0, dst, exp)
+    return (exp / total.index_select(0, dst)).unsqueeze(1)
+
+
+def _end_ids(end: str, domain: str, graph: RelGraph, pairs: Pairs | None) -> torch.Tensor:
+    if domain == "pair":
+        if end != "src":
+            raise AssertionError("a pair has a source, not a target")
+        return pairs.src
+    return graph.src if end == "src" else graph.dst
+
+
+def _type_ids(by: str, domain: str, graph: RelGraph, pairs: Pairs | None) -> torch.Tensor:
+    if by == "node_type":
+        return graph.node_type
+    return pairs.etype if domain == "pair" else graph.etype
+
+
+def _bind(value: Value, tensors, graph: RelGraph, widths) -> torch.Tensor:
+    if value.name not in tensors:
+        raise BindingError(f"no tensor named {value.name!r} given (given: {', '.join(sorted(tensors))})")
+    t = tensors[value.name]
+    if value.op == "input":
+        if t.dim() != 2 or t.shape[0] != graph.num_nodes:
+            raise BindingError(f"input {value.name}: [{graph.num_nodes} nodes, width] wanted, got {tuple(t.shape)}")
+        _unify(value.width, t.shape[1], value.name, widths)
+        return t
+    leading = {"relation": graph.num_relations, "node_type": graph.num_node_types, None: None}[value.per]
+    shape = tuple(t.shape[1:]) if value.per else tuple(t.shape)
+    if len(shape) != len(value.shape) or (leading is not None and t.shape[0] != leading):
+        per = f"{leading} {value.per}s x " if value.per else ""
+        raise BindingError(f"weight {value.name}: {per}{list(value.shape)} wanted, got {tuple(t.shape)}")
+    for symbol, size in zip(value.shape, shape, strict=True):
+        _unify(symbol, size, value.name, widths)
+    return t
+
+
+def _unify(symbol, size: int, name: str, widths: dict[str, int]) -> None:
+    if isinstance(symbol, int):
+        if symbol != size:
+            raise BindingError(f"{name}: width {symbol} wanted, got {size}")
+        return
+    if widths.setdefault(symbol, size) != size:
+        raise BindingError(f"{name}: width {symbol!r} is {widths[symbol]} elsewhere, {size} here")
+
+
+def _width(symbol, widths: dict[str, int]) -> int:
+    return symbol if isinstance(symbol, int) else widths[symbol]
