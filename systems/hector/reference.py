@@ -36,7 +36,7 @@ class Pairs:
 
 def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     """The program's outputs for ``graph``, with its inputs and weights from ``tensors`` by name."""
-    widths: dict[str, int] = {}
+    widths: dict[str, tuple[int, str]] = {}  # each width symbol's size, and the tensor that set it
     pairs = Pairs(graph) if any(v.domain == "pair" for v in program.values) else None
     results = {id(v): _bind(v, tensors, graph, widths) for v in program.values if v.op in ("input", "weight")}
     for value in program.values:
@@ -139,14 +139,15 @@ def _bind(value: Value, tensors, graph: RelGraph, widths) -> torch.Tensor:
     return t
 
 
-def _unify(symbol, size: int, name: str, widths: dict[str, int]) -> None:
+def _unify(symbol, size: int, name: str, widths: dict[str, tuple[int, str]]) -> None:
     if isinstance(symbol, int):
         if symbol != size:
             raise BindingError(f"{name}: width {symbol} wanted, got {size}")
         return
-    if widths.setdefault(symbol, size) != size:
-        raise BindingError(f"{name}: width {symbol!r} is {widths[symbol]} elsewhere, {size} here")
+    first, where = widths.setdefault(symbol, (size, name))
+    if first != size:
+        raise BindingError(f"{name}: width {symbol!r} is {size} here but {first} in {where}")
 
 
-def _width(symbol, widths: dict[str, int]) -> int:
-    return symbol if isinstance(symbol, int) else widths[symbol]
+def _width(symbol, widths: dict[str, tuple[int, str]]) -> int:
+    return symbol if isinstance(symbol, int) else widths[symbol][0]
