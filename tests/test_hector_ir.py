@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.errors import UserError
-from systems.hector import models, passes, reference
+from systems.hector import autodiff, models, passes, reference
 from systems.hector.lang import ModelError, model
 from workloads.graphs import knowledge
 from workloads.rgnn import hgt, rgat, rgcn
@@ -201,3 +201,36 @@ def test_bad_bindings_are_refused_by_name():
         reference.run(program, graph, bound | {"x": torch.randn(graph.num_nodes, 5)})
     with pytest.raises(reference.BindingError, match="weight W: 6 relations x"):
         reference.run(program, graph, bound | {"x": x, "W": weights.weight[:-1]})
+
+
+@pytest.mark.parametrize("graph_name", GRAPHS)
+@pytest.mark.parametrize("applied", PASS_SETS, ids=lambda p: "+".join(p) or "none")
+@pytest.mark.parametrize("name", [*BASELINES, "relational_gatv2"])
+def test_the_ir_backward_pass_matches_autograd(name, applied, graph_name):
+    """differentiate()'s program, run by the reference backend, gives every input's and weight's
+    gradient as torch's autograd does through the forward program."""
+    graph = GRAPHS[graph_name]()
+    g = torch.Generator().manual_seed(11)
+    if name == "relational_gatv2":
+        program = passes.optimize(relational_gatv2(), *applied)
+        tensors = {
+            "x": torch.randn(graph.num_nodes, 6, generator=g),
+            "Ws": torch.randn(graph.num_relations, 6, 5, generator=g),
+            "Wd": torch.randn(graph.num_relations, 6, 5, generator=g),
+            "a": torch.randn(graph.num_relations, 5, generator=g),
+        }
+        tensors = {k: v.requires_grad_() for k, v in tensors.items()}
+    else:
+        program = passes.optimize(models.PROGRAMS[name](), *applied)
+        weights = BASELINES[name].WEIGHTS(graph.num_relations, 6, 6, seed=3, num_node_types=3)
+        tensors = {"x": torch.randn(graph.num_nodes, 6, generator=g, requires_grad=True)} | models.bind(name, weights)
+    (out,) = reference.run(program, graph, tensors)
+    seed = torch.randn(out.shape, generator=g)
+    leaves = autodiff.leaves(program)
+    expected = torch.autograd.grad(out, [tensors[leaf.name] for leaf in leaves], seed)
+    plain = {k: v.detach() for k, v in tensors.items()}
+    got = reference.run(autodiff.differentiate(program), graph, plain | {"grad:0": seed})
+    torch.testing.assert_close(got[0], out.detach())
+    for leaf, want, have in zip(leaves, expected, got[1:], strict=True):
+        assert want.abs().sum() > 0, leaf.name  # every leaf matters, so a zero gradient is a bug
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5, msg=leaf.name)

@@ -63,10 +63,10 @@ def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) 
     if op == "take":
         return args[0].index_select(0, _type_ids(value.attr("by"), domain, graph, pairs))
     if op == "matmul":
-        return args[0] @ args[1]
+        return args[0] @ (args[1].T if value.attr("transpose") else args[1])
     if op == "typed_matmul":
-        by = value.attr("by")
-        return typed_products(args[0], args[1], _type_ids(by, domain, graph, pairs))
+        weight = args[1].transpose(-1, -2) if value.attr("transpose") else args[1]
+        return typed_products(args[0], weight, _type_ids(value.attr("by"), domain, graph, pairs))
     if op == "weight_product":  # per relation: W[r] @ v (linear-operator reordering)
         return args[0] @ args[1]
     if op in ("add", "sub", "mul"):
@@ -82,7 +82,54 @@ def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) 
     if op == "sum_into_dst":
         rows = args[0]
         return rows.new_zeros(graph.num_nodes, rows.shape[1]).index_add(0, graph.dst, rows)
+    return _evaluate_backward(value, args, graph, pairs)
+
+
+def _evaluate_backward(value: Value, args, graph: RelGraph, pairs: Pairs | None) -> torch.Tensor:
+    """The operators only backward programs use (systems/hector/autodiff.py)."""
+    op, source = value.op, value.args[0].domain if value.args else None
+    if op in ("sum_into_src", "sum_into_pair"):
+        if op == "sum_into_pair":
+            index, count = pairs.of_edge, len(pairs)
+        else:
+            index, count = (pairs.src if source == "pair" else graph.src), graph.num_nodes
+        return args[0].new_zeros(count, args[0].shape[1]).index_add(0, index, args[0])
+    if op == "typed_outer":  # per type t: the sum over its rows of rows_i^T g_i
+        rows, g = args
+        types = _type_ids(value.attr("by"), source, graph, pairs)
+        order = torch.sort(types, stable=True).indices
+        sizes = torch.bincount(types, minlength=_type_count(value.attr("by"), graph)).tolist()
+        pieces = zip(rows.index_select(0, order).split(sizes), g.index_select(0, order).split(sizes), strict=True)
+        return torch.stack([r.T @ d for r, d in pieces])
+    if op == "outer":
+        return args[0].T @ args[1]
+    if op == "row_sum":
+        return args[0].sum(1, keepdim=True)
+    if op == "sum_rows":
+        return args[0].sum(0)
+    if op == "sum_by_type":
+        by = value.attr("by")
+        types = _type_ids(by, source, graph, pairs)
+        return args[0].new_zeros(_type_count(by, graph), args[0].shape[1]).index_add(0, types, args[0])
+    if op == "leaky_relu_grad":
+        x, g = args
+        return torch.where(x > 0, g, g * value.attr("slope"))
+    if op == "gelu_grad":  # d/dx of x * Phi(x): Phi(x) + x * phi(x)
+        x, g = args
+        cdf = 0.5 * (1 + torch.erf(x * 0.5**0.5))
+        pdf = torch.exp(-0.5 * x * x) * (2 * torch.pi) ** -0.5
+        return g * (cdf + x * pdf)
+    if op == "weight_product_grad_w":  # P[r] = W[r] @ v: dW[r] = dP[r] @ v^T
+        return args[0] @ args[1].T
+    if op == "weight_product_grad_v":  # dv = sum over r of W[r]^T dP[r]
+        return (args[0].transpose(-1, -2) @ args[1]).sum(0)
+    if op == "zeros_like":
+        return torch.zeros_like(args[0])
     raise NotImplementedError(f"the reference backend has no operator {op!r}")
+
+
+def _type_count(by: str, graph: RelGraph) -> int:
+    return graph.num_node_types if by == "node_type" else graph.num_relations
 
 
 def typed_products(rows: torch.Tensor, weight: torch.Tensor, types: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,157 @@
+"""Automatic differentiation at the IR level: a program's backward pass as more IR, so that the
+same passes and code generators serve forward and backward.
+
+:func:`differentiate` returns one program whose outputs are the forward outputs followed by the
+gradient of every input and weight (in :meth:`Program.inputs` order, ``None`` where nothing
+depends on it is not possible: every leaf gets a gradient, zero rows where unused). The output's
+gradient is a node input named ``grad:<i>`` for output i. The backward values refer to forward
+values directly; a code generator decides what to keep from forward for backward.
+
+Each operator's adjoint is written with IR operators (the backward-only ones are listed in
+``BACKWARD_OPS`` and run in the reference backend like any other):
+
+* a gather's adjoint is a sum into the gathered-from rows (``sum_into_src``, ``sum_into_dst``,
+  ``sum_into_pair``);
+* a typed product's is the transposed typed product (``typed_matmul`` with ``transpose``) for the
+  rows and a per-type outer product (``typed_outer``) for the weight;
+* edge softmax's is ``y * (g - sum_into_dst(g * y)[dst])``, in ordinary operators.
+"""
+
+from __future__ import annotations
+
+from systems.hector.ir import Program, Value
+
+BACKWARD_OPS = {
+    "sum_into_src",
+    "sum_into_pair",
+    "typed_outer",
+    "outer",
+    "row_sum",
+    "sum_rows",
+    "sum_by_type",
+    "leaky_relu_grad",
+    "gelu_grad",
+    "weight_product_grad_w",
+    "weight_product_grad_v",
+    "zeros_like",
+}
+
+
+def differentiate(program: Program) -> Program:
+    adjoints: dict[int, list[Value]] = {}
+
+    def add_adjoint(target: Value, g: Value) -> None:
+        if target.op in ("const", "graph_data"):
+            return
+        adjoints.setdefault(id(target), []).append(g)
+
+    seeds = []
+    for i, out in enumerate(program.outputs):
+        seed = Value("input", (), out.domain, out.width, name=f"grad:{i}")
+        seeds.append(seed)
+        add_adjoint(out, seed)
+    for value in reversed(program.values):
+        if id(value) not in adjoints or value.op in ("input", "weight"):
+            continue
+        g = _total(adjoints[id(value)])
+        for arg, contribution in _adjoint(value, g):
+            add_adjoint(arg, contribution)
+    grads = []
+    for leaf in program.inputs():
+        if leaf.op == "graph_data":
+            continue
+        found = adjoints.get(id(leaf))
+        grads.append(_total(found) if found else Value("zeros_like", (leaf,), leaf.domain, leaf.width, per=leaf.per))
+    return Program(program.name + "_backward", [*program.outputs, *grads])
+
+
+def leaves(program: Program) -> list[Value]:
+    """The inputs and weights whose gradients :func:`differentiate` returns, in its order."""
+    return [v for v in program.inputs() if v.op != "graph_data"]
+
+
+def _total(parts: list[Value]) -> Value:
+    total = parts[0]
+    for part in parts[1:]:
+        total = Value("add", (total, part), total.domain, total.width, total.depends | part.depends)
+    return total
+
+
+def _rows(op: str, args: tuple[Value, ...], like: Value, width=None, attrs=()) -> Value:
+    depends = frozenset().union(*(a.depends for a in args if a.domain == like.domain))
+    return Value(op, args, like.domain, like.width if width is None else width, depends, tuple(attrs))
+
+
+def _fit(g: Value, arg: Value) -> Value:
+    """The adjoint ``g`` of a broadcast operand: summed over the width it was broadcast to."""
+    if arg.width == 1 and g.width != 1:
+        return _rows("row_sum", (g,), g, width=1)
+    return g
+
+
+def _adjoint(v: Value, g: Value) -> list[tuple[Value, Value]]:
+    op, args = v.op, v.args
+    if op == "broadcast":  # a shared vector added to every row
+        return [(args[0], Value("sum_rows", (g,), "weight", shape=args[0].shape))]
+    if op == "take":
+        w = args[0]
+        by = v.attr("by")
+        return [(w, Value("sum_by_type", (g,), "weight", attrs=(("by", by),), shape=w.shape, per=w.per))]
+    if op == "gather":
+        end = v.attr("end")
+        op_back = "sum_into_src" if end == "src" else "sum_into_dst"
+        return [(args[0], Value(op_back, (g,), "node", g.width))]
+    if op == "unpair":
+        return [(args[0], Value("sum_into_pair", (g,), "pair", g.width, args[0].depends))]
+    if op == "sum_into_dst":
+        return [(args[0], Value("gather", (g,), "edge", g.width, frozenset({"dst"}), (("end", "dst"),)))]
+    if op == "typed_matmul":
+        rows, w = args
+        by = v.attr("by")
+        d_rows = Value("typed_matmul", (g, w), v.domain, rows.width, v.depends, (("by", by), ("transpose", True)))
+        d_w = Value("typed_outer", (rows, g), "weight", attrs=(("by", by),), shape=w.shape, per=w.per)
+        return [(rows, d_rows), (w, d_w)]
+    if op == "matmul":
+        rows, w = args
+        d_rows = Value("matmul", (g, w), v.domain, rows.width, v.depends, (("transpose", True),))
+        return [(rows, d_rows), (w, Value("outer", (rows, g), "weight", shape=w.shape))]
+    if op == "weight_product":
+        w, vec = args
+        return [
+            (w, Value("weight_product_grad_w", (g, vec), "weight", shape=w.shape, per=w.per)),
+            (vec, Value("weight_product_grad_v", (w, g), "weight", shape=vec.shape)),
+        ]
+    if op == "add":
+        return [(a, _fit(g, a)) for a in args]
+    if op == "sub":
+        a, b = args
+        negative = _rows("mul", (g, _const(g, -1.0)), g)
+        return [(a, _fit(g, a)), (b, _fit(negative, b))]
+    if op == "mul":
+        a, b = args
+        return [
+            (a, _fit(_rows("mul", (g, b), g, width=v.width), a)),
+            (b, _fit(_rows("mul", (g, a), g, width=v.width), b)),
+        ]
+    if op == "dot":
+        a, b = args
+        return [(a, _rows("mul", (g, b), g, width=a.width)), (b, _rows("mul", (g, a), g, width=b.width))]
+    if op == "leaky_relu":
+        return [(args[0], _rows("leaky_relu_grad", (args[0], g), g, attrs=v.attrs))]
+    if op == "gelu":
+        return [(args[0], _rows("gelu_grad", (args[0], g), g))]
+    if op == "sigmoid":  # y (1 - y) g
+        one_minus = _rows("sub", (_const(v, 1.0), v), v)
+        return [(args[0], _rows("mul", (_rows("mul", (v, one_minus), v), g), g))]
+    if op == "exp":
+        return [(args[0], _rows("mul", (v, g), g))]
+    if op == "edge_softmax":  # y * (g - sum over the target's edges of g * y)
+        weighted = _rows("mul", (g, v), g)
+        total = Value("sum_into_dst", (weighted,), "node", 1)
+        back = Value("gather", (total,), "edge", 1, frozenset({"dst"}), (("end", "dst"),))
+        return [(args[0], _rows("mul", (v, _rows("sub", (g, back), g)), g))]
+    raise NotImplementedError(f"no adjoint for operator {op!r}")
+
+
+def _const(like: Value, number: float) -> Value:
+    return Value("const", (), like.domain, 1, attrs=(("value", number),))
