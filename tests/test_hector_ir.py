@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.errors import UserError
-from systems.hector import autodiff, models, passes, reference
+from systems.hector import autodiff, models, op, passes, reference
 from systems.hector.lang import ModelError, model
 from workloads.graphs import knowledge
 from workloads.rgnn import hgt, rgat, rgcn
@@ -234,3 +234,39 @@ def test_the_ir_backward_pass_matches_autograd(name, applied, graph_name):
     for leaf, want, have in zip(leaves, expected, got[1:], strict=True):
         assert want.abs().sum() > 0, leaf.name  # every leaf matters, so a zero gradient is a bug
         torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5, msg=leaf.name)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_a_layer_is_a_differentiable_operator_that_passes_opcheck(name):
+    """The program and its IR backward as torch.library ops: outputs and gradients as the
+    baseline form's, and torch's operator checks (schema, fake tensors, autograd registration)."""
+    graph = awkward_graph(seed=2)
+    layer = op.Layer(passes.optimize(models.PROGRAMS[name](), "reorder", "compact"))
+    results = []
+    for runner in ("baseline", "layer"):
+        weights = BASELINES[name].WEIGHTS(graph.num_relations, 6, 6, seed=5, num_node_types=3)
+        x = torch.randn(graph.num_nodes, 6, generator=torch.Generator().manual_seed(6), requires_grad=True)
+        if runner == "baseline":
+            run = BASELINES[name].form("segment_mm", weights, graph)
+        else:
+            run = lambda x, w=weights: layer(graph, x=x, **models.bind(name, w))  # noqa: E731
+        projection = torch.randn(graph.num_nodes, 6, generator=torch.Generator().manual_seed(8))
+        results.append(outputs_and_gradients(run, weights, x, projection))
+    (base_out, base_grads), (out, grads) = results
+    torch.testing.assert_close(out, base_out, rtol=1e-5, atol=1e-5)
+    for key in base_grads:
+        torch.testing.assert_close(grads[key], base_grads[key], rtol=1e-4, atol=1e-5, msg=key)
+    weights = BASELINES[name].WEIGHTS(graph.num_relations, 6, 6, num_node_types=3)
+    tensors = {"x": torch.randn(graph.num_nodes, 6)} | models.bind(name, weights)
+    leaves = [tensors[n].detach().requires_grad_() for n in layer.names]
+    torch.library.opcheck(layer.forward_op, (op.register_graph(graph), leaves))
+
+
+def test_a_layer_called_wrongly_says_how():
+    graph = awkward_graph()
+    layer = op.Layer(models.rgcn_layer())
+    weights = models.bind("rgcn", rgcn.RGCNWeights(graph.num_relations, 4, 4))
+    with pytest.raises(UserError, match="rgcn_layer takes x, root, bias, W; missing x; unknown y"):
+        layer(graph, y=torch.randn(graph.num_nodes, 4), **weights)
+    with pytest.raises(UserError, match="graph handle 12345 is not registered"):
+        layer.forward_op(12345, [torch.randn(graph.num_nodes, 4), *weights.values()])

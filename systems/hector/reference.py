@@ -46,6 +46,15 @@ def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> 
     return [results[id(o)] for o in program.outputs]
 
 
+def output_width(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> int:
+    """The width of the program's (first) output for these tensors, without running it."""
+    widths: dict[str, tuple[int, str]] = {}
+    for value in program.values:
+        if value.op in ("input", "weight"):
+            _bind(value, tensors, graph, widths)
+    return _width(program.outputs[0].width, widths)
+
+
 def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) -> torch.Tensor:
     op, domain = value.op, value.domain
     if op == "graph_data":  # "norm", the only one so far
