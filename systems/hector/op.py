@@ -6,8 +6,8 @@ forward program and its IR backward (systems/hector/autodiff.py), tied by ``regi
 
 The ops take the graph as an integer handle (:func:`register_graph`): a relational graph is a set
 of index tensors with precomputed orders, which the ops' schema would otherwise have to list one
-by one. Their implementation today is the reference backend, on whatever device the tensors are;
-the generated CUDA kernels register as the ops' ``cuda`` kernel (systems/hector/codegen.py).
+by one. On CUDA tensors they run the generated kernels (systems/hector/codegen.py), on any other device
+the reference backend (systems/hector/reference.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import hashlib
 import torch
 
 from harness.errors import UserError
-from systems.hector import reference
+from systems.hector import codegen, lower, reference
 from systems.hector.autodiff import differentiate, leaves
 from systems.hector.ir import Program
 from workloads.rgnn.graph import RelGraph
@@ -72,12 +72,28 @@ def _fresh(t: torch.Tensor, given: list[torch.Tensor]) -> torch.Tensor:
     return t.clone() if any(t.untyped_storage().data_ptr() == g.untyped_storage().data_ptr() for g in given) else t
 
 
+def _float32(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The generated kernels are float32 (the tensor-core variant is separate): say so, not fail."""
+    for name, t in tensors.items():
+        if t.dtype != torch.float32:
+            raise UserError(f"{name} is {t.dtype}; the generated float32 kernels take float32 tensors")
+    return tensors
+
+
 def _define(op_name: str, program: Program, names: list[str]):
     backward_program = differentiate(program)
 
     @torch.library.custom_op(f"hector::{op_name}", mutates_args=())
     def forward(graph: int, tensors: list[torch.Tensor]) -> torch.Tensor:
         (out,) = reference.run(program, _graph(graph), dict(zip(names, tensors, strict=True)))
+        return _fresh(out, tensors)
+
+    forward_plan, backward_plan = lower.lower(program), lower.lower(backward_program)
+
+    @forward.register_kernel("cuda")
+    def _(graph, tensors):
+        g, bound = _graph(graph), _float32(dict(zip(names, tensors, strict=True)))
+        (out,) = codegen.run(forward_plan, g, bound, reference.bind_widths(program, g, bound))
         return _fresh(out, tensors)
 
     @forward.register_fake
@@ -90,6 +106,13 @@ def _define(op_name: str, program: Program, names: list[str]):
     def backward(graph: int, tensors: list[torch.Tensor], grad: torch.Tensor) -> list[torch.Tensor]:
         bound = dict(zip(names, tensors, strict=True)) | {"grad:0": grad}
         results = reference.run(backward_program, _graph(graph), bound)[1:]
+        return [_fresh(r, [*tensors, grad]) for r in results]
+
+    @backward.register_kernel("cuda")
+    def _(graph, tensors, grad):
+        g = _graph(graph)
+        bound = _float32(dict(zip(names, tensors, strict=True)) | {"grad:0": grad})
+        results = codegen.run(backward_plan, g, bound, reference.bind_widths(backward_program, g, bound))[1:]
         return [_fresh(r, [*tensors, grad]) for r in results]
 
     @backward.register_fake

@@ -46,13 +46,19 @@ def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> 
     return [results[id(o)] for o in program.outputs]
 
 
-def output_width(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> int:
-    """The width of the program's (first) output for these tensors, without running it."""
+def bind_widths(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Each width symbol's size for these tensors (checked as :func:`run` checks them)."""
     widths: dict[str, tuple[int, str]] = {}
     for value in program.values:
         if value.op in ("input", "weight"):
             _bind(value, tensors, graph, widths)
-    return _width(program.outputs[0].width, widths)
+    return {symbol: size for symbol, (size, _) in widths.items()}
+
+
+def output_width(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> int:
+    """The width of the program's (first) output for these tensors, without running it."""
+    width = program.outputs[0].width
+    return width if isinstance(width, int) else bind_widths(program, graph, tensors)[width]
 
 
 def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) -> torch.Tensor:

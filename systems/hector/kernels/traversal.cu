@@ -1,0 +1,100 @@
+// Hector's traversal template (float32), specialized by the code generator
+// (systems/hector/codegen.py) with #defines put before this text; as it stands, the plain variant
+// that CI compiles for sm_90.
+//
+// Rows are edges, pairs or nodes. An operand is read in one of four ways (OPERAND_A / _B):
+//   0 its own row i; 1 row index[i] (a fused gather: no gathered copy is made);
+//   2 a scalar passed as an argument; 3 row 0 for every i (a shared vector).
+// An operand of width 1 is broadcast across the output's columns.
+//
+//   rows_map:     out[i, c] = ROW_EXPR(a, b)
+//   rows_dot:     out[i] = sum over c of a[., c] * b[., c]        (one warp per row)
+//   scatter_rows: out[index[i], c] += in[i, c]                     (atomic; out zeroed first)
+//   edge_softmax: per target v, over its incoming edges (by_dst[dst_begin[v] .. dst_begin[v + 1]]):
+//                 out[e] = exp(s[e] - max) / sum of exp(s - max)   (one warp per target)
+//
+// No headers: the same text compiles with NVRTC at run time and with nvcc in CI.
+
+#ifndef OPERAND_A
+#define OPERAND_A 0
+#endif
+#ifndef OPERAND_B
+#define OPERAND_B 0
+#endif
+#ifndef ROW_EXPR
+#define ROW_EXPR(a, b) ((a) + (b))
+#endif
+#ifndef MAP_NAME
+#define MAP_NAME rows_map
+#endif
+#ifndef DOT_NAME
+#define DOT_NAME rows_dot
+#endif
+
+__device__ __forceinline__ float operand(int kind, const float* __restrict__ t, const long long* __restrict__ index,
+                                         float scalar, long long i, int c, int width) {
+    const int column = width == 1 ? 0 : c;
+    if (kind == 2) return scalar;
+    const long long row = kind == 1 ? index[i] : (kind == 3 ? 0 : i);
+    return t[row * width + column];
+}
+
+// grid-stride over rows x width
+extern "C" __global__ void MAP_NAME(const float* __restrict__ a, const long long* __restrict__ a_index, float a_scalar,
+                                    int a_width, const float* __restrict__ b, const long long* __restrict__ b_index,
+                                    float b_scalar, int b_width, float* __restrict__ out, long long rows, int width) {
+    const long long total = rows * width;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long i = e / width;
+        const int c = (int)(e % width);
+        const float x = operand(OPERAND_A, a, a_index, a_scalar, i, c, a_width);
+        const float y = operand(OPERAND_B, b, b_index, b_scalar, i, c, b_width);
+        out[e] = ROW_EXPR(x, y);
+    }
+}
+
+// one warp per row, grid-stride
+extern "C" __global__ void DOT_NAME(const float* __restrict__ a, const long long* __restrict__ a_index, float a_scalar,
+                                    const float* __restrict__ b, const long long* __restrict__ b_index, float b_scalar,
+                                    float* __restrict__ out, long long rows, int width) {
+    const int lane = threadIdx.x % 32;
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    for (long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; i < rows; i += warps) {
+        float sum = 0.0f;
+        for (int c = lane; c < width; c += 32) {
+            sum += operand(OPERAND_A, a, a_index, a_scalar, i, c, width) * operand(OPERAND_B, b, b_index, b_scalar, i, c, width);
+        }
+        for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+        if (lane == 0) out[i] = sum;
+    }
+}
+
+extern "C" __global__ void scatter_rows(const float* __restrict__ in, const long long* __restrict__ index,
+                                        float* __restrict__ out, long long rows, int width) {
+    const long long total = rows * width;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        atomicAdd(&out[index[e / width] * width + e % width], in[e]);
+    }
+}
+
+extern "C" __global__ void edge_softmax(const float* __restrict__ scores, const long long* __restrict__ by_dst,
+                                        const long long* __restrict__ dst_begin, float* __restrict__ out,
+                                        long long nodes) {
+    const int lane = threadIdx.x % 32;
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    for (long long v = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; v < nodes; v += warps) {
+        const long long begin = dst_begin[v], end = dst_begin[v + 1];
+        float top = -__int_as_float(0x7f800000);  // -inf
+        for (long long p = begin + lane; p < end; p += 32) top = fmaxf(top, scores[by_dst[p]]);
+        for (int offset = 16; offset > 0; offset /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
+        float total = 0.0f;
+        for (long long p = begin + lane; p < end; p += 32) total += expf(scores[by_dst[p]] - top);
+        for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+        for (long long p = begin + lane; p < end; p += 32) {
+            const long long e = by_dst[p];
+            out[e] = expf(scores[e] - top) / total;
+        }
+    }
+}

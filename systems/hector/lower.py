@@ -1,0 +1,399 @@
+"""Lowering: a program (forward, or forward and backward from autodiff.py) to a plan of template
+instances, the steps a backend runs in order.
+
+* :class:`Gemm` and :class:`Outer`: the GEMM template (kernels/gemm.cu) for every typed or shared
+  product and every weight gradient, scheduled per type segment: rows in a sorted-position order
+  where each relation (or node type) is contiguous, cut into tiles that never span two types.
+  An operand that is a gather (``src(x)``, a pair's source, an edge's pair) is read through an
+  index list, never copied.
+* :class:`Map`, :class:`Dot`, :class:`Scatter`, :class:`Softmax`: the traversal template
+  (kernels/traversal.cu) for row-wise arithmetic, row dot products, sums into nodes, pairs or
+  types (atomic), and edge softmax over each target's incoming edges. Gathers, a weight taken per
+  relation or type, shared vectors and constants are again read in place, as operands.
+* :class:`Host`: weight algebra on the parameters (``W[r] @ q`` and its gradients, [relations,
+  in, out] at most) and graph data, with torch.
+
+:func:`emulate` runs a plan with torch following each template's definition tile by tile and row
+by row: what the CUDA kernels must compute, checked against the reference backend on any machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from systems.hector.ir import Program, Value
+from workloads.rgnn.graph import RelGraph
+
+TILE_ROWS = 64  # the GEMM template's rows per tile (kernels/gemm.cu TILE_M)
+OUTER_ROWS = 256  # positions per weight-gradient tile
+
+# Row-wise operators of the traversal template: CUDA expression of (a, b) and its torch twin.
+EXPRESSIONS = {
+    "copy": ("(a)", lambda a, b, v: a),
+    "add": ("((a) + (b))", lambda a, b, v: a + b),
+    "sub": ("((a) - (b))", lambda a, b, v: a - b),
+    "mul": ("((a) * (b))", lambda a, b, v: a * b),
+    "exp": ("expf(a)", lambda a, b, v: torch.exp(a)),
+    "sigmoid": ("(1.0f / (1.0f + expf(-(a))))", lambda a, b, v: torch.sigmoid(a)),
+    "gelu": ("(0.5f * (a) * (1.0f + erff((a) * 0.70710678118654752f)))", lambda a, b, v: F.gelu(a)),
+    "leaky_relu": (
+        "((a) > 0.0f ? (a) : (a) * {slope}f)",
+        lambda a, b, v: torch.where(a > 0, a, a * v.attr("slope")),
+    ),
+    "leaky_relu_grad": (
+        "((a) > 0.0f ? (b) : (b) * {slope}f)",
+        lambda a, b, v: torch.where(a > 0, b, b * v.attr("slope")),
+    ),
+    "gelu_grad": (
+        "((b) * (0.5f * (1.0f + erff((a) * 0.70710678118654752f))"
+        " + (a) * expf(-0.5f * (a) * (a)) * 0.39894228040143268f))",
+        lambda a, b, v: (
+            b * (0.5 * (1 + torch.erf(a * 0.5**0.5)) + a * torch.exp(-0.5 * a * a) * (2 * torch.pi) ** -0.5)
+        ),
+    ),
+}
+UNARY = {"copy", "exp", "sigmoid", "gelu", "leaky_relu"}
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How a traversal or GEMM step reads a value: ``own`` row i of ``value``; ``indexed`` row
+    ``index[i]`` of ``value``; ``scalar``; ``shared``: row 0 of a vector ``value`` for every i."""
+
+    kind: str
+    value: Value | None = None
+    index: str | None = None
+    scalar: float = 0.0
+
+
+@dataclass(frozen=True)
+class Gemm:
+    out: Value
+    a: Operand  # own or indexed rows
+    b: Value  # the weight: [types, K, N] per type, [K, N] shared
+    order: str  # the sorted-position order's name (GraphIndex)
+    transpose: bool
+
+
+@dataclass(frozen=True)
+class Outer:
+    out: Value  # [types, K, N] or [K, N]
+    a: Operand
+    g: Operand
+    order: str
+
+
+@dataclass(frozen=True)
+class Map:
+    out: Value
+    expression: str  # a key of EXPRESSIONS
+    a: Operand
+    b: Operand
+
+
+@dataclass(frozen=True)
+class Dot:
+    out: Value  # width 1
+    a: Operand
+    b: Operand
+
+
+@dataclass(frozen=True)
+class Scatter:
+    out: Value
+    source: Value
+    index: str
+    count: str  # the row count's name: "node", "pair", "type:etype", "type:node_type", "one"
+
+
+@dataclass(frozen=True)
+class Softmax:
+    out: Value
+    scores: Value
+
+
+@dataclass(frozen=True)
+class Host:
+    out: Value
+
+
+@dataclass
+class Plan:
+    program: Program
+    steps: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n".join(describe_step(s) for s in self.steps)
+
+
+def describe_step(step) -> str:
+    kind = type(step).__name__.lower()
+    out = step.out
+    detail = {
+        "gemm": lambda: f"order={step.order} transpose={step.transpose} a={_op(step.a)}",
+        "outer": lambda: f"order={step.order} a={_op(step.a)} g={_op(step.g)}",
+        "map": lambda: f"{step.expression}({_op(step.a)}, {_op(step.b)})",
+        "dot": lambda: f"({_op(step.a)}, {_op(step.b)})",
+        "scatter": lambda: f"by {step.index} into {step.count}",
+        "softmax": lambda: "over each target's edges",
+        "host": lambda: out.op,
+    }[kind]()
+    return f"{kind:8s} {out.op} -> {out.domain}[{out.width}]: {detail}"
+
+
+def _op(o: Operand) -> str:
+    return {"own": "own", "indexed": f"[{o.index}]", "scalar": f"{o.scalar:g}", "shared": "shared"}[o.kind]
+
+
+INDEXED = ("gather", "unpair", "take")  # read in place by their users, never copied
+
+
+def lower(program: Program) -> Plan:
+    plan = Plan(program)
+    materialized: dict[int, Value] = {}  # a virtual value copied for a user that needs it dense
+
+    def operand(v: Value) -> Operand:
+        if v.op == "gather":
+            end = v.attr("end")
+            return Operand("indexed", v.args[0], "pair_src" if v.domain == "pair" else end)
+        if v.op == "unpair":
+            return Operand("indexed", v.args[0], "pair_of_edge")
+        if v.op == "take":
+            return Operand("indexed", v.args[0], type_index(v.attr("by"), v.domain))
+        if v.op == "const":
+            return Operand("scalar", v, scalar=v.attr("value", 0.0))  # rsqrt: resolved when run
+        if v.op == "broadcast":
+            return Operand("shared", v.args[0])
+        return Operand("own", v)
+
+    def dense(v: Value) -> Value:
+        if v.op not in (*INDEXED, "const", "broadcast"):
+            return v
+        if id(v) not in materialized:
+            plan.steps.append(Map(v, "copy", operand(v), Operand("scalar")))
+            materialized[id(v)] = v
+        return v
+
+    for v in program.values:
+        op = v.op
+        if op in ("input", "weight", *INDEXED, "const", "broadcast"):
+            continue
+        if op in ("graph_data", "zeros_like") or (v.domain == "weight" and op not in ("typed_outer", "outer")):
+            plan.steps.append(Host(v))  # weight algebra (a sum of gradient parts, W[r] @ q, ...)
+        elif op in ("typed_matmul", "matmul"):
+            by = v.attr("by")
+            order = f"order:{by}:{v.domain}" if by else f"identity:{v.domain}"
+            a = operand(v.args[0])
+            if a.kind not in ("own", "indexed"):
+                a = Operand("own", dense(v.args[0]))
+            plan.steps.append(Gemm(v, a, dense(v.args[1]), order, bool(v.attr("transpose"))))
+        elif op in ("typed_outer", "outer"):
+            rows, g = v.args
+            by = v.attr("by")
+            order = f"order:{by}:{rows.domain}" if by else f"identity:{rows.domain}"
+            a, gop = operand(rows), operand(g)
+            a = a if a.kind in ("own", "indexed") else Operand("own", dense(rows))
+            gop = gop if gop.kind in ("own", "indexed") else Operand("own", dense(g))
+            plan.steps.append(Outer(v, a, gop, order))
+        elif op in EXPRESSIONS:
+            a = operand(v.args[0])
+            b = operand(v.args[1]) if len(v.args) > 1 else Operand("scalar")
+            plan.steps.append(Map(v, op, a, b))
+        elif op in ("dot", "row_sum"):
+            b = operand(v.args[1]) if op == "dot" else Operand("scalar", scalar=1.0)
+            plan.steps.append(Dot(v, operand(v.args[0]), b))
+        elif op in ("sum_into_dst", "sum_into_src", "sum_into_pair", "sum_by_type", "sum_rows"):
+            source = dense(v.args[0])
+            index, count = {
+                "sum_into_dst": ("dst", "node"),
+                "sum_into_src": ("pair_src" if source.domain == "pair" else "src", "node"),
+                "sum_into_pair": ("pair_of_edge", "pair"),
+                "sum_by_type": (type_index(v.attr("by"), source.domain), f"type:{v.attr('by')}"),
+                "sum_rows": (f"zeros:{source.domain}", "one"),
+            }[op]
+            plan.steps.append(Scatter(v, source, index, count))
+        elif op == "edge_softmax":
+            plan.steps.append(Softmax(v, dense(v.args[0])))
+        else:
+            raise NotImplementedError(f"no template for operator {op!r}")
+    for out in program.outputs:
+        dense(out)
+    return plan
+
+
+def type_index(by: str, domain: str) -> str:
+    if by == "node_type":
+        return "node_type"
+    return "pair_etype" if domain == "pair" else "etype"
+
+
+class GraphIndex:
+    """The index arrays and tile schedules a plan reads, made once per graph (on its device)."""
+
+    def __init__(self, graph: RelGraph):
+        self.graph = graph
+        self._cache: dict[str, torch.Tensor] = {}
+        self._pairs = None
+
+    def rows(self, domain: str) -> int:
+        return {"node": self.graph.num_nodes, "edge": self.graph.edges, "pair": len(self["pair_src"])}[domain]
+
+    def types(self, by: str) -> int:
+        return self.graph.num_node_types if by == "node_type" else self.graph.num_relations
+
+    def count(self, name: str) -> int:
+        if name.startswith("type:"):
+            return self.types(name[5:])
+        return 1 if name == "one" else self.rows(name)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._cache:
+            self._cache[name] = self._make(name)
+        return self._cache[name]
+
+    def _make(self, name: str) -> torch.Tensor:
+        g = self.graph
+        if name in ("src", "dst", "etype", "node_type"):
+            return getattr(g, name)
+        if name in ("pair_src", "pair_etype", "pair_of_edge"):
+            keys = g.src * max(g.num_relations, 1) + g.etype
+            unique, of_edge = torch.unique(keys, return_inverse=True)
+            self._cache["pair_of_edge"] = of_edge
+            self._cache["pair_src"] = unique // max(g.num_relations, 1)
+            self._cache["pair_etype"] = unique % max(g.num_relations, 1)
+            return self._cache[name]
+        if name.startswith("identity:"):
+            return torch.arange(self.rows(name.split(":")[1]), device=g.src.device)
+        if name.startswith("zeros:"):
+            return torch.zeros(self.rows(name.split(":")[1]), dtype=torch.int64, device=g.src.device)
+        if name.startswith("order:"):
+            _, by, domain = name.split(":")
+            return torch.sort(self[type_index(by, domain)], stable=True).indices
+        if name == "by_dst":
+            return torch.sort(g.dst, stable=True).indices
+        if name == "dst_begin":
+            counts = torch.bincount(g.dst, minlength=g.num_nodes)
+            return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        if "@" in name:  # an index read through an order: index[order]
+            index, order = name.split("@", 1)
+            return self[index].index_select(0, self[order])
+        raise KeyError(name)
+
+    def tiles(self, order: str, rows_per_tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per tile of ``order``: its type (int32), first and one-past-last positions (int64)."""
+        key = f"tiles:{order}:{rows_per_tile}"
+        if key not in self._cache:
+            kind, *rest = order.split(":")
+            if kind == "identity":
+                sizes = [self.rows(rest[0])]
+            else:
+                by, domain = rest
+                sizes = torch.bincount(self[type_index(by, domain)], minlength=self.types(by)).tolist()
+            types, begins, ends, start = [], [], [], 0
+            for t, size in enumerate(sizes):
+                for b in range(start, start + size, rows_per_tile):
+                    types.append(t)
+                    begins.append(b)
+                    ends.append(min(b + rows_per_tile, start + size))
+                start += size
+            device = self.graph.src.device
+            self._cache[key] = (
+                torch.tensor(types, dtype=torch.int32, device=device),
+                torch.tensor(begins, dtype=torch.int64, device=device),
+                torch.tensor(ends, dtype=torch.int64, device=device),
+            )
+        return self._cache[key]
+
+    def positions(self, operand: Operand, order: str) -> str:
+        """The index list that reads ``operand``'s rows at each sorted position of ``order``."""
+        return order if operand.kind == "own" else f"{operand.index}@{order}"
+
+
+def host_value(v: Value, args: list[torch.Tensor], index: GraphIndex) -> torch.Tensor:
+    """A :class:`Host` step's result."""
+    if v.op == "graph_data":
+        return index.graph.norm.unsqueeze(1)
+    if v.op == "weight_product":
+        return args[0] @ args[1]
+    if v.op == "weight_product_grad_w":
+        return args[0] @ args[1].T
+    if v.op == "weight_product_grad_v":
+        return (args[0].transpose(-1, -2) @ args[1]).sum(0)
+    if v.op == "zeros_like":
+        return torch.zeros_like(args[0])
+    if v.op == "add":  # gradient parts of one weight
+        return args[0] + args[1]
+    if v.op == "sum_rows":  # a shared vector's gradient
+        return args[0].sum(0)
+    if v.op == "sum_by_type":
+        by = v.attr("by")
+        types = index[type_index(by, v.args[0].domain)]
+        return args[0].new_zeros(index.types(by), args[0].shape[1]).index_add(0, types, args[0])
+    raise NotImplementedError(v.op)
+
+
+def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], widths: dict) -> list[torch.Tensor]:
+    """Run ``plan`` with torch, each step as its template defines it (see the module)."""
+    index = GraphIndex(graph)
+    env: dict[int, torch.Tensor] = {}
+    for v in plan.program.values:
+        if v.op in ("input", "weight"):
+            env[id(v)] = tensors[v.name]
+
+    def read(o: Operand, rows: int) -> torch.Tensor:
+        if o.kind == "scalar":
+            number = (
+                o.scalar if o.value is None or o.value.attr("rsqrt") is None else widths[o.value.attr("rsqrt")] ** -0.5
+            )
+            return torch.full((rows, 1), float(number))
+        base = env[id(o.value)]
+        base = base.unsqueeze(1) if base.dim() == 1 else base
+        if o.kind == "shared":
+            return base.reshape(1, -1).expand(rows, -1)
+        return base if o.kind == "own" else base.index_select(0, index[o.index])
+
+    for step in plan.steps:
+        out = step.out
+        if isinstance(step, Host):
+            env[id(out)] = host_value(out, [env[id(a)] for a in out.args], index)
+        elif isinstance(step, Gemm):
+            a, b = env[id(step.a.value)], env[id(step.b)]
+            b = b if b.dim() == 3 else b.unsqueeze(0)
+            b = b.transpose(1, 2) if step.transpose else b
+            rows_a = index[index.positions(step.a, step.order)]
+            rows_c = index[step.order]
+            result = a.new_empty(index.rows(out.domain), b.shape[2])
+            for t, begin, end in zip(*(x.tolist() for x in index.tiles(step.order, TILE_ROWS)), strict=True):
+                result[rows_c[begin:end]] = a[rows_a[begin:end]] @ b[t]
+            env[id(out)] = result
+        elif isinstance(step, Outer):
+            a, g = env[id(step.a.value)], env[id(step.g.value)]
+            rows_a, rows_g = index[index.positions(step.a, step.order)], index[index.positions(step.g, step.order)]
+            types = index.types(step.order.split(":")[1]) if step.order.startswith("order") else 1
+            result = a.new_zeros(types, a.shape[1], g.shape[1])
+            for t, begin, end in zip(*(x.tolist() for x in index.tiles(step.order, OUTER_ROWS)), strict=True):
+                result[t] += a[rows_a[begin:end]].T @ g[rows_g[begin:end]]
+            env[id(out)] = result if out.per else result[0]
+        elif isinstance(step, Map):
+            rows = index.rows(out.domain)
+            env[id(out)] = EXPRESSIONS[step.expression][1](read(step.a, rows), read(step.b, rows), out)
+        elif isinstance(step, Dot):
+            rows = index.rows(out.domain)
+            env[id(out)] = (read(step.a, rows) * read(step.b, rows)).sum(1, keepdim=True)
+        elif isinstance(step, Scatter):
+            source = env[id(step.source)]
+            result = source.new_zeros(index.count(step.count), source.shape[1])
+            result = result.index_add(0, index[step.index], source)
+            env[id(out)] = result[0] if step.count == "one" else result
+        elif isinstance(step, Softmax):
+            scores, by_dst, begin = env[id(step.scores)].squeeze(1), index["by_dst"], index["dst_begin"].tolist()
+            result = torch.empty_like(scores)
+            for v in range(graph.num_nodes):
+                edges = by_dst[begin[v] : begin[v + 1]]
+                if len(edges):
+                    result[edges] = torch.softmax(scores[edges], 0)
+            env[id(out)] = result.unsqueeze(1)
+    return [env[id(o)] for o in plan.program.outputs]
