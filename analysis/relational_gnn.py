@@ -40,9 +40,12 @@ time = summarize(frame, "time", KEYS)
 memory = summarize(frame, "intermediate_memory", KEYS)
 oom = frame[frame.metric == "out_of_memory"]
 failed = frame[frame.metric == "failed_allocation_bytes"]
-FORMS = [f for f in ("pyg", "pyg_fast", "per_edge", "segment_mm", "grouped_mm") if f in set(frame.variant)]
+BASELINES = [f for f in ("pyg", "pyg_fast", "per_edge", "segment_mm", "grouped_mm") if f in set(frame.variant)]
+HECTOR = [f for f in ("hector_unopt", "hector_compact", "hector_reorder", "hector_best") if f in set(frame.variant)]
+FORMS = BASELINES + HECTOR
 # Graphs from the smallest to the largest, so the panels read left to right by size.
 GRAPHS = list(frame.drop_duplicates("dataset").sort_values("edges").dataset)
+width = 64 if 64 in set(time.in_dim) else max(time.in_dim)  # the main comparison's width (Hector's)
 print(machine_label(provenance))
 
 # %% [markdown]
@@ -87,9 +90,45 @@ for _, r in oom.iterrows():
     ].value
     tried = f" (tried {size.iloc[0] / 2**30:.1f} GiB)" if not size.empty else ""
     lines.append(f"| {r.dataset} | | {r.model} | {r.in_dim} | {r['mode']} | {r.variant} | out of memory{tried} | | |")
+# Hector against the best baseline that fit, per model x dataset x mode at the main width; its
+# best configuration is the fastest of the measured variants (passes on or off).
+if HECTOR:
+    main = time[time.in_dim == width]
+    rows, ratios = [], {}
+    for (model, mode, dataset), g in main.groupby(["model", "mode", "dataset"]):
+        base, ours = g[g.variant.isin(BASELINES)], g[g.variant.isin(HECTOR)]
+        if base.empty or ours.empty:
+            continue
+        best_base, best_ours = base.loc[base["median"].idxmin()], ours.loc[ours["median"].idxmin()]
+        unopt = ours[ours.variant == "hector_unopt"]["median"]
+        speedup = best_base["median"] / best_ours["median"]
+        ratios.setdefault((model, mode), []).append(speedup)
+        unopt_cell = f"{best_base['median'] / unopt.iloc[0]:.2f}" if not unopt.empty else ""
+        rows.append(
+            f"| {model} | {mode} | {dataset} | {best_base.variant} {best_base['median'] * 1e3:.3f} | "
+            f"{unopt_cell} | {best_ours.variant} {best_ours['median'] * 1e3:.3f} | {speedup:.2f} |"
+        )
+    lines += [
+        "",
+        f"## Hector against the best baseline at width {width} (speedup = baseline time / Hector time)",
+        "",
+        "| model | mode | dataset | best baseline, ms | unoptimized speedup | best Hector, ms | best speedup |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "| model | mode | graphs | geomean | worst | best | slowdowns |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (model, mode), values in sorted(ratios.items()):
+        v = np.array(values)
+        lines.append(
+            f"| {model} | {mode} | {len(v)} | {np.exp(np.log(v).mean()):.2f} | {v.min():.2f} | {v.max():.2f} | "
+            f"{int((v < 1).sum())} |"
+        )
+    ooms = oom.groupby(oom.variant.isin(HECTOR)).size()
+    lines += ["", f"Out of memory: baselines {ooms.get(False, 0)}, Hector {ooms.get(True, 0)}."]
 # What compact materialization could save: a per-edge value at the widest width, against one per
 # distinct (source, relation) pair; and the per-edge weight matrices some forms gather.
-width = 64 if 64 in set(time.in_dim) else max(time.in_dim)
 lines += [
     "",
     f"## Bytes materialized at width {width} (float32)",
@@ -194,7 +233,7 @@ order = [f for f in FORMS if f in legend]
 fig.legend([legend[f] for f in order], order, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
 layout_with_title(
     fig,
-    f"Relational GNN layers, baseline forms: {machine}, scale '{scale}' (measured; generated graphs are "
+    f"Relational GNN layers, baselines and Hector: {machine}, scale '{scale}' (measured; generated graphs are "
     f"'-like' stand-ins)\n{machine_label(provenance)}",
 )
 Path(figure).parent.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,11 @@ VARIANT_STYLE.update(
         "per_edge": ("tab:red", "-"),
         "segment_mm": ("tab:blue", "-"),
         "grouped_mm": ("tab:green", "-"),
+        # Hector's generated layers (systems/hector), light to dark by how much of it is on.
+        "hector_unopt": ("thistle", "-"),
+        "hector_compact": ("orchid", "-"),
+        "hector_reorder": ("mediumpurple", "-"),
+        "hector_best": ("indigo", "-"),
     }
 )
 EMULATED_RAMP = ["lightskyblue", "deepskyblue", "tab:blue", "mediumblue", "midnightblue"]

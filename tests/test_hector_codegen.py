@@ -18,7 +18,8 @@ from systems.hector import autodiff, codegen, lower, models, op, passes, referen
 def close(have, want):
     """float32 sums in another order: within 1e-4 relative, or 1e-5 of the largest magnitude (a
     weight gradient sums thousands of edges, some to near zero)."""
-    torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5 * max(1.0, float(want.abs().max()) if want.numel() else 0.0))
+    largest = float(want.abs().max()) if want.numel() else 0.0
+    torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5 * max(1.0, largest))
 
 
 def cases():

@@ -9,11 +9,12 @@ import torch
 from harness.entry import main as entry
 from harness.errors import UserError
 from harness.results import load, load_provenance
+from systems.hector.forms import VARIANTS, HectorForm
 from workloads.relational_gnn import parts
 from workloads.relational_gnn.schema import SCHEMA
 from workloads.rgnn import hgt, rgat, rgcn
 
-FORMS = {"rgcn": set(rgcn.FORMS), "rgat": set(rgat.FORMS), "hgt": set(hgt.FORMS)}
+FORMS = {name: set(module.FORMS) | set(VARIANTS) for name, module in {"rgcn": rgcn, "rgat": rgat, "hgt": hgt}.items()}
 
 
 def run(part, out):
@@ -31,7 +32,8 @@ def run(part, out):
 )
 def test_every_model_form_and_mode_is_timed(part, dataset, models, modes, tmp_path):
     frame, notes = run(part, tmp_path / f"{part}-tiny.csv")
-    assert set(frame.dataset) == {dataset} and set(frame.role) == {"baseline"}
+    assert set(frame.dataset) == {dataset} and set(frame.role) == {"baseline", "optimized"}
+    assert set(frame[frame.role == "optimized"].variant) == set(VARIANTS)  # Hector's, beside the baselines
     times = frame[frame.metric == "time"]
     assert set(times.model) == models
     for model in models:
@@ -58,6 +60,14 @@ def test_a_form_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):
     assert not out.exists()
 
 
+def test_a_hector_variant_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):
+    real = HectorForm.__call__
+    monkeypatch.setattr(HectorForm, "__call__", lambda self, x: real(self, x) * (1.01 if self.model == "rgcn" else 1))
+    monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed before every form was checked"))
+    with pytest.raises(parts.FormsDisagree, match="rgcn hector_unopt on nations at 8: differs from segment_mm"):
+        run("knowledge_graphs", tmp_path / "knowledge_graphs-tiny.csv")
+
+
 def test_out_of_memory_is_an_outcome_with_the_failed_allocation(tmp_path, monkeypatch):
     def too_big(self, x):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 86.50 GiB. GPU 0 has ...")
@@ -79,11 +89,12 @@ def test_per_edge_weights_over_the_cpu_limit_are_not_attempted(tmp_path, monkeyp
         "dims": [8],
         "modes": ["inference"],
         "cpu_materialize_limit_gib": 1e-6,  # ~1 KiB: nations' 1992 edges x 8 x 8 floats do not fit
+        "variants": ["hector_best"],
     }
     writer = parts_writer()
     notes = parts.knowledge_graphs(params, writer, repeat=1, warmup=0, device="cpu")
     timed = {row["variant"] for row in writer.rows if row["metric"] == "time"}
-    assert timed == {"pyg", "segment_mm", "grouped_mm"}
+    assert timed == {"pyg", "segment_mm", "grouped_mm", "hector_best"}
     assert set(notes["skipped"]) == {"dgl", "rgcn pyg_fast on nations at 8", "rgcn per_edge on nations at 8"}
     assert "dgl does not import here (ModuleNotFoundError" in notes["skipped"]["dgl"]  # not in the requirements
     assert "would gather 0.00095 GiB of per-edge weights" in notes["skipped"]["rgcn per_edge on nations at 8"]

@@ -9,6 +9,7 @@ them all for sm_90 with nvcc, without a GPU.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -25,6 +26,7 @@ OPERAND_KINDS = {"own": 0, "indexed": 1, "scalar": 2, "shared": 3}
 THREADS = 256
 
 
+@functools.cache  # steps hash by identity of their values: one lookup per launch
 def source_of(step) -> tuple[str, str, str]:
     """The instance of ``step``: (entry point, CUDA source, template file name)."""
     if isinstance(step, lower.Gemm):
@@ -52,7 +54,12 @@ def _instance(template: str, name_macro: str | None, base: str, defines: dict) -
     name = f"{base}_{digest}" if name_macro else base
     if name_macro:
         body += f"#define {name_macro} {name}\n"
-    return name, body + (KERNELS / template).read_text(), template
+    return name, body + _template(template), template
+
+
+@functools.cache
+def _template(name: str) -> str:
+    return (KERNELS / name).read_text()
 
 
 def sources(program: Program) -> dict[str, str]:
@@ -65,7 +72,13 @@ def sources(program: Program) -> dict[str, str]:
     return found
 
 
+_modules: dict[str, object] = {}
+
+
 def _module(text: str):
+    """The compiled module of an instance's text (kept per process; NVRTC's binaries also on disk)."""
+    if text in _modules:
+        return _modules[text]
     from systems import nvrtc
 
     cache = Path(os.environ.get("SUITE_HECTOR_CACHE", Path.home() / ".cache" / "data-efficient-suite" / "hector"))
@@ -75,110 +88,115 @@ def _module(text: str):
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         partial.write_text(text)
         os.replace(partial, path)
-    return nvrtc.load_module(path)
+    module = _modules[text] = nvrtc.load_module(path)
+    return module
 
 
 def run(plan: lower.Plan, graph, tensors: dict[str, torch.Tensor], widths: dict) -> list[torch.Tensor]:
     """Run ``plan`` on the GPU with the generated kernels (float32 CUDA tensors)."""
-    from systems import nvrtc
-
-    index = lower.GraphIndex(graph)
-    env: dict[int, torch.Tensor] = {}
+    runner = _Runner(graph, widths, lower.GraphIndex.of(graph))
     for v in plan.program.values:
         if v.op in ("input", "weight"):
-            env[id(v)] = tensors[v.name].contiguous()
-    device = graph.src.device
-    none = torch.zeros(1, dtype=torch.int64, device=device)  # an unused pointer argument
+            runner.env[id(v)] = tensors[v.name].contiguous()
+    for step in plan.steps:
+        # Named per template (hector::gemm, hector::map, ...) so the profiler's breakdown can
+        # class the generated kernels by what they do (workloads/rgnn/breakdown.py).
+        with torch.profiler.record_function(f"hector::{type(step).__name__.lower()}"):
+            runner.env[id(step.out)] = runner.step(step)
+    return [runner.env[id(o)] for o in plan.program.outputs]
 
-    def ptr(t):
-        return np.uint64(t.data_ptr())
 
-    def operand_args(o: lower.Operand):
+def _ptr(t: torch.Tensor):
+    return np.uint64(t.data_ptr())
+
+
+def _blocks(work: int) -> int:
+    return max(1, min(math.ceil(work / THREADS), 65535 * 4))  # grid-stride loops cover the rest
+
+
+class _Runner:
+    """One plan's run: its values by id, the graph's index arrays, and a launch per step."""
+
+    def __init__(self, graph, widths: dict, index: lower.GraphIndex):
+        self.graph, self.widths, self.index = graph, widths, index
+        self.env: dict[int, torch.Tensor] = {}
+        self.device = graph.src.device
+        self.unused = torch.zeros(1, dtype=torch.int64, device=self.device)  # an unused pointer argument
+
+    def step(self, step) -> torch.Tensor:
+        if isinstance(step, lower.Host):
+            return lower.host_value(step.out, [self.env[id(a)] for a in step.out.args], self.index).contiguous()
+        from systems import nvrtc
+
+        name, text, _ = source_of(step)
+        launch = lambda grid, args: nvrtc.launch(_module(text), name, grid, (THREADS,), args)  # noqa: E731
+        return getattr(self, type(step).__name__.lower())(step, launch)
+
+    def operand(self, o: lower.Operand) -> tuple:
+        """A traversal operand's (pointer, index pointer, scalar, width) arguments."""
         if o.kind == "scalar":
             symbol = o.value.attr("rsqrt") if o.value is not None else None
-            number = o.scalar if symbol is None else widths[symbol] ** -0.5
-            return (ptr(none), ptr(none), np.float32(number), np.int32(1))
-        base = env[id(o.value)]
+            number = o.scalar if symbol is None else self.widths[symbol] ** -0.5
+            return (_ptr(self.unused), _ptr(self.unused), np.float32(number), np.int32(1))
+        base = self.env[id(o.value)]
         width = 1 if base.dim() == 1 else base.shape[-1]
-        idx = index[o.index] if o.kind == "indexed" else none
-        return (ptr(base), ptr(idx), np.float32(0), np.int32(width))
+        idx = self.index[o.index] if o.kind == "indexed" else self.unused
+        return (_ptr(base), _ptr(idx), np.float32(0), np.int32(width))
 
-    def blocks(work: int, per_block: int = THREADS) -> int:
-        return max(1, min(math.ceil(work / per_block), 65535 * 4))
+    def gemm(self, step: lower.Gemm, launch) -> torch.Tensor:
+        a, b = self.env[id(step.a.value)], self.env[id(step.b)]
+        n = b.shape[-2] if step.transpose else b.shape[-1]
+        result = torch.empty(self.index.rows(step.out.domain), n, device=self.device)
+        types, begins, ends = self.index.tiles(step.order, lower.TILE_ROWS)
+        if len(types) and n:
+            rows_a, rows_c = self.index[self.index.positions(step.a, step.order)], self.index[step.order]
+            pointers = (a, rows_a, b, result, rows_c, types, begins, ends)
+            launch((len(types), math.ceil(n / 64)), (*map(_ptr, pointers), np.int32(a.shape[1]), np.int32(n)))
+        return result
 
-    for step in plan.steps:
-        out = step.out
-        if isinstance(step, lower.Host):
-            env[id(out)] = lower.host_value(out, [env[id(a)] for a in out.args], index).contiguous()
-            continue
-        name, text, _ = source_of(step)
-        module = _module(text)
-        if isinstance(step, lower.Gemm):
-            a, b = env[id(step.a.value)], env[id(step.b)]
-            n = b.shape[-2] if step.transpose else b.shape[-1]
-            result = torch.empty(index.rows(out.domain), n, device=device)
-            types, begins, ends = index.tiles(step.order, lower.TILE_ROWS)
-            if len(types) and n:
-                rows_a, rows_c = index[index.positions(step.a, step.order)], index[step.order]
-                args = (ptr(a), ptr(rows_a), ptr(b), ptr(result), ptr(rows_c), ptr(types), ptr(begins), ptr(ends))
-                grid = (len(types), math.ceil(n / 64))
-                nvrtc.launch(module, name, grid, (THREADS,), (*args, np.int32(a.shape[1]), np.int32(n)))
-            env[id(out)] = result
-        elif isinstance(step, lower.Outer):
-            a, g = env[id(step.a.value)], env[id(step.g.value)]
-            types_count = index.types(step.order.split(":")[1]) if step.order.startswith("order") else 1
-            result = torch.zeros(types_count, a.shape[1], g.shape[1], device=device)
-            types, begins, ends = index.tiles(step.order, lower.OUTER_ROWS)
-            if len(types):
-                rows_a = index[index.positions(step.a, step.order)]
-                rows_g = index[index.positions(step.g, step.order)]
-                args = (ptr(a), ptr(rows_a), ptr(g), ptr(rows_g), ptr(result), ptr(types), ptr(begins), ptr(ends))
-                grid = (len(types), math.ceil(g.shape[1] / 64), math.ceil(a.shape[1] / 64))
-                nvrtc.launch(module, name, grid, (THREADS,), (*args, np.int32(a.shape[1]), np.int32(g.shape[1])))
-            env[id(out)] = result if out.per else result[0]
-        elif isinstance(step, lower.Map):
-            rows = index.rows(out.domain)
-            a_args, b_args = operand_args(step.a), operand_args(step.b)
-            width = max(a_args[3], b_args[3]) if step.expression not in lower.UNARY else a_args[3]
-            result = torch.empty(rows, int(width), device=device)
-            if result.numel():
-                nvrtc.launch(
-                    module, name, (blocks(result.numel()),), (THREADS,),
-                    (*a_args, *b_args, ptr(result), np.int64(rows), np.int32(width)),
-                )  # fmt: skip
-            env[id(out)] = result
-        elif isinstance(step, lower.Dot):
-            rows = index.rows(out.domain)
-            a_args, b_args = operand_args(step.a), operand_args(step.b)
-            result = torch.empty(rows, 1, device=device)
-            if rows:
-                args = (*a_args[:3], *b_args[:3], ptr(result), np.int64(rows), np.int32(max(a_args[3], b_args[3])))
-                nvrtc.launch(module, name, (blocks(rows * 32),), (THREADS,), args)
-            env[id(out)] = result
-        elif isinstance(step, lower.Scatter):
-            source = env[id(step.source)]
-            result = torch.zeros(index.count(step.count), source.shape[1], device=device)
-            if source.numel():
-                args = (
-                    ptr(source),
-                    ptr(index[step.index]),
-                    ptr(result),
-                    np.int64(source.shape[0]),
-                    np.int32(source.shape[1]),
-                )
-                nvrtc.launch(module, name, (blocks(source.numel()),), (THREADS,), args)
-            env[id(out)] = result[0] if step.count == "one" else result
-        elif isinstance(step, lower.Softmax):
-            scores = env[id(step.scores)]
-            result = torch.empty_like(scores)
-            if graph.num_nodes:
-                args = (
-                    ptr(scores),
-                    ptr(index["by_dst"]),
-                    ptr(index["dst_begin"]),
-                    ptr(result),
-                    np.int64(graph.num_nodes),
-                )
-                nvrtc.launch(module, name, (blocks(graph.num_nodes * 32),), (THREADS,), args)
-            env[id(out)] = result
-    return [env[id(o)] for o in plan.program.outputs]
+    def outer(self, step: lower.Outer, launch) -> torch.Tensor:
+        a, g = self.env[id(step.a.value)], self.env[id(step.g.value)]
+        count = self.index.types(step.order.split(":")[1]) if step.order.startswith("order") else 1
+        result = torch.zeros(count, a.shape[1], g.shape[1], device=self.device)
+        types, begins, ends = self.index.tiles(step.order, lower.OUTER_ROWS)
+        if len(types):
+            rows_a = self.index[self.index.positions(step.a, step.order)]
+            rows_g = self.index[self.index.positions(step.g, step.order)]
+            pointers = (a, rows_a, g, rows_g, result, types, begins, ends)
+            grid = (len(types), math.ceil(g.shape[1] / 64), math.ceil(a.shape[1] / 64))
+            launch(grid, (*map(_ptr, pointers), np.int32(a.shape[1]), np.int32(g.shape[1])))
+        return result if step.out.per else result[0]
+
+    def map(self, step: lower.Map, launch) -> torch.Tensor:
+        rows = self.index.rows(step.out.domain)
+        a, b = self.operand(step.a), self.operand(step.b)
+        width = int(a[3] if step.expression in lower.UNARY else max(a[3], b[3]))
+        result = torch.empty(rows, width, device=self.device)
+        if result.numel():
+            launch((_blocks(result.numel()),), (*a, *b, _ptr(result), np.int64(rows), np.int32(width)))
+        return result
+
+    def dot(self, step: lower.Dot, launch) -> torch.Tensor:
+        rows = self.index.rows(step.out.domain)
+        a, b = self.operand(step.a), self.operand(step.b)
+        result = torch.empty(rows, 1, device=self.device)
+        if rows:
+            launch((_blocks(rows * 32),), (*a[:3], *b[:3], _ptr(result), np.int64(rows), np.int32(max(a[3], b[3]))))
+        return result
+
+    def scatter(self, step: lower.Scatter, launch) -> torch.Tensor:
+        source = self.env[id(step.source)]
+        result = torch.zeros(self.index.count(step.count), source.shape[1], device=self.device)
+        if source.numel():
+            rows, width = np.int64(source.shape[0]), np.int32(source.shape[1])
+            launch((_blocks(source.numel()),), (_ptr(source), _ptr(self.index[step.index]), _ptr(result), rows, width))
+        return result[0] if step.count == "one" else result
+
+    def softmax(self, step: lower.Softmax, launch) -> torch.Tensor:
+        scores = self.env[id(step.scores)]
+        result = torch.empty_like(scores)
+        nodes = self.graph.num_nodes
+        if nodes:
+            pointers = (scores, self.index["by_dst"], self.index["dst_begin"], result)
+            launch((_blocks(nodes * 32),), (*map(_ptr, pointers), np.int64(nodes)))
+        return result

@@ -231,7 +231,19 @@ def type_index(by: str, domain: str) -> str:
 
 
 class GraphIndex:
-    """The index arrays and tile schedules a plan reads, made once per graph (on its device)."""
+    """The index arrays and tile schedules a plan reads, made once per graph (on its device):
+    :meth:`of` keeps those of the last few graphs, so repeated calls on one graph reuse them."""
+
+    _recent: dict[int, GraphIndex] = {}
+
+    @classmethod
+    def of(cls, graph: RelGraph) -> GraphIndex:
+        found = cls._recent.get(id(graph))
+        if found is None or found.graph is not graph:
+            if len(cls._recent) >= 8:
+                cls._recent.pop(next(iter(cls._recent)))
+            found = cls._recent[id(graph)] = cls(graph)
+        return found
 
     def __init__(self, graph: RelGraph):
         self.graph = graph

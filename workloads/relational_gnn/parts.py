@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 from harness.errors import UserError
 from harness.timing import measure
+from systems.hector.forms import VARIANTS as HECTOR_VARIANTS
+from systems.hector.forms import HectorForm
 from workloads.graphs import knowledge, relational, store
 from workloads.rgnn import hgt, rgat, rgcn
 from workloads.rgnn.breakdown import breakdown
@@ -161,6 +163,7 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
         graph.num_relations, dim, dim, seed=params["seed"], num_node_types=graph.num_node_types
     ).to(device)
     names = sorted(module.FORMS, key=lambda name: name != REFERENCE_FORM)  # the reference first
+    names += [v for v in HECTOR_VARIANTS if v in params.get("variants", HECTOR_VARIANTS)]
     reference, checked = None, []
     for name in names:
         where = f"{model} {name} on {dataset} at {dim}"
@@ -172,7 +175,10 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                     f"cpu_materialize_limit_gib ({params['cpu_materialize_limit_gib']})"
                 )
                 continue
-        layer = module.form(name, weights, graph)
+        if name in HECTOR_VARIANTS:
+            layer = HectorForm(model, name, weights, graph)
+        else:
+            layer = module.form(name, weights, graph)
         try:
             with torch.no_grad():
                 out = layer(x)
@@ -221,11 +227,12 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
             except torch.cuda.OutOfMemoryError as err:
                 _out_of_memory(writer, dataset, name, row, err)
                 continue
-            writer.add_measurement(m, role="baseline", variant=name, config=row, dataset=dataset)
+            role = _role(name)
+            writer.add_measurement(m, role=role, variant=name, config=row, dataset=dataset)
             if config["in_dim"] in params.get("breakdown_dims", params["dims"]):  # one more call, profiled
                 for kind, seconds in breakdown(lambda: step(layer, mode), device).items():
                     writer.add(
-                        role="baseline",
+                        role=role,
                         variant=name,
                         config=row | {"kernel_class": kind},
                         metric="breakdown_time",
@@ -235,7 +242,7 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                     )
             for rep, peak in enumerate(m.peak_gpu_bytes):
                 writer.add(
-                    role="baseline",
+                    role=role,
                     variant=name,
                     config=row,
                     metric="intermediate_memory",
@@ -246,11 +253,15 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                 )
 
 
+def _role(variant: str) -> str:
+    return "optimized" if variant in HECTOR_VARIANTS else "baseline"
+
+
 def _out_of_memory(writer, dataset: str, variant: str, config: dict, err: BaseException) -> None:
     """Record that ``variant`` did not fit, with the failed allocation's size where the error says
     it, and give the memory back."""
     torch.cuda.empty_cache()
-    common = {"role": "baseline", "variant": variant, "config": config, "dataset": dataset}
+    common = {"role": _role(variant), "variant": variant, "config": config, "dataset": dataset}
     writer.add(metric="out_of_memory", value=1, unit="1", **common)
     found = _ALLOCATION.search(str(err))
     if found:
