@@ -46,6 +46,7 @@ FORMS = BASELINES + HECTOR
 # Graphs from the smallest to the largest, so the panels read left to right by size.
 GRAPHS = list(frame.drop_duplicates("dataset").sort_values("edges").dataset)
 width = 64 if 64 in set(time.in_dim) else max(time.in_dim)  # the main comparison's width (Hector's)
+on_gpu = set(frame.device) == {"cuda"}  # else Hector's variants ran its reference backend
 print(machine_label(provenance))
 
 # %% [markdown]
@@ -111,6 +112,12 @@ if HECTOR:
     lines += [
         "",
         f"## Hector against the best baseline at width {width} (speedup = baseline time / Hector time)",
+        "",
+        "Generated CUDA kernels."
+        if on_gpu
+        else "No GPU here: Hector's variants ran its reference backend (the IR executed with stock torch "
+        "operators, one at a time), not generated kernels. These times show that the path works; they "
+        "say nothing of Hector's speed.",
         "",
         "| model | mode | dataset | best baseline, ms | unoptimized speedup | best Hector, ms | best speedup |",
         "|---|---|---|---|---|---|---|",
@@ -233,8 +240,10 @@ order = [f for f in FORMS if f in legend]
 fig.legend([legend[f] for f in order], order, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
 layout_with_title(
     fig,
-    f"Relational GNN layers, baselines and Hector: {machine}, scale '{scale}' (measured; generated graphs are "
-    f"'-like' stand-ins)\n{machine_label(provenance)}",
+    f"Relational GNN layers, baselines{' and Hector' if HECTOR else ''}: {machine}, scale '{scale}' "
+    f"(measured; generated graphs are '-like' stand-ins"
+    f"{'' if on_gpu or not HECTOR else '; no GPU: Hector ran its reference backend'})"
+    f"\n{machine_label(provenance)}",
 )
 Path(figure).parent.mkdir(parents=True, exist_ok=True)
 fig.savefig(figure, dpi=130, bbox_inches="tight")

@@ -204,6 +204,11 @@ def test_operators_are_classified_by_what_they_do():
         "aten::leaky_relu": "elementwise",
         "aten::view": "other",
         "autograd::engine::evaluate_function: MmBackward0": "other",
+        "hector::gemm": "gemm",
+        "hector::outer": "gemm",
+        "hector::softmax": "aggregation",
+        "hector::map": "elementwise",
+        "hector::host": "other",
     }
     assert {name: classify(name) for name in cases} == cases
 

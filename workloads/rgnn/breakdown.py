@@ -11,7 +11,8 @@ name, the first rule that matches:
 * ``other``: everything else (autograd's own bookkeeping, views).
 
 Operators, not kernels, are classified: a kernel's name says little (an ``index_add`` kernel is
-called ``indexFuncLargeIndex``), its operator says what it is for.
+called ``indexFuncLargeIndex``), its operator says what it is for. Hector's generated kernels are
+classed by the template step that launched them (``hector::gemm``, ``hector::map``, ...).
 """
 
 from __future__ import annotations
@@ -46,7 +47,20 @@ _RULES = (
 )
 
 
+# Hector's generated kernels run inside one profiler range per template step (systems/hector/codegen.py).
+_HECTOR = {
+    "hector::gemm": "gemm",
+    "hector::outer": "gemm",
+    "hector::scatter": "aggregation",
+    "hector::softmax": "aggregation",
+    "hector::map": "elementwise",
+    "hector::dot": "elementwise",
+}
+
+
 def classify(operator: str) -> str:
+    if operator in _HECTOR:
+        return _HECTOR[operator]
     for name, rule in _RULES:
         if rule.match(operator):
             return name
