@@ -35,6 +35,8 @@ from analysis.style import color
 from workloads.relational_gnn.schema import SCHEMA
 
 frame, provenance = load_results(results["relational_gnn"], SCHEMA)
+gemm_frame = frame[frame.model == "gemm"]  # part gemm_template: the GEMM template alone
+frame = frame[frame.model != "gemm"]
 KEYS = ["dataset", "model", "mode", "in_dim", "variant", "edges", "unique_pairs"]
 time = summarize(frame, "time", KEYS)
 memory = summarize(frame, "intermediate_memory", KEYS)
@@ -134,6 +136,25 @@ if HECTOR:
         )
     ooms = oom.groupby(oom.variant.isin(HECTOR)).size()
     lines += ["", f"Out of memory: baselines {ooms.get(False, 0)}, Hector {ooms.get(True, 0)}."]
+# The GEMM template alone against stock torch on equal segment shapes (part gemm_template).
+if not gemm_frame.empty:
+    gemm = summarize(gemm_frame, "time", ["dataset", "variant", "edges", "relations", "in_dim", "out_dim"])
+    lines += [
+        "",
+        "## Hector's GEMM template against stock torch on equal segment shapes (float32, TF32 off)",
+        "",
+        "| case | segments | rows | in x out | variant | time ms | TFLOP/s | template speedup |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for case, g in gemm.groupby("dataset"):
+        ours = g[g.variant == "hector_gemm"]["median"]
+        for _, r in g.sort_values("median").iterrows():
+            flops = 2 * r.edges * r.in_dim * r.out_dim
+            ratio = f"{r['median'] / ours.iloc[0]:.2f}" if not ours.empty and r.variant != "hector_gemm" else ""
+            lines.append(
+                f"| {case} | {r.relations} | {r.edges:,} | {r.in_dim} x {r.out_dim} | {r.variant} | "
+                f"{r['median'] * 1e3:.3f} | {flops / r['median'] / 1e12:.2f} | {ratio} |"
+            )
 # What compact materialization could save: a per-edge value at the widest width, against one per
 # distinct (source, relation) pair; and the per-edge weight matrices some forms gather.
 lines += [

@@ -153,3 +153,25 @@ def RelGraph_on(graph, device):  # noqa: N802 (reads as the constructor it wraps
         graph.src, graph.dst, graph.etype, graph.num_nodes, graph.num_relations, device=device,
         node_type=graph.node_type, num_node_types=graph.num_node_types,
     )  # fmt: skip
+
+
+def test_the_gemm_template_part_needs_a_gpu():
+    from harness.errors import UserError
+    from workloads.relational_gnn.gemm import gemm_template
+
+    with pytest.raises(UserError, match="gemm_template times CUDA kernels: it needs a GPU"):
+        gemm_template({"seed": 0, "cases": []}, None, repeat=1, warmup=0, device="cpu")
+
+
+@pytest.mark.gpu
+def test_the_gemm_template_alone_matches_per_segment_products():
+    """Odd widths, empty segments, a segment shorter than a tile and one of many tiles."""
+    from workloads.rgnn.ops import segment_products
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator().manual_seed(3)
+    sizes = [0, 5, 64, 0, 1000, 129]
+    rows = torch.randn(sum(sizes), 37, generator=g).cuda()
+    weight = torch.randn(len(sizes), 37, 70, generator=g).cuda()
+    offsets = torch.tensor([0, *sizes]).cumsum(0).cuda()
+    close(codegen.segment_gemm(rows, weight, offsets).cpu(), segment_products(rows, weight, offsets).cpu())

@@ -200,3 +200,26 @@ class _Runner:
             pointers = (scores, self.index["by_dst"], self.index["dst_begin"], result)
             launch((_blocks(nodes * 32),), (*map(_ptr, pointers), np.int64(nodes)))
         return result
+
+
+def segment_gemm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The GEMM template alone: ``rows[offsets[t]:offsets[t+1]] @ weight[t]`` for every type t, rows
+    already in type order (what ``grouped_mm`` computes), float32 CUDA tensors. For the template's
+    benchmark against stock torch on equal segment shapes."""
+    from systems import nvrtc
+
+    if rows.dtype != torch.float32 or weight.dtype != torch.float32 or not rows.is_cuda:
+        raise ValueError("segment_gemm takes float32 CUDA tensors (the tensor-core variant is not built yet)")
+    rows, weight = rows.contiguous(), weight.contiguous()
+    device = rows.device
+    schedule = lower.tile_schedule(offsets.diff().tolist(), lower.TILE_ROWS, device)
+    identity = torch.arange(rows.shape[0], device=device)
+    n = weight.shape[2]
+    out = torch.empty(rows.shape[0], n, device=device)
+    name, text, _ = _instance("gemm.cu", "GEMM_NAME", "segment_gemm", {"GATHER_A": 1, "SCATTER_C": 1, "TRANSPOSE_B": 0})
+    if len(schedule[0]):
+        pointers = (rows, identity, weight, out, identity, *schedule)
+        grid = (len(schedule[0]), math.ceil(n / 64))
+        args = (*map(_ptr, pointers), np.int32(rows.shape[1]), np.int32(n))
+        nvrtc.launch(_module(text), name, grid, (THREADS,), args)
+    return out

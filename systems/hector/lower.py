@@ -304,24 +304,29 @@ class GraphIndex:
             else:
                 by, domain = rest
                 sizes = torch.bincount(self[type_index(by, domain)], minlength=self.types(by)).tolist()
-            types, begins, ends, start = [], [], [], 0
-            for t, size in enumerate(sizes):
-                for b in range(start, start + size, rows_per_tile):
-                    types.append(t)
-                    begins.append(b)
-                    ends.append(min(b + rows_per_tile, start + size))
-                start += size
-            device = self.graph.src.device
-            self._cache[key] = (
-                torch.tensor(types, dtype=torch.int32, device=device),
-                torch.tensor(begins, dtype=torch.int64, device=device),
-                torch.tensor(ends, dtype=torch.int64, device=device),
-            )
+            self._cache[key] = tile_schedule(sizes, rows_per_tile, self.graph.src.device)
         return self._cache[key]
 
     def positions(self, operand: Operand, order: str) -> str:
         """The index list that reads ``operand``'s rows at each sorted position of ``order``."""
         return order if operand.kind == "own" else f"{operand.index}@{order}"
+
+
+def tile_schedule(sizes: list[int], rows_per_tile: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Segments of ``sizes`` rows, one per type and in type order, cut into tiles of at most
+    ``rows_per_tile``: each tile's type (int32), first and one-past-last position (int64)."""
+    types, begins, ends, start = [], [], [], 0
+    for t, size in enumerate(sizes):
+        for b in range(start, start + size, rows_per_tile):
+            types.append(t)
+            begins.append(b)
+            ends.append(min(b + rows_per_tile, start + size))
+        start += size
+    return (
+        torch.tensor(types, dtype=torch.int32, device=device),
+        torch.tensor(begins, dtype=torch.int64, device=device),
+        torch.tensor(ends, dtype=torch.int64, device=device),
+    )
 
 
 def host_value(v: Value, args: list[torch.Tensor], index: GraphIndex) -> torch.Tensor:

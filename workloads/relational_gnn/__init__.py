@@ -8,7 +8,9 @@ before any is timed. Part ``knowledge_graphs``: the real Nations, Kinships and U
 the pykeen wheel. Part ``datasets``: heterographs shaped like Hector's eight datasets
 (workloads/graphs/relational.py), at the scale's size; part ``large_datasets`` the same for the
 large ones, in a job of its own; part ``width_sweep`` (GPU machines only) the same graphs as
-``datasets`` at other widths. A form that runs out of GPU memory is
+``datasets`` at other widths; part ``gemm_template`` (GPU machines only) Hector's GEMM template
+against stock torch on equal segment shapes. Hector's variants (systems/hector) run beside the
+baselines with ``role`` = optimized. A form that runs out of GPU memory is
 recorded as ``out_of_memory`` with the size of the allocation that failed, not as a failure.
 """
 
@@ -25,6 +27,7 @@ TOPIC = Topic(
         Part("datasets", gpus=1, cpu=True),
         Part("large_datasets", gpus=1, cpu=True),
         Part("width_sweep", gpus=1, cpu=False),
+        Part("gemm_template", gpus=1, cpu=False),
     ),
     packages=("torch_geometric",),
 )

@@ -1,5 +1,5 @@
 """The measuring functions of the relational_gnn topic: ``knowledge_graphs``, ``datasets``,
-``large_datasets`` and ``width_sweep``.
+``large_datasets`` and ``width_sweep`` (and ``gemm_template``, in gemm.py).
 
 For each graph, model (``models``) and width (``dims``: in = out): seeded features and weights;
 every form's output (forward, no gradients) compared with the ``segment_mm`` form's, before any
@@ -33,6 +33,7 @@ from harness.timing import measure
 from systems.hector.forms import VARIANTS as HECTOR_VARIANTS
 from systems.hector.forms import HectorForm
 from workloads.graphs import knowledge, relational, store
+from workloads.relational_gnn.gemm import gemm_template  # noqa: F401 (a part, found here by name)
 from workloads.rgnn import hgt, rgat, rgcn
 from workloads.rgnn.breakdown import breakdown
 from workloads.rgnn.graph import RelGraph
