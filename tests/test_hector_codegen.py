@@ -76,6 +76,13 @@ def test_gathers_are_read_in_place_not_copied():
         ("pair", "indexed", "pair_src"),
     ]
     assert not [s for s in plan.steps if isinstance(s, lower.Map) and s.expression == "copy"]
+    # The attention-weighted sources are summed into their targets as they are computed: no
+    # [edges, out] product is stored (nor RGCN's normalized messages, nor HGT's weighted values).
+    for program in (plan.program, models.rgcn_layer(), models.hgt_layer()):
+        steps = lower.lower(program).steps
+        fused = [s for s in steps if isinstance(s, lower.ScatterMap)]
+        assert [(s.expression, s.index) for s in fused] == [("mul", "dst")]
+        assert not [s for s in steps if isinstance(s, lower.Scatter)]
 
 
 def all_instances() -> dict[str, str]:

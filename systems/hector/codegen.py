@@ -34,13 +34,15 @@ def source_of(step) -> tuple[str, str, str]:
         return _instance("gemm.cu", "GEMM_NAME", "segment_gemm", defines)
     if isinstance(step, lower.Outer):
         return _instance("gemm.cu", "OUTER_NAME", "segment_outer", {"GATHER_A": 1, "GATHER_G": 1})
-    if isinstance(step, lower.Map | lower.Dot):
+    if isinstance(step, lower.Map | lower.Dot | lower.ScatterMap):
         defines = {"OPERAND_A": OPERAND_KINDS[step.a.kind], "OPERAND_B": OPERAND_KINDS[step.b.kind]}
-        if isinstance(step, lower.Map):
-            expression = lower.EXPRESSIONS[step.expression][0].format(slope=step.out.attr("slope"))
-            defines["ROW_EXPR(a, b)"] = expression
-            return _instance("traversal.cu", "MAP_NAME", "rows_map", defines)
-        return _instance("traversal.cu", "DOT_NAME", "rows_dot", defines)
+        if isinstance(step, lower.Dot):
+            return _instance("traversal.cu", "DOT_NAME", "rows_dot", defines)
+        mapped = step.mapped if isinstance(step, lower.ScatterMap) else step.out
+        defines["ROW_EXPR(a, b)"] = lower.EXPRESSIONS[step.expression][0].format(slope=mapped.attr("slope"))
+        if isinstance(step, lower.ScatterMap):
+            return _instance("traversal.cu", "SCATTER_MAP_NAME", "scatter_map", defines)
+        return _instance("traversal.cu", "MAP_NAME", "rows_map", defines)
     if isinstance(step, lower.Scatter):
         return _instance("traversal.cu", None, "scatter_rows", {})
     if isinstance(step, lower.Softmax):
@@ -186,11 +188,22 @@ class _Runner:
 
     def scatter(self, step: lower.Scatter, launch) -> torch.Tensor:
         source = self.env[id(step.source)]
-        result = torch.zeros(self.index.count(step.count), source.shape[1], device=self.device)
+        result = torch.zeros(self.index.rows(step.count), source.shape[1], device=self.device)
         if source.numel():
             rows, width = np.int64(source.shape[0]), np.int32(source.shape[1])
             launch((_blocks(source.numel()),), (_ptr(source), _ptr(self.index[step.index]), _ptr(result), rows, width))
-        return result[0] if step.count == "one" else result
+        return result
+
+    def scattermap(self, step: lower.ScatterMap, launch) -> torch.Tensor:
+        index = self.index[step.index]
+        a, b = self.operand(step.a), self.operand(step.b)
+        width = int(a[3] if step.expression in lower.UNARY else max(a[3], b[3]))
+        result = torch.zeros(self.index.rows(step.count), width, device=self.device)
+        rows = len(index)
+        if rows and width:
+            args = (*a, *b, _ptr(index), _ptr(result), np.int64(rows), np.int32(width))
+            launch((_blocks(rows * width),), args)
+        return result
 
     def softmax(self, step: lower.Softmax, launch) -> torch.Tensor:
         scores = self.env[id(step.scores)]

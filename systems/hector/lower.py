@@ -106,7 +106,22 @@ class Scatter:
     out: Value
     source: Value
     index: str
-    count: str  # the row count's name: "node", "pair", "type:etype", "type:node_type", "one"
+    count: str  # the domain summed into: "node" or "pair"
+
+
+@dataclass(frozen=True)
+class ScatterMap:
+    """A :class:`Map` whose only user is a sum into targets, fused: the rows are summed as they are
+    computed and never stored (for RGCN's normalized messages, RGAT's and HGT's weighted values:
+    an [edges, out] tensor less)."""
+
+    out: Value
+    mapped: Value  # the map's own value (its attributes: a slope)
+    expression: str
+    a: Operand
+    b: Operand
+    index: str
+    count: str
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,7 @@ def describe_step(step) -> str:
         "map": lambda: f"{step.expression}({_op(step.a)}, {_op(step.b)})",
         "dot": lambda: f"({_op(step.a)}, {_op(step.b)})",
         "scatter": lambda: f"by {step.index} into {step.count}",
+        "scattermap": lambda: f"{step.expression}({_op(step.a)}, {_op(step.b)}) by {step.index} into {step.count}",
         "softmax": lambda: "over each target's edges",
         "host": lambda: out.op,
     }[kind]()
@@ -149,11 +165,18 @@ def _op(o: Operand) -> str:
 
 
 INDEXED = ("gather", "unpair", "take")  # read in place by their users, never copied
+SCATTERS = ("sum_into_dst", "sum_into_src", "sum_into_pair")  # atomic sums into rows, which a Map can feed
 
 
 def lower(program: Program) -> Plan:
     plan = Plan(program)
     materialized: dict[int, Value] = {}  # a virtual value copied for a user that needs it dense
+    users: dict[int, list[Value]] = {}
+    for v in program.values:
+        for a in v.args:
+            users.setdefault(id(a), []).append(v)
+    outputs = {id(o) for o in program.outputs}
+    deferred: dict[int, Map] = {}  # maps summed straight into targets by their one user (ScatterMap)
 
     def operand(v: Value) -> Operand:
         if v.op == "gather":
@@ -201,20 +224,26 @@ def lower(program: Program) -> Plan:
         elif op in EXPRESSIONS:
             a = operand(v.args[0])
             b = operand(v.args[1]) if len(v.args) > 1 else Operand("scalar")
-            plan.steps.append(Map(v, op, a, b))
+            sole = users.get(id(v), [])
+            if len(sole) == 1 and sole[0].op in SCATTERS and id(v) not in outputs and v.domain != "weight":
+                deferred[id(v)] = Map(v, op, a, b)
+            else:
+                plan.steps.append(Map(v, op, a, b))
         elif op in ("dot", "row_sum"):
             b = operand(v.args[1]) if op == "dot" else Operand("scalar", scalar=1.0)
             plan.steps.append(Dot(v, operand(v.args[0]), b))
-        elif op in ("sum_into_dst", "sum_into_src", "sum_into_pair", "sum_by_type", "sum_rows"):
-            source = dense(v.args[0])
+        elif op in SCATTERS:
+            source = v.args[0] if id(v.args[0]) in deferred else dense(v.args[0])
             index, count = {
                 "sum_into_dst": ("dst", "node"),
                 "sum_into_src": ("pair_src" if source.domain == "pair" else "src", "node"),
                 "sum_into_pair": ("pair_of_edge", "pair"),
-                "sum_by_type": (type_index(v.attr("by"), source.domain), f"type:{v.attr('by')}"),
-                "sum_rows": (f"zeros:{source.domain}", "one"),
             }[op]
-            plan.steps.append(Scatter(v, source, index, count))
+            fused = deferred.get(id(source))
+            if fused is not None:
+                plan.steps.append(ScatterMap(v, fused.out, fused.expression, fused.a, fused.b, index, count))
+            else:
+                plan.steps.append(Scatter(v, source, index, count))
         elif op == "edge_softmax":
             plan.steps.append(Softmax(v, dense(v.args[0])))
         else:
@@ -256,11 +285,6 @@ class GraphIndex:
     def types(self, by: str) -> int:
         return self.graph.num_node_types if by == "node_type" else self.graph.num_relations
 
-    def count(self, name: str) -> int:
-        if name.startswith("type:"):
-            return self.types(name[5:])
-        return 1 if name == "one" else self.rows(name)
-
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._cache:
             self._cache[name] = self._make(name)
@@ -279,8 +303,6 @@ class GraphIndex:
             return self._cache[name]
         if name.startswith("identity:"):
             return torch.arange(self.rows(name.split(":")[1]), device=g.src.device)
-        if name.startswith("zeros:"):
-            return torch.zeros(self.rows(name.split(":")[1]), dtype=torch.int64, device=g.src.device)
         if name.startswith("order:"):
             _, by, domain = name.split(":")
             return torch.sort(self[type_index(by, domain)], stable=True).indices
@@ -402,9 +424,13 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
             env[id(out)] = (read(step.a, rows) * read(step.b, rows)).sum(1, keepdim=True)
         elif isinstance(step, Scatter):
             source = env[id(step.source)]
-            result = source.new_zeros(index.count(step.count), source.shape[1])
-            result = result.index_add(0, index[step.index], source)
-            env[id(out)] = result[0] if step.count == "one" else result
+            result = source.new_zeros(index.rows(step.count), source.shape[1])
+            env[id(out)] = result.index_add(0, index[step.index], source)
+        elif isinstance(step, ScatterMap):
+            rows = len(index[step.index])
+            values = EXPRESSIONS[step.expression][1](read(step.a, rows), read(step.b, rows), step.mapped)
+            result = values.new_zeros(index.rows(step.count), values.shape[1])
+            env[id(out)] = result.index_add(0, index[step.index], values)
         elif isinstance(step, Softmax):
             scores, by_dst, begin = env[id(step.scores)].squeeze(1), index["by_dst"], index["dst_begin"].tolist()
             result = torch.empty_like(scores)

@@ -10,6 +10,7 @@
 //   rows_map:     out[i, c] = ROW_EXPR(a, b)
 //   rows_dot:     out[i] = sum over c of a[., c] * b[., c]        (one warp per row)
 //   scatter_rows: out[index[i], c] += in[i, c]                     (atomic; out zeroed first)
+//   scatter_map:  out[index[i], c] += ROW_EXPR(a, b)               (the same, the row never stored)
 //   edge_softmax: per target v, over its incoming edges (by_dst[dst_begin[v] .. dst_begin[v + 1]]):
 //                 out[e] = exp(s[e] - max) / sum of exp(s - max)   (one warp per target)
 //
@@ -29,6 +30,9 @@
 #endif
 #ifndef DOT_NAME
 #define DOT_NAME rows_dot
+#endif
+#ifndef SCATTER_MAP_NAME
+#define SCATTER_MAP_NAME scatter_map
 #endif
 
 __device__ __forceinline__ float operand(int kind, const float* __restrict__ t, const long long* __restrict__ index,
@@ -67,6 +71,24 @@ extern "C" __global__ void DOT_NAME(const float* __restrict__ a, const long long
         }
         for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
         if (lane == 0) out[i] = sum;
+    }
+}
+
+// out[index[i], c] += ROW_EXPR(a, b): a row-wise product summed into its target without the
+// per-row result ever being stored (out zeroed first).
+extern "C" __global__ void SCATTER_MAP_NAME(const float* __restrict__ a, const long long* __restrict__ a_index,
+                                            float a_scalar, int a_width, const float* __restrict__ b,
+                                            const long long* __restrict__ b_index, float b_scalar, int b_width,
+                                            const long long* __restrict__ index, float* __restrict__ out,
+                                            long long rows, int width) {
+    const long long total = rows * width;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long i = e / width;
+        const int c = (int)(e % width);
+        const float x = operand(OPERAND_A, a, a_index, a_scalar, i, c, a_width);
+        const float y = operand(OPERAND_B, b, b_index, b_scalar, i, c, b_width);
+        atomicAdd(&out[index[i] * width + c], ROW_EXPR(x, y));
     }
 }
 
