@@ -150,7 +150,8 @@ def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
     for have, want in zip(results[1], results[0], strict=True):
         close(have, want)
     leaves = [tensors[n].cuda().requires_grad_() for n in layer.names]
-    torch.library.opcheck(layer.forward_op, (op.register_graph(RelGraph_on(graph, "cuda")), leaves))
+    on_gpu = RelGraph_on(graph, "cuda")  # held: the op's handle is valid while the graph lives
+    torch.library.opcheck(layer.forward_op, (op.register_graph(on_gpu), leaves))
 
 
 def RelGraph_on(graph, device):  # noqa: N802 (reads as the constructor it wraps)

@@ -270,3 +270,20 @@ def test_a_layer_called_wrongly_says_how():
         layer(graph, y=torch.randn(graph.num_nodes, 4), **weights)
     with pytest.raises(UserError, match="graph handle 12345 is not registered"):
         layer.forward_op(12345, [torch.randn(graph.num_nodes, 4), *weights.values()])
+
+
+def test_the_op_and_its_index_cache_do_not_keep_graphs_alive():
+    import gc
+    import weakref
+
+    from systems.hector import lower
+
+    graph = awkward_graph()
+    layer = op.Layer(models.rgcn_layer())
+    weights = models.bind("rgcn", rgcn.RGCNWeights(graph.num_relations, 4, 4))
+    layer(graph, x=torch.randn(graph.num_nodes, 4), **weights)
+    lower.GraphIndex.of(graph)["pair_src"]
+    gone = weakref.ref(graph)
+    del graph
+    gc.collect()
+    assert gone() is None

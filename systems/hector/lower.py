@@ -19,6 +19,7 @@ by row: what the CUDA kernels must compute, checked against the reference backen
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -261,23 +262,26 @@ def type_index(by: str, domain: str) -> str:
 
 class GraphIndex:
     """The index arrays and tile schedules a plan reads, made once per graph (on its device):
-    :meth:`of` keeps those of the last few graphs, so repeated calls on one graph reuse them."""
+    :meth:`of` keeps them while the graph lives, so repeated calls on one graph reuse them."""
 
-    _recent: dict[int, GraphIndex] = {}
+    _live: dict[int, GraphIndex] = {}
 
     @classmethod
     def of(cls, graph: RelGraph) -> GraphIndex:
-        found = cls._recent.get(id(graph))
+        found = cls._live.get(id(graph))
         if found is None or found.graph is not graph:
-            if len(cls._recent) >= 8:
-                cls._recent.pop(next(iter(cls._recent)))
-            found = cls._recent[id(graph)] = cls(graph)
+            found = cls._live[id(graph)] = cls(graph)
+            weakref.finalize(graph, cls._live.pop, id(graph), None)  # gone with its graph
         return found
 
     def __init__(self, graph: RelGraph):
-        self.graph = graph
+        self._graph = weakref.ref(graph)  # not a strong reference: the cache must not keep graphs alive
         self._cache: dict[str, torch.Tensor] = {}
         self._pairs = None
+
+    @property
+    def graph(self) -> RelGraph:
+        return self._graph()
 
     def rows(self, domain: str) -> int:
         return {"node": self.graph.num_nodes, "edge": self.graph.edges, "pair": len(self["pair_src"])}[domain]

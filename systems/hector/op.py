@@ -13,6 +13,7 @@ the reference backend (systems/hector/reference.py).
 from __future__ import annotations
 
 import hashlib
+import weakref
 
 import torch
 
@@ -22,19 +23,15 @@ from systems.hector.autodiff import differentiate, leaves
 from systems.hector.ir import Program
 from workloads.rgnn.graph import RelGraph
 
-_graphs: dict[int, RelGraph] = {}
+_graphs: weakref.WeakValueDictionary[int, RelGraph] = weakref.WeakValueDictionary()  # held by their callers
 _ops: dict[str, tuple] = {}  # by op name: a program's text decides its name, so each registers once
 
 
 def register_graph(graph: RelGraph) -> int:
-    """A handle for ``graph`` that the ops take (kept until :func:`release_graph`)."""
+    """A handle for ``graph`` that the ops take, valid while the caller holds the graph."""
     handle = id(graph)
     _graphs[handle] = graph
     return handle
-
-
-def release_graph(handle: int) -> None:
-    _graphs.pop(handle, None)
 
 
 def _graph(handle: int) -> RelGraph:
