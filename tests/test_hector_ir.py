@@ -287,3 +287,16 @@ def test_the_op_and_its_index_cache_do_not_keep_graphs_alive():
     del graph
     gc.collect()
     assert gone() is None
+
+
+def test_the_command_line_shows_the_ir_after_each_pass_and_the_plan(capsys):
+    from systems.hector.__main__ import main
+
+    main(["rgat", "--passes", "reorder,compact", "--backward"])
+    shown = capsys.readouterr().out
+    for heading in ("program rgat_layer", "# after reorder", "# after compact", "# with its backward", "# plan"):
+        assert heading in shown
+    assert "weight_product" in shown and "scattermap" in shown and "typed_outer" in shown
+    with pytest.raises(SystemExit):
+        main(["rgat", "--passes", "bogus"])
+    assert "unknown pass 'bogus'; passes: reorder, compact" in capsys.readouterr().err
