@@ -137,5 +137,75 @@ def test_a_published_dataset_is_read_from_its_files(tmp_path):
     with pytest.raises(UserError, match="valid.txt: missing"):
         parts.datasets(params, parts_writer(), repeat=1, warmup=0, device="cpu")
     params["datasets"] = [{"name": "am", "scale_factor": 1.0, "published_dir": str(folder)}]
-    with pytest.raises(UserError, match="no loader for am's published files yet"):
+    with pytest.raises(UserError, match="no .nt or .nt.gz files"):
         parts.datasets(params, parts_writer(), repeat=1, warmup=0, device="cpu")
+    params["datasets"] = [{"name": "am", "scale_factor": 1.0, "published_dir": str(tmp_path / "nowhere")}]
+    with pytest.raises(UserError, match="am: published_dir .*nowhere is not a folder"):
+        parts.datasets(params, parts_writer(), repeat=1, warmup=0, device="cpu")
+
+
+def test_rdf_datasets_are_read_from_n_triples(tmp_path):
+    """aifb, mutag, bgs and am as N-Triples: IRIs, a blank node, literals (typed and tagged),
+    rdf:type giving node types, plain and gzipped files."""
+    import gzip
+
+    from workloads.graphs.published_heterographs import ntriples
+
+    rdf_type = "<http://www.w3.org/1999/02/22-rdf-syntax-ns#type>"
+    (tmp_path / "a.nt").write_text(
+        "# a comment\n"
+        f"<http://x/alice> {rdf_type} <http://x/Person> .\n"
+        "<http://x/alice> <http://x/knows> <http://x/bob> .\n"
+        '<http://x/bob> <http://x/name> "Bob \\"B\\" Smith"@en .\n'
+        "\n"
+    )
+    with gzip.open(tmp_path / "b.nt.gz", "wt") as f:
+        f.write('_:n1 <http://x/age> "42"^^<http://www.w3.org/2001/XMLSchema#integer> .\n')
+        f.write("_:n1 <http://x/knows> <http://x/alice> .\n")
+    spec, arrays = ntriples("aifb", tmp_path)
+    assert (spec.nodes, spec.edges, len(spec.relations)) == (6, 5, 4)
+    types = {t.name: t.count for t in spec.node_types}
+    assert types == {"<http://x/Person>": 1, "literal": 2, "untyped": 3}  # bob, _:n1 and the class itself
+    knows = [r for r in spec.relations if r.name == "<http://x/knows>"][0]
+    assert knows.count == 2 and arrays["indptr"][-1] == 5 and len(arrays["node_type"]) == 6
+    (tmp_path / "a.nt").write_text("<http://x/alice> <http://x/knows> .\n")
+    with pytest.raises(UserError, match=r"a.nt:1: not an N-Triples line"):
+        ntriples("aifb", tmp_path)
+
+
+def test_ogb_datasets_are_read_from_their_raw_layout(tmp_path):
+    """mag and biokg as OGB heterographs (one folder per typed relation), wikikg2 as OGB's
+    homogeneous layout with a relation per edge."""
+    import gzip
+
+    from workloads.graphs.published_heterographs import ogb
+
+    def write(path, lines):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            f.write("\n".join(lines) + "\n")
+
+    hetero = tmp_path / "mag" / "raw"
+    write(hetero / "num-node-dict.csv.gz", ["paper,author", "3,2"])
+    write(hetero / "relations" / "author___writes___paper" / "edge.csv.gz", ["0,0", "1,2", "1,0"])
+    write(hetero / "relations" / "paper___cites___paper" / "edge.csv.gz", ["0,1", "2,1"])
+    spec, arrays = ogb("mag", tmp_path / "mag")
+    assert (spec.nodes, spec.edges) == (5, 5)
+    assert {(r.name, r.source, r.target, r.count) for r in spec.relations} == {
+        ("author___writes___paper", "author", "paper", 3),
+        ("paper___cites___paper", "paper", "paper", 2),
+    }
+    assert list(arrays["node_type"]) == [0, 0, 1, 1, 1]  # types in sorted order: author, paper
+    write(hetero / "relations" / "paper___cites___paper" / "edge.csv.gz", ["0,3"])
+    with pytest.raises(UserError, match="a paper id outside 0..2"):
+        ogb("mag", tmp_path / "mag")
+
+    homo = tmp_path / "wikikg2" / "raw"
+    write(homo / "num-node-list.csv.gz", ["4"])
+    write(homo / "edge.csv.gz", ["0,1", "1,2", "3,0"])
+    write(homo / "edge_reltype.csv.gz", ["0", "2", "2"])
+    spec, arrays = ogb("wikikg2", tmp_path / "wikikg2")
+    assert (spec.nodes, spec.edges, [r.count for r in spec.relations]) == (4, 3, [1, 0, 2])
+    write(homo / "edge_reltype.csv.gz", ["0", "2"])
+    with pytest.raises(UserError, match="edge.csv.gz and edge_reltype.csv.gz disagree"):
+        ogb("wikikg2", tmp_path / "wikikg2")

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import UserError
-from workloads.graphs.spec import GraphSpec, NodeType, Relation
+from workloads.graphs.published_heterographs import heterograph
+from workloads.graphs.spec import GraphSpec
 
 GRAPHS = ("nations", "kinships", "umls")
 SPLITS = ("train", "valid", "test")
@@ -70,28 +71,12 @@ def load(name: str, folder=None) -> tuple[GraphSpec, dict[str, np.ndarray]]:
     labels = sorted({r for _, r, _ in rows})
     entity_id = {e: i for i, e in enumerate(entities)}
     relation_id = {r: i for i, r in enumerate(labels)}
-    src = np.array([entity_id[h] for h, _, _ in rows], dtype=np.int64)
-    dst = np.array([entity_id[t] for _, _, t in rows], dtype=np.int64)
-    kind = np.array([relation_id[r] for _, r, _ in rows], dtype=np.int64)
-    order = np.lexsort((kind, src, dst))  # by target, then source and relation: a fixed order
-    indptr = np.zeros(len(entities) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=len(entities)), out=indptr[1:])
-    counts = np.bincount(kind, minlength=len(labels))
-    spec = GraphSpec(
+    return heterograph(
         name,
-        len(entities),
-        len(rows),
-        feature_dim=0,
-        classes=1,
-        train_fraction=0.0,
-        val_fraction=0.0,
-        node_types=(NodeType("entity", len(entities)),),
-        relations=tuple(Relation(label, "entity", "entity", int(c)) for label, c in zip(labels, counts)),
+        [entity_id[h] for h, _, _ in rows],
+        [entity_id[t] for _, _, t in rows],
+        [relation_id[r] for _, r, _ in rows],
+        labels,
+        np.zeros(len(entities), dtype=np.int64),
+        ["entity"],
     )
-    arrays = {
-        "indptr": indptr,
-        "indices": src[order],
-        "edge_type": kind[order],
-        "node_type": np.zeros(len(entities), dtype=np.int64),
-    }
-    return spec, arrays

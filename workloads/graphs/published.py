@@ -55,7 +55,7 @@ def _need(path: Path) -> Path:
     return path
 
 
-def _csv(path: Path, dtype) -> np.ndarray:
+def csv_gz(path: Path, dtype) -> np.ndarray:
     with gzip.open(_need(path), "rt") as f:
         return np.loadtxt(f, delimiter=",", dtype=dtype, ndmin=1)
 
@@ -89,9 +89,9 @@ def read_reddit(folder: Path) -> dict[str, np.ndarray]:
 def read_ogb(name: str, folder: Path) -> dict[str, np.ndarray]:
     raw, split = folder / "raw", folder / "split" / SPLIT_FOLDER[name]
     if name == "ogbn-products":
-        edges = _csv(raw / "edge.csv.gz", np.int64).reshape(-1, 2).T
-        features = _csv(raw / "node-feat.csv.gz", np.float32)
-        labels = _csv(raw / "node-label.csv.gz", np.int64).reshape(-1)
+        edges = csv_gz(raw / "edge.csv.gz", np.int64).reshape(-1, 2).T
+        features = csv_gz(raw / "node-feat.csv.gz", np.float32)
+        labels = csv_gz(raw / "node-label.csv.gz", np.int64).reshape(-1)
     else:
         data = np.load(_need(raw / "data.npz"))
         edges, features = data["edge_index"].astype(np.int64), data["node_feat"].astype(np.float32)
@@ -106,9 +106,9 @@ def read_ogb(name: str, folder: Path) -> dict[str, np.ndarray]:
         "indices": indices,
         "features": features,
         "labels": labels,
-        "train_idx": _csv(split / "train.csv.gz", np.int64),
-        "val_idx": _csv(split / "valid.csv.gz", np.int64),
-        "test_idx": _csv(split / "test.csv.gz", np.int64),
+        "train_idx": csv_gz(split / "train.csv.gz", np.int64),
+        "val_idx": csv_gz(split / "valid.csv.gz", np.int64),
+        "test_idx": csv_gz(split / "test.csv.gz", np.int64),
     }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ from harness.errors import UserError
 from harness.timing import measure
 from systems.hector.forms import VARIANTS as HECTOR_VARIANTS
 from systems.hector.forms import HectorForm
-from workloads.graphs import knowledge, relational, store
+from workloads.graphs import knowledge, published_heterographs, relational, store
 from workloads.relational_gnn.gemm import gemm_template  # noqa: F401 (a part, found here by name)
 from workloads.rgnn import hgt, rgat, rgcn
 from workloads.rgnn.breakdown import breakdown
@@ -87,19 +88,22 @@ def datasets(params, writer, *, repeat, warmup, device, **_):
     return notes
 
 
-PUBLISHED_FORMATS = {"fb15k": "FB15k-237's train.txt, valid.txt and test.txt"}
+# Each dataset's published format and its reader (the folder is the entry's published_dir).
+PUBLISHED = {
+    "fb15k": ("FB15k-237's train.txt, valid.txt and test.txt", lambda name, folder: knowledge.load(name, folder)),
+    **{name: ("N-Triples (*.nt, *.nt.gz)", published_heterographs.ntriples) for name in ("aifb", "mutag", "bgs", "am")},
+    **{name: ("OGB's raw layout (raw/...csv.gz)", published_heterographs.ogb) for name in ("mag", "biokg", "wikikg2")},
+}
 
 
 def _published(name: str, entry: dict):
-    """A dataset read from its published files in ``published_dir``, where a loader exists."""
-    if name not in PUBLISHED_FORMATS:
-        raise UserError(
-            f"no loader for {name}'s published files yet (published_dir); loaders: "
-            + "; ".join(f"{k}: {v}" for k, v in PUBLISHED_FORMATS.items())
-        )
+    """A dataset read from its published files in ``published_dir``."""
     if entry["scale_factor"] != 1:
         raise UserError(f"{name}: a published dataset is used whole; set scale_factor to 1 with published_dir")
-    return knowledge.load(name, entry["published_dir"])
+    folder = Path(entry["published_dir"]).expanduser()
+    if not folder.is_dir():
+        raise UserError(f"{name}: published_dir {folder} is not a folder")
+    return PUBLISHED[name][1](name, folder)
 
 
 def large_datasets(params, writer, **kwargs):
