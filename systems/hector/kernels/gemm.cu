@@ -44,6 +44,25 @@
 #define TILE_K 16
 #define THREADS 256  // 16 x 16 threads, each a 4 x 4 block of the 64 x 64 output tile
 
+// acc[i][j] += sum over the TILE_K steps k of left[k][ty + 16 i] * right[k][tx + 16 j]: each
+// thread's 4 x 4 share of a 64 x 64 tile (rows and columns strided by 16: no bank conflicts).
+__device__ __forceinline__ void accumulate_tile(const float (&left)[TILE_K][TILE_M + 1],
+                                                const float (&right)[TILE_K][TILE_N + 1], float (&acc)[4][4], int tx,
+                                                int ty) {
+#pragma unroll
+    for (int k = 0; k < TILE_K; ++k) {
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = left[k][ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = right[k][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+    }
+}
+
 // C[rows of the tile, n0 : n0 + 64] of one tile; grid (tiles, ceil(N / 64)).
 extern "C" __global__ void __launch_bounds__(THREADS)
 GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, const float* __restrict__ B,
@@ -77,18 +96,7 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
             Bs[k][n] = b;
         }
         __syncthreads();
-#pragma unroll
-        for (int k = 0; k < TILE_K; ++k) {
-            float a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = As[k][ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) b[j] = Bs[k][tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
-        }
+        accumulate_tile(As, Bs, acc, tx, ty);
         __syncthreads();
     }
 #pragma unroll
@@ -137,18 +145,7 @@ OUTER_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, co
             Gs[p][c] = g;
         }
         __syncthreads();
-#pragma unroll
-        for (int p = 0; p < TILE_K; ++p) {
-            float a[4], g[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = As[p][ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) g[j] = Gs[p][tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * g[j];
-        }
+        accumulate_tile(As, Gs, acc, tx, ty);
         __syncthreads();
     }
 #pragma unroll

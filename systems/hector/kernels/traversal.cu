@@ -43,6 +43,16 @@ __device__ __forceinline__ float operand(int kind, const float* __restrict__ t, 
     return t[row * width + column];
 }
 
+// ROW_EXPR of both operands at row i, column c.
+__device__ __forceinline__ float row_value(const float* __restrict__ a, const long long* __restrict__ a_index,
+                                           float a_scalar, int a_width, const float* __restrict__ b,
+                                           const long long* __restrict__ b_index, float b_scalar, int b_width,
+                                           long long i, int c) {
+    const float x = operand(OPERAND_A, a, a_index, a_scalar, i, c, a_width);
+    const float y = operand(OPERAND_B, b, b_index, b_scalar, i, c, b_width);
+    return ROW_EXPR(x, y);
+}
+
 // grid-stride over rows x width
 extern "C" __global__ void MAP_NAME(const float* __restrict__ a, const long long* __restrict__ a_index, float a_scalar,
                                     int a_width, const float* __restrict__ b, const long long* __restrict__ b_index,
@@ -50,11 +60,7 @@ extern "C" __global__ void MAP_NAME(const float* __restrict__ a, const long long
     const long long total = rows * width;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
-        const long long i = e / width;
-        const int c = (int)(e % width);
-        const float x = operand(OPERAND_A, a, a_index, a_scalar, i, c, a_width);
-        const float y = operand(OPERAND_B, b, b_index, b_scalar, i, c, b_width);
-        out[e] = ROW_EXPR(x, y);
+        out[e] = row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, e / width, (int)(e % width));
     }
 }
 
@@ -86,9 +92,7 @@ extern "C" __global__ void SCATTER_MAP_NAME(const float* __restrict__ a, const l
          e += (long long)gridDim.x * blockDim.x) {
         const long long i = e / width;
         const int c = (int)(e % width);
-        const float x = operand(OPERAND_A, a, a_index, a_scalar, i, c, a_width);
-        const float y = operand(OPERAND_B, b, b_index, b_scalar, i, c, b_width);
-        atomicAdd(&out[index[i] * width + c], ROW_EXPR(x, y));
+        atomicAdd(&out[index[i] * width + c], row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, i, c));
     }
 }
 
