@@ -183,3 +183,35 @@ def test_the_gemm_template_alone_matches_per_segment_products():
     weight = torch.randn(len(sizes), 37, 70, generator=g).cuda()
     offsets = torch.tensor([0, *sizes]).cumsum(0).cuda()
     close(codegen.segment_gemm(rows, weight, offsets).cpu(), segment_products(rows, weight, offsets).cpu())
+
+
+@pytest.mark.parametrize("graph_name", GRAPHS)
+@pytest.mark.parametrize("name, applied, backward", list(cases()))
+def test_the_launches_compute_the_reference_on_a_cpu_model_of_the_kernels(
+    name, applied, backward, graph_name, monkeypatch
+):
+    """codegen.run end to end without a GPU: every launch's arguments (order, types, widths,
+    pointers, grid) evaluated by a literal CPU model of its kernel (tests/hector_kernel_model.py)."""
+    from hector_kernel_model import install
+
+    model = install(monkeypatch)
+    graph = GRAPHS[graph_name]()
+    program, tensors = program_and_tensors(name, applied, backward, graph)
+    expected = reference.run(program, graph, tensors)
+    got = codegen.run(lower.lower(program), graph, tensors, reference.bind_widths(program, graph, tensors))
+    assert not model.problems, model.problems[:3]
+    for have, want in zip(got, expected, strict=True):
+        assert have.shape == want.shape
+        close(have, want)
+
+
+def test_a_slope_of_zero_is_written_as_a_float_literal():
+    """leaky_relu(x, 0) is a ReLU: its expression must read 0.0f, not the invalid 0f."""
+    from systems.hector.lang import model
+
+    @model
+    def relu_layer(m):
+        return m.leaky_relu(m.input("x", "in"), 0) + m.input("y", "in")
+
+    (text,) = [t for n, t in codegen.sources(relu_layer()).items() if n.startswith("rows_map")][:1]
+    assert "(a) * 0.0f)" in text

@@ -9,6 +9,7 @@ them all for sm_90 with nvcc, without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -26,7 +27,7 @@ OPERAND_KINDS = {"own": 0, "indexed": 1, "scalar": 2, "shared": 3}
 THREADS = 256
 
 
-@functools.cache  # steps hash by identity of their values: one lookup per launch
+@functools.lru_cache(maxsize=4096)  # steps hash by identity of their values: one lookup per launch
 def source_of(step) -> tuple[str, str, str]:
     """The instance of ``step``: (entry point, CUDA source, template file name)."""
     if isinstance(step, lower.Gemm):
@@ -39,7 +40,9 @@ def source_of(step) -> tuple[str, str, str]:
         if isinstance(step, lower.Dot):
             return _instance("traversal.cu", "DOT_NAME", "rows_dot", defines)
         mapped = step.mapped if isinstance(step, lower.ScatterMap) else step.out
-        defines["ROW_EXPR(a, b)"] = lower.EXPRESSIONS[step.expression][0].format(slope=mapped.attr("slope"))
+        slope = mapped.attr("slope")
+        literal = repr(float(slope)) if slope is not None else ""  # 0 -> "0.0", so "0.0f" is a float literal
+        defines["ROW_EXPR(a, b)"] = lower.EXPRESSIONS[step.expression][0].format(slope=literal)
         if isinstance(step, lower.ScatterMap):
             return _instance("traversal.cu", "SCATTER_MAP_NAME", "scatter_map", defines)
         return _instance("traversal.cu", "MAP_NAME", "rows_map", defines)
@@ -99,12 +102,17 @@ def run(plan: lower.Plan, graph, tensors: dict[str, torch.Tensor], widths: dict)
     runner = _Runner(graph, widths, lower.GraphIndex.of(graph))
     for v in plan.program.values:
         if v.op in ("input", "weight"):
-            runner.env[id(v)] = tensors[v.name].contiguous()
-    for step in plan.steps:
-        # Named per template (hector::gemm, hector::map, ...) so the profiler's breakdown can
-        # class the generated kernels by what they do (workloads/rgnn/breakdown.py).
-        with torch.profiler.record_function(f"hector::{type(step).__name__.lower()}"):
-            runner.env[id(step.out)] = runner.step(step)
+            t = tensors[v.name]
+            if t.dtype != torch.float32 or t.device != graph.src.device:
+                raise ValueError(f"{v.name}: float32 on {graph.src.device} wanted, got {t.dtype} on {t.device}")
+            runner.env[id(v)] = t.contiguous()
+    on_device = torch.cuda.device(graph.src.device) if graph.src.is_cuda else contextlib.nullcontext()
+    with on_device:  # launches go to the current device's stream
+        for step in plan.steps:
+            # Named per template (hector::gemm, hector::map, ...) so the profiler's breakdown can
+            # class the generated kernels by what they do (workloads/rgnn/breakdown.py).
+            with torch.profiler.record_function(f"hector::{type(step).__name__.lower()}"):
+                runner.env[id(step.out)] = runner.step(step)
     return [runner.env[id(o)] for o in plan.program.outputs]
 
 
@@ -141,7 +149,8 @@ class _Runner:
             number = o.scalar if symbol is None else self.widths[symbol] ** -0.5
             return (_ptr(self.unused), _ptr(self.unused), np.float32(number), np.int32(1))
         base = self.env[id(o.value)]
-        width = 1 if base.dim() == 1 else base.shape[-1]
+        # A shared vector is one row of all its entries; an indexed 1-d table has rows of one.
+        width = base.numel() if o.kind == "shared" else (1 if base.dim() == 1 else base.shape[-1])
         idx = self.index[o.index] if o.kind == "indexed" else self.unused
         return (_ptr(base), _ptr(idx), np.float32(0), np.int32(width))
 
@@ -161,7 +170,7 @@ class _Runner:
         count = self.index.types(step.order.split(":")[1]) if step.order.startswith("order") else 1
         result = torch.zeros(count, a.shape[1], g.shape[1], device=self.device)
         types, begins, ends = self.index.tiles(step.order, lower.OUTER_ROWS)
-        if len(types):
+        if len(types) and a.shape[1] and g.shape[1]:
             rows_a = self.index[self.index.positions(step.a, step.order)]
             rows_g = self.index[self.index.positions(step.g, step.order)]
             pointers = (a, rows_a, g, rows_g, result, types, begins, ends)
@@ -181,6 +190,8 @@ class _Runner:
     def dot(self, step: lower.Dot, launch) -> torch.Tensor:
         rows = self.index.rows(step.out.domain)
         a, b = self.operand(step.a), self.operand(step.b)
+        if step.a.kind != "scalar" and step.b.kind != "scalar" and a[3] != b[3]:
+            raise AssertionError(f"rows_dot of widths {a[3]} and {b[3]}: the language makes them equal")
         result = torch.empty(rows, 1, device=self.device)
         if rows:
             launch((_blocks(rows * 32),), (*a[:3], *b[:3], _ptr(result), np.int64(rows), np.int32(max(a[3], b[3]))))
@@ -223,6 +234,12 @@ def segment_gemm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor
 
     if rows.dtype != torch.float32 or weight.dtype != torch.float32 or not rows.is_cuda:
         raise ValueError("segment_gemm takes float32 CUDA tensors (the tensor-core variant is not built yet)")
+    if weight.dim() != 3 or weight.shape[1] != rows.shape[1] or offsets.shape != (weight.shape[0] + 1,):
+        raise ValueError(
+            f"rows {tuple(rows.shape)}, weight {tuple(weight.shape)} and offsets {tuple(offsets.shape)} do not fit"
+        )
+    if int(offsets[0]) != 0 or int(offsets[-1]) != rows.shape[0] or bool((offsets.diff() < 0).any()):
+        raise ValueError("offsets must rise from 0 to the number of rows")
     rows, weight = rows.contiguous(), weight.contiguous()
     device = rows.device
     schedule = lower.tile_schedule(offsets.diff().tolist(), lower.TILE_ROWS, device)
@@ -230,7 +247,7 @@ def segment_gemm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor
     n = weight.shape[2]
     out = torch.empty(rows.shape[0], n, device=device)
     name, text, _ = _instance("gemm.cu", "GEMM_NAME", "segment_gemm", {"GATHER_A": 1, "SCATTER_C": 1, "TRANSPOSE_B": 0})
-    if len(schedule[0]):
+    if len(schedule[0]) and n:
         pointers = (rows, identity, weight, out, identity, *schedule)
         grid = (len(schedule[0]), math.ceil(n / 64))
         args = (*map(_ptr, pointers), np.int32(rows.shape[1]), np.int32(n))

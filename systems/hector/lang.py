@@ -18,6 +18,7 @@ a node value) are refused while tracing, naming the operator.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -146,7 +147,9 @@ class Builder:
         return self._op("dot", (a.value, b.value), a.value.domain, 1, a.value.depends | b.value.depends)
 
     def leaky_relu(self, e: Expr, slope: float) -> Expr:
-        return self._unary("leaky_relu", e, (("slope", slope),))
+        if not math.isfinite(slope):
+            raise ModelError(f"leaky_relu's slope must be a finite number, got {slope}")
+        return self._unary("leaky_relu", e, (("slope", float(slope)),))
 
     def gelu(self, e: Expr) -> Expr:
         return self._unary("gelu", e)

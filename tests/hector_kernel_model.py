@@ -1,0 +1,202 @@
+"""A CPU model of Hector's CUDA kernels, driven by the real launch arguments.
+
+``install(monkeypatch)`` replaces the NVRTC launch with :func:`launch`, which evaluates each kernel
+literally from its argument list: flat pointers (looked up among the tensors the runner passed),
+scalars of the exact numpy types the kernel's parameters take, the ``#define``s of the instance's
+source, and the grid. So ``codegen.run`` runs end to end on a machine without a GPU, and a wrong
+argument order, type, width or pointer gives a wrong result or a recorded problem. What it cannot
+check is the CUDA itself (races, barriers, shuffles): the GPU tests do.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from systems import nvrtc
+from systems.hector import codegen, lower
+
+# Each entry point's parameters: f* float*, l* long long*, i* int*, int, ll (long long), float.
+SIGNATURES = {
+    "segment_gemm": "f* l* f* f* l* i* l* l* int int",
+    "segment_outer": "f* l* f* l* f* i* l* l* int int",
+    "rows_map": "f* l* float int f* l* float int f* ll int",
+    "rows_dot": "f* l* float f* l* float f* ll int",
+    "scatter_map": "f* l* float int f* l* float int l* f* ll int",
+    "scatter_rows": "f* l* f* ll int",
+    "edge_softmax": "f* l* l* f* ll",
+}
+SCALARS = {"int": np.int32, "ll": np.int64, "float": np.float32}
+POINTEES = {"f*": torch.float32, "l*": torch.int64, "i*": torch.int32}
+
+
+class KernelModel:
+    def __init__(self):
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.problems: list[str] = []
+
+    def pointer(self, t: torch.Tensor):
+        self.tensors[t.data_ptr()] = t
+        return np.uint64(t.data_ptr())
+
+    def flat(self, pointer, kind: str, where: str) -> torch.Tensor:
+        t = self.tensors[int(pointer)]
+        if not t.is_contiguous():
+            self.problems.append(f"{where}: a tensor that is not contiguous")
+        if t.numel() and t.dtype != POINTEES[kind]:
+            self.problems.append(f"{where}: a {t.dtype} pointer for {kind}")
+        return t.view(-1)
+
+    def read(self, t: torch.Tensor, index, where: str) -> torch.Tensor:
+        index = torch.as_tensor(index, dtype=torch.int64)
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= t.numel()):
+            self.problems.append(f"{where}: read {int(index.max())} out of {t.numel()}")
+            index = index.clamp(0, max(t.numel() - 1, 0))
+        return t[index]
+
+    def operand(self, kind, args, first, i, c, where, width=None) -> torch.Tensor:
+        """An operand's values at rows i, columns c, from its (pointer, index, scalar[, width]) args."""
+        pointer, index, scalar = args[first : first + 3]
+        width = int(args[first + 3]) if width is None else width
+        if kind == 2:
+            return torch.full(i.shape, float(scalar))
+        table = self.flat(pointer, "f*", where)
+        row = {0: i, 1: lambda: self.read(self.flat(index, "l*", where), i, where + " index"), 3: torch.zeros_like(i)}[
+            kind
+        ]
+        row = row() if callable(row) else row
+        return self.read(table, row * width + (torch.zeros_like(c) if width == 1 else c), where)
+
+    def launch(self, module, name, grid, block, args, shared_mem=0) -> None:
+        text, base = module, re.sub(r"_[0-9a-f]{10}$", "", name)
+        signature = SIGNATURES[base].split()
+        if len(args) != len(signature):
+            self.problems.append(f"{name}: {len(args)} arguments for {len(signature)} parameters")
+            return
+        for arg, kind in zip(args, signature, strict=True):
+            if type(arg) is not (np.uint64 if kind.endswith("*") else SCALARS[kind]):
+                self.problems.append(f"{name}: a {type(arg).__name__} argument for {kind}")
+        if any(g <= 0 for g in grid) or any(g > 65535 for g in grid[1:]):
+            self.problems.append(f"{name}: grid {grid}")
+        defined = {}
+        for key, value in re.findall(r"^#define (\w+) (\S+)$", text, re.M):
+            defined.setdefault(key, value)  # the instance's own, not the template's defaults after them
+        kinds = int(defined.get("OPERAND_A", 0)), int(defined.get("OPERAND_B", 0))
+        getattr(self, base)(name, text, defined, kinds, grid, args)
+
+    def _expression(self, text):
+        written = re.search(r"^#define ROW_EXPR\(a, b\) (.*)$", text, re.M).group(1)
+        for template, fn in lower.EXPRESSIONS.values():
+            pattern = re.escape(template).replace(re.escape("{slope}"), r"(?P<slope>[-0-9.e]+)")
+            found = re.fullmatch(pattern, written)
+            if found:
+                slope = float(found.group("slope")) if "slope" in found.groupdict() else None
+                attrs = type("Attrs", (), {"attr": lambda self, key, default=None: slope})()
+                return lambda a, b: fn(a, b, attrs)
+        raise ValueError(f"no expression reads {written}")
+
+    def rows_map(self, name, text, defined, kinds, grid, args):
+        rows, width = int(args[-2]), int(args[-1])
+        e = torch.arange(rows * width)
+        i, c = e // width, e % width
+        values = self._expression(text)(
+            self.operand(kinds[0], args, 0, i, c, name + " a"), self.operand(kinds[1], args, 4, i, c, name + " b")
+        )
+        out = self.flat(args[8], "f*", name + " out")
+        if rows * width > out.numel():
+            self.problems.append(f"{name}: out holds {out.numel()}, {rows * width} written")
+        out[e] = values
+
+    def scatter_map(self, name, text, defined, kinds, grid, args):
+        rows, width = int(args[-2]), int(args[-1])
+        e = torch.arange(rows * width)
+        i, c = e // width, e % width
+        values = self._expression(text)(
+            self.operand(kinds[0], args, 0, i, c, name + " a"), self.operand(kinds[1], args, 4, i, c, name + " b")
+        )
+        index, out = self.flat(args[8], "l*", name), self.flat(args[9], "f*", name)
+        target = self.read(index, i, name + " index") * width + c
+        if target.numel() and int(target.max()) >= out.numel():
+            self.problems.append(f"{name}: a write outside out")
+        out.index_add_(0, target, values)
+
+    def rows_dot(self, name, text, defined, kinds, grid, args):
+        rows, width = int(args[-2]), int(args[-1])
+        i, c = torch.arange(rows).repeat_interleave(width), torch.arange(width).repeat(rows)
+        a = self.operand(kinds[0], args, 0, i, c, name + " a", width)
+        b = self.operand(kinds[1], args, 3, i, c, name + " b", width)
+        self.flat(args[6], "f*", name + " out")[:rows] = (a * b).reshape(rows, width).sum(1)
+
+    def scatter_rows(self, name, text, defined, kinds, grid, args):
+        source, index, out = (
+            self.flat(args[0], "f*", name),
+            self.flat(args[1], "l*", name),
+            self.flat(args[2], "f*", name),
+        )
+        rows, width = int(args[3]), int(args[4])
+        e = torch.arange(rows * width)
+        out.index_add_(0, self.read(index, e // width, name) * width + e % width, self.read(source, e, name))
+
+    def edge_softmax(self, name, text, defined, kinds, grid, args):
+        scores, by_dst, begin, out = (self.flat(args[k], kind, name) for k, kind in enumerate(("f*", "l*", "l*", "f*")))
+        for v in range(int(args[4])):
+            edges = by_dst[int(begin[v]) : int(begin[v + 1])]
+            if len(edges):
+                out[edges] = torch.softmax(self.read(scores, edges, name), 0)
+
+    def segment_gemm(self, name, text, defined, kinds, grid, args):
+        a, a_rows, b, c, c_rows, types, begins, ends = (
+            self.flat(args[k], kind, name) for k, kind in enumerate("f* l* f* f* l* i* l* l*".split())
+        )
+        k_dim, n_dim = int(args[8]), int(args[9])
+        gather, scatter, transpose, accumulate = (
+            int(defined.get(key, 0)) for key in ("GATHER_A", "SCATTER_C", "TRANSPOSE_B", "ACCUMULATE")
+        )
+        if grid != (len(types), -(-n_dim // 64)):
+            self.problems.append(f"{name}: grid {grid}")
+        kk, nn = torch.meshgrid(torch.arange(k_dim), torch.arange(n_dim), indexing="ij")
+        for tile in range(grid[0]):
+            t, positions = int(types[tile]), torch.arange(int(begins[tile]), int(ends[tile]))
+            rows = self.read(a_rows, positions, name + " a_rows") if gather else positions
+            left = self.read(a, (rows[:, None] * k_dim + torch.arange(k_dim)).reshape(-1), name + " A")
+            right = self.read(
+                b, (t * k_dim * n_dim + (nn * k_dim + kk if transpose else kk * n_dim + nn)).reshape(-1), name
+            )
+            product = left.reshape(-1, k_dim) @ right.reshape(k_dim, n_dim)
+            rows = self.read(c_rows, positions, name + " c_rows") if scatter else positions
+            target = (rows[:, None] * n_dim + torch.arange(n_dim)).reshape(-1)
+            if target.numel() and int(target.max()) >= c.numel():
+                self.problems.append(f"{name}: a write outside C")
+            if accumulate:
+                c.index_add_(0, target, product.reshape(-1))
+            else:
+                c[target] = product.reshape(-1)
+
+    def segment_outer(self, name, text, defined, kinds, grid, args):
+        a, a_rows, g, g_rows, d, types, begins, ends = (
+            self.flat(args[k], kind, name) for k, kind in enumerate("f* l* f* l* f* i* l* l*".split())
+        )
+        k_dim, n_dim = int(args[8]), int(args[9])
+        if grid != (len(types), -(-n_dim // 64), -(-k_dim // 64)):
+            self.problems.append(f"{name}: grid {grid}")
+        for tile in range(grid[0]):
+            t, positions = int(types[tile]), torch.arange(int(begins[tile]), int(ends[tile]))
+            ra = self.read(a_rows, positions, name) if int(defined.get("GATHER_A", 0)) else positions
+            rg = self.read(g_rows, positions, name) if int(defined.get("GATHER_G", 0)) else positions
+            left = self.read(a, (ra[:, None] * k_dim + torch.arange(k_dim)).reshape(-1), name).reshape(-1, k_dim)
+            right = self.read(g, (rg[:, None] * n_dim + torch.arange(n_dim)).reshape(-1), name).reshape(-1, n_dim)
+            target = t * k_dim * n_dim + torch.arange(k_dim * n_dim)
+            if target.numel() and int(target.max()) >= d.numel():
+                self.problems.append(f"{name}: a write outside D")
+            d.index_add_(0, target, (left.T @ right).reshape(-1))
+
+
+def install(monkeypatch) -> KernelModel:
+    """Route codegen's launches to a fresh model (for one test)."""
+    model = KernelModel()
+    monkeypatch.setattr(nvrtc, "launch", model.launch)
+    monkeypatch.setattr(codegen, "_module", lambda text: text)
+    monkeypatch.setattr(codegen, "_ptr", model.pointer)
+    return model
