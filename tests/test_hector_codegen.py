@@ -171,6 +171,27 @@ def test_the_gemm_template_part_needs_a_gpu():
         gemm_template({"seed": 0, "cases": []}, None, repeat=1, warmup=0, device="cpu")
 
 
+def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch):
+    from hector_kernel_model import install
+
+    from workloads.rgnn.ops import segment_products
+
+    model = install(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    sizes = [0, 5, 64, 0, 200, 129]
+    rows, weight = torch.randn(sum(sizes), 37, generator=g), torch.randn(len(sizes), 37, 70, generator=g)
+    offsets = torch.tensor([0, *sizes]).cumsum(0)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the model runs on the CPU
+    out = codegen.segment_gemm(rows, weight, offsets)
+    monkeypatch.undo()
+    assert not model.problems, model.problems[:3]
+    close(out, segment_products(rows, weight, offsets))
+    with pytest.raises(ValueError, match="offsets must rise from 0 to the number of rows"):
+        install(monkeypatch)
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+        codegen.segment_gemm(rows, weight, offsets - 1)
+
+
 @pytest.mark.gpu
 def test_the_gemm_template_alone_matches_per_segment_products():
     """Odd widths, empty segments, a segment shorter than a tile and one of many tiles."""

@@ -243,12 +243,12 @@ def segment_gemm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor
     rows, weight = rows.contiguous(), weight.contiguous()
     device = rows.device
     schedule = lower.tile_schedule(offsets.diff().tolist(), lower.TILE_ROWS, device)
-    identity = torch.arange(rows.shape[0], device=device)
+    unused = torch.zeros(1, dtype=torch.int64, device=device)  # no index lists: rows in place, as grouped_mm's
     n = weight.shape[2]
     out = torch.empty(rows.shape[0], n, device=device)
-    name, text, _ = _instance("gemm.cu", "GEMM_NAME", "segment_gemm", {"GATHER_A": 1, "SCATTER_C": 1, "TRANSPOSE_B": 0})
+    name, text, _ = _instance("gemm.cu", "GEMM_NAME", "segment_gemm", {"GATHER_A": 0, "SCATTER_C": 0, "TRANSPOSE_B": 0})
     if len(schedule[0]) and n:
-        pointers = (rows, identity, weight, out, identity, *schedule)
+        pointers = (rows, unused, weight, out, unused, *schedule)
         grid = (len(schedule[0]), math.ceil(n / 64))
         args = (*map(_ptr, pointers), np.int32(rows.shape[1]), np.int32(n))
         nvrtc.launch(_module(text), name, grid, (THREADS,), args)
