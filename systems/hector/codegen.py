@@ -150,7 +150,8 @@ class _Runner:
             return (_ptr(self.unused), _ptr(self.unused), np.float32(number), np.int32(1))
         base = self.env[id(o.value)]
         # A shared vector is one row of all its entries; an indexed 1-d table has rows of one.
-        width = base.numel() if o.kind == "shared" else (1 if base.dim() == 1 else base.shape[-1])
+        # A row's width: a shared vector is one row; a table [rows], [rows, w] or [types, in, 1].
+        width = base.numel() if o.kind == "shared" else math.prod(base.shape[1:])
         idx = self.index[o.index] if o.kind == "indexed" else self.unused
         return (_ptr(base), _ptr(idx), np.float32(0), np.int32(width))
 

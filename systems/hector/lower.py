@@ -207,6 +207,16 @@ def lower(program: Program) -> Plan:
             continue
         if op in ("graph_data", "zeros_like") or (v.domain == "weight" and op not in ("typed_outer", "outer")):
             plan.steps.append(Host(v))  # weight algebra (a sum of gradient parts, W[r] @ q, ...)
+        elif op == "typed_matmul" and _narrow(v):
+            # A product by per-type weights of one column (RGAT's folded attention vectors): a dot
+            # of each row with its type's column, not a 64-wide GEMM tile for one useful column;
+            # its data gradient, each row's scalar times its type's column.
+            rows, w = v.args
+            column = Operand("indexed", dense(w), type_index(v.attr("by"), v.domain))
+            if v.attr("transpose"):
+                plan.steps.append(Map(v, "mul", operand(rows), column))
+            else:
+                plan.steps.append(Dot(v, operand(rows), column))
         elif op in ("typed_matmul", "matmul"):
             by = v.attr("by")
             order = f"order:{by}:{v.domain}" if by else f"identity:{v.domain}"
@@ -252,6 +262,13 @@ def lower(program: Program) -> Plan:
     for out in program.outputs:
         dense(out)
     return plan
+
+
+def _narrow(v: Value) -> bool:
+    """A typed product whose weights have one column (the product's width, or for the transposed
+    product its input's)."""
+    one_column = v.args[0].width if v.attr("transpose") else v.width
+    return one_column == 1
 
 
 def type_index(by: str, domain: str) -> str:
@@ -393,7 +410,7 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
             )
             return torch.full((rows, 1), float(number))
         base = env[id(o.value)]
-        base = base.unsqueeze(1) if base.dim() == 1 else base
+        base = base.unsqueeze(1) if base.dim() == 1 else base.flatten(1)  # [types, in, 1]: rows of in
         if o.kind == "shared":
             return base.reshape(1, -1).expand(rows, -1)
         return base if o.kind == "own" else base.index_select(0, index[o.index])
