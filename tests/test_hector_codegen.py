@@ -238,3 +238,32 @@ def test_a_slope_of_zero_is_written_as_a_float_literal():
 
     (text,) = [t for n, t in codegen.sources(relu_layer()).items() if n.startswith("rows_map")][:1]
     assert "(a) * 0.0f)" in text
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_a_training_step_computes_the_forward_once(name, monkeypatch):
+    """autodiff.split: the backward program reads the forward's saved values instead of computing
+    them again (no softmax, no forward product in it), and forward then backward, on the kernel
+    model, give autograd's gradients."""
+    from hector_kernel_model import install
+
+    program = passes.optimize(models.PROGRAMS[name](), "reorder", "compact")
+    forward, backward = autodiff.split(program)
+    ops = [(v.op, v.attr("transpose")) for v in backward.values]
+    assert ("edge_softmax", None) not in ops and ("typed_matmul", None) not in ops
+    saves = any(v.name and v.name.startswith("saved:") for v in backward.values)
+    assert saves == (name != "rgcn")  # RGCN is linear: its gradients need only x, W and the graph
+    install(monkeypatch)
+    graph = awkward_graph(seed=8)
+    _, tensors = program_and_tensors(name, (), False, graph)
+    widths = reference.bind_widths(program, graph, tensors)
+    outputs = codegen.run(lower.lower(forward), graph, tensors, widths)
+    grad = torch.randn(outputs[0].shape, generator=torch.Generator().manual_seed(1))
+    saved = {f"saved:{i}": t for i, t in enumerate(outputs[1:])}
+    got = codegen.run(lower.lower(backward), graph, tensors | saved | {"grad:0": grad}, widths)
+    leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+    (out,) = reference.run(program, graph, leaves)
+    expected = torch.autograd.grad(out, [leaves[leaf.name] for leaf in autodiff.leaves(program)], grad)
+    close(outputs[0], out.detach())
+    for have, want in zip(got, expected, strict=True):
+        close(have, want)

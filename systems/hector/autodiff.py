@@ -19,7 +19,9 @@ Each operator's adjoint is written with IR operators (the backward-only ones are
 
 from __future__ import annotations
 
-from systems.hector.ir import Program, Value
+from dataclasses import replace
+
+from systems.hector.ir import Program, Value, topological
 
 BACKWARD_OPS = {
     "sum_into_src",
@@ -63,6 +65,51 @@ def differentiate(program: Program) -> Program:
         found = adjoints.get(id(leaf))
         grads.append(_total(found) if found else Value("zeros_like", (leaf,), leaf.domain, leaf.width, per=leaf.per))
     return Program(program.name + "_backward", [*program.outputs, *grads])
+
+
+# Forward values a backward program recomputes rather than keeps: reading rows in place or a
+# constant costs nothing, and keeping a gather would materialize it.
+RECOMPUTED = {"input", "weight", "graph_data", "const", "gather", "unpair", "take", "broadcast"}
+
+
+def split(program: Program) -> tuple[Program, Program]:
+    """Forward and backward as two programs, as a training step runs them:
+
+    * forward: the outputs, then every forward value the backward pass reads (``saved``), so the
+      backward pass does not compute the forward again;
+    * backward: inputs by name (the forward's leaves, ``grad:<i>``, and ``saved:<j>`` for the j-th
+      saved value); outputs the leaves' gradients, in :func:`leaves` order.
+    """
+    combined = differentiate(program)
+    forward_ids = {id(v) for v in program.values}
+    grads = combined.outputs[len(program.outputs) :]
+    saved, seen = [], set()
+
+    def need(value: Value) -> None:  # a forward value the backward pass reads
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if value.op in RECOMPUTED or value.domain == "weight":  # weight algebra is cheap to redo
+            for arg in value.args:
+                need(arg)
+        else:
+            saved.append(value)
+
+    for value in topological(grads):
+        if id(value) not in forward_ids:
+            for arg in value.args:
+                if id(arg) in forward_ids:
+                    need(arg)
+    kept = {id(v): Value("input", (), v.domain, v.width, v.depends, name=f"saved:{i}") for i, v in enumerate(saved)}
+    mapped: dict[int, Value] = {}
+    for value in topological(grads):
+        if id(value) in kept:
+            mapped[id(value)] = kept[id(value)]
+            continue
+        args = tuple(mapped[id(a)] for a in value.args)
+        mapped[id(value)] = value if all(a is b for a, b in zip(args, value.args)) else replace(value, args=args)
+    forward = Program(program.name + "_forward", [*program.outputs, *saved])
+    return forward, Program(program.name + "_backward", [mapped[id(g)] for g in grads])
 
 
 def leaves(program: Program) -> list[Value]:

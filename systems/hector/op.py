@@ -19,7 +19,7 @@ import torch
 
 from harness.errors import UserError
 from systems.hector import codegen, lower, reference
-from systems.hector.autodiff import differentiate, leaves
+from systems.hector.autodiff import leaves, split
 from systems.hector.ir import Program
 from workloads.rgnn.graph import RelGraph
 
@@ -30,7 +30,10 @@ _ops: dict[str, tuple] = {}  # by op name: a program's text decides its name, so
 def register_graph(graph: RelGraph) -> int:
     """A handle for ``graph`` that the ops take, valid while the caller holds the graph."""
     handle = id(graph)
-    _graphs[handle] = graph
+    if handle not in _graphs:
+        _graphs[handle] = graph
+        # The pairs are counted now, outside any fake-tensor tracing: the ops' shapes need it.
+        lower.GraphIndex.of(graph)["pair_src"]
     return handle
 
 
@@ -61,12 +64,19 @@ class Layer:
                 + (f"; unknown {', '.join(sorted(extra))}" if extra else "")
             )
         handle = register_graph(graph)
-        return self.forward_op(handle, [tensors[name] for name in self.names])
+        return self.forward_op(handle, [tensors[name] for name in self.names])[0]
 
 
-def _fresh(t: torch.Tensor, given: list[torch.Tensor]) -> torch.Tensor:
-    """A custom op's result may not alias its inputs: copy one that does."""
-    return t.clone() if any(t.untyped_storage().data_ptr() == g.untyped_storage().data_ptr() for g in given) else t
+def _distinct(results: list[torch.Tensor], given: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A custom op's results may alias neither its inputs nor each other: copy those that do."""
+    seen = {g.untyped_storage().data_ptr() for g in given if g.numel()}
+    out = []
+    for t in results:
+        if t.numel() and t.untyped_storage().data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out.append(t)
+    return out
 
 
 def _float32(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -78,50 +88,61 @@ def _float32(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _define(op_name: str, program: Program, names: list[str]):
-    backward_program = differentiate(program)
+    """The forward op returns the output and the forward values the backward op reads, so a
+    training step computes the forward once (autodiff.split)."""
+    forward_program, backward_program = split(program)
+    forward_plan, backward_plan = lower.lower(forward_program), lower.lower(backward_program)
+
+    def bind(graph, tensors, grad=None, saved=()):
+        bound = dict(zip(names, tensors, strict=True)) | {f"saved:{i}": t for i, t in enumerate(saved)}
+        return bound if grad is None else bound | {"grad:0": grad}
 
     @torch.library.custom_op(f"hector::{op_name}", mutates_args=())
-    def forward(graph: int, tensors: list[torch.Tensor]) -> torch.Tensor:
-        (out,) = reference.run(program, _graph(graph), dict(zip(names, tensors, strict=True)))
-        return _fresh(out, tensors)
-
-    forward_plan, backward_plan = lower.lower(program), lower.lower(backward_program)
+    def forward(graph: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return _distinct(reference.run(forward_program, _graph(graph), bind(graph, tensors)), tensors)
 
     @forward.register_kernel("cuda")
     def _(graph, tensors):
-        g, bound = _graph(graph), _float32(dict(zip(names, tensors, strict=True)))
-        (out,) = codegen.run(forward_plan, g, bound, reference.bind_widths(program, g, bound))
-        return _fresh(out, tensors)
+        g, bound = _graph(graph), _float32(bind(graph, tensors))
+        return _distinct(codegen.run(forward_plan, g, bound, reference.bind_widths(program, g, bound)), tensors)
 
     @forward.register_fake
     def _(graph, tensors):
         g = _graph(graph)
-        width = reference.output_width(program, g, dict(zip(names, tensors, strict=True)))
-        return tensors[0].new_empty(g.num_nodes, width)
+        widths = reference.bind_widths(program, g, bind(graph, tensors))
+        rows = {"node": g.num_nodes, "edge": g.edges}
+        shapes = []
+        for value in forward_program.outputs:
+            count = rows[value.domain] if value.domain in rows else len(lower.GraphIndex.of(g)["pair_src"])
+            shapes.append((count, value.width if isinstance(value.width, int) else widths[value.width]))
+        return [tensors[0].new_empty(shape) for shape in shapes]
 
     @torch.library.custom_op(f"hector::{op_name}_backward", mutates_args=())
-    def backward(graph: int, tensors: list[torch.Tensor], grad: torch.Tensor) -> list[torch.Tensor]:
-        bound = dict(zip(names, tensors, strict=True)) | {"grad:0": grad}
-        results = reference.run(backward_program, _graph(graph), bound)[1:]
-        return [_fresh(r, [*tensors, grad]) for r in results]
+    def backward(
+        graph: int, tensors: list[torch.Tensor], grad: torch.Tensor, saved: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        results = reference.run(backward_program, _graph(graph), bind(graph, tensors, grad, saved))
+        return _distinct(results, [*tensors, grad, *saved])
 
     @backward.register_kernel("cuda")
-    def _(graph, tensors, grad):
-        g = _graph(graph)
-        bound = _float32(dict(zip(names, tensors, strict=True)) | {"grad:0": grad})
-        results = codegen.run(backward_plan, g, bound, reference.bind_widths(backward_program, g, bound))[1:]
-        return [_fresh(r, [*tensors, grad]) for r in results]
+    def _(graph, tensors, grad, saved):
+        g, bound = _graph(graph), _float32(bind(graph, tensors, grad, saved))
+        results = codegen.run(backward_plan, g, bound, reference.bind_widths(backward_program, g, bound))
+        return _distinct(results, [*tensors, grad, *saved])
 
     @backward.register_fake
-    def _(graph, tensors, grad):
+    def _(graph, tensors, grad, saved):
         return [torch.empty_like(t) for t in tensors]
 
     def setup_context(ctx, inputs, output):
         ctx.graph, tensors = inputs
-        ctx.save_for_backward(*tensors)
+        ctx.count, ctx.output_shape = len(tensors), output[0].shape
+        ctx.save_for_backward(*tensors, *output[1:])
 
-    def differentiate_op(ctx, grad):
-        return None, list(backward(ctx.graph, list(ctx.saved_tensors), grad.contiguous()))
+    def differentiate_op(ctx, grads):
+        tensors, saved = ctx.saved_tensors[: ctx.count], ctx.saved_tensors[ctx.count :]
+        grad = grads[0] if grads[0] is not None else tensors[0].new_zeros(ctx.output_shape)
+        return None, list(backward(ctx.graph, list(tensors), grad.contiguous(), list(saved)))
 
     forward.register_autograd(differentiate_op, setup_context=setup_context)
     return forward, backward

@@ -38,7 +38,7 @@ def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> 
     """The program's outputs for ``graph``, with its inputs and weights from ``tensors`` by name."""
     widths: dict[str, tuple[int, str]] = {}  # each width symbol's size, and the tensor that set it
     pairs = Pairs(graph) if any(v.domain == "pair" for v in program.values) else None
-    results = {id(v): _bind(v, tensors, graph, widths) for v in program.values if v.op in ("input", "weight")}
+    results = {id(v): _bind(v, tensors, graph, widths, pairs) for v in program.values if v.op in ("input", "weight")}
     for value in program.values:
         if id(value) not in results:
             args = [results[id(a)] for a in value.args]
@@ -182,13 +182,15 @@ def _type_ids(by: str, domain: str, graph: RelGraph, pairs: Pairs | None) -> tor
     return pairs.etype if domain == "pair" else graph.etype
 
 
-def _bind(value: Value, tensors, graph: RelGraph, widths) -> torch.Tensor:
+def _bind(value: Value, tensors, graph: RelGraph, widths, pairs: Pairs | None = None) -> torch.Tensor:
     if value.name not in tensors:
         raise BindingError(f"no tensor named {value.name!r} given (given: {', '.join(sorted(tensors))})")
     t = tensors[value.name]
-    if value.op == "input":
-        if t.dim() != 2 or t.shape[0] != graph.num_nodes:
-            raise BindingError(f"input {value.name}: [{graph.num_nodes} nodes, width] wanted, got {tuple(t.shape)}")
+    if value.op == "input":  # rows of a domain: features, an output's gradient, a saved forward value
+        rows = {"node": graph.num_nodes, "edge": graph.edges}.get(value.domain)
+        rows = len(pairs if pairs is not None else Pairs(graph)) if rows is None else rows
+        if t.dim() != 2 or t.shape[0] != rows:
+            raise BindingError(f"input {value.name}: [{rows} {value.domain}s, width] wanted, got {tuple(t.shape)}")
         _unify(value.width, t.shape[1], value.name, widths)
         return t
     leading = {"relation": graph.num_relations, "node_type": graph.num_node_types, None: None}[value.per]
