@@ -136,6 +136,45 @@ if HECTOR:
         )
     ooms = oom.groupby(oom.variant.isin(HECTOR)).size()
     lines += ["", f"Out of memory: baselines {ooms.get(False, 0)}, Hector {ooms.get(True, 0)}."]
+    # The ablation: each optimization against unoptimized Hector, geomean over the graphs.
+    if "hector_unopt" in HECTOR:
+        lines += [
+            "",
+            f"## Hector's ablation at width {width}: speedup over hector_unopt, geomean over graphs (worst, best)",
+            "",
+            "| model | mode | " + " | ".join(v for v in HECTOR if v != "hector_unopt") + " |",
+            "|---|---|" + "---|" * (len(HECTOR) - 1),
+        ]
+        for (model, mode), g in main[main.variant.isin(HECTOR)].groupby(["model", "mode"]):
+            by = g.pivot_table(index="dataset", columns="variant", values="median")
+            cells = []
+            for variant in (v for v in HECTOR if v != "hector_unopt"):
+                ratio = (by["hector_unopt"] / by[variant]).dropna() if variant in by else by.iloc[:0, 0]
+                cells.append(
+                    f"{np.exp(np.log(ratio).mean()):.2f} ({ratio.min():.2f}, {ratio.max():.2f})" if len(ratio) else ""
+                )
+            lines.append(f"| {model} | {mode} | " + " | ".join(cells) + " |")
+        # Memory: Hector's best configuration against the best baseline's, where both fit.
+        held = memory[memory.in_dim == width]
+        if not held.empty:
+            lines += [
+                "",
+                f"## Intermediate memory at width {width}: the fastest baseline's and the fastest Hector's",
+                "",
+                "| model | mode | dataset | baseline | MiB | Hector | MiB |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for (model, mode, dataset), g in main.groupby(["model", "mode", "dataset"]):
+                base, ours = g[g.variant.isin(BASELINES)], g[g.variant.isin(HECTOR)]
+                if base.empty or ours.empty:
+                    continue
+                pick = [base.loc[base["median"].idxmin()], ours.loc[ours["median"].idxmin()]]
+                cells = []
+                for r in pick:
+                    m = held[(held.model == model) & (held["mode"] == mode) & (held.dataset == dataset)]
+                    m = m[m.variant == r.variant]["median"]
+                    cells += [r.variant, f"{m.iloc[0] / 2**20:.1f}" if not m.empty else ""]
+                lines.append(f"| {model} | {mode} | {dataset} | " + " | ".join(cells) + " |")
 # The GEMM template alone against stock torch on equal segment shapes (part gemm_template).
 if not gemm_frame.empty:
     gemm = summarize(gemm_frame, "time", ["dataset", "variant", "edges", "relations", "in_dim", "out_dim"])
