@@ -180,17 +180,18 @@ def lower(program: Program) -> Plan:
     deferred: dict[int, Map] = {}  # maps summed straight into targets by their one user (ScatterMap)
 
     def operand(v: Value) -> Operand:
+        """How a step reads ``v``: a value read in place is read through its (dense) base."""
         if v.op == "gather":
             end = v.attr("end")
-            return Operand("indexed", v.args[0], "pair_src" if v.domain == "pair" else end)
+            return Operand("indexed", dense(v.args[0]), "pair_src" if v.domain == "pair" else end)
         if v.op == "unpair":
-            return Operand("indexed", v.args[0], "pair_of_edge")
+            return Operand("indexed", dense(v.args[0]), "pair_of_edge")
         if v.op == "take":
-            return Operand("indexed", v.args[0], type_index(v.attr("by"), v.domain))
+            return Operand("indexed", dense(v.args[0]), type_index(v.attr("by"), v.domain))
         if v.op == "const":
             return Operand("scalar", v, scalar=v.attr("value", 0.0))  # rsqrt: resolved when run
         if v.op == "broadcast":
-            return Operand("shared", v.args[0])
+            return Operand("shared", dense(v.args[0]))
         return Operand("own", v)
 
     def dense(v: Value) -> Value:
