@@ -14,10 +14,14 @@ and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's
 allocated after the untimed call. Then, at the widths in ``breakdown_dims`` (default: all), one
 more call under the profiler gives the time by kind of work (workloads/rgnn/breakdown.py). Matrix
 products run in exact float32 (TF32 off), as in Hector's protocol. A form that runs out of GPU
-memory, in its check or its timing, is recorded as ``out_of_memory`` with the size of the allocation that failed;
-``memory_cap_gib`` caps the memory the process may take (a smaller GPU). On a CPU, a form that would
-materialize per-edge weights beyond ``cpu_materialize_limit_gib`` is not attempted (an exhausted
-host is killed, not told): the notes say so, with the bytes it would have needed.
+memory, in its check or its timing, is recorded as ``out_of_memory`` with the size of the
+allocation that failed; ``memory_cap_gib`` caps the memory the process may take (a smaller
+GPU). On a CPU, a form that would materialize per-edge weights beyond
+``cpu_materialize_limit_gib`` is not attempted (an exhausted host is killed, not told): the notes
+say so, with the bytes it would have needed.
+
+Beside the baseline forms (role ``baseline``), Hector's variants in ``variants`` (default all:
+systems/hector/forms.py) are checked and timed the same way, with role ``optimized``.
 """
 
 from __future__ import annotations
@@ -101,9 +105,10 @@ def _published(name: str, entry: dict):
     if entry["scale_factor"] != 1:
         raise UserError(f"{name}: a published dataset is used whole; set scale_factor to 1 with published_dir")
     folder = Path(entry["published_dir"]).expanduser()
+    described, read = PUBLISHED[name]
     if not folder.is_dir():
-        raise UserError(f"{name}: published_dir {folder} is not a folder")
-    return PUBLISHED[name][1](name, folder)
+        raise UserError(f"{name}: published_dir {folder} is not a folder (it should hold {described})")
+    return read(name, folder)
 
 
 def large_datasets(params, writer, **kwargs):

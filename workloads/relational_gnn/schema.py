@@ -1,8 +1,11 @@
 """Results format of the relational_gnn topic (see harness.results for the common columns).
 
 ``dataset`` names the graph (``nations``, ``aifb-like``, ``am-like-0.01`` at a scale factor);
-``variant`` is the form (workloads/rgnn: ``pyg``, ``pyg_fast``, ``per_edge``, ``segment_mm``,
-``grouped_mm``), every one a ``baseline`` (Hector is what they are compared with). Metrics per
+``variant`` is the form: a ``baseline`` of workloads/rgnn (``pyg``, ``pyg_fast``, ``per_edge``,
+``segment_mm``, ``grouped_mm``) or Hector, ``optimized`` (``hector_unopt``, ``hector_compact``,
+``hector_reorder``, ``hector_best``). Part ``gemm_template``'s rows have ``model`` = ``gemm``:
+the GEMM template (``hector_gemm``) against ``grouped_mm``, ``segment_mm`` and ``cublas`` on equal
+segment shapes (``edges`` rows in ``relations`` segments). Metrics per
 timed call: ``time``, ``cpu_time``, on a GPU ``peak_gpu_memory`` and ``intermediate_memory`` (the
 peak allocated during the call minus what was allocated before the timed loop: the graph, the
 features, the weights and, for training, their gradients and optimizer state). Where a form did
