@@ -2,13 +2,13 @@
 same passes and code generators serve forward and backward.
 
 :func:`differentiate` returns one program whose outputs are the forward outputs followed by the
-gradient of every input and weight (in :meth:`Program.inputs` order, ``None`` where nothing
-depends on it is not possible: every leaf gets a gradient, zero rows where unused). The output's
-gradient is a node input named ``grad:<i>`` for output i. The backward values refer to forward
-values directly; a code generator decides what to keep from forward for backward.
+gradient of every input and weight, in :func:`leaves` order (zeros for a leaf nothing depends
+on). The gradient of output i is a node input named ``grad:<i>``. Its backward values refer to
+forward values directly; :func:`split` cuts it into the forward and backward programs a training
+step runs, deciding what the forward keeps for the backward.
 
-Each operator's adjoint is written with IR operators (the backward-only ones are listed in
-``BACKWARD_OPS`` and run in the reference backend like any other):
+Each operator's adjoint is written with IR operators (the backward-only ones run in the reference
+backend's ``_evaluate_backward`` and lower to the same templates as the rest):
 
 * a gather's adjoint is a sum into the gathered-from rows (``sum_into_src``, ``sum_into_dst``,
   ``sum_into_pair``);
@@ -22,21 +22,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from systems.hector.ir import Program, Value, topological
-
-BACKWARD_OPS = {
-    "sum_into_src",
-    "sum_into_pair",
-    "typed_outer",
-    "outer",
-    "row_sum",
-    "sum_rows",
-    "sum_by_type",
-    "leaky_relu_grad",
-    "gelu_grad",
-    "weight_product_grad_w",
-    "weight_product_grad_v",
-    "zeros_like",
-}
 
 
 def differentiate(program: Program) -> Program:
