@@ -97,25 +97,23 @@ class KernelModel:
                 return lambda a, b: fn(a, b, attrs)
         raise ValueError(f"no expression reads {written}")
 
-    def rows_map(self, name, text, defined, kinds, grid, args):
+    def _mapped(self, name, text, kinds, args):
+        """ROW_EXPR of the two operands over rows x width (the last two arguments)."""
         rows, width = int(args[-2]), int(args[-1])
         e = torch.arange(rows * width)
         i, c = e // width, e % width
-        values = self._expression(text)(
-            self.operand(kinds[0], args, 0, i, c, name + " a"), self.operand(kinds[1], args, 4, i, c, name + " b")
-        )
+        a, b = self.operand(kinds[0], args, 0, i, c, name + " a"), self.operand(kinds[1], args, 4, i, c, name + " b")
+        return rows, width, e, i, c, self._expression(text)(a, b)
+
+    def rows_map(self, name, text, defined, kinds, grid, args):
+        rows, width, e, _, _, values = self._mapped(name, text, kinds, args)
         out = self.flat(args[8], "f*", name + " out")
         if rows * width > out.numel():
             self.problems.append(f"{name}: out holds {out.numel()}, {rows * width} written")
         out[e] = values
 
     def scatter_map(self, name, text, defined, kinds, grid, args):
-        rows, width = int(args[-2]), int(args[-1])
-        e = torch.arange(rows * width)
-        i, c = e // width, e % width
-        values = self._expression(text)(
-            self.operand(kinds[0], args, 0, i, c, name + " a"), self.operand(kinds[1], args, 4, i, c, name + " b")
-        )
+        _, width, _, i, c, values = self._mapped(name, text, kinds, args)
         index, out = self.flat(args[8], "l*", name), self.flat(args[9], "f*", name)
         target = self.read(index, i, name + " index") * width + c
         if target.numel() and int(target.max()) >= out.numel():
