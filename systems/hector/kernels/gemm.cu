@@ -88,7 +88,9 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
             As[k][m] = (r >= 0 && k0 + k < K) ? A[r * K + k0 + k] : 0.0f;
         }
         for (int e = threadIdx.x; e < TILE_K * TILE_N; e += THREADS) {
-            const int k = e / TILE_N, n = e % TILE_N;
+            // Neighbouring threads read neighbouring addresses: along n for B, along k for B^T.
+            const int k = TRANSPOSE_B ? e % TILE_K : e / TILE_N;
+            const int n = TRANSPOSE_B ? e / TILE_K : e % TILE_N;
             float b = 0.0f;
             if (k0 + k < K && n0 + n < N) {
                 b = TRANSPOSE_B ? Bt[(long long)(n0 + n) * K + k0 + k] : Bt[(long long)(k0 + k) * N + n0 + n];
