@@ -13,7 +13,9 @@ import torch.nn.functional as F
 
 from harness.errors import UserError
 from systems.hector.ir import Program, Value
+from systems.hector.lower import GraphIndex
 from workloads.rgnn.graph import RelGraph
+from workloads.rgnn.ops import edge_softmax, segment_products
 
 
 class BindingError(UserError):
@@ -22,13 +24,11 @@ class BindingError(UserError):
 
 class Pairs:
     """The distinct (source, relation) pairs of a graph: each pair's source and relation, and each
-    edge's pair."""
+    edge's pair. A view of the arrays the lowering uses (lower.GraphIndex), made once per graph."""
 
     def __init__(self, graph: RelGraph):
-        keys = graph.src * max(graph.num_relations, 1) + graph.etype
-        unique, self.of_edge = torch.unique(keys, return_inverse=True)
-        self.src = unique // max(graph.num_relations, 1)
-        self.etype = unique % max(graph.num_relations, 1)
+        index = GraphIndex.of(graph)
+        self.src, self.etype, self.of_edge = index["pair_src"], index["pair_etype"], index["pair_of_edge"]
 
     def __len__(self):
         return len(self.src)
@@ -93,7 +93,7 @@ def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) 
     if op in ("gelu", "sigmoid", "exp"):
         return {"gelu": F.gelu, "sigmoid": torch.sigmoid, "exp": torch.exp}[op](args[0])
     if op == "edge_softmax":
-        return _edge_softmax(args[0], graph)
+        return edge_softmax(args[0].squeeze(1), graph.dst, graph.num_nodes).unsqueeze(1)
     if op == "sum_into_dst":
         rows = args[0]
         return rows.new_zeros(graph.num_nodes, rows.shape[1]).index_add(0, graph.dst, rows)
@@ -148,24 +148,13 @@ def _type_count(by: str, graph: RelGraph) -> int:
 
 
 def typed_products(rows: torch.Tensor, weight: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-    """``rows[i] @ weight[types[i]]`` for every row: rows sorted by type once, one product per
-    type's segment (``split``/``unbind``: one ``cat`` and one ``stack`` in the gradient), and
-    back to row order."""
+    """``rows[i] @ weight[types[i]]`` for every row: rows sorted by type once, the baselines' one
+    product per type's segment (workloads/rgnn/ops.py), and back to row order."""
     order = torch.sort(types, stable=True).indices
-    sizes = torch.bincount(types, minlength=weight.shape[0]).tolist()
-    segments = rows.index_select(0, order).split(sizes)
-    products = torch.cat([s @ w for s, w in zip(segments, weight.unbind(0), strict=True)])
+    counts = torch.bincount(types, minlength=weight.shape[0])
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    products = segment_products(rows.index_select(0, order), weight, offsets)
     return products.new_empty(products.shape).index_copy(0, order, products)
-
-
-def _edge_softmax(scores: torch.Tensor, graph: RelGraph) -> torch.Tensor:
-    """Softmax of [edges, 1] scores over each target's incoming edges (the maximum is taken out for
-    range only and not differentiated)."""
-    flat, dst = scores.squeeze(1), graph.dst
-    top = flat.new_full((graph.num_nodes,), -torch.inf).scatter_reduce(0, dst, flat.detach(), "amax")
-    exp = (flat - top.index_select(0, dst)).exp()
-    total = flat.new_zeros(graph.num_nodes).index_add(0, dst, exp)
-    return (exp / total.index_select(0, dst)).unsqueeze(1)
 
 
 def _end_ids(end: str, domain: str, graph: RelGraph, pairs: Pairs | None) -> torch.Tensor:
