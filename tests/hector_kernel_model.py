@@ -152,11 +152,16 @@ class KernelModel:
         gather, scatter, transpose, accumulate = (
             int(defined.get(key, 0)) for key in ("GATHER_A", "SCATTER_C", "TRANSPOSE_B", "ACCUMULATE")
         )
-        if grid != (len(types), -(-n_dim // 64)):
+        tile_m, tile_n = int(defined.get("TILE_M", 64)), int(defined.get("TILE_N", 64))
+        if grid != (len(types), -(-n_dim // tile_n)):
             self.problems.append(f"{name}: grid {grid}")
+        if int(defined.get("VEC4", 0)) and (k_dim % 4 or n_dim % 4 or any(int(args[k]) % 16 for k in (0, 2, 3))):
+            self.problems.append(f"{name}: float4 access to rows that are not 16-byte aligned")
         kk, nn = torch.meshgrid(torch.arange(k_dim), torch.arange(n_dim), indexing="ij")
         for tile in range(grid[0]):
             t, positions = int(types[tile]), torch.arange(int(begins[tile]), int(ends[tile]))
+            if len(positions) > tile_m:
+                self.problems.append(f"{name}: a tile of {len(positions)} rows for an instance of {tile_m}")
             rows = self.read(a_rows, positions, name + " a_rows") if gather else positions
             left = self.read(a, (rows[:, None] * k_dim + torch.arange(k_dim)).reshape(-1), name + " A")
             right = self.read(

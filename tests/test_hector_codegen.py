@@ -92,7 +92,7 @@ def all_instances() -> dict[str, str]:
     for name, applied, backward in cases():
         program, _ = program_and_tensors(name, applied, backward, awkward_graph())
         found |= codegen.sources(program)
-    return found
+    return found | dict(codegen.segment_gemm_source(shape) for shape in codegen.GEMM_SHAPES)
 
 
 def test_every_generated_kernel_compiles_for_sm90(tmp_path):
@@ -122,10 +122,10 @@ def test_every_generated_kernel_compiles_for_sm90(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph_name", GRAPHS)
 @pytest.mark.parametrize("name, applied, backward", list(cases()))
-def test_generated_kernels_compute_what_the_reference_computes(name, applied, backward, graph_name):
+def test_generated_kernels_compute_what_the_reference_computes(name, applied, backward, graph_name, width=6):
     torch.backends.cuda.matmul.allow_tf32 = False
     graph = GRAPHS[graph_name]()
-    program, tensors = program_and_tensors(name, applied, backward, graph)
+    program, tensors = program_and_tensors(name, applied, backward, graph, width=width)
     expected = reference.run(program, graph, tensors)
     cuda_graph = RelGraph_on(graph, "cuda")
     cuda_tensors = {k: v.cuda() for k, v in tensors.items()}
@@ -137,6 +137,13 @@ def test_generated_kernels_compute_what_the_reference_computes(name, applied, ba
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("width", [8, 132])  # float4 rows in 64- and in 128-wide tiles (132: a partial one)
+@pytest.mark.parametrize("name", BASELINES)
+def test_generated_kernels_in_every_gemm_shape(name, width):
+    test_generated_kernels_compute_what_the_reference_computes(name, ("reorder", "compact"), True, "real", width)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", BASELINES)
 def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
     graph = awkward_graph(seed=5)
@@ -145,13 +152,13 @@ def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
     results = []
     for device in ("cpu", "cuda"):
         g = graph if device == "cpu" else RelGraph_on(graph, "cuda")
-        leaves = {k: v.to(device).requires_grad_() for k, v in tensors.items()}
+        leaves = {k: v.detach().to(device).requires_grad_() for k, v in tensors.items()}
         out = layer(g, **leaves)
         (out * torch.arange(out.numel(), device=device).reshape(out.shape).sin()).sum().backward()
         results.append([out.detach().cpu()] + [leaves[n].grad.cpu() for n in layer.names])
     for have, want in zip(results[1], results[0], strict=True):
         close(have, want)
-    leaves = [tensors[n].cuda().requires_grad_() for n in layer.names]
+    leaves = [tensors[n].detach().cuda().requires_grad_() for n in layer.names]
     on_gpu = RelGraph_on(graph, "cuda")  # held: the op's handle is valid while the graph lives
     torch.library.opcheck(layer.forward_op, (op.register_graph(on_gpu), leaves))
 
@@ -173,7 +180,22 @@ def test_the_gemm_template_part_needs_a_gpu():
         gemm_template({"seed": 0, "cases": []}, None, repeat=1, warmup=0, device="cpu")
 
 
-def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch):
+def test_the_tile_schedule_covers_each_segment_once_in_tiles_of_one_type():
+    sizes = [0, 5, 64, 0, 200, 129, 1]
+    offsets = torch.tensor([0, *sizes]).cumsum(0)
+    types, first, end = lower.tile_schedule(offsets, sum(sizes), 64)
+    assert types.dtype == torch.int32 and first.dtype == end.dtype == torch.int64
+    real = end > first
+    assert int(real.sum()) == sum(-(-n // 64) for n in sizes)  # the rest are empty and skipped
+    covered = torch.cat([torch.arange(int(b), int(e)) for b, e in zip(first[real], end[real], strict=True)])
+    assert covered.tolist() == list(range(sum(sizes)))  # every row once, in order
+    for t, b, e in zip(types[real].tolist(), first[real].tolist(), end[real].tolist(), strict=True):
+        assert offsets[t] <= b < e <= offsets[t + 1] and e - b <= 64
+    assert [len(x) for x in lower.tile_schedule(torch.tensor([0, 0, 0]), 0, 64)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("in_dim, out_dim", [(37, 70), (64, 132)])  # scalar 64-wide tiles; float4 128-wide
+def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_dim, out_dim):
     from hector_kernel_model import install
 
     from workloads.rgnn.ops import segment_products
@@ -181,7 +203,8 @@ def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch):
     model = install(monkeypatch)
     g = torch.Generator().manual_seed(3)
     sizes = [0, 5, 64, 0, 200, 129]
-    rows, weight = torch.randn(sum(sizes), 37, generator=g), torch.randn(len(sizes), 37, 70, generator=g)
+    rows = torch.randn(sum(sizes), in_dim, generator=g)
+    weight = torch.randn(len(sizes), in_dim, out_dim, generator=g)
     offsets = torch.tensor([0, *sizes]).cumsum(0)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the model runs on the CPU
     out = codegen.segment_gemm(rows, weight, offsets)
@@ -202,10 +225,16 @@ def test_the_gemm_template_alone_matches_per_segment_products():
     torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator().manual_seed(3)
     sizes = [0, 5, 64, 0, 1000, 129]
-    rows = torch.randn(sum(sizes), 37, generator=g).cuda()
-    weight = torch.randn(len(sizes), 37, 70, generator=g).cuda()
     offsets = torch.tensor([0, *sizes]).cumsum(0).cuda()
-    close(codegen.segment_gemm(rows, weight, offsets).cpu(), segment_products(rows, weight, offsets).cpu())
+    for in_dim, out_dim in [(37, 70), (64, 64), (256, 132), (20, 256)]:  # every shape, scalar and float4
+        rows = torch.randn(sum(sizes), in_dim, generator=g).cuda()
+        weight = torch.randn(len(sizes), in_dim, out_dim, generator=g).cuda()
+        torch.full((sum(sizes) * out_dim,), float("nan"), device="cuda")  # freed: the output's block is NaN
+        out = codegen.segment_gemm(rows, weight, offsets).cpu()
+        close(out, segment_products(rows, weight, offsets).cpu())
+        # A row view that is not 16-byte aligned falls back to scalar loads, and is still right.
+        shifted = torch.randn(sum(sizes) * in_dim + 1, generator=g).cuda()[1:].view(sum(sizes), in_dim)
+        close(codegen.segment_gemm(shifted, weight, offsets).cpu(), segment_products(shifted, weight, offsets).cpu())
 
 
 @pytest.mark.parametrize("graph_name", GRAPHS)

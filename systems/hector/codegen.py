@@ -10,6 +10,7 @@ them all for sm_90 with nvcc, without a GPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import math
@@ -27,11 +28,35 @@ OPERAND_KINDS = {"own": 0, "indexed": 1, "scalar": 2, "shared": 3}
 THREADS = 256
 
 
+@dataclasses.dataclass(frozen=True)
+class GemmShape:
+    """A GEMM instance's tile (rows x columns, each 64 or 128) and whether it moves float4s."""
+
+    rows: int = 64
+    columns: int = 64
+    vec4: bool = False
+
+    def defines(self) -> dict:
+        return {"TILE_M": self.rows, "TILE_N": self.columns, "VEC4": int(self.vec4)}
+
+
+GEMM_SHAPES = [GemmShape(m, m, v) for m in (64, 128) for v in (False, True)]  # what gemm_shape picks from
+
+
+def gemm_shape(k: int, n: int, *tensors: torch.Tensor) -> GemmShape:
+    """The tile for a product with k inputs and n outputs per row: 128 x 128 where n passes 64
+    (twice the work per shared-memory read), else 64 x 64 (less padding in short segments); float4
+    loads and stores where every row starts 16-byte aligned."""
+    vec4 = k % 4 == 0 and n % 4 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+    size = 128 if n > 64 else 64
+    return GemmShape(size, size, vec4)
+
+
 @functools.lru_cache(maxsize=4096)  # steps hash by identity of their values: one lookup per launch
-def source_of(step) -> tuple[str, str, str]:
-    """The instance of ``step``: (entry point, CUDA source, template file name)."""
+def source_of(step, shape: GemmShape = GemmShape()) -> tuple[str, str, str]:
+    """The instance of ``step`` (a GEMM's in ``shape``): (entry point, CUDA source, template file)."""
     if isinstance(step, lower.Gemm):
-        defines = {"GATHER_A": 1, "SCATTER_C": 1, "TRANSPOSE_B": int(step.transpose)}
+        defines = {"GATHER_A": 1, "SCATTER_C": 1, "TRANSPOSE_B": int(step.transpose), **shape.defines()}
         return _instance("gemm.cu", "GEMM_NAME", "segment_gemm", defines)
     if isinstance(step, lower.Outer):
         return _instance("gemm.cu", "OUTER_NAME", "segment_outer", {"GATHER_A": 1, "GATHER_G": 1})
@@ -72,9 +97,16 @@ def sources(program: Program) -> dict[str, str]:
     found = {}
     for step in lower.lower(program).steps:
         if not isinstance(step, lower.Host):
-            name, text, _ = source_of(step)
-            found[name] = text
+            for shape in GEMM_SHAPES if isinstance(step, lower.Gemm) else [GemmShape()]:
+                name, text, _ = source_of(step, shape)
+                found[name] = text
     return found
+
+
+def segment_gemm_source(shape: GemmShape) -> tuple[str, str]:
+    """The standalone template's instance (rows read and written in place): (entry point, source)."""
+    defines = {"GATHER_A": 0, "SCATTER_C": 0, "TRANSPOSE_B": 0, **shape.defines()}
+    return _instance("gemm.cu", "GEMM_NAME", "segment_gemm", defines)[:2]
 
 
 _modules: dict[str, object] = {}
@@ -138,8 +170,10 @@ class _Runner:
             return lower.host_value(step.out, [self.env[id(a)] for a in step.out.args], self.index).contiguous()
         from systems import nvrtc
 
-        name, text, _ = source_of(step)
-        launch = lambda grid, args: nvrtc.launch(_module(text), name, grid, (THREADS,), args)  # noqa: E731
+        def launch(grid, args, shape: GemmShape = GemmShape()):
+            name, text, _ = source_of(step, shape)
+            nvrtc.launch(_module(text), name, grid, (THREADS,), args)
+
         return getattr(self, type(step).__name__.lower())(step, launch)
 
     def operand(self, o: lower.Operand) -> tuple:
@@ -159,11 +193,13 @@ class _Runner:
         a, b = self.env[id(step.a.value)], self.env[id(step.b)]
         n = b.shape[-2] if step.transpose else b.shape[-1]
         result = torch.empty(self.index.rows(step.out.domain), n, device=self.device)
-        types, begins, ends = self.index.tiles(step.order, lower.TILE_ROWS)
+        shape = gemm_shape(a.shape[1], n, a, b, result)
+        types, begins, ends = self.index.tiles(step.order, shape.rows)
         if len(types) and n:
             rows_a, rows_c = self.index[self.index.positions(step.a, step.order)], self.index[step.order]
             pointers = (a, rows_a, b, result, rows_c, types, begins, ends)
-            launch((len(types), math.ceil(n / 64)), (*map(_ptr, pointers), np.int32(a.shape[1]), np.int32(n)))
+            grid = (len(types), math.ceil(n / shape.columns))
+            launch(grid, (*map(_ptr, pointers), np.int32(a.shape[1]), np.int32(n)), shape)
         return result
 
     def outer(self, step: lower.Outer, launch) -> torch.Tensor:
@@ -239,18 +275,18 @@ def segment_gemm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor
         raise ValueError(
             f"rows {tuple(rows.shape)}, weight {tuple(weight.shape)} and offsets {tuple(offsets.shape)} do not fit"
         )
-    if int(offsets[0]) != 0 or int(offsets[-1]) != rows.shape[0] or bool((offsets.diff() < 0).any()):
+    if bool((offsets[0] != 0) | (offsets[-1] != rows.shape[0]) | (offsets.diff() < 0).any()):  # one sync
         raise ValueError("offsets must rise from 0 to the number of rows")
     rows, weight = rows.contiguous(), weight.contiguous()
-    device = rows.device
-    schedule = lower.tile_schedule(offsets.diff().tolist(), lower.TILE_ROWS, device)
-    unused = torch.zeros(1, dtype=torch.int64, device=device)  # no index lists: rows in place, as grouped_mm's
     n = weight.shape[2]
-    out = torch.empty(rows.shape[0], n, device=device)
-    name, text, _ = _instance("gemm.cu", "GEMM_NAME", "segment_gemm", {"GATHER_A": 0, "SCATTER_C": 0, "TRANSPOSE_B": 0})
+    out = torch.empty(rows.shape[0], n, device=rows.device)
+    shape = gemm_shape(rows.shape[1], n, rows, weight, out)
+    schedule = lower.tile_schedule(offsets, rows.shape[0], shape.rows)
+    unused = torch.zeros(1, dtype=torch.int64, device=rows.device)  # no index lists: rows in place, as grouped_mm's
+    name, text = segment_gemm_source(shape)
     if len(schedule[0]) and n:
         pointers = (rows, unused, weight, out, unused, *schedule)
-        grid = (len(schedule[0]), math.ceil(n / 64))
+        grid = (len(schedule[0]), math.ceil(n / shape.columns))
         args = (*map(_ptr, pointers), np.int32(rows.shape[1]), np.int32(n))
         nvrtc.launch(_module(text), name, grid, (THREADS,), args)
     return out

@@ -343,12 +343,16 @@ class GraphIndex:
         key = f"tiles:{order}:{rows_per_tile}"
         if key not in self._cache:
             kind, *rest = order.split(":")
+            device = self.graph.src.device
             if kind == "identity":
-                sizes = [self.rows(rest[0])]
+                rows = self.rows(rest[0])
+                offsets = torch.tensor([0, rows], device=device)
             else:
                 by, domain = rest
-                sizes = torch.bincount(self[type_index(by, domain)], minlength=self.types(by)).tolist()
-            self._cache[key] = tile_schedule(sizes, rows_per_tile, self.graph.src.device)
+                rows = self.rows(domain)
+                counts = torch.bincount(self[type_index(by, domain)], minlength=self.types(by))
+                offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+            self._cache[key] = tile_schedule(offsets, rows, rows_per_tile)
         return self._cache[key]
 
     def positions(self, operand: Operand, order: str) -> str:
@@ -356,21 +360,23 @@ class GraphIndex:
         return order if operand.kind == "own" else f"{operand.index}@{order}"
 
 
-def tile_schedule(sizes: list[int], rows_per_tile: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Segments of ``sizes`` rows, one per type and in type order, cut into tiles of at most
-    ``rows_per_tile``: each tile's type (int32), first and one-past-last position (int64)."""
-    types, begins, ends, start = [], [], [], 0
-    for t, size in enumerate(sizes):
-        for b in range(start, start + size, rows_per_tile):
-            types.append(t)
-            begins.append(b)
-            ends.append(min(b + rows_per_tile, start + size))
-        start += size
-    return (
-        torch.tensor(types, dtype=torch.int32, device=device),
-        torch.tensor(begins, dtype=torch.int64, device=device),
-        torch.tensor(ends, dtype=torch.int64, device=device),
-    )
+def tile_schedule(offsets: torch.Tensor, rows: int, rows_per_tile: int) -> tuple[torch.Tensor, ...]:
+    """Segments ``offsets[t] : offsets[t + 1]`` (one per type, in type order, ``rows`` in all) cut
+    into tiles of at most ``rows_per_tile``: each tile's type (int32), first and one-past-last
+    position (int64). Computed where ``offsets`` lives, without reading it back: the tile count is
+    bounded by ceil(rows / rows_per_tile) + types, and the tiles past the last segment's are empty
+    (first = end = 0), which the kernels skip."""
+    types = offsets.numel() - 1
+    count = -(-rows // rows_per_tile) + types if rows else 0
+    tiles_of = (offsets.diff() + rows_per_tile - 1) // rows_per_tile
+    tiles_before = tiles_of.cumsum(0)  # inclusive: tiles of types 0..t
+    tile = torch.arange(count, device=offsets.device)
+    of_tile = torch.searchsorted(tiles_before, tile, right=True)
+    past = of_tile >= types
+    t = of_tile.clamp(max=max(types - 1, 0))
+    first = offsets[t] + (tile - tiles_before[t] + tiles_of[t]) * rows_per_tile
+    end = torch.minimum(first + rows_per_tile, offsets[t + 1])
+    return t.to(torch.int32), first.masked_fill(past, 0), end.masked_fill(past, 0)
 
 
 def host_value(v: Value, args: list[torch.Tensor], index: GraphIndex) -> torch.Tensor:

@@ -6,8 +6,8 @@ every form of workloads/rgnn (``pyg``, ``pyg_fast`` where PyG has one, ``per_edg
 backward and an optimizer step). Every form's output is checked against the ``segment_mm`` form's
 before any is timed. Part ``knowledge_graphs``: the real Nations, Kinships and UMLS graphs from
 the pykeen wheel. Part ``datasets``: heterographs shaped like Hector's eight datasets
-(workloads/graphs/relational.py), at the scale's size; part ``large_datasets`` the same for the
-large ones, in a job of its own; part ``width_sweep`` (GPU machines only) the same graphs as
+(workloads/graphs/relational.py), at the scale's size; parts ``large_datasets`` and (GPU machines only)
+``largest_datasets`` the same for the large ones, each in a job of its own; part ``width_sweep`` (GPU machines only) the same graphs as
 ``datasets`` at other widths; part ``gemm_template`` (GPU machines only) Hector's GEMM template
 against stock torch on equal segment shapes. Hector's variants (systems/hector) run beside the
 baselines with ``role`` = optimized. A form that runs out of GPU memory is
@@ -26,6 +26,7 @@ TOPIC = Topic(
         Part("knowledge_graphs", gpus=1, cpu=True),
         Part("datasets", gpus=1, cpu=True),
         Part("large_datasets", gpus=1, cpu=True),
+        Part("largest_datasets", gpus=1, cpu=False),
         Part("width_sweep", gpus=1, cpu=False),
         Part("gemm_template", gpus=1, cpu=False),
     ),

@@ -39,102 +39,179 @@
 #define OUTER_NAME segment_outer
 #endif
 
-#define TILE_M 64
-#define TILE_N 64
+#ifndef TILE_M
+#define TILE_M 64  // rows of a tile: 64 or 128 (the host cuts segments into tiles of this many rows)
+#endif
+#ifndef TILE_N
+#define TILE_N 64  // columns of a tile: 64 or 128
+#endif
+#ifndef VEC4
+#define VEC4 0  // K and N multiples of 4 and every row 16-byte aligned: float4 loads and stores
+#endif
 #define TILE_K 16
-#define THREADS 256  // 16 x 16 threads, each a 4 x 4 block of the 64 x 64 output tile
+#define THREADS 256  // 16 x 16 threads, each a (TILE_M / 16) x (TILE_N / 16) block of the output tile
+#define MI (TILE_M / 16)
+#define NJ (TILE_N / 16)
+#define PAD 4  // keeps rows of the shared tiles 16-byte aligned, and their transposing stores spread
 
-// acc[i][j] += sum over the TILE_K steps k of left[k][ty + 16 i] * right[k][tx + 16 j]: each
-// thread's 4 x 4 share of a 64 x 64 tile (rows and columns strided by 16: no bank conflicts).
-__device__ __forceinline__ void accumulate_tile(const float (&left)[TILE_K][TILE_M + 1],
-                                                const float (&right)[TILE_K][TILE_N + 1], float (&acc)[4][4], int tx,
-                                                int ty) {
+// A thread's i-th row of a tile: runs of 4 neighbouring rows, the runs 64 apart, so that a
+// warp's float4 reads of a shared k-row cover neighbouring addresses (no bank conflicts).
+__device__ __forceinline__ int own_row(int i, int ty) { return (i / 4) * 64 + ty * 4 + i % 4; }
+
+// acc[i][j] += sum over the TILE_K steps k of left[k][own_row(i)] * right[k][own_row(j)].
+template <int LM, int LN>
+__device__ __forceinline__ void accumulate_tile(const float (&left)[TILE_K][LM + PAD],
+                                                const float (&right)[TILE_K][LN + PAD], float (&acc)[LM / 16][LN / 16],
+                                                int tx, int ty) {
 #pragma unroll
     for (int k = 0; k < TILE_K; ++k) {
-        float a[4], b[4];
+        float a[LM / 16], b[LN / 16];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = left[k][ty + 16 * i];
+        for (int i = 0; i < LM / 16; i += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(&left[k][own_row(i, ty)]);
+            a[i] = v.x, a[i + 1] = v.y, a[i + 2] = v.z, a[i + 3] = v.w;
+        }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) b[j] = right[k][tx + 16 * j];
+        for (int j = 0; j < LN / 16; j += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(&right[k][own_row(j, tx)]);
+            b[j] = v.x, b[j + 1] = v.y, b[j + 2] = v.z, b[j + 3] = v.w;
+        }
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < LM / 16; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+            for (int j = 0; j < LN / 16; ++j) acc[i][j] += a[i] * b[j];
     }
 }
 
-// C[rows of the tile, n0 : n0 + 64] of one tile; grid (tiles, ceil(N / 64)).
-extern "C" __global__ void __launch_bounds__(THREADS)
+// Four neighbouring entries of a row-major matrix's row (row < 0: a padding row of zeros). With
+// VEC4 one float4 load (K a multiple of 4, so a quad never straddles the row's end); else four.
+__device__ __forceinline__ float4 load_quad(const float* __restrict__ m, long long row, int col, int cols) {
+    if (row < 0 || col >= cols) return make_float4(0.f, 0.f, 0.f, 0.f);
+    const float* p = m + row * cols + col;
+    if (VEC4) return *reinterpret_cast<const float4*>(p);
+    return make_float4(p[0], col + 1 < cols ? p[1] : 0.f, col + 2 < cols ? p[2] : 0.f, col + 3 < cols ? p[3] : 0.f);
+}
+
+// The quads a thread stages per k-step: TILE_M x TILE_K of A and TILE_K x TILE_N of B.
+#define A_QUADS (TILE_M * TILE_K / 4 / THREADS)
+#define B_QUADS (TILE_K * TILE_N / 4 / THREADS)
+
+// C[rows of the tile, n0 : n0 + TILE_N] of one tile; grid (tiles, ceil(N / TILE_N)). The next
+// k-step's tiles are loaded into registers while the current one is multiplied (two shared buffers).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)  // two blocks per SM: at most 128 registers
 GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, const float* __restrict__ B,
           float* __restrict__ C, const long long* __restrict__ c_rows, const int* __restrict__ tile_type,
           const long long* __restrict__ tile_begin, const long long* __restrict__ tile_end, int K, int N) {
-    __shared__ float As[TILE_K][TILE_M + 1];  // A's tile, k-major (+1: no bank conflicts)
-    __shared__ float Bs[TILE_K][TILE_N + 1];
+    __shared__ __align__(16) float As[2][TILE_K][TILE_M + PAD];  // A's tile, k-major
+    __shared__ __align__(16) float Bs[2][TILE_K][TILE_N + PAD];
     __shared__ long long a_row[TILE_M];
     const int tile = blockIdx.x, n0 = blockIdx.y * TILE_N;
     const long long begin = tile_begin[tile], end = tile_end[tile];
+    if (begin >= end) return;  // an empty tile (the schedule may end with some)
     const float* Bt = B + (long long)tile_type[tile] * K * N;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    if (threadIdx.x < TILE_M) {
-        const long long i = begin + threadIdx.x;
-        a_row[threadIdx.x] = i < end ? (GATHER_A ? a_rows[i] : i) : -1;
+    for (int m = threadIdx.x; m < TILE_M; m += THREADS) {
+        const long long i = begin + m;
+        a_row[m] = i < end ? (GATHER_A ? a_rows[i] : i) : -1;
     }
     __syncthreads();
-    float acc[4][4] = {};
-    for (int k0 = 0; k0 < K; k0 += TILE_K) {
-        for (int e = threadIdx.x; e < TILE_M * TILE_K; e += THREADS) {
-            const int m = e / TILE_K, k = e % TILE_K;
-            const long long r = a_row[m];
-            As[k][m] = (r >= 0 && k0 + k < K) ? A[r * K + k0 + k] : 0.0f;
+    float4 a_quad[A_QUADS], b_quad[B_QUADS];
+    // Quad q of a thread: A's row m, columns k0 + 4 kq ..; B's (k, n) likewise (see the stores).
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int q = 0; q < A_QUADS; ++q) {
+            const int e = threadIdx.x + q * THREADS, m = e / (TILE_K / 4), kq = e % (TILE_K / 4);
+            a_quad[q] = load_quad(A, a_row[m], k0 + 4 * kq, K);
         }
-        for (int e = threadIdx.x; e < TILE_K * TILE_N; e += THREADS) {
-            // Neighbouring threads read neighbouring addresses: along n for B, along k for B^T.
-            const int k = TRANSPOSE_B ? e % TILE_K : e / TILE_N;
-            const int n = TRANSPOSE_B ? e / TILE_K : e % TILE_N;
-            float b = 0.0f;
-            if (k0 + k < K && n0 + n < N) {
-                b = TRANSPOSE_B ? Bt[(long long)(n0 + n) * K + k0 + k] : Bt[(long long)(k0 + k) * N + n0 + n];
+#pragma unroll
+        for (int q = 0; q < B_QUADS; ++q) {
+            const int e = threadIdx.x + q * THREADS;
+            if (TRANSPOSE_B) {  // B[t]^T: row n of B[t] holds column n of the product's right side
+                const int n = e / (TILE_K / 4), kq = e % (TILE_K / 4);
+                b_quad[q] = load_quad(Bt, n0 + n < N ? n0 + n : -1, k0 + 4 * kq, K);
+            } else {
+                const int k = e / (TILE_N / 4), nq = e % (TILE_N / 4);
+                b_quad[q] = load_quad(Bt, k0 + k < K ? k0 + k : -1, n0 + 4 * nq, N);
             }
-            Bs[k][n] = b;
         }
+    };
+    auto store = [&](int buffer) {
+#pragma unroll
+        for (int q = 0; q < A_QUADS; ++q) {
+            const int e = threadIdx.x + q * THREADS, m = e / (TILE_K / 4), kq = e % (TILE_K / 4);
+            As[buffer][4 * kq][m] = a_quad[q].x, As[buffer][4 * kq + 1][m] = a_quad[q].y;
+            As[buffer][4 * kq + 2][m] = a_quad[q].z, As[buffer][4 * kq + 3][m] = a_quad[q].w;
+        }
+#pragma unroll
+        for (int q = 0; q < B_QUADS; ++q) {
+            const int e = threadIdx.x + q * THREADS;
+            if (TRANSPOSE_B) {
+                const int n = e / (TILE_K / 4), kq = e % (TILE_K / 4);
+                Bs[buffer][4 * kq][n] = b_quad[q].x, Bs[buffer][4 * kq + 1][n] = b_quad[q].y;
+                Bs[buffer][4 * kq + 2][n] = b_quad[q].z, Bs[buffer][4 * kq + 3][n] = b_quad[q].w;
+            } else {
+                const int k = e / (TILE_N / 4), nq = e % (TILE_N / 4);
+                *reinterpret_cast<float4*>(&Bs[buffer][k][4 * nq]) = b_quad[q];
+            }
+        }
+    };
+    float acc[MI][NJ] = {};
+    load(0);
+    store(0);
+    __syncthreads();
+    int buffer = 0;
+    for (int k0 = 0; k0 < K; k0 += TILE_K) {
+        const bool more = k0 + TILE_K < K;
+        if (more) load(k0 + TILE_K);
+        accumulate_tile<TILE_M, TILE_N>(As[buffer], Bs[buffer], acc, tx, ty);
+        // The other buffer was last read before the previous barrier: safe to fill now.
+        if (more) store(buffer ^ 1);
         __syncthreads();
-        accumulate_tile(As, Bs, acc, tx, ty);
-        __syncthreads();
+        buffer ^= 1;
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const long long position = begin + ty + 16 * i;
+    for (int i = 0; i < MI; ++i) {
+        const long long position = begin + own_row(i, ty);
         if (position >= end) continue;
         const long long row = SCATTER_C ? c_rows[position] : position;
+        float* out = C + row * N;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int n = n0 + tx + 16 * j;
-            if (n >= N) continue;
-            if (ACCUMULATE) {
-                atomicAdd(&C[row * N + n], acc[i][j]);
-            } else {
-                C[row * N + n] = acc[i][j];
+        for (int j = 0; j < NJ; j += 4) {
+            const int n = n0 + own_row(j, tx);
+            if (VEC4 && !ACCUMULATE && n < N) {
+                *reinterpret_cast<float4*>(out + n) = make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+                continue;
+            }
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                if (n + jj >= N) continue;
+                if (ACCUMULATE) {
+                    atomicAdd(out + n + jj, acc[i][j + jj]);
+                } else {
+                    out[n + jj] = acc[i][j + jj];
+                }
             }
         }
     }
 }
 
 // D[t][k0 : k0 + 64, n0 : n0 + 64] += A[rows of the tile]^T G[rows of the tile]; grid (tiles,
-// ceil(N / 64), ceil(K / 64)). A has K columns, G and D[t] N.
+// ceil(N / 64), ceil(K / 64)). A has K columns, G and D[t] N. Always 64 x 64 output tiles.
 extern "C" __global__ void __launch_bounds__(THREADS)
 OUTER_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, const float* __restrict__ G,
            const long long* __restrict__ g_rows, float* __restrict__ D, const int* __restrict__ tile_type,
            const long long* __restrict__ tile_begin, const long long* __restrict__ tile_end, int K, int N) {
-    __shared__ float As[TILE_K][TILE_M + 1];  // TILE_K positions x 64 columns of A
-    __shared__ float Gs[TILE_K][TILE_N + 1];
-    const int tile = blockIdx.x, n0 = blockIdx.y * TILE_N, k0 = blockIdx.z * TILE_M;
+    __shared__ __align__(16) float As[TILE_K][64 + PAD];  // TILE_K positions x 64 columns of A
+    __shared__ __align__(16) float Gs[TILE_K][64 + PAD];
+    const int tile = blockIdx.x, n0 = blockIdx.y * 64, k0 = blockIdx.z * 64;
     const long long begin = tile_begin[tile], end = tile_end[tile];
+    if (begin >= end) return;
     float* Dt = D + (long long)tile_type[tile] * K * N;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[4][4] = {};
     for (long long p0 = begin; p0 < end; p0 += TILE_K) {
-        for (int e = threadIdx.x; e < TILE_K * TILE_M; e += THREADS) {
-            const int p = e / TILE_M, c = e % TILE_M;
+        for (int e = threadIdx.x; e < TILE_K * 64; e += THREADS) {
+            const int p = e / 64, c = e % 64;
             const long long position = p0 + p;
             float a = 0.0f, g = 0.0f;
             if (position < end) {
@@ -147,16 +224,16 @@ OUTER_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, co
             Gs[p][c] = g;
         }
         __syncthreads();
-        accumulate_tile(As, Gs, acc, tx, ty);
+        accumulate_tile<64, 64>(As, Gs, acc, tx, ty);
         __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int k = k0 + ty + 16 * i;
+        const int k = k0 + own_row(i, ty);
         if (k >= K) continue;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const int n = n0 + tx + 16 * j;
+            const int n = n0 + own_row(j, tx);
             if (n < N) atomicAdd(&Dt[(long long)k * N + n], acc[i][j]);
         }
     }
