@@ -12,6 +12,7 @@ baseline was skipped). The Snakemake rules and tools/gpu_box_run.sh call exactly
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import signal
 from pathlib import Path
@@ -54,25 +55,62 @@ def measure(
         )
     writer = ResultsWriter(topic.schema, scale=scale_name)
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
-    notes = (
-        topic.measure_function(part.name)(
-            part_params,
-            writer,
-            shared=params,
-            repeat=params["repeat"],
-            warmup=params["warmup"],
-            device="cuda" if gpus else "cpu",
-            scratch_dir=scratch_dir or Path(cfg["scratch_dir"]),
-        )
-        or {}
-    )
+    try:
+        with _stopped_by_sigterm():
+            notes = (
+                topic.measure_function(part.name)(
+                    part_params,
+                    writer,
+                    shared=params,
+                    repeat=params["repeat"],
+                    warmup=params["warmup"],
+                    device="cuda" if gpus else "cpu",
+                    scratch_dir=scratch_dir or Path(cfg["scratch_dir"]),
+                )
+                or {}
+            )
+        cut_short = False
+    except _CutShort:
+        if not writer.rows:
+            raise SystemExit(f"{topic.name}/{part.name}: stopped by SIGTERM before any row was measured") from None
+        notes, cut_short = {"cut_short": CUT_SHORT_NOTE}, True
     writer.write(
         out,
         provenance.collect(
             scale_name, packages=topic.packages, topic=topic.name, part=part.name, parameters=part_params, **notes
         ),
     )
+    if cut_short:
+        raise SystemExit(
+            f"{topic.name}/{part.name}: stopped by SIGTERM; the {len(writer.rows)} rows measured before it are in "
+            f"{out}, marked cut_short in its provenance"
+        )
     return len(writer.rows)
+
+
+CUT_SHORT_NOTE = (
+    "stopped by SIGTERM (a time limit or a cancelled job): only the rows measured before it are here, "
+    "and the part's own notes are missing"
+)
+
+
+class _CutShort(BaseException):  # not an Exception: a part's own error handling must not swallow it
+    pass
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm():
+    """SIGTERM (``timeout``, a cancelled job) stops the part at the next Python step, so that the
+    rows it measured so far are written rather than lost with the process; the exit stays non-zero."""
+
+    def stop(signum, frame):
+        raise _CutShort
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv=None) -> None:

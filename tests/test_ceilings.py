@@ -1,5 +1,9 @@
 """The ceilings probes at the tiny scale, through their entry point, into validated results."""
 
+import os
+import signal
+import time
+
 import pytest
 
 from harness.entry import main as entry
@@ -113,3 +117,28 @@ def test_disk_probe_refuses_reads_served_from_the_page_cache(tmp_path, monkeypat
     monkeypatch.setattr(disk, "device_bytes", lambda stat: (real(stat)[0] // 2, real(stat)[1]))
     with pytest.raises(RuntimeError, match="page cache was not bypassed"):
         _run(tmp_path, "disk")
+
+
+def test_a_part_stopped_by_sigterm_keeps_its_rows_marked_cut_short(tmp_path, monkeypatch):
+    """A time limit's SIGTERM mid-part: the rows measured so far are written, labelled incomplete,
+    and the exit is still a failure."""
+    from harness.topic import Topic
+
+    real = Topic.measure_function
+
+    def then_sigterm(self, name):
+        def part(params, writer, **kwargs):
+            real(self, name)(params, writer, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+            raise AssertionError("SIGTERM did not stop the part")
+
+        return part
+
+    monkeypatch.setattr(Topic, "measure_function", then_sigterm)
+    with pytest.raises(SystemExit, match="stopped by SIGTERM; the [0-9]+ rows measured before it"):
+        _run(tmp_path, HOST_PROBES[0])
+    out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
+    assert len(load([out], SCHEMA)) > 0
+    assert "SIGTERM" in load_provenance(out)["cut_short"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again

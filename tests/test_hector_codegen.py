@@ -140,7 +140,7 @@ def test_generated_kernels_compute_what_the_reference_computes(name, applied, ba
 @pytest.mark.parametrize("width", [8, 132])  # float4 rows in 64- and in 128-wide tiles (132: a partial one)
 @pytest.mark.parametrize("name", BASELINES)
 def test_generated_kernels_in_every_gemm_shape(name, width):
-    test_generated_kernels_compute_what_the_reference_computes(name, ("reorder", "compact"), True, "real", width)
+    test_generated_kernels_compute_what_the_reference_computes(name, ("reorder", "compact"), True, "kinships", width)
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@
 # re-packed after every part, so what finished comes back even if a later part is cut short).
 # Set SUITE_GIT_COMMIT / SUITE_GIT_DIRTY to the commit you copied to the machine: they win over a
 # .git copied along, which can be stale. SUITE_SKIP_TESTS=1 measures only; SUITE_PARTS="a b"
-# measures only those parts.
+# measures only those parts. Under `timeout`, a part cut short keeps the rows it measured.
 set -uo pipefail
 machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}; shift 3
 mkdir -p "$out"
@@ -22,6 +22,9 @@ if [ "${SUITE_SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest -q -p no:cacheprovider -m "not slow" tests 2>&1 | tee "$out/pytest.log" | tail -15
 fi
 status=0
+# A time limit's SIGTERM reaches the part too, which writes the rows it has (marked cut_short):
+# pack them before going.
+trap 'tar czf "$out/results-$machine.tgz" "results/$machine"; exit 124' TERM
 for topic in "$@"; do
   parts=${SUITE_PARTS:-$(python3 -m workloads "$topic" --list-parts)} || { status=1; continue; }
   for part in $parts; do
