@@ -164,12 +164,14 @@ if HECTOR:
     if "hector_unopt" in HECTOR:
         lines += [
             "",
-            f"## Hector's ablation at width {width}: speedup over hector_unopt, geomean over graphs (worst, best)",
+            f"## Hector's ablation at width {width}: speedup over hector_unopt, geomean over the "
+            f"{'dataset-shaped ' if DATASET_SHAPED else ''}graphs (worst, best)",
             "",
             "| model | mode | " + " | ".join(v for v in HECTOR if v != "hector_unopt") + " |",
             "|---|---|" + "---|" * (len(HECTOR) - 1),
         ]
-        for (model, mode), g in main[main.variant.isin(HECTOR)].groupby(["model", "mode"]):
+        ablated = main[main.variant.isin(HECTOR) & (main.dataset.isin(DATASET_SHAPED) if DATASET_SHAPED else True)]
+        for (model, mode), g in ablated.groupby(["model", "mode"]):
             by = g.pivot_table(index="dataset", columns="variant", values="median")
             cells = []
             for variant in (v for v in HECTOR if v != "hector_unopt"):
