@@ -163,6 +163,23 @@ def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
     torch.library.opcheck(layer.forward_op, (op.register_graph(on_gpu), leaves))
 
 
+@pytest.mark.gpu
+def test_the_breakdown_classes_the_generated_kernels_by_their_step():
+    """The profiler hangs CuPy's launches on driver calls; the breakdown must still put a GEMM
+    step's kernels under gemm and a scatter's under aggregation, not under other."""
+    from workloads.rgnn.breakdown import breakdown
+
+    graph = awkward_graph(seed=5)
+    layer = op.Layer(passes.optimize(models.PROGRAMS["rgcn"](), "reorder", "compact"))
+    _, tensors = program_and_tensors("rgcn", (), False, graph, width=64)
+    leaves = {k: v.detach().cuda().requires_grad_() for k, v in tensors.items()}
+    on_gpu = RelGraph_on(graph, "cuda")
+    layer(on_gpu, **leaves).sum().backward()  # compiled before it is profiled
+    split = breakdown(lambda: layer(on_gpu, **leaves).sum().backward(), "cuda")
+    assert split["gemm"] > 0 and split["aggregation"] > 0, split
+    assert split["other"] < 0.5 * sum(split.values()), split
+
+
 def RelGraph_on(graph, device):  # noqa: N802 (reads as the constructor it wraps)
     from workloads.rgnn.graph import RelGraph
 

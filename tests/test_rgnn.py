@@ -208,9 +208,28 @@ def test_operators_are_classified_by_what_they_do():
         "hector::outer": "gemm",
         "hector::softmax": "aggregation",
         "hector::map": "elementwise",
+        "hector::scattermap": "aggregation",
         "hector::host": "other",
     }
     assert {name: classify(name) for name in cases} == cases
+
+
+def test_a_launch_no_rule_classes_takes_the_class_of_its_step():
+    """CuPy's launches of Hector's kernels sit in the profiler as driver calls under the step's
+    range; torch's own unclassed operators stay "other" rather than borrow a parent's class."""
+    from types import SimpleNamespace
+
+    from workloads.rgnn.breakdown import class_of
+
+    def event(name, parent=None):
+        return SimpleNamespace(name=name, cpu_parent=parent)
+
+    step = event("hector::gemm", event("hector::layer_forward"))
+    assert class_of(event("cuLaunchKernel", step)) == "gemm"
+    assert class_of(event("cuLaunchKernel", event("cudaStreamSync", event("hector::softmax")))) == "aggregation"
+    assert class_of(event("cuLaunchKernel")) == "other"
+    assert class_of(event("aten::view", event("aten::mm"))) == "other"
+    assert class_of(event("aten::mm", event("hector::host"))) == "gemm"
 
 
 def test_the_breakdown_sees_each_forms_own_kind_of_work():

@@ -4,14 +4,20 @@ One layer on the full graph (Hector's protocol: 64 in, 64 out, one head), RGCN, 
 every form of workloads/rgnn (``pyg``, ``pyg_fast`` where PyG has one, ``per_edge``,
 ``segment_mm``, ``grouped_mm``), for inference (forward without gradients) and training (forward,
 backward and an optimizer step). Every form's output is checked against the ``segment_mm`` form's
-before any is timed. Part ``knowledge_graphs``: the real Nations, Kinships and UMLS graphs from
-the pykeen wheel. Part ``datasets``: heterographs shaped like Hector's eight datasets
-(workloads/graphs/relational.py), at the scale's size; parts ``large_datasets`` and (GPU machines only)
-``largest_datasets`` the same for the large ones, each in a job of its own; part ``width_sweep`` (GPU machines only) the same graphs as
-``datasets`` at other widths; part ``gemm_template`` (GPU machines only) Hector's GEMM template
-against stock torch on equal segment shapes. Hector's variants (systems/hector) run beside the
-baselines with ``role`` = optimized. A form that runs out of GPU memory is
-recorded as ``out_of_memory`` with the size of the allocation that failed, not as a failure.
+before any is timed. Parts:
+
+- ``knowledge_graphs``: the real Nations, Kinships and UMLS graphs from the pykeen wheel;
+- ``datasets``: heterographs shaped like Hector's eight datasets (workloads/graphs/relational.py),
+  at the scale's size;
+- ``large_datasets`` and (GPU machines only) ``largest_datasets``: the same for the large ones,
+  each in a job of its own;
+- ``width_sweep`` (GPU machines only): the same graphs as ``datasets`` at other widths;
+- ``gemm_template`` (GPU machines only): Hector's GEMM template against stock torch on equal
+  segment shapes.
+
+Hector's variants (systems/hector) run beside the baselines with ``role`` = optimized. A form that
+runs out of GPU memory is recorded as ``out_of_memory`` with the size of the allocation that
+failed, not as a failure.
 """
 
 from harness.topic import Part, Topic

@@ -12,7 +12,10 @@ name, the first rule that matches:
 
 Operators, not kernels, are classified: a kernel's name says little (an ``index_add`` kernel is
 called ``indexFuncLargeIndex``), its operator says what it is for. Hector's generated kernels are
-classed by the template step that launched them (``hector::gemm``, ``hector::map``, ...).
+classed by the template step that launched them (``hector::gemm``, ``hector::map``, ...): they are
+launched through CuPy, not by a torch operator, so the profiler hangs them on the driver's launch
+call; an event that no rule classes and that is not torch's own takes the class of the nearest
+enclosing event that has one.
 """
 
 from __future__ import annotations
@@ -53,9 +56,11 @@ _HECTOR = {
     "hector::outer": "gemm",
     "hector::scatter": "aggregation",
     "hector::softmax": "aggregation",
+    "hector::scattermap": "aggregation",
     "hector::map": "elementwise",
     "hector::dot": "elementwise",
 }
+_TORCH_OWN = ("aten::", "autograd::", "Optimizer.", "torch::")  # classed by their own name only
 
 
 def classify(operator: str) -> str:
@@ -75,12 +80,23 @@ def breakdown(fn, device: str) -> dict[str, float]:
         if device == "cuda":
             torch.cuda.synchronize()
     seconds = dict.fromkeys(CLASSES, 0.0)
-    for event in prof.key_averages():
-        if device == "cuda":
-            if event.device_type != torch.autograd.DeviceType.CPU:
-                continue  # kernels are counted through the operator that launched them
-            own = event.self_device_time_total
-        else:
-            own = event.self_cpu_time_total
-        seconds[classify(event.key)] += own / 1e6
+    if device != "cuda":
+        for event in prof.key_averages():
+            seconds[classify(event.key)] += event.self_cpu_time_total / 1e6
+        return seconds
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CPU and event.self_device_time_total:
+            # kernels are counted through the operator (or the launch call) that launched them
+            seconds[class_of(event)] += event.self_device_time_total / 1e6
     return seconds
+
+
+def class_of(event) -> str:
+    """``event``'s class, or for a launch call no rule classes (CuPy's ``cuLaunchKernel``) that of
+    the nearest enclosing event that has one (a ``hector::`` step)."""
+    kind = classify(event.name)
+    walker = event
+    while kind == "other" and not walker.name.startswith(_TORCH_OWN) and walker.cpu_parent is not None:
+        walker = walker.cpu_parent
+        kind = classify(walker.name)
+    return kind

@@ -1,0 +1,104 @@
+"""Where a Hector layer call's host time goes, on one GPU.
+
+On the H200 (session 8) Hector's profiled device time was a small part of its timed call (HGT
+training on aifb-like: 1.2 of 24 ms), so the call is host-bound. This probe times one layer call
+as the relational_gnn topic does (CUDA events, after warm-up), then shows where the host spends:
+
+  1. the wall time per call and per template step, and the device time of the same calls;
+  2. cProfile of the calls, by own time: Python functions, CuPy's launch, torch's operators;
+  3. torch.profiler's CPU-side table, by self CPU time: which operator or driver call costs.
+
+    python tools/hector_host_probe.py [--dataset aifb] [--model hgt] [--variant hector_best]
+        [--mode training] [--calls 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+
+import torch
+import torch.nn.functional as F
+
+from harness.timing import measure
+from systems.hector import lower
+from systems.hector.forms import VARIANTS, HectorForm
+from workloads.graphs import relational, store
+from workloads.relational_gnn.parts import MODELS
+from workloads.rgnn.breakdown import breakdown
+from workloads.rgnn.graph import RelGraph
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="aifb", choices=sorted(relational.PUBLISHED))
+    parser.add_argument("--model", default="hgt", choices=sorted(MODELS))
+    parser.add_argument("--variant", default="hector_best", choices=sorted(VARIANTS))
+    parser.add_argument("--mode", default="training", choices=["inference", "training"])
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--calls", type=int, default=20)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("this probe times generated CUDA kernels: it needs a GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    spec = relational.dataset_spec(args.dataset, seed=0)
+    arrays = store.get(relational.HeteroParams(spec, relational.PUBLISHED[args.dataset].unique_pair_ratio, seed=0))
+    graph = RelGraph.from_store(arrays, len(spec.relations), "cuda", num_node_types=len(spec.node_types))
+    module = MODELS[args.model]
+    weights = module.WEIGHTS(graph.num_relations, args.width, args.width, seed=0, num_node_types=graph.num_node_types)
+    weights = weights.to("cuda")
+    x = torch.randn(graph.num_nodes, args.width, device="cuda")
+    target = torch.randn(graph.num_nodes, args.width, device="cuda")
+    layer = HectorForm(args.model, args.variant, weights, graph)
+    optimizer = torch.optim.Adam(weights.parameters(), lr=1e-3)
+
+    def call():
+        if args.mode == "inference":
+            with torch.no_grad():
+                return layer(x)
+        optimizer.zero_grad(set_to_none=False)
+        loss = F.mse_loss(layer(x), target)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    forward, backward = (lower.lower(p) for p in _split(layer))
+    steps = len(forward.steps) + (len(backward.steps) if args.mode == "training" else 0)
+    timed = measure(call, device="cuda", repeat=args.calls, warmup=5)
+    device = sum(breakdown(call, "cuda").values())
+    print(f"{args.model} {args.variant} {args.mode} on {args.dataset}-like ({graph.edges:,} edges), width {args.width}")
+    print(
+        f"wall {timed.median * 1e3:.3f} ms per call; device {device * 1e3:.3f} ms; {steps} template steps; "
+        f"host per step {(timed.median - device) / steps * 1e6:.0f} us"
+    )
+
+    profiler = cProfile.Profile()
+    torch.cuda.synchronize()
+    profiler.enable()
+    for _ in range(args.calls):
+        call()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    print(f"\ncProfile of {args.calls} calls, by own time:\n{text.getvalue()}")
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(args.calls):
+            call()
+        torch.cuda.synchronize()
+    print(f"torch.profiler, CPU side, {args.calls} calls:")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+
+
+def _split(layer: HectorForm):
+    from systems.hector.autodiff import split
+
+    return split(layer.layer.program)
+
+
+if __name__ == "__main__":
+    main()
