@@ -71,7 +71,14 @@ class KernelModel:
 
     def launch(self, module, name, grid, block, args, shared_mem=0) -> None:
         text, base = module, re.sub(r"_[0-9a-f]{10}$", "", name)
-        signature = SIGNATURES[base].split()
+        defined = {}
+        for key, value in re.findall(r"^#define (\w+) (\S+)$", text, re.M):
+            defined.setdefault(key, value)  # the instance's own, not the template's defaults after them
+        if base in ("fused_map", "fused_scatter_map"):  # four arguments per leaf operand of the chain
+            tail = "l* f* ll int" if base == "fused_scatter_map" else "f* ll int"
+            signature = ("f* l* float int " * defined["FUSED_CHAIN"].count("#") + tail).split()
+        else:
+            signature = SIGNATURES[base].split()
         if len(args) != len(signature):
             self.problems.append(f"{name}: {len(args)} arguments for {len(signature)} parameters")
             return
@@ -80,9 +87,6 @@ class KernelModel:
                 self.problems.append(f"{name}: a {type(arg).__name__} argument for {kind}")
         if any(g <= 0 for g in grid) or any(g > 65535 for g in grid[1:]):
             self.problems.append(f"{name}: grid {grid}")
-        defined = {}
-        for key, value in re.findall(r"^#define (\w+) (\S+)$", text, re.M):
-            defined.setdefault(key, value)  # the instance's own, not the template's defaults after them
         kinds = int(defined.get("OPERAND_A", 0)), int(defined.get("OPERAND_B", 0))
         getattr(self, base)(name, text, defined, kinds, grid, args)
 
@@ -115,6 +119,44 @@ class KernelModel:
     def scatter_map(self, name, text, defined, kinds, grid, args):
         _, width, _, i, c, values = self._mapped(name, text, kinds, args)
         index, out = self.flat(args[8], "l*", name), self.flat(args[9], "f*", name)
+        target = self.read(index, i, name + " index") * width + c
+        if target.numel() and int(target.max()) >= out.numel():
+            self.problems.append(f"{name}: a write outside out")
+        out.index_add_(0, target, values)
+
+    def _chain(self, name, defined, args):
+        """FUSED_CHAIN evaluated over rows x width (the last two arguments), leaf j read from the
+        four arguments at 4j, as the kernel reads them."""
+        rows, width = int(args[-2]), int(args[-1])
+        e = torch.arange(rows * width)
+        i, c = e // width, e % width
+        tokens = re.findall(r"[\w.@-]+|[(),#]", defined["FUSED_CHAIN"])
+        leaf = iter(range(len(tokens)))
+
+        def parse(at):  # -> (values, next position)
+            if tokens[at] == "#":
+                j = next(leaf)
+                return self.operand(int(tokens[at + 1]), args, 4 * j, i, c, f"{name} leaf {j}"), at + 2
+            expression, _, slope = tokens[at].partition("@")
+            values, at = [], at + 2  # past "name("
+            while tokens[at] != ")":
+                value, at = parse(at + (tokens[at] == ","))
+                values.append(value)
+            attrs = type("Attrs", (), {"attr": lambda self, key, default=None: float(slope) if slope else None})()
+            return lower.EXPRESSIONS[expression][1](values[0], values[-1], attrs), at + 1
+
+        return rows, width, e, i, c, parse(0)[0]
+
+    def fused_map(self, name, text, defined, kinds, grid, args):
+        rows, width, e, _, _, values = self._chain(name, defined, args)
+        out = self.flat(args[-3], "f*", name + " out")
+        if rows * width > out.numel():
+            self.problems.append(f"{name}: out holds {out.numel()}, {rows * width} written")
+        out[e] = values
+
+    def fused_scatter_map(self, name, text, defined, kinds, grid, args):
+        _, width, _, i, c, values = self._chain(name, defined, args)
+        index, out = self.flat(args[-4], "l*", name), self.flat(args[-3], "f*", name)
         target = self.read(index, i, name + " index") * width + c
         if target.numel() and int(target.max()) >= out.numel():
             self.problems.append(f"{name}: a write outside out")

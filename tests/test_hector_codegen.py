@@ -52,13 +52,14 @@ def program_and_tensors(name, applied, backward, graph, width=6, device="cpu"):
     return program, {k: v.to(device) for k, v in tensors.items()}
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("graph_name", GRAPHS)
 @pytest.mark.parametrize("name, applied, backward", list(cases()))
-def test_every_plan_computes_what_the_reference_computes(name, applied, backward, graph_name):
+def test_every_plan_computes_what_the_reference_computes(name, applied, backward, graph_name, fuse):
     graph = GRAPHS[graph_name]()
     program, tensors = program_and_tensors(name, applied, backward, graph)
     expected = reference.run(program, graph, tensors)
-    plan = lower.lower(program)
+    plan = lower.lower(program, fuse)
     got = lower.emulate(plan, graph, tensors, reference.bind_widths(program, graph, tensors))
     assert len(got) == len(expected)
     for have, want in zip(got, expected, strict=True):
@@ -282,8 +283,36 @@ def test_a_slope_of_zero_is_written_as_a_float_literal():
     def relu_layer(m):
         return m.leaky_relu(m.input("x", "in"), 0) + m.input("y", "in")
 
-    (text,) = [t for n, t in codegen.sources(relu_layer()).items() if n.startswith("rows_map")][:1]
+    (text,) = [t for n, t in lower_sources(relu_layer(), fuse=False).items() if n.startswith("rows_map")][:1]
     assert "(a) * 0.0f)" in text
+    (text,) = [t for n, t in codegen.sources(relu_layer()).items() if n.startswith("fused_map")]
+    assert "#define FUSED_CHAIN add(leaky_relu@0.0(#0),#0)" in text
+    assert "(operand(0, t0, x0, s0, i, c, w0)) * 0.0f)" in text
+
+
+def lower_sources(program, fuse: bool) -> dict[str, str]:
+    return {
+        codegen.source_of(s)[0]: codegen.source_of(s)[1]
+        for s in lower.lower(program, fuse).steps
+        if not isinstance(s, lower.Host)
+    }
+
+
+def test_a_chain_of_row_wise_operators_is_one_fused_step():
+    """The intermediate rows of a chain whose links have one reader each are never stored: RGAT's
+    backward has fused steps, and no fused step's inner operator is a program output."""
+    from systems.hector.lang import model
+
+    @model
+    def chain(m):
+        x, y = m.input("x", "in"), m.input("y", "in")
+        return m.sum_into_dst(m.src(m.exp(x) * y) + m.dst(y))
+
+    plan = lower.lower(chain())
+    kinds = [type(s).__name__ for s in plan.steps]
+    assert kinds.count("Fused") == 1 and "Map" not in kinds, str(plan)  # exp and mul folded into the sum
+    plan = lower.lower(autodiff.split(passes.optimize(models.rgat_layer(), "reorder", "compact"))[1])
+    assert any(isinstance(s, lower.Fused) for s in plan.steps)
 
 
 @pytest.mark.parametrize("name", BASELINES)

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -71,11 +72,50 @@ def source_of(step, shape: GemmShape = GemmShape()) -> tuple[str, str, str]:
         if isinstance(step, lower.ScatterMap):
             return _instance("traversal.cu", "SCATTER_MAP_NAME", "scatter_map", defines)
         return _instance("traversal.cu", "MAP_NAME", "rows_map", defines)
+    if isinstance(step, lower.Fused):
+        leaves = step.leaves()
+        params = ", ".join(
+            f"const float* __restrict__ t{k}, const long long* __restrict__ x{k}, float s{k}, int w{k}"
+            for k in range(len(leaves))
+        )
+        defines = {
+            "FUSED_CHAIN": fused_chain(step.root),  # for readers (and the tests' kernel model)
+            "FUSED_PARAMS": params,
+            "FUSED_VALUE(i, c)": fused_expression(step.root, iter(range(len(leaves)))),
+        }
+        if step.index:
+            return _instance("traversal.cu", "FUSED_SCATTER_MAP_NAME", "fused_scatter_map", defines)
+        return _instance("traversal.cu", "FUSED_MAP_NAME", "fused_map", defines)
     if isinstance(step, lower.Scatter):
         return _instance("traversal.cu", None, "scatter_rows", {})
     if isinstance(step, lower.Softmax):
         return _instance("traversal.cu", None, "edge_softmax", {})
     raise TypeError(f"{type(step).__name__} steps run on the host")
+
+
+def fused_expression(node: lower.Node, numbers) -> str:
+    """The CUDA expression of a fused chain: each operator's template with its arguments put in,
+    leaf k read as ``operand(kind, t_k, x_k, s_k, i, c, w_k)`` (``numbers`` hands out k)."""
+    args = []
+    for arg in node.args:
+        if isinstance(arg, lower.Node):
+            args.append(fused_expression(arg, numbers))
+        else:
+            k = next(numbers)
+            args.append(f"operand({OPERAND_KINDS[arg.kind]}, t{k}, x{k}, s{k}, i, c, w{k})")
+    slope = node.mapped.attr("slope")
+    template = lower.EXPRESSIONS[node.expression][0].format(slope=repr(float(slope)) if slope is not None else "")
+    by_name = {"a": args[0], "b": args[-1]}
+    return re.sub(r"\b[ab]\b", lambda m: by_name[m.group(0)], template)
+
+
+def fused_chain(node: lower.Node) -> str:
+    """The chain in prefix form, one token per operator (``leaky_relu@0.2`` with its slope) and
+    ``#kind`` per leaf: what the kernel computes, in a form a test can evaluate."""
+    slope = node.mapped.attr("slope")
+    name = node.expression if slope is None else f"{node.expression}@{float(slope)!r}"
+    parts = [fused_chain(a) if isinstance(a, lower.Node) else f"#{OPERAND_KINDS[a.kind]}" for a in node.args]
+    return f"{name}({','.join(parts)})"
 
 
 def _instance(template: str, name_macro: str | None, base: str, defines: dict) -> tuple[str, str, str]:
@@ -232,6 +272,24 @@ class _Runner:
         result = torch.empty(rows, 1, device=self.device)
         if rows:
             launch((_blocks(rows * 32),), (*a[:3], *b[:3], _ptr(result), np.int64(rows), np.int32(max(a[3], b[3]))))
+        return result
+
+    def fused(self, step: lower.Fused, launch) -> torch.Tensor:
+        leaves = [self.operand(o) for o in step.leaves()]
+        width = int(max(leaf[3] for leaf in leaves))
+        if step.index:
+            index = self.index[step.index]
+            result = torch.zeros(self.index.rows(step.count), width, device=self.device)
+            rows, tail = len(index), (_ptr(index), _ptr(result))
+        else:
+            rows = self.index.rows(step.out.domain)
+            result = torch.empty(rows, width, device=self.device)
+            tail = (_ptr(result),)
+        if rows and width:
+            launch(
+                (_blocks(rows * width),),
+                (*[a for leaf in leaves for a in leaf], *tail, np.int64(rows), np.int32(width)),
+            )
         return result
 
     def scatter(self, step: lower.Scatter, launch) -> torch.Tensor:

@@ -10,6 +10,9 @@ instances, the steps a backend runs in order.
   (kernels/traversal.cu) for row-wise arithmetic, row dot products, sums into nodes, pairs or
   types (atomic), and edge softmax over each target's incoming edges. Gathers, a weight taken per
   relation or type, shared vectors and constants are again read in place, as operands.
+* :class:`Fused`: a chain of row-wise operators whose intermediate rows have no other reader,
+  evaluated as one expression per row and column (:func:`fuse_row_chains`): one launch, and the
+  intermediate rows are never stored.
 * :class:`Host`: weight algebra on the parameters (``W[r] @ q`` and its gradients, [relations,
   in, out] at most) and graph data, with torch.
 
@@ -132,6 +135,39 @@ class Softmax:
 
 
 @dataclass(frozen=True)
+class Node:
+    """One row-wise operator of a :class:`Fused` chain: ``expression`` (a key of EXPRESSIONS) of
+    its arguments, each an operand read in place or another node; ``mapped`` the operator's own
+    value (its attributes: a slope)."""
+
+    expression: str
+    mapped: Value
+    args: tuple  # of Operand | Node: one for a unary operator, two otherwise
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A chain of row-wise operators as one traversal kernel: ``out`` = ``root`` at every row and
+    column, or with ``index`` its rows summed into ``count``'s rows (as :class:`ScatterMap`)."""
+
+    out: Value
+    root: Node
+    index: str | None = None
+    count: str | None = None
+
+    def leaves(self) -> list[Operand]:
+        """The operands the chain reads, depth first: the kernel's arguments, in order."""
+        found = []
+
+        def walk(node):
+            for arg in node.args:
+                walk(arg) if isinstance(arg, Node) else found.append(arg)
+
+        walk(self.root)
+        return found
+
+
+@dataclass(frozen=True)
 class Host:
     out: Value
 
@@ -155,10 +191,15 @@ def describe_step(step) -> str:
         "dot": lambda: f"({_op(step.a)}, {_op(step.b)})",
         "scatter": lambda: f"by {step.index} into {step.count}",
         "scattermap": lambda: f"{step.expression}({_op(step.a)}, {_op(step.b)}) by {step.index} into {step.count}",
+        "fused": lambda: _tree(step.root) + (f" by {step.index} into {step.count}" if step.index else ""),
         "softmax": lambda: "over each target's edges",
         "host": lambda: out.op,
     }[kind]()
     return f"{kind:8s} {out.op} -> {out.domain}[{out.width}]: {detail}"
+
+
+def _tree(node: Node) -> str:
+    return f"{node.expression}({', '.join(_tree(a) if isinstance(a, Node) else _op(a) for a in node.args)})"
 
 
 def _op(o: Operand) -> str:
@@ -169,7 +210,8 @@ INDEXED = ("gather", "unpair", "take")  # read in place by their users, never co
 SCATTERS = ("sum_into_dst", "sum_into_src", "sum_into_pair")  # atomic sums into rows, which a Map can feed
 
 
-def lower(program: Program) -> Plan:
+def lower(program: Program, fuse: bool = True) -> Plan:
+    """``program``'s plan; with ``fuse``, chains of row-wise operators become :class:`Fused` steps."""
     plan = Plan(program)
     materialized: dict[int, Value] = {}  # a virtual value copied for a user that needs it dense
     users: dict[int, list[Value]] = {}
@@ -262,7 +304,67 @@ def lower(program: Program) -> Plan:
             raise NotImplementedError(f"no template for operator {op!r}")
     for out in program.outputs:
         dense(out)
+    return fuse_row_chains(plan) if fuse else plan
+
+
+def fuse_row_chains(plan: Plan) -> Plan:
+    """Each row-wise map whose rows have exactly one reader, a later map or map-into-sum that
+    reads its own row i, and that is not an output, is folded into that reader: the chain becomes
+    one :class:`Fused` step, evaluated per row and column without storing the intermediate rows.
+    (Broadcasting composes: an operator of width 1 has only width-1 operands, so reading each
+    operand at its own column, 0 where its width is 1, is what the unfused steps read.)"""
+    outputs = {id(o) for o in plan.program.outputs}
+    readers: dict[int, list] = {}  # value id -> (step, how) for every read of it by a step
+    for step in plan.steps:
+        for value, how in _reads(step):
+            readers.setdefault(id(value), []).append((step, how))
+
+    def folds(step) -> bool:
+        if not isinstance(step, Map) or id(step.out) in outputs:
+            return False
+        reads = readers.get(id(step.out), [])
+        return len(reads) == 1 and isinstance(reads[0][0], Map | ScatterMap) and reads[0][1] == "own"
+
+    pending: dict[int, Node] = {}  # folded maps, by their value, until their reader comes
+    steps = []
+    for step in plan.steps:
+        if not isinstance(step, Map | ScatterMap):
+            steps.append(step)
+            continue
+        unary = step.expression in UNARY
+        args = tuple(
+            pending.pop(id(o.value)) if o.kind == "own" and id(o.value) in pending else o
+            for o in ((step.a,) if unary else (step.a, step.b))
+        )
+        node = Node(step.expression, step.out if isinstance(step, Map) else step.mapped, args)
+        if folds(step):
+            pending[id(step.out)] = node
+        elif not any(isinstance(a, Node) for a in args):
+            steps.append(step)  # nothing folded into it: the plain template
+        elif isinstance(step, Map):
+            steps.append(Fused(step.out, node))
+        else:
+            steps.append(Fused(step.out, node, step.index, step.count))
+    assert not pending, "a folded map's reader was not found"
+    plan.steps = steps
     return plan
+
+
+def _reads(step) -> list[tuple[Value, str]]:
+    """The values ``step`` reads, each with how: an operand's kind, or ``whole``."""
+    if isinstance(step, Host):
+        return [(a, "whole") for a in step.out.args]
+    found = []
+    for name in ("a", "b", "g"):
+        o = getattr(step, name, None)
+        if isinstance(o, Operand) and o.value is not None:
+            found.append((o.value, o.kind))
+        elif isinstance(o, Value):  # a GEMM's weight
+            found.append((o, "whole"))
+    for name in ("source", "scores"):
+        if getattr(step, name, None) is not None:
+            found.append((getattr(step, name), "whole"))
+    return found
 
 
 def _narrow(v: Value) -> bool:
@@ -459,6 +561,18 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
             values = EXPRESSIONS[step.expression][1](read(step.a, rows), read(step.b, rows), step.mapped)
             result = values.new_zeros(index.rows(step.count), values.shape[1])
             env[id(out)] = result.index_add(0, index[step.index], values)
+        elif isinstance(step, Fused):
+            rows = len(index[step.index]) if step.index else index.rows(out.domain)
+
+            def evaluate(node, rows=rows):
+                args = [evaluate(a) if isinstance(a, Node) else read(a, rows) for a in node.args]
+                return EXPRESSIONS[node.expression][1](args[0], args[-1], node.mapped)
+
+            values = evaluate(step.root)
+            if step.index:
+                result = values.new_zeros(index.rows(step.count), values.shape[1])
+                values = result.index_add(0, index[step.index], values)
+            env[id(out)] = values
         elif isinstance(step, Softmax):
             scores, by_dst, begin = env[id(step.scores)].squeeze(1), index["by_dst"], index["dst_begin"].tolist()
             result = torch.empty_like(scores)

@@ -11,6 +11,10 @@
 //   rows_dot:     out[i] = sum over c of a[., c] * b[., c]        (one warp per row)
 //   scatter_rows: out[index[i], c] += in[i, c]                     (atomic; out zeroed first)
 //   scatter_map:  out[index[i], c] += ROW_EXPR(a, b)               (the same, the row never stored)
+//   fused_map:    out[i, c] = FUSED_VALUE(i, c)           (a chain of row-wise operators, one pass)
+//   fused_scatter_map: out[index[i], c] += FUSED_VALUE(i, c)
+//                 FUSED_PARAMS lists each leaf operand k's (t_k, x_k, s_k, w_k); FUSED_VALUE is the
+//                 chain's expression of operand(K_k, t_k, x_k, s_k, i, c, w_k) reads
 //   edge_softmax: per target v, over its incoming edges (by_dst[dst_begin[v] .. dst_begin[v + 1]]):
 //                 out[e] = exp(s[e] - max) / sum of exp(s - max)   (one warp per target)
 //
@@ -33,6 +37,12 @@
 #endif
 #ifndef SCATTER_MAP_NAME
 #define SCATTER_MAP_NAME scatter_map
+#endif
+#ifndef FUSED_MAP_NAME
+#define FUSED_MAP_NAME fused_map
+#endif
+#ifndef FUSED_SCATTER_MAP_NAME
+#define FUSED_SCATTER_MAP_NAME fused_scatter_map
 #endif
 
 __device__ __forceinline__ float operand(int kind, const float* __restrict__ t, const long long* __restrict__ index,
@@ -95,6 +105,30 @@ extern "C" __global__ void SCATTER_MAP_NAME(const float* __restrict__ a, const l
         atomicAdd(&out[index[i] * width + c], row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, i, c));
     }
 }
+
+#ifdef FUSED_VALUE
+// grid-stride over rows x width: the whole chain per element, no intermediate row stored
+extern "C" __global__ void FUSED_MAP_NAME(FUSED_PARAMS, float* __restrict__ out, long long rows, int width) {
+    const long long total = rows * width;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long i = e / width;
+        const int c = (int)(e % width);
+        out[e] = FUSED_VALUE(i, c);
+    }
+}
+
+extern "C" __global__ void FUSED_SCATTER_MAP_NAME(FUSED_PARAMS, const long long* __restrict__ index,
+                                                  float* __restrict__ out, long long rows, int width) {
+    const long long total = rows * width;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long i = e / width;
+        const int c = (int)(e % width);
+        atomicAdd(&out[index[i] * width + c], FUSED_VALUE(i, c));
+    }
+}
+#endif
 
 extern "C" __global__ void scatter_rows(const float* __restrict__ in, const long long* __restrict__ index,
                                         float* __restrict__ out, long long rows, int width) {
