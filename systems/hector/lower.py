@@ -22,6 +22,7 @@ by row: what the CUDA kernels must compute, checked against the reference backen
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 
@@ -176,6 +177,11 @@ class Host:
 class Plan:
     program: Program
     steps: list = field(default_factory=list)
+
+    @functools.cached_property
+    def given(self) -> list[Value]:
+        """The values a run is given: the program's inputs and weights (once, not per run)."""
+        return [v for v in self.program.values if v.op in ("input", "weight")]
 
     def __str__(self) -> str:
         return "\n".join(describe_step(s) for s in self.steps)
