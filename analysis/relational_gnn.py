@@ -48,7 +48,9 @@ oom = frame[frame.metric == "out_of_memory"]
 failed = frame[frame.metric == "failed_allocation_bytes"]
 BASELINES = [f for f in ("pyg", "pyg_fast", "per_edge", "segment_mm", "grouped_mm") if f in set(frame.variant)]
 HECTOR = [f for f in ("hector_unopt", "hector_compact", "hector_reorder", "hector_best") if f in set(frame.variant)]
-FORMS = BASELINES + HECTOR
+# The labelled tensor-core variant: shown beside the others, kept out of the float32 comparison.
+TF32 = [f for f in ("hector_best_tf32",) if f in set(frame.variant)]
+FORMS = BASELINES + HECTOR + TF32
 # Graphs from the smallest to the largest, so the panels read left to right by size.
 GRAPHS = list(frame.drop_duplicates("dataset").sort_values("edges").dataset)
 width = 64 if 64 in set(time.in_dim) else max(time.in_dim)  # the main comparison's width (Hector's)
@@ -180,6 +182,21 @@ if HECTOR:
                     f"{np.exp(np.log(ratio).mean()):.2f} ({ratio.min():.2f}, {ratio.max():.2f})" if len(ratio) else ""
                 )
             lines.append(f"| {model} | {mode} | " + " | ".join(cells) + " |")
+        if TF32:
+            lines += [
+                "",
+                f"## The tensor-core variant at width {width}: speedup of hector_best_tf32 over hector_best "
+                "(float32), geomean over the graphs (worst, best)",
+                "",
+                "| model | mode | speedup |",
+                "|---|---|---|",
+            ]
+            for (model, mode), g in main[main.variant.isin(["hector_best", *TF32])].groupby(["model", "mode"]):
+                by = g.pivot_table(index="dataset", columns="variant", values="median")
+                if {"hector_best", *TF32} <= set(by.columns):
+                    ratio = (by["hector_best"] / by[TF32[0]]).dropna()
+                    geomean = np.exp(np.log(ratio).mean())
+                    lines.append(f"| {model} | {mode} | {geomean:.2f} ({ratio.min():.2f}, {ratio.max():.2f}) |")
         # Memory: Hector's best configuration against the best baseline's, where both fit.
         held = memory[memory.in_dim == width]
         if not held.empty:
@@ -203,21 +220,23 @@ if HECTOR:
                 lines.append(f"| {model} | {mode} | {dataset} | " + " | ".join(cells) + " |")
 # The GEMM template alone against stock torch on equal segment shapes (part gemm_template).
 if not gemm_frame.empty:
-    gemm = summarize(gemm_frame, "time", ["dataset", "variant", "edges", "relations", "in_dim", "out_dim"])
+    gemm = summarize(gemm_frame, "time", ["dataset", "dtype", "variant", "edges", "relations", "in_dim", "out_dim"])
     lines += [
         "",
-        "## Hector's GEMM template against stock torch on equal segment shapes (float32, TF32 off)",
+        "## Hector's GEMM template against stock torch on equal segment shapes",
         "",
-        "| case | segments | rows | in x out | variant | time ms | TFLOP/s | template speedup |",
-        "|---|---|---|---|---|---|---|---|",
+        "float32: TF32 off everywhere. tf32: torch's TF32 on, the template's tensor-core variant.",
+        "",
+        "| case | precision | segments | rows | in x out | variant | time ms | TFLOP/s | template speedup |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for case, g in gemm.groupby("dataset"):
+    for (case, dtype), g in gemm.groupby(["dataset", "dtype"]):
         ours = g[g.variant == "hector_gemm"]["median"]
         for _, r in g.sort_values("median").iterrows():
             flops = 2 * r.edges * r.in_dim * r.out_dim
             ratio = f"{r['median'] / ours.iloc[0]:.2f}" if not ours.empty and r.variant != "hector_gemm" else ""
             lines.append(
-                f"| {case} | {r.relations} | {r.edges:,} | {r.in_dim} x {r.out_dim} | {r.variant} | "
+                f"| {case} | {dtype} | {r.relations} | {r.edges:,} | {r.in_dim} x {r.out_dim} | {r.variant} | "
                 f"{r['median'] * 1e3:.3f} | {flops / r['median'] / 1e12:.2f} | {ratio} |"
             )
 # What compact materialization could save: a per-edge value at the widest width, against one per

@@ -48,6 +48,7 @@ VARIANT_STYLE.update(
         "hector_compact": ("orchid", "-"),
         "hector_reorder": ("mediumpurple", "-"),
         "hector_best": ("indigo", "-"),
+        "hector_best_tf32": ("deeppink", "--"),  # tensor cores: a labelled, less exact variant
     }
 )
 EMULATED_RAMP = ["lightskyblue", "deepskyblue", "tab:blue", "mediumblue", "midnightblue"]

@@ -209,6 +209,8 @@ class KernelModel:
             right = self.read(
                 b, (t * k_dim * n_dim + (nn * k_dim + kk if transpose else kk * n_dim + nn)).reshape(-1), name
             )
+            if int(defined.get("TENSOR_CORES", 0)):  # both inputs rounded to TF32, as cvt.rna.tf32 does
+                left, right = to_tf32(left), to_tf32(right)
             product = left.reshape(-1, k_dim) @ right.reshape(k_dim, n_dim)
             rows = self.read(c_rows, positions, name + " c_rows") if scatter else positions
             target = (rows[:, None] * n_dim + torch.arange(n_dim)).reshape(-1)
@@ -236,6 +238,12 @@ class KernelModel:
             if target.numel() and int(target.max()) >= d.numel():
                 self.problems.append(f"{name}: a write outside D")
             d.index_add_(0, target, (left.T @ right).reshape(-1))
+
+
+def to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32's 10 mantissa bits, to nearest with ties away from zero."""
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
 def install(monkeypatch) -> KernelModel:

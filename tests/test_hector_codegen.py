@@ -146,6 +146,23 @@ def test_generated_kernels_in_every_gemm_shape(name, width):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", BASELINES)
+def test_the_tf32_variant_is_close_to_float32_and_not_equal(name):
+    """Tensor cores: within TF32's error of the float32 reference (inputs rounded to 10 mantissa
+    bits), forward and backward, and not bit-equal (so the tensor-core path really ran)."""
+    graph = GRAPHS["kinships"]()
+    program, tensors = program_and_tensors(name, ("reorder", "compact"), True, graph, width=64)
+    expected = reference.run(program, graph, tensors)
+    widths = reference.bind_widths(program, graph, tensors)
+    cuda_tensors = {k: v.cuda() for k, v in tensors.items()}
+    got = codegen.run(lower.lower(program), RelGraph_on(graph, "cuda"), cuda_tensors, widths, tensor_cores=True)
+    for have, want in zip(got, expected, strict=True):
+        largest = float(want.abs().max()) if want.numel() else 0.0
+        torch.testing.assert_close(have.cpu(), want, rtol=1e-2, atol=1e-2 * max(1.0, largest))
+    assert any(not torch.equal(have.cpu(), want) for have, want in zip(got, expected, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", BASELINES)
 def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
     graph = awkward_graph(seed=5)
     layer = op.Layer(passes.optimize(models.PROGRAMS[name](), "reorder", "compact"))
@@ -212,8 +229,9 @@ def test_the_tile_schedule_covers_each_segment_once_in_tiles_of_one_type():
     assert [len(x) for x in lower.tile_schedule(torch.tensor([0, 0, 0]), 0, 64)] == [0, 0, 0]
 
 
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["fp32", "tf32"])
 @pytest.mark.parametrize("in_dim, out_dim", [(37, 70), (64, 132)])  # scalar 64-wide tiles; float4 128-wide
-def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_dim, out_dim):
+def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_dim, out_dim, tensor_cores):
     from hector_kernel_model import install
 
     from workloads.rgnn.ops import segment_products
@@ -225,10 +243,16 @@ def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_d
     weight = torch.randn(len(sizes), in_dim, out_dim, generator=g)
     offsets = torch.tensor([0, *sizes]).cumsum(0)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the model runs on the CPU
-    out = codegen.segment_gemm(rows, weight, offsets)
+    out = codegen.segment_gemm(rows, weight, offsets, tensor_cores)
     monkeypatch.undo()
     assert not model.problems, model.problems[:3]
-    close(out, segment_products(rows, weight, offsets))
+    if tensor_cores:  # the products of TF32-rounded inputs, and so not those of the float32 ones
+        from hector_kernel_model import to_tf32
+
+        close(out, segment_products(to_tf32(rows), to_tf32(weight), offsets))
+        assert (out - segment_products(rows, weight, offsets)).abs().max() > 1e-4
+    else:
+        close(out, segment_products(rows, weight, offsets))
     with pytest.raises(ValueError, match="offsets must rise from 0 to the number of rows"):
         install(monkeypatch)
         monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -237,22 +261,36 @@ def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_d
 
 @pytest.mark.gpu
 def test_the_gemm_template_alone_matches_per_segment_products():
-    """Odd widths, empty segments, a segment shorter than a tile and one of many tiles."""
-    from workloads.rgnn.ops import segment_products
-
+    """Odd widths, empty segments, a segment shorter than a tile and one of many tiles; float32
+    and the TF32 variant."""
     torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator().manual_seed(3)
     sizes = [0, 5, 64, 0, 1000, 129]
     offsets = torch.tensor([0, *sizes]).cumsum(0).cuda()
     for in_dim, out_dim in [(37, 70), (64, 64), (256, 132), (20, 256)]:  # every shape, scalar and float4
-        rows = torch.randn(sum(sizes), in_dim, generator=g).cuda()
-        weight = torch.randn(len(sizes), in_dim, out_dim, generator=g).cuda()
-        torch.full((sum(sizes) * out_dim,), float("nan"), device="cuda")  # freed: the output's block is NaN
-        out = codegen.segment_gemm(rows, weight, offsets).cpu()
-        close(out, segment_products(rows, weight, offsets).cpu())
-        # A row view that is not 16-byte aligned falls back to scalar loads, and is still right.
-        shifted = torch.randn(sum(sizes) * in_dim + 1, generator=g).cuda()[1:].view(sum(sizes), in_dim)
-        close(codegen.segment_gemm(shifted, weight, offsets).cpu(), segment_products(shifted, weight, offsets).cpu())
+        for tensor_cores in (False, True):
+            check_alone(g, sizes, offsets, in_dim, out_dim, tensor_cores)
+
+
+def check_alone(g, sizes, offsets, in_dim, out_dim, tensor_cores):
+    """The template alone against per-segment products (of TF32-rounded inputs for tensor cores)."""
+    from hector_kernel_model import to_tf32
+
+    from workloads.rgnn.ops import segment_products
+
+    def expect(rows, weight):
+        if tensor_cores:
+            rows, weight = to_tf32(rows), to_tf32(weight)
+        return segment_products(rows, weight, offsets).cpu()
+
+    # TF32's products are exact in float32; only the order of the sums differs from the reference.
+    rows = torch.randn(sum(sizes), in_dim, generator=g).cuda()
+    weight = torch.randn(len(sizes), in_dim, out_dim, generator=g).cuda()
+    torch.full((sum(sizes) * out_dim,), float("nan"), device="cuda")  # freed: the output's block is NaN
+    close(codegen.segment_gemm(rows, weight, offsets, tensor_cores).cpu(), expect(rows, weight))
+    # A row view that is not 16-byte aligned falls back to scalar loads, and is still right.
+    shifted = torch.randn(sum(sizes) * in_dim + 1, generator=g).cuda()[1:].view(sum(sizes), in_dim)
+    close(codegen.segment_gemm(shifted, weight, offsets, tensor_cores).cpu(), expect(shifted, weight))
 
 
 @pytest.mark.parametrize("graph_name", GRAPHS)

@@ -31,26 +31,31 @@ THREADS = 256
 
 @dataclasses.dataclass(frozen=True)
 class GemmShape:
-    """A GEMM instance's tile (rows x columns, each 64 or 128) and whether it moves float4s."""
+    """A GEMM instance's tile (rows x columns, each 64 or 128), whether it moves float4s, and
+    whether it multiplies on tensor cores (the labelled TF32 variant: inputs rounded to TF32,
+    fp32 accumulate)."""
 
     rows: int = 64
     columns: int = 64
     vec4: bool = False
+    tensor_cores: bool = False
 
     def defines(self) -> dict:
-        return {"TILE_M": self.rows, "TILE_N": self.columns, "VEC4": int(self.vec4)}
+        shape = {"TILE_M": self.rows, "TILE_N": self.columns, "VEC4": int(self.vec4)}
+        return shape | ({"TENSOR_CORES": 1} if self.tensor_cores else {})
 
 
-GEMM_SHAPES = [GemmShape(m, m, v) for m in (64, 128) for v in (False, True)]  # what gemm_shape picks from
+# What gemm_shape picks from (CI compiles each).
+GEMM_SHAPES = [GemmShape(m, m, v, tc) for m in (64, 128) for v in (False, True) for tc in (False, True)]
 
 
-def gemm_shape(k: int, n: int, *tensors: torch.Tensor) -> GemmShape:
+def gemm_shape(k: int, n: int, *tensors: torch.Tensor, tensor_cores: bool = False) -> GemmShape:
     """The tile for a product with k inputs and n outputs per row: 128 x 128 where n passes 64
     (twice the work per shared-memory read), else 64 x 64 (less padding in short segments); float4
     loads and stores where every row starts 16-byte aligned."""
     vec4 = k % 4 == 0 and n % 4 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
     size = 128 if n > 64 else 64
-    return GemmShape(size, size, vec4)
+    return GemmShape(size, size, vec4, tensor_cores)
 
 
 @functools.lru_cache(maxsize=4096)  # steps hash by identity of their values: one lookup per launch
@@ -169,9 +174,12 @@ def _module(text: str):
     return module
 
 
-def run(plan: lower.Plan, graph, tensors: dict[str, torch.Tensor], widths: dict) -> list[torch.Tensor]:
-    """Run ``plan`` on the GPU with the generated kernels (float32 CUDA tensors)."""
-    runner = _Runner(graph, widths, lower.GraphIndex.of(graph))
+def run(
+    plan: lower.Plan, graph, tensors: dict[str, torch.Tensor], widths: dict, tensor_cores: bool = False
+) -> list[torch.Tensor]:
+    """Run ``plan`` on the GPU with the generated kernels (float32 CUDA tensors); with
+    ``tensor_cores`` its products (not the weight gradients' outer products) in TF32."""
+    runner = _Runner(graph, widths, lower.GraphIndex.of(graph), tensor_cores)
     for v in plan.given:
         t = tensors[v.name]
         if t.dtype != torch.float32 or t.device != graph.src.device:
@@ -206,8 +214,8 @@ def _blocks(work: int) -> int:
 class _Runner:
     """One plan's run: its values by id, the graph's index arrays, and a launch per step."""
 
-    def __init__(self, graph, widths: dict, index: lower.GraphIndex):
-        self.graph, self.widths, self.index = graph, widths, index
+    def __init__(self, graph, widths: dict, index: lower.GraphIndex, tensor_cores: bool = False):
+        self.graph, self.widths, self.index, self.tensor_cores = graph, widths, index, tensor_cores
         self.env: dict[int, torch.Tensor] = {}
         self.device = graph.src.device
         self.unused = torch.zeros(1, dtype=torch.int64, device=self.device)  # an unused pointer argument
@@ -240,7 +248,7 @@ class _Runner:
         a, b = self.env[id(step.a.value)], self.env[id(step.b)]
         n = b.shape[-2] if step.transpose else b.shape[-1]
         result = torch.empty(self.index.rows(step.out.domain), n, device=self.device)
-        shape = gemm_shape(a.shape[1], n, a, b, result)
+        shape = gemm_shape(a.shape[1], n, a, b, result, tensor_cores=self.tensor_cores)
         types, begins, ends = self.index.tiles(step.order, shape.rows)
         if len(types) and n:
             rows_a, rows_c = self.index[self.index.positions(step.a, step.order)], self.index[step.order]
@@ -328,14 +336,16 @@ class _Runner:
         return result
 
 
-def segment_gemm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def segment_gemm(
+    rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, tensor_cores: bool = False
+) -> torch.Tensor:
     """The GEMM template alone: ``rows[offsets[t]:offsets[t+1]] @ weight[t]`` for every type t, rows
-    already in type order (what ``grouped_mm`` computes), float32 CUDA tensors. For the template's
-    benchmark against stock torch on equal segment shapes."""
+    already in type order (what ``grouped_mm`` computes), float32 CUDA tensors; ``tensor_cores``:
+    the TF32 variant. For the template's benchmark against stock torch on equal segment shapes."""
     from systems import nvrtc
 
     if rows.dtype != torch.float32 or weight.dtype != torch.float32 or not rows.is_cuda:
-        raise ValueError("segment_gemm takes float32 CUDA tensors (the tensor-core variant is not built yet)")
+        raise ValueError("segment_gemm takes float32 CUDA tensors")
     if weight.dim() != 3 or weight.shape[1] != rows.shape[1] or offsets.shape != (weight.shape[0] + 1,):
         raise ValueError(
             f"rows {tuple(rows.shape)}, weight {tuple(weight.shape)} and offsets {tuple(offsets.shape)} do not fit"
@@ -345,7 +355,7 @@ def segment_gemm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor
     rows, weight = rows.contiguous(), weight.contiguous()
     n = weight.shape[2]
     out = torch.empty(rows.shape[0], n, device=rows.device)
-    shape = gemm_shape(rows.shape[1], n, rows, weight, out)
+    shape = gemm_shape(rows.shape[1], n, rows, weight, out, tensor_cores=tensor_cores)
     schedule = lower.tile_schedule(offsets, rows.shape[0], shape.rows)
     unused = torch.zeros(1, dtype=torch.int64, device=rows.device)  # no index lists: rows in place, as grouped_mm's
     name, text = segment_gemm_source(shape)

@@ -7,7 +7,9 @@ forward program and its IR backward (systems/hector/autodiff.py), tied by ``regi
 The ops take the graph as an integer handle (:func:`register_graph`): a relational graph is a set
 of index tensors with precomputed orders, which the ops' schema would otherwise have to list one
 by one. On CUDA tensors they run the generated kernels (systems/hector/codegen.py), on any other device
-the reference backend (systems/hector/reference.py).
+the reference backend (systems/hector/reference.py). ``Layer(program, tensor_cores=True)`` is the
+labelled TF32 variant: its products run on tensor cores (inputs rounded to TF32, fp32
+accumulate); on a CPU it is the reference, in float32.
 """
 
 from __future__ import annotations
@@ -46,13 +48,13 @@ def _graph(handle: int) -> RelGraph:
 class Layer:
     """``program`` as an operator; its tensors are given by name when called."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, tensor_cores: bool = False):
         self.program = program
         self.names = [leaf.name for leaf in leaves(program)]
         digest = hashlib.sha256(str(program).encode()).hexdigest()[:12]
-        self.op_name = f"{program.name}_{digest}"
+        self.op_name = f"{program.name}_{digest}" + ("_tf32" if tensor_cores else "")
         if self.op_name not in _ops:
-            _ops[self.op_name] = _define(self.op_name, program, self.names)
+            _ops[self.op_name] = _define(self.op_name, program, self.names, tensor_cores)
         self.forward_op, self.backward_op = _ops[self.op_name]
 
     def __call__(self, graph: RelGraph, **tensors: torch.Tensor) -> torch.Tensor:
@@ -80,14 +82,14 @@ def _distinct(results: list[torch.Tensor], given: list[torch.Tensor]) -> list[to
 
 
 def _float32(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The generated kernels are float32 (the tensor-core variant is separate): say so, not fail."""
+    """The generated kernels take float32 tensors (the TF32 variant too): say so, not fail."""
     for name, t in tensors.items():
         if t.dtype != torch.float32:
             raise UserError(f"{name} is {t.dtype}; the generated float32 kernels take float32 tensors")
     return tensors
 
 
-def _define(op_name: str, program: Program, names: list[str]):
+def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool):
     """The forward op returns the output and the forward values the backward op reads, so a
     training step computes the forward once (autodiff.split)."""
     forward_program, backward_program = split(program)
@@ -104,7 +106,8 @@ def _define(op_name: str, program: Program, names: list[str]):
     @forward.register_kernel("cuda")
     def _(graph, tensors):
         g, bound = _graph(graph), _float32(bind(graph, tensors))
-        return _distinct(codegen.run(forward_plan, g, bound, reference.bind_widths(program, g, bound)), tensors)
+        widths = reference.bind_widths(program, g, bound)
+        return _distinct(codegen.run(forward_plan, g, bound, widths, tensor_cores), tensors)
 
     @forward.register_fake
     def _(graph, tensors):
@@ -127,7 +130,8 @@ def _define(op_name: str, program: Program, names: list[str]):
     @backward.register_kernel("cuda")
     def _(graph, tensors, grad, saved):
         g, bound = _graph(graph), _float32(bind(graph, tensors, grad, saved))
-        results = codegen.run(backward_plan, g, bound, reference.bind_widths(backward_program, g, bound))
+        widths = reference.bind_widths(backward_program, g, bound)
+        results = codegen.run(backward_plan, g, bound, widths, tensor_cores)
         return _distinct(results, [*tensors, grad, *saved])
 
     @backward.register_fake

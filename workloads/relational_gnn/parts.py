@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from harness.errors import UserError
 from harness.timing import measure
+from systems.hector.forms import TENSOR_CORE_VARIANTS, HectorForm
 from systems.hector.forms import VARIANTS as HECTOR_VARIANTS
-from systems.hector.forms import HectorForm
 from workloads.graphs import knowledge, published_heterographs, relational, store
 from workloads.relational_gnn.gemm import gemm_template  # noqa: F401 (a part, found here by name)
 from workloads.rgnn import hgt, rgat, rgcn
@@ -191,6 +191,9 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                     f"cpu_materialize_limit_gib ({params['cpu_materialize_limit_gib']})"
                 )
                 continue
+        if name in TENSOR_CORE_VARIANTS and device != "cuda":
+            notes["skipped"][f"{name} on {dataset}"] = "tensor cores: GPU machines only"
+            continue
         if name in HECTOR_VARIANTS:
             layer = HectorForm(model, name, weights, graph)
         else:
@@ -200,13 +203,14 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                 out = layer(x)
         except torch.cuda.OutOfMemoryError as err:
             for mode in params["modes"]:
-                _out_of_memory(writer, dataset, name, config | {"mode": mode}, err)
+                _out_of_memory(writer, dataset, name, config | {"mode": mode, "dtype": _dtype(name)}, err)
             continue
         if reference is None:
             if name != REFERENCE_FORM:
                 raise UserError(f"{where}: the reference form {REFERENCE_FORM} did not run, so nothing is checked")
             reference = out
-        elif not torch.allclose(out, reference, rtol=1e-3, atol=1e-3 * float(reference.abs().max())):
+        elif not torch.allclose(out, reference, rtol=(tol := 1e-2 if name in TENSOR_CORE_VARIANTS else 1e-3),
+                                atol=tol * float(reference.abs().max())):  # fmt: skip
             worst = float((out - reference).abs().max())
             raise FormsDisagree(f"{where}: differs from {REFERENCE_FORM} by up to {worst:.3g}")
         del out
@@ -226,7 +230,7 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
 
     for name, layer in checked:
         for mode in params["modes"]:
-            row = config | {"mode": mode}
+            row = config | {"mode": mode, "dtype": _dtype(name)}
             try:
                 step(layer, mode)  # untimed: makes the gradients and the optimizer's state
                 if device == "cuda":
@@ -267,6 +271,11 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                     repetition=rep,
                     dataset=dataset,
                 )
+
+
+def _dtype(variant: str) -> str:
+    """The precision a form multiplies in: float32 with TF32 off, or TF32 on tensor cores."""
+    return "tf32" if variant in TENSOR_CORE_VARIANTS else "float32"
 
 
 def _role(variant: str) -> str:

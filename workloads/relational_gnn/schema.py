@@ -24,7 +24,7 @@ SCHEMA = Schema(
         "mode": str,  # "inference" (forward, no gradients) or "training" (forward, backward, step)
         "in_dim": int,
         "out_dim": int,
-        "dtype": str,  # "float32" (TF32 off)
+        "dtype": str,  # "float32" (TF32 off), or "tf32" (tensor cores: TF32 inputs, fp32 accumulate)
         "nodes": int,
         "edges": int,
         "relations": int,

@@ -48,6 +48,9 @@
 #ifndef VEC4
 #define VEC4 0  // K and N multiples of 4 and every row 16-byte aligned: float4 loads and stores
 #endif
+#ifndef TENSOR_CORES
+#define TENSOR_CORES 0  // 1: the labelled TF32 variant (inputs rounded to TF32, fp32 accumulate)
+#endif
 #define TILE_K 16
 #define THREADS 256  // 16 x 16 threads, each a (TILE_M / 16) x (TILE_N / 16) block of the output tile
 #define MI (TILE_M / 16)
@@ -83,6 +86,61 @@ __device__ __forceinline__ void accumulate_tile(const float (&left)[TILE_K][LM +
     }
 }
 
+// The TF32 variant: 8 warps as 2 (rows) x 4 (columns), each a (LM / 2) x (LN / 4) share of the
+// tile in m16n8k8 tensor-core products; acc[mi][nj][r] is the fragment element at row
+// mi * 16 + g + 8 (r / 2), column nj * 8 + 2 t + r % 2 of the warp's share (g = lane / 4,
+// t = lane % 4), as PTX's mma.m16n8k8 lays out its accumulators.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+template <int LM, int LN>
+__device__ __forceinline__ void mma_tile(const float (&left)[TILE_K][LM + PAD], const float (&right)[TILE_K][LN + PAD],
+                                         float (&acc)[LM / 32][LN / 32][4], int warp, int lane) {
+    const int g = lane / 4, t = lane % 4;
+    const int row0 = (warp / 4) * (LM / 2), col0 = (warp % 4) * (LN / 4);
+#pragma unroll
+    for (int k = 0; k < TILE_K; k += 8) {
+        unsigned a[LM / 32][4], b[LN / 32][2];
+#pragma unroll
+        for (int mi = 0; mi < LM / 32; ++mi) {
+            const int r = row0 + mi * 16 + g;
+            a[mi][0] = to_tf32(left[k + t][r]), a[mi][1] = to_tf32(left[k + t][r + 8]);
+            a[mi][2] = to_tf32(left[k + t + 4][r]), a[mi][3] = to_tf32(left[k + t + 4][r + 8]);
+        }
+#pragma unroll
+        for (int nj = 0; nj < LN / 32; ++nj) {
+            const int c = col0 + nj * 8 + g;
+            b[nj][0] = to_tf32(right[k + t][c]), b[nj][1] = to_tf32(right[k + t + 4][c]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < LM / 32; ++mi)
+#pragma unroll
+            for (int nj = 0; nj < LN / 32; ++nj) {
+                float* d = acc[mi][nj];
+                asm volatile(
+                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                    "{%8, %9}, {%0, %1, %2, %3};"
+                    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                    : "r"(a[mi][0]), "r"(a[mi][1]), "r"(a[mi][2]), "r"(a[mi][3]), "r"(b[nj][0]), "r"(b[nj][1]));
+            }
+    }
+}
+
+// One result of the tile, at its row position and column: written, or added atomically.
+__device__ __forceinline__ void put(float* __restrict__ C, const long long* __restrict__ c_rows, long long position,
+                                    long long end, int n, int N, float value) {
+    if (position >= end || n >= N) return;
+    const long long row = SCATTER_C ? c_rows[position] : position;
+    if (ACCUMULATE) {
+        atomicAdd(C + row * N + n, value);
+    } else {
+        C[row * N + n] = value;
+    }
+}
+
 // Four neighbouring entries of a row-major matrix's row (row < 0: a padding row of zeros). With
 // VEC4 one float4 load (K a multiple of 4, so a quad never straddles the row's end); else four.
 __device__ __forceinline__ float4 load_quad(const float* __restrict__ m, long long row, int col, int cols) {
@@ -109,7 +167,9 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
     const long long begin = tile_begin[tile], end = tile_end[tile];
     if (begin >= end) return;  // an empty tile (the schedule may end with some)
     const float* Bt = B + (long long)tile_type[tile] * K * N;
+#if !TENSOR_CORES
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#endif
     for (int m = threadIdx.x; m < TILE_M; m += THREADS) {
         const long long i = begin + m;
         a_row[m] = i < end ? (GATHER_A ? a_rows[i] : i) : -1;
@@ -155,7 +215,11 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
             }
         }
     };
+#if TENSOR_CORES
+    float acc[TILE_M / 32][TILE_N / 32][4] = {};
+#else
     float acc[MI][NJ] = {};
+#endif
     load(0);
     store(0);
     __syncthreads();
@@ -163,12 +227,29 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
     for (int k0 = 0; k0 < K; k0 += TILE_K) {
         const bool more = k0 + TILE_K < K;
         if (more) load(k0 + TILE_K);
+#if TENSOR_CORES
+        mma_tile<TILE_M, TILE_N>(As[buffer], Bs[buffer], acc, threadIdx.x / 32, threadIdx.x % 32);
+#else
         accumulate_tile<TILE_M, TILE_N>(As[buffer], Bs[buffer], acc, tx, ty);
+#endif
         // The other buffer was last read before the previous barrier: safe to fill now.
         if (more) store(buffer ^ 1);
         __syncthreads();
         buffer ^= 1;
     }
+#if TENSOR_CORES
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int mi = 0; mi < TILE_M / 32; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < TILE_N / 32; ++nj)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int m = (warp / 4) * (TILE_M / 2) + mi * 16 + g + 8 * (r / 2);
+                const int n = n0 + (warp % 4) * (TILE_N / 4) + nj * 8 + 2 * t + r % 2;
+                put(C, c_rows, begin + m, end, n, N, acc[mi][nj][r]);
+            }
+#else
 #pragma unroll
     for (int i = 0; i < MI; ++i) {
         const long long position = begin + own_row(i, ty);
@@ -193,6 +274,7 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
             }
         }
     }
+#endif
 }
 
 // D[t][k0 : k0 + 64, n0 : n0 + 64] += A[rows of the tile]^T G[rows of the tile]; grid (tiles,
