@@ -174,7 +174,16 @@ class ResultsWriter:
         flops: int | None = None,
         dataset: str = "",
     ) -> None:
-        """Rows for each repetition: time, CPU time, and the rates and memory that apply."""
+        """Rows for each repetition: time, CPU time, and the rates and memory that apply. All of
+        them or none: a part stopped mid-way (harness/entry.py) never writes half a measurement."""
+        start = len(self.rows)
+        try:
+            self._add_measurement(m, role, variant, config, bytes_moved, flops, dataset)
+        except BaseException:
+            del self.rows[start:]
+            raise
+
+    def _add_measurement(self, m, role, variant, config, bytes_moved, flops, dataset) -> None:
         for rep, seconds in enumerate(m.seconds):
 
             def add(metric, value, unit):

@@ -328,6 +328,16 @@ def test_a_slope_of_zero_is_written_as_a_float_literal():
     assert "(operand(0, t0, x0, s0, i, c, w0)) * 0.0f)" in text
 
 
+def test_every_kind_of_step_has_a_profiler_range_the_breakdown_classes():
+    from workloads.rgnn.breakdown import classify
+
+    for name in BASELINES:
+        for program in autodiff.split(passes.optimize(models.PROGRAMS[name](), "reorder", "compact")):
+            for step in lower.lower(program).steps:
+                kind = classify(codegen.range_name(step))
+                assert (kind == "other") == isinstance(step, lower.Host), (codegen.range_name(step), kind)
+
+
 def lower_sources(program, fuse: bool) -> dict[str, str]:
     return {
         codegen.source_of(s)[0]: codegen.source_of(s)[1]

@@ -192,10 +192,16 @@ def run(
     ranged = _profiling()
     with on_device:  # launches go to the current device's stream
         for step in plan.steps:
-            name = f"hector::{type(step).__name__.lower()}"
-            with torch.profiler.record_function(name) if ranged else contextlib.nullcontext():
+            with torch.profiler.record_function(range_name(step)) if ranged else contextlib.nullcontext():
                 runner.env[id(step.out)] = runner.step(step)
     return [runner.env[id(o)] for o in plan.program.outputs]
+
+
+def range_name(step) -> str:
+    """The profiler range of a step: ``hector::`` and its kind (a fused chain summed into targets
+    is ``fusedscatter``), which workloads/rgnn/breakdown.py classes."""
+    kind = type(step).__name__.lower()
+    return f"hector::{kind}scatter" if isinstance(step, lower.Fused) and step.index else f"hector::{kind}"
 
 
 def _profiling() -> bool:
@@ -344,6 +350,7 @@ def segment_gemm(
     the TF32 variant. For the template's benchmark against stock torch on equal segment shapes."""
     from systems import nvrtc
 
+    offsets = offsets.to(rows.device)  # the tile list is built where offsets live: with the rows
     if rows.dtype != torch.float32 or weight.dtype != torch.float32 or not rows.is_cuda:
         raise ValueError("segment_gemm takes float32 CUDA tensors")
     if weight.dim() != 3 or weight.shape[1] != rows.shape[1] or offsets.shape != (weight.shape[0] + 1,):

@@ -57,7 +57,9 @@ _HECTOR = {
     "hector::scatter": "aggregation",
     "hector::softmax": "aggregation",
     "hector::scattermap": "aggregation",
+    "hector::fusedscatter": "aggregation",
     "hector::map": "elementwise",
+    "hector::fused": "elementwise",
     "hector::dot": "elementwise",
 }
 _TORCH_OWN = ("aten::", "autograd::", "Optimizer.", "torch::")  # classed by their own name only

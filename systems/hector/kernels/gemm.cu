@@ -55,7 +55,9 @@
 #define THREADS 256  // 16 x 16 threads, each a (TILE_M / 16) x (TILE_N / 16) block of the output tile
 #define MI (TILE_M / 16)
 #define NJ (TILE_N / 16)
-#define PAD 4  // keeps rows of the shared tiles 16-byte aligned, and their transposing stores spread
+// Pads the shared tiles' rows: keeps them 16-byte aligned, and spreads the banks of the float32
+// path's transposing stores (4) or of the tensor-core path's fragment loads (8), whichever is hot.
+#define PAD (TENSOR_CORES ? 8 : 4)
 
 // A thread's i-th row of a tile: runs of 4 neighbouring rows, the runs 64 apart, so that a
 // warp's float4 reads of a shared k-row cover neighbouring addresses (no bank conflicts).
@@ -96,6 +98,12 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
     return r;
 }
 
+__device__ __forceinline__ float4 tf32_quad(float4 v) {
+    return make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)), __uint_as_float(to_tf32(v.z)),
+                       __uint_as_float(to_tf32(v.w)));
+}
+
+// The tiles hold TF32 values already (rounded as they are stored): their bits are the operands.
 template <int LM, int LN>
 __device__ __forceinline__ void mma_tile(const float (&left)[TILE_K][LM + PAD], const float (&right)[TILE_K][LN + PAD],
                                          float (&acc)[LM / 32][LN / 32][4], int warp, int lane) {
@@ -107,13 +115,13 @@ __device__ __forceinline__ void mma_tile(const float (&left)[TILE_K][LM + PAD], 
 #pragma unroll
         for (int mi = 0; mi < LM / 32; ++mi) {
             const int r = row0 + mi * 16 + g;
-            a[mi][0] = to_tf32(left[k + t][r]), a[mi][1] = to_tf32(left[k + t][r + 8]);
-            a[mi][2] = to_tf32(left[k + t + 4][r]), a[mi][3] = to_tf32(left[k + t + 4][r + 8]);
+            a[mi][0] = __float_as_uint(left[k + t][r]), a[mi][1] = __float_as_uint(left[k + t][r + 8]);
+            a[mi][2] = __float_as_uint(left[k + t + 4][r]), a[mi][3] = __float_as_uint(left[k + t + 4][r + 8]);
         }
 #pragma unroll
         for (int nj = 0; nj < LN / 32; ++nj) {
             const int c = col0 + nj * 8 + g;
-            b[nj][0] = to_tf32(right[k + t][c]), b[nj][1] = to_tf32(right[k + t + 4][c]);
+            b[nj][0] = __float_as_uint(right[k + t][c]), b[nj][1] = __float_as_uint(right[k + t + 4][c]);
         }
 #pragma unroll
         for (int mi = 0; mi < LM / 32; ++mi)
@@ -196,6 +204,12 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
         }
     };
     auto store = [&](int buffer) {
+#if TENSOR_CORES  // rounded to TF32 once here, not by every warp that reads the element
+#pragma unroll
+        for (int q = 0; q < A_QUADS; ++q) a_quad[q] = tf32_quad(a_quad[q]);
+#pragma unroll
+        for (int q = 0; q < B_QUADS; ++q) b_quad[q] = tf32_quad(b_quad[q]);
+#endif
 #pragma unroll
         for (int q = 0; q < A_QUADS; ++q) {
             const int e = threadIdx.x + q * THREADS, m = e / (TILE_K / 4), kq = e % (TILE_K / 4);
