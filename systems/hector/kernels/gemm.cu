@@ -1,6 +1,7 @@
-// Hector's GEMM template (float32, exact: no tensor cores), specialized by the code generator
-// (systems/hector/codegen.py) with #defines put before this text. As it stands it is the plain
-// variant, and CI compiles it so for sm_90 like every kernel of the suite.
+// Hector's GEMM template, specialized by the code generator (systems/hector/codegen.py) with
+// #defines put before this text: exact float32 by default; with TENSOR_CORES the labelled TF32
+// variant. As it stands (no #defines) it is the plain float32 variant, and CI compiles it so for
+// sm_90 like every kernel of the suite.
 //
 // Rows are visited in a *sorted position* order in which each type (relation or node type) is one
 // contiguous segment; the host cuts the segments into tiles once per graph (a tile never spans
