@@ -259,6 +259,58 @@ def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_d
         codegen.segment_gemm(rows, weight, offsets - 1)
 
 
+def test_the_gemm_template_alone_takes_views_and_empty_inputs(monkeypatch):
+    """Rows and weights as users pass them: every other column of a wider table, rows from an
+    offset, one row expanded over all; and no rows at all. Each gives what contiguous copies give."""
+    from hector_kernel_model import install
+
+    from workloads.rgnn.ops import segment_products
+
+    g = torch.Generator().manual_seed(4)
+    sizes = [3, 0, 70, 1]
+    rows_n, offsets = sum(sizes), torch.tensor([0, *sizes]).cumsum(0)
+    weight = torch.randn(len(sizes), 12, 9, generator=g)
+    cases = {
+        "strided": (torch.randn(rows_n, 24, generator=g)[:, ::2], weight),
+        "offset": (torch.randn(rows_n + 13, 12, generator=g)[13:], weight),
+        "expanded rows": (torch.randn(1, 12, generator=g).expand(rows_n, 12), weight),
+        "expanded weight": (torch.randn(rows_n, 12, generator=g), weight[:1].expand(len(sizes), 12, 9)),
+    }
+    for kind, (rows, w) in cases.items():
+        model = install(monkeypatch)
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the model runs on the CPU
+        out = codegen.segment_gemm(rows, w, offsets)
+        monkeypatch.undo()
+        assert not model.problems, (kind, model.problems[:3])
+        close(out, segment_products(rows.contiguous(), w.contiguous(), offsets))
+    install(monkeypatch)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    empty = codegen.segment_gemm(torch.randn(0, 12), weight, torch.zeros(len(sizes) + 1, dtype=torch.int64))
+    monkeypatch.undo()
+    assert empty.shape == (0, 9)
+
+
+@pytest.mark.parametrize("kind", ["strided", "offset", "expanded"])
+def test_the_generated_launches_take_feature_views(kind, monkeypatch):
+    """Features passed as views to codegen.run give what their contiguous copies give."""
+    from hector_kernel_model import install
+
+    graph = awkward_graph(seed=2)
+    program, tensors = program_and_tensors("rgat", ("reorder", "compact"), False, graph)
+    g = torch.Generator().manual_seed(6)
+    n, w = tensors["x"].shape
+    tensors["x"] = {
+        "strided": torch.randn(n, 2 * w, generator=g)[:, ::2],
+        "offset": torch.randn(n + 5, w, generator=g)[5:],
+        "expanded": torch.randn(1, w, generator=g).expand(n, w),
+    }[kind]
+    expected = reference.run(program, graph, {k: v.contiguous() for k, v in tensors.items()})
+    model = install(monkeypatch)
+    got = codegen.run(lower.lower(program), graph, tensors, reference.bind_widths(program, graph, tensors))
+    assert not model.problems, model.problems[:3]
+    close(got[0], expected[0])
+
+
 @pytest.mark.gpu
 def test_the_gemm_template_alone_matches_per_segment_products():
     """Odd widths, empty segments, a segment shorter than a tile and one of many tiles; float32
