@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from systems.hector.ir import Program, Value
-from workloads.rgnn.graph import RelGraph
+from workloads.rgnn.graph import RelGraph, segment_offsets
 
 TILE_ROWS = 64  # the GEMM template's rows per tile (kernels/gemm.cu TILE_M)
 OUTER_ROWS = 256  # positions per weight-gradient tile
@@ -439,8 +439,7 @@ class GraphIndex:
         if name == "by_dst":
             return torch.sort(g.dst, stable=True).indices
         if name == "dst_begin":
-            counts = torch.bincount(g.dst, minlength=g.num_nodes)
-            return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+            return segment_offsets(g.dst, g.num_nodes)
         if "@" in name:  # an index read through an order: index[order]
             index, order = name.split("@", 1)
             return self[index].index_select(0, self[order])
@@ -458,8 +457,7 @@ class GraphIndex:
             else:
                 by, domain = rest
                 rows = self.rows(domain)
-                counts = torch.bincount(self[type_index(by, domain)], minlength=self.types(by))
-                offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+                offsets = segment_offsets(self[type_index(by, domain)], self.types(by))
             self._cache[key] = tile_schedule(offsets, rows, rows_per_tile)
         return self._cache[key]
 

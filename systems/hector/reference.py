@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from harness.errors import UserError
 from systems.hector.ir import Program, Value
 from systems.hector.lower import GraphIndex
-from workloads.rgnn.graph import RelGraph
+from workloads.rgnn.graph import RelGraph, segment_offsets
 from workloads.rgnn.ops import edge_softmax, segment_products
 
 
@@ -151,9 +151,7 @@ def typed_products(rows: torch.Tensor, weight: torch.Tensor, types: torch.Tensor
     """``rows[i] @ weight[types[i]]`` for every row: rows sorted by type once, the baselines' one
     product per type's segment (workloads/rgnn/ops.py), and back to row order."""
     order = torch.sort(types, stable=True).indices
-    counts = torch.bincount(types, minlength=weight.shape[0])
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    products = segment_products(rows.index_select(0, order), weight, offsets)
+    products = segment_products(rows.index_select(0, order), weight, segment_offsets(types, weight.shape[0]))
     return products.new_empty(products.shape).index_copy(0, order, products)
 
 

@@ -72,9 +72,9 @@ class RelGraph:
         _, pair, counts = torch.unique(dst * num_relations + etype, return_inverse=True, return_counts=True)
         norm = 1.0 / counts[pair].to(torch.float32)
         by_relation = torch.sort(etype, stable=True).indices
-        offsets = _segments(etype, num_relations)
+        offsets = segment_offsets(etype, num_relations)
         by_type = torch.sort(node_type, stable=True).indices
-        type_offsets = _segments(node_type, num_node_types)
+        type_offsets = segment_offsets(node_type, num_node_types)
         move = lambda t: t.to(device)  # noqa: E731
         return cls(
             num_nodes,
@@ -109,8 +109,9 @@ class RelGraph:
         return int(torch.unique(self.src * self.num_relations + self.etype).numel())
 
 
-def _segments(ids: torch.Tensor, count: int) -> torch.Tensor:
-    """Where each id's run starts in ``ids`` sorted: [0, n_0, n_0 + n_1, ..., len(ids)]."""
-    offsets = torch.zeros(count + 1, dtype=torch.int64)
+def segment_offsets(ids: torch.Tensor, count: int) -> torch.Tensor:
+    """Where each id's run starts in ``ids`` sorted: [0, n_0, n_0 + n_1, ..., len(ids)] (int64,
+    on ``ids``' device)."""
+    offsets = torch.zeros(count + 1, dtype=torch.int64, device=ids.device)
     offsets[1:] = torch.cumsum(torch.bincount(ids, minlength=count), 0)
     return offsets
