@@ -70,20 +70,32 @@ def load_module(source_path: Path, options: tuple[str, ...] = DEFAULT_OPTIONS):
     return module
 
 
+def function(module, name: str):
+    """The kernel ``name`` of ``module`` (looked up once)."""
+    kernel = _functions.get((id(module), name))
+    if kernel is None:
+        kernel = _functions[(id(module), name)] = module.get_function(name)
+    return kernel
+
+
 def launch(module, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
     """Launch ``name`` from ``module`` on torch's current stream of the current device.
 
     ``args`` are numpy scalars of the kernel's exact parameter types; pass pointers as
     ``numpy.uint64(tensor.data_ptr())``.
     """
+    with on_torch_stream():
+        function(module, name)(grid, block, args, shared_mem=shared_mem)
+
+
+def on_torch_stream():
+    """A context in which CuPy launches go to torch's current stream of the current device. Code
+    that launches many kernels in a row enters it once and calls :func:`function`'s kernels
+    directly: looking the stream up costs microseconds per launch."""
     import torch
 
-    kernel = _functions.get((id(module), name))
-    if kernel is None:
-        kernel = _functions[(id(module), name)] = module.get_function(name)
     stream = torch.cuda.current_stream()
-    with cupy_stream(stream.device.index, stream.cuda_stream):
-        kernel(grid, block, args, shared_mem=shared_mem)
+    return cupy_stream(stream.device.index, stream.cuda_stream)
 
 
 def cupy_stream(device: int, handle: int):

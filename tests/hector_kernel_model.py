@@ -10,6 +10,8 @@ check is the CUDA itself (races, barriers, shuffles): the GPU tests do.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
 
 import numpy as np
@@ -250,6 +252,9 @@ def install(monkeypatch) -> KernelModel:
     """Route codegen's launches to a fresh model (for one test)."""
     model = KernelModel()
     monkeypatch.setattr(nvrtc, "launch", model.launch)
+    monkeypatch.setattr(nvrtc, "function", lambda module, name: functools.partial(model.launch, module, name))
+    monkeypatch.setattr(nvrtc, "on_torch_stream", contextlib.nullcontext)
+    monkeypatch.setattr(codegen, "_kernels", {})  # none compiled for another model or the GPU
     monkeypatch.setattr(codegen, "_module", lambda text: text)
     monkeypatch.setattr(codegen, "_ptr", model.pointer)
     return model

@@ -35,7 +35,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="aifb", choices=sorted(relational.PUBLISHED))
     parser.add_argument("--model", default="hgt", choices=sorted(MODELS))
-    parser.add_argument("--variant", default="hector_best", choices=sorted(VARIANTS))
+    parser.add_argument(
+        "--variant", default="hector_best", help="a Hector variant or a baseline form (grouped_mm, ...)"
+    )
     parser.add_argument("--mode", default="training", choices=["inference", "training"])
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--calls", type=int, default=20)
@@ -52,7 +54,10 @@ def main() -> None:
     weights = weights.to("cuda")
     x = torch.randn(graph.num_nodes, args.width, device="cuda")
     target = torch.randn(graph.num_nodes, args.width, device="cuda")
-    layer = HectorForm(args.model, args.variant, weights, graph)
+    hector = args.variant in VARIANTS
+    layer = (
+        HectorForm(args.model, args.variant, weights, graph) if hector else module.form(args.variant, weights, graph)
+    )
     optimizer = torch.optim.Adam(weights.parameters(), lr=1e-3)
 
     def call():
@@ -65,15 +70,18 @@ def main() -> None:
         optimizer.step()
         return loss
 
-    forward, backward = (lower.lower(p) for p in _split(layer))
-    steps = len(forward.steps) + (len(backward.steps) if args.mode == "training" else 0)
     timed = measure(call, device="cuda", repeat=args.calls, warmup=5)
-    device = sum(breakdown(call, "cuda").values())
+    split = breakdown(call, "cuda")
+    device = sum(split.values())
     print(f"{args.model} {args.variant} {args.mode} on {args.dataset}-like ({graph.edges:,} edges), width {args.width}")
-    print(
-        f"wall {timed.median * 1e3:.3f} ms per call; device {device * 1e3:.3f} ms; {steps} template steps; "
-        f"host per step {(timed.median - device) / steps * 1e6:.0f} us"
-    )
+    print(f"wall {timed.median * 1e3:.3f} ms per call; device {device * 1e3:.3f} ms; by class (us):", end=" ")
+    print(", ".join(f"{k} {v * 1e6:.0f}" for k, v in split.items()))
+    if hector:
+        forward, backward = (lower.lower(p) for p in _split(layer))
+        steps = len(forward.steps) + (len(backward.steps) if args.mode == "training" else 0)
+        print(f"{steps} template steps; host per step {(timed.median - device) / steps * 1e6:.0f} us")
+    if args.mode == "training":
+        _phases(layer, x, target, optimizer, args.calls)
 
     profiler = cProfile.Profile()
     torch.cuda.synchronize()
@@ -92,6 +100,31 @@ def main() -> None:
         torch.cuda.synchronize()
     print(f"torch.profiler, CPU side, {args.calls} calls:")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+
+
+def _phases(layer, x, target, optimizer, calls: int) -> None:
+    """Wall time of each phase of a training step (synchronized around each): which one the host
+    time is in."""
+    import statistics
+    import time
+
+    phases = {"zero_grad": [], "forward": [], "backward": [], "optimizer": []}
+
+    def timed(name, fn):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = fn()
+        torch.cuda.synchronize()
+        phases[name].append(time.perf_counter() - start)
+        return result
+
+    for _ in range(calls):
+        timed("zero_grad", lambda: optimizer.zero_grad(set_to_none=False))
+        loss = timed("forward", lambda: F.mse_loss(layer(x), target))
+        timed("backward", loss.backward)
+        timed("optimizer", optimizer.step)
+    print("phases (median ms): " + ", ".join(f"{k} {statistics.median(v) * 1e3:.3f}" for k, v in phases.items()))
+    print(f"parameters: {sum(1 for _ in optimizer.param_groups[0]['params'])}")
 
 
 def _split(layer: HectorForm):

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from systems import nvrtc
 from systems.hector import lower
 from systems.hector.ir import Program
 
@@ -155,13 +156,23 @@ def segment_gemm_source(shape: GemmShape) -> tuple[str, str]:
 
 
 _modules: dict[str, object] = {}
+_kernels: dict[tuple[int, GemmShape], tuple[object, object]] = {}
+
+
+def kernel_of(step, shape: GemmShape = GemmShape()):
+    """The compiled kernel of ``step`` in ``shape``, made once per step: writing and hashing an
+    instance's text cost tens of microseconds, which a plan's every launch would pay."""
+    found = _kernels.get((id(step), shape))
+    if found is None:
+        name, text, _ = source_of(step, shape)
+        found = _kernels[(id(step), shape)] = (step, nvrtc.function(_module(text), name))  # step kept: ids stay unique
+    return found[1]
 
 
 def _module(text: str):
     """The compiled module of an instance's text (kept per process; NVRTC's binaries also on disk)."""
     if text in _modules:
         return _modules[text]
-    from systems import nvrtc
 
     cache = Path(os.environ.get("SUITE_HECTOR_CACHE", Path.home() / ".cache" / "data-efficient-suite" / "hector"))
     path = cache / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.cu"
@@ -190,7 +201,7 @@ def run(
     # so the breakdown can class the generated kernels by what they do (workloads/rgnn/breakdown.py).
     # Otherwise no range: each is two dispatched operators, which add up over a plan's steps.
     ranged = _profiling()
-    with on_device:  # launches go to the current device's stream
+    with on_device, nvrtc.on_torch_stream() if graph.src.is_cuda else contextlib.nullcontext():
         for step in plan.steps:
             with torch.profiler.record_function(range_name(step)) if ranged else contextlib.nullcontext():
                 runner.env[id(step.out)] = runner.step(step)
@@ -229,11 +240,9 @@ class _Runner:
     def step(self, step) -> torch.Tensor:
         if isinstance(step, lower.Host):
             return lower.host_value(step.out, [self.env[id(a)] for a in step.out.args], self.index).contiguous()
-        from systems import nvrtc
 
         def launch(grid, args, shape: GemmShape = GemmShape()):
-            name, text, _ = source_of(step, shape)
-            nvrtc.launch(_module(text), name, grid, (THREADS,), args)
+            kernel_of(step, shape)(grid, (THREADS,), args)  # on the stream run() entered
 
         return getattr(self, type(step).__name__.lower())(step, launch)
 
@@ -348,8 +357,6 @@ def segment_gemm(
     """The GEMM template alone: ``rows[offsets[t]:offsets[t+1]] @ weight[t]`` for every type t, rows
     already in type order (what ``grouped_mm`` computes), float32 CUDA tensors; ``tensor_cores``:
     the TF32 variant. For the template's benchmark against stock torch on equal segment shapes."""
-    from systems import nvrtc
-
     offsets = offsets.to(rows.device)  # the tile list is built where offsets live: with the rows
     if rows.dtype != torch.float32 or weight.dtype != torch.float32 or not rows.is_cuda:
         raise ValueError("segment_gemm takes float32 CUDA tensors")

@@ -59,15 +59,15 @@ def bind(model_name: str, weights) -> dict[str, torch.Tensor]:
         return {"W": weights.weight, "q": weights.q, "k": weights.k, "bias": weights.bias}
     assert isinstance(weights, hgt.HGTWeights) and weights.in_dim == weights.out_dim
     out = weights.out_dim
-    kqv, kqv_bias = weights.stacked("kqv_weight"), torch.stack(list(weights.kqv_bias))
+    kqv, kqv_bias = weights.stacked("kqv_weight"), weights.kqv_bias
     parts = {name: i * out for i, name in enumerate("kqv")}  # HGTConv's order: keys, queries, values
     bound = {f"W{n}": kqv[:, :, s : s + out] for n, s in parts.items()}
     bound |= {f"b{n}": kqv_bias[:, s : s + out] for n, s in parts.items()}
     return bound | {
         "K": weights.k_rel,
         "V": weights.v_rel,
-        "p": torch.cat(list(weights.p_rel)),
+        "p": weights.p_rel.unsqueeze(1),
         "Wout": weights.stacked("out_weight"),
-        "bout": torch.stack(list(weights.out_bias)),
-        "skip": torch.cat(list(weights.skip)).unsqueeze(1),
+        "bout": weights.out_bias,
+        "skip": weights.skip.unsqueeze(1),
     }

@@ -20,6 +20,8 @@ enclosing event that has one.
 
 from __future__ import annotations
 
+import bisect
+import math
 import re
 
 import torch
@@ -86,19 +88,34 @@ def breakdown(fn, device: str) -> dict[str, float]:
         for event in prof.key_averages():
             seconds[classify(event.key)] += event.self_cpu_time_total / 1e6
         return seconds
-    for event in prof.events():
+    events = prof.events()
+    ranges = _hector_ranges(events)
+    for event in events:
         if event.device_type == torch.autograd.DeviceType.CPU and event.self_device_time_total:
             # kernels are counted through the operator (or the launch call) that launched them
-            seconds[class_of(event)] += event.self_device_time_total / 1e6
+            seconds[class_of(event, ranges)] += event.self_device_time_total / 1e6
     return seconds
 
 
-def class_of(event) -> str:
+def _hector_ranges(events) -> list[tuple[float, float, str]]:
+    """(start, end, class) of every Hector step range, by start."""
+    found = [(e.time_range.start, e.time_range.end, _HECTOR[e.name]) for e in events if e.name in _HECTOR]
+    return sorted(found)
+
+
+def class_of(event, ranges=()) -> str:
     """``event``'s class, or for a launch call no rule classes (CuPy's ``cuLaunchKernel``) that of
-    the nearest enclosing event that has one (a ``hector::`` step)."""
+    the nearest enclosing event that has one (a ``hector::`` step). The profiler does not always
+    give driver calls a parent (they can sit in another thread's tree), so a launch no parent
+    classes takes the class of the Hector step range it began in."""
     kind = classify(event.name)
     walker = event
     while kind == "other" and not walker.name.startswith(_TORCH_OWN) and walker.cpu_parent is not None:
         walker = walker.cpu_parent
         kind = classify(walker.name)
+    if kind == "other" and not event.name.startswith(_TORCH_OWN):
+        start = event.time_range.start
+        at = bisect.bisect_right(ranges, (start, math.inf, "")) - 1
+        if at >= 0 and ranges[at][1] >= event.time_range.end:
+            kind = ranges[at][2]
     return kind

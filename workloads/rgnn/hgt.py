@@ -8,10 +8,12 @@
     h[w] = gelu(sum over edges of alpha * (v[u] @ Vrel[r])) @ Wout[type(w)].T + bout[type(w)]
     out[w] = s * h[w] + (1 - s) * x[w], s = sigmoid(skip[type(w)])   (where in = out)
 
-The per-type weights are kept one parameter per node type, in ``torch.nn.Linear``'s [out, in]
-layout, so PyG's per-type linear layers can be given the very same parameters. PyG returns no
-output for node types no edge leads to; its form here gives them what every other form does (the
-output of a node without incoming edges), so forms compare row by row.
+Each weight is one parameter: the per-type ones stacked over node types, in ``torch.nn.Linear``'s
+[out, in] layout, and the relation priorities one vector. (PyG keeps one parameter per type and
+per relation; its form here reads views of these. A parameter per relation, 104 on aifb-like,
+made every form's training step pay for a gradient, a zeroing and an optimizer update per tensor.)
+PyG returns no output for node types no edge leads to; its form here gives them what every other
+form does (the output of a node without incoming edges), so forms compare row by row.
 """
 
 from __future__ import annotations
@@ -34,20 +36,20 @@ class HGTWeights(nn.Module):
         self.num_relations, self.in_dim, self.out_dim = num_relations, in_dim, out_dim
         self.num_node_types = num_node_types
         g = torch.Generator().manual_seed(seed)
-        per_type = lambda make: nn.ParameterList(make() for _ in range(num_node_types))  # noqa: E731
-        self.kqv_weight = per_type(lambda: glorot((3 * out_dim, in_dim), g))
-        self.kqv_bias = per_type(lambda: nn.Parameter(torch.rand(3 * out_dim, generator=g) * 0.1))
-        self.out_weight = per_type(lambda: glorot((out_dim, out_dim), g))
-        self.out_bias = per_type(lambda: nn.Parameter(torch.rand(out_dim, generator=g) * 0.1))
-        self.skip = per_type(lambda: nn.Parameter(torch.randn(1, generator=g)))
+        types = num_node_types
+        self.kqv_weight = glorot((types, 3 * out_dim, in_dim), g)
+        self.kqv_bias = nn.Parameter(torch.rand(types, 3 * out_dim, generator=g) * 0.1)
+        self.out_weight = glorot((types, out_dim, out_dim), g)
+        self.out_bias = nn.Parameter(torch.rand(types, out_dim, generator=g) * 0.1)
+        self.skip = nn.Parameter(torch.randn(types, generator=g))
         self.k_rel = glorot((num_relations, out_dim, out_dim), g)
         self.v_rel = glorot((num_relations, out_dim, out_dim), g)
         # PyG keeps one [1, heads] priority per relation; 0.5 to 1.5 here, so that it matters.
-        self.p_rel = nn.ParameterList(nn.Parameter(0.5 + torch.rand(1, 1, generator=g)) for _ in range(num_relations))
+        self.p_rel = nn.Parameter(0.5 + torch.rand(num_relations, generator=g))
 
     def stacked(self, name: str) -> torch.Tensor:
-        """A per-type weight as one [types, in, out] tensor (a copy; gradients flow back)."""
-        return torch.stack(list(getattr(self, name))).transpose(1, 2)
+        """A per-type weight as [types, in, out] (a view)."""
+        return getattr(self, name).transpose(1, 2)
 
 
 class _Form(Form):
@@ -69,20 +71,19 @@ class _Form(Form):
     def forward(self, x):
         self._check(x)
         g, w = self.graph, self.w
-        kqv = self._typed(x, w.stacked("kqv_weight"), torch.stack(list(w.kqv_bias)))
+        kqv = self._typed(x, w.stacked("kqv_weight"), w.kqv_bias)
         k, q, v = torch.tensor_split(kqv, 3, dim=1)
         src = g.src if self.order is None else g.src[self.order]
         dst = g.dst if self.order is None else g.dst[self.order]
         etype = g.etype if self.order is None else g.etype[self.order]
         keys, values = self._related(take_rows(k, src), w.k_rel), self._related(take_rows(v, src), w.v_rel)
-        priority = torch.cat(list(w.p_rel)).squeeze(1) if g.num_relations else k.new_zeros(0)
-        scores = (take_rows(q, dst) * keys).sum(1) * take_rows(priority, etype) / math.sqrt(w.out_dim)
+        scores = (take_rows(q, dst) * keys).sum(1) * take_rows(w.p_rel, etype) / math.sqrt(w.out_dim)
         alpha = edge_softmax(scores, dst, g.num_nodes)
         summed = torch.zeros_like(q).index_add(0, dst, alpha.unsqueeze(1) * values)
-        out = self._typed(F.gelu(summed), w.stacked("out_weight"), torch.stack(list(w.out_bias)))
+        out = self._typed(F.gelu(summed), w.stacked("out_weight"), w.out_bias)
         if w.in_dim != w.out_dim:
             return out
-        share = take_rows(torch.cat(list(w.skip)).sigmoid(), g.node_type).unsqueeze(1)
+        share = take_rows(w.skip.sigmoid(), g.node_type).unsqueeze(1)
         return share * out + (1 - share) * x
 
 
@@ -127,8 +128,9 @@ class GroupedMM(_Segmented):
 
 
 class PyG(Form):
-    """PyG's ``HGTConv`` (one head) whose parameters are the shared weights themselves; node types
-    and relations become PyG's typed dictionaries once, here."""
+    """PyG's ``HGTConv`` (one head) computing with the shared weights: its per-type linear layers'
+    weights, its skip gates and its relation priorities are views of them, made at each call; node
+    types and relations become PyG's typed dictionaries once, here."""
 
     def __init__(self, weights: HGTWeights, graph: RelGraph):
         super().__init__(weights, graph)
@@ -148,13 +150,12 @@ class PyG(Form):
         ends = [(s, f"r{r}", t) for r, (s, t) in enumerate(ends)]
         self.relations = ends
         self.layer = HGTConv(weights.in_dim, weights.out_dim, (self.types, ends), heads=1)
-        for i, t in enumerate(self.types):
-            for pyg, ours in ((self.layer.kqv_lin.lins[t], "kqv"), (self.layer.out_lin.lins[t], "out")):
-                pyg.weight, pyg.bias = getattr(weights, f"{ours}_weight")[i], getattr(weights, f"{ours}_bias")[i]
-            self.layer.skip[t] = weights.skip[i]
+        # PyG's own parameters go; the views put in their place at each call are not parameters.
+        for t in self.types:
+            for lin in (self.layer.kqv_lin.lins[t], self.layer.out_lin.lins[t]):
+                del lin.weight, lin.bias
+        del self.layer.skip, self.layer.p_rel
         self.layer.k_rel.weight, self.layer.v_rel.weight = weights.k_rel, weights.v_rel
-        for r, relation in enumerate(ends):
-            self.layer.p_rel["__".join(relation)] = weights.p_rel[r]
         # Local ids within each type, and each relation's edges in them.
         self.members = [torch.nonzero(graph.node_type == i).flatten() for i in range(graph.num_node_types)]
         local = torch.empty_like(graph.node_type)
@@ -165,9 +166,23 @@ class PyG(Form):
             for r, relation in enumerate(ends)
         }
 
+    def _bind(self) -> None:
+        """PyG's per-type and per-relation weights as views of the shared ones, made in this call
+        so that each call's gradients reach the shared parameters."""
+        w, kqv, out = self.w, self.layer.kqv_lin.lins, self.layer.out_lin.lins
+        # unbind, not indexing per type: one operator whose gradient is one stack
+        for t, weight, bias in zip(self.types, w.kqv_weight.unbind(0), w.kqv_bias.unbind(0), strict=True):
+            kqv[t].weight, kqv[t].bias = weight, bias
+        for t, weight, bias in zip(self.types, w.out_weight.unbind(0), w.out_bias.unbind(0), strict=True):
+            out[t].weight, out[t].bias = weight, bias
+        self.layer.skip = dict(zip(self.types, w.skip.unbind(0), strict=True))
+        # A plain dict keyed by relation: construct_bipartite_edge_index reads it by edge type.
+        self.layer.p_rel = dict(zip(self.relations, w.p_rel.view(-1, 1, 1).unbind(0), strict=True))
+
     def forward(self, x):
         self._check(x)
         w = self.w
+        self._bind()
         out = self.layer({t: take_rows(x, ids) for t, ids in zip(self.types, self.members)}, self.edges)
         rows = torch.empty(x.shape[0], w.out_dim, dtype=x.dtype, device=x.device)
         for i, (t, ids) in enumerate(zip(self.types, self.members)):
