@@ -214,32 +214,23 @@ def test_operators_are_classified_by_what_they_do():
     assert {name: classify(name) for name in cases} == cases
 
 
-def test_a_launch_no_rule_classes_takes_the_class_of_its_step():
-    """CuPy's launches of Hector's kernels sit in the profiler as driver calls under the step's
-    range; torch's own unclassed operators stay "other" rather than borrow a parent's class."""
-    from types import SimpleNamespace
+def test_every_generated_kernel_is_classed_by_its_entry_point():
+    """The profiler links Hector's CuPy launches to the layer's custom op: the breakdown classes
+    each by its entry point, so every kernel the models need must have a class, the right one."""
+    from systems.hector import codegen, models, passes
+    from systems.hector.autodiff import split
+    from workloads.rgnn.breakdown import kernel_class
 
-    from workloads.rgnn.breakdown import class_of
-
-    def event(name, parent=None, start=0.0, end=0.0):
-        return SimpleNamespace(name=name, cpu_parent=parent, time_range=SimpleNamespace(start=start, end=end))
-
-    step = event("hector::gemm", event("hector::layer_forward"))
-    assert class_of(event("cuLaunchKernel", step)) == "gemm"
-    assert class_of(event("cuLaunchKernel", event("cudaStreamSync", event("hector::softmax")))) == "aggregation"
-    assert class_of(event("cuLaunchKernel")) == "other"
-    assert class_of(event("aten::view", event("aten::mm"))) == "other"
-    assert class_of(event("aten::mm", event("hector::host"))) == "gemm"
-    # No parent (the driver call in another thread's tree): the step range it began and ended in.
-    from workloads.rgnn.breakdown import _hector_ranges
-
-    ranges = _hector_ranges([event("hector::map", start=10, end=20), event("hector::scatter", start=30, end=40)])
-    assert class_of(event("cuLaunchKernel", start=12, end=13), ranges) == "elementwise"
-    assert class_of(event("cuLaunchKernel", start=30, end=31), ranges) == "aggregation"
-    assert class_of(event("cuLaunchKernel", start=21, end=22), ranges) == "other"  # between steps
-    assert class_of(event("cuLaunchKernel", start=5, end=6), ranges) == "other"  # before any
-    assert class_of(event("aten::add", start=12, end=13), ranges) == "elementwise"
-    assert class_of(event("aten::view", start=12, end=13), ranges) == "other"  # torch's own keep theirs
+    names = set()
+    for build in models.PROGRAMS.values():
+        for program in (build(), passes.optimize(build(), "reorder", "compact")):
+            for part in (program, *split(program)):  # the forward, and the training step's two halves
+                names |= set(codegen.sources(part))
+    assert names and all(kernel_class(n) != "other" for n in names), sorted(names)
+    assert kernel_class("segment_gemm_0123456789") == "gemm"
+    assert kernel_class("scatter_rows") == "aggregation"
+    assert kernel_class("fused_map_abcdef0123") == "elementwise"
+    assert kernel_class("void at::native::reduce_kernel") == "other"
 
 
 def test_the_breakdown_sees_each_forms_own_kind_of_work():

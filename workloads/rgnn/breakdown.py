@@ -12,16 +12,12 @@ name, the first rule that matches:
 
 Operators, not kernels, are classified: a kernel's name says little (an ``index_add`` kernel is
 called ``indexFuncLargeIndex``), its operator says what it is for. Hector's generated kernels are
-classed by the template step that launched them (``hector::gemm``, ``hector::map``, ...): they are
-launched through CuPy, not by a torch operator, so the profiler hangs them on the driver's launch
-call; an event that no rule classes and that is not torch's own takes the class of the nearest
-enclosing event that has one.
+launched through CuPy inside a layer's custom op, to which the profiler links them: they are
+classed by their entry point (``segment_gemm`` is a GEMM, ``scatter_map`` an aggregation, ...).
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 import re
 
 import torch
@@ -52,7 +48,8 @@ _RULES = (
 )
 
 
-# Hector's generated kernels run inside one profiler range per template step (systems/hector/codegen.py).
+# Hector's template steps: their profiler ranges (systems/hector/codegen.py), and the entry points
+# of the kernels they launch.
 _HECTOR = {
     "hector::gemm": "gemm",
     "hector::outer": "gemm",
@@ -64,7 +61,17 @@ _HECTOR = {
     "hector::fused": "elementwise",
     "hector::dot": "elementwise",
 }
-_TORCH_OWN = ("aten::", "autograd::", "Optimizer.", "torch::")  # classed by their own name only
+_HECTOR_KERNELS = {
+    "segment_gemm": "gemm",
+    "segment_outer": "gemm",
+    "scatter_rows": "aggregation",
+    "edge_softmax": "aggregation",
+    "scatter_map": "aggregation",
+    "fused_scatter_map": "aggregation",
+    "rows_map": "elementwise",
+    "fused_map": "elementwise",
+    "rows_dot": "elementwise",
+}
 
 
 def classify(operator: str) -> str:
@@ -88,34 +95,20 @@ def breakdown(fn, device: str) -> dict[str, float]:
         for event in prof.key_averages():
             seconds[classify(event.key)] += event.self_cpu_time_total / 1e6
         return seconds
-    events = prof.events()
-    ranges = _hector_ranges(events)
-    for event in events:
-        if event.device_type == torch.autograd.DeviceType.CPU and event.self_device_time_total:
-            # kernels are counted through the operator (or the launch call) that launched them
-            seconds[class_of(event, ranges)] += event.self_device_time_total / 1e6
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CPU or not event.self_device_time_total:
+            continue  # kernels are counted through the operator that launched them
+        if event.name.startswith("hector::") and event.name not in _HECTOR:
+            # A Hector layer's custom op: the profiler links the kernels CuPy launched inside it to
+            # the op, not to the step's range (a user range gets no correlation), so each kernel
+            # is classed by its entry point.
+            for kernel in event.kernels:
+                seconds[kernel_class(kernel.name)] += kernel.duration / 1e6
+        else:
+            seconds[classify(event.name)] += event.self_device_time_total / 1e6
     return seconds
 
 
-def _hector_ranges(events) -> list[tuple[float, float, str]]:
-    """(start, end, class) of every Hector step range, by start."""
-    found = [(e.time_range.start, e.time_range.end, _HECTOR[e.name]) for e in events if e.name in _HECTOR]
-    return sorted(found)
-
-
-def class_of(event, ranges=()) -> str:
-    """``event``'s class, or for a launch call no rule classes (CuPy's ``cuLaunchKernel``) that of
-    the nearest enclosing event that has one (a ``hector::`` step). The profiler does not always
-    give driver calls a parent (they can sit in another thread's tree), so a launch no parent
-    classes takes the class of the Hector step range it began in."""
-    kind = classify(event.name)
-    walker = event
-    while kind == "other" and not walker.name.startswith(_TORCH_OWN) and walker.cpu_parent is not None:
-        walker = walker.cpu_parent
-        kind = classify(walker.name)
-    if kind == "other" and not event.name.startswith(_TORCH_OWN):
-        start = event.time_range.start
-        at = bisect.bisect_right(ranges, (start, math.inf, "")) - 1
-        if at >= 0 and ranges[at][1] >= event.time_range.end:
-            kind = ranges[at][2]
-    return kind
+def kernel_class(name: str) -> str:
+    """The class of one of Hector's generated kernels, by its entry point (``segment_gemm_<hash>``)."""
+    return _HECTOR_KERNELS.get(re.sub(r"_[0-9a-f]{10}$", "", name), "other")
