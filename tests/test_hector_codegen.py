@@ -195,7 +195,12 @@ def test_the_breakdown_classes_the_generated_kernels_by_their_step():
     layer(on_gpu, **leaves).sum().backward()  # compiled before it is profiled
     split = breakdown(lambda: layer(on_gpu, **leaves).sum().backward(), "cuda")
     assert split["gemm"] > 0 and split["aggregation"] > 0, split
-    assert split["other"] < 0.5 * sum(split.values()), split
+    # Every kernel here is generated or a torch operator's (fills, the sum): none is left "other",
+    # in the forward under autograd (linked to the op's autograd wrapper) or the backward.
+    assert split["other"] <= 0.02 * sum(split.values()), split
+    with torch.no_grad():
+        alone = breakdown(lambda: layer(on_gpu, **leaves), "cuda")
+    assert alone["gemm"] > 0 and alone["other"] <= 0.02 * sum(alone.values()), alone
 
 
 def RelGraph_on(graph, device):  # noqa: N802 (reads as the constructor it wraps)

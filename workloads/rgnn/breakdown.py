@@ -12,8 +12,9 @@ name, the first rule that matches:
 
 Operators, not kernels, are classified: a kernel's name says little (an ``index_add`` kernel is
 called ``indexFuncLargeIndex``), its operator says what it is for. Hector's generated kernels are
-launched through CuPy inside a layer's custom op, to which the profiler links them: they are
-classed by their entry point (``segment_gemm`` is a GEMM, ``scatter_map`` an aggregation, ...).
+launched through CuPy, and the profiler links them to whatever torch operator is innermost around
+the launch (the layer's custom op, or its autograd wrapper): they are classed by their entry point
+(``segment_gemm`` is a GEMM, ``scatter_map`` an aggregation, ...).
 """
 
 from __future__ import annotations
@@ -98,17 +99,19 @@ def breakdown(fn, device: str) -> dict[str, float]:
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CPU or not event.self_device_time_total:
             continue  # kernels are counted through the operator that launched them
-        if event.name.startswith("hector::") and event.name not in _HECTOR:
-            # A Hector layer's custom op: the profiler links the kernels CuPy launched inside it to
-            # the op, not to the step's range (a user range gets no correlation), so each kernel
-            # is classed by its entry point.
-            for kernel in event.kernels:
-                seconds[kernel_class(kernel.name)] += kernel.duration / 1e6
-        else:
-            seconds[classify(event.name)] += event.self_device_time_total / 1e6
+        # Hector's kernels, launched through CuPy, are linked to the innermost torch operator
+        # around the launch: the layer's custom op, or in training its autograd wrapper. They are
+        # classed by their entry point, the operator's own kernels by the operator's name.
+        own = event.self_device_time_total
+        for kernel in event.kernels:
+            if (kind := kernel_class(kernel.name)) is not None:
+                seconds[kind] += kernel.duration / 1e6
+                own -= kernel.duration
+        seconds[classify(event.name)] += max(own, 0.0) / 1e6
     return seconds
 
 
-def kernel_class(name: str) -> str:
-    """The class of one of Hector's generated kernels, by its entry point (``segment_gemm_<hash>``)."""
-    return _HECTOR_KERNELS.get(re.sub(r"_[0-9a-f]{10}$", "", name), "other")
+def kernel_class(name: str) -> str | None:
+    """The class of one of Hector's generated kernels by its entry point (``segment_gemm_<hash>``);
+    None for any other kernel."""
+    return _HECTOR_KERNELS.get(re.sub(r"_[0-9a-f]{10}$", "", name))
