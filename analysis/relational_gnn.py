@@ -160,8 +160,10 @@ if HECTOR:
             f"| {model} | {mode} | {group} | {len(v)} | {np.exp(np.log(v).mean()):.2f} | {v.min():.2f} | "
             f"{v.max():.2f} | {int((v < 1).sum())} |"
         )
-    ooms = oom.groupby(oom.variant.isin(HECTOR)).size()
-    lines += ["", f"Out of memory: baselines {ooms.get(False, 0)}, Hector {ooms.get(True, 0)}."]
+    for widths, label in ((oom.in_dim == width, f"width {width}"), (oom.in_dim != width, "the other widths")):
+        ooms = oom[widths].groupby(oom[widths].variant.isin(HECTOR + TF32)).size()
+        if label.startswith("width") or len(oom[widths]):
+            lines += ["", f"Out of memory at {label}: baselines {ooms.get(False, 0)}, Hector {ooms.get(True, 0)}."]
     # The ablation: each optimization against unoptimized Hector, geomean over the graphs.
     if "hector_unopt" in HECTOR:
         lines += [
