@@ -294,6 +294,24 @@ if not shares.empty:
         total = by.sum()
         cells = " | ".join(f"{by.get(c, 0) / total:.2f}" for c in CLASSES)
         lines.append(f"| {model} | {mode} | {form} | {cells} | {total * 1e3:.2f} |")
+# Where the memory goes: the same profiled call's bytes allocated by kind of work.
+allocated = frame[(frame.metric == "breakdown_bytes") & (frame.dataset == largest) & (frame.in_dim == width)]
+if not allocated.empty:
+    memory_kind = "device" if on_gpu else "host"
+    lines += [
+        "",
+        f"## Memory by kind of work on {largest}, width {width} (the same profiled call; MiB allocated)",
+        "",
+        f"Each operator's {memory_kind} memory allocated and not freed by itself (its outputs), summed by "
+        "kind; a plain allocation counts for the operator that asked for it. Allocation volume, not the peak.",
+        "",
+        "| model | mode | form | " + " | ".join(CLASSES[:4] + ["other"]) + " | total MiB |",
+        "|---|---|---|" + "---|" * 6,
+    ]
+    for (model, mode, form), g in allocated.groupby(["model", "mode", "variant"]):
+        by = g.set_index("kernel_class").value / 2**20
+        cells = " | ".join(f"{by.get(c, 0):,.1f}" for c in CLASSES[:4] + ["other"])
+        lines.append(f"| {model} | {mode} | {form} | {cells} | {by.sum():,.1f} |")
 skipped = {k: v for record in provenance for k, v in record.get("skipped", {}).items()}
 if skipped:
     lines += ["", "Not attempted:", ""] + [f"- {where}: {why}" for where, why in sorted(skipped.items())]

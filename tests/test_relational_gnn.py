@@ -49,9 +49,11 @@ def test_every_model_form_and_mode_is_timed(part, dataset, models, modes, tmp_pa
     stats = notes["graphs"][dataset]
     assert 0 < stats["unique_pairs"] <= stats["edges"] == int(frame.edges.iloc[0])
     assert not (frame.metric == "out_of_memory").any()
-    split = frame[frame.metric == "breakdown_time"]
-    assert set(split.kernel_class) == {"gemm", "aggregation", "gather_scatter", "elementwise", "other"}
-    assert (split.groupby(["model", "variant", "mode"]).size() == 5).all() and (split.value >= 0).all()
+    for metric in ("breakdown_time", "breakdown_bytes"):
+        split = frame[frame.metric == metric]
+        assert set(split.kernel_class) == {"gemm", "aggregation", "gather_scatter", "elementwise", "other"}
+        assert (split.groupby(["model", "variant", "mode"]).size() == 5).all() and (split.value >= 0).all()
+        assert (split.groupby(["model", "variant", "mode"]).value.sum() > 0).all(), metric
 
 
 def test_a_form_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):

@@ -233,6 +233,40 @@ def test_every_generated_kernel_is_classed_by_its_entry_point():
     assert kernel_class("void at::native::reduce_kernel") is None
 
 
+def test_the_memory_breakdown_shows_the_per_edge_weights():
+    """RGCN's per-edge form gathers a weight matrix per edge: the bytes the breakdown gives its
+    gathers hold them all, where the segment form's gathers hold a small part of that."""
+    from workloads.rgnn.breakdown import profile_call
+
+    spec, arrays = knowledge.load("kinships")
+    graph = RelGraph.from_store(arrays, len(spec.relations))
+    weights = rgcn.RGCNWeights(graph.num_relations, 16, 16)
+    x = torch.randn(graph.num_nodes, 16)
+    per_edge_weights = graph.edges * 16 * 16 * 4
+    allocated = {}
+    for name in ("per_edge", "segment_mm"):
+        layer = rgcn.form(name, weights, graph)
+        with torch.no_grad():
+            allocated[name] = profile_call(lambda: layer(x), "cpu")[1]  # noqa: B023 (called at once)
+    assert allocated["per_edge"]["gather_scatter"] >= per_edge_weights, allocated
+    assert allocated["segment_mm"]["gather_scatter"] < 0.25 * per_edge_weights, allocated
+    assert all(v >= 0 for split in allocated.values() for v in split.values())
+
+
+def test_a_plain_allocation_counts_for_the_operator_that_asked_for_it():
+    from types import SimpleNamespace
+
+    from workloads.rgnn.breakdown import memory_class
+
+    def event(name, parent=None):
+        return SimpleNamespace(name=name, cpu_parent=parent)
+
+    assert memory_class(event("aten::empty", event("aten::zeros", event("hector::scatter")))) == "aggregation"
+    assert memory_class(event("aten::empty_strided", event("aten::index_select"))) == "gather_scatter"
+    assert memory_class(event("aten::mm")) == "gemm"
+    assert memory_class(event("aten::empty")) == "other"  # nobody asked: the user's own allocation
+
+
 def test_the_breakdown_sees_each_forms_own_kind_of_work():
     """On the CPU: the per-edge form spends more in gathers than the segment form, whose time is
     mostly matrix products and gathers; every class is a time, none negative."""

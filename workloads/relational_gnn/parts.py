@@ -12,7 +12,8 @@ timed for each mode in ``modes``:
 One untimed call comes first (it also makes the gradients and Adam's state), then ``warmup`` more
 and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what was
 allocated after the untimed call. Then, at the widths in ``breakdown_dims`` (default: all), one
-more call under the profiler gives the time by kind of work (workloads/rgnn/breakdown.py). Matrix
+more call under the profiler gives the time and the bytes allocated by kind of work
+(workloads/rgnn/breakdown.py). Matrix
 products run in exact float32 (TF32 off), as in Hector's protocol. A form that runs out of GPU
 memory, in its check or its timing, is recorded as ``out_of_memory`` with the size of the
 allocation that failed; ``memory_cap_gib`` caps the memory the process may take (a smaller
@@ -40,7 +41,7 @@ from systems.hector.forms import VARIANTS as HECTOR_VARIANTS
 from workloads.graphs import knowledge, published_heterographs, relational, store
 from workloads.relational_gnn.gemm import gemm_template  # noqa: F401 (a part, found here by name)
 from workloads.rgnn import hgt, rgat, rgcn
-from workloads.rgnn.breakdown import breakdown
+from workloads.rgnn.breakdown import profile_call
 from workloads.rgnn.graph import RelGraph
 
 MODELS = {"rgcn": rgcn, "rgat": rgat, "hgt": hgt}
@@ -250,16 +251,18 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
             role = _role(name)
             writer.add_measurement(m, role=role, variant=name, config=row, dataset=dataset)
             if config["in_dim"] in params.get("breakdown_dims", params["dims"]):  # one more call, profiled
-                for kind, seconds in breakdown(lambda: step(layer, mode), device).items():
-                    writer.add(
-                        role=role,
-                        variant=name,
-                        config=row | {"kernel_class": kind},
-                        metric="breakdown_time",
-                        value=seconds,
-                        unit="s",
-                        dataset=dataset,
-                    )
+                seconds, allocated = profile_call(lambda: step(layer, mode), device)
+                for metric, split, unit in (("breakdown_time", seconds, "s"), ("breakdown_bytes", allocated, "B")):
+                    for kind, value in split.items():
+                        writer.add(
+                            role=role,
+                            variant=name,
+                            config=row | {"kernel_class": kind},
+                            metric=metric,
+                            value=value,
+                            unit=unit,
+                            dataset=dataset,
+                        )
             for rep, peak in enumerate(m.peak_gpu_bytes):
                 writer.add(
                     role=role,

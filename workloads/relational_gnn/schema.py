@@ -11,7 +11,9 @@ peak allocated during the call minus what was allocated before the timed loop: t
 features, the weights and, for training, their gradients and optimizer state). Where a form did
 not fit: ``out_of_memory`` (1) and ``failed_allocation_bytes`` (the size of the allocation that
 failed, from the error; absent if the error did not say). ``breakdown_time``: one profiled call's
-time per ``kernel_class`` (operators' own device time on a GPU, CPU time on a CPU).
+time per ``kernel_class`` (operators' own device time on a GPU, CPU time on a CPU);
+``breakdown_bytes``: the same call's bytes allocated per ``kernel_class`` (device memory on a GPU,
+host memory on a CPU; allocation volume, not the peak).
 """
 
 from harness.results import Schema
@@ -31,12 +33,13 @@ SCHEMA = Schema(
         "unique_pairs": int,  # distinct (source, relation) pairs: what compact materialization computes
         "scale_factor": float,  # share of the dataset's published nodes and edges (1 for the real graphs)
         "memory_cap_bytes": int,  # the GPU memory the run allowed itself, where capped
-        "kernel_class": str,  # breakdown_time: gemm, aggregation, gather_scatter, elementwise, other
+        "kernel_class": str,  # breakdown_*: gemm, aggregation, gather_scatter, elementwise, other
     },
     metrics={
         "intermediate_memory": "B",
         "out_of_memory": "1",
         "failed_allocation_bytes": "B",
         "breakdown_time": "s",  # one profiled call's time in one kernel_class (workloads/rgnn/breakdown.py)
+        "breakdown_bytes": "B",  # the same call's bytes allocated in one kernel_class
     },
 )

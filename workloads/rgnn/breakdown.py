@@ -86,11 +86,27 @@ def classify(operator: str) -> str:
 
 def breakdown(fn, device: str) -> dict[str, float]:
     """Seconds per class of one call of ``fn`` (see the module)."""
+    return profile_call(fn, device)[0]
+
+
+def profile_call(fn, device: str) -> tuple[dict[str, float], dict[str, int]]:
+    """Seconds and bytes per class of one call of ``fn``, under one profiler.
+
+    Bytes: what each operator allocated and did not free itself (its outputs, mostly; on a GPU
+    device memory, on a CPU host memory), summed by class. A plain allocation (``empty``,
+    ``zeros``, ...) counts for the operator that asked for it: on the GPU, Hector's steps allocate
+    their outputs with torch inside the step's range (``hector::gemm``, ...). So this is where a
+    call's memory goes by kind of work; it is allocation volume, not the peak (a tensor freed
+    before the next is made counts too)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, profile_memory=True) as prof:
         fn()
         if device == "cuda":
             torch.cuda.synchronize()
+    return _seconds(prof, device), _bytes(prof, device)
+
+
+def _seconds(prof, device: str) -> dict[str, float]:
     seconds = dict.fromkeys(CLASSES, 0.0)
     if device != "cuda":
         for event in prof.key_averages():
@@ -109,6 +125,29 @@ def breakdown(fn, device: str) -> dict[str, float]:
                 own -= kernel.duration
         seconds[classify(event.name)] += max(own, 0.0) / 1e6
     return seconds
+
+
+def _bytes(prof, device: str) -> dict[str, int]:
+    allocated = dict.fromkeys(CLASSES, 0)
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        own = event.self_device_memory_usage if device == "cuda" else event.self_cpu_memory_usage
+        if own > 0:
+            allocated[memory_class(event)] += own
+    return allocated
+
+
+_ALLOCATORS = re.compile(r"^aten::(empty\w*|zeros\w*|ones\w*|full\w*|new_\w+|resize_)$")
+
+
+def memory_class(event) -> str:
+    """The class an allocation counts for: its operator's, or for a plain allocation that of the
+    nearest enclosing event that is not one (its caller)."""
+    walker = event
+    while _ALLOCATORS.match(walker.name) and walker.cpu_parent is not None:
+        walker = walker.cpu_parent
+    return classify(walker.name)
 
 
 def kernel_class(name: str) -> str | None:
