@@ -197,9 +197,10 @@ def run(
             raise ValueError(f"{v.name}: float32 on {graph.src.device} wanted, got {t.dtype} on {t.device}")
         runner.env[id(v)] = t.contiguous()
     on_device = torch.cuda.device(graph.src.device) if graph.src.is_cuda else contextlib.nullcontext()
-    # Under the profiler each step is a range named per template (hector::gemm, hector::map, ...),
-    # so the breakdown can class the generated kernels by what they do (workloads/rgnn/breakdown.py).
-    # Otherwise no range: each is two dispatched operators, which add up over a plan's steps.
+    # Under the profiler each step is a range named per template (hector::gemm, hector::map, ...):
+    # the host time per step shows in the profiler's tables, and the breakdown counts the bytes a
+    # step allocates for its kind (workloads/rgnn/breakdown.py). Otherwise no range: each is two
+    # dispatched operators, which add up over a plan's steps.
     ranged = _profiling()
     with on_device, nvrtc.on_torch_stream() if graph.src.is_cuda else contextlib.nullcontext():
         for step in plan.steps:

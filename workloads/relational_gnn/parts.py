@@ -13,11 +13,10 @@ One untimed call comes first (it also makes the gradients and Adam's state), the
 and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what was
 allocated after the untimed call. Then, at the widths in ``breakdown_dims`` (default: all), one
 more call under the profiler gives the time and the bytes allocated by kind of work
-(workloads/rgnn/breakdown.py). Matrix
-products run in exact float32 (TF32 off), as in Hector's protocol. A form that runs out of GPU
-memory, in its check or its timing, is recorded as ``out_of_memory`` with the size of the
-allocation that failed; ``memory_cap_gib`` caps the memory the process may take (a smaller
-GPU). On a CPU, a form that would materialize per-edge weights beyond
+(workloads/rgnn/breakdown.py). Matrix products run in exact float32 (TF32 off), as in Hector's
+protocol. A form that runs out of GPU memory, in its check or its timing, is recorded as
+``out_of_memory`` with the size of the allocation that failed; ``memory_cap_gib`` caps the memory
+the process may take (a smaller GPU). On a CPU, a form that would materialize per-edge weights beyond
 ``cpu_materialize_limit_gib`` is not attempted (an exhausted host is killed, not told): the notes
 say so, with the bytes it would have needed.
 
