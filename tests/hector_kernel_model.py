@@ -26,8 +26,8 @@ SIGNATURES = {
     "segment_outer": "f* l* f* l* f* i* l* l* int int",
     "rows_map": "f* l* float int f* l* float int f* ll int",
     "rows_dot": "f* l* float f* l* float f* ll int",
-    "scatter_map": "f* l* float int f* l* float int l* f* ll int",
-    "scatter_rows": "f* l* f* ll int",
+    "scatter_map": "f* l* float int f* l* float int l* i* l* l* f* ll int",
+    "scatter_rows": "f* l* i* l* l* f* ll int",
     "edge_softmax": "f* l* l* f* ll",
 }
 SCALARS = {"int": np.int32, "ll": np.int64, "float": np.float32}
@@ -77,7 +77,7 @@ class KernelModel:
         for key, value in re.findall(r"^#define (\w+) (\S+)$", text, re.M):
             defined.setdefault(key, value)  # the instance's own, not the template's defaults after them
         if base in ("fused_map", "fused_scatter_map"):  # four arguments per leaf operand of the chain
-            tail = "l* f* ll int" if base == "fused_scatter_map" else "f* ll int"
+            tail = "l* i* l* l* f* ll int" if base == "fused_scatter_map" else "f* ll int"
             signature = ("f* l* float int " * defined["FUSED_CHAIN"].count("#") + tail).split()
         else:
             signature = SIGNATURES[base].split()
@@ -103,35 +103,43 @@ class KernelModel:
                 return lambda a, b: fn(a, b, attrs)
         raise ValueError(f"no expression reads {written}")
 
-    def _mapped(self, name, text, kinds, args):
-        """ROW_EXPR of the two operands over rows x width (the last two arguments)."""
-        rows, width = int(args[-2]), int(args[-1])
-        e = torch.arange(rows * width)
-        i, c = e // width, e % width
+    def _mapped(self, name, text, kinds, args, i, c):
+        """ROW_EXPR of the two operands at rows i, columns c."""
         a, b = self.operand(kinds[0], args, 0, i, c, name + " a"), self.operand(kinds[1], args, 4, i, c, name + " b")
-        return rows, width, e, i, c, self._expression(text)(a, b)
+        return self._expression(text)(a, b)
 
     def rows_map(self, name, text, defined, kinds, grid, args):
-        rows, width, e, _, _, values = self._mapped(name, text, kinds, args)
+        rows, width = int(args[-2]), int(args[-1])
+        e = torch.arange(rows * width)
         out = self.flat(args[8], "f*", name + " out")
         if rows * width > out.numel():
             self.problems.append(f"{name}: out holds {out.numel()}, {rows * width} written")
-        out[e] = values
+        out[e] = self._mapped(name, text, kinds, args, e // width, e % width)
 
     def scatter_map(self, name, text, defined, kinds, grid, args):
-        _, width, _, i, c, values = self._mapped(name, text, kinds, args)
-        index, out = self.flat(args[8], "l*", name), self.flat(args[9], "f*", name)
-        target = self.read(index, i, name + " index") * width + c
-        if target.numel() and int(target.max()) >= out.numel():
-            self.problems.append(f"{name}: a write outside out")
-        out.index_add_(0, target, values)
+        self._sum_into_targets(name, args[8:], lambda i, c: self._mapped(name, text, kinds, args, i, c))
 
-    def _chain(self, name, defined, args):
-        """FUSED_CHAIN evaluated over rows x width (the last two arguments), leaf j read from the
-        four arguments at 4j, as the kernel reads them."""
-        rows, width = int(args[-2]), int(args[-1])
-        e = torch.arange(rows * width)
-        i, c = e // width, e % width
+    def _sum_into_targets(self, name, args, value):
+        """The chunked sum into targets from its arguments (order, chunk target, first, end, out,
+        chunks, width): each chunk's rows order[first:end] summed into its target's row."""
+        order, targets, begins, ends = (self.flat(a, kind, name) for a, kind in zip(args, ("l*", "i*", "l*", "l*")))
+        out, chunks, width = self.flat(args[4], "f*", name + " out"), int(args[5]), int(args[6])
+        lengths = (ends[:chunks] - begins[:chunks]).clamp(min=0)
+        if lengths.numel() and int(lengths.max()) > lower.SUM_ROWS:
+            self.problems.append(f"{name}: a chunk of {int(lengths.max())} rows")
+        chunk = torch.repeat_interleave(torch.arange(chunks), lengths)
+        positions = begins[chunk] + torch.arange(len(chunk)) - (lengths.cumsum(0) - lengths)[chunk]
+        rows = self.read(order, positions, name + " order")
+        i, c = rows.repeat_interleave(width), torch.arange(width).repeat(len(rows))
+        target = targets[chunk].long().repeat_interleave(width) * width + c
+        if target.numel() and (int(target.max()) >= out.numel() or int(target.min()) < 0):
+            self.problems.append(f"{name}: a write outside out")
+            return
+        out.index_add_(0, target, value(i, c))
+
+    def _chain(self, name, defined, args, i, c):
+        """FUSED_CHAIN evaluated at rows i, columns c, leaf j read from the four arguments at 4j, as
+        the kernel reads them."""
         tokens = re.findall(r"[\w.@-]+|[(),#]", defined["FUSED_CHAIN"])
         leaf = iter(range(len(tokens)))
 
@@ -147,22 +155,18 @@ class KernelModel:
             attrs = type("Attrs", (), {"attr": lambda self, key, default=None: float(slope) if slope else None})()
             return lower.EXPRESSIONS[expression][1](values[0], values[-1], attrs), at + 1
 
-        return rows, width, e, i, c, parse(0)[0]
+        return parse(0)[0]
 
     def fused_map(self, name, text, defined, kinds, grid, args):
-        rows, width, e, _, _, values = self._chain(name, defined, args)
+        rows, width = int(args[-2]), int(args[-1])
+        e = torch.arange(rows * width)
         out = self.flat(args[-3], "f*", name + " out")
         if rows * width > out.numel():
             self.problems.append(f"{name}: out holds {out.numel()}, {rows * width} written")
-        out[e] = values
+        out[e] = self._chain(name, defined, args, e // width, e % width)
 
     def fused_scatter_map(self, name, text, defined, kinds, grid, args):
-        _, width, _, i, c, values = self._chain(name, defined, args)
-        index, out = self.flat(args[-4], "l*", name), self.flat(args[-3], "f*", name)
-        target = self.read(index, i, name + " index") * width + c
-        if target.numel() and int(target.max()) >= out.numel():
-            self.problems.append(f"{name}: a write outside out")
-        out.index_add_(0, target, values)
+        self._sum_into_targets(name, args[-7:], lambda i, c: self._chain(name, defined, args, i, c))
 
     def rows_dot(self, name, text, defined, kinds, grid, args):
         rows, width = int(args[-2]), int(args[-1])
@@ -172,14 +176,8 @@ class KernelModel:
         self.flat(args[6], "f*", name + " out")[:rows] = (a * b).reshape(rows, width).sum(1)
 
     def scatter_rows(self, name, text, defined, kinds, grid, args):
-        source, index, out = (
-            self.flat(args[0], "f*", name),
-            self.flat(args[1], "l*", name),
-            self.flat(args[2], "f*", name),
-        )
-        rows, width = int(args[3]), int(args[4])
-        e = torch.arange(rows * width)
-        out.index_add_(0, self.read(index, e // width, name) * width + e % width, self.read(source, e, name))
+        source, width = self.flat(args[0], "f*", name), int(args[-1])
+        self._sum_into_targets(name, args[1:], lambda i, c: self.read(source, i * width + c, name))
 
     def edge_softmax(self, name, text, defined, kinds, grid, args):
         scores, by_dst, begin, out = (self.flat(args[k], kind, name) for k, kind in enumerate(("f*", "l*", "l*", "f*")))

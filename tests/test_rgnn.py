@@ -285,6 +285,19 @@ def test_the_breakdown_sees_each_forms_own_kind_of_work():
     assert seconds["per_edge"]["gather_scatter"] > seconds["segment_mm"]["gather_scatter"]
 
 
+def test_the_operators_behind_a_class_are_named():
+    """What a class holds can be asked: per operator, its seconds, the matrix products among them;
+    the loss and Adam's update are elementwise work, not "other"."""
+    from workloads.rgnn.breakdown import classify, operators
+
+    x, w = torch.randn(300, 64), torch.randn(64, 64)
+    seconds = operators(lambda: (x @ w).relu(), "cpu")
+    assert seconds["aten::mm"] > 0 and classify("aten::mm") == "gemm"
+    assert all(v >= 0 for v in seconds.values())
+    assert {classify(n) for n in ("aten::mse_loss", "aten::mse_loss_backward", "aten::_fused_adam_")} == {"elementwise"}
+    assert classify("segment_gemm") == "gemm" and classify("scatter_rows") == "aggregation"
+
+
 @pytest.mark.parametrize("layer, name", CASES)
 def test_features_as_strided_offset_and_expanded_views_give_the_same_output(layer, name):
     """Features a user passes as views (every other column of a wider table, rows from an offset,

@@ -308,38 +308,32 @@ class _Runner:
     def fused(self, step: lower.Fused, launch) -> torch.Tensor:
         leaves = [self.operand(o) for o in step.leaves()]
         width = int(max(leaf[3] for leaf in leaves))
+        operands = [a for leaf in leaves for a in leaf]
         if step.index:
-            index = self.index[step.index]
-            result = torch.zeros(self.index.rows(step.count), width, device=self.device)
-            rows, tail = len(index), (_ptr(index), _ptr(result))
-        else:
-            rows = self.index.rows(step.out.domain)
-            result = torch.empty(rows, width, device=self.device)
-            tail = (_ptr(result),)
+            return self.sum_into_targets(step, width, operands, launch)
+        rows = self.index.rows(step.out.domain)
+        result = torch.empty(rows, width, device=self.device)
         if rows and width:
-            launch(
-                (_blocks(rows * width),),
-                (*[a for leaf in leaves for a in leaf], *tail, np.int64(rows), np.int32(width)),
-            )
+            launch((_blocks(rows * width),), (*operands, _ptr(result), np.int64(rows), np.int32(width)))
         return result
 
     def scatter(self, step: lower.Scatter, launch) -> torch.Tensor:
         source = self.env[id(step.source)]
-        result = torch.zeros(self.index.rows(step.count), source.shape[1], device=self.device)
-        if source.numel():
-            rows, width = np.int64(source.shape[0]), np.int32(source.shape[1])
-            launch((_blocks(source.numel()),), (_ptr(source), _ptr(self.index[step.index]), _ptr(result), rows, width))
-        return result
+        return self.sum_into_targets(step, source.shape[1], [_ptr(source)], launch)
 
     def scattermap(self, step: lower.ScatterMap, launch) -> torch.Tensor:
-        index = self.index[step.index]
         a, b = self.operand(step.a), self.operand(step.b)
         width = int(a[3] if step.expression in lower.UNARY else max(a[3], b[3]))
+        return self.sum_into_targets(step, width, [*a, *b], launch)
+
+    def sum_into_targets(self, step, width: int, operands: list, launch) -> torch.Tensor:
+        """A step's rows summed into ``step.count``'s rows by ``step.index``: the kernel reads
+        ``operands``, then the rows' destination-parallel chunks (kernels/traversal.cu)."""
         result = torch.zeros(self.index.rows(step.count), width, device=self.device)
-        rows = len(index)
-        if rows and width:
-            args = (*a, *b, _ptr(index), _ptr(result), np.int64(rows), np.int32(width))
-            launch((_blocks(rows * width),), args)
+        order, targets, begins, ends = self.index.chunks(step.index, step.count)
+        if len(targets) and width:
+            chunks = (_ptr(order), _ptr(targets), _ptr(begins), _ptr(ends), _ptr(result))
+            launch((_blocks(len(targets) * 32),), (*operands, *chunks, np.int64(len(targets)), np.int32(width)))
         return result
 
     def softmax(self, step: lower.Softmax, launch) -> torch.Tensor:

@@ -7,8 +7,9 @@ instances, the steps a backend runs in order.
   An operand that is a gather (``src(x)``, a pair's source, an edge's pair) is read through an
   index list, never copied.
 * :class:`Map`, :class:`Dot`, :class:`Scatter`, :class:`Softmax`: the traversal template
-  (kernels/traversal.cu) for row-wise arithmetic, row dot products, sums into nodes, pairs or
-  types (atomic), and edge softmax over each target's incoming edges. Gathers, a weight taken per
+  (kernels/traversal.cu) for row-wise arithmetic, row dot products, sums into nodes or pairs
+  (destination-parallel: each target's rows summed in chunks of :data:`SUM_ROWS`, one atomic per
+  chunk), and edge softmax over each target's incoming edges. Gathers, a weight taken per
   relation or type, shared vectors and constants are again read in place, as operands.
 * :class:`Fused`: a chain of row-wise operators whose intermediate rows have no other reader,
   evaluated as one expression per row and column (:func:`fuse_row_chains`): one launch, and the
@@ -34,6 +35,7 @@ from workloads.rgnn.graph import RelGraph, segment_offsets
 
 TILE_ROWS = 64  # the GEMM template's rows per tile (kernels/gemm.cu TILE_M)
 OUTER_ROWS = 256  # positions per weight-gradient tile
+SUM_ROWS = 32  # rows per chunk of a sum into targets (one warp's; kernels/traversal.cu)
 
 # Row-wise operators of the traversal template: CUDA expression of (a, b) and its torch twin.
 EXPRESSIONS = {
@@ -459,6 +461,18 @@ class GraphIndex:
                 rows = self.rows(domain)
                 offsets = segment_offsets(self[type_index(by, domain)], self.types(by))
             self._cache[key] = tile_schedule(offsets, rows, rows_per_tile)
+        return self._cache[key]
+
+    def chunks(self, index: str, targets: str) -> tuple[torch.Tensor, ...]:
+        """A sum of rows into ``targets``' rows by ``index``, destination-parallel: the row ids sorted
+        by target (stable), and per chunk of at most :data:`SUM_ROWS` of them with one target, that
+        target (int32) and the chunk's first and one-past-last sorted positions (int64)."""
+        key = f"chunks:{index}:{targets}"
+        if key not in self._cache:
+            of_row = self[index]
+            order = torch.sort(of_row, stable=True).indices
+            offsets = segment_offsets(of_row, self.rows(targets))
+            self._cache[key] = (order, *tile_schedule(offsets, len(of_row), SUM_ROWS))
         return self._cache[key]
 
     def positions(self, operand: Operand, order: str) -> str:

@@ -7,7 +7,8 @@ name, the first rule that matches:
   ``scatter_reduce``, ``softmax``, ``sum``);
 * ``gather_scatter``: moving rows by index and copies (``index``, ``index_select``, ``gather``,
   ``scatter``, ``cat``, ``copy``, ``sort``, ``fill``, ...);
-* ``elementwise``: per-edge or per-node arithmetic (``mul``, ``add``, ``exp``, ``leaky_relu``, ...);
+* ``elementwise``: per-edge or per-node arithmetic (``mul``, ``add``, ``exp``, ``leaky_relu``, ...),
+  and in training the loss and Adam's update;
 * ``other``: everything else (autograd's own bookkeeping, views).
 
 Operators, not kernels, are classified: a kernel's name says little (an ``index_add`` kernel is
@@ -43,7 +44,7 @@ _RULES = (
         "elementwise",
         re.compile(
             r"^aten::(mul_?|add_?|sub_?|div_?|rsub|exp_?|neg|pow|sqrt|rsqrt|leaky_relu\w*|gelu\w*|sigmoid\w*|"
-            r"where|clamp\w*|reciprocal|lerp_?|addcmul_?|addcdiv_?|_foreach_\w+)$"
+            r"where|clamp\w*|reciprocal|lerp_?|addcmul_?|addcdiv_?|_foreach_\w+|_fused_adamw?_|mse_loss\w*)$"
         ),
     ),
 )
@@ -76,8 +77,12 @@ _HECTOR_KERNELS = {
 
 
 def classify(operator: str) -> str:
+    """The class of an operator (``aten::mm``, a Hector step's range) or of a Hector kernel's entry
+    point (``segment_gemm``)."""
     if operator in _HECTOR:
         return _HECTOR[operator]
+    if operator in _HECTOR_KERNELS:
+        return _HECTOR_KERNELS[operator]
     for name, rule in _RULES:
         if rule.match(operator):
             return name
@@ -106,24 +111,43 @@ def profile_call(fn, device: str) -> tuple[dict[str, float], dict[str, int]]:
     return _seconds(prof, device), _bytes(prof, device)
 
 
+def operators(fn, device: str) -> dict[str, float]:
+    """Seconds per operator of one call of ``fn`` (Hector's kernels per entry point), for a reader
+    who asks what a class holds: :func:`classify` of a key is its class."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return _seconds_by_operator(prof, device)
+
+
 def _seconds(prof, device: str) -> dict[str, float]:
     seconds = dict.fromkeys(CLASSES, 0.0)
+    for name, spent in _seconds_by_operator(prof, device).items():
+        seconds[classify(name)] += spent
+    return seconds
+
+
+def _seconds_by_operator(prof, device: str) -> dict[str, float]:
+    seconds: dict[str, float] = {}
     if device != "cuda":
         for event in prof.key_averages():
-            seconds[classify(event.key)] += event.self_cpu_time_total / 1e6
+            seconds[event.key] = seconds.get(event.key, 0.0) + event.self_cpu_time_total / 1e6
         return seconds
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CPU or not event.self_device_time_total:
             continue  # kernels are counted through the operator that launched them
         # Hector's kernels, launched through CuPy, are linked to the innermost torch operator
         # around the launch: the layer's custom op, or in training its autograd wrapper. They are
-        # classed by their entry point, the operator's own kernels by the operator's name.
+        # counted by their entry point, the operator's own kernels under the operator's name.
         own = event.self_device_time_total
         for kernel in event.kernels:
-            if (kind := kernel_class(kernel.name)) is not None:
-                seconds[kind] += kernel.duration / 1e6
+            if kernel_class(kernel.name) is not None:
+                entry = _entry_point(kernel.name)
+                seconds[entry] = seconds.get(entry, 0.0) + kernel.duration / 1e6
                 own -= kernel.duration
-        seconds[classify(event.name)] += max(own, 0.0) / 1e6
+        seconds[event.name] = seconds.get(event.name, 0.0) + max(own, 0.0) / 1e6
     return seconds
 
 
@@ -153,4 +177,8 @@ def memory_class(event) -> str:
 def kernel_class(name: str) -> str | None:
     """The class of one of Hector's generated kernels by its entry point (``segment_gemm_<hash>``);
     None for any other kernel."""
-    return _HECTOR_KERNELS.get(re.sub(r"_[0-9a-f]{10}$", "", name))
+    return _HECTOR_KERNELS.get(_entry_point(name))
+
+
+def _entry_point(kernel: str) -> str:
+    return re.sub(r"_[0-9a-f]{10}$", "", kernel)

@@ -9,7 +9,7 @@
 //
 //   rows_map:     out[i, c] = ROW_EXPR(a, b)
 //   rows_dot:     out[i] = sum over c of a[., c] * b[., c]        (one warp per row)
-//   scatter_rows: out[index[i], c] += in[i, c]                     (atomic; out zeroed first)
+//   scatter_rows: out[index[i], c] += in[i, c]                     (a sum into targets, below)
 //   scatter_map:  out[index[i], c] += ROW_EXPR(a, b)               (the same, the row never stored)
 //   fused_map:    out[i, c] = FUSED_VALUE(i, c)           (a chain of row-wise operators, one pass)
 //   fused_scatter_map: out[index[i], c] += FUSED_VALUE(i, c)
@@ -18,6 +18,12 @@
 //   edge_softmax: per target v, over its incoming edges (by_dst[dst_begin[v] .. dst_begin[v + 1]]):
 //                 out[e] = exp(s[e] - max) / sum of exp(s - max)   (one warp per target)
 //
+// A sum into targets is destination-parallel: the rows of each target, in ``order`` (the row ids
+// sorted by target), come in chunks of at most 32 rows of one target (chunk_target, chunk_begin,
+// chunk_end: positions in order; chunks past the last are empty). A warp adds up a chunk's rows in
+// registers and adds the sum to its target once: one atomic per chunk and column, where an
+// edge-parallel loop would do one per row and column, all of them to random targets. out is zeroed
+// first (a target may get several chunks, and one with no rows gets none).
 // No headers: the same text compiles with NVRTC at run time and with nvcc in CI.
 
 #ifndef OPERAND_A
@@ -90,20 +96,50 @@ extern "C" __global__ void DOT_NAME(const float* __restrict__ a, const long long
     }
 }
 
+// The sum of value(i, c) over each chunk's rows i, added to its target (see the top).
+// Narrow rows share the warp: lanes take `cols` columns (a power of two, at most 32) and
+// 32 / cols rows at a time, and shuffles add the lanes' partial sums of a column together.
+template <class Value>
+__device__ __forceinline__ void sum_into_targets(Value value, const long long* __restrict__ order,
+                                                 const int* __restrict__ chunk_target,
+                                                 const long long* __restrict__ chunk_begin,
+                                                 const long long* __restrict__ chunk_end, float* __restrict__ out,
+                                                 long long chunks, int width) {
+    const int lane = threadIdx.x % 32;
+    int cols = 1;
+    while (cols < width && cols < 32) cols *= 2;
+    const int groups = 32 / cols, group = lane / cols;
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    for (long long k = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; k < chunks; k += warps) {
+        const long long begin = chunk_begin[k], end = chunk_end[k];
+        if (begin == end) continue;  // the same k across the warp: the warp skips together
+        float* target = out + (long long)chunk_target[k] * width;
+        for (int c0 = 0; c0 < width; c0 += cols) {  // every lane takes every turn: the shuffles need them all
+            const int c = c0 + lane % cols;
+            float sum = 0.0f;
+            if (c < width) {
+#pragma unroll 4
+                for (long long p = begin + group; p < end; p += groups) sum += value(order[p], c);
+            }
+            for (int offset = cols; offset < 32; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+            if (c < width && group == 0) atomicAdd(target + c, sum);
+        }
+    }
+}
+
 // out[index[i], c] += ROW_EXPR(a, b): a row-wise product summed into its target without the
-// per-row result ever being stored (out zeroed first).
+// per-row result ever being stored.
 extern "C" __global__ void SCATTER_MAP_NAME(const float* __restrict__ a, const long long* __restrict__ a_index,
                                             float a_scalar, int a_width, const float* __restrict__ b,
                                             const long long* __restrict__ b_index, float b_scalar, int b_width,
-                                            const long long* __restrict__ index, float* __restrict__ out,
-                                            long long rows, int width) {
-    const long long total = rows * width;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        const long long i = e / width;
-        const int c = (int)(e % width);
-        atomicAdd(&out[index[i] * width + c], row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, i, c));
-    }
+                                            const long long* __restrict__ order, const int* __restrict__ chunk_target,
+                                            const long long* __restrict__ chunk_begin,
+                                            const long long* __restrict__ chunk_end, float* __restrict__ out,
+                                            long long chunks, int width) {
+    const auto value = [&](long long i, int c) {
+        return row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, i, c);
+    };
+    sum_into_targets(value, order, chunk_target, chunk_begin, chunk_end, out, chunks, width);
 }
 
 #ifdef FUSED_VALUE
@@ -118,25 +154,22 @@ extern "C" __global__ void FUSED_MAP_NAME(FUSED_PARAMS, float* __restrict__ out,
     }
 }
 
-extern "C" __global__ void FUSED_SCATTER_MAP_NAME(FUSED_PARAMS, const long long* __restrict__ index,
-                                                  float* __restrict__ out, long long rows, int width) {
-    const long long total = rows * width;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        const long long i = e / width;
-        const int c = (int)(e % width);
-        atomicAdd(&out[index[i] * width + c], FUSED_VALUE(i, c));
-    }
+extern "C" __global__ void FUSED_SCATTER_MAP_NAME(FUSED_PARAMS, const long long* __restrict__ order,
+                                                  const int* __restrict__ chunk_target,
+                                                  const long long* __restrict__ chunk_begin,
+                                                  const long long* __restrict__ chunk_end, float* __restrict__ out,
+                                                  long long chunks, int width) {
+    sum_into_targets([&](long long i, int c) { return FUSED_VALUE(i, c); }, order, chunk_target, chunk_begin,
+                     chunk_end, out, chunks, width);
 }
 #endif
 
-extern "C" __global__ void scatter_rows(const float* __restrict__ in, const long long* __restrict__ index,
-                                        float* __restrict__ out, long long rows, int width) {
-    const long long total = rows * width;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        atomicAdd(&out[index[e / width] * width + e % width], in[e]);
-    }
+extern "C" __global__ void scatter_rows(const float* __restrict__ in, const long long* __restrict__ order,
+                                        const int* __restrict__ chunk_target, const long long* __restrict__ chunk_begin,
+                                        const long long* __restrict__ chunk_end, float* __restrict__ out,
+                                        long long chunks, int width) {
+    sum_into_targets([&](long long i, int c) { return in[i * width + c]; }, order, chunk_target, chunk_begin,
+                     chunk_end, out, chunks, width);
 }
 
 extern "C" __global__ void edge_softmax(const float* __restrict__ scores, const long long* __restrict__ by_dst,
