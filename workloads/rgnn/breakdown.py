@@ -111,6 +111,10 @@ def profile_call(fn, device: str) -> tuple[dict[str, float], dict[str, int]]:
     return _seconds(prof, device), _bytes(prof, device)
 
 
+# The profiler's own device activity (CUPTI's buffer requests), not the profiled call's work.
+_PROFILER_OWN = {"Activity Buffer Request"}
+
+
 def operators(fn, device: str) -> dict[str, float]:
     """Seconds per operator of one call of ``fn`` (Hector's kernels per entry point), for a reader
     who asks what a class holds: :func:`classify` of a key is its class."""
@@ -138,6 +142,8 @@ def _seconds_by_operator(prof, device: str) -> dict[str, float]:
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CPU or not event.self_device_time_total:
             continue  # kernels are counted through the operator that launched them
+        if event.name in _PROFILER_OWN:
+            continue
         # Hector's kernels, launched through CuPy, are linked to the innermost torch operator
         # around the launch: the layer's custom op, or in training its autograd wrapper. They are
         # counted by their entry point, the operator's own kernels under the operator's name.

@@ -96,9 +96,11 @@ extern "C" __global__ void DOT_NAME(const float* __restrict__ a, const long long
     }
 }
 
-// The sum of value(i, c) over each chunk's rows i, added to its target (see the top).
-// Narrow rows share the warp: lanes take `cols` columns (a power of two, at most 32) and
-// 32 / cols rows at a time, and shuffles add the lanes' partial sums of a column together.
+// The sum of value(i, c) over each chunk's rows i, added to its target (see the top). A chunk has
+// at most 32 rows (lower.SUM_ROWS): the warp reads their ids at once, one per lane, and hands them
+// round by shuffles, so the rows' values are loaded without waiting on the ids one by one. Narrow
+// rows share the warp: lanes take `cols` columns (a power of two, at most 32) and 32 / cols rows
+// at a time, and shuffles add the lanes' partial sums of a column together.
 template <class Value>
 __device__ __forceinline__ void sum_into_targets(Value value, const long long* __restrict__ order,
                                                  const int* __restrict__ chunk_target,
@@ -111,15 +113,19 @@ __device__ __forceinline__ void sum_into_targets(Value value, const long long* _
     const int groups = 32 / cols, group = lane / cols;
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
     for (long long k = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; k < chunks; k += warps) {
-        const long long begin = chunk_begin[k], end = chunk_end[k];
-        if (begin == end) continue;  // the same k across the warp: the warp skips together
+        const long long begin = chunk_begin[k];
+        const int rows = (int)(chunk_end[k] - begin);
+        if (rows == 0) continue;  // the same k across the warp: the warp skips together
+        const long long mine = lane < rows ? order[begin + lane] : 0;
         float* target = out + (long long)chunk_target[k] * width;
-        for (int c0 = 0; c0 < width; c0 += cols) {  // every lane takes every turn: the shuffles need them all
+        for (int c0 = 0; c0 < width; c0 += cols) {
             const int c = c0 + lane % cols;
             float sum = 0.0f;
-            if (c < width) {
 #pragma unroll 4
-                for (long long p = begin + group; p < end; p += groups) sum += value(order[p], c);
+            for (int r0 = 0; r0 < rows; r0 += groups) {  // the same turns for every lane: the shuffles need them all
+                const int r = r0 + group;
+                const long long i = __shfl_sync(0xffffffffu, mine, r % 32);
+                if (r < rows && c < width) sum += value(i, c);
             }
             for (int offset = cols; offset < 32; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
             if (c < width && group == 0) atomicAdd(target + c, sum);
