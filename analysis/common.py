@@ -21,6 +21,16 @@ def load_results(files: list[str], schema) -> tuple[pd.DataFrame, list[dict]]:
     return frame, [load_provenance(f) for f in files]
 
 
+def same_code_reruns(rerun_files: list[str], committed_files: list[str]) -> tuple[list[str], list[str]]:
+    """The rerun files (other processes of a part) measured at the commit of the committed file of
+    the same part, and the others: a process of other code says nothing of this code's spread."""
+    commit_of = {Path(f).name: load_provenance(f)["git"]["commit"] for f in committed_files}
+    kept, other = [], []
+    for f in rerun_files:
+        (kept if load_provenance(f)["git"]["commit"] == commit_of.get(Path(f).name) else other).append(f)
+    return kept, other
+
+
 def summarize(frame: pd.DataFrame, metric: str, by: list[str]) -> pd.DataFrame:
     """Median and interquartile range over repetitions of ``metric`` for each group ``by``."""
     rows = frame[frame["metric"] == metric]

@@ -30,14 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
+from analysis.common import layout_with_title, load_results, machine_label, panel_grid, same_code_reruns, summarize
 from analysis.style import color
 from workloads.relational_gnn.schema import SCHEMA
 
 frame, provenance = load_results(results["relational_gnn"], SCHEMA)
-# Other processes of some parts (results/<machine>/relational_gnn/reruns/*/): the speedups below
-# are also given as their range over every process that measured them.
-rerun_files = results.get("relational_gnn_reruns", [])
+# Other processes of some parts (results/<machine>/relational_gnn/reruns/*/) at the committed
+# run's commit: the speedups below are also given as their range over every process that measured them.
+rerun_files, other_code = same_code_reruns(results.get("relational_gnn_reruns", []), results["relational_gnn"])
 reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
 gemm_frame = frame[frame.model == "gemm"]  # part gemm_template: the GEMM template alone
 frame = frame[frame.model != "gemm"]
@@ -56,6 +56,8 @@ GRAPHS = list(frame.drop_duplicates("dataset").sort_values("edges").dataset)
 width = 64 if 64 in set(time.in_dim) else max(time.in_dim)  # the main comparison's width (Hector's)
 on_gpu = set(frame.device) == {"cuda"}  # else Hector's variants ran its reference backend
 print(machine_label(provenance))
+for f in other_code:
+    print(f"left out (measured at other code than the committed run): {f}")
 
 # %% [markdown]
 # ## Every model x dataset x form x mode
