@@ -228,8 +228,12 @@ class KernelModel:
         k_dim, n_dim = int(args[8]), int(args[9])
         if grid != (len(types), -(-n_dim // 64), -(-k_dim // 64)):
             self.problems.append(f"{name}: grid {grid}")
+        if int(defined.get("VEC4", 0)) and (k_dim % 4 or n_dim % 4 or any(int(args[k]) % 16 for k in (0, 2))):
+            self.problems.append(f"{name}: float4 access to rows that are not 16-byte aligned")
         for tile in range(grid[0]):
             t, positions = int(types[tile]), torch.arange(int(begins[tile]), int(ends[tile]))
+            if len(positions) > int(defined["OUTER_ROWS"]):  # its row ids would overrun shared memory
+                self.problems.append(f"{name}: a tile of {len(positions)} positions, {defined['OUTER_ROWS']} at most")
             ra = self.read(a_rows, positions, name) if int(defined.get("GATHER_A", 0)) else positions
             rg = self.read(g_rows, positions, name) if int(defined.get("GATHER_G", 0)) else positions
             left = self.read(a, (ra[:, None] * k_dim + torch.arange(k_dim)).reshape(-1), name).reshape(-1, k_dim)

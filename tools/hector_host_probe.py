@@ -4,7 +4,8 @@ On the H200 (session 8) Hector's profiled device time was a small part of its ti
 training on aifb-like: 1.2 of 24 ms), so the call is host-bound. This probe times one layer call
 as the relational_gnn topic does (CUDA events, after warm-up), then shows where the host spends:
 
-  1. the wall time per call and per template step, and the device time of the same calls;
+  1. the wall time per call and per template step, and the device time of the same calls, by
+     class and by operator (Hector's kernels by entry point);
   2. cProfile of the calls, by own time: Python functions, CuPy's launch, torch's operators;
   3. torch.profiler's CPU-side table, by self CPU time: which operator or driver call costs.
 
@@ -27,7 +28,7 @@ from systems.hector import lower
 from systems.hector.forms import VARIANTS, HectorForm
 from workloads.graphs import relational, store
 from workloads.relational_gnn.parts import MODELS
-from workloads.rgnn.breakdown import breakdown
+from workloads.rgnn.breakdown import breakdown, operators
 from workloads.rgnn.graph import RelGraph
 
 
@@ -76,6 +77,9 @@ def main() -> None:
     print(f"{args.model} {args.variant} {args.mode} on {args.dataset}-like ({graph.edges:,} edges), width {args.width}")
     print(f"wall {timed.median * 1e3:.3f} ms per call; device {device * 1e3:.3f} ms; by class (us):", end=" ")
     print(", ".join(f"{k} {v * 1e6:.0f}" for k, v in split.items()))
+    spent = sorted(operators(call, "cuda").items(), key=lambda kv: -kv[1])
+    print("device time by operator (us; Hector's kernels by entry point): ", end="")
+    print(", ".join(f"{name} {seconds * 1e6:.0f}" for name, seconds in spent[:12]))
     if hector:
         forward, backward = (lower.lower(p) for p in _split(layer))
         steps = len(forward.steps) + (len(backward.steps) if args.mode == "training" else 0)

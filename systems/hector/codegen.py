@@ -48,15 +48,20 @@ class GemmShape:
 
 # What gemm_shape picks from (CI compiles each).
 GEMM_SHAPES = [GemmShape(m, m, v, tc) for m in (64, 128) for v in (False, True) for tc in (False, True)]
+OUTER_SHAPES = [GemmShape(vec4=v) for v in (False, True)]  # the weight gradients': 64 x 64, fp32
 
 
 def gemm_shape(k: int, n: int, *tensors: torch.Tensor, tensor_cores: bool = False) -> GemmShape:
     """The tile for a product with k inputs and n outputs per row: 128 x 128 where n passes 64
     (twice the work per shared-memory read), else 64 x 64 (less padding in short segments); float4
     loads and stores where every row starts 16-byte aligned."""
-    vec4 = k % 4 == 0 and n % 4 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
     size = 128 if n > 64 else 64
-    return GemmShape(size, size, vec4, tensor_cores)
+    return GemmShape(size, size, quads_fit(k, n, *tensors), tensor_cores)
+
+
+def quads_fit(k: int, n: int, *tensors: torch.Tensor) -> bool:
+    """Whether rows of k and of n entries can move as float4s: whole quads, each row 16-byte aligned."""
+    return k % 4 == 0 and n % 4 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 @functools.lru_cache(maxsize=4096)  # steps hash by identity of their values: one lookup per launch
@@ -66,7 +71,8 @@ def source_of(step, shape: GemmShape = GemmShape()) -> tuple[str, str, str]:
         defines = {"GATHER_A": 1, "SCATTER_C": 1, "TRANSPOSE_B": int(step.transpose), **shape.defines()}
         return _instance("gemm.cu", "GEMM_NAME", "segment_gemm", defines)
     if isinstance(step, lower.Outer):
-        return _instance("gemm.cu", "OUTER_NAME", "segment_outer", {"GATHER_A": 1, "GATHER_G": 1})
+        defines = {"GATHER_A": 1, "GATHER_G": 1, "VEC4": int(shape.vec4), "OUTER_ROWS": lower.OUTER_ROWS}
+        return _instance("gemm.cu", "OUTER_NAME", "segment_outer", defines)
     if isinstance(step, lower.Map | lower.Dot | lower.ScatterMap):
         defines = {"OPERAND_A": OPERAND_KINDS[step.a.kind], "OPERAND_B": OPERAND_KINDS[step.b.kind]}
         if isinstance(step, lower.Dot):
@@ -143,7 +149,8 @@ def sources(program: Program) -> dict[str, str]:
     found = {}
     for step in lower.lower(program).steps:
         if not isinstance(step, lower.Host):
-            for shape in GEMM_SHAPES if isinstance(step, lower.Gemm) else [GemmShape()]:
+            shapes = {lower.Gemm: GEMM_SHAPES, lower.Outer: OUTER_SHAPES}.get(type(step), [GemmShape()])
+            for shape in shapes:
                 name, text, _ = source_of(step, shape)
                 found[name] = text
     return found
@@ -283,7 +290,8 @@ class _Runner:
             rows_g = self.index[self.index.positions(step.g, step.order)]
             pointers = (a, rows_a, g, rows_g, result, types, begins, ends)
             grid = (len(types), math.ceil(g.shape[1] / 64), math.ceil(a.shape[1] / 64))
-            launch(grid, (*map(_ptr, pointers), np.int32(a.shape[1]), np.int32(g.shape[1])))
+            shape = GemmShape(vec4=quads_fit(a.shape[1], g.shape[1], a, g))
+            launch(grid, (*map(_ptr, pointers), np.int32(a.shape[1]), np.int32(g.shape[1])), shape)
         return result if step.out.per else result[0]
 
     def map(self, step: lower.Map, launch) -> torch.Tensor:

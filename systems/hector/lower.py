@@ -34,7 +34,7 @@ from systems.hector.ir import Program, Value
 from workloads.rgnn.graph import RelGraph, segment_offsets
 
 TILE_ROWS = 64  # the GEMM template's rows per tile (kernels/gemm.cu TILE_M)
-OUTER_ROWS = 256  # positions per weight-gradient tile
+OUTER_ROWS = 512  # positions per weight-gradient tile: each tile adds to its type's gradient once
 SUM_ROWS = 32  # rows per chunk of a sum into targets: at most 32, one row id per lane (kernels/traversal.cu)
 
 # Row-wise operators of the traversal template: CUDA expression of (a, b) and its torch twin.

@@ -293,37 +293,56 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
 }
 
 // D[t][k0 : k0 + 64, n0 : n0 + 64] += A[rows of the tile]^T G[rows of the tile]; grid (tiles,
-// ceil(N / 64), ceil(K / 64)). A has K columns, G and D[t] N. Always 64 x 64 output tiles.
+// ceil(N / 64), ceil(K / 64)). A has K columns, G and D[t] N. Always 64 x 64 output tiles. A tile
+// (at most OUTER_ROWS positions) sums in registers and adds to D once: long tiles keep the atomics
+// few, since every tile of a type adds into the same K x N entries. Its row ids are read into
+// shared memory first, and the next TILE_K positions are loaded while the current ones multiply.
+#ifndef OUTER_ROWS
+#define OUTER_ROWS 512
+#endif
 extern "C" __global__ void __launch_bounds__(THREADS)
 OUTER_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, const float* __restrict__ G,
            const long long* __restrict__ g_rows, float* __restrict__ D, const int* __restrict__ tile_type,
            const long long* __restrict__ tile_begin, const long long* __restrict__ tile_end, int K, int N) {
-    __shared__ __align__(16) float As[TILE_K][64 + PAD];  // TILE_K positions x 64 columns of A
-    __shared__ __align__(16) float Gs[TILE_K][64 + PAD];
+    __shared__ __align__(16) float As[2][TILE_K][64 + PAD];  // TILE_K positions x 64 columns of A
+    __shared__ __align__(16) float Gs[2][TILE_K][64 + PAD];
+    __shared__ long long a_row[OUTER_ROWS], g_row[OUTER_ROWS];
     const int tile = blockIdx.x, n0 = blockIdx.y * 64, k0 = blockIdx.z * 64;
     const long long begin = tile_begin[tile], end = tile_end[tile];
     if (begin >= end) return;
-    float* Dt = D + (long long)tile_type[tile] * K * N;
+    const int rows = (int)(end - begin);  // at most OUTER_ROWS: the host cuts the tiles so
+    for (int p = threadIdx.x; p < rows; p += THREADS) {
+        a_row[p] = GATHER_A ? a_rows[begin + p] : begin + p;
+        g_row[p] = GATHER_G ? g_rows[begin + p] : begin + p;
+    }
+    __syncthreads();
+    // Each thread stages one quad of A and one of G per step: position p, columns 4 q .. 4 q + 3.
+    const int p = threadIdx.x / 16, q = threadIdx.x % 16;
+    float4 a_quad, g_quad;
+    auto load = [&](int p0) {
+        const bool inside = p0 + p < rows;
+        a_quad = load_quad(A, inside ? a_row[p0 + p] : -1, k0 + 4 * q, K);
+        g_quad = load_quad(G, inside ? g_row[p0 + p] : -1, n0 + 4 * q, N);
+    };
+    auto store = [&](int buffer) {
+        *reinterpret_cast<float4*>(&As[buffer][p][4 * q]) = a_quad;
+        *reinterpret_cast<float4*>(&Gs[buffer][p][4 * q]) = g_quad;
+    };
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[4][4] = {};
-    for (long long p0 = begin; p0 < end; p0 += TILE_K) {
-        for (int e = threadIdx.x; e < TILE_K * 64; e += THREADS) {
-            const int p = e / 64, c = e % 64;
-            const long long position = p0 + p;
-            float a = 0.0f, g = 0.0f;
-            if (position < end) {
-                const long long ra = GATHER_A ? a_rows[position] : position;
-                const long long rg = GATHER_G ? g_rows[position] : position;
-                if (k0 + c < K) a = A[ra * K + k0 + c];
-                if (n0 + c < N) g = G[rg * N + n0 + c];
-            }
-            As[p][c] = a;
-            Gs[p][c] = g;
-        }
+    load(0);
+    store(0);
+    __syncthreads();
+    int buffer = 0;
+    for (int p0 = 0; p0 < rows; p0 += TILE_K) {
+        const bool more = p0 + TILE_K < rows;
+        if (more) load(p0 + TILE_K);
+        accumulate_tile<64, 64>(As[buffer], Gs[buffer], acc, tx, ty);
+        if (more) store(buffer ^ 1);  // last read before the previous barrier
         __syncthreads();
-        accumulate_tile<64, 64>(As, Gs, acc, tx, ty);
-        __syncthreads();
+        buffer ^= 1;
     }
+    float* Dt = D + (long long)tile_type[tile] * K * N;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int k = k0 + own_row(i, ty);
