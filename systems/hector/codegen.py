@@ -342,7 +342,7 @@ class _Runner:
         if len(targets) and width:
             chunks = (_ptr(order), _ptr(targets), _ptr(begins), _ptr(ends), _ptr(result))
             launch((_blocks(len(targets) * 32),), (*operands, *chunks, np.int64(len(targets)), np.int32(width)))
-        return result
+        return lower.shaped(step.out, result)
 
     def softmax(self, step: lower.Softmax, launch) -> torch.Tensor:
         scores = self.env[id(step.scores)]

@@ -113,7 +113,7 @@ class Scatter:
     out: Value
     source: Value
     index: str
-    count: str  # the domain summed into: "node" or "pair"
+    count: str  # the rows summed into: "node", "pair", or a per-type weight's ("etype", "node_type")
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,9 @@ def _op(o: Operand) -> str:
 
 
 INDEXED = ("gather", "unpair", "take")  # read in place by their users, never copied
-SCATTERS = ("sum_into_dst", "sum_into_src", "sum_into_pair")  # atomic sums into rows, which a Map can feed
+# Sums of rows into targets' rows, which a Map can feed: into nodes, pairs, or (a per-type weight's
+# gradient) into the types, where an atomic per row would queue millions of adds on a few entries.
+SCATTERS = ("sum_into_dst", "sum_into_src", "sum_into_pair", "sum_by_type")
 
 
 def lower(program: Program, fuse: bool = True) -> Plan:
@@ -252,11 +254,22 @@ def lower(program: Program, fuse: bool = True) -> Plan:
             materialized[id(v)] = v
         return v
 
+    def add_map(v: Value, expression: str, a: Operand, b: Operand) -> None:
+        """A row-wise map's step, or none where its one user reads it as it is computed: a sum of
+        its rows into targets (a :class:`ScatterMap`), or row sums of a product (a :class:`Dot`)."""
+        sole = users.get(id(v), [])
+        if len(sole) == 1 and id(v) not in outputs and v.domain != "weight":
+            whole_rows = all(o.kind == "scalar" or o.value.width == v.width for o in (a, b))
+            if sole[0].op in SCATTERS or (sole[0].op == "row_sum" and expression == "mul" and whole_rows):
+                deferred[id(v)] = Map(v, expression, a, b)
+                return
+        plan.steps.append(Map(v, expression, a, b))
+
     for v in program.values:
         op = v.op
         if op in ("input", "weight", *INDEXED, "const", "broadcast"):
             continue
-        if op in ("graph_data", "zeros_like") or (v.domain == "weight" and op not in ("typed_outer", "outer")):
+        if op in ("graph_data", "zeros_like") or (v.domain == "weight" and op not in ("typed_outer", "outer", *SCATTERS)):
             plan.steps.append(Host(v))  # weight algebra (a sum of gradient parts, W[r] @ q, ...)
         elif op == "typed_matmul" and _narrow(v):
             # A product by per-type weights of one column (RGAT's folded attention vectors): a dot
@@ -265,7 +278,7 @@ def lower(program: Program, fuse: bool = True) -> Plan:
             rows, w = v.args
             column = Operand("indexed", dense(w), type_index(v.attr("by"), v.domain))
             if v.attr("transpose"):
-                plan.steps.append(Map(v, "mul", operand(rows), column))
+                add_map(v, "mul", operand(rows), column)
             else:
                 plan.steps.append(Dot(v, operand(rows), column))
         elif op in ("typed_matmul", "matmul"):
@@ -275,6 +288,13 @@ def lower(program: Program, fuse: bool = True) -> Plan:
             if a.kind not in ("own", "indexed"):
                 a = Operand("own", dense(v.args[0]))
             plan.steps.append(Gemm(v, a, dense(v.args[1]), order, bool(v.attr("transpose"))))
+        elif op == "typed_outer" and v.args[1].width == 1:
+            # The gradient of per-type weights of one column (RGAT's folded attention vectors): per
+            # type, its rows times their scalar, summed into the type's row, not a 64 x 64 tile for
+            # one useful column.
+            rows, g = v.args
+            by = v.attr("by")
+            plan.steps.append(ScatterMap(v, v, "mul", operand(rows), operand(g), type_index(by, rows.domain), by))
         elif op in ("typed_outer", "outer"):
             rows, g = v.args
             by = v.attr("by")
@@ -286,11 +306,10 @@ def lower(program: Program, fuse: bool = True) -> Plan:
         elif op in EXPRESSIONS:
             a = operand(v.args[0])
             b = operand(v.args[1]) if len(v.args) > 1 else Operand("scalar")
-            sole = users.get(id(v), [])
-            if len(sole) == 1 and sole[0].op in SCATTERS and id(v) not in outputs and v.domain != "weight":
-                deferred[id(v)] = Map(v, op, a, b)
-            else:
-                plan.steps.append(Map(v, op, a, b))
+            add_map(v, op, a, b)
+        elif op == "row_sum" and id(v.args[0]) in deferred:  # row sums of a product: a dot, the product never stored
+            product = deferred[id(v.args[0])]
+            plan.steps.append(Dot(v, product.a, product.b))
         elif op in ("dot", "row_sum"):
             b = operand(v.args[1]) if op == "dot" else Operand("scalar", scalar=1.0)
             plan.steps.append(Dot(v, operand(v.args[0]), b))
@@ -300,6 +319,7 @@ def lower(program: Program, fuse: bool = True) -> Plan:
                 "sum_into_dst": ("dst", "node"),
                 "sum_into_src": ("pair_src" if source.domain == "pair" else "src", "node"),
                 "sum_into_pair": ("pair_of_edge", "pair"),
+                "sum_by_type": (type_index(v.attr("by"), source.domain), v.attr("by")),
             }[op]
             fused = deferred.get(id(source))
             if fused is not None:
@@ -382,6 +402,12 @@ def _narrow(v: Value) -> bool:
     return one_column == 1
 
 
+def shaped(out: Value, summed: torch.Tensor) -> torch.Tensor:
+    """A sum into targets as ``out`` is shaped: a narrow weight gradient's [types, K] rows are
+    its weight's [types, K, 1]."""
+    return summed.unsqueeze(-1) if out.op == "typed_outer" else summed
+
+
 def type_index(by: str, domain: str) -> str:
     if by == "node_type":
         return "node_type"
@@ -412,6 +438,8 @@ class GraphIndex:
         return self._graph()
 
     def rows(self, domain: str) -> int:
+        if domain in ("etype", "node_type"):  # a per-type weight's rows
+            return self.types(domain)
         return {"node": self.graph.num_nodes, "edge": self.graph.edges, "pair": len(self["pair_src"])}[domain]
 
     def types(self, by: str) -> int:
@@ -515,10 +543,6 @@ def host_value(v: Value, args: list[torch.Tensor], index: GraphIndex) -> torch.T
         return args[0] + args[1]
     if v.op == "sum_rows":  # a shared vector's gradient
         return args[0].sum(0)
-    if v.op == "sum_by_type":
-        by = v.attr("by")
-        types = index[type_index(by, v.args[0].domain)]
-        return args[0].new_zeros(index.types(by), args[0].shape[1]).index_add(0, types, args[0])
     raise NotImplementedError(v.op)
 
 
@@ -578,7 +602,7 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
             rows = len(index[step.index])
             values = EXPRESSIONS[step.expression][1](read(step.a, rows), read(step.b, rows), step.mapped)
             result = values.new_zeros(index.rows(step.count), values.shape[1])
-            env[id(out)] = result.index_add(0, index[step.index], values)
+            env[id(out)] = shaped(out, result.index_add(0, index[step.index], values))
         elif isinstance(step, Fused):
             rows = len(index[step.index]) if step.index else index.rows(out.domain)
 
@@ -589,7 +613,7 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
             values = evaluate(step.root)
             if step.index:
                 result = values.new_zeros(index.rows(step.count), values.shape[1])
-                values = result.index_add(0, index[step.index], values)
+                values = shaped(out, result.index_add(0, index[step.index], values))
             env[id(out)] = values
         elif isinstance(step, Softmax):
             scores, by_dst, begin = env[id(step.scores)].squeeze(1), index["by_dst"], index["dst_begin"].tolist()
