@@ -46,10 +46,12 @@ frame, provenance = load_results(results["llm_offload"], SCHEMA)
 rerun_files = results.get("llm_offload_reruns", [])
 reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
 reruns = reruns.assign(process=reruns["source"].map(lambda s: Path(s).parent.name))
-reruns = reruns[reruns.part != "micro_batches"]  # the sweep's own processes are not compared here
-# Part micro_batches (the memory spent on a larger micro-batch) has its own table and panels.
+reruns = reruns[~reruns.part.isin(["micro_batches", "convergence"])]  # not compared across processes here
+# Parts micro_batches (the memory spent on a larger micro-batch) and convergence (loss curves on the
+# generated corpus) have their own tables and panels.
 sweep = frame[frame.part == "micro_batches"]
-frame = frame[frame.part != "micro_batches"]
+curves = frame[frame.part == "convergence"]
+frame = frame[~frame.part.isin(["micro_batches", "convergence"])]
 KEYS = ["dataset", "variant", "policy", "store", "emulated_gbps"]
 step = summarize(frame, "time", KEYS)
 rate = summarize(frame, "flop_rate", KEYS)
@@ -271,6 +273,26 @@ if not sweep.empty:
         lines.append(f"| {r.dataset} | {r.micro_batch} | {label(r.variant)} | {tokens:,.0f} | {held_cell} |")
     for _, r in oom.iterrows():
         lines.append(f"| {r.dataset} | {r.micro_batch} | {label(r.variant)} | out of memory | |")
+# Part convergence: loss curves on the generated Markov language, each checked against keep's.
+convergence_notes = next((r for r in provenance if r.get("part") == "convergence"), {})
+if not curves.empty:
+    lines += [
+        "",
+        "## Convergence on the generated corpus (part convergence)",
+        "",
+        f"{convergence_notes.get('steps', '?')} AdamW steps from the same weights and batches; every step's loss "
+        "of every policy was checked equal to keep's bit for bit before it was recorded (the part stops otherwise). "
+        f"Entropy rate of the language (the floor): {convergence_notes.get('entropy_rate', float('nan')):.3f} nats; "
+        f"uniform guessing: {convergence_notes.get('uniform_loss', float('nan')):.3f} nats.",
+        "",
+        "| model | variant | first loss | mean of the last 10 | equal to keep at every step |",
+        "|---|---|---|---|---|",
+    ]
+    keep_curve = curves[curves.variant == "keep"].sort_values("repetition").value.to_numpy()
+    for (dataset, variant), g in curves.groupby(["dataset", "variant"]):
+        values = g.sort_values("repetition").value.to_numpy()
+        same = "yes" if np.array_equal(values, keep_curve) else "NO"
+        lines.append(f"| {dataset} | {label(variant)} | {values[0]:.3f} | {values[-10:].mean():.3f} | {same} |")
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
@@ -281,8 +303,8 @@ print("\n".join(lines))
 # the main comparison per model (ratios to keep), and the micro-batch sweep.
 
 # %%
-rok_datasets = sorted(set(frame[frame.part == "policies"].dataset)) or sorted(set(step.dataset))
-panels = len(rok_datasets) + 1 + 2 + (2 if not sweep.empty else 0)
+rok_datasets = sorted(set(frame[frame.part.isin(["policies", "shapes"])].dataset)) or sorted(set(step.dataset))
+panels = len(rok_datasets) + 1 + 2 + (2 if not sweep.empty else 0) + (1 if not curves.empty else 0)
 panels += panels % 2  # a full last row: the legend takes the spare cell
 fig, grid = panel_grid(panels, width=5.2, height=4.0, cols=2)
 cells = iter(grid)
@@ -436,6 +458,30 @@ if not sweep.empty:
         ax.set_xticks(micro_all, [str(b) for b in micro_all])
         ax.grid(alpha=0.3)
     remember(speed_ax)
+
+if not curves.empty:
+    ax = next(cells)
+    styles = {"keep": dict(linewidth=3.5, alpha=0.35)}  # keep wide and pale, the others drawn over it
+    for i, (variant, g) in enumerate(curves.groupby("variant")):
+        g = g.sort_values("repetition")
+        style = styles.get(variant, dict(linewidth=1.2, linestyle=dashes[i % len(dashes)]))
+        colour = POLICY_COLORS.get(variant, color(variant))
+        ax.plot(g.repetition + 1, g.value, color=colour, label=label(variant), **style)
+    for value, text in (
+        (convergence_notes.get("uniform_loss"), "uniform guessing"),
+        (convergence_notes.get("entropy_rate"), "the language's entropy rate"),
+    ):
+        if value is not None:
+            ax.axhline(value, color="black", linewidth=0.8, linestyle=":")
+            ax.annotate(text, (1, value), xytext=(4, 3), textcoords="offset points", fontsize=7)
+    ax.set(
+        xlabel="optimizer step",
+        ylabel="training loss, nats",
+        ylim=(0, None),
+        title=f"{curves.dataset.iloc[0]} on the generated corpus:\nevery policy's loss equal to keep's at every step",
+    )
+    ax.grid(alpha=0.3)
+    remember(ax)
 
 spare = next(cells, None)
 if spare is not None:  # the legend's own cell

@@ -51,7 +51,7 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
     assert set(frame.dataset) == {"gpt2-tiny", "llama-tiny"}
     notes = load_provenance(out)
     # kvikio and torchtune run only on a GPU, where they import; elsewhere the notes say why not.
-    optional = {"offload_all_kvikio": "kvikio", "torchtune_offload": "torchtune_offload"}
+    optional = {v: v for v in ("torchtune_offload", "deepspeed_offload")} | {"offload_all_kvikio": "kvikio"}
     for variant, skip_key in optional.items():
         ran = variant in set(frame.variant)
         assert ran != (skip_key in notes["skipped"]), variant
@@ -149,7 +149,7 @@ def test_a_peer_runs_through_its_own_hooks_and_is_checked(tmp_path, scratch, mon
     """The plumbing of another library's offloading (torchtune's on a GPU), with stand-in hooks
     that keep every tensor: checked bit-identical, timed, its packed bytes counted."""
     stand_in = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
-    monkeypatch.setattr(parts, "_peers", lambda params, device, notes: [("torchtune_offload", stand_in)])
+    monkeypatch.setattr(parts.peers, "peers", lambda *a: [("torchtune_offload", parts.peers.Peer(hooks=stand_in))])
     out = tmp_path / "policies-tiny.csv"
     run(out, scratch)
     frame = load([out], SCHEMA)
@@ -160,6 +160,49 @@ def test_a_peer_runs_through_its_own_hooks_and_is_checked(tmp_path, scratch, mon
     assert len(packed) == 6 and (packed > 0).all()
 
 
+def test_a_checkpointing_peer_recomputes_every_block_and_is_checked(tmp_path, scratch, monkeypatch):
+    """The plumbing of a peer that checkpoints each block (DeepSpeed's on a GPU), with torch's own
+    checkpoint as the stand-in: every block's forward goes through it, the step is checked
+    bit-identical and timed; a checkpoint function that changes a block's output is reported,
+    not timed."""
+    from torch.utils.checkpoint import checkpoint
+
+    calls = []
+
+    def stand_in(forward, *args, **kwargs):
+        calls.append(forward)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    def wrong(forward, *args, **kwargs):
+        out = stand_in(forward, *args, **kwargs)
+        return tuple(o * 1.0001 for o in out) if isinstance(out, tuple) else out * 1.0001
+
+    for function, timed in ((stand_in, True), (wrong, False)):
+        peer = parts.peers.Peer(checkpoint=function)
+        monkeypatch.setattr(parts.peers, "peers", lambda *a, peer=peer: [("deepspeed_offload", peer)])
+        out = tmp_path / f"{timed}" / "policies-tiny.csv"
+        out.parent.mkdir()
+        calls.clear()
+        run(out, scratch)
+        frame = load([out], SCHEMA)
+        ran = frame[frame.variant == "deepspeed_offload"]
+        assert (not ran.empty) == timed
+        assert len(calls) >= 4  # both tiny models' two blocks, in the checked step at least
+        if timed:
+            assert (ran[ran.metric == "time"].groupby("dataset").size() == 3).all()
+        else:
+            assert "not bit-identical to keep" in load_provenance(out)["skipped"]["deepspeed_offload (llama-tiny)"]
+
+
+def test_peers_that_do_not_run_here_are_skipped_with_their_reason():
+    notes = {"skipped": {}}
+    found = parts.peers.peers({"min_bytes": 0}, "cpu", notes)
+    assert found == []  # on a CPU neither peer runs, installed or not
+    assert set(notes["skipped"]) == set(parts.PEERS) and all(notes["skipped"].values())
+    notes = {"skipped": {}}
+    assert parts.peers.peers({"min_bytes": 0}, "cpu", notes, wanted=()) == [] and notes["skipped"] == {}
+
+
 def test_models_tiny_runs_bert_and_t5_through_the_host_store(tmp_path, scratch):
     """Part models: the encoder-only and encoder-decoder families, every policy checked and timed."""
     out = tmp_path / "models-tiny.csv"
@@ -168,7 +211,7 @@ def test_models_tiny_runs_bert_and_t5_through_the_host_store(tmp_path, scratch):
     assert set(frame.dataset) == {"bert-tiny", "t5-tiny"} and set(frame.family) == {"bert", "t5"}
     expected = {"keep", "recompute", "save_on_cpu", "offload_all_host", "offload_adaptive_host", "planner_host"}
     for dataset, rows in frame.groupby("dataset"):
-        assert set(rows.variant) - {"torchtune_offload"} == expected, dataset
+        assert set(rows.variant) - set(parts.PEERS) == expected, dataset
         held = rows[rows.metric == "activation_bytes"].groupby("variant").value.median()
         assert held["offload_all_host"] < held["keep"] and held["recompute"] < held["keep"]
     # T5 has an encoder and a decoder: its profile has a block of each.
@@ -181,7 +224,7 @@ def test_a_peer_that_is_not_bit_identical_is_reported_not_timed(tmp_path, scratc
     wrong = lambda: torch.autograd.graph.saved_tensors_hooks(  # noqa: E731
         lambda t: t, lambda t: t * 1.0001 if t.is_floating_point() else t
     )
-    monkeypatch.setattr(parts, "_peers", lambda params, device, notes: [("torchtune_offload", wrong)])
+    monkeypatch.setattr(parts.peers, "peers", lambda *a: [("torchtune_offload", parts.peers.Peer(hooks=wrong))])
     out = tmp_path / "policies-tiny.csv"
     run(out, scratch)
     frame = load([out], SCHEMA)
@@ -190,3 +233,147 @@ def test_a_peer_that_is_not_bit_identical_is_reported_not_timed(tmp_path, scratc
     for dataset in ("gpt2-tiny", "llama-tiny"):
         assert "not bit-identical to keep" in skipped[f"torchtune_offload ({dataset})"]
     assert not list(scratch.iterdir())
+
+
+def test_convergence_tiny_records_one_curve_per_policy_equal_to_keep(tmp_path, scratch):
+    """Part convergence: keep, recompute and offloading to real files train the same steps from the
+    same weights; every loss is finite, equal to keep's at every step, and the notes carry the
+    losses the curves are read against."""
+    out = tmp_path / "convergence-tiny.csv"
+    entry(["llm_offload", "--part", "convergence", "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)])
+    frame = load([out], SCHEMA)
+    assert set(frame.variant) == {"keep", "recompute", "offload_all_file"} and set(frame.metric) == {"loss"}
+    curves = {v: g.sort_values("repetition").value.to_numpy() for v, g in frame.groupby("variant")}
+    assert all(len(c) == 12 for c in curves.values())
+    assert (curves["keep"] == curves["offload_all_file"]).all() and (curves["keep"] == curves["recompute"]).all()
+    assert curves["keep"][-1] < curves["keep"][0]  # it trains: twelve steps already lower the loss
+    assert set(frame[frame.variant == "offload_all_file"].role) == {"optimized"}
+    notes = load_provenance(out)
+    assert 0 < notes["entropy_rate"] < notes["uniform_loss"] and notes["steps"] == 12
+    assert not list(scratch.iterdir())
+
+
+def _convergence_params(**changes):
+    params = {
+        "seed": 0,
+        "model": {"family": "llama", "preset": "tiny", "micro_batch": 2},
+        "steps": 3,
+        "learning_rate": 0.003,
+        "variants": ["offload_all_host"],
+        "stores": ["host"],
+        "emulated_gbps": [],
+        "keep_last": 1,
+        "min_bytes": 0,
+        "prefetch": 1,
+        "file_threads": 1,
+        "file_block_mib": 1,
+    }
+    return params | changes
+
+
+def test_convergence_stops_at_the_first_step_whose_loss_differs(scratch, monkeypatch):
+    """An offloading path that brings a tensor back changed: the curve differs from keep's, and the
+    part raises naming the step instead of recording two curves."""
+    from systems.ssdtrain import HostStore
+
+    class Drifting(HostStore):
+        def get(self, key, out):
+            done = super().get(key, out)
+            done.result()
+            out.reshape(-1).view(torch.uint8)[2] ^= 64  # a high mantissa bit of the first float32
+            return done
+
+    monkeypatch.setattr(parts, "HostStore", Drifting)
+    rows = []
+
+    class Writer:
+        def add(self, **row):
+            rows.append(row)
+
+    with pytest.raises(parts.NotBitIdentical, match="offload_all_host: the loss at step"):
+        parts.convergence(_convergence_params(), Writer(), device="cpu", scratch_dir=scratch)
+    assert not rows
+
+
+def test_convergence_refuses_an_unknown_variant_before_training(scratch, monkeypatch):
+    from harness.errors import UserError
+
+    monkeypatch.setattr(parts, "build", lambda *a, **k: pytest.fail("trained before refusing"))
+    for variant in ("offload_all_disk", "save_on_cpu", "offload_all_"):
+        with pytest.raises(UserError, match=f"unknown variant '{variant}'"):
+            parts.convergence(_convergence_params(variants=[variant]), None, device="cpu", scratch_dir=scratch)
+
+
+def test_shapes_runs_the_baselines_its_config_lists(tmp_path, scratch):
+    """Part shapes (GPU-only as configured) is the policies function with a narrower set of
+    baselines: here recompute only, so save_on_cpu and the peers are not run."""
+    from harness import config
+
+    params = config.topic_params(config.load(), "llm_offload", "tiny")["policies"]
+    params = params | {"models": [{"family": "llama", "preset": "tiny"}], "stores": ["host"], "emulated_gbps": []}
+    params |= {"planned_stores": [], "baselines": ["recompute"]}
+    rows = []
+
+    class Writer:
+        def add(self, **row):
+            rows.append(row)
+
+        def add_measurement(self, m, **row):
+            rows.append(row)
+
+    parts.shapes(params, Writer(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    assert {r["variant"] for r in rows} == {"keep", "recompute", "offload_all_host"}
+
+
+def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeypatch):
+    """check_micro_batch: the bit-identity check runs on the first sequences of the micro-batch (the
+    check's math attention can run out of memory where the timed kernels fit); the timed steps
+    take the whole micro-batch."""
+    checked, trained = [], []
+    one_step = parts._one_step
+
+    def counting_step(model, batch, policy):
+        checked.append(len(batch["input_ids"]))
+        return one_step(model, batch, policy)
+
+    def counting_measure(fn, **kwargs):
+        forward = parts.torch.nn.Module.__call__
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(
+                parts.torch.nn.Module,
+                "__call__",
+                lambda self, *a, **k: trained.append(k.get("input_ids")) or forward(self, *a, **k),
+            )
+            return measure(fn, **kwargs)
+
+    measure = parts.measure
+    monkeypatch.setattr(parts, "_one_step", counting_step)
+    monkeypatch.setattr(parts, "measure", counting_measure)
+    params = {
+        "seed": 0,
+        "model": {"family": "llama", "preset": "tiny"},
+        "global_batch": 4,
+        "micro_batches": [4],
+        "stores": ["host"],
+        "emulated_gbps": [],
+        "keep_last": 1,
+        "min_bytes": 0,
+        "prefetch": 1,
+        "file_threads": 1,
+        "file_block_mib": 1,
+        "check_micro_batch": 3,
+    }
+    rows = []
+
+    class Writer:
+        def add(self, **row):
+            rows.append(row)
+
+        def add_measurement(self, m, **row):
+            rows.append(row)
+
+    notes = parts.micro_batches(params, Writer(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    assert checked == [3, 3, 3, 3]  # the reference, keep, recompute, offload_all_host
+    assert {len(ids) for ids in trained if ids is not None} == {4}
+    assert notes["checked_micro_batch"] == {"4": 3}
+    assert {r["variant"] for r in rows} == {"keep", "recompute", "offload_all_host"}

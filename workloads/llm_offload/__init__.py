@@ -12,6 +12,10 @@ configuration), usually with fewer stores: the main comparison per model.
 A third part, ``micro_batches``: the memory offloading frees, spent on a larger micro-batch at a
 fixed global batch (gradient accumulation): tokens per second and activation bytes of keep,
 recompute and offload_all per micro-batch, an out-of-memory recorded as an outcome.
+
+A fourth, ``shapes`` (GPU only): the policies at the paper's three (hidden, layers) shapes and its
+micro-batch 16. A fifth, ``convergence``: a small model trained for many steps on the generated
+Markov language under keep, recompute and offloading, every step's loss checked bit-identical.
 """
 
 from harness.topic import Part, Topic
@@ -26,6 +30,8 @@ TOPIC = Topic(
         Part("policies", gpus=1, cpu=True),
         Part("models", gpus=1, cpu=True),
         Part("micro_batches", gpus=1, cpu=True),
+        Part("shapes", gpus=1, cpu=False),  # the paper's full-size shapes: a GPU's work
+        Part("convergence", gpus=1, cpu=True),
     ),
     packages=("transformers",),
 )

@@ -30,12 +30,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from harness.errors import UserError
+from harness.progress import progress
 from harness.timing import measure
 from systems.ssdtrain import DirectFileStore, EmulatedStore, HostStore, KvikioStore, Offloader, Store, planning
 from workloads.llm.cost import block_costs, training_flops
 from workloads.llm.data import batches
 from workloads.llm.layers import blocks
 from workloads.llm.models import ModelSpec, build, spec
+from workloads.llm_offload import peers
 from workloads.llm_offload.schema import SCHEMA
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw warnings about token ids
@@ -97,31 +99,8 @@ class _CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
         _counting(self, parameters)
 
 
-PEERS = ("torchtune_offload",)  # other libraries' activation offloading, where they run
-
-
-def _peers(params, device: str, notes: dict) -> list[tuple[str, Callable]]:
-    """(variant, a factory of its saved-tensor hooks) for each peer that runs here; the others
-    are skipped with the reason in ``notes``."""
-    try:
-        import torchtune
-        from torchtune.training import OffloadActivations
-    except Exception as err:  # torchtune's package import pulls datasets, torchao and more
-        reason = str(err).splitlines()[0][:200] if str(err) else ""
-        notes["skipped"]["torchtune_offload"] = f"torchtune not importable ({type(err).__name__}: {reason})"
-        return []
-    if device != "cuda":
-        notes["skipped"]["torchtune_offload"] = (
-            "torchtune's OffloadActivations moves CUDA tensors to the host; this run trains on the CPU"
-        )
-        return []
-    notes["peers"] = {"torchtune": torchtune.__version__}
-    return [
-        (
-            "torchtune_offload",
-            lambda: OffloadActivations(use_pin_memory=True, use_streams=True, min_offload_size=params["min_bytes"]),
-        )
-    ]
+PEERS = peers.NAMES  # other libraries' ways to save activation memory, where they run (peers.py)
+BASELINES = ("recompute", "save_on_cpu", *PEERS)  # what a part runs beside keep unless its config narrows it
 
 
 def _add(writer, dataset: str, role: str, variant: str, config: dict, metric: str, value, repetition: int) -> None:
@@ -163,13 +142,16 @@ class Policy:
         *,
         store: Store | None = None,
         plan: planning.Plan | None = None,
-        hooks: Callable | None = None,
+        peer: peers.Peer | None = None,
         **offload,
     ):
         self.name, self.layers, self.device = name, layers, device
         self.parameters = [*model.parameters(), *model.buffers()]
-        self.store, self.plan, self.hooks = store, plan, hooks
-        self.recomputed = list(layers) if name == "recompute" else []
+        self.store, self.plan, self.peer = store, plan, peer
+        # Recomputed blocks: every one for recompute and a checkpointing peer, the plan's for the planned.
+        recomputes = name == "recompute" or (peer is not None and peer.checkpoint is not None)
+        self.recomputed = list(layers) if recomputes else []
+        self.checkpoint = peer.checkpoint if recomputes and peer else functools.partial(checkpoint, use_reentrant=False)
         if name == "offload_all":
             self.offloader = Offloader(model, store, policy="offload_all", layers=layers, **offload)
         elif name in PLANNED:
@@ -180,8 +162,10 @@ class Policy:
         elif name in ("keep", "recompute"):
             self.offloader = Offloader(model, HostStore(), policy="keep", layers=layers)  # counts only
         elif name in PEERS:
-            if hooks is None:
-                raise UserError(f"{name} needs its library's saved-tensor hooks")
+            if peer is None:
+                raise UserError(
+                    f"{name} needs its library's hooks or checkpoint function (workloads/llm_offload/peers.py)"
+                )
         elif name != "save_on_cpu":
             raise UserError(
                 f"unknown policy {name!r}; one of keep, recompute, save_on_cpu, offload_all, "
@@ -208,13 +192,20 @@ class Policy:
                 }
             )
             return
-        if self.name in PEERS:
+        if self.name in PEERS and self.peer.hooks is not None:
             # Another library's hooks: what they pack is counted; what they keep on the device
             # is theirs to decide, so the memory figure is the measured activation peak.
-            hooks = _counting(self.hooks(), {p.untyped_storage().data_ptr() for p in self.parameters})
+            hooks = _counting(self.peer.hooks(), {p.untyped_storage().data_ptr() for p in self.parameters})
             with hooks:
                 yield
             self.history.append({"bytes_packed": hooks.packed, "bytes_unique": sum(hooks.unique.values())})
+            return
+        if self.name in PEERS:
+            # Another library's checkpointing of every block: where it keeps each block's input is
+            # its own (DeepSpeed's on the host), so the measured activation peak is the memory figure.
+            with self._checkpointed({}):
+                yield
+            self.history.append({})
             return
         inputs: dict[int, int] = {}
         with self.offloader, self._checkpointed(inputs):
@@ -251,7 +242,7 @@ class Policy:
 
         hooks = [layer.register_forward_pre_hook(hold, with_kwargs=True) for layer in self.recomputed]
         for layer in self.recomputed:
-            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+            layer.forward = functools.partial(self.checkpoint, layer.forward)
         try:
             yield
         finally:
@@ -430,26 +421,32 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
         "dtype": str(built.dtype).removeprefix("torch."),
     }
     offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
-    variants = [(name, "baseline", name, None, None, None, None) for name in ("keep", "recompute", "save_on_cpu")]
+    # keep is every ratio's denominator; the other baselines and peers run where the config lists them.
+    wanted = {"keep", *params.get("baselines", BASELINES)}
+    variants = [
+        (name, "baseline", name, None, None, None, None)
+        for name in ("keep", "recompute", "save_on_cpu")
+        if name in wanted
+    ]
     stores = _stores(params, device, scratch_dir, notes, params["stores"])
     for store_name, gbps, factory in stores:
         variants.append((f"offload_all_{store_name}", "optimized", "offload_all", store_name, gbps, factory, None))
     variants += _planned_variants(params, model, layers, batch, device, stores, notes["models"][dataset])
-    peers = dict(_peers(params, device, notes))
-    variants += [(name, "baseline", name, None, None, None, None) for name in peers]
+    peer_of = {name: peer for name, peer in peers.peers(params, device, notes, wanted)}
+    variants += [(name, "baseline", name, None, None, None, None) for name in peer_of]
     runs = []
     try:
         for variant, role, policy_name, store_name, gbps, factory, plan in variants:
             store = factory() if factory else None
             policy = Policy(
-                policy_name, model, layers, device, store=store, plan=plan, hooks=peers.get(variant), **offload
+                policy_name, model, layers, device, store=store, plan=plan, peer=peer_of.get(variant), **offload
             )
             runs.append((variant, role, policy, store_name, gbps))  # closed in finally, whatever happens
             try:
                 with deterministic(device):
                     _check_identical(variant, reference, _one_step(model, batch, policy))
             except NotBitIdentical as err:
-                if variant not in peers:
+                if variant not in peer_of:
                     raise
                 # Another library's result: reported, not timed, and not a failure of the suite.
                 runs.pop()[2].close()
@@ -517,6 +514,12 @@ def models(params, writer, **kwargs):
     return policies(params, writer, **kwargs)
 
 
+def shapes(params, writer, **kwargs):
+    """The same policies as :func:`policies` at the paper's three (hidden, layers) shapes and its
+    micro-batch, usually with fewer stores and baselines: how the trade-off moves with the shape."""
+    return policies(params, writer, **kwargs)
+
+
 def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
     """The memory a policy frees, spent on a larger micro-batch at a fixed global batch.
 
@@ -552,9 +555,15 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             "global_batch": global_batch,
             "dtype": str(built.dtype).removeprefix("torch."),
         }
+        # The check's batch: the first micro-batch, or its first ``check_micro_batch`` sequences where
+        # that is smaller (the check's deterministic math attention holds the whole attention matrix,
+        # which can run out of memory where the timed steps' kernels fit). Same code path, fewer rows.
+        checked_rows = min(micro, params.get("check_micro_batch") or micro)
+        check_batch = {name: tensor[:checked_rows] for name, tensor in steps[0].items()}
+        notes.setdefault("checked_micro_batch", {})[str(micro)] = checked_rows
         try:
             with deterministic(device):
-                reference = _one_step(model, steps[0], None)
+                reference = _one_step(model, check_batch, None)
         except torch.cuda.OutOfMemoryError:
             _out_of_memory(writer, dataset, base | {"policy": "keep"}, "keep", notes, "check")
             continue
@@ -572,7 +581,9 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                 config |= {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"]}
             try:
                 with deterministic(device):
-                    _check_identical(f"{variant} at micro-batch {micro}", reference, _one_step(model, steps[0], policy))
+                    _check_identical(
+                        f"{variant} at micro-batch {micro}", reference, _one_step(model, check_batch, policy)
+                    )
             except torch.cuda.OutOfMemoryError:
                 policy.close()
                 _out_of_memory(writer, dataset, config, variant, notes, "check")
@@ -604,6 +615,97 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
             for rep in range(repeat):
                 first = policy.history[(warmup + rep) * len(steps)]  # every micro-step holds the same
                 _add(writer, dataset, role, variant, config, "activation_bytes", first["activation_bytes"], rep)
+    return notes
+
+
+def _convergence_variant(variant: str, stores: dict, notes: dict) -> tuple[str, str | None] | None:
+    """(policy, store) of one of the convergence part's ``variants``; None for a store that does
+    not run here (the notes say why); a name that is neither is refused before anything trains."""
+    if variant == "recompute":
+        return "recompute", None
+    store = variant.removeprefix("offload_all_") if variant.startswith("offload_all_") else None
+    if store in stores:
+        return "offload_all", store
+    if store is not None and store in notes["skipped"]:
+        return None
+    raise UserError(
+        f"convergence: unknown variant {variant!r}; recompute or offload_all_<store> with a store of "
+        f"{', '.join(stores) or 'none'}"
+    )
+
+
+def convergence(params, writer, *, device, scratch_dir, **_):
+    """The convergence check: ``steps`` AdamW steps of one model on the generated Markov language
+    (workloads.llm.data.MarkovLanguage), from the same weights and batches, with no hooks (keep)
+    and under each policy of ``variants`` (``recompute``, ``offload_all_<store>``). Each policy's
+    loss at every step must equal keep's bit for bit, or the part stops (:class:`NotBitIdentical`):
+    the curves it records (metric ``loss``, ``repetition`` = the step) are then one curve, and the
+    notes give the two losses it is read against: the language's entropy rate (the floor a model
+    that learned the chain reaches) and the loss of uniform guessing. On a GPU every step runs in
+    deterministic mode (:func:`deterministic`), as the other parts' checked steps do."""
+    from workloads.llm.data import MarkovLanguage, uniform_loss
+
+    dataset, s = _model_spec(params["model"])
+    language = MarkovLanguage(s.vocab, seed=params["seed"])
+    notes = {
+        "skipped": {},
+        "entropy_rate": language.entropy_rate(),
+        "uniform_loss": uniform_loss(s.vocab),
+        "steps": params["steps"],
+        "learning_rate": params["learning_rate"],
+    }
+    stores = {name: factory for name, _, factory in _stores(params, device, scratch_dir, notes)}
+    offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
+    chosen = {v: _convergence_variant(v, stores, notes) for v in params["variants"]}  # refused before training
+    variants = {"keep": ("keep", None)} | {v: c for v, c in chosen.items() if c is not None}
+
+    def curve(variant: str) -> torch.Tensor:
+        policy_name, store_name = variants[variant]
+        built = build(s, device=device, seed=params["seed"])
+        model = built.model
+        notes["dtype"] = str(built.dtype).removeprefix("torch.")
+        layers = [block for _, block in blocks(model)]
+        policy = None
+        if variant != "keep":  # keep: no hooks at all, the reference
+            store = stores[store_name]() if store_name else None
+            policy = Policy(policy_name, model, layers, device, store=store, **offload)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=params["learning_rate"])
+        stream = batches(s, "markov", seed=params["seed"] + 1, device=device, language=language)
+        losses = []
+        try:
+            with deterministic(device):
+                for _ in progress(range(params["steps"]), f"{dataset} {variant}"):
+                    optimizer.zero_grad(set_to_none=True)
+                    with policy.step() if policy else contextlib.nullcontext():
+                        loss = model(**next(stream)).loss
+                        loss.backward()
+                    optimizer.step()
+                    losses.append(loss.detach())
+        finally:
+            if policy is not None:
+                policy.close()
+        return torch.stack(losses).float().cpu()
+
+    curves = {"keep": curve("keep")}
+    if not torch.isfinite(curves["keep"]).all():
+        raise NotBitIdentical(f"{dataset}: keep's loss is not finite on the generated corpus")
+    for variant in list(variants)[1:]:
+        curves[variant] = curve(variant)
+        different = (curves[variant] != curves["keep"]).nonzero()
+        if len(different):
+            step = int(different[0])
+            raise NotBitIdentical(
+                f"{variant}: the loss at step {step} is {curves[variant][step].item()!r}, "
+                f"keep's {curves['keep'][step].item()!r}"
+            )
+    config = {"device": device, "family": s.family, "preset": params["model"]["preset"], "hidden": s.hidden}
+    config |= {"layers": s.layers, "sequence": s.sequence, "micro_batch": s.micro_batch, "dtype": notes["dtype"]}
+    for variant, losses in curves.items():
+        policy_name, store_name = variants[variant]
+        role = "optimized" if store_name else "baseline"
+        row_config = config | {"policy": policy_name, "store": store_name}
+        for step, value in enumerate(losses.tolist()):
+            _add(writer, dataset, role, variant, row_config, "loss", value, step)
     return notes
 
 
