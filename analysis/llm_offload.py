@@ -70,6 +70,7 @@ POLICY_COLORS = {
         "recompute",
         "save_on_cpu",
         "torchtune_offload",
+        "deepspeed_offload",
         "offload_all_host",
         "offload_all_file",
         "offload_all_kvikio",
@@ -303,7 +304,14 @@ print("\n".join(lines))
 # the main comparison per model (ratios to keep), and the micro-batch sweep.
 
 # %%
-rok_datasets = sorted(set(frame[frame.part.isin(["policies", "shapes"])].dataset)) or sorted(set(step.dataset))
+# The headline part's models first, then the paper's shapes by width.
+rok_rows = frame[frame.part.isin(["policies", "shapes"])].drop_duplicates("dataset")
+rok_datasets = [
+    r.dataset
+    for r in rok_rows.sort_values(
+        ["part", "hidden"], key=lambda c: c.map({"policies": 0, "shapes": 1}) if c.name == "part" else c
+    ).itertuples()
+] or sorted(set(step.dataset))
 panels = len(rok_datasets) + 1 + 2 + (2 if not sweep.empty else 0) + (1 if not curves.empty else 0)
 panels += panels % 2  # a full last row: the legend takes the spare cell
 fig, grid = panel_grid(panels, width=5.2, height=4.0, cols=2)
@@ -352,7 +360,7 @@ for dataset in rok_datasets:
         ylabel="s per training step" + (" (log)" if wide else ""),
         yscale="log" if wide else "linear",
         title=f"{dataset}: every policy and store"
-        + ("\n(filled: committed run, median and IQR; hollow: other processes)" if not reruns.empty else ""),
+        + ("\nfilled: committed run (median, IQR); hollow: others" if not reruns.empty else ""),
     )
     ax.set_xlim(left=0, right=1.08 * ax.get_xlim()[1])
     if wide:
@@ -368,14 +376,20 @@ ax = next(cells)
 keep_rates = rate[rate.variant == "keep"]["median"] * 1e12
 low = min(10e12, keep_rates.min() / 3) if not keep_rates.empty else 10e12  # reach down to the measured rates
 speeds = np.logspace(np.log10(low), np.log10(2e15), 60)
-dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]
+dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1))]
 for i, dataset in enumerate(sorted(set(step.dataset))):
     saved, flops = block_costs_of(dataset)
 
     def needed(flop_rate, saved=saved, flops=flops):  # GB/s that writes each block within its forward
         return max(b / (f / flop_rate) for b, f in zip(saved, flops)) / 1e9
 
-    ax.plot(speeds / 1e12, [needed(F) for F in speeds], color="black", linestyle=dashes[i % len(dashes)], label=dataset)
+    ax.plot(
+        speeds / 1e12,
+        [needed(F) for F in speeds],
+        color="black",
+        linestyle=dashes[i % len(dashes)],
+        label=f"needed: {dataset}",
+    )
     keep_rate = rate[(rate.dataset == dataset) & (rate.variant == "keep")]["median"]
     if not keep_rate.empty:
         here = keep_rate.iloc[0] * 1e12
@@ -402,7 +416,7 @@ ax.set(
     title="write bandwidth to hide every block's write (black)\nvs stores here (solid: achieved; dotted: emulated)",
 )
 ax.grid(alpha=0.3, which="both")
-ax.legend(loc="upper left", fontsize=7, frameon=False, title="needed, per model", title_fontsize=7)
+remember(ax)  # the models' lines join the figure's legend: no room for one inside this panel
 
 # The main comparison per model: the variants every model ran, as ratios to keep.
 shared = [v for v in ORDER if all(((step.dataset == d) & (step.variant == v)).any() for d in set(step.dataset))]
@@ -428,7 +442,7 @@ for ax, table, what in (
             edgecolor="white",
         )
     ax.axhline(1.0, color="black", linewidth=1, label="keep")
-    ax.set_xticks(range(len(models)), [m.replace("-s", "\ns") for m in models], fontsize=7)
+    ax.set_xticks(range(len(models)), [m.replace("-s", "\ns") for m in models], fontsize=7, rotation=45, ha="right")
     ax.set(ylabel=f"{what}, x keep", title=f"{what} per model, x keep (same run)")
     if what == "step time":
         ax.set_yscale("log")

@@ -33,6 +33,7 @@ VARIANT_STYLE.update(
         "offload_all_file": ("tab:green", "-"),
         "offload_all_kvikio": ("tab:olive", "-"),
         "torchtune_offload": ("tab:brown", "-"),  # a peer: torchtune's OffloadActivations
+        "deepspeed_offload": ("tab:orange", "-"),  # a peer: DeepSpeed's checkpointing, inputs on the host
     }
 )
 # Relational GNN layers (relational_gnn): the baseline forms of workloads/rgnn.
