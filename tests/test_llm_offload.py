@@ -173,25 +173,33 @@ def test_a_checkpointing_peer_recomputes_every_block_and_is_checked(tmp_path, sc
         calls.append(forward)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
-    def wrong(forward, *args, **kwargs):
+    def wrong(forward, *args, **kwargs):  # 1.01: a change that survives bf16 on a GPU
         out = stand_in(forward, *args, **kwargs)
-        return tuple(o * 1.0001 for o in out) if isinstance(out, tuple) else out * 1.0001
+        return tuple(o * 1.01 for o in out) if isinstance(out, tuple) else out * 1.01
 
-    for function, timed in ((stand_in, True), (wrong, False)):
-        peer = parts.peers.Peer(checkpoint=function)
+    def failing(forward, *args, **kwargs):  # as DeepSpeed does on BERT: an error inside the block
+        calls.append(forward)
+        raise RuntimeError("both arguments to linear need to be at least 1D")
+
+    resets = []
+    for function, timed in ((stand_in, True), (wrong, False), (failing, False)):
+        peer = parts.peers.Peer(checkpoint=function, reset=lambda: resets.append(1))
         monkeypatch.setattr(parts.peers, "peers", lambda *a, peer=peer: [("deepspeed_offload", peer)])
-        out = tmp_path / f"{timed}" / "policies-tiny.csv"
+        out = tmp_path / function.__name__ / "policies-tiny.csv"
         out.parent.mkdir()
         calls.clear()
         run(out, scratch)
         frame = load([out], SCHEMA)
         ran = frame[frame.variant == "deepspeed_offload"]
         assert (not ran.empty) == timed
-        assert len(calls) >= 4  # both tiny models' two blocks, in the checked step at least
+        assert len(calls) >= (4 if function is not failing else 2)  # every block, or the first of each model
         if timed:
             assert (ran[ran.metric == "time"].groupby("dataset").size() == 3).all()
-        else:
-            assert "not bit-identical to keep" in load_provenance(out)["skipped"]["deepspeed_offload (llama-tiny)"]
+            continue
+        why = load_provenance(out)["skipped"]["deepspeed_offload (llama-tiny)"]
+        assert why.startswith("not bit-identical to keep" if function is wrong else "failed in its checked step")
+        assert "keep" in set(frame.variant) and not list(scratch.iterdir())
+    assert len(resets) == 4  # after each failed check: two models, two wrong peers
 
 
 def test_peers_that_do_not_run_here_are_skipped_with_their_reason():

@@ -445,12 +445,16 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
             try:
                 with deterministic(device):
                     _check_identical(variant, reference, _one_step(model, batch, policy))
-            except NotBitIdentical as err:
-                if variant not in peer_of:
+            except Exception as err:
+                if variant not in peer_of or isinstance(err, torch.cuda.OutOfMemoryError):
                     raise
-                # Another library's result: reported, not timed, and not a failure of the suite.
+                # Another library's result, a wrong gradient or an error of its own (DeepSpeed
+                # empties a float tensor that a model hands each block positionally): reported,
+                # not timed, and not a failure of the suite.
                 runs.pop()[2].close()
-                notes["skipped"][f"{variant} ({dataset})"] = f"not bit-identical to keep: {err}"
+                peer_of[variant].reset()
+                what = "not bit-identical to keep" if isinstance(err, NotBitIdentical) else "failed in its checked step"
+                notes["skipped"][f"{variant} ({dataset})"] = f"{what}: {peers.first_line(err)}"
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         flops = training_flops(s)
         for variant, role, policy, store_name, gbps in runs:

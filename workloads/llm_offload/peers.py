@@ -24,16 +24,17 @@ import torch
 class Peer:
     """One peer's mechanism: ``hooks`` (a factory of saved-tensor hooks, entered around a step) or
     ``checkpoint`` (``checkpoint(forward, *args, **kwargs)`` runs a block's forward so that backward
-    recomputes it)."""
+    recomputes it); ``reset`` clears what the library holds after a step that raised."""
 
     hooks: Callable[[], torch.autograd.graph.saved_tensors_hooks] | None = None
     checkpoint: Callable | None = None
+    reset: Callable[[], None] = lambda: None  # forget a step that failed half-way (the library's own state)
 
 
 NAMES = ("torchtune_offload", "deepspeed_offload")
 
 
-def _first_line(err: Exception) -> str:
+def first_line(err: Exception) -> str:
     text = str(err).splitlines()[0][:200] if str(err) else ""
     return f"{type(err).__name__}: {text}"
 
@@ -56,7 +57,7 @@ def _torchtune(params, device: str, notes: dict) -> Peer | None:
         import torchtune
         from torchtune.training import OffloadActivations
     except Exception as err:  # torchtune's package import pulls datasets, torchao and more
-        notes["skipped"]["torchtune_offload"] = f"torchtune not importable ({_first_line(err)})"
+        notes["skipped"]["torchtune_offload"] = f"torchtune not importable ({first_line(err)})"
         return None
     if device != "cuda":
         notes["skipped"]["torchtune_offload"] = (
@@ -77,7 +78,7 @@ def _deepspeed(params, device: str, notes: dict) -> Peer | None:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         import deepspeed
     except Exception as err:  # a pure-Python wheel built without ops (DS_BUILD_OPS=0) is enough
-        notes["skipped"]["deepspeed_offload"] = f"deepspeed not importable ({_first_line(err)})"
+        notes["skipped"]["deepspeed_offload"] = f"deepspeed not importable ({first_line(err)})"
         return None
     if device != "cuda":
         # Seen with DeepSpeed 0.19.8: on CPU tensors its copy to the host is the tensor itself,
@@ -100,7 +101,7 @@ def _deepspeed(params, device: str, notes: dict) -> Peer | None:
         # host, and empty it for the blocks after (seen with 0.19.8: a wrong loss, no error).
         return deepspeed.checkpointing.checkpoint(functools.partial(forward, **kwargs), *args)
 
-    return Peer(checkpoint=checkpoint)
+    return Peer(checkpoint=checkpoint, reset=deepspeed.checkpointing.reset)
 
 
 def _free_port() -> int:
