@@ -1,4 +1,5 @@
-"""The measuring functions of the llm_offload topic: ``policies``, ``models`` and ``micro_batches``.
+"""The measuring functions of the llm_offload topic: ``policies``, ``models``, ``shapes``,
+``micro_batches`` and ``convergence``.
 
 For each model of the scale: one seeded batch; a reference step with no hooks at all (``keep``'s
 losses and gradients), taken twice to show it reproduces; then every policy's step on the same
@@ -13,6 +14,8 @@ counter), ``save_on_cpu`` under torch's own hooks with a byte count, ``offload_a
 Offloader with its store. For each store in ``planned_stores``, ``offload_adaptive`` and ``planner``
 run the per-layer decisions of a plan (systems/ssdtrain/planning.py) made from a profile of the
 model and the store's measured bandwidth; their predictions are recorded beside the measurements.
+Other libraries' mechanisms (torchtune's offloading hooks, DeepSpeed's CPU checkpointing) run as
+peers where they import (peers.py); a peer that is wrong or fails is reported, not timed.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 ``dataset`` names the model (``gpt2-tiny``, ``llama-paper-8192x4``); ``variant`` is the policy,
 with the store for ``offload_all`` (``offload_all_host``, ``offload_all_file``,
 ``offload_all_emulated_4gbps``). Roles: ``keep``, ``recompute``, ``save_on_cpu`` and the peers
-(``torchtune_offload``: torchtune's ``OffloadActivations``, on a GPU where torchtune imports) are
-``baseline`` (what SSDTrain is compared with), ``offload_all_*`` ``optimized``.
+(``torchtune_offload``: torchtune's ``OffloadActivations``; ``deepspeed_offload``: DeepSpeed's
+activation checkpointing with ``checkpoint_in_cpu``; each on a GPU where it imports) are
+``baseline`` (what SSDTrain is compared with), ``offload_all_*`` ``optimized``. Part
+``convergence`` records ``loss`` per optimizer step (``repetition`` = the step).
 
 Metrics per timed step: ``time`` and ``cpu_time``; ``flop_rate``, the model TFLOP/s
 (workloads.llm.cost.training_flops: recomputation's extra forward is not counted); on a GPU
