@@ -487,6 +487,38 @@ def test_gpu_losses_and_gradients_are_bit_identical(name, store, disk, determini
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("store", ["host", "direct_file"])
+def test_gpu_a_step_on_a_side_stream_is_bit_identical(store, disk, deterministic):
+    """Forward and backward queued on a stream of the user's, not the default one: every put waits
+    for the saved tensor's producer on that stream (ready_event reads the current stream), so the
+    step matches the same training on that stream without offloading. The default stream is kept
+    busy meanwhile, so a copy ordered after it instead would run early and read unfinished data."""
+    side = torch.cuda.Stream()
+    busy = torch.randn(4096, 4096, device="cuda")
+
+    def on_side_stream(offloader_args):
+        def run(model_name):
+            with torch.cuda.stream(side):
+                got = train(model_name, offloader_args, "cuda")
+            torch.cuda.synchronize()
+            return got
+
+        return run
+
+    def with_busy_default_stream(fn, *args):
+        for _ in range(20):
+            busy.copy_((busy @ busy).tanh())  # queued on the default stream, which the step never waits for
+        return fn(*args)
+
+    want = with_busy_default_stream(on_side_stream(None), "llama")
+    with make_store(store, disk) as s:
+        got = with_busy_default_stream(on_side_stream(lambda m: Offloader(m, s, min_bytes=0, keep_last=0)), "llama")
+        check_step_left_nothing(got[2])
+    assert_identical(got, want)
+    assert got[2].stats.total.offloaded_bytes > 0
+
+
+@pytest.mark.gpu
 def test_gpu_offloading_frees_device_memory_after_forward():
     torch.manual_seed(0)
     model = MLPStack(dim=1024, layers=4).cuda()
