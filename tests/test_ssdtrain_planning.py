@@ -26,21 +26,36 @@ def test_a_fast_store_frees_the_offloaded_bytes_without_stalls():
     assert plan.predicted_seconds == pytest.approx(12.0)
 
 
-def test_a_slow_store_frees_nothing_and_the_step_waits_for_its_writes():
-    # 10 B at 1 B/s: layer 0's write runs from 1 s to 11 s, past the end of forward (4 s) and of
-    # backward (4 + 8 = 12 s on the step's clock, where it is still in memory): nothing is read
-    # back, nothing is freed, and the step ends when the write does.
+def test_a_slow_store_frees_what_it_has_written_and_the_step_waits_for_the_rest():
+    # 1 B/s. Layer 0's 10 B stream into the queue during its forward (0 -> 1 s) and are written by
+    # 10 s. When forward ends (4 s) 4 B are written and freed, 6 B still held: 30 + 6. Backward
+    # reaches layer 1 at 4 + 2 + 2 = 8 s and prefetches layer 0: the 8 B written by then are read
+    # back from 8 s to 16 s (the other 2 B stay in memory), and layer 0's backward, due at 10 s,
+    # waits 6 s.
     plan = planning.predict(FOUR, [OFFLOAD, KEEP, KEEP, KEEP], bandwidth=1.0, keep_seconds=12.0)
-    assert plan.predicted_activation_bytes == 40
-    assert plan.predicted_seconds == pytest.approx(12.0)  # the write (11 s) ends before backward (12 s)
+    assert plan.predicted_activation_bytes == 36
+    assert plan.stall_seconds == pytest.approx(6.0) and plan.predicted_seconds == pytest.approx(18.0)
+    # Layers 0 and 1: layer 1's write waits for layer 0's and ends at 20 s; nothing of it is written
+    # by forward's end or by its prefetch at 8 s (none freed, none read); the same 6 s stall on
+    # layer 0, and the step (18 s on its clock) then waits 2 s more for layer 1's write.
     plan = planning.predict(FOUR, [OFFLOAD, OFFLOAD, KEEP, KEEP], bandwidth=1.0, keep_seconds=12.0)
-    assert plan.predicted_seconds == pytest.approx(12.0 + 9.0)  # writes end at 21 s: 9 s after backward
+    assert plan.predicted_activation_bytes == 20 + 6 + 10
+    assert plan.stall_seconds == pytest.approx(8.0) and plan.predicted_seconds == pytest.approx(20.0)
+
+
+def test_a_write_that_keeps_pace_with_its_layer_ends_with_it():
+    # 20 B/s against 10 B saved per 1 s of forward: each layer's write keeps up with the layer and
+    # ends when the layer does, so nothing is held when forward ends and the reads (0.5 s each,
+    # started a layer ahead) never stall.
+    plan = planning.predict(FOUR, [OFFLOAD, OFFLOAD, OFFLOAD, KEEP], bandwidth=20.0, keep_seconds=12.0)
+    assert plan.predicted_activation_bytes == 10 and plan.stall_seconds == 0.0
+    assert planning.adaptive(FOUR, 20.0, keep_seconds=12.0).decisions == (OFFLOAD, OFFLOAD, OFFLOAD, KEEP)
 
 
 def test_a_late_read_stalls_backward():
-    # 10 B/s: layer 0 is written by 2 s and freed. Backward reaches layer 1 at 4 + 2 + 2 = 8 s,
-    # asks for layer 0 then, and needs it at 10 s: a 1 s read, no stall. At 2 B/s the write takes
-    # 5 s (1 -> 6 s), the read 5 s from 8 s: 3 s late.
+    # 10 B/s: layer 0 is written by 1 s (streamed from its start) and freed. Backward reaches
+    # layer 1 at 4 + 2 + 2 = 8 s, asks for layer 0 then, and needs it at 10 s: a 1 s read, no
+    # stall. At 2 B/s the write takes 5 s (0 -> 5 s), the read 5 s from 8 s: 3 s late.
     fast = planning.predict(FOUR, [OFFLOAD, KEEP, KEEP, KEEP], bandwidth=10.0, keep_seconds=12.0)
     assert fast.stall_seconds == 0.0 and fast.predicted_activation_bytes == 30
     slow = planning.predict(FOUR, [OFFLOAD, KEEP, KEEP, KEEP], bandwidth=2.0, keep_seconds=12.0)
@@ -53,10 +68,11 @@ def test_recomputation_holds_the_input_and_pays_a_forward():
     assert plan.predicted_seconds == pytest.approx(14.0)
 
 
-@pytest.mark.parametrize("bandwidth, offloaded", [(10.0, 3), (5.0, 1), (1.0, 0)])
+@pytest.mark.parametrize("bandwidth, offloaded", [(10.0, 3), (5.0, 2), (1.0, 0)])
 def test_adaptive_offloads_the_leading_layers_whose_writes_end_with_forward(bandwidth, offloaded):
-    # 10 B/s: writes of 1 s, layers 0-2 written by 2, 3 and 4 s (forward ends at 4 s); layer 3 is
-    # the kept last layer. 5 B/s: 2 s writes, layer 1's would end at 5 s. 1 B/s: none fits.
+    # Writes stream from each layer's start. 10 B/s: 1 s writes, layers 0-2 written by 1, 2 and 3 s
+    # (forward ends at 4 s); layer 3 is the kept last layer. 5 B/s: 2 s writes, layers 0 and 1 by
+    # 2 and 4 s, layer 2's would end at 6 s. 1 B/s: layer 0's alone ends at 10 s: none fits.
     plan = planning.adaptive(FOUR, bandwidth, keep_seconds=12.0, keep_last=1)
     assert plan.decisions == (OFFLOAD,) * offloaded + (KEEP,) * (4 - offloaded)
 

@@ -3,18 +3,20 @@
 A step is modelled from a profile of its layers (``LayerProfile``: the bytes each layer saves for
 backward, the bytes of its input, its forward time) and the store's bandwidth:
 
-* Forward runs the layers in order; layer i ends at E_i. An offloaded layer's bytes join one write
-  queue when it ends and leave at the store's bandwidth.
-* Backward runs the layers in reverse, each taking ``backward_ratio`` times its forward; it
-  reaches layer i at R_i. An offloaded layer whose write has finished by then is read back (one
-  read queue, started when backward reaches the layer above it: the engine's prefetch of one
-  layer), and backward waits if the read is late. A layer whose write has not finished is still
-  in memory: nothing is read, and nothing was saved either.
+* Forward runs the layers in order; layer i runs from S_i to E_i. The engine starts a tensor's
+  write when the tensor is saved, so an offloaded layer's bytes join one write queue (first in,
+  first out, drained at the store's bandwidth B) as a steady stream over its forward: its write
+  ends at W_i = max(E_i, max(W_{i-1}, S_i) + bytes_i / B). At a time T after E_i, the bytes of
+  layer i not yet written are min(bytes_i, (W_i - T) B), at least 0: the queue runs at B from T on.
+* Backward runs the layers in reverse, each taking ``backward_ratio`` times its forward. When it
+  reaches the layer above layer i (the engine's prefetch of one layer; the start of backward for
+  the last layers) the part of layer i already written is read back (one read queue), the rest
+  stays in memory (its tensors were never freed); backward waits at layer i if the read is late.
 * A recomputed layer keeps only its input and runs its forward again in backward.
 * Step time = the measured keep step + recomputed forwards + read stalls + writes still running
   when backward ends (a step waits for its transfers). Activation bytes = what is held on the
-  device when forward ends: kept layers, recomputed layers' inputs, and offloaded layers whose
-  write has not finished.
+  device when forward ends: kept layers, recomputed layers' inputs, and the bytes of offloaded
+  layers not yet written.
 
 ``adaptive`` is SSDTrain's rule: offload the longest run of leading layers whose writes finish
 by the end of forward (so offloading frees memory and costs no time), keep the rest. ``plan``
@@ -78,39 +80,59 @@ def predict(
     ``fixed_bytes`` are saved outside the layers (embeddings, the loss) and always held."""
     if len(decisions) != len(profiles) or any(d not in DECISIONS for d in decisions):
         raise ValueError(f"one decision of {DECISIONS} per layer expected, got {decisions!r}")
-    ends, t = [], 0.0
-    for p in profiles:
-        t += p.forward_seconds
-        ends.append(t)
-    forward_end = t
+    starts, ends = _timeline(profiles)
+    forward_end = ends[-1]
     written, queue = {}, 0.0  # layer -> when its write finishes
     for i, (p, d) in enumerate(zip(profiles, decisions)):
         if d == OFFLOAD:
-            queue = max(queue, ends[i]) + p.saved_bytes / bandwidth
-            written[i] = queue
-    held = fixed_bytes
+            queue = written[i] = _write_end(queue, starts[i], ends[i], p.saved_bytes, bandwidth)
+
+    def unwritten(i: int, at: float) -> float:
+        return min(profiles[i].saved_bytes, max(0.0, written[i] - at) * bandwidth)
+
+    held = float(fixed_bytes)
     for i, (p, d) in enumerate(zip(profiles, decisions)):
-        if d == KEEP or (d == OFFLOAD and written[i] > forward_end):
+        if d == KEEP:
             held += p.saved_bytes
-        elif d == RECOMPUTE:
+        elif d == OFFLOAD:
+            held += unwritten(i, forward_end)
+        else:
             held += p.input_bytes
     # Backward, from the last layer down; `clock` includes the stalls so far, `above` is when
     # backward reached the layer above (the engine prefetches a layer from then).
     clock = above = forward_end
     reads = stall = 0.0
     for i in reversed(range(len(profiles))):
-        if i in written and written[i] <= clock:  # freed once written: read back
-            reads = max(reads, above, written[i]) + profiles[i].saved_bytes / bandwidth
-            if reads > clock:
-                stall += reads - clock
-                clock = reads
+        if i in written:
+            back = profiles[i].saved_bytes - unwritten(i, above)  # what the prefetch finds written
+            if back > 0:
+                reads = max(reads, above) + back / bandwidth
+                if reads > clock:
+                    stall += reads - clock
+                    clock = reads
         above = clock
         clock += backward_ratio * profiles[i].forward_seconds
         if decisions[i] == RECOMPUTE:
             clock += profiles[i].forward_seconds
     tail = max(0.0, max(written.values(), default=0.0) - clock)
     recompute = sum(p.forward_seconds for p, d in zip(profiles, decisions) if d == RECOMPUTE)
-    return Plan(tuple(decisions), keep_seconds + recompute + stall + tail, held, stall + tail, bandwidth)
+    return Plan(tuple(decisions), keep_seconds + recompute + stall + tail, round(held), stall + tail, bandwidth)
+
+
+def _timeline(profiles: list[LayerProfile]) -> tuple[list[float], list[float]]:
+    """When each layer's forward starts and ends, from the start of forward."""
+    starts, ends, t = [], [], 0.0
+    for p in profiles:
+        starts.append(t)
+        t += p.forward_seconds
+        ends.append(t)
+    return starts, ends
+
+
+def _write_end(queue: float, start: float, end: float, nbytes: int, bandwidth: float) -> float:
+    """When a layer's write ends: its bytes arrive steadily from ``start`` to ``end`` into a queue
+    busy until ``queue``; the last byte cannot leave before it arrives."""
+    return max(end, max(queue, start) + nbytes / bandwidth)
 
 
 def adaptive(profiles: list[LayerProfile], bandwidth: float, keep_seconds: float, keep_last: int = 1, **model) -> Plan:
@@ -118,10 +140,10 @@ def adaptive(profiles: list[LayerProfile], bandwidth: float, keep_seconds: float
     never) whose writes all finish by the end of forward; keep the rest."""
     _check(profiles, bandwidth, keep_last)
     best = predict(profiles, [KEEP] * len(profiles), bandwidth, keep_seconds, **model)
-    ends = [sum(p.forward_seconds for p in profiles[: i + 1]) for i in range(len(profiles))]
+    starts, ends = _timeline(profiles)
     queue = 0.0
     for k in range(1, len(profiles) - keep_last + 1):
-        queue = max(queue, ends[k - 1]) + profiles[k - 1].saved_bytes / bandwidth  # layer k-1's write ends
+        queue = _write_end(queue, starts[k - 1], ends[k - 1], profiles[k - 1].saved_bytes, bandwidth)
         if queue > ends[-1]:
             break
         best = predict(profiles, [OFFLOAD] * k + [KEEP] * (len(profiles) - k), bandwidth, keep_seconds, **model)
