@@ -34,7 +34,7 @@ import pandas as pd
 from matplotlib import ticker
 
 from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
-from analysis.style import EMULATED_RAMP, color
+from analysis.style import EMULATED_RAMP, VARIANT_STYLE, color
 from systems.ssdtrain import planning
 from workloads.llm import cost
 from workloads.llm.models import spec
@@ -51,8 +51,12 @@ reruns = reruns[~reruns.part.isin(["micro_batches", "convergence"])]  # not comp
 # Parts micro_batches (the memory spent on a larger micro-batch) and convergence (loss curves on the
 # generated corpus) have their own tables and panels.
 sweep = frame[frame.part == "micro_batches"]
-curves = frame[frame.part == "convergence"]
+curves = frame[(frame.part == "convergence") & (frame.metric == "loss")]
 frame = frame[~frame.part.isin(["micro_batches", "convergence"])]
+# Rows are told apart by model (dataset) and variant, not by part: a model in two parts would merge.
+shared_models = frame.groupby("dataset").part.nunique()
+if (shared_models > 1).any():
+    raise ValueError(f"models measured in more than one part: {sorted(shared_models[shared_models > 1].index)}")
 KEYS = ["dataset", "variant", "policy", "store", "emulated_gbps"]
 step = summarize(frame, "time", KEYS)
 rate = summarize(frame, "flop_rate", KEYS)
@@ -343,10 +347,10 @@ if not curves.empty:
         "| model | variant | first loss | mean of the last 10 | equal to keep at every step |",
         "|---|---|---|---|---|",
     ]
-    keep_curve = curves[curves.variant == "keep"].sort_values("repetition").value.to_numpy()
     for (dataset, variant), g in curves.groupby(["dataset", "variant"]):
         values = g.sort_values("repetition").value.to_numpy()
-        same = "yes" if np.array_equal(values, keep_curve) else "NO"
+        keep_curve = curves[(curves.dataset == dataset) & (curves.variant == "keep")]
+        same = "yes" if np.array_equal(values, keep_curve.sort_values("repetition").value.to_numpy()) else "NO"
         lines.append(f"| {dataset} | {label(variant)} | {values[0]:.3f} | {values[-10:].mean():.3f} | {same} |")
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
@@ -354,8 +358,9 @@ print("\n".join(lines))
 
 # %% [markdown]
 # ## Figure
-# The ROK view of each model of part `policies` (every store), one what-if panel for every model,
-# the main comparison per model (ratios to keep), and the micro-batch sweep.
+# The ROK view of each model of parts `policies` and `shapes` (every store), one what-if panel for
+# every model, the main comparison per model of parts `policies` and `models` (ratios to keep), the
+# micro-batch sweep and the convergence curves.
 
 # %%
 # The headline part's models first, then the paper's shapes by width.
@@ -472,10 +477,12 @@ ax.set(
 ax.grid(alpha=0.3, which="both")
 remember(ax)  # the models' lines join the figure's legend: no room for one inside this panel
 
-# The main comparison per model: the variants every model ran, as ratios to keep.
-shared = [v for v in ORDER if all(((step.dataset == d) & (step.variant == v)).any() for d in set(step.dataset))]
+# The main comparison per model: the variants every model of parts policies and models ran (shapes
+# runs fewer baselines and has its own panels above), as ratios to keep.
+compared = frame[frame.part.isin(["policies", "models"])]
+models = sorted(set(compared.dataset)) or sorted(set(step.dataset))
+shared = [v for v in ORDER if all(((step.dataset == d) & (step.variant == v)).any() for d in models)]
 shared = [v for v in shared if v != "keep"]
-models = sorted(set(step.dataset))
 for ax, table, what in (
     (next(cells), step, "step time"),
     (next(cells), memory, memory_metric.replace("_", " ")),
@@ -533,7 +540,7 @@ if not curves.empty:
     for i, (variant, g) in enumerate(curves.groupby("variant")):
         g = g.sort_values("repetition")
         style = styles.get(variant, dict(linewidth=1.2, linestyle=dashes[i % len(dashes)]))
-        colour = POLICY_COLORS.get(variant, color(variant))
+        colour = POLICY_COLORS.get(variant) or VARIANT_STYLE.get(variant, ("tab:gray",))[0]
         ax.plot(g.repetition + 1, g.value, color=colour, label=label(variant), **style)
     for value, text in (
         (convergence_notes.get("uniform_loss"), "uniform guessing"),
@@ -546,7 +553,8 @@ if not curves.empty:
         xlabel="optimizer step",
         ylabel="training loss, nats",
         ylim=(0, None),
-        title=f"{curves.dataset.iloc[0]} on the generated corpus:\nevery policy's loss equal to keep's at every step",
+        title=f"{curves.dataset.iloc[0]} on the generated corpus:\n"
+        + ("every policy's loss equal to keep's at every step" if curves.variant.nunique() > 1 else "keep only"),
     )
     ax.grid(alpha=0.3)
     remember(ax)

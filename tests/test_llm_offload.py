@@ -50,7 +50,7 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
     frame = load([out], SCHEMA)
     assert set(frame.dataset) == {"gpt2-tiny", "llama-tiny"}
     notes = load_provenance(out)
-    # kvikio and torchtune run only on a GPU, where they import; elsewhere the notes say why not.
+    # kvikio, torchtune and DeepSpeed run only on a GPU, where they import; elsewhere the notes say why not.
     optional = {v: v for v in ("torchtune_offload", "deepspeed_offload")} | {"offload_all_kvikio": "kvikio"}
     for variant, skip_key in optional.items():
         ran = variant in set(frame.variant)
@@ -192,7 +192,9 @@ def test_a_checkpointing_peer_recomputes_every_block_and_is_checked(tmp_path, sc
         frame = load([out], SCHEMA)
         ran = frame[frame.variant == "deepspeed_offload"]
         assert (not ran.empty) == timed
-        assert len(calls) >= (4 if function is not failing else 2)  # every block, or the first of each model
+        # Every block of both tiny models went through it (the first block of each, for the one
+        # that raises at once).
+        assert len({id(forward.__self__) for forward in calls}) == (4 if function is not failing else 2)
         if timed:
             assert (ran[ran.metric == "time"].groupby("dataset").size() == 3).all()
             continue
@@ -209,6 +211,10 @@ def test_peers_that_do_not_run_here_are_skipped_with_their_reason():
     assert set(notes["skipped"]) == set(parts.PEERS) and all(notes["skipped"].values())
     notes = {"skipped": {}}
     assert parts.peers.peers({"min_bytes": 0}, "cpu", notes, wanted=()) == [] and notes["skipped"] == {}
+    with pytest.raises(ValueError, match="exactly one"):
+        parts.peers.Peer(hooks=lambda: None, checkpoint=lambda forward, *a: forward(*a))
+    with pytest.raises(ValueError, match="exactly one"):
+        parts.peers.Peer()
 
 
 def test_models_tiny_runs_bert_and_t5_through_the_host_store(tmp_path, scratch):
@@ -250,8 +256,12 @@ def test_convergence_tiny_records_one_curve_per_policy_equal_to_keep(tmp_path, s
     out = tmp_path / "convergence-tiny.csv"
     entry(["llm_offload", "--part", "convergence", "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)])
     frame = load([out], SCHEMA)
-    assert set(frame.variant) == {"keep", "recompute", "offload_all_file"} and set(frame.metric) == {"loss"}
-    curves = {v: g.sort_values("repetition").value.to_numpy() for v, g in frame.groupby("variant")}
+    assert set(frame.variant) == {"keep", "recompute", "offload_all_file"}
+    assert set(frame.metric) == {"loss", "bytes_written", "bytes_read"}
+    moved = frame[frame.metric != "loss"]
+    assert set(moved.variant) == {"offload_all_file"} and len(moved) == 24 and (moved.value > 0).all()
+    losses = frame[frame.metric == "loss"]
+    curves = {v: g.sort_values("repetition").value.to_numpy() for v, g in losses.groupby("variant")}
     assert all(len(c) == 12 for c in curves.values())
     assert (curves["keep"] == curves["offload_all_file"]).all() and (curves["keep"] == curves["recompute"]).all()
     assert curves["keep"][-1] < curves["keep"][0]  # it trains: twelve steps already lower the loss
@@ -307,12 +317,28 @@ def test_convergence_refuses_an_unknown_variant_before_training(scratch, monkeyp
     from harness.errors import UserError
 
     monkeypatch.setattr(parts, "build", lambda *a, **k: pytest.fail("trained before refusing"))
-    for variant in ("offload_all_disk", "save_on_cpu", "offload_all_"):
+    for variant in ("offload_all_disk", "save_on_cpu", "offload_all_", "offload_all_file"):  # file: not in stores
         with pytest.raises(UserError, match=f"unknown variant '{variant}'"):
             parts.convergence(_convergence_params(variants=[variant]), None, device="cpu", scratch_dir=scratch)
 
 
-def test_shapes_runs_the_baselines_its_config_lists(tmp_path, scratch):
+def test_convergence_refuses_a_policy_that_moved_nothing(scratch):
+    """min_bytes above every saved tensor: offload_all keeps everything, its curve equals keep's,
+    and the part says the check tested nothing instead of recording it as offloading's."""
+    from harness.errors import UserError
+
+    rows = []
+
+    class Writer:
+        def add(self, **row):
+            rows.append(row)
+
+    with pytest.raises(UserError, match="offload_all_host wrote or read nothing"):
+        parts.convergence(_convergence_params(min_bytes=1 << 40), Writer(), device="cpu", scratch_dir=scratch)
+    assert not rows
+
+
+def test_shapes_runs_the_baselines_its_config_lists(tmp_path, scratch, monkeypatch):
     """Part shapes (GPU-only as configured) is the policies function with a narrower set of
     baselines: here recompute only, so save_on_cpu and the peers are not run."""
     from harness import config
@@ -329,8 +355,22 @@ def test_shapes_runs_the_baselines_its_config_lists(tmp_path, scratch):
         def add_measurement(self, m, **row):
             rows.append(row)
 
+    asked = []
+
+    def stand_in_peers(params, device, notes, wanted=parts.PEERS):  # both peers, as on a GPU
+        asked.append(set(wanted))
+        hooks = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
+        return [(name, parts.peers.Peer(hooks=hooks)) for name in parts.PEERS if name in wanted]
+
+    monkeypatch.setattr(parts.peers, "peers", stand_in_peers)
     parts.shapes(params, Writer(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
     assert {r["variant"] for r in rows} == {"keep", "recompute", "offload_all_host"}
+    assert asked == [{"keep", "recompute"}]
+    rows.clear()
+    parts.shapes(
+        params | {"baselines": ["deepspeed_offload"]}, Writer(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch
+    )
+    assert {r["variant"] for r in rows} == {"keep", "offload_all_host", "deepspeed_offload"}
 
 
 def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeypatch):

@@ -489,30 +489,31 @@ def test_gpu_losses_and_gradients_are_bit_identical(name, store, disk, determini
 @pytest.mark.gpu
 @pytest.mark.parametrize("store", ["host", "direct_file"])
 def test_gpu_a_step_on_a_side_stream_is_bit_identical(store, disk, deterministic):
-    """Forward and backward queued on a stream of the user's, not the default one: every put waits
-    for the saved tensor's producer on that stream (ready_event reads the current stream), so the
-    step matches the same training on that stream without offloading. The default stream is kept
-    busy meanwhile, so a copy ordered after it instead would run early and read unfinished data."""
+    """Forward and backward queued on a stream of the user's, not the default one: every put must
+    wait for the saved tensor's producer on that stream (ready_event reads the current stream).
+    Each block first sleeps on the current stream, so its outputs come late there while the
+    default stream stays idle: a copy ordered after the default stream instead would run at once
+    and store unfinished bytes, and the step would differ from the same training without
+    offloading. (Check that it can fail: record ready_event on torch.cuda.default_stream().)"""
     side = torch.cuda.Stream()
-    busy = torch.randn(4096, 4096, device="cuda")
+
+    def delayed(make_offloader):
+        def args(model):
+            for block in find_layers(model):
+                block.register_forward_pre_hook(lambda module, inputs: torch.cuda._sleep(2_000_000))
+            return make_offloader(model) if make_offloader else None
+
+        return args
 
     def on_side_stream(offloader_args):
-        def run(model_name):
-            with torch.cuda.stream(side):
-                got = train(model_name, offloader_args, "cuda")
-            torch.cuda.synchronize()
-            return got
+        with torch.cuda.stream(side):
+            got = train("llama", offloader_args, "cuda")
+        torch.cuda.synchronize()
+        return got
 
-        return run
-
-    def with_busy_default_stream(fn, *args):
-        for _ in range(20):
-            busy.copy_((busy @ busy).tanh())  # queued on the default stream, which the step never waits for
-        return fn(*args)
-
-    want = with_busy_default_stream(on_side_stream(None), "llama")
+    want = on_side_stream(None)
     with make_store(store, disk) as s:
-        got = with_busy_default_stream(on_side_stream(lambda m: Offloader(m, s, min_bytes=0, keep_last=0)), "llama")
+        got = on_side_stream(delayed(lambda m: Offloader(m, s, min_bytes=0, keep_last=0)))
         check_step_left_nothing(got[2])
     assert_identical(got, want)
     assert got[2].stats.total.offloaded_bytes > 0

@@ -269,7 +269,8 @@ def lower(program: Program, fuse: bool = True) -> Plan:
         op = v.op
         if op in ("input", "weight", *INDEXED, "const", "broadcast"):
             continue
-        if op in ("graph_data", "zeros_like") or (v.domain == "weight" and op not in ("typed_outer", "outer", *SCATTERS)):
+        generated_weight_op = op in ("typed_outer", "outer", *SCATTERS)  # a weight's gradient the kernels sum
+        if op in ("graph_data", "zeros_like") or (v.domain == "weight" and not generated_weight_op):
             plan.steps.append(Host(v))  # weight algebra (a sum of gradient parts, W[r] @ q, ...)
         elif op == "typed_matmul" and _narrow(v):
             # A product by per-type weights of one column (RGAT's folded attention vectors): a dot

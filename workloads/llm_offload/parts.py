@@ -378,6 +378,8 @@ def _model_spec(entry: dict) -> tuple[str, ModelSpec]:
 
 def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
     """Every policy and store on every model of the scale: checked, then timed (see the module)."""
+    if "models" not in params:
+        raise UserError("this part has no block for this scale in config/llm_offload.yaml")
     notes = {"skipped": {}, "models": {}}
     for entry in params["models"]:
         _policies_of_model(
@@ -437,7 +439,7 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     variants += _planned_variants(params, model, layers, batch, device, stores, notes["models"][dataset])
     peer_of = {name: peer for name, peer in peers.peers(params, device, notes, wanted)}
     variants += [(name, "baseline", name, None, None, None, None) for name in peer_of]
-    runs = []
+    runs, failed_peer = [], None
     try:
         for variant, role, policy_name, store_name, gbps, factory, plan in variants:
             store = factory() if factory else None
@@ -456,8 +458,14 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
                 # not timed, and not a failure of the suite.
                 runs.pop()[2].close()
                 peer_of[variant].reset()
+                failed_peer = variant
                 what = "not bit-identical to keep" if isinstance(err, NotBitIdentical) else "failed in its checked step"
                 notes["skipped"][f"{variant} ({dataset})"] = f"{what}: {peers.first_line(err)}"
+        if failed_peer is not None:
+            # A library that raised half-way may have left the model changed (DeepSpeed rebinds the
+            # data of the tensors it moves): keep must still give the reference before anything is timed.
+            with deterministic(device):
+                _check_identical(f"keep after {failed_peer} failed", reference, _one_step(model, batch, None))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         flops = training_flops(s)
         for variant, role, policy, store_name, gbps in runs:
@@ -513,6 +521,8 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     finally:
         for _, _, policy, _, _ in runs:
             policy.close()
+        for peer in peer_of.values():
+            peer.close()
 
 
 def models(params, writer, **kwargs):
@@ -532,8 +542,9 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
 
     One model; for each micro-batch, ``keep``, ``recompute`` and ``offload_all`` to each store in
     ``stores`` train ``global_batch`` sequences per optimizer step (gradient accumulation over
-    global_batch / micro_batch micro-steps). Each policy's first micro-step is checked bit-identical
-    to keep's at that micro-batch before it is timed. A micro-batch that does not fit in GPU memory
+    global_batch / micro_batch micro-steps). Each policy's first micro-step (its first
+    ``check_micro_batch`` sequences, where that is set and smaller) is checked bit-identical to
+    keep's at that micro-batch before it is timed. A micro-batch that does not fit in GPU memory
     is recorded as ``out_of_memory`` (value 1), not a failure of the part."""
     notes = {"skipped": {}, "models": {}}
     dataset, shape = _model_spec(params["model"])
@@ -636,8 +647,8 @@ def _convergence_variant(variant: str, stores: dict, notes: dict) -> tuple[str, 
     if store is not None and store in notes["skipped"]:
         return None
     raise UserError(
-        f"convergence: unknown variant {variant!r}; recompute or offload_all_<store> with a store of "
-        f"{', '.join(stores) or 'none'}"
+        f"convergence: unknown variant {variant!r}; recompute or offload_all_<store> with a store of its "
+        f"config's stores and emulated_gbps ({', '.join(stores) or 'none'})"
     )
 
 
@@ -645,11 +656,14 @@ def convergence(params, writer, *, device, scratch_dir, **_):
     """The convergence check: ``steps`` AdamW steps of one model on the generated Markov language
     (workloads.llm.data.MarkovLanguage), from the same weights and batches, with no hooks (keep)
     and under each policy of ``variants`` (``recompute``, ``offload_all_<store>``). Each policy's
-    loss at every step must equal keep's bit for bit, or the part stops (:class:`NotBitIdentical`):
-    the curves it records (metric ``loss``, ``repetition`` = the step) are then one curve, and the
-    notes give the two losses it is read against: the language's entropy rate (the floor a model
-    that learned the chain reaches) and the loss of uniform guessing. On a GPU every step runs in
-    deterministic mode (:func:`deterministic`), as the other parts' checked steps do."""
+    loss at every step and its weights after the last must equal keep's bit for bit, or the part
+    stops (:class:`NotBitIdentical`); an offloading policy must also have written and read back
+    bytes in every step, or the check would have tested nothing. The curves it records (metric
+    ``loss``, ``repetition`` = the step; ``bytes_written`` and ``bytes_read`` per step for the
+    offloading ones) are then one curve, and the notes give the two losses it is read against: the
+    language's entropy rate (the floor a model that learned the chain reaches) and the loss of
+    uniform guessing. On a GPU every step runs in deterministic mode (:func:`deterministic`), as
+    the other parts' checked steps do."""
     from workloads.llm.data import MarkovLanguage, uniform_loss
 
     dataset, s = _model_spec(params["model"])
@@ -661,12 +675,15 @@ def convergence(params, writer, *, device, scratch_dir, **_):
         "steps": params["steps"],
         "learning_rate": params["learning_rate"],
     }
-    stores = {name: factory for name, _, factory in _stores(params, device, scratch_dir, notes)}
+    stores = {
+        name: (gbps, factory) for name, gbps, factory in _stores(params, device, scratch_dir, notes, params["stores"])
+    }
     offload = {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"], "prefetch": params["prefetch"]}
     chosen = {v: _convergence_variant(v, stores, notes) for v in params["variants"]}  # refused before training
     variants = {"keep": ("keep", None)} | {v: c for v, c in chosen.items() if c is not None}
 
-    def curve(variant: str) -> torch.Tensor:
+    def train(variant: str) -> tuple[torch.Tensor, list[dict], list[torch.Tensor]]:
+        """The losses, the policy's per-step counts and the weights after the last step."""
         policy_name, store_name = variants[variant]
         built = build(s, device=device, seed=params["seed"])
         model = built.model
@@ -674,7 +691,7 @@ def convergence(params, writer, *, device, scratch_dir, **_):
         layers = [block for _, block in blocks(model)]
         policy = None
         if variant != "keep":  # keep: no hooks at all, the reference
-            store = stores[store_name]() if store_name else None
+            store = stores[store_name][1]() if store_name else None
             policy = Policy(policy_name, model, layers, device, store=store, **offload)
         optimizer = torch.optim.AdamW(model.parameters(), lr=params["learning_rate"])
         stream = batches(s, "markov", seed=params["seed"] + 1, device=device, language=language)
@@ -691,28 +708,43 @@ def convergence(params, writer, *, device, scratch_dir, **_):
         finally:
             if policy is not None:
                 policy.close()
-        return torch.stack(losses).float().cpu()
+        weights = [p.detach().clone() for p in model.parameters()]
+        return torch.stack(losses).float().cpu(), policy.history if policy else [], weights
 
-    curves = {"keep": curve("keep")}
-    if not torch.isfinite(curves["keep"]).all():
+    keep, _, keep_weights = train("keep")
+    if not torch.isfinite(keep).all():
         raise NotBitIdentical(f"{dataset}: keep's loss is not finite on the generated corpus")
+    curves, counts = {"keep": keep}, {}
     for variant in list(variants)[1:]:
-        curves[variant] = curve(variant)
-        different = (curves[variant] != curves["keep"]).nonzero()
+        curves[variant], counts[variant], weights = train(variant)
+        different = (curves[variant] != keep).nonzero()
         if len(different):
             step = int(different[0])
             raise NotBitIdentical(
-                f"{variant}: the loss at step {step} is {curves[variant][step].item()!r}, "
-                f"keep's {curves['keep'][step].item()!r}"
+                f"{variant}: the loss at step {step} is {curves[variant][step].item()!r}, keep's {keep[step].item()!r}"
+            )
+        if not all(torch.equal(a, b) for a, b in zip(weights, keep_weights, strict=True)):
+            raise NotBitIdentical(f"{variant}: the weights after the last step differ from keep's")
+        if variants[variant][1] and not all(c["bytes_written"] > 0 and c["bytes_read"] > 0 for c in counts[variant]):
+            raise UserError(
+                f"convergence: {variant} wrote or read nothing in some step (min_bytes {params['min_bytes']} "
+                "above every saved tensor, or one block kept as the last?): the check would test nothing"
             )
     config = {"device": device, "family": s.family, "preset": params["model"]["preset"], "hidden": s.hidden}
     config |= {"layers": s.layers, "sequence": s.sequence, "micro_batch": s.micro_batch, "dtype": notes["dtype"]}
     for variant, losses in curves.items():
         policy_name, store_name = variants[variant]
+        row_config = config | {"policy": policy_name, "store": store_name.split("_")[0] if store_name else None}
+        if store_name:
+            gbps = stores[store_name][0]
+            row_config |= {"store_emulated": gbps is not None, "emulated_gbps": gbps}
+            row_config |= {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"]}
         role = "optimized" if store_name else "baseline"
-        row_config = config | {"policy": policy_name, "store": store_name}
         for step, value in enumerate(losses.tolist()):
             _add(writer, dataset, role, variant, row_config, "loss", value, step)
+            if store_name:
+                for metric in ("bytes_written", "bytes_read"):
+                    _add(writer, dataset, role, variant, row_config, metric, counts[variant][step][metric], step)
     return notes
 
 

@@ -3,7 +3,7 @@
 Each peer is a :class:`Peer`: either saved-tensor hooks made afresh for every step (torchtune's
 ``OffloadActivations``: every saved tensor to pinned host memory on a side stream) or a function
 that runs a block's forward for recomputation (DeepSpeed's activation checkpointing with
-``checkpoint_in_cpu``: each block recomputed in backward, its input kept in pinned host memory
+``checkpoint_in_cpu``: each block recomputed in backward, its input held on the host
 meanwhile). A peer that does not import, or cannot run on this device, is left out with the
 reason in the notes (``notes["skipped"][variant]``), never faked.
 """
@@ -29,6 +29,11 @@ class Peer:
     hooks: Callable[[], torch.autograd.graph.saved_tensors_hooks] | None = None
     checkpoint: Callable | None = None
     reset: Callable[[], None] = lambda: None  # forget a step that failed half-way (the library's own state)
+    close: Callable[[], None] = lambda: None  # undo what setting the peer up changed in the process
+
+    def __post_init__(self):
+        if (self.hooks is None) == (self.checkpoint is None):
+            raise ValueError("a peer has saved-tensor hooks or a checkpoint function, exactly one")
 
 
 NAMES = ("torchtune_offload", "deepspeed_offload")
@@ -87,12 +92,26 @@ def _deepspeed(params, device: str, notes: dict) -> Peer | None:
             "DeepSpeed's checkpoint_in_cpu moves CUDA tensors to the host; this run trains on the CPU"
         )
         return None
-    if not torch.distributed.is_initialized():
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    made_group, environment = not torch.distributed.is_initialized(), {}
+    if made_group:
+        settings = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+        settings["MASTER_PORT"] = str(_free_port())
+        environment = {key: os.environ.get(key) for key in settings}
+        for key, value in settings.items():
             os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
     deepspeed.checkpointing.configure(None, checkpoint_in_cpu=True, partition_activations=False)
+
+    def close():
+        """The process as it was: no process group of ours, the environment restored."""
+        if made_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in environment.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
     notes.setdefault("peers", {})["deepspeed"] = deepspeed.__version__
 
     def checkpoint(forward, *args, **kwargs):
@@ -101,7 +120,7 @@ def _deepspeed(params, device: str, notes: dict) -> Peer | None:
         # host, and empty it for the blocks after (seen with 0.19.8: a wrong loss, no error).
         return deepspeed.checkpointing.checkpoint(functools.partial(forward, **kwargs), *args)
 
-    return Peer(checkpoint=checkpoint, reset=deepspeed.checkpointing.reset)
+    return Peer(checkpoint=checkpoint, reset=deepspeed.checkpointing.reset, close=close)
 
 
 def _free_port() -> int:
