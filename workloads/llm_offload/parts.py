@@ -521,8 +521,6 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     finally:
         for _, _, policy, _, _ in runs:
             policy.close()
-        for peer in peer_of.values():
-            peer.close()
 
 
 def models(params, writer, **kwargs):

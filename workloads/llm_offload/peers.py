@@ -29,7 +29,6 @@ class Peer:
     hooks: Callable[[], torch.autograd.graph.saved_tensors_hooks] | None = None
     checkpoint: Callable | None = None
     reset: Callable[[], None] = lambda: None  # forget a step that failed half-way (the library's own state)
-    close: Callable[[], None] = lambda: None  # undo what setting the peer up changed in the process
 
     def __post_init__(self):
         if (self.hooks is None) == (self.checkpoint is None):
@@ -92,26 +91,15 @@ def _deepspeed(params, device: str, notes: dict) -> Peer | None:
             "DeepSpeed's checkpoint_in_cpu moves CUDA tensors to the host; this run trains on the CPU"
         )
         return None
-    made_group, environment = not torch.distributed.is_initialized(), {}
-    if made_group:
-        settings = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-        settings["MASTER_PORT"] = str(_free_port())
-        environment = {key: os.environ.get(key) for key in settings}
-        for key, value in settings.items():
+    if not torch.distributed.is_initialized():
+        # One process group for the process (a part runs in a process of its own): left in place
+        # for the next model's DeepSpeed, and said in the notes, since torch.distributed is then on.
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+        notes["process_group"] = "a one-process gloo group made for DeepSpeed's configure, kept for the process"
     deepspeed.checkpointing.configure(None, checkpoint_in_cpu=True, partition_activations=False)
-
-    def close():
-        """The process as it was: no process group of ours, the environment restored."""
-        if made_group and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        for key, value in environment.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
     notes.setdefault("peers", {})["deepspeed"] = deepspeed.__version__
 
     def checkpoint(forward, *args, **kwargs):
@@ -120,7 +108,7 @@ def _deepspeed(params, device: str, notes: dict) -> Peer | None:
         # host, and empty it for the blocks after (seen with 0.19.8: a wrong loss, no error).
         return deepspeed.checkpointing.checkpoint(functools.partial(forward, **kwargs), *args)
 
-    return Peer(checkpoint=checkpoint, reset=deepspeed.checkpointing.reset, close=close)
+    return Peer(checkpoint=checkpoint, reset=deepspeed.checkpointing.reset)
 
 
 def _free_port() -> int:
