@@ -31,6 +31,16 @@ VARIANTS = {  # and, on a GPU, offload_all_kvikio and torchtune_offload where th
 OFFLOADING = {v for v in VARIANTS if v.startswith(("offload_all", "offload_adaptive", "planner"))}
 
 
+class Rows(list):
+    """A results writer that keeps the rows it is given, for calling a part's function directly."""
+
+    def add(self, **row):
+        self.append(row)
+
+    def add_measurement(self, measurement, **row):
+        self.append(row)
+
+
 @pytest.fixture
 def scratch():
     """A folder on the repository's disk (O_DIRECT refuses tmpfs), under the ignored .scratch/."""
@@ -302,14 +312,10 @@ def test_convergence_stops_at_the_first_step_whose_loss_differs(scratch, monkeyp
             return done
 
     monkeypatch.setattr(parts, "HostStore", Drifting)
-    rows = []
-
-    class Writer:
-        def add(self, **row):
-            rows.append(row)
+    rows = Rows()
 
     with pytest.raises(parts.NotBitIdentical, match="offload_all_host: the loss at step"):
-        parts.convergence(_convergence_params(), Writer(), device="cpu", scratch_dir=scratch)
+        parts.convergence(_convergence_params(), rows, device="cpu", scratch_dir=scratch)
     assert not rows
 
 
@@ -327,14 +333,10 @@ def test_convergence_refuses_a_policy_that_moved_nothing(scratch):
     and the part says the check tested nothing instead of recording it as offloading's."""
     from harness.errors import UserError
 
-    rows = []
-
-    class Writer:
-        def add(self, **row):
-            rows.append(row)
+    rows = Rows()
 
     with pytest.raises(UserError, match="offload_all_host wrote or read nothing"):
-        parts.convergence(_convergence_params(min_bytes=1 << 40), Writer(), device="cpu", scratch_dir=scratch)
+        parts.convergence(_convergence_params(min_bytes=1 << 40), rows, device="cpu", scratch_dir=scratch)
     assert not rows
 
 
@@ -346,14 +348,7 @@ def test_shapes_runs_the_baselines_its_config_lists(tmp_path, scratch, monkeypat
     params = config.topic_params(config.load(), "llm_offload", "tiny")["policies"]
     params = params | {"models": [{"family": "llama", "preset": "tiny"}], "stores": ["host"], "emulated_gbps": []}
     params |= {"planned_stores": [], "baselines": ["recompute"]}
-    rows = []
-
-    class Writer:
-        def add(self, **row):
-            rows.append(row)
-
-        def add_measurement(self, m, **row):
-            rows.append(row)
+    rows = Rows()
 
     asked = []
 
@@ -363,12 +358,12 @@ def test_shapes_runs_the_baselines_its_config_lists(tmp_path, scratch, monkeypat
         return [(name, parts.peers.Peer(hooks=hooks)) for name in parts.PEERS if name in wanted]
 
     monkeypatch.setattr(parts.peers, "peers", stand_in_peers)
-    parts.shapes(params, Writer(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    parts.shapes(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
     assert {r["variant"] for r in rows} == {"keep", "recompute", "offload_all_host"}
     assert asked == [{"keep", "recompute"}]
     rows.clear()
     parts.shapes(
-        params | {"baselines": ["deepspeed_offload"]}, Writer(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch
+        params | {"baselines": ["deepspeed_offload"]}, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch
     )
     assert {r["variant"] for r in rows} == {"keep", "offload_all_host", "deepspeed_offload"}
 
@@ -411,16 +406,9 @@ def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeyp
         "file_block_mib": 1,
         "check_micro_batch": 3,
     }
-    rows = []
+    rows = Rows()
 
-    class Writer:
-        def add(self, **row):
-            rows.append(row)
-
-        def add_measurement(self, m, **row):
-            rows.append(row)
-
-    notes = parts.micro_batches(params, Writer(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    notes = parts.micro_batches(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
     assert checked == [3, 3, 3, 3]  # the reference, keep, recompute, offload_all_host
     assert {len(ids) for ids in trained if ids is not None} == {4}
     assert notes["checked_micro_batch"] == {"4": 3}
