@@ -31,6 +31,18 @@ VARIANTS = {  # and, on a GPU, offload_all_kvikio and torchtune_offload where th
 OFFLOADING = {v for v in VARIANTS if v.startswith(("offload_all", "offload_adaptive", "planner"))}
 
 
+# The store settings of the tests that call a part's function directly with their own parameters.
+HOST_STORE = {
+    "stores": ["host"],
+    "emulated_gbps": [],
+    "keep_last": 1,
+    "min_bytes": 0,
+    "prefetch": 1,
+    "file_threads": 1,
+    "file_block_mib": 1,
+}
+
+
 class Rows(list):
     """A results writer that keeps the rows it is given, for calling a part's function directly."""
 
@@ -288,13 +300,7 @@ def _convergence_params(**changes):
         "steps": 3,
         "learning_rate": 0.003,
         "variants": ["offload_all_host"],
-        "stores": ["host"],
-        "emulated_gbps": [],
-        "keep_last": 1,
-        "min_bytes": 0,
-        "prefetch": 1,
-        "file_threads": 1,
-        "file_block_mib": 1,
+        **HOST_STORE,
     }
     return params | changes
 
@@ -397,13 +403,7 @@ def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeyp
         "model": {"family": "llama", "preset": "tiny"},
         "global_batch": 4,
         "micro_batches": [4],
-        "stores": ["host"],
-        "emulated_gbps": [],
-        "keep_last": 1,
-        "min_bytes": 0,
-        "prefetch": 1,
-        "file_threads": 1,
-        "file_block_mib": 1,
+        **HOST_STORE,
         "check_micro_batch": 3,
     }
     rows = Rows()
