@@ -138,6 +138,13 @@ def test_generated_kernels_compute_what_the_reference_computes(name, applied, ba
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name, applied, backward", list(cases()))
+def test_replayed_generated_kernels_compute_what_the_reference_computes(name, applied, backward):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    runs_replayed(name, applied, backward, GRAPHS["kinships"](), "cuda")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("width", [8, 132])  # float4 rows in 64- and in 128-wide tiles (132: a partial one)
 @pytest.mark.parametrize("name", BASELINES)
 def test_generated_kernels_in_every_gemm_shape(name, width):
@@ -375,6 +382,78 @@ def test_the_launches_compute_the_reference_on_a_cpu_model_of_the_kernels(
     for have, want in zip(got, expected, strict=True):
         assert have.shape == want.shape
         close(have, want)
+
+
+def fresh(tensors: dict, seed: int, misaligned: str | None = None) -> dict:
+    """New random tensors of ``tensors``' shapes, at new addresses; ``misaligned``: that one a
+    view starting 4 bytes past an allocation (no float4 moves then)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {k: torch.randn(v.shape, generator=g) for k, v in tensors.items()}
+    if misaligned is not None:
+        shape = out[misaligned].shape
+        out[misaligned] = torch.randn(shape.numel() + 1, generator=g)[1:].view(shape)
+    return out
+
+
+def replays_of(plan, graph) -> list:
+    return [r for r in lower.GraphIndex.of(graph).replays.values() if r is not None and r.plan is plan]
+
+
+def runs_replayed(name, applied, backward, graph, device, check_problems=lambda: None):
+    """Three calls of one plan on one graph: the first works the launches out and records them,
+    the second replays them on new tensors, the third is worked out again (a misaligned feature
+    row changes the tile shape). Each gives the reference's results, and no call overwrites the
+    results an earlier one returned."""
+    program, tensors = program_and_tensors(name, applied, backward, graph, width=8)
+    plan, widths = lower.lower(program), reference.bind_widths(program, graph, tensors)
+    on = RelGraph_on(graph, device) if device != "cpu" else graph
+    returned = []
+    for call, given in enumerate([tensors, fresh(tensors, 1), fresh(tensors, 2, misaligned="x")]):
+        got = codegen.run(plan, on, {k: v.to(device) for k, v in given.items()}, widths)
+        check_problems()
+        for have, want in zip(got, reference.run(program, graph, given), strict=True):
+            close(have.cpu(), want)
+        returned.append((got, [t.clone() for t in got]))
+        assert len(replays_of(plan, on)) == (1 if call < 2 else 2)  # the misaligned call: a second record
+    for got, copies in returned:
+        for have, copy in zip(got, copies, strict=True):
+            assert torch.equal(have, copy), "a later call wrote into an earlier call's result"
+
+
+@pytest.mark.parametrize("name, applied, backward", list(cases()))
+def test_a_replayed_plan_computes_the_reference_on_a_cpu_model_of_the_kernels(name, applied, backward, monkeypatch):
+    from hector_kernel_model import install
+
+    model = install(monkeypatch)
+
+    def check_problems():
+        assert not model.problems, model.problems[:3]
+
+    runs_replayed(name, applied, backward, awkward_graph(seed=3), "cpu", check_problems)
+
+
+@pytest.mark.parametrize("aliased_first", [True, False], ids=["aliased-then-distinct", "distinct-then-aliased"])
+@pytest.mark.parametrize("name", BASELINES)
+def test_one_tensor_given_for_two_names_is_never_replayed_as_two(name, aliased_first, monkeypatch):
+    """A replay tells its arguments apart by address: a call that passes one tensor for two of a
+    program's inputs that kernels read (the features and the output gradient, of one shape here)
+    is not recorded, and one recorded with distinct tensors replays right when they are one."""
+    from hector_kernel_model import install
+
+    model = install(monkeypatch)
+    graph = awkward_graph(seed=4)
+    program, tensors = program_and_tensors(name, ("reorder", "compact"), True, graph, width=8)
+    assert tensors["x"].shape == tensors["grad:0"].shape
+    aliased = fresh(tensors, 5)
+    aliased["grad:0"] = aliased["x"]
+    plan, widths = lower.lower(program), reference.bind_widths(program, graph, tensors)
+    for call, given in enumerate([aliased, fresh(tensors, 6)] if aliased_first else [fresh(tensors, 6), aliased]):
+        got = codegen.run(plan, graph, given, widths)
+        assert not model.problems, model.problems[:3]
+        for have, want in zip(got, reference.run(program, graph, given), strict=True):
+            close(have, want)
+        if call == 0:
+            assert len(replays_of(plan, graph)) == (0 if aliased_first else 1)
 
 
 def test_a_slope_of_zero_is_written_as_a_float_literal():

@@ -196,24 +196,88 @@ def run(
     plan: lower.Plan, graph, tensors: dict[str, torch.Tensor], widths: dict, tensor_cores: bool = False
 ) -> list[torch.Tensor]:
     """Run ``plan`` on the GPU with the generated kernels (float32 CUDA tensors); with
-    ``tensor_cores`` its products (not the weight gradients' outer products) in TF32."""
-    runner = _Runner(graph, widths, lower.GraphIndex.of(graph), tensor_cores)
+    ``tensor_cores`` its products (not the weight gradients' outer products) in TF32.
+
+    The first call for a graph and the given tensors' shapes works every step out (tiles, widths,
+    tile shape, grid, arguments) and records it as a :class:`_Replay`; later calls only allocate
+    each step's result, put the tensors' pointers into the recorded arguments and launch. On the
+    small graphs the working-out cost several times the kernels' own time."""
+    index = lower.GraphIndex.of(graph)
+    given = {}
     for v in plan.given:
         t = tensors[v.name]
         if t.dtype != torch.float32 or t.device != graph.src.device:
             raise ValueError(f"{v.name}: float32 on {graph.src.device} wanted, got {t.dtype} on {t.device}")
-        runner.env[id(v)] = t.contiguous()
+        given[id(v)] = t.contiguous()
+    # What the working-out reads besides the graph: shapes, widths, precision, and whether each row
+    # starts 16-byte aligned (float4 moves); results are fresh allocations, always aligned.
+    key = (id(plan), tensor_cores, frozenset(widths.items()))
+    key += tuple((tuple(t.shape), t.data_ptr() % 16 == 0) for t in given.values())
+    recorded = index.replays.get(key)
     on_device = torch.cuda.device(graph.src.device) if graph.src.is_cuda else contextlib.nullcontext()
-    # Under the profiler each step is a range named per template (hector::gemm, hector::map, ...):
-    # the host time per step shows in the profiler's tables, and the breakdown counts the bytes a
-    # step allocates for its kind (workloads/rgnn/breakdown.py). Otherwise no range: each is two
-    # dispatched operators, which add up over a plan's steps.
-    ranged = _profiling()
     with on_device, nvrtc.on_torch_stream() if graph.src.is_cuda else contextlib.nullcontext():
-        for step in plan.steps:
-            with torch.profiler.record_function(range_name(step)) if ranged else contextlib.nullcontext():
-                runner.env[id(step.out)] = runner.step(step)
-    return [runner.env[id(o)] for o in plan.program.outputs]
+        if recorded is not None and recorded.plan is plan:
+            env = recorded.run(given, index)
+        else:
+            runner = _Runner(graph, widths, index, tensor_cores)
+            runner.env.update(given)
+            ranged = _profiling()
+            for step in plan.steps:
+                with _range(step, ranged):
+                    runner.env[id(step.out)] = runner.step(step)
+            env = runner.env
+            index.replays[key] = _Replay(plan, runner.recorded, runner.unused) if runner.recorded else None
+    return [env[id(o)] for o in plan.program.outputs]
+
+
+def _range(step, ranged: bool):
+    """Under the profiler each step is a range named per template (hector::gemm, hector::map, ...):
+    the host time per step shows in the profiler's tables, and the breakdown counts the bytes a
+    step allocates for its kind (workloads/rgnn/breakdown.py). Otherwise no range: each is two
+    dispatched operators, which add up over a plan's steps."""
+    return torch.profiler.record_function(range_name(step)) if ranged else contextlib.nullcontext()
+
+
+@dataclasses.dataclass
+class _Launch:
+    """One recorded step: its result's allocation, its launch (None where there was nothing to
+    compute) with the argument list, whose tensor pointers ``slots`` name by position: the env
+    key of the value, or None for the step's own result."""
+
+    step: object
+    shape: tuple[int, ...]
+    zero: bool
+    view: tuple[int, ...] | None  # the result as the step returns it (a reshaped view), or None
+    kernel: object = None
+    grid: tuple[int, ...] = ()
+    arguments: tuple = ()
+    slots: tuple[tuple[int, int | None], ...] = ()
+
+
+@dataclasses.dataclass
+class _Replay:
+    """A plan's steps on one graph as :class:`_Runner` worked them out, to launch again."""
+
+    plan: lower.Plan  # kept: ids stay unique, and a key is checked against it
+    steps: list
+    unused: torch.Tensor  # the recorded arguments point at it
+
+    def run(self, given: dict[int, torch.Tensor], index: lower.GraphIndex) -> dict[int, torch.Tensor]:
+        env = dict(given)
+        device, ranged = self.unused.device, _profiling()
+        for r in self.steps:
+            with _range(r if isinstance(r, lower.Host) else r.step, ranged):
+                if isinstance(r, lower.Host):
+                    env[id(r.out)] = lower.host_value(r.out, [env[id(a)] for a in r.out.args], index).contiguous()
+                    continue
+                result = (torch.zeros if r.zero else torch.empty)(r.shape, device=device)
+                if r.kernel is not None:
+                    arguments = list(r.arguments)
+                    for position, value in r.slots:
+                        arguments[position] = _ptr(result if value is None else env[value])
+                    r.kernel(r.grid, (THREADS,), tuple(arguments))
+                env[id(r.step.out)] = result if r.view is None else result.view(r.view)
+        return env
 
 
 def range_name(step) -> str:
@@ -237,22 +301,71 @@ def _blocks(work: int) -> int:
 
 
 class _Runner:
-    """One plan's run: its values by id, the graph's index arrays, and a launch per step."""
+    """One plan's run: its values by id, the graph's index arrays, and a launch per step, each
+    also recorded (:class:`_Launch`) for :class:`_Replay`."""
 
     def __init__(self, graph, widths: dict, index: lower.GraphIndex, tensor_cores: bool = False):
         self.graph, self.widths, self.index, self.tensor_cores = graph, widths, index, tensor_cores
         self.env: dict[int, torch.Tensor] = {}
         self.device = graph.src.device
         self.unused = torch.zeros(1, dtype=torch.int64, device=self.device)  # an unused pointer argument
+        self.recorded: list | None = []  # None once a step could not be recorded: no replay then
+
+    def alloc(self, *shape: int, zero: bool = False) -> torch.Tensor:
+        """A step's result (each step allocates exactly one)."""
+        result = (torch.zeros if zero else torch.empty)(shape, device=self.device)
+        self.allocated.append((shape, zero, result))
+        return result
 
     def step(self, step) -> torch.Tensor:
         if isinstance(step, lower.Host):
+            if self.recorded is not None:
+                self.recorded.append(step)
             return lower.host_value(step.out, [self.env[id(a)] for a in step.out.args], self.index).contiguous()
+        self.allocated, launched = [], []
 
         def launch(grid, args, shape: GemmShape = GemmShape()):
-            kernel_of(step, shape)(grid, (THREADS,), args)  # on the stream run() entered
+            kernel = kernel_of(step, shape)
+            kernel(grid, (THREADS,), args)  # on the stream run() entered
+            launched.append((kernel, grid, args))
 
-        return getattr(self, type(step).__name__.lower())(step, launch)
+        out = getattr(self, type(step).__name__.lower())(step, launch)
+        if self.recorded is not None:
+            recorded = self.record(step, out, launched)
+            if recorded is None:
+                self.recorded = None
+            else:
+                self.recorded.append(recorded)
+        return out
+
+    def record(self, step, out: torch.Tensor, launched: list) -> _Launch | None:
+        """The step as :class:`_Replay` launches it again, or None where its arguments cannot be
+        told apart by pointer (two live values at one address: a caller's aliased tensors)."""
+        if len(self.allocated) != 1 or len(launched) > 1:
+            return None
+        shape, zero, result = self.allocated[0]
+        if out.data_ptr() != result.data_ptr() or not out.is_contiguous():
+            return None
+        view = None if out is result else tuple(out.shape)
+        found = _Launch(step, shape, zero, view)
+        if not launched:
+            return found
+        found.kernel, found.grid, found.arguments = launched[0]
+        owners: dict[int, list] = {}
+        for key, value in self.env.items():
+            if value.numel():
+                owners.setdefault(value.data_ptr(), []).append(key)
+        if result.numel():
+            owners.setdefault(result.data_ptr(), []).append(None)
+        slots = []
+        for position, argument in enumerate(found.arguments):
+            if isinstance(argument, np.uint64) and int(argument) in owners:  # pointers only: other types are sizes
+                keys = owners[int(argument)]
+                if len(keys) > 1:
+                    return None
+                slots.append((position, keys[0]))
+        found.slots = tuple(slots)
+        return found
 
     def operand(self, o: lower.Operand) -> tuple:
         """A traversal operand's (pointer, index pointer, scalar, width) arguments."""
@@ -270,7 +383,7 @@ class _Runner:
     def gemm(self, step: lower.Gemm, launch) -> torch.Tensor:
         a, b = self.env[id(step.a.value)], self.env[id(step.b)]
         n = b.shape[-2] if step.transpose else b.shape[-1]
-        result = torch.empty(self.index.rows(step.out.domain), n, device=self.device)
+        result = self.alloc(self.index.rows(step.out.domain), n)
         shape = gemm_shape(a.shape[1], n, a, b, result, tensor_cores=self.tensor_cores)
         types, begins, ends = self.index.tiles(step.order, shape.rows)
         if len(types) and n:
@@ -283,7 +396,7 @@ class _Runner:
     def outer(self, step: lower.Outer, launch) -> torch.Tensor:
         a, g = self.env[id(step.a.value)], self.env[id(step.g.value)]
         count = self.index.types(step.order.split(":")[1]) if step.order.startswith("order") else 1
-        result = torch.zeros(count, a.shape[1], g.shape[1], device=self.device)
+        result = self.alloc(count, a.shape[1], g.shape[1], zero=True)
         types, begins, ends = self.index.tiles(step.order, lower.OUTER_ROWS)
         if len(types) and a.shape[1] and g.shape[1]:
             rows_a = self.index[self.index.positions(step.a, step.order)]
@@ -298,7 +411,7 @@ class _Runner:
         rows = self.index.rows(step.out.domain)
         a, b = self.operand(step.a), self.operand(step.b)
         width = int(a[3] if step.expression in lower.UNARY else max(a[3], b[3]))
-        result = torch.empty(rows, width, device=self.device)
+        result = self.alloc(rows, width)
         if result.numel():
             launch((_blocks(result.numel()),), (*a, *b, _ptr(result), np.int64(rows), np.int32(width)))
         return result
@@ -308,7 +421,7 @@ class _Runner:
         a, b = self.operand(step.a), self.operand(step.b)
         if step.a.kind != "scalar" and step.b.kind != "scalar" and a[3] != b[3]:
             raise AssertionError(f"rows_dot of widths {a[3]} and {b[3]}: the language makes them equal")
-        result = torch.empty(rows, 1, device=self.device)
+        result = self.alloc(rows, 1)
         if rows:
             launch((_blocks(rows * 32),), (*a[:3], *b[:3], _ptr(result), np.int64(rows), np.int32(max(a[3], b[3]))))
         return result
@@ -320,7 +433,7 @@ class _Runner:
         if step.index:
             return self.sum_into_targets(step, width, operands, launch)
         rows = self.index.rows(step.out.domain)
-        result = torch.empty(rows, width, device=self.device)
+        result = self.alloc(rows, width)
         if rows and width:
             launch((_blocks(rows * width),), (*operands, _ptr(result), np.int64(rows), np.int32(width)))
         return result
@@ -337,7 +450,7 @@ class _Runner:
     def sum_into_targets(self, step, width: int, operands: list, launch) -> torch.Tensor:
         """A step's rows summed into ``step.count``'s rows by ``step.index``: the kernel reads
         ``operands``, then the rows' destination-parallel chunks (kernels/traversal.cu)."""
-        result = torch.zeros(self.index.rows(step.count), width, device=self.device)
+        result = self.alloc(self.index.rows(step.count), width, zero=True)
         order, targets, begins, ends = self.index.chunks(step.index, step.count)
         if len(targets) and width:
             chunks = (_ptr(order), _ptr(targets), _ptr(begins), _ptr(ends), _ptr(result))
@@ -346,7 +459,7 @@ class _Runner:
 
     def softmax(self, step: lower.Softmax, launch) -> torch.Tensor:
         scores = self.env[id(step.scores)]
-        result = torch.empty_like(scores)
+        result = self.alloc(*scores.shape)
         nodes = self.graph.num_nodes
         if nodes:
             pointers = (scores, self.index["by_dst"], self.index["dst_begin"], result)

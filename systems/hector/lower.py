@@ -433,6 +433,7 @@ class GraphIndex:
         self._graph = weakref.ref(graph)  # not a strong reference: the cache must not keep graphs alive
         self._cache: dict[str, torch.Tensor] = {}
         self._pairs = None
+        self.replays: dict[tuple, object] = {}  # codegen's recorded launches on this graph, by plan and shapes
 
     @property
     def graph(self) -> RelGraph:
