@@ -384,14 +384,14 @@ def test_the_launches_compute_the_reference_on_a_cpu_model_of_the_kernels(
         close(have, want)
 
 
-def fresh(tensors: dict, seed: int, misaligned: str | None = None) -> dict:
-    """New random tensors of ``tensors``' shapes, at new addresses; ``misaligned``: that one a
-    view starting 4 bytes past an allocation (no float4 moves then)."""
+def fresh(tensors: dict, seed: int, misaligned: str | None = None, device: str = "cpu") -> dict:
+    """New random tensors of ``tensors``' shapes on ``device``, at new addresses; ``misaligned``:
+    that one a view starting 4 bytes past an allocation (no float4 moves then)."""
     g = torch.Generator().manual_seed(seed)
-    out = {k: torch.randn(v.shape, generator=g) for k, v in tensors.items()}
-    if misaligned is not None:
+    out = {k: torch.randn(v.shape, generator=g).to(device) for k, v in tensors.items()}
+    if misaligned is not None:  # made where it is used: a copy to another device would be aligned
         shape = out[misaligned].shape
-        out[misaligned] = torch.randn(shape.numel() + 1, generator=g)[1:].view(shape)
+        out[misaligned] = torch.randn(shape.numel() + 1, generator=g).to(device)[1:].view(shape)
     return out
 
 
@@ -408,10 +408,13 @@ def runs_replayed(name, applied, backward, graph, device, check_problems=lambda:
     plan, widths = lower.lower(program), reference.bind_widths(program, graph, tensors)
     on = RelGraph_on(graph, device) if device != "cpu" else graph
     returned = []
-    for call, given in enumerate([tensors, fresh(tensors, 1), fresh(tensors, 2, misaligned="x")]):
-        got = codegen.run(plan, on, {k: v.to(device) for k, v in given.items()}, widths)
+    calls = [fresh(tensors, 0, device=device), fresh(tensors, 1, device=device)]
+    calls.append(fresh(tensors, 2, misaligned="x", device=device))
+    for call, given in enumerate(calls):
+        assert (given["x"].data_ptr() % 16 == 0) == (call < 2)
+        got = codegen.run(plan, on, given, widths)
         check_problems()
-        for have, want in zip(got, reference.run(program, graph, given), strict=True):
+        for have, want in zip(got, reference.run(program, graph, {k: v.cpu() for k, v in given.items()}), strict=True):
             close(have.cpu(), want)
         returned.append((got, [t.clone() for t in got]))
         assert len(replays_of(plan, on)) == (1 if call < 2 else 2)  # the misaligned call: a second record
