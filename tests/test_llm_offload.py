@@ -155,13 +155,8 @@ def test_a_micro_batch_that_does_not_divide_the_global_batch_is_refused(scratch)
         "model": {"family": "llama", "preset": "tiny"},
         "global_batch": 4,
         "micro_batches": [3],
+        **HOST_STORE,
         "stores": [],
-        "emulated_gbps": [],
-        "keep_last": 1,
-        "min_bytes": 0,
-        "prefetch": 1,
-        "file_threads": 1,
-        "file_block_mib": 1,
     }
     with pytest.raises(UserError, match="micro-batch 3 does not divide the global batch 4"):
         parts.micro_batches(params, None, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
