@@ -226,6 +226,8 @@ def run(
                 with _range(step, ranged):
                     runner.env[id(step.out)] = runner.step(step)
             env = runner.env
+            # None (a step could not be recorded: aliased inputs) is tried again next call, so a
+            # later call on distinct tensors of the same shapes still gets a record.
             index.replays[key] = _Replay(plan, runner.recorded, runner.unused) if runner.recorded else None
     return [env[id(o)] for o in plan.program.outputs]
 
