@@ -253,7 +253,9 @@ if not gemm_frame.empty:
         "",
         "## Hector's GEMM template against stock torch on equal segment shapes",
         "",
-        "float32: TF32 off everywhere. tf32: torch's TF32 on, the template's tensor-core variant.",
+        "float32: TF32 off everywhere. tf32: torch's TF32 on, the template's TF32 variant. bfloat16: bf16 "
+        "inputs and results everywhere (the template accumulates in fp32 on its TF32 tensor-core path). "
+        "Each call is timed on prepared inputs: the template's tile list and grouped_mm's offsets made once.",
         "",
         "| case | precision | segments | rows | in x out | variant | time ms | TFLOP/s | template speedup |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -20,7 +20,8 @@ import torch
 from systems import nvrtc
 from systems.hector import codegen, lower
 
-# Each entry point's parameters: f* float*, l* long long*, i* int*, int, ll (long long), float.
+# Each entry point's parameters: f* float*, l* long long*, i* int*, int, ll (long long), float;
+# an instance with BF16 takes bfloat16s (b*) where the template says element*.
 SIGNATURES = {
     "segment_gemm": "f* l* f* f* l* i* l* l* int int",
     "segment_outer": "f* l* f* l* f* i* l* l* int int",
@@ -31,7 +32,7 @@ SIGNATURES = {
     "edge_softmax": "f* l* l* f* ll",
 }
 SCALARS = {"int": np.int32, "ll": np.int64, "float": np.float32}
-POINTEES = {"f*": torch.float32, "l*": torch.int64, "i*": torch.int32}
+POINTEES = {"f*": torch.float32, "l*": torch.int64, "i*": torch.int32, "b*": torch.bfloat16}
 
 
 class KernelModel:
@@ -81,6 +82,8 @@ class KernelModel:
             signature = ("f* l* float int " * defined["FUSED_CHAIN"].count("#") + tail).split()
         else:
             signature = SIGNATURES[base].split()
+        if int(defined.get("BF16", 0)):  # A, B and C (the first, third and fourth) are element*
+            signature = [("b*" if k in (0, 2, 3) else kind) for k, kind in enumerate(signature)]
         if len(args) != len(signature):
             self.problems.append(f"{name}: {len(args)} arguments for {len(signature)} parameters")
             return
@@ -187,9 +190,9 @@ class KernelModel:
                 out[edges] = torch.softmax(self.read(scores, edges, name), 0)
 
     def segment_gemm(self, name, text, defined, kinds, grid, args):
-        a, a_rows, b, c, c_rows, types, begins, ends = (
-            self.flat(args[k], kind, name) for k, kind in enumerate("f* l* f* f* l* i* l* l*".split())
-        )
+        element = "b*" if int(defined.get("BF16", 0)) else "f*"
+        pointees = [element, "l*", element, element, "l*", "i*", "l*", "l*"]
+        a, a_rows, b, c, c_rows, types, begins, ends = (self.flat(args[k], p, name) for k, p in enumerate(pointees))
         k_dim, n_dim = int(args[8]), int(args[9])
         gather, scatter, transpose, accumulate = (
             int(defined.get(key, 0)) for key in ("GATHER_A", "SCATTER_C", "TRANSPOSE_B", "ACCUMULATE")
@@ -209,9 +212,11 @@ class KernelModel:
             right = self.read(
                 b, (t * k_dim * n_dim + (nn * k_dim + kk if transpose else kk * n_dim + nn)).reshape(-1), name
             )
-            if int(defined.get("TENSOR_CORES", 0)):  # both inputs rounded to TF32, as cvt.rna.tf32 does
+            if element == "b*":  # widened exactly; products in float32, rounded to bf16 as they are written
+                left, right = left.float(), right.float()
+            elif int(defined.get("TENSOR_CORES", 0)):  # both inputs rounded to TF32, as cvt.rna.tf32 does
                 left, right = to_tf32(left), to_tf32(right)
-            product = left.reshape(-1, k_dim) @ right.reshape(k_dim, n_dim)
+            product = (left.reshape(-1, k_dim) @ right.reshape(k_dim, n_dim)).to(c.dtype)
             rows = self.read(c_rows, positions, name + " c_rows") if scatter else positions
             target = (rows[:, None] * n_dim + torch.arange(n_dim)).reshape(-1)
             if target.numel() and int(target.max()) >= c.numel():

@@ -22,6 +22,14 @@ def close(have, want):
     torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5 * max(1.0, largest))
 
 
+def close_bf16(have, want):
+    """A bf16 result against the float32 products of the same bf16 inputs: each entry rounded once
+    (half a bf16 step, 2**-9 relative; a float32 sum in another order may round to the next one)."""
+    assert have.dtype == torch.bfloat16, have.dtype
+    largest = float(want.abs().max()) if want.numel() else 0.0
+    torch.testing.assert_close(have.float(), want, rtol=2**-8, atol=1e-5 * max(1.0, largest))
+
+
 def cases():
     for name in [*BASELINES, "relational_gatv2"]:
         for applied in PASS_SETS:
@@ -93,7 +101,8 @@ def all_instances() -> dict[str, str]:
     for name, applied, backward in cases():
         program, _ = program_and_tensors(name, applied, backward, awkward_graph())
         found |= codegen.sources(program)
-    return found | dict(codegen.segment_gemm_source(shape) for shape in codegen.GEMM_SHAPES)
+    shapes = codegen.GEMM_SHAPES + codegen.BF16_SHAPES
+    return found | dict(codegen.segment_gemm_source(shape) for shape in shapes)
 
 
 def test_every_generated_kernel_compiles_for_sm90(tmp_path):
@@ -248,9 +257,9 @@ def test_the_tile_schedule_covers_each_segment_once_in_tiles_of_one_type():
     assert [len(x) for x in lower.tile_schedule(torch.tensor([0, 0, 0]), 0, 64)] == [0, 0, 0]
 
 
-@pytest.mark.parametrize("tensor_cores", [False, True], ids=["fp32", "tf32"])
-@pytest.mark.parametrize("in_dim, out_dim", [(37, 70), (64, 132)])  # scalar 64-wide tiles; float4 128-wide
-def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_dim, out_dim, tensor_cores):
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("in_dim, out_dim", [(37, 70), (64, 132)])  # scalar 64-wide tiles; quads 128-wide
+def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_dim, out_dim, precision):
     from hector_kernel_model import install
 
     from workloads.rgnn.ops import segment_products
@@ -260,22 +269,70 @@ def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_d
     sizes = [0, 5, 64, 0, 200, 129]
     rows = torch.randn(sum(sizes), in_dim, generator=g)
     weight = torch.randn(len(sizes), in_dim, out_dim, generator=g)
+    if precision == "bf16":
+        rows, weight = rows.bfloat16(), weight.bfloat16()
     offsets = torch.tensor([0, *sizes]).cumsum(0)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the model runs on the CPU
-    out = codegen.segment_gemm(rows, weight, offsets, tensor_cores)
+    out = codegen.segment_gemm(rows, weight, offsets, precision != "fp32")
     monkeypatch.undo()
     assert not model.problems, model.problems[:3]
-    if tensor_cores:  # the products of TF32-rounded inputs, and so not those of the float32 ones
+    if precision == "tf32":  # the products of TF32-rounded inputs, and so not those of the float32 ones
         from hector_kernel_model import to_tf32
 
         close(out, segment_products(to_tf32(rows), to_tf32(weight), offsets))
         assert (out - segment_products(rows, weight, offsets)).abs().max() > 1e-4
+    elif precision == "bf16":
+        close_bf16(out, segment_products(rows.float(), weight.float(), offsets))
     else:
         close(out, segment_products(rows, weight, offsets))
     with pytest.raises(ValueError, match="offsets must rise from 0 to the number of rows"):
         install(monkeypatch)
         monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-        codegen.segment_gemm(rows, weight, offsets - 1)
+        codegen.segment_gemm(rows, weight, offsets - 1, precision != "fp32")
+
+
+def test_the_gemm_template_alone_refuses_what_it_cannot_compute(monkeypatch):
+    from hector_kernel_model import install
+
+    install(monkeypatch)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the model runs on the CPU
+    rows, weight, offsets = torch.randn(7, 4), torch.randn(2, 4, 3), torch.tensor([0, 3, 7])
+    with pytest.raises(ValueError, match="float32 or bfloat16 CUDA tensors, got torch.bfloat16 and torch.float32"):
+        codegen.segment_gemm(rows.bfloat16(), weight, offsets, True)
+    with pytest.raises(ValueError, match="float32 or bfloat16 CUDA tensors, got torch.float64"):
+        codegen.segment_gemm(rows.double(), weight.double(), offsets)
+    with pytest.raises(ValueError, match="the bf16 variant multiplies on tensor cores: pass tensor_cores=True"):
+        codegen.segment_gemm(rows.bfloat16(), weight.bfloat16(), offsets)
+    with pytest.raises(ValueError, match="offsets must be a 1-d integer tensor"):
+        codegen.segment_gemm(rows, weight, offsets.double())
+    with pytest.raises(ValueError, match="do not fit"):
+        codegen.segment_gemm(rows, weight, torch.tensor([0, 7]))
+    with pytest.raises(ValueError, match="the segments cover 7 rows, not 6"):
+        codegen.segment_gemm(rows[:6], weight, codegen.Segments.of(offsets, 7, "cpu"))
+
+
+def test_the_gemm_template_alone_reuses_its_segments_and_takes_both_index_dtypes(monkeypatch):
+    """Segments made once serve calls on other rows of the same layout (what the benchmark
+    times), and int32 offsets give what int64 ones give."""
+    from hector_kernel_model import install
+
+    from workloads.rgnn.ops import segment_products
+
+    g = torch.Generator().manual_seed(5)
+    sizes = [70, 0, 3]
+    offsets = torch.tensor([0, *sizes]).cumsum(0)
+    weight = torch.randn(len(sizes), 8, 12, generator=g)
+    model = install(monkeypatch)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the model runs on the CPU
+    layout = codegen.Segments.of(offsets.int(), sum(sizes), "cpu")
+    assert layout.offsets.dtype == torch.int64 and all(t[1].dtype == torch.int64 for t in layout.tiles.values())
+    inputs = [torch.randn(sum(sizes), 8, generator=g) for _ in range(2)]
+    outs = [codegen.segment_gemm(rows, weight, layout) for rows in inputs]
+    outs.append(codegen.segment_gemm(inputs[0], weight, offsets.int()))
+    monkeypatch.undo()
+    assert not model.problems, model.problems[:3]
+    for rows, out in zip([*inputs, inputs[0]], outs, strict=True):
+        close(out, segment_products(rows, weight, offsets))
 
 
 def test_the_gemm_template_alone_takes_views_and_empty_inputs(monkeypatch):
@@ -338,30 +395,34 @@ def test_the_gemm_template_alone_matches_per_segment_products():
     g = torch.Generator().manual_seed(3)
     sizes = [0, 5, 64, 0, 1000, 129]
     offsets = torch.tensor([0, *sizes]).cumsum(0).cuda()
-    for in_dim, out_dim in [(37, 70), (64, 64), (256, 132), (20, 256)]:  # every shape, scalar and float4
-        for tensor_cores in (False, True):
-            check_alone(g, sizes, offsets, in_dim, out_dim, tensor_cores)
+    for in_dim, out_dim in [(37, 70), (64, 64), (256, 132), (20, 256)]:  # every shape, scalar and quads
+        for precision in ("fp32", "tf32", "bf16"):
+            check_alone(g, sizes, offsets, in_dim, out_dim, precision)
 
 
-def check_alone(g, sizes, offsets, in_dim, out_dim, tensor_cores):
-    """The template alone against per-segment products (of TF32-rounded inputs for tensor cores)."""
+def check_alone(g, sizes, offsets, in_dim, out_dim, precision):
+    """The template alone against per-segment products (of TF32-rounded inputs for TF32; for
+    bf16, the float32 products of the bf16 inputs)."""
     from hector_kernel_model import to_tf32
 
     from workloads.rgnn.ops import segment_products
 
     def expect(rows, weight):
-        if tensor_cores:
+        if precision == "tf32":
             rows, weight = to_tf32(rows), to_tf32(weight)
-        return segment_products(rows, weight, offsets).cpu()
+        return segment_products(rows.float(), weight.float(), offsets).cpu()
 
     # TF32's products are exact in float32; only the order of the sums differs from the reference.
-    rows = torch.randn(sum(sizes), in_dim, generator=g).cuda()
-    weight = torch.randn(len(sizes), in_dim, out_dim, generator=g).cuda()
+    compare = close_bf16 if precision == "bf16" else close
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    rows = torch.randn(sum(sizes), in_dim, generator=g).to("cuda", dtype)
+    weight = torch.randn(len(sizes), in_dim, out_dim, generator=g).to("cuda", dtype)
     torch.full((sum(sizes) * out_dim,), float("nan"), device="cuda")  # freed: the output's block is NaN
-    close(codegen.segment_gemm(rows, weight, offsets, tensor_cores).cpu(), expect(rows, weight))
+    compare(codegen.segment_gemm(rows, weight, offsets, precision != "fp32").cpu(), expect(rows, weight))
     # A row view that is not 16-byte aligned falls back to scalar loads, and is still right.
-    shifted = torch.randn(sum(sizes) * in_dim + 1, generator=g).cuda()[1:].view(sum(sizes), in_dim)
-    close(codegen.segment_gemm(shifted, weight, offsets, tensor_cores).cpu(), expect(shifted, weight))
+    shifted = torch.randn(sum(sizes) * in_dim + 1, generator=g).to("cuda", dtype)[1:].view(sum(sizes), in_dim)
+    assert shifted.data_ptr() % 16
+    compare(codegen.segment_gemm(shifted, weight, offsets, precision != "fp32").cpu(), expect(shifted, weight))
 
 
 @pytest.mark.parametrize("graph_name", GRAPHS)

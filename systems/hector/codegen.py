@@ -32,35 +32,44 @@ THREADS = 256
 
 @dataclasses.dataclass(frozen=True)
 class GemmShape:
-    """A GEMM instance's tile (rows x columns, each 64 or 128), whether it moves float4s, and
-    whether it multiplies on tensor cores (the labelled TF32 variant: inputs rounded to TF32,
-    fp32 accumulate)."""
+    """A GEMM instance's tile (rows x columns, each 64 or 128), whether it moves quads (four
+    entries) in one load, whether it multiplies on tensor cores (the labelled TF32 variant: inputs
+    rounded to TF32, fp32 accumulate), and whether its rows and weights are bf16 (the template
+    alone, on tensor cores: bf16 in, fp32 accumulate, bf16 out)."""
 
     rows: int = 64
     columns: int = 64
     vec4: bool = False
     tensor_cores: bool = False
+    bf16: bool = False
+
+    def __post_init__(self):
+        if self.bf16 and not self.tensor_cores:
+            raise ValueError("the bf16 variant multiplies on tensor cores")
 
     def defines(self) -> dict:
         shape = {"TILE_M": self.rows, "TILE_N": self.columns, "VEC4": int(self.vec4)}
-        return shape | ({"TENSOR_CORES": 1} if self.tensor_cores else {})
+        return shape | ({"TENSOR_CORES": 1} if self.tensor_cores else {}) | ({"BF16": 1} if self.bf16 else {})
 
 
-# What gemm_shape picks from (CI compiles each).
+# What gemm_shape picks from (CI compiles each; the bf16 ones through segment_gemm_source).
 GEMM_SHAPES = [GemmShape(m, m, v, tc) for m in (64, 128) for v in (False, True) for tc in (False, True)]
+BF16_SHAPES = [GemmShape(m, m, v, True, True) for m in (64, 128) for v in (False, True)]
 OUTER_SHAPES = [GemmShape(vec4=v) for v in (False, True)]  # the weight gradients': 64 x 64, fp32
 
 
-def gemm_shape(k: int, n: int, *tensors: torch.Tensor, tensor_cores: bool = False) -> GemmShape:
+def gemm_shape(k: int, n: int, *tensors: torch.Tensor, tensor_cores: bool = False, bf16: bool = False) -> GemmShape:
     """The tile for a product with k inputs and n outputs per row: 128 x 128 where n passes 64
-    (twice the work per shared-memory read), else 64 x 64 (less padding in short segments); float4
-    loads and stores where every row starts 16-byte aligned."""
+    (twice the work per shared-memory read), else 64 x 64 (less padding in short segments); quads
+    moved in one load where every row starts aligned to one."""
     size = 128 if n > 64 else 64
-    return GemmShape(size, size, quads_fit(k, n, *tensors), tensor_cores)
+    return GemmShape(size, size, quads_fit(k, n, *tensors), tensor_cores, bf16)
 
 
 def quads_fit(k: int, n: int, *tensors: torch.Tensor) -> bool:
-    """Whether rows of k and of n entries can move as float4s: whole quads, each row 16-byte aligned."""
+    """Whether rows of k and of n entries can move as quads (a float4, or four bf16s in 8 bytes):
+    whole quads, and every row aligned to a quad (the tensors 16-byte aligned, so rows of a
+    multiple of 4 entries are)."""
     return k % 4 == 0 and n % 4 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
@@ -469,30 +478,58 @@ class _Runner:
         return result
 
 
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """Rows in type order (type t at ``offsets[t]:offsets[t + 1]``), checked and cut into tiles of
+    64 and of 128 rows once, as the model path does once per graph (lower.GraphIndex): a call of
+    :func:`segment_gemm` on them then only allocates its result and launches one kernel."""
+
+    offsets: torch.Tensor
+    rows: int
+    tiles: dict  # rows per tile -> lower.tile_schedule
+    unused: torch.Tensor  # the index-list arguments: rows are read and written in place
+
+    @classmethod
+    def of(cls, offsets: torch.Tensor, rows: int, device) -> Segments:
+        offsets = torch.as_tensor(offsets).to(device)  # the tile list is built where the rows live
+        if offsets.dim() != 1 or not offsets.numel() or offsets.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"offsets must be a 1-d integer tensor of types + 1 entries, got {tuple(offsets.shape)}")
+        offsets = offsets.long()
+        if bool((offsets[0] != 0) | (offsets[-1] != rows) | (offsets.diff() < 0).any()):  # one sync
+            raise ValueError("offsets must rise from 0 to the number of rows")
+        tiles = {m: lower.tile_schedule(offsets, rows, m) for m in (64, 128)}
+        return cls(offsets, rows, tiles, torch.zeros(1, dtype=torch.int64, device=device))
+
+
 def segment_gemm(
-    rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, tensor_cores: bool = False
+    rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor | Segments, tensor_cores: bool = False
 ) -> torch.Tensor:
     """The GEMM template alone: ``rows[offsets[t]:offsets[t+1]] @ weight[t]`` for every type t, rows
-    already in type order (what ``grouped_mm`` computes), float32 CUDA tensors; ``tensor_cores``:
-    the TF32 variant. For the template's benchmark against stock torch on equal segment shapes."""
-    offsets = offsets.to(rows.device)  # the tile list is built where offsets live: with the rows
-    if rows.dtype != torch.float32 or weight.dtype != torch.float32 or not rows.is_cuda:
-        raise ValueError("segment_gemm takes float32 CUDA tensors")
-    if weight.dim() != 3 or weight.shape[1] != rows.shape[1] or offsets.shape != (weight.shape[0] + 1,):
+    already in type order (what ``grouped_mm`` computes), on CUDA tensors, given ``offsets`` or
+    their :class:`Segments`. float32 rows and weights: exact float32, or with ``tensor_cores``
+    the TF32 variant. bfloat16 ones (``tensor_cores`` required): the bf16 variant, a bf16 result.
+    For the template's benchmark against stock torch on equal segment shapes."""
+    if rows.dtype != weight.dtype or rows.dtype not in (torch.float32, torch.bfloat16) or not rows.is_cuda:
+        raise ValueError(f"segment_gemm takes float32 or bfloat16 CUDA tensors, got {rows.dtype} and {weight.dtype}")
+    bf16 = rows.dtype == torch.bfloat16
+    if bf16 and not tensor_cores:
+        raise ValueError("the bf16 variant multiplies on tensor cores: pass tensor_cores=True")
+    layout = offsets if isinstance(offsets, Segments) else Segments.of(offsets, rows.shape[0], rows.device)
+    if weight.dim() != 3 or weight.shape[1] != rows.shape[1] or layout.offsets.shape != (weight.shape[0] + 1,):
         raise ValueError(
-            f"rows {tuple(rows.shape)}, weight {tuple(weight.shape)} and offsets {tuple(offsets.shape)} do not fit"
+            f"rows {tuple(rows.shape)}, weight {tuple(weight.shape)} and offsets {tuple(layout.offsets.shape)} "
+            "do not fit"
         )
-    if bool((offsets[0] != 0) | (offsets[-1] != rows.shape[0]) | (offsets.diff() < 0).any()):  # one sync
-        raise ValueError("offsets must rise from 0 to the number of rows")
+    if layout.rows != rows.shape[0]:
+        raise ValueError(f"the segments cover {layout.rows} rows, not {rows.shape[0]}")
     rows, weight = rows.contiguous(), weight.contiguous()
     n = weight.shape[2]
-    out = torch.empty(rows.shape[0], n, device=rows.device)
-    shape = gemm_shape(rows.shape[1], n, rows, weight, out, tensor_cores=tensor_cores)
-    schedule = lower.tile_schedule(offsets, rows.shape[0], shape.rows)
-    unused = torch.zeros(1, dtype=torch.int64, device=rows.device)  # no index lists: rows in place, as grouped_mm's
+    out = torch.empty(rows.shape[0], n, device=rows.device, dtype=rows.dtype)
+    shape = gemm_shape(rows.shape[1], n, rows, weight, out, tensor_cores=tensor_cores, bf16=bf16)
+    schedule = layout.tiles[shape.rows]
     name, text = segment_gemm_source(shape)
     if len(schedule[0]) and n:
-        pointers = (rows, unused, weight, out, unused, *schedule)
+        pointers = (rows, layout.unused, weight, out, layout.unused, *schedule)
         grid = (len(schedule[0]), math.ceil(n / shape.columns))
         args = (*map(_ptr, pointers), np.int32(rows.shape[1]), np.int32(n))
         nvrtc.launch(_module(text), name, grid, (THREADS,), args)

@@ -3,18 +3,23 @@ against stock torch on equal segment shapes, as issue 14 asks: one product per r
 a dataset-shaped graph (rows already in relation order, as ``grouped_mm`` takes them), and one
 large segment, where cuBLAS (a plain ``torch.mm``) is the yardstick.
 
-Each case's inputs are seeded; every variant's result is compared with the loop of per-segment
-products (``segment_mm``) before any is timed. Two precisions, each a ``dtype`` of the rows:
-``float32`` with TF32 off, and ``tf32`` with torch's TF32 on and the template's tensor-core
-variant (inputs rounded to TF32, fp32 accumulate), checked at TF32's tolerance. The bf16 variant
-is not built: recorded as skipped with that reason. Rows: ``model`` = ``gemm``, ``mode`` =
-``inference``, ``edges`` = the rows multiplied, ``relations`` = the segments, ``dataset`` = the
-case's name.
+Each case's inputs are seeded; every variant's result is compared with float32 per-segment
+products before any is timed. Three precisions, each a ``dtype`` of the rows: ``float32`` with
+TF32 off; ``tf32`` with torch's TF32 on and the template's TF32 variant (inputs rounded to TF32,
+fp32 accumulate), checked at TF32's tolerance; ``bfloat16``: bf16 rows, weights and results for
+every variant (torch's defaults for bf16 products; the template's bf16 variant accumulates in
+fp32 on the TF32 tensor-core path), checked against the float32 products of the same bf16 inputs.
+
+What is timed is one call on prepared inputs, as a model step makes it: the template's tile list
+(:class:`systems.hector.codegen.Segments`, once per graph in the model path) and ``grouped_mm``'s
+``offs`` are made once, outside the timing. Rows: ``model`` = ``gemm``, ``mode`` = ``inference``,
+``edges`` = the rows multiplied, ``relations`` = the segments, ``dataset`` = the case's name.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from harness.errors import UserError
 from harness.timing import measure
@@ -26,16 +31,21 @@ def gemm_template(params, writer, *, repeat, warmup, device, **_):
     if device != "cuda":
         raise UserError("gemm_template times CUDA kernels: it needs a GPU")
 
-    notes = {"skipped": {"bfloat16": "the template's bf16 variant is not built (its tensor-core variant is TF32)"}}
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         for case in params["cases"]:
-            for precision in ("float32", "tf32"):
+            for precision in PRECISIONS:
                 torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
                 _case(case, precision, params["seed"], writer, repeat=repeat, warmup=warmup, device=device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
-    return notes
+    return {}
+
+
+PRECISIONS = ("float32", "tf32", "bfloat16")
+# Each precision's check against the float32 products: TF32 rounds the inputs to 10 mantissa bits,
+# bf16 the results to 8; float32 only sums in another order.
+TOLERANCE = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 1e-2}
 
 
 def _case(case: dict, precision: str, seed: int, writer, *, repeat, warmup, device) -> None:
@@ -43,25 +53,33 @@ def _case(case: dict, precision: str, seed: int, writer, *, repeat, warmup, devi
 
     sizes = _segment_sizes(case)
     g = torch.Generator().manual_seed(seed)
-    rows = torch.randn(sum(sizes), case["in_dim"], generator=g).cuda()
-    weight = torch.randn(len(sizes), case["in_dim"], case["out_dim"], generator=g).cuda()
-    offsets = torch.tensor([0, *sizes]).cumsum(0).cuda()
-    tensor_cores = precision == "tf32"
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    rows = torch.randn(sum(sizes), case["in_dim"], generator=g).to(device, dtype)
+    weight = torch.randn(len(sizes), case["in_dim"], case["out_dim"], generator=g).to(device, dtype)
+    offsets = torch.tensor([0, *sizes]).cumsum(0).to(device)
+    segments = codegen.Segments.of(offsets, rows.shape[0], device)
+    tensor_cores = precision != "float32"
     variants = {
         "segment_mm": lambda: segment_products(rows, weight, offsets),
-        "grouped_mm": lambda: grouped_products(rows, weight, offsets),
-        "hector_gemm": lambda: codegen.segment_gemm(rows, weight, offsets, tensor_cores),
+        "grouped_mm": _grouped(rows, weight, offsets),
+        "hector_gemm": lambda: codegen.segment_gemm(rows, weight, segments, tensor_cores),
     }
     if len(sizes) == 1:
         variants["cublas"] = lambda: rows @ weight[0]
-    expected = variants["segment_mm"]()
-    tolerance = 1e-2 if tensor_cores else 1e-4
+    torch.backends.cuda.matmul.allow_tf32 = False  # the yardstick: float32 products of these inputs
+    expected = segment_products(rows.float(), weight.float(), offsets)
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    tolerance = TOLERANCE[precision]
     for name, fn in variants.items():
         got = fn()
-        if not torch.allclose(got, expected, rtol=tolerance, atol=tolerance * float(expected.abs().max())):
-            worst = float((got - expected).abs().max())
-            raise AssertionError(f"{name} on {case['name']} ({precision}): differs from segment_mm by {worst:.3g}")
-    del expected
+        if got.dtype != dtype or not torch.allclose(
+            got.float(), expected, rtol=tolerance, atol=tolerance * float(expected.abs().max())
+        ):
+            worst = float((got.float() - expected).abs().max())
+            raise AssertionError(
+                f"{name} on {case['name']} ({precision}): a {got.dtype} result {worst:.3g} from the float32 products"
+            )
+    del expected, got
     config = {
         "device": device,
         "model": "gemm",
@@ -76,6 +94,15 @@ def _case(case: dict, precision: str, seed: int, writer, *, repeat, warmup, devi
         m = measure(fn, device=device, repeat=repeat, warmup=warmup, desc=f"{case['name']} {name} {precision}")
         role = "optimized" if name.startswith("hector") else "baseline"
         writer.add_measurement(m, role=role, variant=name, config=config, dataset=case["name"])
+
+
+def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor):
+    """``grouped_mm`` as a user calls it on rows it takes as they are (16-byte rows): its ``offs``
+    made once; other widths through the padding of :func:`grouped_products`."""
+    if (rows.shape[1] * rows.element_size()) % 16 or (weight.shape[2] * weight.element_size()) % 16:
+        return lambda: grouped_products(rows, weight, offsets)
+    ends = offsets[1:].to(torch.int32)
+    return lambda: F.grouped_mm(rows, weight, offs=ends)
 
 
 def _segment_sizes(case: dict) -> list[int]:

@@ -26,7 +26,8 @@ SCHEMA = Schema(
         "mode": str,  # "inference" (forward, no gradients) or "training" (forward, backward, step)
         "in_dim": int,
         "out_dim": int,
-        "dtype": str,  # "float32" (TF32 off), or "tf32" (tensor cores: TF32 inputs, fp32 accumulate)
+        "dtype": str,  # "float32" (TF32 off), "tf32" (tensor cores: TF32 inputs, fp32 accumulate), or
+        # "bfloat16" (gemm_template only: bf16 inputs and results)
         "nodes": int,
         "edges": int,
         "relations": int,

@@ -1,6 +1,6 @@
 // Hector's GEMM template, specialized by the code generator (systems/hector/codegen.py) with
 // #defines put before this text: exact float32 by default; with TENSOR_CORES the labelled TF32
-// variant. As it stands (no #defines) it is the plain float32 variant, and CI compiles it so for
+// variant; with BF16 as well, bfloat16 rows and weights in memory (segment_gemm alone). As it stands (no #defines) it is the plain float32 variant, and CI compiles it so for
 // sm_90 like every kernel of the suite.
 //
 // Rows are visited in a *sorted position* order in which each type (relation or node type) is one
@@ -51,6 +51,20 @@
 #endif
 #ifndef TENSOR_CORES
 #define TENSOR_CORES 0  // 1: the labelled TF32 variant (inputs rounded to TF32, fp32 accumulate)
+#endif
+// 1 (with TENSOR_CORES): A, B and C hold bfloat16s. A bf16 widened to float32 is a TF32 value, so
+// the TF32 products are the exact products of the bf16 inputs: bf16 in, fp32 accumulate, C rounded
+// to bf16 once. It moves half the bytes of the float32 variants, on the same tensor-core path.
+#ifndef BF16
+#define BF16 0
+#endif
+#if BF16 && (!TENSOR_CORES || ACCUMULATE)
+#error "the bf16 variant multiplies on tensor cores and writes its rows (there are no bf16 atomic adds here)"
+#endif
+#if BF16
+typedef unsigned short element;  // a bfloat16's bits (no headers, see above)
+#else
+typedef float element;
 #endif
 #define TILE_K 16
 #define THREADS 256  // 16 x 16 threads, each a (TILE_M / 16) x (TILE_N / 16) block of the output tile
@@ -138,16 +152,23 @@ __device__ __forceinline__ void mma_tile(const float (&left)[TILE_K][LM + PAD], 
     }
 }
 
+__device__ __forceinline__ float widen(unsigned short bf16) { return __uint_as_float((unsigned)bf16 << 16); }
+
+__device__ __forceinline__ void write(float* p, float value) { *p = value; }
+__device__ __forceinline__ void write(unsigned short* p, float value) {  // to the nearest bf16, ties to even
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(*p) : "f"(value));
+}
+
 // One result of the tile, at its row position and column: written, or added atomically.
-__device__ __forceinline__ void put(float* __restrict__ C, const long long* __restrict__ c_rows, long long position,
+__device__ __forceinline__ void put(element* __restrict__ C, const long long* __restrict__ c_rows, long long position,
                                     long long end, int n, int N, float value) {
     if (position >= end || n >= N) return;
     const long long row = SCATTER_C ? c_rows[position] : position;
-    if (ACCUMULATE) {
-        atomicAdd(C + row * N + n, value);
-    } else {
-        C[row * N + n] = value;
-    }
+#if ACCUMULATE
+    atomicAdd(C + row * N + n, value);
+#else
+    write(C + row * N + n, value);
+#endif
 }
 
 // Four neighbouring entries of a row-major matrix's row (row < 0: a padding row of zeros). With
@@ -159,6 +180,20 @@ __device__ __forceinline__ float4 load_quad(const float* __restrict__ m, long lo
     return make_float4(p[0], col + 1 < cols ? p[1] : 0.f, col + 2 < cols ? p[2] : 0.f, col + 3 < cols ? p[3] : 0.f);
 }
 
+// The same of bfloat16s, widened: with VEC4 one 8-byte load of four (K a multiple of 4 and the
+// matrix 16-byte aligned, so every row is 8-byte aligned). Little-endian: the first is the low half.
+__device__ __forceinline__ float4 load_quad(const unsigned short* __restrict__ m, long long row, int col, int cols) {
+    if (row < 0 || col >= cols) return make_float4(0.f, 0.f, 0.f, 0.f);
+    const unsigned short* p = m + row * cols + col;
+    if (VEC4) {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                           __uint_as_float(u.y & 0xffff0000u));
+    }
+    return make_float4(widen(p[0]), col + 1 < cols ? widen(p[1]) : 0.f, col + 2 < cols ? widen(p[2]) : 0.f,
+                       col + 3 < cols ? widen(p[3]) : 0.f);
+}
+
 // The quads a thread stages per k-step: TILE_M x TILE_K of A and TILE_K x TILE_N of B.
 #define A_QUADS (TILE_M * TILE_K / 4 / THREADS)
 #define B_QUADS (TILE_K * TILE_N / 4 / THREADS)
@@ -166,8 +201,8 @@ __device__ __forceinline__ float4 load_quad(const float* __restrict__ m, long lo
 // C[rows of the tile, n0 : n0 + TILE_N] of one tile; grid (tiles, ceil(N / TILE_N)). The next
 // k-step's tiles are loaded into registers while the current one is multiplied (two shared buffers).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)  // two blocks per SM: at most 128 registers
-GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, const float* __restrict__ B,
-          float* __restrict__ C, const long long* __restrict__ c_rows, const int* __restrict__ tile_type,
+GEMM_NAME(const element* __restrict__ A, const long long* __restrict__ a_rows, const element* __restrict__ B,
+          element* __restrict__ C, const long long* __restrict__ c_rows, const int* __restrict__ tile_type,
           const long long* __restrict__ tile_begin, const long long* __restrict__ tile_end, int K, int N) {
     __shared__ __align__(16) float As[2][TILE_K][TILE_M + PAD];  // A's tile, k-major
     __shared__ __align__(16) float Bs[2][TILE_K][TILE_N + PAD];
@@ -175,7 +210,7 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
     const int tile = blockIdx.x, n0 = blockIdx.y * TILE_N;
     const long long begin = tile_begin[tile], end = tile_end[tile];
     if (begin >= end) return;  // an empty tile (the schedule may end with some)
-    const float* Bt = B + (long long)tile_type[tile] * K * N;
+    const element* Bt = B + (long long)tile_type[tile] * K * N;
 #if !TENSOR_CORES
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 #endif
@@ -205,7 +240,7 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
         }
     };
     auto store = [&](int buffer) {
-#if TENSOR_CORES  // rounded to TF32 once here, not by every warp that reads the element
+#if TENSOR_CORES && !BF16  // rounded to TF32 once here, not by every warp that reads the element (a bf16 is one)
 #pragma unroll
         for (int q = 0; q < A_QUADS; ++q) a_quad[q] = tf32_quad(a_quad[q]);
 #pragma unroll
