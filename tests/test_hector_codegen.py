@@ -446,13 +446,19 @@ def test_the_launches_compute_the_reference_on_a_cpu_model_of_the_kernels(
 
 
 def fresh(tensors: dict, seed: int, misaligned: str | None = None, device: str = "cpu") -> dict:
-    """New random tensors of ``tensors``' shapes on ``device``, at new addresses; ``misaligned``:
-    that one a view starting 4 bytes past an allocation (no float4 moves then)."""
+    """New random tensors of ``tensors``' shapes and spreads on ``device``, at new addresses;
+    ``misaligned``: that one a view starting 4 bytes past an allocation (no float4 moves then).
+    The spread is kept because unit weights in all of HGT's chained products give values in the
+    hundreds whose backward cancels to near zero, past float32's reach at any fixed tolerance."""
     g = torch.Generator().manual_seed(seed)
-    out = {k: torch.randn(v.shape, generator=g).to(device) for k, v in tensors.items()}
+
+    def spread(v):
+        return float(v.std()) if v.numel() > 1 and float(v.std()) > 0 else 1.0
+
+    out = {k: (torch.randn(v.shape, generator=g) * spread(v)).to(device) for k, v in tensors.items()}
     if misaligned is not None:  # made where it is used: a copy to another device would be aligned
-        shape = out[misaligned].shape
-        out[misaligned] = torch.randn(shape.numel() + 1, generator=g).to(device)[1:].view(shape)
+        shape, scale = out[misaligned].shape, spread(tensors[misaligned])
+        out[misaligned] = (torch.randn(shape.numel() + 1, generator=g) * scale).to(device)[1:].view(shape)
     return out
 
 
@@ -475,8 +481,13 @@ def runs_replayed(name, applied, backward, graph, device, check_problems=lambda:
         assert (given["x"].data_ptr() % 16 == 0) == (call < 2)
         got = codegen.run(plan, on, given, widths)
         check_problems()
-        for have, want in zip(got, reference.run(program, graph, {k: v.cpu() for k, v in given.items()}), strict=True):
-            close(have.cpu(), want)
+        expected = reference.run(program, graph, {k: v.cpu() for k, v in given.items()})
+        for k, (have, want) in enumerate(zip(got, expected, strict=True)):
+            try:
+                close(have.cpu(), want)
+            except AssertionError as e:
+                which = ("recorded", "replayed", "misaligned")[call]
+                raise AssertionError(f"result {k} of the {which} call: {e}") from None
         returned.append((got, [t.clone() for t in got]))
         assert len(replays_of(plan, on)) == (1 if call < 2 else 2)  # the misaligned call: a second record
     for got, copies in returned:
