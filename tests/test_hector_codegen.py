@@ -3,6 +3,7 @@
 kernel instance compiles for sm_90 without a GPU; on a GPU the generated kernels give the
 reference's outputs and gradients, through the torch.library op as well."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -23,8 +24,9 @@ def close(have, want):
 
 
 def close_bf16(have, want):
-    """A bf16 result against the float32 products of the same bf16 inputs: each entry rounded once
-    (half a bf16 step, 2**-9 relative; a float32 sum in another order may round to the next one)."""
+    """A bf16 result against the float32 products of the same bf16 inputs: each entry rounded once,
+    by at most half a bf16 step (2**-9 to 2**-8 relative, by where it lies in its binade); the
+    float32 sums' other order is in the absolute term."""
     assert have.dtype == torch.bfloat16, have.dtype
     largest = float(want.abs().max()) if want.numel() else 0.0
     torch.testing.assert_close(have.float(), want, rtol=2**-8, atol=1e-5 * max(1.0, largest))
@@ -307,8 +309,14 @@ def test_the_gemm_template_alone_refuses_what_it_cannot_compute(monkeypatch):
         codegen.segment_gemm(rows, weight, offsets.double())
     with pytest.raises(ValueError, match="do not fit"):
         codegen.segment_gemm(rows, weight, torch.tensor([0, 7]))
-    with pytest.raises(ValueError, match="the segments cover 7 rows, not 6"):
+    with pytest.raises(ValueError, match="the segments cover 7 rows on cpu, not 6 on cpu"):
         codegen.segment_gemm(rows[:6], weight, codegen.Segments.of(offsets, 7, "cpu"))
+    with pytest.raises(ValueError, match="rows on cpu, weight on meta: one device wanted"):
+        codegen.segment_gemm(rows, weight.to("meta"), offsets)
+    with pytest.raises(ValueError, match="the segments cover 7 rows on meta, not 7 on cpu"):
+        codegen.segment_gemm(
+            rows, weight, dataclasses.replace(codegen.Segments.of(offsets, 7, "cpu"), offsets=offsets.to("meta"))
+        )
 
 
 def test_the_gemm_template_alone_reuses_its_segments_and_takes_both_index_dtypes(monkeypatch):

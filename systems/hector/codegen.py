@@ -478,11 +478,12 @@ class _Runner:
         return result
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Segments:
-    """Rows in type order (type t at ``offsets[t]:offsets[t + 1]``), checked and cut into tiles of
-    64 and of 128 rows once, as the model path does once per graph (lower.GraphIndex): a call of
-    :func:`segment_gemm` on them then only allocates its result and launches one kernel."""
+    """Rows in type order (type t at ``offsets[t]:offsets[t + 1]``), checked and cut into tiles
+    once (of 64 and of 128 rows unless ``heights`` says), as the model path does once per graph
+    (lower.GraphIndex): a call of :func:`segment_gemm` on them then only allocates its result and
+    launches one kernel. Made by :meth:`of`, which checks the offsets."""
 
     offsets: torch.Tensor
     rows: int
@@ -490,14 +491,14 @@ class Segments:
     unused: torch.Tensor  # the index-list arguments: rows are read and written in place
 
     @classmethod
-    def of(cls, offsets: torch.Tensor, rows: int, device) -> Segments:
+    def of(cls, offsets: torch.Tensor, rows: int, device, heights=(64, 128)) -> Segments:
         offsets = torch.as_tensor(offsets).to(device)  # the tile list is built where the rows live
         if offsets.dim() != 1 or not offsets.numel() or offsets.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"offsets must be a 1-d integer tensor of types + 1 entries, got {tuple(offsets.shape)}")
         offsets = offsets.long()
         if bool((offsets[0] != 0) | (offsets[-1] != rows) | (offsets.diff() < 0).any()):  # one sync
             raise ValueError("offsets must rise from 0 to the number of rows")
-        tiles = {m: lower.tile_schedule(offsets, rows, m) for m in (64, 128)}
+        tiles = {m: lower.tile_schedule(offsets, rows, m) for m in heights}
         return cls(offsets, rows, tiles, torch.zeros(1, dtype=torch.int64, device=device))
 
 
@@ -514,18 +515,25 @@ def segment_gemm(
     bf16 = rows.dtype == torch.bfloat16
     if bf16 and not tensor_cores:
         raise ValueError("the bf16 variant multiplies on tensor cores: pass tensor_cores=True")
-    layout = offsets if isinstance(offsets, Segments) else Segments.of(offsets, rows.shape[0], rows.device)
-    if weight.dim() != 3 or weight.shape[1] != rows.shape[1] or layout.offsets.shape != (weight.shape[0] + 1,):
-        raise ValueError(
-            f"rows {tuple(rows.shape)}, weight {tuple(weight.shape)} and offsets {tuple(layout.offsets.shape)} "
-            "do not fit"
-        )
-    if layout.rows != rows.shape[0]:
-        raise ValueError(f"the segments cover {layout.rows} rows, not {rows.shape[0]}")
+    if weight.device != rows.device:
+        raise ValueError(f"rows on {rows.device}, weight on {weight.device}: one device wanted")
+    if weight.dim() != 3 or weight.shape[1] != rows.shape[1]:
+        raise ValueError(f"rows {tuple(rows.shape)} and weight {tuple(weight.shape)} do not fit")
     rows, weight = rows.contiguous(), weight.contiguous()
     n = weight.shape[2]
     out = torch.empty(rows.shape[0], n, device=rows.device, dtype=rows.dtype)
     shape = gemm_shape(rows.shape[1], n, rows, weight, out, tensor_cores=tensor_cores, bf16=bf16)
+    if isinstance(offsets, Segments):
+        layout = offsets
+        if layout.offsets.device != rows.device or layout.rows != rows.shape[0]:
+            raise ValueError(
+                f"the segments cover {layout.rows} rows on {layout.offsets.device}, "
+                f"not {rows.shape[0]} on {rows.device}"
+            )
+    else:
+        layout = Segments.of(offsets, rows.shape[0], rows.device, heights=(shape.rows,))
+    if layout.offsets.shape != (weight.shape[0] + 1,):
+        raise ValueError(f"weight {tuple(weight.shape)} and offsets {tuple(layout.offsets.shape)} do not fit")
     schedule = layout.tiles[shape.rows]
     name, text = segment_gemm_source(shape)
     if len(schedule[0]) and n:

@@ -1,7 +1,8 @@
 // Hector's GEMM template, specialized by the code generator (systems/hector/codegen.py) with
 // #defines put before this text: exact float32 by default; with TENSOR_CORES the labelled TF32
-// variant; with BF16 as well, bfloat16 rows and weights in memory (segment_gemm alone). As it stands (no #defines) it is the plain float32 variant, and CI compiles it so for
-// sm_90 like every kernel of the suite.
+// variant; with BF16 as well, bfloat16 rows, weights and results (segment_gemm alone). As it
+// stands (no #defines) it is the plain float32 variant, and CI compiles it so for sm_90 like
+// every kernel of the suite.
 //
 // Rows are visited in a *sorted position* order in which each type (relation or node type) is one
 // contiguous segment; the host cuts the segments into tiles once per graph (a tile never spans
@@ -180,8 +181,9 @@ __device__ __forceinline__ float4 load_quad(const float* __restrict__ m, long lo
     return make_float4(p[0], col + 1 < cols ? p[1] : 0.f, col + 2 < cols ? p[2] : 0.f, col + 3 < cols ? p[3] : 0.f);
 }
 
-// The same of bfloat16s, widened: with VEC4 one 8-byte load of four (K a multiple of 4 and the
-// matrix 16-byte aligned, so every row is 8-byte aligned). Little-endian: the first is the low half.
+// The same of bfloat16s, widened: with VEC4 one 8-byte load of four (the row length, K or N, a
+// multiple of 4 and the matrix 16-byte aligned, so every row is 8-byte aligned). Little-endian:
+// the first of each pair is the low half.
 __device__ __forceinline__ float4 load_quad(const unsigned short* __restrict__ m, long long row, int col, int cols) {
     if (row < 0 || col >= cols) return make_float4(0.f, 0.f, 0.f, 0.f);
     const unsigned short* p = m + row * cols + col;
@@ -240,7 +242,8 @@ GEMM_NAME(const element* __restrict__ A, const long long* __restrict__ a_rows, c
         }
     };
     auto store = [&](int buffer) {
-#if TENSOR_CORES && !BF16  // rounded to TF32 once here, not by every warp that reads the element (a bf16 is one)
+// Rounded to TF32 once here, not by every warp that reads the element; a widened bf16 already is one.
+#if TENSOR_CORES && !BF16
 #pragma unroll
         for (int q = 0; q < A_QUADS; ++q) a_quad[q] = tf32_quad(a_quad[q]);
 #pragma unroll
