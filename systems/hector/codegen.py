@@ -511,7 +511,9 @@ def segment_gemm(
     the TF32 variant. bfloat16 ones (``tensor_cores`` required): the bf16 variant, a bf16 result.
     For the template's benchmark against stock torch on equal segment shapes."""
     if rows.dtype != weight.dtype or rows.dtype not in (torch.float32, torch.bfloat16) or not rows.is_cuda:
-        raise ValueError(f"segment_gemm takes float32 or bfloat16 CUDA tensors, got {rows.dtype} and {weight.dtype}")
+        raise ValueError(
+            f"segment_gemm takes float32 or bfloat16 CUDA tensors, got {rows.dtype} and {weight.dtype} on {rows.device}"
+        )
     bf16 = rows.dtype == torch.bfloat16
     if bf16 and not tensor_cores:
         raise ValueError("the bf16 variant multiplies on tensor cores: pass tensor_cores=True")

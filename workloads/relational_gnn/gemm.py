@@ -12,7 +12,8 @@ fp32 on the TF32 tensor-core path), checked against the float32 products of the 
 
 What is timed is one call on prepared inputs, as a model step makes it: the template's tile list
 (:class:`systems.hector.codegen.Segments`, once per graph in the model path) and ``grouped_mm``'s
-``offs`` are made once, outside the timing. Rows: ``model`` = ``gemm``, ``mode`` = ``inference``,
+``offs`` are made once, outside the timing; the loop of products (``segment_mm``) reads its
+segment sizes back on every call, as the models' form does. Rows: ``model`` = ``gemm``, ``mode`` = ``inference``,
 ``edges`` = the rows multiplied, ``relations`` = the segments, ``dataset`` = the case's name.
 """
 
