@@ -165,6 +165,7 @@ def sources(program: Program) -> dict[str, str]:
     return found
 
 
+@functools.cache  # written and hashed once per shape, not on every call of segment_gemm
 def segment_gemm_source(shape: GemmShape) -> tuple[str, str]:
     """The standalone template's instance (rows read and written in place): (entry point, source)."""
     defines = {"GATHER_A": 0, "SCATTER_C": 0, "TRANSPOSE_B": 0, **shape.defines()}

@@ -20,7 +20,6 @@ segment sizes back on every call, as the models' form does. Rows: ``model`` = ``
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from harness.errors import UserError
 from harness.timing import measure
@@ -98,12 +97,9 @@ def _case(case: dict, precision: str, seed: int, writer, *, repeat, warmup, devi
 
 
 def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor):
-    """``grouped_mm`` as a user calls it on rows it takes as they are (16-byte rows): its ``offs``
-    made once; other widths through the padding of :func:`grouped_products`."""
-    if (rows.shape[1] * rows.element_size()) % 16 or (weight.shape[2] * weight.element_size()) % 16:
-        return lambda: grouped_products(rows, weight, offsets)
+    """``grouped_mm`` as a user calls it on prepared inputs: its ``offs`` made once."""
     ends = offsets[1:].to(torch.int32)
-    return lambda: F.grouped_mm(rows, weight, offs=ends)
+    return lambda: grouped_products(rows, weight, offsets, ends)
 
 
 def _segment_sizes(case: dict) -> list[int]:

@@ -30,15 +30,18 @@ def segment_products(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Te
     return torch.cat([segment @ w for segment, w in zip(rows.split(sizes), weight.unbind(0), strict=True)])
 
 
-def grouped_products(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def grouped_products(
+    rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, ends: torch.Tensor | None = None
+) -> torch.Tensor:
     """The same as :func:`segment_products` in one ``torch.nn.functional.grouped_mm`` call. Its
-    operands' rows must be multiples of 16 bytes, so odd sizes are zero-padded (adding nothing)."""
+    operands' rows must be multiples of 16 bytes, so odd sizes are zero-padded (adding nothing).
+    ``ends``: grouped_mm's ``offs`` (``offsets[1:]`` as int32), when the caller made them once."""
     align = 16 // rows.element_size()
     pad_in, pad_out = -weight.shape[1] % align, -weight.shape[2] % align
     if pad_in or pad_out:
         rows = F.pad(rows, (0, pad_in))
         weight = F.pad(weight, (0, pad_out, 0, pad_in))
-    out = F.grouped_mm(rows, weight, offs=offsets[1:].to(torch.int32))
+    out = F.grouped_mm(rows, weight, offs=offsets[1:].to(torch.int32) if ends is None else ends)
     return out[:, : out.shape[1] - pad_out]
 
 
