@@ -13,8 +13,9 @@ fp32 on the TF32 tensor-core path), checked against the float32 products of the 
 What is timed is one call on prepared inputs, as a model step makes it: the template's tile list
 (:class:`systems.hector.codegen.Segments`, once per graph in the model path) and ``grouped_mm``'s
 ``offs`` are made once, outside the timing; the loop of products (``segment_mm``) reads its
-segment sizes back on every call, as the models' form does. Rows: ``model`` = ``gemm``, ``mode`` = ``inference``,
-``edges`` = the rows multiplied, ``relations`` = the segments, ``dataset`` = the case's name.
+segment sizes back on every call, as the models' form does. Rows: ``model`` = ``gemm``,
+``mode`` = ``inference``, ``edges`` = the rows multiplied, ``relations`` = the segments,
+``dataset`` = the case's name.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ def gemm_template(params, writer, *, repeat, warmup, device, **_):
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         for case in params["cases"]:
-            for precision in PRECISIONS:
-                torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+            for precision in PRECISIONS:  # each case sets TF32 for its reference and then its precision
                 _case(case, precision, params["seed"], writer, repeat=repeat, warmup=warmup, device=device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
