@@ -1,6 +1,8 @@
 """One look for every figure of the suite: a fixed colour and line style per variant, so a path
 reads the same in every panel and every topic's figure."""
 
+import zlib
+
 # variant -> (colour, line style). Baselines in greys and black, stock torch on the alias in
 # pinks, the suite's zero-copy steps in a warm-to-cool ramp, upper bounds in purple.
 VARIANT_STYLE = {
@@ -55,5 +57,21 @@ VARIANT_STYLE.update(
 EMULATED_RAMP = ["lightskyblue", "deepskyblue", "tab:blue", "mediumblue", "midnightblue"]
 
 
+# A variant this module has never seen (a user's new entry) still gets a colour, the same one in
+# every figure and every run: picked from these by a checksum of its name (not Python's hash(),
+# which changes per process), drawn dash-dotted so it reads as "not one of the suite's own".
+UNSEEN_PALETTE = [
+    "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4",
+    "#b2df8a", "#fb9a99", "#cab2d6", "#6a3d9a",
+]  # fmt: skip
+
+
+def style(variant: str) -> tuple[str, str]:
+    """(colour, line style) of ``variant``; stable for variants not listed above."""
+    if variant in VARIANT_STYLE:
+        return VARIANT_STYLE[variant]
+    return UNSEEN_PALETTE[zlib.crc32(variant.encode()) % len(UNSEEN_PALETTE)], "-."
+
+
 def color(variant: str) -> str:
-    return VARIANT_STYLE[variant][0]
+    return style(variant)[0]

@@ -28,9 +28,10 @@ from harness.errors import UserError
 from harness.timing import Measurement
 
 KEY_COLUMNS = ("workload", "dataset", "role", "variant", "scale")
-# What a row's variant is there for: the path to beat, the technique, a bound no real pipeline
-# can pass, or a measurement of the machine itself.
-ROLES = ("baseline", "optimized", "upper_bound", "probe")
+# What a row's variant is there for: the path to beat, what a user would pick instead today (another
+# library, stock torch, a compiler), the technique, a bound no real pipeline can pass, or a
+# measurement of the machine itself (harness/registry.py says more).
+ROLES = ("baseline", "peer", "optimized", "upper_bound", "probe")
 UNITS = {
     "time": "s",
     "cpu_time": "core-s",
