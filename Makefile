@@ -1,12 +1,15 @@
 # Two commands on a fresh clone (Linux, Python 3.11; no GPU or conda needed):
 #   make reproduce    set up .venv, measure this machine (scale from config, default cpu), render figures + report
-#   make test         set up .venv, run the tests
+#   make test         set up .venv, run the quick tier of the tests (every behaviour once)
+#   make test-all     set up .venv, run every test (what CI runs)
 # Options: ENV=gpu (CUDA requirements), SNAKEMAKE_ARGS="--config scale=h200 machine=mybox"
 
 ENV ?= cpu
 VENV ?= .venv
 PYTHON ?= python3
 SNAKEMAKE_ARGS ?=
+# pytest-xdist workers: one per core
+TEST_WORKERS ?= auto
 STAMP := $(VENV)/.installed-$(ENV)
 
 # Keep tools from writing into the home directory and /tmp.
@@ -17,7 +20,7 @@ export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
 export CUPY_CACHE_DIR := $(CURDIR)/.cache/cupy
 
-.PHONY: setup reproduce figures report test lint
+.PHONY: setup reproduce figures report test test-all lint
 
 $(STAMP): envs/requirements-$(ENV).txt envs/requirements-data.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +44,10 @@ report: setup
 	$(VENV)/bin/snakemake --report report.html figures $(SNAKEMAKE_ARGS)
 
 test: setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not full" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+
+test-all: setup
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --durations=30 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
