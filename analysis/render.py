@@ -9,7 +9,8 @@ from topic name to the list of results files (the notebook reads exactly these, 
 and ``figure``/``summary`` as the paths to write. The notebook writes to temporary paths beside
 them, which replace the figure and summary only when every cell succeeded: a failed render
 leaves the previous files as they were. The executed notebook, outputs included, is saved to
-``--executed`` so a failed figure can be debugged cell by cell.
+``--executed`` so a failed figure can be debugged cell by cell, and the words the saved figure
+shows (titles, labels, ticks, legends) beside it as ``<executed>.text.json`` (analysis/figure_text.py).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main(argv=None) -> None:
         + [f"results = {results!r}"]
         + [f"{name} = {str(path)!r}" for name, path in temporary.items()]
     )
+    figure_text = args.executed.with_suffix(".text.json").resolve()
+    figure_text.unlink(missing_ok=True)  # a failed render leaves no record of an older figure
+    injected += f"\nimport analysis.figure_text as _figure_text\n_figure_text.install(figure, {str(figure_text)!r})"
     nb.cells.insert(
         tagged[0] + 1,
         nbformat.v4.new_code_cell(
