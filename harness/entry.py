@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import faulthandler
 import signal
+import time
 from pathlib import Path
 
 from harness import config as suite_config
@@ -55,6 +56,7 @@ def measure(
         )
     writer = ResultsWriter(topic.schema, scale=scale_name)
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
+    started = time.perf_counter()
     try:
         with _stopped_by_sigterm():
             notes = (
@@ -77,7 +79,14 @@ def measure(
     writer.write(
         out,
         provenance.collect(
-            scale_name, packages=topic.packages, topic=topic.name, part=part.name, parameters=part_params, **notes
+            scale_name,
+            packages=topic.packages,
+            topic=topic.name,
+            part=part.name,
+            parameters=part_params,
+            # the whole part, set-up and checks included: what a reproduce run spends on it
+            part_wall_s=round(time.perf_counter() - started, 1),
+            **notes,
         ),
     )
     if cut_short:
