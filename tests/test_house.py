@@ -36,7 +36,8 @@ def test_each_layer_imports_only_the_layers_below_it(layer):
 
 # Composite variant names parsed back (`offload_all_<store>` -> store) are what structured columns
 # replace: a part or a notebook that needs the store reads the `store` column.
-PARSING = re.compile(r"(variant|store|policy|form)\w*(\"\])?(\.str)?\.(removeprefix|removesuffix|startswith|endswith)\(")
+NAMES = r"(variant|store|policy|form)\w*(\"\])?(\.str)?"
+PARSING = re.compile(NAMES + r"\.(removeprefix|removesuffix|startswith|endswith)\(")
 
 
 def test_no_part_or_notebook_parses_a_variant_name():
