@@ -1,8 +1,9 @@
 """Results format of the feature_gather topic (see harness.results for the common columns).
 
-``role`` is ``baseline`` (what the suite's kernels are judged against: pageable, the CPU
-gathers, stock torch on the CUDA alias, WholeGraph), ``upper_bound`` (all_in_gpu) or
-``optimized`` (the suite's zero-copy paths); ``variant`` names the path (see variants.py).
+``variant`` names the gather variant and ``role`` is its entry's (systems/pytorch_direct/
+gather_variants): ``baseline`` (what the paper compares against: pageable, the CPU gathers),
+``peer`` (what a user picks today: stock torch on the CUDA alias, WholeGraph), ``optimized``
+(the suite's zero-copy paths) or ``upper_bound`` (all_in_gpu).
 Metric ``bandwidth`` counts the bytes delivered to the GPU (rows requested x row size);
 ``pcie_bytes`` counts the bytes that crossed PCIe (rows served from a GPU cache do not).
 """

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from harness import machine, resources
-from workloads.feature_gather.variants import Batch, wait
+from systems.pytorch_direct.gather_variants import Batch, wait
 
 MEMORY_TYPE = "continuous"
 MEMORY_LOCATION = "cpu"  # host memory, mapped for the GPU
@@ -324,9 +324,9 @@ class WholeGraphTable:
 
 
 def make_wholegraph(batch: Batch, table: WholeGraphTable | None = None) -> Callable[[], torch.Tensor]:
-    """A callable with the contract of ``variants.make``'s: it copies ``batch.idx`` to the GPU,
-    gathers the rows through WholeGraph (no bounds check, as WholeGraph's users call it), waits,
-    and returns them.
+    """A gather with the gather variants' contract (systems/pytorch_direct/gather_variants): it
+    copies ``batch.idx`` to the GPU, gathers the rows through WholeGraph (no bounds check, as
+    WholeGraph's users call it), waits, and returns them.
 
     ``table`` is WholeGraph's copy of ``batch.table`` (one copy can serve many batches). If it is
     not given, one is made here, and the callable's ``close()`` frees it.
