@@ -9,9 +9,15 @@ from harness.errors import NeedsGpuError
 from harness.topic import discover
 
 
-@pytest.fixture
-def cfg():
+@pytest.fixture(scope="module")
+def shipped():
     return suite_config.load()
+
+
+@pytest.fixture
+def cfg(shipped):
+    """The shipped config, a copy of its own for each test to edit."""
+    return copy.deepcopy(shipped)
 
 
 def test_shipped_config_is_valid_and_every_topic_has_the_three_scales(cfg):

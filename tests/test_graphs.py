@@ -63,6 +63,50 @@ def test_cache_round_trip_and_reuse(tmp_path):
     assert isinstance(again["features"], np.memmap)
 
 
+def test_a_graph_another_process_is_writing_is_waited_for_and_then_loaded(tmp_path, monkeypatch):
+    """Two workers asking for one missing graph at once: the second waits on the folder's lock,
+    then loads what the first wrote instead of generating it again over the first's files."""
+    import fcntl
+    import threading
+    import types
+
+    params = GeneratorParams(SMALL, seed=8)
+    folder = store.folder_for(params, tmp_path)
+    asked = threading.Event()
+
+    def flock(file, operation):
+        if operation == fcntl.LOCK_EX:
+            asked.set()
+        fcntl.flock(file, operation)
+
+    def never(*args, **kwargs):
+        raise AssertionError("generated a graph that another process had written")
+
+    monkeypatch.setattr(
+        store, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_UN=fcntl.LOCK_UN)
+    )
+    got = {}
+    with store.writing(folder):  # the first worker, still generating
+        asked.clear()
+        monkeypatch.setitem(store.GENERATORS, GeneratorParams, never)
+
+        def second_worker():
+            try:
+                got["arrays"] = store.get(params, root=tmp_path)
+            except BaseException as err:  # handed to the test's thread
+                got["error"] = err
+
+        second = threading.Thread(target=second_worker)
+        second.start()
+        # Generous bounds: they only decide how long a broken lock takes to be reported.
+        assert asked.wait(timeout=120), "the second worker never asked for the lock"
+        store.save(generate(params), params, folder)
+    second.join(timeout=120)
+    assert not second.is_alive() and "error" not in got, got.get("error")
+    assert set(got["arrays"]) == set(store.ARRAYS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([folder.name, f".{folder.name}.lock"])
+
+
 def test_other_parameters_get_their_own_folder_and_are_never_reused(tmp_path):
     a = GeneratorParams(SMALL, seed=5)
     b = GeneratorParams(SMALL, seed=5, homophily=0.3)

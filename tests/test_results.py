@@ -193,7 +193,7 @@ def test_a_topic_adds_its_own_metrics_with_their_units(tmp_path):
 
 
 def test_a_role_outside_the_vocabulary_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="role must be one of baseline, optimized, upper_bound, probe"):
+    with pytest.raises(ValueError, match="role must be one of baseline, peer, optimized, upper_bound, probe"):
         ResultsWriter(SCHEMA, scale="cpu").add(
             role="pytorch_direct", variant="v", config={}, metric="time", value=1.0, unit="s"
         )

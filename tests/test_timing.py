@@ -1,32 +1,55 @@
-"""The timing harness: what it counts, what it reports, and its refusals."""
+"""The timing harness: what it counts, what it reports, and its refusals.
+
+What a clock reads is checked against a clock the test advances itself (``FakeClock``), so no
+assertion depends on how busy the machine is; CPU time is checked on work that spends it."""
 
 import time
+import types
 from pathlib import Path
 
 import pytest
 
-from harness import resources
+from harness import resources, timing
 from harness.timing import Measurement, measure
 
 
-def test_runs_warmup_plus_repeat_and_times_each_repetition():
+class FakeClock:
+    """Stands in for the ``time`` module that harness.timing reads: its perf_counter moves only
+    when the test calls ``advance``."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=fake.perf_counter))
+    return fake
+
+
+def test_runs_warmup_plus_repeat_and_times_each_repetition(clock):
     calls = []
-    durations = iter([0.0, 0.0] + [0.002, 0.004, 0.006, 0.008, 0.010])
+    durations = iter([7.0, 7.0] + [0.002, 0.004, 0.010, 0.008, 0.006])
 
     def fn():
         calls.append(1)
-        time.sleep(next(durations))
+        clock.advance(next(durations))
 
     m = measure(fn, device="cpu", repeat=5, warmup=2)
     assert len(calls) == 7
     assert len(m.seconds) == len(m.cpu_core_seconds) == 5
     assert m.clock == "monotonic"
-    # Each sample covers its own sleep, and the order of repetitions is kept.
-    for got, slept in zip(m.seconds, [0.002, 0.004, 0.006, 0.008, 0.010]):
-        assert slept <= got < slept + 0.05
-    assert 0.006 <= m.median < 0.06
-    low, high = m.spread
-    assert low <= m.median <= high
+    # Each sample is its own call's time (warm-up calls are not timed), in the order of the calls.
+    assert m.seconds == pytest.approx((0.002, 0.004, 0.010, 0.008, 0.006))
+    assert m.median == pytest.approx(0.006)
+    assert m.spread == pytest.approx((0.004, 0.008))
 
 
 def test_cpu_time_counts_busy_work_but_not_sleep():
@@ -73,16 +96,24 @@ def test_refuses_unknown_device():
         measure(lambda: None, device="tpu", repeat=1, warmup=0)
 
 
-def test_phase_clock_adds_up_each_phase():
+def test_phase_clock_adds_up_each_phase(clock):
     from harness.timing import PhaseClock
 
-    clock = PhaseClock("cpu")
+    phases = PhaseClock("cpu")
     for _ in range(3):
-        with clock.phase("a"):
-            time.sleep(0.01)
-        with clock.phase("b"):
-            time.sleep(0.02)
-    assert 0.03 <= clock.totals["a"] < 0.2 and 0.06 <= clock.totals["b"] < 0.3
+        with phases.phase("a"):
+            clock.advance(0.01)
+        clock.advance(5.0)  # between phases: counted in neither
+        with phases.phase("b"):
+            clock.advance(0.02)
+    assert phases.totals == pytest.approx({"a": 0.03, "b": 0.06})
+
+
+def test_wall_clock_includes_the_waits_at_both_ends(clock):
+    seconds = timing.wall_clock(
+        lambda: clock.advance(0.5), "cpu", before=lambda: clock.advance(9.0), after=lambda: clock.advance(0.25)
+    )
+    assert seconds == pytest.approx(0.75)  # the closing wait is inside, the opening one is not
 
 
 def test_cpu_time_of_finished_children_can_be_included():

@@ -129,10 +129,23 @@ def import_published(name: str, folder: Path, root: Path | None = None) -> Path:
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder")
     files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
-    for done in sorted(Path(root).glob(f"{name}-*/meta.json")):  # imported before from the same files
+    done = _imported_before(name, files, root)
+    if done is not None:
+        return done
+    with store.writing(root / name):  # one import of a dataset at a time; the others then reuse it
+        return _imported_before(name, files, root) or _import(name, folder, files, root)
+
+
+def _imported_before(name: str, files: dict, root: Path) -> Path | None:
+    """The folder of ``name`` already imported from the same files, if there is one."""
+    for done in sorted(Path(root).glob(f"{name}-*/meta.json")):
         meta = json.loads(done.read_text())
         if meta.get("params", {}).get("files") == files:
             return done.parent
+    return None
+
+
+def _import(name: str, folder: Path, files: dict, root: Path) -> Path:
     arrays = READERS[name](folder)
     spec = {
         "name": name,

@@ -5,7 +5,9 @@ array, its dtype, shape and size) and one ``.npy`` per array. The folder name ca
 the parameters, so a graph is regenerated whenever its parameters change; the meta record is
 checked against the parameters asked for and every file against its recorded size, so a cached
 graph is never silently reused with other parameters or with a truncated file. A folder is
-written under a temporary name and renamed when complete.
+written under a temporary name and renamed when complete. Processes that ask for the same
+missing graph at once (parallel Snakemake jobs, test workers) take turns on a lock file beside
+it (``.<folder>.lock``): the first generates it, the others then find it complete and load it.
 
 A heterograph (its spec declares node types and relations, see spec.py) has two more arrays:
 ``node_type`` (one type id per node) and ``edge_type`` (one relation id per stored edge, in the
@@ -18,10 +20,13 @@ one relation) and is stored exactly as before types existed.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -230,10 +235,28 @@ def type_id(spec: dict, name: str) -> int:
 GENERATORS = {GeneratorParams: generate, relational.HeteroParams: relational.generate}
 
 
+@contextlib.contextmanager
+def writing(folder: Path) -> Iterator[None]:
+    """Hold the lock of ``folder`` in the store: one process at a time writes it. The lock file
+    stays (removing it would let a third process lock a fresh file while the second still
+    holds the old one); it is empty and hidden."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(f".{folder.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def get(params: GeneratorParams | relational.HeteroParams, root: Path = DEFAULT_ROOT) -> dict[str, np.ndarray]:
     """The graph for ``params``: loaded from the cache, or generated and cached first."""
     folder = folder_for(params, root)
     if not (folder / "meta.json").exists():
-        make = GENERATORS[type(params)]
-        save(make(params, progress=lambda items, desc, total: progress(items, desc=desc, total=total)), params, folder)
+        with writing(folder):
+            if not (folder / "meta.json").exists():  # not written by another process while this one waited
+                make = GENERATORS[type(params)]
+                arrays = make(params, progress=lambda items, desc, total: progress(items, desc=desc, total=total))
+                save(arrays, params, folder)
     return load(folder, params)
