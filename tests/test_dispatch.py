@@ -14,6 +14,7 @@ from systems.pytorch_direct.ops import INDEX_DTYPES, index_select_alias
 from tests.test_pytorch_direct import (
     INDEX_VIEWS,
     INDEX_VIEWS_2D,
+    each_value_once,
     expected_rows,
     index_view,
     poisoned_allocations,  # noqa: F401 (a fixture)
@@ -115,8 +116,7 @@ def test_unified_tensor_refuses_a_path_it_cannot_take(kwargs, message, monkeypat
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", dispatch.PATHS)
-@pytest.mark.parametrize("view", [*INDEX_VIEWS, *INDEX_VIEWS_2D])
+@pytest.mark.parametrize("path, view", each_value_once(dispatch.PATHS, [*INDEX_VIEWS, *INDEX_VIEWS_2D]))
 def test_every_path_reads_index_views_of_any_shape(path, view, poisoned_allocations):  # noqa: F811
     table = random_table(1200, 36, torch.float16, seed=40).view(1200, 4, 9)
     with UnifiedTensor(table, path=path) as unified:
@@ -131,8 +131,7 @@ def test_every_path_reads_index_views_of_any_shape(path, view, poisoned_allocati
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sort", [False, True])
-@pytest.mark.parametrize("bad", [1200, -1, 2**40])
+@pytest.mark.parametrize("sort, bad", each_value_once([False, True], [1200, -1, 2**40]))
 def test_torch_paths_refuse_out_of_range_indices_and_the_gpu_stays_usable(sort, bad):
     table = random_table(1200, 8, torch.float32, seed=42)
     with UnifiedTensor(table, path="torch_sorted" if sort else "torch") as unified:

@@ -1,13 +1,22 @@
-"""The feature_gather workload at the tiny scale: index generators, then each part end to end."""
+"""The feature_gather workload: index generators; the gather variants' registry and what a part
+does with it (selection, skipped variants and why, correctness checks, roles, options); each
+part end to end at the tiny scale; the notebook on a variant it has never seen."""
 
+import contextlib
+import json
+
+import pandas as pd
 import pytest
 import torch
 
 from harness.entry import main
-from harness.results import load, load_provenance
+from harness.errors import UserError
+from harness.results import ResultsWriter, load, load_provenance
+from systems.pytorch_direct.gather_variants import GATHER_VARIANTS, GPU_TABLE, HOT_ROWS, Batch, GatherVariant
 from workloads.feature_gather import TOPIC
 from workloads.feature_gather.schema import SCHEMA
-from workloads.feature_gather.tables import Popularity, uniform_rows, window_rows
+from workloads.feature_gather.sweep import Sweep, selected
+from workloads.feature_gather.tables import HostTable, Popularity, uniform_rows, window_rows
 
 
 def test_uniform_rows_are_distinct_and_in_range():
@@ -40,28 +49,165 @@ def test_window_rows_stay_inside_their_windows():
         window_rows(1024, 512, 64 << 10, 1_000, 10, g)
 
 
+# --- the registry and the sweep, on the CPU ------------------------------------------------------
+
+
+def test_the_suites_variants_are_registered_with_their_roles():
+    roles = {e.name: e.role for e in GATHER_VARIANTS}
+    assert {n for n, r in roles.items() if r == "baseline"} == {"pageable", "cpu_gather", "cpu_gather_pipelined"}
+    assert {n for n, r in roles.items() if r == "peer"} == {"torch_uva", "torch_uva_sorted", "wholegraph"}
+    assert {n for n, r in roles.items() if r == "upper_bound"} == {"all_in_gpu"}
+    assert GATHER_VARIANTS.names("optimized") == (
+        "naive", "aligned", "vectorized", "sorted", "hot_cache", "split", "default", "vectorized_kernel",
+    )  # fmt: skip
+    assert GATHER_VARIANTS["wholegraph"].packages == ("pylibwholegraph",)
+    assert GATHER_VARIANTS["vectorized_kernel"].kernel_only
+    # The CPU gathers form one family: speedups are quoted against the faster of the two.
+    assert {e.name for e in GATHER_VARIANTS if e.family == "CPU gather"} == {"cpu_gather", "cpu_gather_pipelined"}
+
+
+def test_an_unknown_variant_in_the_config_is_one_line_listing_the_registered_ones():
+    with pytest.raises(UserError) as err:
+        selected(["cpu_gather", "cpu_gathr"])
+    message = str(err.value)
+    assert "\n" not in message and "unknown gather variant 'cpu_gathr'" in message and "torch_uva_sorted" in message
+    with pytest.raises(UserError, match="must be 'all' or a list"):
+        selected("cpu_gather")
+
+
+@contextlib.contextmanager
+def registered(*entries):
+    """Entries in the registry for one test only."""
+    for entry in entries:
+        GATHER_VARIANTS.register(entry)
+    try:
+        yield
+    finally:
+        for entry in entries:
+            GATHER_VARIANTS.unregister(entry.name)
+
+
+def cpu_rows(b: Batch, *, split_fraction: float = 0.0, table_copy=None):
+    """A CPU gather into the batch's staging buffer, reading from ``table_copy`` when given."""
+    table = b.table if table_copy is None else table_copy
+
+    def run():
+        return torch.index_select(table, 0, b.idx, out=b.staging)
+
+    return run
+
+
+def cpu_sweep(names, writer, **kwargs):
+    host = HostTable(1 << 20, "cpu", seed=3)
+    return Sweep("demo", names, writer, host, repeat=2, warmup=0, device="cpu", **kwargs)
+
+
+def test_a_new_variant_is_checked_measured_and_recorded_with_its_role_and_options():
+    """One case per behaviour of the sweep: a new entry runs with its role; one that needs a GPU,
+    a cache of hot rows or a table copy it cannot make is skipped or left out with the reason;
+    one that splits by two others' rates records the fraction; a wrong one is refused."""
+    opened = []
+
+    @contextlib.contextmanager
+    def copy_of(table):
+        if table.shape[1] > 64:
+            raise RuntimeError("too wide for this copy")
+        opened.append(table.clone())
+        yield opened[-1]
+        opened[-1] = None  # freed
+
+    entries = (
+        GatherVariant("demo_cpu", "optimized", make=cpu_rows, cpu_threads=True),
+        GatherVariant("demo_gpu", "optimized", make=cpu_rows, needs_gpu=True),
+        GatherVariant("demo_cached", "optimized", make=cpu_rows, requires=(HOT_ROWS,)),
+        GatherVariant("demo_split", "optimized", make=cpu_rows, shares_from=("cpu_gather", "demo_cpu")),
+        GatherVariant("demo_copy", "peer", make=cpu_rows, table_copy=copy_of, family="demo library"),
+    )
+    with registered(*entries):
+        writer = ResultsWriter(SCHEMA, scale="tiny")
+        sweep = cpu_sweep([e.name for e in entries] + ["cpu_gather"], writer)
+        assert [e.name for e in sweep.entries] == ["demo_cpu", "demo_split", "demo_copy", "cpu_gather"]
+        assert sweep.skipped == {
+            "demo_gpu": "demo_gpu needs a CUDA GPU",
+            "demo_cached": "demo_cached reads a GPU cache of hot rows, which part demo does not make",
+        }
+        for dim in (16, 100):
+            table = sweep.host.view(1 << 20, "fp32", dim)
+            batch = sweep.batch(table, uniform_rows(table.shape[0], 500, sweep.generator))
+            config = {"dtype": "fp32", "dim": dim, "row_bytes": dim * 4, "table_bytes": table.numel() * 4}
+            rates = sweep.run_batch(batch, config)
+            sweep.run_table_copies(table, [(batch, config)])
+        assert set(rates) == {"demo_cpu", "cpu_gather", "demo_split"}
+        assert opened == [None]  # one copy made (the 64-column table), freed after its batches
+        notes = sweep.notes()
+        assert notes["variants_left_out"] == {"demo_copy": "1048400 B table left out: too wide for this copy"}
+        sweep.close()
+        rows = pd.DataFrame(writer.rows)
+        roles = rows.groupby("variant").role.first().to_dict()
+        assert roles == {
+            "demo_cpu": "optimized",
+            "demo_split": "optimized",
+            "demo_copy": "peer",
+            "cpu_gather": "baseline",
+        }
+        assert (rows[rows.variant == "demo_cpu"].threads == sweep.threads).all()  # every usable CPU, recorded
+        split = rows[rows.variant == "demo_split"].split_fraction
+        assert split.notna().all() and ((split > 0) & (split < 1)).all()
+
+        wrong = GatherVariant("demo_wrong", "optimized", make=lambda b: lambda: torch.zeros_like(b.staging))
+        with registered(wrong):
+            sweep = cpu_sweep(["demo_wrong"], ResultsWriter(SCHEMA, scale="tiny"))
+            table = sweep.host.view(1 << 20, "fp32", 8)
+            batch = sweep.batch(table, uniform_rows(table.shape[0], 100, sweep.generator))
+            with pytest.raises(RuntimeError, match="variant 'demo_wrong' returned rows that differ"):
+                sweep.run_batch(batch, {})
+            del batch
+            sweep.close()
+
+
+def test_a_variant_is_refused_a_split_it_cannot_take_and_flags_it_does_not_know():
+    with pytest.raises(ValueError, match="requires \\['gpu_memory'\\]"):
+        GatherVariant("bad", "optimized", make=cpu_rows, requires=("gpu_memory",))
+    with pytest.raises(ValueError, match="give make"):
+        GatherVariant("bad", "optimized")
+    alone = GatherVariant("demo_alone", "optimized", make=cpu_rows, shares_from=("cpu_gather", "demo_missing"))
+    assert GPU_TABLE in GATHER_VARIANTS["all_in_gpu"].requires
+    with registered(alone):
+        sweep = cpu_sweep(["cpu_gather", "demo_alone"], ResultsWriter(SCHEMA, scale="tiny"))
+        assert "not both measured in part demo" in sweep.skipped["demo_alone"]
+        sweep.close()
+
+
+# --- each part end to end ------------------------------------------------------------------------
+
+
 def _run(tmp_path, part):
     out = tmp_path / f"{part}-tiny.csv"
     main(["feature_gather", "--part", part, "--scale", "tiny", "--out", str(out)])
     return load([out], SCHEMA), load_provenance(out)
 
 
-@pytest.mark.parametrize("part", [p.name for p in TOPIC.parts_on(0)])
-def test_cpu_part_writes_valid_results(tmp_path, part, monkeypatch):
+@pytest.fixture
+def no_gpu(monkeypatch):
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     from harness import machine
 
     machine.forget()
-    try:
-        frame, prov = _run(tmp_path, part)
-    finally:
-        machine.forget()
+    yield
+    machine.forget()
+
+
+@pytest.mark.parametrize("part", [p.name for p in TOPIC.parts_on(0)])
+def test_cpu_part_writes_valid_results(tmp_path, part, no_gpu):
+    frame, prov = _run(tmp_path, part)
     assert set(frame.variant) == {"cpu_gather"} and set(frame.device) == {"cpu"}
+    assert set(frame.role) == {"baseline"}
     assert (frame[frame.metric == "bandwidth"]["value"] > 0).all()
-    assert prov["part"] == part
+    assert prov["part"] == part and prov["variants"] == ["cpu_gather"]
     if part == "row_sizes":
         assert "dgl" in prov  # the reason DGL was not measured is recorded
-        assert prov["wholegraph"] == "not measured: no GPU"
+        assert prov["variants_skipped"]["wholegraph"] == "wholegraph needs a CUDA GPU"
+    assert set(prov["variants_skipped"]) == set(GATHER_VARIANTS.names()) - {"cpu_gather"}  # each with its reason
 
 
 @pytest.mark.gpu
@@ -69,70 +215,105 @@ def test_cpu_part_writes_valid_results(tmp_path, part, monkeypatch):
 def test_gpu_part_writes_valid_results(tmp_path, part):
     frame, prov = _run(tmp_path, part)
     assert (frame[frame.metric == "bandwidth"]["value"] > 0).all()
+    roles = frame.groupby("variant").role.first()
+    for name, role in roles.items():
+        assert role == GATHER_VARIANTS[name].role
     if part == "table_sizes":
         assert {"naive", "vectorized", "sorted", "hot_cache", "split", "cpu_gather"} <= set(frame.variant)
         assert {"cpu_gather_pipelined", "torch_uva", "torch_uva_sorted"} <= set(frame.variant)
-        assert set(frame[frame.variant.isin(["torch_uva", "cpu_gather"])].role) == {"baseline"}
+        assert roles["torch_uva"] == "peer" and roles["cpu_gather"] == "baseline"
         # WholeGraph is measured where it imports, and otherwise the reason is recorded.
-        assert ("wholegraph" in set(frame.variant)) == (not prov["wholegraph"].startswith("not measured"))
+        assert ("wholegraph" in set(frame.variant)) == ("wholegraph" not in prov.get("variants_skipped", {}))
         hits = frame[(frame.variant == "hot_cache") & (frame.metric == "pcie_bytes")]
         assert (hits.value < hits.batch_rows * hits.row_bytes).all()  # cached rows do not cross PCIe
+        assert frame[frame.variant == "split"].split_fraction.notna().all()
     if part == "row_sizes":
         assert {"pageable", "all_in_gpu", "naive", "aligned", "torch_uva", "cpu_gather_pipelined"} <= set(frame.variant)
-        assert set(frame[frame.variant == "all_in_gpu"].role) == {"upper_bound"}
+        assert roles["all_in_gpu"] == "upper_bound"
+        assert not (frame[frame.variant == "all_in_gpu"].metric == "pcie_bytes").any()
         pipelined = frame[frame.variant == "cpu_gather_pipelined"]
         assert (pipelined.chunk_rows > 0).all() and (pipelined.threads > 0).all()
+        assert frame[frame.variant == "default"].path.notna().all()
+    if part == "thread_cap":
+        capped = frame[frame.variant == "vectorized"]
+        assert capped.max_threads.notna().all() and frame[frame.variant == "torch_uva"].max_threads.isna().all()
 
 
-def test_gpu_parts_need_a_gpu(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("SUITE_HIDE_GPU", "1")
-    from harness import machine
+def test_gpu_parts_need_a_gpu(tmp_path, capsys, no_gpu):
+    gpu_only = [p.name for p in TOPIC.parts if not p.cpu]
+    assert gpu_only == ["table_sizes", "batch_sizes", "thread_cap", "locality"]
+    for part in gpu_only:
+        with pytest.raises(SystemExit):
+            main(["feature_gather", "--part", part, "--scale", "tiny", "--out", str(tmp_path / "x.csv")])
+        assert f"feature_gather part '{part}' needs 1 CUDA GPU and this machine has 0" in capsys.readouterr().err
 
-    machine.forget()
-    try:
-        gpu_only = [p.name for p in TOPIC.parts if not p.cpu]
-        assert gpu_only == ["table_sizes", "batch_sizes", "thread_cap", "locality"]
-        for part in gpu_only:
-            with pytest.raises(SystemExit):
-                main(["feature_gather", "--part", part, "--scale", "tiny", "--out", str(tmp_path / "x.csv")])
-            assert f"feature_gather part '{part}' needs 1 CUDA GPU and this machine has 0" in capsys.readouterr().err
-    finally:
-        machine.forget()
+
+GATHER_CASES = [pytest.param(100, 5_001, "fp32", id="dim100-fp32")] + [
+    pytest.param(dim, n, dtype, id=f"dim{dim}-{dtype}", marks=pytest.mark.full)
+    for dim, n in [(3, 1), (100, 5_001), (602, 4_099)]
+    for dtype in ("fp32", "bf16")
+    if (dim, dtype) != (100, "fp32")
+]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dim, n", [(3, 1), (100, 5_001), (602, 4_099)])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dim, n, dtype", GATHER_CASES)
 def test_every_path_delivers_the_rows_into_a_poisoned_output(monkeypatch, dim, n, dtype):
-    """Each baseline and zero-copy path against table[idx], on an odd batch; the pipelined CPU
-    gather with chunks of a few rows, so the two staging buffers take many turns."""
-    from workloads.feature_gather import variants
-    from workloads.feature_gather.tables import DTYPES, HostTable
+    """Each baseline, peer and zero-copy path against table[idx], on an odd batch; the pipelined
+    CPU gather with chunks of a few rows, so the two staging buffers take many turns."""
+    from systems.pytorch_direct.gather_variants import cpu_baselines
+    from workloads.feature_gather.tables import DTYPES
 
-    monkeypatch.setattr(variants, "PIPELINE_CHUNK_BYTES", 7 * dim * DTYPES[dtype].itemsize)
+    monkeypatch.setattr(cpu_baselines, "PIPELINE_CHUNK_BYTES", 7 * dim * DTYPES[dtype].itemsize)
     host = HostTable(64 << 20, "cuda", seed=5)
     try:
         table = host.view(64 << 20, dtype, dim)
         g = torch.Generator().manual_seed(dim)
         idx = torch.randperm(table.shape[0], generator=g)[:n].pin_memory()
-        batch = variants.Batch(table=table, idx=idx, device="cuda", alias=host.cuda_view(table))
+        batch = Batch(table=table, idx=idx, device="cuda", alias=host.cuda_view(table))
         expected = table[idx].cuda()
         names = ("cpu_gather", "cpu_gather_pipelined", "torch_uva", "torch_uva_sorted", "naive", "vectorized", "sorted")
         for name in names:
             batch.out.fill_(float("nan"))  # poison: a row left unwritten cannot pass
-            got = variants.make(name, batch, threads=2)()
+            got = GATHER_VARIANTS[name].build(batch, threads=2)()
             torch.cuda.synchronize()
             assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), name
-        assert batch.chunk_rows == 7
+        assert cpu_baselines.chunk_rows(batch) == 7
         del batch
     finally:
         host.close()
 
 
 def test_the_pipelined_cpu_gather_needs_a_gpu():
-    from workloads.feature_gather import variants
-
     table = torch.rand(100, 4)
-    batch = variants.Batch(table=table, idx=torch.arange(10), device="cpu")
+    batch = Batch(table=table, idx=torch.arange(10), device="cpu")
     with pytest.raises(ValueError, match="without a GPU it is cpu_gather"):
-        variants.make("cpu_gather_pipelined", batch)
+        GATHER_VARIANTS["cpu_gather_pipelined"].build(batch)
+
+
+# --- the notebook ----------------------------------------------------------------------------------
+
+
+def test_the_notebook_shows_a_variant_it_has_never_seen(tmp_path, no_gpu):
+    """Tiny CPU results plus rows of a variant no registry knows (role optimized): it is in the
+    summary's tables and speedups, and in the figure's legend, in its stable colour."""
+    pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
+    from analysis.render import main as render
+
+    out = tmp_path / "row_sizes-tiny.csv"
+    main(["feature_gather", "--part", "row_sizes", "--scale", "tiny", "--out", str(out)])
+    rows = pd.read_csv(out, keep_default_na=False, dtype=str)
+    unseen = rows[rows.variant == "cpu_gather"].assign(variant="halved_gather", role="optimized")
+    pd.concat([rows, unseen]).to_csv(out, index=False)
+    figure, summary = tmp_path / "fg.png", tmp_path / "fg.md"
+    render(
+        ["analysis/feature_gather.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]
+        + ["-p", "scale=tiny", "--topic", "feature_gather", "--results", f"feature_gather={out}"]
+        + ["--figure", str(figure), "--summary", str(summary)]
+    )
+    text = summary.read_text()
+    row_sizes_header = next(line for line in text.splitlines() if line.startswith("| dtype | dim | row | "))
+    assert row_sizes_header.endswith("| cpu_gather | halved_gather |")  # after the baseline: optimized
+    assert "| x halved_gather |" in text  # a speedup over the fastest competitor (cpu_gather)
+    assert "halved_gather" in text.split("CPU core-seconds per GB")[1]
+    assert "halved_gather" in json.loads((tmp_path / "nb.text.json").read_text())[0]  # the figure's legend

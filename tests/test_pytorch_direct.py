@@ -2,6 +2,7 @@
 the reference, index tensors of any layout, UnifiedTensor's in-place pinning and its CUDA alias."""
 
 import gc
+import itertools
 
 import numpy as np
 import pytest
@@ -35,6 +36,18 @@ INDEX_VIEWS_2D = {
     "expanded_2d": lambda ids: ids[4:5].view(1, 1).expand(7, 9),
     "empty_2d": lambda ids: ids[:0].view(0, 4),
 }
+
+
+def each_value_once(*axes):
+    """The cross product of ``axes`` (sequences of values) as pytest params, tiered: a diagonal
+    that takes every value of every axis at least once runs in the fast tier, every other
+    combination only in the full one (marker ``full``)."""
+    sizes = [len(axis) for axis in axes]
+    diagonal = {tuple(k % n for n in sizes) for k in range(max(sizes))}
+    return [
+        pytest.param(*(axis[i] for axis, i in zip(axes, index)), marks=() if index in diagonal else pytest.mark.full)
+        for index in itertools.product(*(range(n) for n in sizes))
+    ]
 
 
 def random_table(rows, dim, dtype, seed=0, pin=False):
@@ -73,8 +86,7 @@ def same_bytes(a, b):
 # --- CPU: the reference op ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype, index_dtype", each_value_once(DTYPES, INDEX_DTYPES))
 def test_reference_is_plain_indexing_with_duplicates_and_any_order(dtype, index_dtype):
     table = random_table(500, 37, dtype, seed=1)
     idx = torch.randint(0, 500, (2000,), dtype=index_dtype)
@@ -83,8 +95,7 @@ def test_reference_is_plain_indexing_with_duplicates_and_any_order(dtype, index_
             assert same_bytes(gather(table, idx, kernel=kernel, **order), table[idx.long()])
 
 
-@pytest.mark.parametrize("view", INDEX_VIEWS)
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("view, index_dtype", each_value_once(list(INDEX_VIEWS), INDEX_DTYPES))
 def test_reference_reads_strided_offset_expanded_and_empty_index_views(view, index_dtype):
     table = random_table(500, 37, torch.float32, seed=12)
     idx = index_view(view, 500, index_dtype, seed=13)
@@ -356,9 +367,7 @@ def mid_line_table(dtype=torch.float32, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dim", [1, 3, 16, 37, 100, 128, 602, 1024])
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype, dim, kernel", each_value_once(DTYPES, [1, 3, 16, 37, 100, 128, 602, 1024], KERNELS))
 def test_kernel_matches_reference(dtype, dim, kernel):
     torch.manual_seed(dim)
     # One row of offset makes the table start mid-line for most row sizes.
@@ -406,9 +415,7 @@ def test_gpu_out_of_range_index_raises_and_is_never_read(bad):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("option", GPU_OPTIONS)
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("view", INDEX_VIEWS)
+@pytest.mark.parametrize("view, kernel, option", each_value_once(list(INDEX_VIEWS), KERNELS, list(GPU_OPTIONS)))
 def test_every_kernel_and_option_reads_index_views(view, kernel, option, poisoned_allocations):
     table = mid_line_table(seed=22)
     options = op_options(option, table)
@@ -421,8 +428,7 @@ def test_every_kernel_and_option_reads_index_views(view, kernel, option, poisone
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("view", INDEX_VIEWS)
+@pytest.mark.parametrize("view, kernel", each_value_once(list(INDEX_VIEWS), KERNELS))
 def test_launches_read_index_views_into_poisoned_outputs(view, kernel):
     # What the workloads call directly, with the bounds check deferred as they do.
     table = mid_line_table(torch.float16, seed=24)
@@ -454,8 +460,7 @@ def test_gpu_reads_only_the_ids_inside_the_view():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dedup", [False, True])
-@pytest.mark.parametrize("view", [*INDEX_VIEWS, *INDEX_VIEWS_2D])
+@pytest.mark.parametrize("view, dedup", each_value_once([*INDEX_VIEWS, *INDEX_VIEWS_2D], [False, True]))
 def test_unified_tensor_takes_index_views_of_any_shape(view, dedup):
     table = random_table(1200, 12, torch.bfloat16, seed=28).view(1200, 3, 4)
     with UnifiedTensor(table, dedup=dedup) as unified:
@@ -567,8 +572,7 @@ def assert_stock_ops_read(alias, table, candidates, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dim", ROW_SIZES)
-@pytest.mark.parametrize("dtype", ALIAS_DTYPES)
+@pytest.mark.parametrize("dtype, dim", each_value_once(ALIAS_DTYPES, ROW_SIZES))
 def test_alias_is_the_registered_memory_for_stock_torch_ops(dtype, dim):
     table = random_table(1000, dim, dtype, seed=dim)
     unified = UnifiedTensor(table)

@@ -1,4 +1,4 @@
-"""NVIDIA WholeGraph as a peer (workloads/feature_gather/wholegraph.py): without a GPU or without
+"""NVIDIA WholeGraph as a peer (systems/pytorch_direct/wholegraph.py): without a GPU or without
 pylibwholegraph, a one-line reason instead of a crash; on a GPU with it, WholeGraph's gather from
 its host-mapped copy returns the table's rows byte for byte."""
 
@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from workloads.feature_gather import wholegraph
-from workloads.feature_gather.variants import Batch
+from systems.pytorch_direct import wholegraph
+from systems.pytorch_direct.gather_variants import GATHER_VARIANTS, Batch
+from tests.test_pytorch_direct import each_value_once
 
 
 @pytest.fixture
@@ -84,6 +85,15 @@ def test_wholegraph_needs_a_gpu_batch():
         wholegraph.make_wholegraph(batch)
 
 
+def test_the_registry_entry_says_why_wholegraph_cannot_run_here():
+    entry = GATHER_VARIANTS["wholegraph"]
+    assert entry.role == "peer" and entry.table_copy is wholegraph.WholeGraphTable
+    assert entry.missing("cpu") == "wholegraph needs a CUDA GPU"
+    reason = entry.missing("cuda")
+    if reason is not None:  # no pylibwholegraph, or no communicator: one line either way
+        _assert_one_line_reason(reason)
+
+
 def test_host_mapping_describes_plain_memory():
     table = torch.ones(1 << 20, dtype=torch.uint8)
     report = wholegraph.host_mapping(table.data_ptr())
@@ -118,8 +128,7 @@ def wg():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("dtype, dim", each_value_once(list(DTYPES), DIMS))
 def test_gather_returns_the_rows_byte_for_byte(wg, dtype, dim):
     table = random_table(3001, dim, DTYPES[dtype], seed=dim)
     g = torch.Generator().manual_seed(1)
@@ -185,7 +194,7 @@ def test_gather_refuses_bad_indices_and_closed_tables(wg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp32", marks=pytest.mark.full)])
 def test_make_wholegraph_follows_the_variants_contract(wg, dtype):
     table = random_table(4096, 602, DTYPES[dtype], seed=5)
     idx = torch.randperm(4096, generator=torch.Generator().manual_seed(6))[:1000].pin_memory()
