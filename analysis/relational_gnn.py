@@ -11,12 +11,15 @@
 # %% [markdown]
 # # Relational GNN layers: every baseline form on every graph
 #
-# One layer on the full graph (`workloads.relational_gnn`): RGCN, RGAT and HGT in each form of
-# `workloads/rgnn` (PyG's layers, per-edge weights, a matrix product per relation segment, one
-# grouped GEMM), inference and training, every form checked against the `segment_mm` form before
-# it was timed. Times are medians of the timed calls with the interquartile range; memory is the
-# intermediate memory (the call's peak above what was allocated before the timed loop, GPU only).
-# A form that ran out of memory is marked OOM with the allocation that failed.
+# One layer on the full graph (`workloads.relational_gnn`): RGCN, RGAT and HGT in each form of the
+# registry `systems/rgnn/forms` (PyG's layers, per-edge weights, a matrix product per relation
+# segment, one grouped GEMM, Hector's variants), inference and training, every form checked against
+# the `segment_mm` form before it was timed. The forms, their roles and their order come from the
+# rows and the registry: a form the registry does not know still appears everywhere, after the
+# known ones. Speedups are over the fastest competitor (role baseline or peer) in float32. Times
+# are medians of the timed calls with the interquartile range; memory is the intermediate memory
+# (the call's peak above what was allocated before the timed loop, GPU only). A form that ran out
+# of memory is marked OOM with the allocation that failed.
 
 # %% tags=["parameters"]
 machine = "local"
@@ -32,13 +35,27 @@ import numpy as np
 
 from analysis.common import layout_with_title, load_results, machine_label, panel_grid, same_code_reruns, summarize
 from analysis.style import color
+from harness.registry import COMPETITOR_ROLES, ENTRY_ROLES
+from systems.rgnn.forms import EXACT
+from systems.rgnn.forms import FORMS as REGISTRY
+from systems.rgnn.forms.hector import HectorForm
 from workloads.relational_gnn.schema import SCHEMA
 
+
+def complete(rows):
+    """Rows written before the ``form`` and ``precision`` columns: the variant was its own form,
+    in the precision its ``dtype`` said then."""
+    rows["form"] = rows["form"].fillna(rows.variant)
+    rows["precision"] = rows["precision"].fillna(rows.dtype)
+    return rows
+
+
 frame, provenance = load_results(results["relational_gnn"], SCHEMA)
+frame = complete(frame)
 # Other processes of some parts (results/<machine>/relational_gnn/reruns/*/) at the committed
 # run's commit: the speedups below are also given as their range over every process that measured them.
 rerun_files, other_code = same_code_reruns(results.get("relational_gnn_reruns", []), results["relational_gnn"])
-reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
+reruns = complete(load_results(rerun_files, SCHEMA)[0]) if rerun_files else frame.iloc[0:0]
 gemm_frame = frame[frame.model == "gemm"]  # part gemm_template: the GEMM template alone
 frame = frame[frame.model != "gemm"]
 KEYS = ["dataset", "model", "mode", "in_dim", "variant", "edges", "unique_pairs"]
@@ -46,11 +63,20 @@ time = summarize(frame, "time", KEYS)
 memory = summarize(frame, "intermediate_memory", KEYS)
 oom = frame[frame.metric == "out_of_memory"]
 failed = frame[frame.metric == "failed_allocation_bytes"]
-BASELINES = [f for f in ("pyg", "pyg_fast", "per_edge", "segment_mm", "grouped_mm") if f in set(frame.variant)]
-HECTOR = [f for f in ("hector_unopt", "hector_compact", "hector_reorder", "hector_best") if f in set(frame.variant)]
-# The labelled tensor-core variant: shown beside the others, kept out of the float32 comparison.
-TF32 = [f for f in ("hector_best_tf32",) if f in set(frame.variant)]
-FORMS = BASELINES + HECTOR + TF32
+# Each variant's role, computation and precision, as its rows say.
+ROLE, FORM, PRECISION = (dict(zip(frame.variant, frame[c])) for c in ("role", "form", "precision"))
+# The registry's forms in its order, then any form it does not know, by role and name.
+ROLE_ORDER = {role: i for i, role in enumerate(ENTRY_ROLES)}
+unseen = sorted(set(ROLE) - set(REGISTRY.names()), key=lambda v: (ROLE_ORDER.get(ROLE[v], len(ROLE_ORDER)), v))
+FORMS = [v for v in REGISTRY.names() if v in ROLE] + unseen
+# The float32 comparison: the competitors (baselines and peers) and the optimized forms. A form of
+# another precision (the labelled tensor-core variant) is shown beside them, kept out of it.
+COMPETITORS = [v for v in FORMS if ROLE[v] in COMPETITOR_ROLES and PRECISION[v] == EXACT]
+OPTIMIZED = [v for v in FORMS if ROLE[v] == "optimized" and PRECISION[v] == EXACT]
+OTHER_PRECISION = [v for v in FORMS if PRECISION[v] != EXACT]
+# Hector's own forms (its generated kernels on a GPU), and the one without passes: the ablation's base.
+GENERATED = [v for v in FORMS if v in REGISTRY and isinstance(REGISTRY[v], HectorForm)]
+UNOPTIMIZED = next((v for v in GENERATED if v in OPTIMIZED and not REGISTRY[v].passes), None)
 # Graphs from the smallest to the largest, so the panels read left to right by size.
 GRAPHS = list(frame.drop_duplicates("dataset").sort_values("edges").dataset)
 width = 64 if 64 in set(time.in_dim) else max(time.in_dim)  # the main comparison's width (Hector's)
@@ -101,16 +127,16 @@ for _, r in oom.iterrows():
     ].value
     tried = f" (tried {size.iloc[0] / 2**30:.1f} GiB)" if not size.empty else ""
     lines.append(f"| {r.dataset} | | {r.model} | {r.in_dim} | {r['mode']} | {r.variant} | out of memory{tried} | | |")
-# Hector against the best baseline that fit, per model x dataset x mode at the main width; its
-# best configuration is the fastest of the measured variants (passes on or off).
+# The optimized forms (Hector) against the fastest competitor that fit, per model x dataset x mode
+# at the main width; the best optimized configuration is the fastest measured (passes on or off).
 
 
 def best_speedups(table):
-    """Per (model, mode, dataset) at the main width: the fastest baseline, the fastest Hector
-    variant, and the speedup of the one over the other (medians of one process)."""
+    """Per (model, mode, dataset) at the main width: the fastest competitor, the fastest optimized
+    form, and the speedup of the one over the other (medians of one process)."""
     found = {}
     for key, g in table[table.in_dim == width].groupby(["model", "mode", "dataset"]):
-        base, ours = g[g.variant.isin(BASELINES)], g[g.variant.isin(HECTOR)]
+        base, ours = g[g.variant.isin(COMPETITORS)], g[g.variant.isin(OPTIMIZED)]
         if not base.empty and not ours.empty:
             best_base, best_ours = base.loc[base["median"].idxmin()], ours.loc[ours["median"].idxmin()]
             found[key] = (best_base, best_ours, g, best_base["median"] / best_ours["median"])
@@ -119,7 +145,7 @@ def best_speedups(table):
 
 # The eight dataset-shaped graphs (the paper's comparison) apart from the small real ones.
 DATASET_SHAPED = {d for d in GRAPHS if d.endswith("-like")}
-if HECTOR:
+if OPTIMIZED:
     main = time[time.in_dim == width]
     speedups = best_speedups(time)
     # One entry per rerun folder (reruns/run2/, ...): its parts measured the graphs once more.
@@ -130,7 +156,7 @@ if HECTOR:
     # speedup (said under the table), so each rerun's geomean is over the same graphs.
     process_ratios = [{} for _ in other_processes]
     for (model, mode, dataset), (best_base, best_ours, g, speedup) in speedups.items():
-        unopt = g[g.variant == "hector_unopt"]["median"]
+        unopt = g[g.variant == UNOPTIMIZED]["median"]
         group = "dataset-shaped" if dataset in DATASET_SHAPED else "real knowledge graphs"
         ratios.setdefault((model, mode, group), []).append(speedup)
         for found, process in zip(process_ratios, other_processes, strict=True):
@@ -147,7 +173,7 @@ if HECTOR:
         )
     lines += [
         "",
-        f"## Hector against the best baseline at width {width} (speedup = baseline time / Hector time)",
+        f"## Hector against the fastest competitor at width {width} (speedup = competitor time / Hector time)",
         "",
         "Generated CUDA kernels."
         if on_gpu
@@ -155,10 +181,11 @@ if HECTOR:
         "operators, one at a time), not generated kernels. These times show that the path works; they "
         "say nothing of Hector's speed.",
         "",
-        "Best Hector: the fastest of its measured variants. Range: the best speedup in every process that "
-        "measured the row (their count in brackets); the other columns are the committed process's.",
+        f"Competitors: the forms of role baseline or peer ({', '.join(COMPETITORS)}). Best Hector: the fastest "
+        f"optimized form ({', '.join(OPTIMIZED)}). Range: the best speedup in every process that measured the "
+        "row (their count in brackets); the other columns are the committed process's.",
         "",
-        "| model | mode | dataset | best baseline, ms | unoptimized speedup | best Hector, ms | best speedup "
+        "| model | mode | dataset | fastest competitor, ms | unoptimized speedup | best Hector, ms | best speedup "
         "| range (processes) |",
         "|---|---|---|---|---|---|---|---|",
         *rows,
@@ -187,56 +214,68 @@ if HECTOR:
             "where a rerun did not measure a graph, the committed run's speedup stands in for it.",
         ]
     for widths, label in ((oom.in_dim == width, f"width {width}"), (oom.in_dim != width, "the other widths")):
-        ooms = oom[widths].groupby(oom[widths].variant.isin(HECTOR + TF32)).size()
+        ooms = oom[widths].groupby(oom[widths].role == "optimized").size()
         if label.startswith("width") or len(oom[widths]):
-            lines += ["", f"Out of memory at {label}: baselines {ooms.get(False, 0)}, Hector {ooms.get(True, 0)}."]
-    # The ablation: each optimization against unoptimized Hector, geomean over the graphs.
-    if "hector_unopt" in HECTOR:
+            lines += [
+                "",
+                f"Out of memory at {label}: competitors (baselines and peers) {ooms.get(False, 0)}, "
+                f"Hector {ooms.get(True, 0)}.",
+            ]
+    # The ablation: each optimized form against unoptimized Hector, geomean over the graphs.
+    if UNOPTIMIZED is not None:
+        ablation = [v for v in OPTIMIZED if v != UNOPTIMIZED]
         lines += [
             "",
-            f"## Hector's ablation at width {width}: speedup over hector_unopt, geomean over the "
+            f"## Hector's ablation at width {width}: speedup over {UNOPTIMIZED}, geomean over the "
             f"{'dataset-shaped ' if DATASET_SHAPED else ''}graphs (worst, best)",
             "",
-            "| model | mode | " + " | ".join(v for v in HECTOR if v != "hector_unopt") + " |",
-            "|---|---|" + "---|" * (len(HECTOR) - 1),
+            "| model | mode | " + " | ".join(ablation) + " |",
+            "|---|---|" + "---|" * len(ablation),
         ]
-        ablated = main[main.variant.isin(HECTOR) & (main.dataset.isin(DATASET_SHAPED) if DATASET_SHAPED else True)]
+        ablated = main[main.variant.isin(OPTIMIZED) & (main.dataset.isin(DATASET_SHAPED) if DATASET_SHAPED else True)]
         for (model, mode), g in ablated.groupby(["model", "mode"]):
             by = g.pivot_table(index="dataset", columns="variant", values="median")
             cells = []
-            for variant in (v for v in HECTOR if v != "hector_unopt"):
-                ratio = (by["hector_unopt"] / by[variant]).dropna() if variant in by else by.iloc[:0, 0]
+            for variant in ablation:
+                ratio = (by[UNOPTIMIZED] / by[variant]).dropna() if variant in by else by.iloc[:0, 0]
                 cells.append(
                     f"{np.exp(np.log(ratio).mean()):.2f} ({ratio.min():.2f}, {ratio.max():.2f})" if len(ratio) else ""
                 )
             lines.append(f"| {model} | {mode} | " + " | ".join(cells) + " |")
-        if TF32:
+        # Each form of another precision against the same form in float32 (the tensor-core variant).
+        exact_of = {FORM[v]: v for v in FORMS if PRECISION[v] == EXACT}
+        compared = [(v, exact_of[FORM[v]]) for v in OTHER_PRECISION if FORM[v] in exact_of]
+        if compared:
             lines += [
                 "",
-                f"## The tensor-core variant at width {width}: speedup of hector_best_tf32 over hector_best "
-                "(float32), geomean over the graphs (worst, best)",
+                f"## Other precisions at width {width}: speedup of each variant over its form in float32, "
+                "geomean over the graphs (worst, best)",
                 "",
-                "| model | mode | speedup |",
-                "|---|---|---|",
+                "| model | mode | variant | precision | over | speedup |",
+                "|---|---|---|---|---|---|",
             ]
-            for (model, mode), g in main[main.variant.isin(["hector_best", *TF32])].groupby(["model", "mode"]):
-                by = g.pivot_table(index="dataset", columns="variant", values="median")
-                if {"hector_best", *TF32} <= set(by.columns):
-                    ratio = (by["hector_best"] / by[TF32[0]]).dropna()
-                    geomean = np.exp(np.log(ratio).mean())
-                    lines.append(f"| {model} | {mode} | {geomean:.2f} ({ratio.min():.2f}, {ratio.max():.2f}) |")
-        # Memory: Hector's best configuration against the best baseline's, where both fit.
+            for variant, exact in compared:
+                for (model, mode), g in main[main.variant.isin([exact, variant])].groupby(["model", "mode"]):
+                    by = g.pivot_table(index="dataset", columns="variant", values="median")
+                    if {exact, variant} <= set(by.columns):
+                        ratio = (by[exact] / by[variant]).dropna()
+                        geomean = np.exp(np.log(ratio).mean())
+                        lines.append(
+                            f"| {model} | {mode} | {variant} | {PRECISION[variant]} | {exact} | "
+                            f"{geomean:.2f} ({ratio.min():.2f}, {ratio.max():.2f}) |"
+                        )
+        # Memory: Hector's best configuration against the fastest competitor's, where both fit.
         held = memory[memory.in_dim == width]
         if not held.empty:
             lines += [
                 "",
-                f"## Intermediate memory at width {width}: the fastest baseline's and the fastest Hector's",
+                f"## Intermediate memory at width {width}: the fastest competitor's and the fastest Hector's",
                 "",
-                "| model | mode | dataset | baseline | MiB | Hector | MiB |",
+                "| model | mode | dataset | competitor | MiB | Hector | MiB |",
                 "|---|---|---|---|---|---|---|",
             ]
             for (model, mode, dataset), g in main.groupby(["model", "mode", "dataset"]):
-                base, ours = g[g.variant.isin(BASELINES)], g[g.variant.isin(HECTOR)]
+                base, ours = g[g.variant.isin(COMPETITORS)], g[g.variant.isin(OPTIMIZED)]
                 if base.empty or ours.empty:
                     continue
                 pick = [base.loc[base["median"].idxmin()], ours.loc[ours["median"].idxmin()]]
@@ -248,7 +287,9 @@ if HECTOR:
                 lines.append(f"| {model} | {mode} | {dataset} | " + " | ".join(cells) + " |")
 # The GEMM template alone against stock torch on equal segment shapes (part gemm_template).
 if not gemm_frame.empty:
-    gemm = summarize(gemm_frame, "time", ["dataset", "dtype", "variant", "edges", "relations", "in_dim", "out_dim"])
+    gemm = summarize(
+        gemm_frame, "time", ["dataset", "precision", "role", "variant", "edges", "relations", "in_dim", "out_dim"]
+    )
     lines += [
         "",
         "## Hector's GEMM template against stock torch on equal segment shapes",
@@ -260,13 +301,13 @@ if not gemm_frame.empty:
         "| case | precision | segments | rows | in x out | variant | time ms | TFLOP/s | template speedup |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for (case, dtype), g in gemm.groupby(["dataset", "dtype"]):
-        ours = g[g.variant == "hector_gemm"]["median"]
+    for (case, precision), g in gemm.groupby(["dataset", "precision"]):
+        ours = g[g.role == "optimized"]["median"]  # the template
         for _, r in g.sort_values("median").iterrows():
             flops = 2 * r.edges * r.in_dim * r.out_dim
-            ratio = f"{r['median'] / ours.iloc[0]:.2f}" if not ours.empty and r.variant != "hector_gemm" else ""
+            ratio = f"{r['median'] / ours.iloc[0]:.2f}" if not ours.empty and r.role != "optimized" else ""
             lines.append(
-                f"| {case} | {dtype} | {r.relations} | {r.edges:,} | {r.in_dim} x {r.out_dim} | {r.variant} | "
+                f"| {case} | {precision} | {r.relations} | {r.edges:,} | {r.in_dim} x {r.out_dim} | {r.variant} | "
                 f"{r['median'] * 1e3:.3f} | {flops / r['median'] / 1e12:.2f} | {ratio} |"
             )
 # What compact materialization could save: a per-edge value at the widest width, against one per
@@ -294,7 +335,7 @@ if on_gpu:
     # e5fc9bd where that operator is the layer's custom op (inference, backward), and since the
     # commit after it also under the op's autograd wrapper (the training forward). What results
     # measured before left in Hector's "other" is its kernels: on a GPU, shown as their own class.
-    hector_other = split.variant.isin(HECTOR + TF32) & (split.kernel_class == "other")
+    hector_other = split.variant.isin(GENERATED) & (split.kernel_class == "other")
     if (split.loc[hector_other, "value"] > 0).any():
         split.loc[hector_other, "kernel_class"] = "generated"
         CLASSES.insert(4, "generated")
@@ -355,8 +396,8 @@ panels = [(model, mode) for model in sorted(set(time.model)) for mode in ("infer
 panels = [(m, mode) for m, mode in panels if ((time.model == m) & (time["mode"] == mode)).any()]
 has_memory = not memory.empty
 models = sorted(set(shares.model)) if not shares.empty else []
-# Hector's speedup over the fastest baseline per graph: only where it ran generated kernels.
-show_speedup = bool(HECTOR) and on_gpu and bool(speedups)
+# Hector's speedup over the fastest competitor per graph: only where it ran generated kernels.
+show_speedup = bool(OPTIMIZED) and on_gpu and bool(speedups)
 pairs = len(panels) * (2 if has_memory else 1)
 fig, grid = panel_grid(pairs + show_speedup + len(models), width=7.0, height=3.6, cols=2)
 legend = {}
@@ -416,7 +457,7 @@ if show_speedup:
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xticks(range(len(graphs)), graphs, rotation=30, ha="right", fontsize=7)
-    ax.set(ylabel="speedup over fastest baseline (log)", title=f"Hector (fastest variant), width {width}")
+    ax.set(ylabel="speedup over fastest competitor (log)", title=f"Hector (fastest variant), width {width}")
     ax.grid(alpha=0.3, axis="y", which="both")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
@@ -453,9 +494,9 @@ order = [f for f in FORMS if f in legend]
 fig.legend([legend[f] for f in order], order, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
 layout_with_title(
     fig,
-    f"Relational GNN layers, baselines{' and Hector' if HECTOR else ''}: {machine}, scale '{scale}' "
+    f"Relational GNN layers, baselines{' and Hector' if OPTIMIZED else ''}: {machine}, scale '{scale}' "
     f"(measured; generated graphs are '-like' stand-ins"
-    f"{'' if on_gpu or not HECTOR else '; no GPU: Hector ran its reference backend'})"
+    f"{'' if on_gpu or not OPTIMIZED else '; no GPU: Hector ran its reference backend'})"
     f"\n{machine_label(provenance)}",
 )
 Path(figure).parent.mkdir(parents=True, exist_ok=True)

@@ -25,19 +25,20 @@ import torch.nn.functional as F
 
 from harness.timing import measure
 from systems.hector import lower
-from systems.hector.forms import VARIANTS, HectorForm
+from systems.relgraph.graph import RelGraph
+from systems.rgnn.breakdown import breakdown, operators
+from systems.rgnn.forms import FORMS
+from systems.rgnn.forms.hector import HectorForm, HectorLayer
+from systems.rgnn.models import MODELS
 from workloads.graphs import relational, store
-from workloads.relational_gnn.parts import MODELS
-from workloads.rgnn.breakdown import breakdown, operators
-from workloads.rgnn.graph import RelGraph
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="aifb", choices=sorted(relational.PUBLISHED))
-    parser.add_argument("--model", default="hgt", choices=sorted(MODELS))
+    parser.add_argument("--model", default="hgt", choices=MODELS.names())
     parser.add_argument(
-        "--variant", default="hector_best", help="a Hector variant or a baseline form (grouped_mm, ...)"
+        "--variant", default="hector_best", choices=FORMS.names(), help="a form: a Hector variant or a baseline"
     )
     parser.add_argument("--mode", default="training", choices=["inference", "training"])
     parser.add_argument("--width", type=int, default=64)
@@ -50,15 +51,12 @@ def main() -> None:
     spec = relational.dataset_spec(args.dataset, seed=0)
     arrays = store.get(relational.HeteroParams(spec, relational.PUBLISHED[args.dataset].unique_pair_ratio, seed=0))
     graph = RelGraph.from_store(arrays, len(spec.relations), "cuda", num_node_types=len(spec.node_types))
-    module = MODELS[args.model]
-    weights = module.WEIGHTS(graph.num_relations, args.width, args.width, seed=0, num_node_types=graph.num_node_types)
-    weights = weights.to("cuda")
+    model, form = MODELS[args.model], FORMS[args.variant]
+    weights = model.make_weights(graph, args.width, args.width).to("cuda")
     x = torch.randn(graph.num_nodes, args.width, device="cuda")
     target = torch.randn(graph.num_nodes, args.width, device="cuda")
-    hector = args.variant in VARIANTS
-    layer = (
-        HectorForm(args.model, args.variant, weights, graph) if hector else module.form(args.variant, weights, graph)
-    )
+    hector = isinstance(form, HectorForm)
+    layer = form.build(model, weights, graph)
     optimizer = torch.optim.Adam(weights.parameters(), lr=1e-3)
 
     def call():
@@ -131,7 +129,7 @@ def _phases(layer, x, target, optimizer, calls: int) -> None:
     print(f"parameters: {sum(1 for _ in optimizer.param_groups[0]['params'])}")
 
 
-def _split(layer: HectorForm):
+def _split(layer: HectorLayer):
     from systems.hector.autodiff import split
 
     return split(layer.layer.program)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 
 from harness.errors import UserError, exit_on_user_error
-from systems.hector import autodiff, codegen, lower, models, passes
+from systems.hector import autodiff, codegen, lower, passes
+from systems.rgnn.models import MODELS
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m systems.hector", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", choices=sorted(models.PROGRAMS))
+    parser.add_argument("model", choices=sorted(m.name for m in MODELS if m.program is not None))
     parser.add_argument("--passes", default="reorder,compact", help="comma-separated, in order (default: both)")
     parser.add_argument("--backward", action="store_true", help="differentiate, then lower forward and backward")
     parser.add_argument("--cuda", action="store_true", help="print every generated kernel instance")
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in passes.PASSES]
     if unknown:
         raise UserError(f"unknown pass {unknown[0]!r}; passes: {', '.join(passes.PASSES)}")
-    program = models.PROGRAMS[args.model]()
+    program = MODELS[args.model].program()
     print(program, end="\n\n")
     for name in names:
         program = passes.PASSES[name](program)

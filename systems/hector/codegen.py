@@ -245,7 +245,7 @@ def run(
 def _range(step, ranged: bool):
     """Under the profiler each step is a range named per template (hector::gemm, hector::map, ...):
     the host time per step shows in the profiler's tables, and the breakdown counts the bytes a
-    step allocates for its kind (workloads/rgnn/breakdown.py). Otherwise no range: each is two
+    step allocates for its kind (systems/rgnn/breakdown.py). Otherwise no range: each is two
     dispatched operators, which add up over a plan's steps."""
     return torch.profiler.record_function(range_name(step)) if ranged else contextlib.nullcontext()
 
@@ -294,7 +294,7 @@ class _Replay:
 
 def range_name(step) -> str:
     """The profiler range of a step: ``hector::`` and its kind (a fused chain summed into targets
-    is ``fusedscatter``), which workloads/rgnn/breakdown.py classes."""
+    is ``fusedscatter``), which systems/rgnn/breakdown.py classes."""
     kind = type(step).__name__.lower()
     return f"hector::{kind}scatter" if isinstance(step, lower.Fused) and step.index else f"hector::{kind}"
 

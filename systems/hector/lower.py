@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from systems.hector.ir import Program, Value
-from workloads.rgnn.graph import RelGraph, segment_offsets
+from systems.relgraph.graph import RelGraph, segment_offsets
 
 TILE_ROWS = 64  # the GEMM template's rows per tile (kernels/gemm.cu TILE_M)
 OUTER_ROWS = 512  # positions per weight-gradient tile: each tile adds to its type's gradient once

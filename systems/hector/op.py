@@ -1,7 +1,7 @@
 """A program as a differentiable PyTorch operator: a pair of ``torch.library`` custom ops, the
 forward program and its IR backward (systems/hector/autodiff.py), tied by ``register_autograd``.
 
-    layer = Layer(passes.optimize(models.rgat_layer(), "reorder", "compact"))
+    layer = Layer(passes.optimize(rgat_layer(), "reorder", "compact"))  # systems/rgnn/models/rgat.py
     out = layer(graph, x=x, W=W, q=q, k=k, bias=bias)     # differentiable in every tensor
 
 The ops take the graph as an integer handle (:func:`register_graph`): a relational graph is a set
@@ -23,7 +23,7 @@ from harness.errors import UserError
 from systems.hector import codegen, lower, reference
 from systems.hector.autodiff import leaves, split
 from systems.hector.ir import Program
-from workloads.rgnn.graph import RelGraph
+from systems.relgraph.graph import RelGraph
 
 _graphs: weakref.WeakValueDictionary[int, RelGraph] = weakref.WeakValueDictionary()  # held by their callers
 _ops: dict[str, tuple] = {}  # by op name: a program's text decides its name, so each registers once

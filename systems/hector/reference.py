@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from harness.errors import UserError
 from systems.hector.ir import Program, Value
 from systems.hector.lower import GraphIndex
-from workloads.rgnn.graph import RelGraph, segment_offsets
-from workloads.rgnn.ops import edge_softmax, segment_products
+from systems.relgraph.graph import RelGraph, segment_offsets
+from systems.relgraph.ops import edge_softmax, segment_products
 
 
 class BindingError(UserError):
@@ -149,7 +149,7 @@ def _type_count(by: str, graph: RelGraph) -> int:
 
 def typed_products(rows: torch.Tensor, weight: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
     """``rows[i] @ weight[types[i]]`` for every row: rows sorted by type once, the baselines' one
-    product per type's segment (workloads/rgnn/ops.py), and back to row order."""
+    product per type's segment (systems/relgraph/ops.py), and back to row order."""
     order = torch.sort(types, stable=True).indices
     products = segment_products(rows.index_select(0, order), weight, segment_offsets(types, weight.shape[0]))
     return products.new_empty(products.shape).index_copy(0, order, products)

@@ -1,10 +1,10 @@
 """Relational GNN layers in the baseline forms Hector is measured against (issue 13).
 
-One layer on the full graph (Hector's protocol: 64 in, 64 out, one head), RGCN, RGAT and HGT, each in
-every form of workloads/rgnn (``pyg``, ``pyg_fast`` where PyG has one, ``per_edge``,
-``segment_mm``, ``grouped_mm``), for inference (forward without gradients) and training (forward,
-backward and an optimizer step). Every form's output is checked against the ``segment_mm`` form's
-before any is timed. Parts:
+One layer on the full graph (Hector's protocol: 64 in, 64 out, one head), each model of
+systems/rgnn/models (RGCN, RGAT, HGT) in every form of systems/rgnn/forms that computes it (``pyg``,
+``pyg_fast`` where PyG has one, ``per_edge``, ``segment_mm``, ``grouped_mm``, Hector's variants),
+for inference (forward without gradients) and training (forward, backward and an optimizer step).
+Every form's output is checked against the ``segment_mm`` form's before any is timed. Parts:
 
 - ``knowledge_graphs``: the real Nations, Kinships and UMLS graphs from the pykeen wheel;
 - ``datasets``: heterographs shaped like Hector's eight datasets (workloads/graphs/relational.py),
@@ -15,8 +15,8 @@ before any is timed. Parts:
 - ``gemm_template`` (GPU machines only): Hector's GEMM template against stock torch on equal
   segment shapes.
 
-Hector's variants (systems/hector) run beside the baselines with ``role`` = optimized. A form that
-runs out of GPU memory is recorded as ``out_of_memory`` with the size of the allocation that
+Each row's ``role`` is its form's in the registry: PyG's layers ``peer``, the plain forms
+``baseline``, Hector's variants (systems/hector) ``optimized``. A form that runs out of GPU memory is recorded as ``out_of_memory`` with the size of the allocation that
 failed, not as a failure.
 """
 

@@ -4,7 +4,7 @@ a dataset-shaped graph (rows already in relation order, as ``grouped_mm`` takes 
 large segment, where cuBLAS (a plain ``torch.mm``) is the yardstick.
 
 Each case's inputs are seeded; every variant's result is compared with float32 per-segment
-products before any is timed. Three precisions, each a ``dtype`` of the rows: ``float32`` with
+products before any is timed. Three precisions (a row's ``precision``): ``float32`` with
 TF32 off; ``tf32`` with torch's TF32 on and the template's TF32 variant (inputs rounded to TF32,
 fp32 accumulate), checked at TF32's tolerance; ``bfloat16``: bf16 rows, weights and results for
 every variant (torch's defaults for bf16 products; the template's bf16 variant accumulates in
@@ -15,7 +15,7 @@ What is timed is one call on prepared inputs, as a model step makes it: the temp
 ``offs`` are made once, outside the timing; the loop of products (``segment_mm``) reads its
 segment sizes back on every call, as the models' form does. Rows: ``model`` = ``gemm``,
 ``mode`` = ``inference``, ``edges`` = the rows multiplied, ``relations`` = the segments,
-``dataset`` = the case's name.
+``dataset`` = the case's name, ``form`` = the variant, ``dtype`` = the operands' element type.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from harness.errors import UserError
 from harness.timing import measure
 from workloads.graphs import relational
-from workloads.rgnn.ops import grouped_products, segment_products
+from systems.relgraph.ops import grouped_products, segment_products
 
 
 def gemm_template(params, writer, *, repeat, warmup, device, **_):
@@ -43,6 +43,8 @@ def gemm_template(params, writer, *, repeat, warmup, device, **_):
 
 
 PRECISIONS = ("float32", "tf32", "bfloat16")
+# What each variant is in the comparison: the template, and stock torch's ways to the same products.
+ROLES = {"segment_mm": "baseline", "grouped_mm": "baseline", "hector_gemm": "optimized", "cublas": "baseline"}
 # Each precision's check against the float32 products: TF32 rounds the inputs to 10 mantissa bits,
 # bf16 the results to 8; float32 only sums in another order.
 TOLERANCE = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 1e-2}
@@ -86,14 +88,15 @@ def _case(case: dict, precision: str, seed: int, writer, *, repeat, warmup, devi
         "mode": "inference",
         "in_dim": case["in_dim"],
         "out_dim": case["out_dim"],
-        "dtype": precision,
+        "precision": precision,
+        "dtype": "bfloat16" if precision == "bfloat16" else "float32",
         "edges": sum(sizes),
         "relations": len(sizes),
     }
     for name, fn in variants.items():
         m = measure(fn, device=device, repeat=repeat, warmup=warmup, desc=f"{case['name']} {name} {precision}")
-        role = "optimized" if name.startswith("hector") else "baseline"
-        writer.add_measurement(m, role=role, variant=name, config=config, dataset=case["name"])
+        row = config | {"form": name}
+        writer.add_measurement(m, role=ROLES[name], variant=name, config=row, dataset=case["name"])
 
 
 def _grouped(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor):

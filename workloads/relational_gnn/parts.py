@@ -1,10 +1,17 @@
 """The measuring functions of the relational_gnn topic: ``knowledge_graphs``, ``datasets``,
 ``large_datasets`` and ``width_sweep`` (and ``gemm_template``, in gemm.py).
 
-For each graph, model (``models``) and width (``dims``: in = out): seeded features and weights;
-every form's output (forward, no gradients) compared with the ``segment_mm`` form's, before any
-form is timed (a form that disagrees stops the part: a wrong path is never timed); then each form
-timed for each mode in ``modes``:
+The models are those of the registry systems/rgnn/models named in ``models``; the forms are those
+of the registry systems/rgnn/forms that compute each model (PyG's layers, role ``peer``; the plain
+forms, ``baseline``; Hector's variants, ``optimized``), but those in ``leave_out``. Each row says
+its form's entry name (``variant``), the computation (``form``) and its products' precision
+(``precision``). A form that cannot run here (no GPU, a package missing) is not attempted: the
+notes say why.
+
+For each graph, model and width (``dims``: in = out): seeded features and weights; every form's
+output (forward, no gradients) compared with the model's reference form's (``segment_mm``), within
+its precision's tolerance, before any form is timed (a form that disagrees stops the part: a wrong
+path is never timed); then each form timed for each mode in ``modes``:
 
 * ``inference``: the forward pass under ``torch.no_grad``;
 * ``training``: forward, a mean-squared loss against a seeded target, backward, Adam's step.
@@ -13,15 +20,13 @@ One untimed call comes first (it also makes the gradients and Adam's state), the
 and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what was
 allocated after the untimed call. Then, at the widths in ``breakdown_dims`` (default: all), one
 more call under the profiler gives the time and the bytes allocated by kind of work
-(workloads/rgnn/breakdown.py). Matrix products run in exact float32 (TF32 off), as in Hector's
-protocol. A form that runs out of GPU memory, in its check or its timing, is recorded as
-``out_of_memory`` with the size of the allocation that failed; ``memory_cap_gib`` caps the memory
-the process may take (a smaller GPU). On a CPU, a form that would materialize per-edge weights beyond
+(systems/rgnn/breakdown.py). torch's matrix products run in exact float32 (TF32 off), as in
+Hector's protocol; a form of another precision (``hector_best_tf32``) gets it from its own kernels.
+A form that runs out of GPU memory, in its check or its timing, is recorded as ``out_of_memory``
+with the size of the allocation that failed; ``memory_cap_gib`` caps the memory the process may
+take (a smaller GPU). On a CPU, a form that would materialize per-edge weights beyond
 ``cpu_materialize_limit_gib`` is not attempted (an exhausted host is killed, not told): the notes
 say so, with the bytes it would have needed.
-
-Beside the baseline forms (role ``baseline``), Hector's variants in ``variants`` (default all:
-systems/hector/forms.py) are checked and timed the same way, with role ``optimized``.
 """
 
 from __future__ import annotations
@@ -35,25 +40,13 @@ import torch.nn.functional as F
 
 from harness.errors import UserError
 from harness.timing import measure
-from systems.hector.forms import TENSOR_CORE_VARIANTS, HectorForm
-from systems.hector.forms import VARIANTS as HECTOR_VARIANTS
+from systems.relgraph.graph import RelGraph
+from systems.rgnn.breakdown import profile_call
+from systems.rgnn.forms import FORMS, forms_of
+from systems.rgnn.models import MODELS
 from workloads.graphs import knowledge, published_heterographs, relational, store
 from workloads.relational_gnn.gemm import gemm_template  # noqa: F401 (a part, found here by name)
-from workloads.rgnn import hgt, rgat, rgcn
-from workloads.rgnn.breakdown import profile_call
-from workloads.rgnn.graph import RelGraph
 
-MODELS = {"rgcn": rgcn, "rgat": rgat, "hgt": hgt}
-REFERENCE_FORM = "segment_mm"
-# Forms that gather one [in, out] weight matrix per edge (twice for training: its gradient too;
-# HGT's per-edge form gathers two [out, out] relation matrices, the same size where in = out).
-PER_EDGE_WEIGHTS = {
-    ("rgcn", "pyg_fast"),
-    ("rgcn", "per_edge"),
-    ("rgat", "pyg"),
-    ("rgat", "per_edge"),
-    ("hgt", "per_edge"),
-}
 _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -64,7 +57,7 @@ class FormsDisagree(AssertionError):
 
 def knowledge_graphs(params, writer, *, repeat, warmup, device, **_):
     """The real knowledge graphs (workloads/graphs/knowledge.py), every model, form and mode."""
-    notes = _notes()
+    notes = _notes(params)
     with _exact_float32(), _memory_cap(params, device):
         for name in params["graphs"]:
             spec, arrays = knowledge.load(name)
@@ -75,7 +68,7 @@ def knowledge_graphs(params, writer, *, repeat, warmup, device, **_):
 def datasets(params, writer, *, repeat, warmup, device, **_):
     """Heterographs shaped like Hector's datasets (workloads/graphs/relational.py), generated once
     and cached on disk, every model, form and mode."""
-    notes = _notes()
+    notes = _notes(params)
     with _exact_float32(), _memory_cap(params, device):
         for entry in params["datasets"]:
             name, factor = entry["name"], entry["scale_factor"]
@@ -128,8 +121,14 @@ def width_sweep(params, writer, **kwargs):
     return datasets(params, writer, **kwargs)
 
 
-def _notes() -> dict:
-    """The part's provenance notes, starting with why there is no DGL form."""
+def _notes(params) -> dict:
+    """The part's provenance notes, starting with why there is no DGL form; first, the models and
+    forms named in ``params`` are checked against the registries (an unknown name is one line
+    listing the valid ones), before anything is built."""
+    for name in params["models"]:
+        MODELS[name]
+    for name in params.get("leave_out", []):
+        FORMS[name]
     try:
         import dgl  # noqa: F401  (only whether it imports)
     except Exception as err:  # ImportError, or DGL's own errors against this torch
@@ -157,7 +156,7 @@ def _graph(dataset, spec, arrays, factor, params, writer, notes, *, repeat, warm
                 "model": model,
                 "in_dim": dim,
                 "out_dim": dim,
-                "dtype": "float32",
+                "dtype": "float32",  # the features' and weights' element type
                 "nodes": graph.num_nodes,
                 "edges": graph.edges,
                 "relations": graph.num_relations,
@@ -168,22 +167,19 @@ def _graph(dataset, spec, arrays, factor, params, writer, notes, *, repeat, warm
             _layer(dataset, graph, model, dim, params, writer, notes, config, repeat=repeat, warmup=warmup)
 
 
-def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat, warmup) -> None:
-    """Check every form of ``model`` against the reference form, then time each in each mode."""
+def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, repeat, warmup) -> None:
+    """Check every form of the model against its reference form, then time each in each mode."""
     device = config["device"]
-    module = MODELS[model]
+    model = MODELS[model_name]
     generator = torch.Generator().manual_seed(params["seed"])
     x = torch.randn(graph.num_nodes, dim, generator=generator).to(device)
     target = torch.randn(graph.num_nodes, dim, generator=generator).to(device)
-    weights = module.WEIGHTS(
-        graph.num_relations, dim, dim, seed=params["seed"], num_node_types=graph.num_node_types
-    ).to(device)
-    names = sorted(module.FORMS, key=lambda name: name != REFERENCE_FORM)  # the reference first
-    names += [v for v in HECTOR_VARIANTS if v in params.get("variants", HECTOR_VARIANTS)]
+    weights = model.make_weights(graph, dim, dim, seed=params["seed"]).to(device)
+    forms = [form for form in forms_of(model) if form.name not in params.get("leave_out", [])]
     reference, checked = None, []
-    for name in names:
-        where = f"{model} {name} on {dataset} at {dim}"
-        if device == "cpu" and (model, name) in PER_EDGE_WEIGHTS:
+    for form in forms:
+        where = f"{model.name} {form.name} on {dataset} at {dim}"
+        if device == "cpu" and form.gathers_edge_weights(model):
             need = graph.edges * dim * dim * 4 * 2  # the gathered weights and their gradient
             if need > params["cpu_materialize_limit_gib"] * (1 << 30):
                 notes["skipped"][where] = (
@@ -191,30 +187,26 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                     f"cpu_materialize_limit_gib ({params['cpu_materialize_limit_gib']})"
                 )
                 continue
-        if name in TENSOR_CORE_VARIANTS and device != "cuda":
-            notes["skipped"][f"{name} on {dataset}"] = "tensor cores: GPU machines only"
+        if (why := form.missing(device)) is not None:
+            notes["skipped"][f"{form.name} on {dataset}"] = why
             continue
-        if name in HECTOR_VARIANTS:
-            layer = HectorForm(model, name, weights, graph)
-        else:
-            layer = module.form(name, weights, graph)
+        layer = form.build(model, weights, graph)
         try:
             with torch.no_grad():
                 out = layer(x)
         except torch.cuda.OutOfMemoryError as err:
             for mode in params["modes"]:
-                _out_of_memory(writer, dataset, name, config | {"mode": mode, "dtype": _dtype(name)}, err)
+                _out_of_memory(writer, dataset, form, config | {"mode": mode}, err)
             continue
         if reference is None:
-            if name != REFERENCE_FORM:
-                raise UserError(f"{where}: the reference form {REFERENCE_FORM} did not run, so nothing is checked")
+            if form.name != model.reference:
+                raise UserError(f"{where}: the reference form {model.reference} did not run, so nothing is checked")
             reference = out
-        elif not torch.allclose(out, reference, rtol=(tol := 1e-2 if name in TENSOR_CORE_VARIANTS else 1e-3),
-                                atol=tol * float(reference.abs().max())):  # fmt: skip
+        elif not torch.allclose(out, reference, rtol=(tol := form.tolerance), atol=tol * float(reference.abs().max())):
             worst = float((out - reference).abs().max())
-            raise FormsDisagree(f"{where}: differs from {REFERENCE_FORM} by up to {worst:.3g}")
+            raise FormsDisagree(f"{where}: differs from {model.reference} by up to {worst:.3g}")
         del out
-        checked.append((name, layer))
+        checked.append((form, layer))
     del reference
     optimizer = torch.optim.Adam(weights.parameters(), lr=1e-3)
 
@@ -228,9 +220,9 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
         optimizer.step()
         return loss
 
-    for name, layer in checked:
+    for form, layer in checked:
         for mode in params["modes"]:
-            row = config | {"mode": mode, "dtype": _dtype(name)}
+            row = config | {"mode": mode} | _columns(form)
             try:
                 step(layer, mode)  # untimed: makes the gradients and the optimizer's state
                 if device == "cuda":
@@ -242,20 +234,19 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                     repeat=repeat,
                     warmup=warmup,
                     track_memory=device == "cuda",
-                    desc=f"{dataset} {model} {dim} {name} {mode}",
+                    desc=f"{dataset} {model.name} {dim} {form.name} {mode}",
                 )
             except torch.cuda.OutOfMemoryError as err:
-                _out_of_memory(writer, dataset, name, row, err)
+                _out_of_memory(writer, dataset, form, row, err)
                 continue
-            role = _role(name)
-            writer.add_measurement(m, role=role, variant=name, config=row, dataset=dataset)
+            writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
             if config["in_dim"] in params.get("breakdown_dims", params["dims"]):  # one more call, profiled
                 seconds, allocated = profile_call(lambda: step(layer, mode), device)
                 for metric, split, unit in (("breakdown_time", seconds, "s"), ("breakdown_bytes", allocated, "B")):
                     for kind, value in split.items():
                         writer.add(
-                            role=role,
-                            variant=name,
+                            role=form.role,
+                            variant=form.name,
                             config=row | {"kernel_class": kind},
                             metric=metric,
                             value=value,
@@ -264,8 +255,8 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                         )
             for rep, peak in enumerate(m.peak_gpu_bytes):
                 writer.add(
-                    role=role,
-                    variant=name,
+                    role=form.role,
+                    variant=form.name,
                     config=row,
                     metric="intermediate_memory",
                     value=peak - before,
@@ -275,20 +266,16 @@ def _layer(dataset, graph, model, dim, params, writer, notes, config, *, repeat,
                 )
 
 
-def _dtype(variant: str) -> str:
-    """The precision a form multiplies in: float32 with TF32 off, or TF32 on tensor cores."""
-    return "tf32" if variant in TENSOR_CORE_VARIANTS else "float32"
+def _columns(form) -> dict:
+    """A row's configuration columns for ``form``: what it computes and in which precision."""
+    return {"form": form.form, "precision": form.precision}
 
 
-def _role(variant: str) -> str:
-    return "optimized" if variant in HECTOR_VARIANTS else "baseline"
-
-
-def _out_of_memory(writer, dataset: str, variant: str, config: dict, err: BaseException) -> None:
-    """Record that ``variant`` did not fit, with the failed allocation's size where the error says
+def _out_of_memory(writer, dataset: str, form, config: dict, err: BaseException) -> None:
+    """Record that ``form`` did not fit, with the failed allocation's size where the error says
     it, and give the memory back."""
     torch.cuda.empty_cache()
-    common = {"role": _role(variant), "variant": variant, "config": config, "dataset": dataset}
+    common = {"role": form.role, "variant": form.name, "config": config | _columns(form), "dataset": dataset}
     writer.add(metric="out_of_memory", value=1, unit="1", **common)
     found = _ALLOCATION.search(str(err))
     if found:

@@ -1,11 +1,15 @@
 """Results format of the relational_gnn topic (see harness.results for the common columns).
 
 ``dataset`` names the graph (``nations``, ``aifb-like``, ``am-like-0.01`` at a scale factor);
-``variant`` is the form: a ``baseline`` of workloads/rgnn (``pyg``, ``pyg_fast``, ``per_edge``,
-``segment_mm``, ``grouped_mm``) or Hector, ``optimized`` (``hector_unopt``, ``hector_compact``,
-``hector_reorder``, ``hector_best``). Part ``gemm_template``'s rows have ``model`` = ``gemm``:
-the GEMM template (``hector_gemm``) against ``grouped_mm``, ``segment_mm`` and ``cublas`` on equal
-segment shapes (``edges`` rows in ``relations`` segments). Metrics per
+``variant`` is the form's entry name in the registry systems/rgnn/forms, ``role`` its role there:
+``peer`` (PyG's layers: ``pyg``, ``pyg_fast``), ``baseline`` (the plain forms: ``per_edge``,
+``segment_mm``, ``grouped_mm``) or ``optimized`` (Hector: ``hector_unopt``, ``hector_compact``,
+``hector_reorder``, ``hector_best``, ``hector_best_tf32``). ``form`` is what the variant computes
+whatever its precision (``hector_best_tf32``'s is ``hector_best``), ``precision`` its products'
+precision (``float32``: TF32 off; ``tf32``: tensor cores, TF32 inputs and fp32 accumulate;
+``bfloat16``), ``dtype`` the element type of its tensors. Part ``gemm_template``'s rows have
+``model`` = ``gemm``: the GEMM template (``hector_gemm``) against ``grouped_mm``, ``segment_mm``
+and ``cublas`` on equal segment shapes (``edges`` rows in ``relations`` segments). Metrics per
 timed call: ``time``, ``cpu_time``, on a GPU ``peak_gpu_memory`` and ``intermediate_memory`` (the
 peak allocated during the call minus what was allocated before the timed loop: the graph, the
 features, the weights and, for training, their gradients and optimizer state). Where a form did
@@ -26,8 +30,10 @@ SCHEMA = Schema(
         "mode": str,  # "inference" (forward, no gradients) or "training" (forward, backward, step)
         "in_dim": int,
         "out_dim": int,
-        "dtype": str,  # "float32" (TF32 off), "tf32" (tensor cores: TF32 inputs, fp32 accumulate), or
-        # "bfloat16" (gemm_template only: bf16 inputs and results)
+        "form": str,  # what the variant computes, whatever its precision (a form's name)
+        "precision": str,  # of the products: "float32" (TF32 off), "tf32" (tensor cores: TF32 inputs,
+        # fp32 accumulate) or "bfloat16" (gemm_template only: bf16 inputs and results)
+        "dtype": str,  # the element type of the features, weights and results: "float32" or "bfloat16"
         "nodes": int,
         "edges": int,
         "relations": int,
@@ -40,7 +46,7 @@ SCHEMA = Schema(
         "intermediate_memory": "B",
         "out_of_memory": "1",
         "failed_allocation_bytes": "B",
-        "breakdown_time": "s",  # one profiled call's time in one kernel_class (workloads/rgnn/breakdown.py)
+        "breakdown_time": "s",  # one profiled call's time in one kernel_class (systems/rgnn/breakdown.py)
         "breakdown_bytes": "B",  # the same call's bytes allocated in one kernel_class
     },
 )

@@ -1,4 +1,4 @@
-"""What every form of every relational layer shares: its weights (which say their
+"""What every layer a model implements itself shares: its weights (which say their
 ``num_relations`` and ``in_dim``) and graph, checked against each other and the input."""
 
 from __future__ import annotations
@@ -7,10 +7,12 @@ import torch
 from torch import nn
 
 from harness.errors import UserError
-from workloads.rgnn.graph import RelGraph
+from systems.relgraph.graph import RelGraph
 
 
-class Form(nn.Module):
+class RelationalLayer(nn.Module):
+    """A layer over one graph with one weight set; call it with the node features."""
+
     def __init__(self, weights: nn.Module, graph: RelGraph):
         super().__init__()
         if weights.num_relations != graph.num_relations:
@@ -26,9 +28,3 @@ def glorot(shape, generator: torch.Generator) -> nn.Parameter:
     """Glorot-uniform over the last two dimensions, as PyG initializes."""
     scale = (6.0 / (shape[-2] + shape[-1])) ** 0.5
     return nn.Parameter((torch.rand(*shape, generator=generator) * 2 - 1) * scale)
-
-
-def pick(forms: dict, kind: str, name: str):
-    if name not in forms:
-        raise UserError(f"unknown {kind} form {name!r}; one of {', '.join(forms)}")
-    return forms[name]

@@ -6,7 +6,8 @@ with its defaults (attention across relations, additive self-attention, no root 
 
 Both ends are transformed with the edge's relation weight; the baselines compute ``x @ W[r]``
 once per edge end, as the frameworks do (computing it once per (node, relation) pair, and ``W[r]
-@ q`` once per relation, are Hector's compact materialization and reordering).
+@ q`` once per relation, are Hector's compact materialization and reordering). The same layer
+in Hector's model language is :func:`rgat_layer`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.rgnn.form import Form, glorot, pick
-from workloads.rgnn.graph import RelGraph
-from workloads.rgnn.ops import edge_softmax, grouped_products, segment_products, take_rows
+from systems.hector.lang import model
+from systems.relgraph.ops import edge_softmax, grouped_products, segment_products, take_rows
+from systems.rgnn.layer import RelationalLayer, glorot
+from systems.rgnn.models import MODELS, Model
 
 NEGATIVE_SLOPE = 0.2  # PyG's default
 
@@ -35,7 +37,7 @@ class RGATWeights(nn.Module):
         self.bias = nn.Parameter(torch.rand(out_dim, generator=g) * 0.1)
 
 
-class _Form(Form):
+class _Form(RelationalLayer):
     def _attend(self, target_side, source_side, order=None) -> torch.Tensor:
         """The attention-weighted sum of the transformed sources into each target; row i of both
         sides is edge ``order[i]`` (edge order if None)."""
@@ -85,7 +87,7 @@ class GroupedMM(_Segmented):
     products = staticmethod(grouped_products)
 
 
-class PyG(Form):
+class PyG(RelationalLayer):
     """PyG's ``RGATConv`` (defaults) whose parameters are the shared weights themselves."""
 
     def __init__(self, weights, graph):
@@ -103,11 +105,29 @@ class PyG(Form):
         return self.layer(x, self.edge_index, self.graph.etype)
 
 
-FORMS = {"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM}
+@model
+def rgat_layer(m):
+    """PyG's RGATConv with its defaults: additive self-attention across relations, one head."""
+    x = m.input("x", "in")
+    W = m.weight("W", ("in", "out"), per="relation")
+    source, target = m.src(x) @ W[m.relation], m.dst(x) @ W[m.relation]
+    score = m.leaky_relu(target @ m.weight("q", ("out", 1)) + source @ m.weight("k", ("out", 1)), NEGATIVE_SLOPE)
+    return m.weight("bias", ("out",)) + m.sum_into_dst(m.edge_softmax(score) * source)
 
 
-def form(name: str, weights: RGATWeights, graph: RelGraph) -> nn.Module:
-    return pick(FORMS, "RGAT", name)(weights, graph)
+def bind(weights: RGATWeights) -> dict[str, torch.Tensor]:
+    """The program's weights, as the weight set's own parameters."""
+    return {"W": weights.weight, "q": weights.q, "k": weights.k, "bias": weights.bias}
 
 
-WEIGHTS = RGATWeights  # the weights every form of this layer shares
+RGAT = MODELS.register(
+    Model(
+        "rgat",
+        RGATWeights,
+        layers={"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM},
+        # Each gathers one [in, out] weight matrix per edge (and in training its gradient too).
+        per_edge_weights=frozenset({"pyg", "per_edge"}),
+        program=rgat_layer,
+        bind=bind,
+    )
+)

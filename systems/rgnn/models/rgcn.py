@@ -4,7 +4,8 @@
 
 (PyG's ``RGCNConv`` with ``aggr="mean"``, no bases or blocks). Each form is a module built from
 the shared :class:`RGCNWeights` and a :class:`RelGraph`; calling it with the node features gives
-the output, and gradients reach the shared weights whichever form computed them.
+the output, and gradients reach the shared weights whichever form computed them. The same layer
+in Hector's model language is :func:`rgcn_layer`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workloads.rgnn.form import Form, glorot, pick
-from workloads.rgnn.graph import RelGraph
-from workloads.rgnn.ops import grouped_products, segment_products, take_rows
+from systems.hector.lang import model
+from systems.relgraph.ops import grouped_products, segment_products, take_rows
+from systems.rgnn.layer import RelationalLayer, glorot
+from systems.rgnn.models import MODELS, Model
 
 
 class RGCNWeights(nn.Module):
@@ -29,7 +31,7 @@ class RGCNWeights(nn.Module):
         self.bias = nn.Parameter(torch.rand(out_dim, generator=g) * 0.1)
 
 
-class _Form(Form):
+class _Form(RelationalLayer):
     def _finish(self, x, messages, order=None) -> torch.Tensor:
         """Root term and bias plus the normalized messages summed into their targets; ``order``
         (edges ordered by relation) says which edge each message row is, when not edge order."""
@@ -98,11 +100,28 @@ class PyGFast(_PyG):
     layer_class = "FastRGCNConv"
 
 
-FORMS = {"pyg": PyG, "pyg_fast": PyGFast, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM}
+@model
+def rgcn_layer(m):
+    """PyG's RGCNConv: root term, bias, and per relation the mean of the sources' transforms."""
+    x = m.input("x", "in")
+    W = m.weight("W", ("in", "out"), per="relation")
+    message = m.src(x) @ W[m.relation] * m.graph_data("norm")
+    return x @ m.weight("root", ("in", "out")) + m.weight("bias", ("out",)) + m.sum_into_dst(message)
 
 
-def form(name: str, weights: RGCNWeights, graph: RelGraph) -> nn.Module:
-    return pick(FORMS, "RGCN", name)(weights, graph)
+def bind(weights: RGCNWeights) -> dict[str, torch.Tensor]:
+    """The program's weights, as the weight set's own parameters."""
+    return {"W": weights.weight, "root": weights.root, "bias": weights.bias}
 
 
-WEIGHTS = RGCNWeights  # the weights every form of this layer shares
+RGCN = MODELS.register(
+    Model(
+        "rgcn",
+        RGCNWeights,
+        layers={"pyg": PyG, "pyg_fast": PyGFast, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM},
+        # Each gathers one [in, out] weight matrix per edge (and in training its gradient too).
+        per_edge_weights=frozenset({"pyg_fast", "per_edge"}),
+        program=rgcn_layer,
+        bind=bind,
+    )
+)

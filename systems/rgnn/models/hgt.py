@@ -13,7 +13,8 @@ Each weight is one parameter: the per-type ones stacked over node types, in ``to
 per relation; its form here reads views of these. A parameter per relation, 104 on aifb-like,
 made every form's training step pay for a gradient, a zeroing and an optimizer update per tensor.)
 PyG returns no output for node types no edge leads to; its form here gives them what every other
-form does (the output of a node without incoming edges), so forms compare row by row.
+form does (the output of a node without incoming edges), so forms compare row by row. The same
+layer in Hector's model language is :func:`hgt_layer`.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.errors import UserError
-from workloads.rgnn.form import Form, glorot, pick
-from workloads.rgnn.graph import RelGraph
-from workloads.rgnn.ops import edge_softmax, grouped_products, segment_products, take_rows
+from systems.hector.lang import model
+from systems.relgraph.graph import RelGraph
+from systems.relgraph.ops import edge_softmax, grouped_products, segment_products, take_rows
+from systems.rgnn.layer import RelationalLayer, glorot
+from systems.rgnn.models import MODELS, Model
 
 
 class HGTWeights(nn.Module):
@@ -52,7 +55,7 @@ class HGTWeights(nn.Module):
         return getattr(self, name).transpose(1, 2)
 
 
-class _Form(Form):
+class _Form(RelationalLayer):
     def __init__(self, weights: HGTWeights, graph: RelGraph):
         super().__init__(weights, graph)
         if weights.num_node_types != graph.num_node_types:
@@ -127,7 +130,7 @@ class GroupedMM(_Segmented):
     products = staticmethod(grouped_products)
 
 
-class PyG(Form):
+class PyG(RelationalLayer):
     """PyG's ``HGTConv`` (one head) computing with the shared weights: its per-type linear layers'
     weights, its skip gates and its relation priorities are views of them, made at each call; node
     types and relations become PyG's typed dictionaries once, here."""
@@ -194,9 +197,52 @@ class PyG(Form):
         return rows
 
 
-FORMS = {"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM}
-WEIGHTS = HGTWeights  # the weights every form of this layer shares
+@model
+def hgt_layer(m):
+    """PyG's HGTConv with one head, in = out (so the gated skip applies)."""
+    x = m.input("x", "out")
+
+    def typed(rows, name, width_in):  # rows @ W[type] + b[type], per node type
+        w, b = m.weight(f"W{name}", (width_in, "out"), per="node_type"), m.weight(f"b{name}", ("out",), per="node_type")
+        return rows @ w[m.node_type] + b[m.node_type]
+
+    k, q, v = typed(x, "k", "out"), typed(x, "q", "out"), typed(x, "v", "out")
+    keys = m.src(k) @ m.weight("K", ("out", "out"), per="relation")[m.relation]
+    values = m.src(v) @ m.weight("V", ("out", "out"), per="relation")[m.relation]
+    score = m.dot(m.dst(q), keys) * m.weight("p", (1,), per="relation")[m.relation] * m.rsqrt("out", keys)
+    h = typed(m.gelu(m.sum_into_dst(m.edge_softmax(score) * values)), "out", "out")
+    gate = m.sigmoid(m.each_node(m.weight("skip", (1,), per="node_type")[m.node_type]))
+    return gate * h + (1 - gate) * x
 
 
-def form(name: str, weights: HGTWeights, graph: RelGraph) -> nn.Module:
-    return pick(FORMS, "HGT", name)(weights, graph)
+def bind(weights: HGTWeights) -> dict[str, torch.Tensor]:
+    """The program's weights as views of the weight set (gradients reach it): the per-type
+    [types, in, 3 out] key-query-value weight split into its three parts, in HGTConv's order."""
+    if weights.in_dim != weights.out_dim:
+        raise UserError(f"Hector's HGT has the gated skip, so in = out; got {weights.in_dim} and {weights.out_dim}")
+    out = weights.out_dim
+    kqv, kqv_bias = weights.stacked("kqv_weight"), weights.kqv_bias
+    parts = {name: i * out for i, name in enumerate("kqv")}  # HGTConv's order: keys, queries, values
+    bound = {f"W{n}": kqv[:, :, s : s + out] for n, s in parts.items()}
+    bound |= {f"b{n}": kqv_bias[:, s : s + out] for n, s in parts.items()}
+    return bound | {
+        "K": weights.k_rel,
+        "V": weights.v_rel,
+        "p": weights.p_rel.unsqueeze(1),
+        "Wout": weights.stacked("out_weight"),
+        "bout": weights.out_bias,
+        "skip": weights.skip.unsqueeze(1),
+    }
+
+
+HGT = MODELS.register(
+    Model(
+        "hgt",
+        HGTWeights,
+        layers={"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM},
+        # Gathers two [out, out] relation matrices per edge: the size of one [in, out] where in = out.
+        per_edge_weights=frozenset({"per_edge"}),
+        program=hgt_layer,
+        bind=bind,
+    )
+)
