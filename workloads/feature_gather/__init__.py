@@ -7,7 +7,8 @@ variants its config names (entries of systems/pytorch_direct/gather_variants; sw
 ``table_sizes`` row size x table size x index distribution (uniform, Zipf-skewed): the ablation
 ``batch_sizes`` rows per gather from 1e3 to 1e6
 ``cpu_threads`` the variants that gather on CPU threads, by thread count
-``thread_cap``  the variants that take a cap on their GPU threads (to overlap training), by cap
+``thread_cap``  the variants that take a cap on their GPU threads (to overlap training), by cap,
+                and the peers (no cap)
 ``locality``    what bounds random reads: the same bytes spread over windows of growing size
 Only ``row_sizes`` and ``cpu_threads`` run without a GPU (the variants that need none: the CPU
 gather, no transfer). The figure also shows the same machine's ceilings (pinned copy, zero-copy

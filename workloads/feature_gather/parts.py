@@ -139,11 +139,30 @@ def batch_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
     return sweep.notes()
 
 
+def _capped_or_peer(entry) -> str | None:
+    """Part thread_cap compares the variants that take a thread cap with the peers (no cap)."""
+    if entry.shares_from:
+        return f"{entry.name} splits a batch by rates measured before it, which part thread_cap does not measure"
+    if not (entry.thread_cap or entry.role == "peer"):
+        return f"{entry.name} takes no thread cap and is no peer, which part thread_cap compares"
+    return None
+
+
 def thread_cap(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
-    """The variants that take a cap on their GPU threads, at each cap; the others (stock torch
-    has no cap) once per row size, as the line to compare with."""
+    """The variants that take a cap on their GPU threads, at each cap; the peers (stock torch has
+    no cap) once per row size, as the line to compare with."""
     host = HostTable(mib(params["table_mib"]), device)
-    sweep = _sweep("thread_cap", params, writer, host, repeat=repeat, warmup=warmup, device=device, seed=4)
+    sweep = _sweep(
+        "thread_cap",
+        params,
+        writer,
+        host,
+        repeat=repeat,
+        warmup=warmup,
+        device=device,
+        seed=4,
+        accepts=_capped_or_peer,
+    )
     batch = None  # a sweep with no cases still reaches the del below
     cases = [(rb, cap) for rb in params["row_bytes"] for cap in params["max_threads"]]
     for row_bytes, cap in progress(cases, desc="thread_cap"):
