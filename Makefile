@@ -8,8 +8,10 @@ ENV ?= cpu
 VENV ?= .venv
 PYTHON ?= python3
 SNAKEMAKE_ARGS ?=
-# pytest-xdist workers: one per core
+# pytest-xdist workers: one per core. loadgroup: tests marked xdist_group("name") run on one
+# worker (they share a module's copy of the repository); the others go wherever a worker is free.
 TEST_WORKERS ?= auto
+PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadgroup
 STAMP := $(VENV)/.installed-$(ENV)
 
 # Keep tools from writing into the home directory and /tmp.
@@ -44,10 +46,10 @@ report: setup
 	$(VENV)/bin/snakemake --report report.html figures $(SNAKEMAKE_ARGS)
 
 test: setup
-	$(VENV)/bin/python -m pytest -m "not full" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not full" $(PYTEST_XDIST) --durations=15 $(PYTEST_ARGS)
 
 test-all: setup
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --durations=30 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PYTEST_XDIST) --durations=30 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
