@@ -1,8 +1,12 @@
-"""Test settings: GPU tests skip cleanly without a GPU; tools write under the repo, not $HOME."""
+"""Test settings: GPU tests skip cleanly without a GPU, and with one they take turns across
+pytest-xdist workers; tools write under the repo, not $HOME."""
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,3 +58,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# --- what the pytest-xdist workers of one run share ------------------------------------------
+
+
+def run_directory(tmp_path_factory) -> Path:
+    """A directory shared by every pytest-xdist worker of this run (each worker's own temporary
+    directory is ``<it>/popen-gwN``); without xdist, the run's temporary directory."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def taking_turns(lock_file: Path) -> Iterator[None]:
+    """Hold ``lock_file``'s lock: the workers that ask for the same file run the block one at a
+    time. A lock, not a test-distribution setting, so it holds however the tests are spread."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def gpu_tests_take_turns(request, tmp_path_factory):
+    """GPU tests run one at a time across the workers: they share the GPU's memory, some
+    measure it, and the multi-GPU ones take every GPU."""
+    if not HAS_GPU or "gpu" not in request.keywords:
+        yield
+        return
+    with taking_turns(run_directory(tmp_path_factory) / "gpu.lock"):
+        yield

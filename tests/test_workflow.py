@@ -5,13 +5,17 @@ resuming an interrupted run, the one-line errors for bad input, and reproduce be
 that keep every core busy (no check may rest on how fast the machine is).
 
 Tiers: the quick one (``make test``) keeps lint and one refusal, which need no measuring; the
-rest measure or render and run in the full tier (``make test-all``). The tests that share the
-module's copy run on one pytest-xdist worker (group ``workflow_copy``, ``--dist loadgroup``), so
-the copy is made and measured once; the interrupted run and the load test make copies of
-their own and run beside them.
+rest measure or render and run in the full tier (``make test-all``).
+
+Most tests share one copy, made and measured once per run: every pytest-xdist worker of the
+run uses the same copy, one test at a time (a lock), so the tests are right however they are
+spread over the workers. They are also one xdist group (``--dist loadgroup``), which keeps them
+on one worker where the installed pytest and xdist honour groups, so no worker waits for the
+lock. The interrupted run and the load test make copies of their own and run beside them.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import copy_repository
+from conftest import copy_repository, run_directory, taking_turns
 
 from harness.topic import discover
 
@@ -36,10 +40,19 @@ HIDE_GPU = {"SUITE_HIDE_GPU": "1"}  # the CPU path, also on a GPU machine
 HANG_GUARD_S = 3600
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def workdir(tmp_path_factory):
-    """A copy of the repository's files (tracked and untracked-not-ignored), without local results."""
-    return copy_repository(tmp_path_factory.mktemp("repo"))
+    """The run's shared copy of the repository's files (tracked and untracked-not-ignored),
+    without local results, held by this test alone until it ends."""
+    shared = run_directory(tmp_path_factory)
+    copy, made = shared / "workflow_copy", shared / "workflow_copy.made"
+    with taking_turns(shared / "workflow_copy.lock"):
+        if not made.exists():  # the first test of the run to ask (or one after a failed copy)
+            if copy.exists():
+                shutil.rmtree(copy)
+            copy_repository(copy)
+            made.touch()
+        yield copy
 
 
 def snakemake(workdir, *args, env=None, check=True):
