@@ -14,10 +14,13 @@ index with the entry. The data address in the key catches a storage whose memory
 Life of an entry. ``offload`` starts the store's put and keeps the whole storage in memory until
 the put completes. An entry backward asks for (by ``prefetch`` or an unpack) while still in memory
 is served from there (forwarding) and stays; otherwise it is read back, once, into a new storage on
-the tensor's device, and every handle becomes a view of it. Autograd drops a handle once
-backward has used it; with the last handle the entry frees its memory and the store's copy. A
-tensor modified in place after it was saved (autograd does not check that when saved-tensor hooks
-are active) makes its unpack raise, as autograd would without hooks.
+the tensor's device, and every handle becomes a view of it. With ``always_read_back`` there is no
+forwarding: backward first waits for the put, so every entry it uses is read back from the store
+in every step, whatever the timing (a check that the stored bytes are right relies on that).
+Autograd drops a handle once backward has used it; with the last handle the entry frees its
+memory and the store's copy. A tensor modified in place after it was saved (autograd does not
+check that when saved-tensor hooks are active) makes its unpack raise, as autograd would without
+hooks.
 """
 
 from __future__ import annotations
@@ -109,8 +112,9 @@ class Handle:
 class TensorCache:
     """Entries by storage identity, their transfers to and from ``store``, and their lifetimes."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, *, always_read_back: bool = False):
         self.store = store
+        self.always_read_back = always_read_back
         # Reentrant: a store may complete a transfer, and run its callback, inside the call.
         self._lock = threading.RLock()
         self._index: dict[StorageKey, Entry] = {}
@@ -172,8 +176,19 @@ class TensorCache:
             if not entry.wanted:
                 entry.memory = None  # the store has the bytes; the device memory may go
 
+    def _written_before_use(self, entries: list[Entry]) -> None:
+        """Without forwarding: wait until the puts of ``entries`` have ended and their memory is
+        gone, so that backward reads them back from the store (a failed put raises here)."""
+        if not self.always_read_back:
+            return
+        for entry in entries:
+            if entry.put is not None and not entry.released:
+                entry.put.result()
+                self._written(entry, entry.put)  # its callback may still be on its way
+
     def unpack(self, handle: Handle) -> torch.Tensor:
         entry = handle.entry
+        self._written_before_use([entry])
         with self._lock:
             if entry.problem is not None:
                 raise entry.problem
@@ -215,7 +230,12 @@ class TensorCache:
         """Start reading back every entry of ``layer`` that is only in the store, and keep in
         memory those still there (their puts have not ended)."""
         with self._lock:
-            for entry in self._by_layer.get(layer, {}).values():
+            entries = list(self._by_layer.get(layer, {}).values())
+        self._written_before_use(entries)
+        with self._lock:
+            for entry in entries:
+                if entry.released:
+                    continue
                 entry.wanted = True
                 if entry.memory is None and entry.load is None:
                     self.prefetched_loads += 1

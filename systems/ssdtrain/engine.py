@@ -13,7 +13,9 @@ Overlap. A put starts as soon as the tensor is saved and runs on the store's thr
 while forward goes on. Backward runs the layers in reverse: the first unpack of backward starts
 reading back the last offloaded layers, and the first unpack of each layer starts reading the
 ``prefetch`` layers below it, so a layer's tensors are in memory (or on their way) when its backward
-starts. A tensor whose put has not finished yet is served from memory.
+starts. A tensor whose put has not finished yet is served from memory, unless
+``always_read_back``: then backward waits for the put and reads the tensor back, so what the store
+moves in a step does not depend on how fast it ran (for checks of the stored bytes; slower).
 
 A step. Entering the context starts a step and its ``stats``; leaving it (normally or by an
 exception) waits for the transfers in flight and frees everything the step stored, so files never
@@ -36,8 +38,9 @@ from systems.ssdtrain.stats import StepStats
 from systems.ssdtrain.stores import Store
 
 KEEP, OFFLOAD = "keep", "offload"
-# Named policies: layer index -> decision. A callable with the same signature is a policy too.
-POLICIES: dict[str, Callable[[int], str]] = {
+# Named per-layer policies: layer index -> decision. A callable with the same signature is one too.
+# (The policies a comparison runs, built on these, are systems/ssdtrain/policies.)
+LAYER_POLICIES: dict[str, Callable[[int], str]] = {
     "keep": lambda layer: KEEP,  # the control: hooks and bookkeeping, nothing offloaded
     "offload_all": lambda layer: OFFLOAD,
 }
@@ -79,7 +82,8 @@ class Offloader:
     "offload"``, asked once per layer per step. ``keep_last``: how many of the last layers are kept
     whatever the policy says. ``min_bytes``: smaller saved tensors are kept. ``layers``: the blocks
     to number (default: found by ``find_layers``). ``prefetch``: how many layers ahead backward
-    reads back.
+    reads back. ``always_read_back``: no tensor is served from memory while its write runs (see
+    the module).
     """
 
     def __init__(
@@ -92,15 +96,16 @@ class Offloader:
         keep_last: int = 1,
         layers: list[nn.Module] | None = None,
         prefetch: int = 1,
+        always_read_back: bool = False,
     ):
         if not isinstance(store, Store):
             raise TypeError(f"store must be a systems.ssdtrain Store, got {type(store).__name__}")
         if isinstance(policy, str):
-            if policy not in POLICIES:
+            if policy not in LAYER_POLICIES:
                 raise UserError(
-                    f"unknown offloading policy {policy!r}; choose one of {sorted(POLICIES)} or pass a callable"
+                    f"unknown offloading policy {policy!r}; choose one of {sorted(LAYER_POLICIES)} or pass a callable"
                 )
-            policy = POLICIES[policy]
+            policy = LAYER_POLICIES[policy]
         elif not callable(policy):
             raise UserError(f"policy must be a name or a callable decide(layer_index), got {policy!r}")
         for name, value in (("min_bytes", min_bytes), ("keep_last", keep_last), ("prefetch", prefetch)):
@@ -109,7 +114,7 @@ class Offloader:
         self.model, self.store, self.decide = model, store, policy
         self.min_bytes, self.keep_last, self.prefetch = min_bytes, keep_last, prefetch
         self.layers = list(layers) if layers is not None else find_layers(model)
-        self.cache = TensorCache(store)
+        self.cache = TensorCache(store, always_read_back=always_read_back)
         self.stats = StepStats()
         self._active = False
 

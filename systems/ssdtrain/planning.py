@@ -27,6 +27,7 @@ recorded next to the measured step (workloads/llm_offload).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ import torch
 
 from harness import timing
 from systems.ssdtrain.engine import Offloader
-from systems.ssdtrain.stores import HostStore
+from systems.ssdtrain.stores.host import HostStore
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
 DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)
@@ -54,6 +55,7 @@ class Plan:
     predicted_activation_bytes: int  # held on the device when forward ends
     stall_seconds: float  # read stalls and the wait for writes at the step's end
     bandwidth: float = 0.0  # the store's B/s the plan was made for
+    budget_bytes: int | None = None  # the activation budget it was made within (plan()); None: no budget
 
     def count(self, decision: str) -> int:
         return self.decisions.count(decision)
@@ -169,8 +171,10 @@ def plan(
     plans = [predict(profiles, c, bandwidth, keep_seconds, **model) for c in candidates]
     fitting = [p for p in plans if p.predicted_activation_bytes <= budget_bytes]
     if fitting:
-        return min(fitting, key=lambda p: (p.predicted_seconds, p.predicted_activation_bytes))
-    return min(plans, key=lambda p: (p.predicted_activation_bytes, p.predicted_seconds))
+        best = min(fitting, key=lambda p: (p.predicted_seconds, p.predicted_activation_bytes))
+    else:
+        best = min(plans, key=lambda p: (p.predicted_activation_bytes, p.predicted_seconds))
+    return dataclasses.replace(best, budget_bytes=budget_bytes)
 
 
 def _all(options):

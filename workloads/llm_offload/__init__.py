@@ -1,4 +1,6 @@
-"""SSDTrain activation offloading against keeping, recomputing and ``save_on_cpu`` (issue 12).
+"""SSDTrain activation offloading against keeping, recomputing, ``save_on_cpu`` and other libraries'
+offloading. The policies and stores compared are the registries of systems/ssdtrain (``POLICIES``,
+``STORES``); a new one is a new file there, measured here without an edit (variants.py).
 
 One part, ``policies``: for each model of the scale (GPT-2 and Llama shapes from workloads.llm),
 one seeded training step per policy is first checked bit-identical to ``keep`` (losses and every

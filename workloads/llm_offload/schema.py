@@ -1,12 +1,15 @@
 """Results format of the llm_offload topic (see harness.results for the common columns).
 
-``dataset`` names the model (``gpt2-tiny``, ``llama-paper-8192x4``); ``variant`` is the policy,
-with the store for ``offload_all`` (``offload_all_host``, ``offload_all_file``,
-``offload_all_emulated_4gbps``). Roles: ``keep``, ``recompute``, ``save_on_cpu`` and the peers
+``dataset`` names the model (``gpt2-tiny``, ``llama-paper-8192x4``). Each row says what ran in
+columns of its own: ``policy`` (a name of systems.ssdtrain.POLICIES), ``store`` (a name of
+systems.ssdtrain.STORES, empty for a policy that offloads nothing) and the store's setting
+(``emulated_gbps``); ``variant`` is a readable label composed of them in one place
+(workloads/llm_offload/variants.py: ``offload_all_emulated_4gbps``), never parsed back. ``role``
+is the policy's entry's: ``keep``, ``recompute`` and ``save_on_cpu`` are ``baseline``; the peers
 (``torchtune_offload``: torchtune's ``OffloadActivations``; ``deepspeed_offload``: DeepSpeed's
-activation checkpointing with ``checkpoint_in_cpu``; each on a GPU where it imports) are
-``baseline`` (what SSDTrain is compared with), ``offload_all_*`` ``optimized``. Part
-``convergence`` records ``loss`` per optimizer step (``repetition`` = the step).
+activation checkpointing with ``checkpoint_in_cpu``; each on a GPU where it imports) ``peer``; the
+offloading policies ``optimized``. Part ``convergence`` records ``loss`` per optimizer step
+(``repetition`` = the step).
 
 Metrics per timed step: ``time`` and ``cpu_time``; ``flop_rate``, the model TFLOP/s
 (workloads.llm.cost.training_flops: recomputation's extra forward is not counted); on a GPU
@@ -24,8 +27,8 @@ on a GPU, as it copies every saved tensor to the host, and on a CPU what keep ho
 time with a transfer of that direction in flight: bytes over them is the bandwidth achieved),
 ``bytes_written`` and ``bytes_read`` (the tensors' own bytes; ``save_on_cpu``'s copies to and from
 the host on a GPU count as written and read, every save again, parameters included; on a CPU it
-moves nothing). ``offload_adaptive_*`` (SSDTrain's rule) and ``planner_*`` (keep, offload or
-recompute per layer within a budget) are ``optimized`` too; their plan's predictions are the metrics
+moves nothing). The planned policies (``offload_adaptive``: SSDTrain's rule; ``planner``: keep,
+offload or recompute per layer within a budget) record their plan's predictions as the metrics
 ``predicted_time`` and ``predicted_activation_bytes`` (repetition 0), beside the measured ones.
 """
 
@@ -43,12 +46,12 @@ SCHEMA = Schema(
         "micro_batch": int,
         "global_batch": int,  # micro_batches: sequences per optimizer step (gradient accumulation)
         "dtype": str,  # "bfloat16" on a GPU, "float32" on a CPU
-        "policy": str,  # keep, recompute, save_on_cpu, offload_all
-        "store": str,  # offload_all: host, file, emulated, kvikio; empty otherwise
+        "policy": str,  # a name of systems.ssdtrain.POLICIES: keep, recompute, offload_all, ...
+        "store": str,  # a name of systems.ssdtrain.STORES (host, file, kvikio, emulated); empty: no store
         "store_emulated": bool,  # the store's bandwidth is emulated (EmulatedStore), not a device's
         "emulated_gbps": float,  # the emulated bandwidth, GB/s (10^9 B/s); empty when not emulated
-        "keep_last": int,  # offload_all: the last layers kept on the device
-        "min_bytes": int,  # offload_all: saved tensors smaller than this are kept
+        "keep_last": int,  # the offloading policies: the last layers kept on the device
+        "min_bytes": int,  # the offloading policies: saved tensors smaller than this are kept
         "layers_offloaded": int,  # offload_adaptive, planner: layers the plan offloads...
         "layers_recomputed": int,  # ...and recomputes (the rest are kept)
         "planned_gbps": float,  # the store bandwidth the plan was made for, measured just before (GB/s)

@@ -1,0 +1,58 @@
+"""The planned policies: per block keep, offload or recompute, as a plan made from a profile of
+the model and the store's bandwidth says (systems/ssdtrain/planning.py).
+
+- ``offload_adaptive``: SSDTrain's adaptive rule, the longest run of leading blocks whose writes
+  end by the end of forward offloaded, the rest kept.
+- ``planner``: beyond the paper, the choice per block with the smallest predicted step time whose
+  activation bytes fit a budget.
+"""
+
+from systems.ssdtrain import planning
+from systems.ssdtrain.engine import KEEP, OFFLOAD
+from systems.ssdtrain.policies import OffloaderPolicy, PolicyEntry, register
+
+
+class Planned(OffloaderPolicy):
+    """The setting's plan, one decision per block."""
+
+    def __init__(self, setting):
+        if len(setting.plan.decisions) != len(setting.layers):
+            raise ValueError(f"the plan has {len(setting.plan.decisions)} decisions for {len(setting.layers)} blocks")
+        super().__init__(setting)
+
+    def decide(self, layer):
+        return OFFLOAD if self.setting.plan.decisions[layer] == planning.OFFLOAD else KEEP
+
+    def recomputed(self):
+        decisions = self.setting.plan.decisions
+        return [layer for layer, d in zip(self.setting.layers, decisions) if d == planning.RECOMPUTE]
+
+
+def _adaptive(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes):
+    return planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed_bytes)
+
+
+def _planner(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes):
+    return planning.plan(profiles, bandwidth, keep_seconds, budget_bytes, keep_last, fixed_bytes=fixed_bytes)
+
+
+register(
+    PolicyEntry(
+        "offload_adaptive",
+        "optimized",
+        make=Planned,
+        uses_store=True,
+        planner=_adaptive,
+        notes="SSDTrain's adaptive rule: the leading blocks whose writes end with forward offloaded",
+    )
+)
+register(
+    PolicyEntry(
+        "planner",
+        "optimized",
+        make=Planned,
+        uses_store=True,
+        planner=_planner,
+        notes="keep, offload or recompute per block: the fastest predicted step within a memory budget",
+    )
+)

@@ -1,0 +1,67 @@
+"""What the file stores share: one file per tensor in a private scratch folder on a real disk,
+a pool of I/O threads, and the device's byte counters to tell disk reads from the page cache."""
+
+from __future__ import annotations
+
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from harness.errors import UserError
+from harness.resources import block_device_counters, device_bytes
+from systems.ssdtrain import fileio
+from systems.ssdtrain.stores._base import READ, WRITE, Store
+
+
+def _close_files(pool: ThreadPoolExecutor, directory: Path) -> None:
+    # A function, not a method: weakref.finalize must not hold the store.
+    pool.shutdown(wait=True, cancel_futures=True)
+    fileio.remove_scratch(directory)
+
+
+class FileStore(Store):
+    """One file per tensor in a private folder made inside ``folder``; the folder and every file in
+    it are removed on ``close()``, when the store is garbage-collected, and at process exit."""
+
+    def __init__(self, folder, *, threads: int, direct: bool):
+        if not isinstance(threads, int) or threads < 1:
+            raise UserError(f"{type(self).__name__}: threads must be a positive integer, got {threads!r}")
+        super().__init__()
+        self.folder = Path(folder)
+        self.directory = fileio.make_scratch(self.folder, direct=direct)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"ssdtrain-{self.name}")
+        self._cleanup = weakref.finalize(self, _close_files, self._pool, self.directory)
+        self._file_bytes = {WRITE: 0, READ: 0}  # what the files were asked for, padding included
+        self._device_stat = block_device_counters(self.directory)
+        self._device_start = device_bytes(self._device_stat) if self._device_stat else None
+
+    def path_of(self, key: int) -> Path:
+        return self.directory / f"{key}.bin"
+
+    def _count_file_bytes(self, direction: str, nbytes: int) -> None:
+        with self._lock:
+            self._file_bytes[direction] += nbytes
+
+    def _free(self, key):
+        self.path_of(key).unlink(missing_ok=True)
+
+    def _close(self):
+        self._cleanup()
+
+    def device_bytes_ratio(self) -> tuple[float, float]:
+        """(read, write): bytes the block device holding the folder read and wrote since this store
+        opened, per byte this store read from and wrote to its files. Reads well below 1 mean the
+        page cache served them, not the disk; writes come out a little above 1 (file-system
+        metadata). The device's counters include other programs' I/O at the same time. NaN for a
+        direction this store has not used."""
+        if self._device_stat is None:
+            raise UserError(
+                f"{self.folder} is not on a block device (overlay or network file system?), so there are no "
+                "device byte counters to check the page cache against"
+            )
+        now = device_bytes(self._device_stat)
+        with self._lock:
+            asked = (self._file_bytes[READ], self._file_bytes[WRITE])
+        return tuple(
+            (done - start) / n if n else float("nan") for done, start, n in zip(now, self._device_start, asked)
+        )

@@ -1,0 +1,202 @@
+"""What a part runs: the policies and stores its parameters ask for, chosen from the registries of
+systems/ssdtrain (``POLICIES``, ``STORES``) and checked against them, and the readable label each
+results row carries.
+
+A row's ``variant`` is a label composed here and nowhere else (``offload_all_emulated_7gbps``:
+the policy, then the store and its setting); nothing parses it back, since every row also carries
+the policy, the store and the store's setting in columns of their own (schema.py).
+
+The parameters (config/llm_offload.yaml) that choose:
+
+- ``compare``: the policies run beside ``keep`` (which always runs first); default: every
+  registered policy. A policy that cannot run here (no GPU, its library missing) is skipped, the
+  reason in the notes.
+- ``stores``: the stores the offloading policies run with, or ``all`` (every registered store that
+  runs here). A store runs once per setting its entry reads from the parameters (the emulated store
+  once per bandwidth of ``emulated_gbps``).
+- ``planned_stores``: the stores the planned policies run with, by label (``host``,
+  ``emulated_7gbps``), or ``all`` (every store of ``stores``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserError
+from systems.ssdtrain import POLICIES, STORES, Policy, PolicyEntry, Store, StoreEntry
+from systems.ssdtrain.planning import OFFLOAD, RECOMPUTE, Plan
+from systems.ssdtrain.stores import one_setting
+
+ALL = "all"
+REFERENCE = "keep"  # every policy is checked against it and every ratio taken to it
+
+
+@dataclass(frozen=True)
+class StoreSetup:
+    """One store as a part runs it: its registry entry and its setting (e.g. ``gbps=7.0``)."""
+
+    entry: StoreEntry
+    setting: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``host``, ``file``; with a setting its values and names: ``emulated_7gbps``."""
+        return self.entry.name + "".join(f"_{value:g}{key}" for key, value in self.setting)
+
+    def make(self, params: Mapping, folder: Path | None) -> Store:
+        return self.entry.build(params, folder, **dict(self.setting))
+
+    def columns(self) -> dict:
+        return {"store": self.entry.name, "store_emulated": self.entry.emulated} | self.entry.columns(
+            **dict(self.setting)
+        )
+
+
+@dataclass
+class Variant:
+    """One measured variant: a policy, with a store if it offloads and a plan if it is planned."""
+
+    policy: PolicyEntry
+    store: StoreSetup | None = None
+    plan: Plan | None = None
+    made: list = field(default_factory=list, repr=False)  # the store made for it, closed by close()
+
+    @property
+    def label(self) -> str:
+        """The results' ``variant``: the policy's name, then its store's label (the one place a
+        label is composed)."""
+        return self.policy.name if self.store is None else f"{self.policy.name}_{self.store.label}"
+
+    @property
+    def role(self) -> str:
+        return self.policy.role
+
+    def columns(self, params: Mapping) -> dict:
+        """The configuration columns of its rows: policy, store and setting, the offloader's knobs
+        where it offloads, the plan's counts where it is planned."""
+        columns = {"policy": self.policy.name, "store_emulated": False}
+        if self.store is not None:
+            columns |= self.store.columns() | {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"]}
+        if self.plan is not None:
+            columns |= {
+                "layers_offloaded": self.plan.count(OFFLOAD),
+                "layers_recomputed": self.plan.count(RECOMPUTE),
+                "planned_gbps": self.plan.bandwidth / 1e9,
+                "budget_fraction": params["planner_budget"] if self.plan.budget_bytes is not None else None,
+            }
+        return columns
+
+    def build(self, model, layers, params: Mapping, folder: Path | None, **knobs) -> Policy:
+        """The policy on ``model``, with a new store where it offloads (closed by :meth:`close`).
+        Raises ``systems.ssdtrain.Unavailable`` where its library cannot be set up here."""
+        store = self.store.make(params, folder) if self.store is not None else None
+        if store is not None:
+            self.made.append(store)
+        offload = {k: params[k] for k in ("keep_last", "min_bytes", "prefetch")}
+        try:
+            return self.policy.build(model, layers=layers, store=store, plan=self.plan, **offload, **knobs)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        while self.made:
+            self.made.pop().close()
+
+
+def _names(params: Mapping, key: str, everything: tuple[str, ...]) -> list[str]:
+    value = params.get(key, ALL)
+    return list(everything) if value == ALL else list(value)
+
+
+def store_setups(params: Mapping, device: str, notes: dict, folder: Path | None) -> list[StoreSetup]:
+    """The stores of ``stores`` that run here, each once per setting; the others' reasons go to
+    ``notes["skipped"]``. A name that is not a registered store is refused in one line. A store
+    that needs a package beyond the suite's is made once first, in ``folder``: where it cannot be
+    set up (a library that imports but does not work), it is skipped with its one-line error."""
+    chosen = [STORES[name] for name in _names(params, "stores", STORES.names())]
+    explicit = params.get("stores", ALL) != ALL
+    for entry in STORES:
+        if entry not in chosen and entry.settings is not one_setting and entry.settings(params):
+            # Parameters that set up a store the list leaves out are a slip, not a choice.
+            raise UserError(
+                f"the parameters set up {entry.name} stores "
+                f"({', '.join(StoreSetup(entry, tuple(s.items())).label for s in entry.settings(params))}), "
+                f"but stores does not list {entry.name}"
+            )
+    setups = []
+    for entry in chosen:
+        reason = entry.missing(device)
+        if reason is None and entry.packages:
+            try:
+                entry.build(params, folder, **next(iter(entry.settings(params)), {})).close()
+            except UserError as err:
+                reason = str(err)
+        if reason is not None:
+            notes["skipped"][entry.name] = reason
+            continue
+        settings = entry.settings(params)
+        if explicit and not settings:
+            raise UserError(
+                f"stores lists {entry.name}, but the parameters give it no setting (emulated: list emulated_gbps)"
+            )
+        setups += [StoreSetup(entry, tuple(setting.items())) for setting in settings]
+    return setups
+
+
+def planned_setups(params: Mapping, setups: list[StoreSetup], notes: dict) -> list[StoreSetup]:
+    """The stores of ``planned_stores`` (labels, or ``all``: every store of ``setups``); one that
+    was skipped here is left out with a note, an unknown label refused in one line."""
+    by_label = {setup.label: setup for setup in setups}
+    wanted = _names(params, "planned_stores", tuple(by_label))
+    chosen = []
+    for label in wanted:
+        if label in by_label:
+            chosen.append(by_label[label])
+        elif label in STORES and label in notes["skipped"]:
+            notes.setdefault("planned_skipped", {})[label] = "this store does not run here (see skipped)"
+        else:
+            raise UserError(
+                f"planned_stores names {label!r}, which is not one of this part's stores: "
+                f"{', '.join(by_label) or 'none'}"
+            )
+    return chosen
+
+
+def policies(params: Mapping, device: str, notes: dict, *, plans: bool = True) -> list[PolicyEntry]:
+    """``keep``, then the policies of ``compare`` that run here, in the registry's order; the others'
+    reasons go to ``notes["skipped"]``. ``plans``: whether the part makes plans (without them a
+    planned policy is refused). An unknown name is refused in one line."""
+    wanted = _names(params, "compare", POLICIES.names())
+    entries = [POLICIES[name] for name in wanted]  # unknown names refused here, before anything runs
+    if not plans:
+        planned = [e.name for e in entries if e.planner is not None]
+        if planned and "compare" in params:
+            raise UserError(
+                f"compare lists {', '.join(planned)}, planned policies, which this part does not plan for "
+                "(they run in parts policies, models and shapes)"
+            )
+        entries = [e for e in entries if e.planner is None]
+    chosen = [POLICIES[REFERENCE]]
+    for entry in sorted(entries, key=lambda e: POLICIES.names().index(e.name)):
+        if entry.name == REFERENCE:
+            continue
+        reason = entry.missing(device)
+        if reason is not None:
+            notes["skipped"][entry.name] = reason
+            continue
+        chosen.append(entry)
+    return chosen
+
+
+def variants(policies: list[PolicyEntry], setups: list[StoreSetup]) -> list[Variant]:
+    """Each policy that offloads nothing once, each offloading (unplanned) one with every store."""
+    out = []
+    for entry in policies:
+        if entry.planner is not None:
+            continue  # made with their plans
+        out += [Variant(entry, setup) for setup in setups] if entry.uses_store else [Variant(entry)]
+    return out
