@@ -1,19 +1,26 @@
 """Hector's lowering and CUDA code generation: every plan, run as its templates define it
 (lower.emulate), gives what the reference backend gives, forward and backward; every generated
 kernel instance compiles for sm_90 without a GPU; on a GPU the generated kernels give the
-reference's outputs and gradients, through the torch.library op as well."""
+reference's outputs and gradients, through the torch.library op as well. The cross-products of
+models, passes, directions and graphs run whole in the full tier, a pairwise cover of them in the
+fast tier (test_hector_ir.pairwise)."""
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from test_hector_ir import BASELINES, GRAPHS, PASS_SETS, awkward_graph, relational_gatv2
+from test_hector_ir import BASELINES, GRAPHS, PASS_SETS, awkward_graph, make_weights, pairwise, relational_gatv2
 
-from systems.hector import autodiff, codegen, lower, models, op, passes, reference
+from systems.hector import autodiff, codegen, lower, op, passes, reference
+from systems.relgraph.ops import segment_products
+from systems.rgnn.models.hgt import hgt_layer
+from systems.rgnn.models.rgat import rgat_layer
+from systems.rgnn.models.rgcn import rgcn_layer
 
 
 def close(have, want):
@@ -32,10 +39,14 @@ def close_bf16(have, want):
     torch.testing.assert_close(have.float(), want, rtol=2**-8, atol=1e-5 * max(1.0, largest))
 
 
+NAMES = [*BASELINES, "relational_gatv2"]
+DIRECTIONS = (False, True)  # the forward program alone, or forward and backward
+
+
 def cases():
-    for name in [*BASELINES, "relational_gatv2"]:
+    for name in NAMES:
         for applied in PASS_SETS:
-            for backward in (False, True):
+            for backward in DIRECTIONS:
                 yield name, applied, backward
 
 
@@ -51,10 +62,10 @@ def program_and_tensors(name, applied, backward, graph, width=6, device="cpu"):
         }
         out_width = 5
     else:
-        program = passes.optimize(models.PROGRAMS[name](), *applied)
-        weights = BASELINES[name].WEIGHTS(graph.num_relations, width, width, seed=4, num_node_types=3)
+        program = passes.optimize(BASELINES[name].program(), *applied)
+        weights = make_weights(name, graph.num_relations, width, seed=4)
         tensors = {"x": torch.randn(graph.num_nodes, width, generator=g)}
-        tensors |= {k: v.detach() for k, v in models.bind(name, weights).items()}
+        tensors |= {k: v.detach() for k, v in BASELINES[name].bind(weights).items()}
         out_width = width
     if backward:
         program = autodiff.differentiate(program)
@@ -62,14 +73,14 @@ def program_and_tensors(name, applied, backward, graph, width=6, device="cpu"):
     return program, {k: v.to(device) for k, v in tensors.items()}
 
 
-@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
-@pytest.mark.parametrize("graph_name", GRAPHS)
-@pytest.mark.parametrize("name, applied, backward", list(cases()))
-def test_every_plan_computes_what_the_reference_computes(name, applied, backward, graph_name, fuse):
+@pytest.mark.parametrize(
+    "name, applied, backward, graph_name, fusion", pairwise(NAMES, PASS_SETS, DIRECTIONS, GRAPHS, ("fused", "unfused"))
+)
+def test_every_plan_computes_what_the_reference_computes(name, applied, backward, graph_name, fusion):
     graph = GRAPHS[graph_name]()
     program, tensors = program_and_tensors(name, applied, backward, graph)
     expected = reference.run(program, graph, tensors)
-    plan = lower.lower(program, fuse)
+    plan = lower.lower(program, fusion == "fused")
     got = lower.emulate(plan, graph, tensors, reference.bind_widths(program, graph, tensors))
     assert len(got) == len(expected)
     for have, want in zip(got, expected, strict=True):
@@ -79,7 +90,7 @@ def test_every_plan_computes_what_the_reference_computes(name, applied, backward
 def test_gathers_are_read_in_place_not_copied():
     """The optimized RGAT's plan: the GEMMs read the sources through the pairs' index lists and
     nothing is copied just to gather it."""
-    plan = lower.lower(passes.optimize(models.rgat_layer(), "reorder", "compact"))
+    plan = lower.lower(passes.optimize(rgat_layer(), "reorder", "compact"))
     gemms = [s for s in plan.steps if isinstance(s, lower.Gemm)]
     assert [(s.out.domain, s.a.kind, s.a.index) for s in gemms] == [("pair", "indexed", "pair_src")]
     # The folded attention vectors, one column per relation: a dot of each row with its relation's.
@@ -91,7 +102,7 @@ def test_gathers_are_read_in_place_not_copied():
     assert not [s for s in plan.steps if isinstance(s, lower.Map) and s.expression == "copy"]
     # The attention-weighted sources are summed into their targets as they are computed: no
     # [edges, out] product is stored (nor RGCN's normalized messages, nor HGT's weighted values).
-    for program in (plan.program, models.rgcn_layer(), models.hgt_layer()):
+    for program in (plan.program, rgcn_layer(), hgt_layer()):
         steps = lower.lower(program).steps
         fused = [s for s in steps if isinstance(s, lower.ScatterMap)]
         assert [(s.expression, s.index) for s in fused] == [("mul", "dst")]
@@ -107,13 +118,24 @@ def all_instances() -> dict[str, str]:
     return found | dict(codegen.segment_gemm_source(shape) for shape in shapes)
 
 
-def test_every_generated_kernel_compiles_for_sm90(tmp_path):
+def representative_instances() -> dict[str, str]:
+    """One instance of each entry point (the first by name), and the standalone GEMM template in
+    each of its shapes at one tile size: every template's every macro variant, once."""
+    found = {}
+    for name, text in sorted(all_instances().items()):
+        found.setdefault(re.sub(r"_[0-9a-f]{10}$", "", name), (name, text))  # by entry point: name_<hash>
+    shapes = [shape for shape in codegen.GEMM_SHAPES + codegen.BF16_SHAPES if shape.rows == 64]
+    return dict(found.values()) | dict(codegen.segment_gemm_source(shape) for shape in shapes)
+
+
+@pytest.mark.parametrize("scope", ["representative", pytest.param("every", marks=pytest.mark.full)])
+def test_every_generated_kernel_compiles_for_sm90(tmp_path, scope):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         if os.environ.get("CI"):
             pytest.fail("nvcc is not on PATH; CI must compile every generated kernel")
         pytest.skip("nvcc is not on PATH")
-    instances = all_instances()
+    instances = all_instances() if scope == "every" else representative_instances()
     assert {"edge_softmax", "scatter_rows"} <= set(instances) and len(instances) > 10
 
     def compile_one(item):
@@ -183,7 +205,7 @@ def test_the_tf32_variant_is_close_to_float32_and_not_equal(name):
 @pytest.mark.parametrize("name", BASELINES)
 def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
     graph = awkward_graph(seed=5)
-    layer = op.Layer(passes.optimize(models.PROGRAMS[name](), "reorder", "compact"))
+    layer = op.Layer(passes.optimize(BASELINES[name].program(), "reorder", "compact"))
     program, tensors = program_and_tensors(name, (), False, graph)
     results = []
     for device in ("cpu", "cuda"):
@@ -203,13 +225,13 @@ def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
 def test_the_breakdown_classes_the_generated_kernels_by_their_step():
     """The profiler hangs CuPy's launches on driver calls; the breakdown must still put a GEMM
     step's kernels under gemm and a scatter's under aggregation, not under other."""
-    from workloads.rgnn.breakdown import breakdown, classify, operators
+    from systems.rgnn.breakdown import breakdown, classify, operators
 
     def unclassed(fn):  # what "other" holds, for the failure's message
         return {name: spent for name, spent in operators(fn, "cuda").items() if classify(name) == "other" and spent}
 
     graph = awkward_graph(seed=5)
-    layer = op.Layer(passes.optimize(models.PROGRAMS["rgcn"](), "reorder", "compact"))
+    layer = op.Layer(passes.optimize(rgcn_layer(), "reorder", "compact"))
     _, tensors = program_and_tensors("rgcn", (), False, graph, width=64)
     leaves = {k: v.detach().cuda().requires_grad_() for k, v in tensors.items()}
     on_gpu = RelGraph_on(graph, "cuda")
@@ -229,7 +251,7 @@ def test_the_breakdown_classes_the_generated_kernels_by_their_step():
 
 
 def RelGraph_on(graph, device):  # noqa: N802 (reads as the constructor it wraps)
-    from workloads.rgnn.graph import RelGraph
+    from systems.relgraph.graph import RelGraph
 
     return RelGraph.build(
         graph.src, graph.dst, graph.etype, graph.num_nodes, graph.num_relations, device=device,
@@ -263,8 +285,6 @@ def test_the_tile_schedule_covers_each_segment_once_in_tiles_of_one_type():
 @pytest.mark.parametrize("in_dim, out_dim", [(37, 70), (64, 132)])  # scalar 64-wide tiles; quads 128-wide
 def test_the_gemm_template_alone_launches_right_on_a_cpu_model(monkeypatch, in_dim, out_dim, precision):
     from hector_kernel_model import install
-
-    from workloads.rgnn.ops import segment_products
 
     model = install(monkeypatch)
     g = torch.Generator().manual_seed(3)
@@ -324,8 +344,6 @@ def test_the_gemm_template_alone_reuses_its_segments_and_takes_both_index_dtypes
     times), and int32 offsets give what int64 ones give."""
     from hector_kernel_model import install
 
-    from workloads.rgnn.ops import segment_products
-
     g = torch.Generator().manual_seed(5)
     sizes = [70, 0, 3]
     offsets = torch.tensor([0, *sizes]).cumsum(0)
@@ -347,8 +365,6 @@ def test_the_gemm_template_alone_takes_views_and_empty_inputs(monkeypatch):
     """Rows and weights as users pass them: every other column of a wider table, rows from an
     offset, one row expanded over all; and no rows at all. Each gives what contiguous copies give."""
     from hector_kernel_model import install
-
-    from workloads.rgnn.ops import segment_products
 
     g = torch.Generator().manual_seed(4)
     sizes = [3, 0, 70, 1]
@@ -413,8 +429,6 @@ def check_alone(g, sizes, offsets, in_dim, out_dim, precision):
     bf16, the float32 products of the bf16 inputs)."""
     from hector_kernel_model import to_tf32
 
-    from workloads.rgnn.ops import segment_products
-
     def expect(rows, weight):
         if precision == "tf32":
             rows, weight = to_tf32(rows), to_tf32(weight)
@@ -433,8 +447,12 @@ def check_alone(g, sizes, offsets, in_dim, out_dim, precision):
     compare(codegen.segment_gemm(shifted, weight, offsets, precision != "fp32").cpu(), expect(shifted, weight))
 
 
-@pytest.mark.parametrize("graph_name", GRAPHS)
-@pytest.mark.parametrize("name, applied, backward", list(cases()))
+# The CPU model of the kernels runs every thread of a launch in Python: on kinships (10 k edges) a
+# case takes up to a minute, so the fast tier's cover is over the small graphs.
+ON_SMALL_GRAPHS = pairwise(NAMES, PASS_SETS, DIRECTIONS, GRAPHS, heavy=lambda case: case[3] == "kinships")
+
+
+@pytest.mark.parametrize("name, applied, backward, graph_name", ON_SMALL_GRAPHS)
 def test_the_launches_compute_the_reference_on_a_cpu_model_of_the_kernels(
     name, applied, backward, graph_name, monkeypatch
 ):
@@ -503,8 +521,7 @@ def runs_replayed(name, applied, backward, graph, device, check_problems=lambda:
             assert torch.equal(have, copy), "a later call wrote into an earlier call's result"
 
 
-@pytest.mark.parametrize("graph_name", GRAPHS)
-@pytest.mark.parametrize("name, applied, backward", list(cases()))
+@pytest.mark.parametrize("name, applied, backward, graph_name", ON_SMALL_GRAPHS)
 def test_a_replayed_plan_computes_the_reference_on_a_cpu_model_of_the_kernels(
     name, applied, backward, graph_name, monkeypatch
 ):
@@ -559,10 +576,10 @@ def test_a_slope_of_zero_is_written_as_a_float_literal():
 
 
 def test_every_kind_of_step_has_a_profiler_range_the_breakdown_classes():
-    from workloads.rgnn.breakdown import classify
+    from systems.rgnn.breakdown import classify
 
     for name in BASELINES:
-        for program in autodiff.split(passes.optimize(models.PROGRAMS[name](), "reorder", "compact")):
+        for program in autodiff.split(passes.optimize(BASELINES[name].program(), "reorder", "compact")):
             for step in lower.lower(program).steps:
                 kind = classify(codegen.range_name(step))
                 assert (kind == "other") == isinstance(step, lower.Host), (codegen.range_name(step), kind)
@@ -589,7 +606,7 @@ def test_a_chain_of_row_wise_operators_is_one_fused_step():
     plan = lower.lower(chain())
     kinds = [type(s).__name__ for s in plan.steps]
     assert kinds.count("Fused") == 1 and "Map" not in kinds, str(plan)  # exp and mul folded into the sum
-    plan = lower.lower(autodiff.split(passes.optimize(models.rgat_layer(), "reorder", "compact"))[1])
+    plan = lower.lower(autodiff.split(passes.optimize(rgat_layer(), "reorder", "compact"))[1])
     assert any(isinstance(s, lower.Fused) for s in plan.steps)
 
 
@@ -600,7 +617,7 @@ def test_a_training_step_computes_the_forward_once(name, monkeypatch):
     model, give autograd's gradients."""
     from hector_kernel_model import install
 
-    program = passes.optimize(models.PROGRAMS[name](), "reorder", "compact")
+    program = passes.optimize(BASELINES[name].program(), "reorder", "compact")
     forward, backward = autodiff.split(program)
     ops = [(v.op, v.attr("transpose")) for v in backward.values]
     assert ("edge_softmax", None) not in ops and ("typed_matmul", None) not in ops

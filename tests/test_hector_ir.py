@@ -1,20 +1,57 @@
 """Hector's model language, IR, passes and reference backend: the programs compute what the
-baseline forms of workloads/rgnn compute (outputs and gradients), before and after every pass, on
-real and awkward graphs; the printed IR after the passes is what Hector's optimizations mean; bad
-programs and bad bindings are refused by name."""
+models' reference forms (systems/rgnn) compute (outputs and gradients), before and after every
+pass, on real and awkward graphs; the printed IR after the passes is what Hector's optimizations
+mean; bad programs and bad bindings are refused by name.
+
+The cross-products of models, passes and graphs run whole in the full tier; the fast tier runs a
+pairwise cover of them (:func:`pairwise`: every pair of values of any two parameters at least once)."""
+
+import itertools
 
 import pytest
 import torch
 
 from harness.errors import UserError
-from systems.hector import autodiff, models, op, passes, reference
+from systems.hector import autodiff, op, passes, reference
 from systems.hector.lang import ModelError, model
+from systems.relgraph.graph import RelGraph
+from systems.rgnn.forms import FORMS
+from systems.rgnn.models import MODELS
+from systems.rgnn.models.rgat import rgat_layer
+from systems.rgnn.models.rgcn import RGCNWeights, rgcn_layer
 from workloads.graphs import knowledge
-from workloads.rgnn import hgt, rgat, rgcn
-from workloads.rgnn.graph import RelGraph
 
-BASELINES = {"rgcn": rgcn, "rgat": rgat, "hgt": hgt}
+# The models that have a program, by name: every test of a model runs for each of them.
+BASELINES = {m.name: m for m in MODELS if m.program is not None}
 PASS_SETS = [(), ("reorder",), ("compact",), ("reorder", "compact")]
+
+
+def pairwise(*axes, heavy=lambda case: False) -> list:
+    """pytest params for the product of ``axes``: the fewest cases (picked greedily) that hold
+    every pair of values of any two axes stay in the fast tier, every other case is marked
+    ``full``. ``heavy`` cases (on a large graph) are left to the full tier, and the pairs are
+    those of the other cases."""
+    cases = list(itertools.product(*axes))
+
+    def pairs(case):
+        return {(i, repr(a), j, repr(b)) for (i, a), (j, b) in itertools.combinations(enumerate(case), 2)}
+
+    light = [k for k, case in enumerate(cases) if not heavy(case)]
+    missing, fast = set().union(*(pairs(cases[k]) for k in light)), set()
+    while missing:
+        best = max(light, key=lambda k: len(pairs(cases[k]) & missing))
+        fast.add(best)
+        missing -= pairs(cases[best])
+    return [
+        pytest.param(*case, marks=() if k in fast else pytest.mark.full, id="-".join(map(_case_id, case)))
+        for k, case in enumerate(cases)
+    ]
+
+
+def _case_id(value) -> str:
+    if isinstance(value, tuple):  # a pass set
+        return "+".join(value) or "none"
+    return {True: "backward", False: "forward"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 
 
 def typed_graph(src, dst, etype, nodes, relations, types=3, seed=0):
@@ -65,22 +102,31 @@ def outputs_and_gradients(run, weights, x, projection):
     return out.detach(), grads
 
 
-@pytest.mark.parametrize("graph_name", GRAPHS)
-@pytest.mark.parametrize("applied", PASS_SETS, ids=lambda p: "+".join(p) or "none")
-@pytest.mark.parametrize("name", BASELINES)
+def reference_form(name, weights, graph):
+    """The model's reference form (``segment_mm``), which every other form is checked against."""
+    m = BASELINES[name]
+    return FORMS[m.reference].build(m, weights, graph)
+
+
+def make_weights(name, relations, width, seed=0):
+    return BASELINES[name].weights(relations, width, width, seed=seed, num_node_types=3)
+
+
+@pytest.mark.parametrize("name, applied, graph_name", pairwise(BASELINES, PASS_SETS, GRAPHS))
 def test_programs_match_the_baseline_forms_before_and_after_the_passes(name, applied, graph_name):
     graph = GRAPHS[graph_name]()
     width = 12
     g = torch.Generator().manual_seed(7)
-    program = passes.optimize(models.PROGRAMS[name](), *applied)
+    m = BASELINES[name]
+    program = passes.optimize(m.program(), *applied)
     results = []
     for runner in ("baseline", "hector"):
-        weights = BASELINES[name].WEIGHTS(graph.num_relations, width, width, seed=1, num_node_types=3)
+        weights = make_weights(name, graph.num_relations, width, seed=1)
         x = torch.randn(graph.num_nodes, width, generator=torch.Generator().manual_seed(2)).requires_grad_()
         if runner == "baseline":
-            run = BASELINES[name].form("segment_mm", weights, graph)
+            run = reference_form(name, weights, graph)
         else:
-            run = lambda x, w=weights: reference.run(program, graph, {"x": x} | models.bind(name, w))[0]  # noqa: E731
+            run = lambda x, w=weights: reference.run(program, graph, {"x": x} | m.bind(w))[0]  # noqa: E731
         results.append(outputs_and_gradients(run, weights, x, torch.randn(graph.num_nodes, width, generator=g)))
         g = torch.Generator().manual_seed(7)  # the same projection for both
     (base_out, base_grads), (out, grads) = results
@@ -120,7 +166,7 @@ def test_rgat_after_both_passes_is_hectors_optimized_rgat():
     """Golden IR: the attention vectors folded into the relation weights once per relation (no
     per-edge [in, out] transform of the target), and the source transform once per (source,
     relation) pair, read per edge."""
-    printed = str(passes.optimize(models.rgat_layer(), "reorder", "compact"))
+    printed = str(passes.optimize(rgat_layer(), "reorder", "compact"))
     assert printed.replace("{dst,src,etype}", "{src,dst,etype}") == RGAT_OPTIMIZED.replace(
         "{dst,src,etype}", "{src,dst,etype}"
     )
@@ -130,12 +176,12 @@ def test_passes_move_work_where_hector_says():
     def ops(program):
         return [(v.op, v.domain, v.width) for v in program.values]
 
-    plain, compact = models.rgcn_layer(), passes.optimize(models.rgcn_layer(), "compact")
+    plain, compact = rgcn_layer(), passes.optimize(rgcn_layer(), "compact")
     assert ("typed_matmul", "edge", "out") in ops(plain) and ("typed_matmul", "pair", "out") in ops(compact)
-    hgt_compact = ops(passes.optimize(models.hgt_layer(), "compact"))
+    hgt_compact = ops(passes.optimize(MODELS["hgt"].program(), "compact"))
     assert hgt_compact.count(("typed_matmul", "pair", "out")) == 2  # keys and values per pair
     # Reordering leaves no per-edge [in, out] product on RGAT's target side.
-    reordered = passes.optimize(models.rgat_layer(), "reorder")
+    reordered = passes.optimize(rgat_layer(), "reorder")
     edge_products = [v for v in reordered.values if v.op == "typed_matmul" and v.attr("by") == "etype"]
     assert sorted(str(v.width) for v in edge_products) == ["1", "1", "out"]
 
@@ -202,9 +248,9 @@ def test_bad_programs_are_refused_by_name():
 
 def test_bad_bindings_are_refused_by_name():
     graph = awkward_graph()
-    weights = rgcn.RGCNWeights(graph.num_relations, 4, 6)
-    program = models.rgcn_layer()
-    bound = models.bind("rgcn", weights)
+    weights = RGCNWeights(graph.num_relations, 4, 6)
+    program = rgcn_layer()
+    bound = MODELS["rgcn"].bind(weights)
     x = torch.randn(graph.num_nodes, 4)
     with pytest.raises(reference.BindingError, match="no tensor named 'x'"):
         reference.run(program, graph, bound)
@@ -216,9 +262,7 @@ def test_bad_bindings_are_refused_by_name():
         reference.run(program, graph, bound | {"x": x, "W": weights.weight[:-1]})
 
 
-@pytest.mark.parametrize("graph_name", GRAPHS)
-@pytest.mark.parametrize("applied", PASS_SETS, ids=lambda p: "+".join(p) or "none")
-@pytest.mark.parametrize("name", [*BASELINES, "relational_gatv2"])
+@pytest.mark.parametrize("name, applied, graph_name", pairwise([*BASELINES, "relational_gatv2"], PASS_SETS, GRAPHS))
 def test_the_ir_backward_pass_matches_autograd(name, applied, graph_name):
     """differentiate()'s program, run by the reference backend, gives every input's and weight's
     gradient as torch's autograd does through the forward program."""
@@ -234,9 +278,9 @@ def test_the_ir_backward_pass_matches_autograd(name, applied, graph_name):
         }
         tensors = {k: v.requires_grad_() for k, v in tensors.items()}
     else:
-        program = passes.optimize(models.PROGRAMS[name](), *applied)
-        weights = BASELINES[name].WEIGHTS(graph.num_relations, 6, 6, seed=3, num_node_types=3)
-        tensors = {"x": torch.randn(graph.num_nodes, 6, generator=g, requires_grad=True)} | models.bind(name, weights)
+        program = passes.optimize(BASELINES[name].program(), *applied)
+        bound = BASELINES[name].bind(make_weights(name, graph.num_relations, 6, seed=3))
+        tensors = {"x": torch.randn(graph.num_nodes, 6, generator=g, requires_grad=True)} | bound
     (out,) = reference.run(program, graph, tensors)
     seed = torch.randn(out.shape, generator=g)
     leaves = autodiff.leaves(program)
@@ -254,31 +298,31 @@ def test_a_layer_is_a_differentiable_operator_that_passes_opcheck(name):
     """The program and its IR backward as torch.library ops: outputs and gradients as the
     baseline form's, and torch's operator checks (schema, fake tensors, autograd registration)."""
     graph = awkward_graph(seed=2)
-    layer = op.Layer(passes.optimize(models.PROGRAMS[name](), "reorder", "compact"))
+    m = BASELINES[name]
+    layer = op.Layer(passes.optimize(m.program(), "reorder", "compact"))
     results = []
     for runner in ("baseline", "layer"):
-        weights = BASELINES[name].WEIGHTS(graph.num_relations, 6, 6, seed=5, num_node_types=3)
+        weights = make_weights(name, graph.num_relations, 6, seed=5)
         x = torch.randn(graph.num_nodes, 6, generator=torch.Generator().manual_seed(6), requires_grad=True)
         if runner == "baseline":
-            run = BASELINES[name].form("segment_mm", weights, graph)
+            run = reference_form(name, weights, graph)
         else:
-            run = lambda x, w=weights: layer(graph, x=x, **models.bind(name, w))  # noqa: E731
+            run = lambda x, w=weights: layer(graph, x=x, **m.bind(w))  # noqa: E731
         projection = torch.randn(graph.num_nodes, 6, generator=torch.Generator().manual_seed(8))
         results.append(outputs_and_gradients(run, weights, x, projection))
     (base_out, base_grads), (out, grads) = results
     torch.testing.assert_close(out, base_out, rtol=1e-5, atol=1e-5)
     for key in base_grads:
         torch.testing.assert_close(grads[key], base_grads[key], rtol=1e-4, atol=1e-5, msg=key)
-    weights = BASELINES[name].WEIGHTS(graph.num_relations, 6, 6, num_node_types=3)
-    tensors = {"x": torch.randn(graph.num_nodes, 6)} | models.bind(name, weights)
+    tensors = {"x": torch.randn(graph.num_nodes, 6)} | m.bind(make_weights(name, graph.num_relations, 6))
     leaves = [tensors[n].detach().requires_grad_() for n in layer.names]
     torch.library.opcheck(layer.forward_op, (op.register_graph(graph), leaves))
 
 
 def test_a_layer_called_wrongly_says_how():
     graph = awkward_graph()
-    layer = op.Layer(models.rgcn_layer())
-    weights = models.bind("rgcn", rgcn.RGCNWeights(graph.num_relations, 4, 4))
+    layer = op.Layer(rgcn_layer())
+    weights = MODELS["rgcn"].bind(RGCNWeights(graph.num_relations, 4, 4))
     with pytest.raises(UserError, match="rgcn_layer takes x, root, bias, W; missing x; unknown y"):
         layer(graph, y=torch.randn(graph.num_nodes, 4), **weights)
     with pytest.raises(UserError, match="graph handle 12345 is not registered"):
@@ -292,8 +336,8 @@ def test_the_op_and_its_index_cache_do_not_keep_graphs_alive():
     from systems.hector import lower
 
     graph = awkward_graph()
-    layer = op.Layer(models.rgcn_layer())
-    weights = models.bind("rgcn", rgcn.RGCNWeights(graph.num_relations, 4, 4))
+    layer = op.Layer(rgcn_layer())
+    weights = MODELS["rgcn"].bind(RGCNWeights(graph.num_relations, 4, 4))
     layer(graph, x=torch.randn(graph.num_nodes, 4), **weights)
     lower.GraphIndex.of(graph)["pair_src"]
     gone = weakref.ref(graph)
@@ -318,8 +362,8 @@ def test_the_command_line_shows_the_ir_after_each_pass_and_the_plan(capsys):
 @pytest.mark.parametrize("name", BASELINES)
 def test_a_layer_takes_features_as_strided_offset_and_expanded_views(name):
     graph = awkward_graph(seed=6)
-    layer = op.Layer(passes.optimize(models.PROGRAMS[name](), "reorder", "compact"))
-    weights = models.bind(name, BASELINES[name].WEIGHTS(graph.num_relations, 6, 6, num_node_types=3))
+    layer = op.Layer(passes.optimize(BASELINES[name].program(), "reorder", "compact"))
+    weights = BASELINES[name].bind(make_weights(name, graph.num_relations, 6))
     g = torch.Generator().manual_seed(2)
     views = {
         "strided": torch.randn(graph.num_nodes, 12, generator=g)[:, ::2],

@@ -1,21 +1,24 @@
-"""relational_gnn: both parts end to end at the tiny scale (every model, form and mode, validated
-results, graph statistics in the notes), a form that disagrees refused before anything is timed,
-an out-of-memory recorded as an outcome with the failed allocation, and the CPU's limit on
-per-edge weights."""
+"""relational_gnn: the parts end to end at the tiny scale (every model, registered form and mode,
+validated results with each form's role, computation and precision, graph statistics in the
+notes), a form that disagrees refused before anything is timed, an out-of-memory recorded as an
+outcome with the failed allocation, the CPU's limit on per-edge weights, a form registered from
+outside measured like the others, and unknown names refused in one line."""
 
 import pytest
 import torch
 
 from harness.entry import main as entry
 from harness.errors import UserError
-from harness.results import load, load_provenance
-from systems.hector.forms import TENSOR_CORE_VARIANTS, VARIANTS, HectorForm
+from harness.results import ResultsWriter, load, load_provenance
+from systems.rgnn.forms import FORMS, Form, forms_of
+from systems.rgnn.forms.hector import HectorLayer
+from systems.rgnn.models import MODELS, rgat, rgcn
 from workloads.relational_gnn import parts
 from workloads.relational_gnn.schema import SCHEMA
-from workloads.rgnn import hgt, rgat, rgcn
 
-HERE = set(VARIANTS) if torch.cuda.is_available() else set(VARIANTS) - TENSOR_CORE_VARIANTS  # tensor cores: GPUs
-FORMS = {name: set(module.FORMS) | HERE for name, module in {"rgcn": rgcn, "rgat": rgat, "hgt": hgt}.items()}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Each model's forms that run here (the tensor-core variant only on GPU machines).
+RUNS = {m.name: {f.name for f in forms_of(m) if f.missing(DEVICE) is None} for m in MODELS}
 
 
 def run(part, out):
@@ -23,26 +26,35 @@ def run(part, out):
     return load([out], SCHEMA), load_provenance(out)
 
 
+def only(*names: str) -> list[str]:
+    """``leave_out`` for every registered form but ``names``."""
+    return [name for name in FORMS.names() if name not in names]
+
+
 @pytest.mark.parametrize(
     "part, dataset, models, modes",
     [
-        ("knowledge_graphs", "nations", set(FORMS), {"inference", "training"}),
-        ("datasets", "aifb-like-0.05", set(FORMS), {"inference", "training"}),
-        ("large_datasets", "am-like-0.002", {"rgcn"}, {"inference"}),
+        ("knowledge_graphs", "nations", set(RUNS), {"inference", "training"}),
+        pytest.param("datasets", "aifb-like-0.05", set(RUNS), {"inference", "training"}, marks=pytest.mark.full),
+        pytest.param("large_datasets", "am-like-0.002", {"rgcn"}, {"inference"}, marks=pytest.mark.full),
     ],
 )
 def test_every_model_form_and_mode_is_timed(part, dataset, models, modes, tmp_path):
     frame, notes = run(part, tmp_path / f"{part}-tiny.csv")
-    assert set(frame.dataset) == {dataset} and set(frame.role) == {"baseline", "optimized"}
-    # Hector's, beside the baselines; the tensor-core variant only on GPU machines, with the reason
-    assert set(frame[frame.role == "optimized"].variant) == HERE
+    assert set(frame.dataset) == {dataset}
+    # Each row says its form's role, what it computes and in which precision, as the registry does.
+    for variant, rows in frame.groupby("variant"):
+        form = FORMS[variant]
+        assert {(form.role, form.form, form.precision)} == set(zip(rows.role, rows.form, rows.precision)), variant
+    assert {"peer", "baseline", "optimized"} <= set(frame.role)
+    # A form that cannot run here is not attempted, with the reason (tensor cores: GPU machines only).
     if not torch.cuda.is_available():
-        assert any(name.startswith("hector_best_tf32") for name in notes["skipped"])
+        assert notes["skipped"][f"hector_best_tf32 on {dataset}"] == "hector_best_tf32 needs a CUDA GPU"
     times = frame[frame.metric == "time"]
     assert set(times.model) == models
     for model in models:
         rows = times[times.model == model]
-        assert set(rows.variant) == FORMS[model], model
+        assert set(rows.variant) == RUNS[model], model
         assert (rows.groupby(["variant", "mode"]).size() == 3).all()  # repeat: 3 per mode
         assert set(rows["mode"]) == modes
     assert (times.value > 0).all()
@@ -57,6 +69,7 @@ def test_every_model_form_and_mode_is_timed(part, dataset, models, modes, tmp_pa
 
 
 def test_a_form_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):
+    """The first model's per-edge form is off by 1%: the part stops, having timed nothing."""
     real = rgcn.PerEdge.forward
     monkeypatch.setattr(rgcn.PerEdge, "forward", lambda self, x: real(self, x) * 1.01)
     monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed before every form was checked"))
@@ -67,36 +80,47 @@ def test_a_form_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):
 
 
 def test_a_hector_variant_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):
-    real = HectorForm.__call__
-    monkeypatch.setattr(HectorForm, "__call__", lambda self, x: real(self, x) * (1.01 if self.model == "rgcn" else 1))
+    real = HectorLayer.__call__
+    scale = lambda self: 1.01 if self.model.name == "rgcn" else 1  # noqa: E731
+    monkeypatch.setattr(HectorLayer, "__call__", lambda self, x: real(self, x) * scale(self))
     monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed before every form was checked"))
     with pytest.raises(parts.FormsDisagree, match="rgcn hector_unopt on nations at 8: differs from segment_mm"):
         run("knowledge_graphs", tmp_path / "knowledge_graphs-tiny.csv")
 
 
-def test_out_of_memory_is_an_outcome_with_the_failed_allocation(tmp_path, monkeypatch):
+def test_out_of_memory_is_an_outcome_with_the_failed_allocation(monkeypatch):
     def too_big(self, x):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 86.50 GiB. GPU 0 has ...")
 
     monkeypatch.setattr(rgat.PerEdge, "forward", too_big)
-    frame, _ = run("knowledge_graphs", tmp_path / "knowledge_graphs-tiny.csv")
-    gone = frame[(frame.model == "rgat") & (frame.variant == "per_edge")]
-    assert set(gone.metric) == {"out_of_memory", "failed_allocation_bytes"}
-    assert set(gone["mode"]) == {"inference", "training"}
-    assert (gone[gone.metric == "failed_allocation_bytes"].value == 86.5 * 2**30).all()
-    assert (frame[(frame.model == "rgat") & (frame.variant == "pyg")].metric == "time").any()
+    params = layers(models=["rgat"], modes=["inference", "training"], leave_out=only("segment_mm", "per_edge", "pyg"))
+    writer = parts_writer()
+    parts.knowledge_graphs(params, writer, repeat=1, warmup=0, device="cpu")
+    gone = [row for row in writer.rows if row["variant"] == "per_edge"]
+    assert {row["metric"] for row in gone} == {"out_of_memory", "failed_allocation_bytes"}
+    assert {row["mode"] for row in gone} == {"inference", "training"}
+    assert {(row["role"], row["form"], row["precision"]) for row in gone} == {("baseline", "per_edge", "float32")}
+    assert {row["value"] for row in gone if row["metric"] == "failed_allocation_bytes"} == {86.5 * 2**30}
+    assert any(row["variant"] == "pyg" and row["metric"] == "time" for row in writer.rows)
 
 
-def test_per_edge_weights_over_the_cpu_limit_are_not_attempted(tmp_path, monkeypatch):
-    params = {
+def layers(**given) -> dict:
+    """A knowledge_graphs part's parameters on nations, at width 8, ``given`` replacing any."""
+    return {
         "seed": 0,
         "graphs": ["nations"],
         "models": ["rgcn"],
         "dims": [8],
         "modes": ["inference"],
-        "cpu_materialize_limit_gib": 1e-6,  # ~1 KiB: nations' 1992 edges x 8 x 8 floats do not fit
-        "variants": ["hector_best"],
-    }
+        "cpu_materialize_limit_gib": 1,
+        "breakdown_dims": [],
+    } | given
+
+
+def test_per_edge_weights_over_the_cpu_limit_are_not_attempted(tmp_path, monkeypatch):
+    # ~1 KiB: nations' 1992 edges x 8 x 8 floats do not fit
+    leave_out = only("pyg", "pyg_fast", "per_edge", "segment_mm", "grouped_mm", "hector_best")
+    params = layers(cpu_materialize_limit_gib=1e-6, leave_out=leave_out)
     writer = parts_writer()
     notes = parts.knowledge_graphs(params, writer, repeat=1, warmup=0, device="cpu")
     timed = {row["variant"] for row in writer.rows if row["metric"] == "time"}
@@ -107,9 +131,51 @@ def test_per_edge_weights_over_the_cpu_limit_are_not_attempted(tmp_path, monkeyp
 
 
 def parts_writer():
-    from harness.results import ResultsWriter
-
     return ResultsWriter(SCHEMA, scale="tiny")
+
+
+def test_a_form_registered_from_outside_is_checked_and_measured_like_the_others():
+    """A form from a module of the user's (here, registered by the test): checked against the
+    reference, timed, its rows saying its role, what it computes and its precision; one that
+    disagrees is refused like any."""
+
+    def doubled(model, weights, graph):
+        inner = FORMS[model.reference].build(model, weights, graph)
+        return lambda x: inner(x) * 2
+
+    def rounded(model, weights, graph):  # within TF32's tolerance of the reference
+        inner = FORMS[model.reference].build(model, weights, graph)
+        return lambda x: inner(x) * (1 + 2e-3)
+
+    forms = (
+        Form("user_rounded", "optimized", precision="tf32", computes="segment_mm", models=("rgcn",), make=rounded),
+        Form("user_doubled", "peer", models=("rgcn",), make=doubled),
+    )
+    for form in forms:
+        FORMS.register(form)
+    try:
+        writer = parts_writer()
+        params = layers(leave_out=only("segment_mm", "user_rounded"))
+        parts.knowledge_graphs(params, writer, repeat=1, warmup=0, device="cpu")
+        rows = {(r["variant"], r["role"], r["form"], r["precision"]) for r in writer.rows if r["metric"] == "time"}
+        assert rows == {
+            ("segment_mm", "baseline", "segment_mm", "float32"),
+            ("user_rounded", "optimized", "segment_mm", "tf32"),
+        }
+        with pytest.raises(parts.FormsDisagree, match="rgcn user_doubled on nations at 8: differs from segment_mm"):
+            parts.knowledge_graphs(
+                layers(leave_out=only("segment_mm", "user_doubled")), parts_writer(), repeat=1, warmup=0, device="cpu"
+            )
+    finally:
+        for form in forms:
+            FORMS.unregister(form.name)
+
+
+def test_unknown_models_and_forms_are_refused_in_one_line_naming_the_valid_ones():
+    with pytest.raises(UserError, match="unknown relational model 'gcn'; one of hgt, rgat, rgcn"):
+        parts.knowledge_graphs(layers(models=["gcn"]), parts_writer(), repeat=1, warmup=0, device="cpu")
+    with pytest.raises(UserError, match="unknown relational-GNN form 'hector_fast'; one of pyg, pyg_fast"):
+        parts.knowledge_graphs(layers(leave_out=["hector_fast"]), parts_writer(), repeat=1, warmup=0, device="cpu")
 
 
 def test_a_published_dataset_is_read_from_its_files(tmp_path):
@@ -131,6 +197,7 @@ def test_a_published_dataset_is_read_from_its_files(tmp_path):
         "dims": [4],
         "modes": ["inference"],
         "cpu_materialize_limit_gib": 1,
+        "leave_out": only("segment_mm"),
     }
     writer = parts_writer()
     notes = parts.datasets(params, writer, repeat=1, warmup=0, device="cpu")

@@ -1,19 +1,28 @@
-"""Relational GNN layers: every form of RGCN, RGAT and HGT computes the same function from the same
-weights (outputs and gradients, against a float64 reference written from the definition), on the
-real knowledge graphs and on synthetic ones with odd sizes, empty relations and no edges; bad ids
-are refused by name."""
+"""Relational GNN layers: every registered form of RGCN, RGAT and HGT (systems/rgnn) computes the
+same function from the same weights (outputs and gradients, against a float64 reference written
+from the definition), on the real knowledge graphs and on synthetic ones with odd sizes, empty
+relations and no edges; bad ids are refused by name; the registries say what each form is.
+
+A new form joins these tests by registering: every form that computes a model here is run. The
+model x form cross-products run whole in the full tier; the fast tier runs each form once, on a
+model picked in turn (:func:`spread`)."""
 
 import numpy as np
 import pytest
 import torch
 
 from harness.errors import UserError
+from systems.relgraph.graph import RelGraph
+from systems.rgnn.forms import FORMS, Form, LayerForm, forms_of
+from systems.rgnn.forms.hector import HectorForm
+from systems.rgnn.models import MODELS, Model
+from systems.rgnn.models.hgt import HGTWeights
+from systems.rgnn.models.rgat import RGATWeights
+from systems.rgnn.models.rgcn import RGCNWeights
 from workloads.graphs import knowledge
-from workloads.rgnn import hgt, rgat, rgcn
-from workloads.rgnn.graph import RelGraph
 
 
-def reference_rgcn(graph: RelGraph, x, w: rgcn.RGCNWeights) -> torch.Tensor:
+def reference_rgcn(graph: RelGraph, x, w: RGCNWeights) -> torch.Tensor:
     """The definition, target by target in float64: root term, bias, per-relation means."""
     x, weight = x.double(), w.weight.double()
     out = x @ w.root.double() + w.bias.double()
@@ -25,7 +34,7 @@ def reference_rgcn(graph: RelGraph, x, w: rgcn.RGCNWeights) -> torch.Tensor:
     return out
 
 
-def reference_rgat(graph: RelGraph, x, w: rgat.RGATWeights) -> torch.Tensor:
+def reference_rgat(graph: RelGraph, x, w: RGATWeights) -> torch.Tensor:
     """The definition, target by target in float64: a softmax over all the target's edges."""
     x, weight, q, k = x.double(), w.weight.double(), w.q.double(), w.k.double()
     out = w.bias.double().repeat(graph.num_nodes, 1)
@@ -40,7 +49,7 @@ def reference_rgat(graph: RelGraph, x, w: rgat.RGATWeights) -> torch.Tensor:
     return out
 
 
-def reference_hgt(graph: RelGraph, x, w: hgt.HGTWeights) -> torch.Tensor:
+def reference_hgt(graph: RelGraph, x, w: HGTWeights) -> torch.Tensor:
     """The definition, node by node in float64 (one head)."""
     x, width = x.double(), w.out_dim
     types = graph.node_type.tolist()
@@ -65,12 +74,35 @@ def reference_hgt(graph: RelGraph, x, w: hgt.HGTWeights) -> torch.Tensor:
     return out
 
 
-LAYERS = {
-    "rgcn": (rgcn, rgcn.RGCNWeights, reference_rgcn),
-    "rgat": (rgat, rgat.RGATWeights, reference_rgat),
-    "hgt": (hgt, hgt.HGTWeights, reference_hgt),
-}
-CASES = [(layer, name) for layer, (module, _, _) in LAYERS.items() for name in module.FORMS]
+DEFINITIONS = {"rgcn": reference_rgcn, "rgat": reference_rgat, "hgt": reference_hgt}
+LAYERS = list(DEFINITIONS)
+
+
+def runs_here(form: Form) -> bool:
+    return form.missing("cpu") is None
+
+
+def spread(cases: list[tuple[str, str]]) -> list:
+    """pytest params of pairs: each second value once in the fast tier, with the first values in
+    turn (each form on one model, the models taking turns), the other cases marked ``full``."""
+    fast = set()
+    for turn, second in enumerate(dict.fromkeys(b for _, b in cases)):
+        having = [case for case in cases if case[1] == second]
+        fast.add(having[turn % len(having)])
+    return [pytest.param(*case, marks=() if case in fast else pytest.mark.full) for case in cases]
+
+
+# Every form that computes each model and runs on a CPU: the baselines and any form a module of
+# systems/rgnn/forms adds. Hector's variants are held to the reference forms in test_hector_ir.py
+# (its HGT needs in = out, where these tests also take in != out).
+CASES = [
+    (layer, form.name)
+    for layer in LAYERS
+    for form in forms_of(MODELS[layer])
+    if runs_here(form) and not isinstance(form, HectorForm)
+]
+# The forms the models implement as plain PyTorch: the strongest a user could write by hand.
+PLAIN = [(layer, name) for layer, name in CASES if FORMS[name].role == "baseline" and name in MODELS[layer].layers]
 
 
 def random_graph(nodes, relations, edges, seed=0, index_dtype=torch.int64, types=3):
@@ -93,26 +125,28 @@ def random_graph(nodes, relations, edges, seed=0, index_dtype=torch.int64, types
     )  # fmt: skip
 
 
+def build(layer, form_name, weights, graph):
+    return FORMS[form_name].build(MODELS[layer], weights, graph)
+
+
 def run(layer, form_name, graph, in_dim, out_dim, seed=0, device="cpu"):
     """Output and gradients (features, then every weight) of one form, from seeded weights and
     features; the gradients are of a random projection of the output, never a plain sum."""
-    module, weights_class, _ = LAYERS[layer]
-    weights = weights_class(graph.num_relations, in_dim, out_dim, seed=seed, num_node_types=graph.num_node_types)
-    weights = weights.to(device)
+    weights = MODELS[layer].make_weights(graph, in_dim, out_dim, seed=seed).to(device)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(graph.num_nodes, in_dim, generator=g).to(device).requires_grad_()
     projection = torch.randn(graph.num_nodes, out_dim, generator=g).to(device)
-    out = module.form(form_name, weights, graph)(x)
+    out = build(layer, form_name, weights, graph)(x)
     (out * projection).sum().backward()
     grads = {"x": x.grad} | {name: p.grad for name, p in weights.named_parameters()}
     return out.detach(), grads, (x, weights)
 
 
-@pytest.mark.parametrize("layer, name", CASES)
+@pytest.mark.parametrize("layer, name", spread(CASES))
 def test_every_form_matches_the_definition_on_a_small_graph_with_odd_sizes(layer, name):
     graph = random_graph(nodes=37, relations=5, edges=211)
     out, grads, (x, weights) = run(layer, name, graph, in_dim=5, out_dim=7)
-    expected = LAYERS[layer][2](graph, x.detach(), weights)
+    expected = DEFINITIONS[layer](graph, x.detach(), weights)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
     if layer != "hgt":
         assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
@@ -121,24 +155,23 @@ def test_every_form_matches_the_definition_on_a_small_graph_with_odd_sizes(layer
         assert all(grads[n].abs().sum() > 0 for n in ("x", "k_rel", "v_rel", "kqv_weight", "p_rel"))
 
 
-@pytest.mark.parametrize("layer", LAYERS)
-@pytest.mark.parametrize("graph_name", knowledge.GRAPHS)
-def test_every_form_agrees_on_the_real_knowledge_graphs(layer, graph_name):
+@pytest.mark.parametrize("graph_name, layer", spread([(g, layer) for layer in LAYERS for g in knowledge.GRAPHS]))
+def test_every_form_agrees_on_the_real_knowledge_graphs(graph_name, layer):
     spec, arrays = knowledge.load(graph_name)
     graph = RelGraph.from_store(arrays, len(spec.relations))
-    base_out, base_grads, _ = run(layer, "segment_mm", graph, 16, 16)
-    for name in LAYERS[layer][0].FORMS:
+    base_out, base_grads, _ = run(layer, MODELS[layer].reference, graph, 16, 16)
+    for name in (name for model, name in CASES if model == layer):
         out, grads, _ = run(layer, name, graph, 16, 16)
         torch.testing.assert_close(out, base_out, rtol=1e-4, atol=1e-4, msg=name)
         for key in base_grads:
             torch.testing.assert_close(grads[key], base_grads[key], rtol=1e-4, atol=1e-4, msg=f"{name} {key}")
 
 
-@pytest.mark.parametrize("layer, name", CASES)
+@pytest.mark.parametrize("layer, name", spread(CASES))
 def test_a_graph_without_edges_gives_the_terms_without_neighbours(layer, name):
     graph = RelGraph.build([], [], [], num_nodes=4, num_relations=3)
     out, _, (x, weights) = run(layer, name, graph, 8, 8)
-    expected = LAYERS[layer][2](graph, x.detach(), weights).float()
+    expected = DEFINITIONS[layer](graph, x.detach(), weights).float()
     torch.testing.assert_close(out, expected)
 
 
@@ -154,23 +187,25 @@ def test_both_index_dtypes_and_views_give_one_graph():
 
 def test_features_that_do_not_match_the_weights_are_refused():
     graph = random_graph(10, 2, 30)
-    layer = rgcn.form("segment_mm", rgcn.RGCNWeights(2, 8, 8), graph)
+    layer = build("rgcn", "segment_mm", RGCNWeights(2, 8, 8), graph)
     with pytest.raises(UserError, match=r"features must be \[10 nodes, 8\], got \(10, 7\)"):
         layer(torch.randn(10, 7))
     with pytest.raises(UserError, match="the weights have 3 relations, the graph 2"):
-        rgcn.form("per_edge", rgcn.RGCNWeights(3, 8, 8), graph)
-    with pytest.raises(UserError, match="unknown RGCN form 'dgl'; one of pyg"):
-        rgcn.form("dgl", rgcn.RGCNWeights(2, 8, 8), graph)
-    with pytest.raises(UserError, match="unknown RGAT form 'pyg_fast'; one of pyg"):
-        rgat.form("pyg_fast", rgat.RGATWeights(2, 8, 8), graph)
+        build("rgcn", "per_edge", RGCNWeights(3, 8, 8), graph)
+    with pytest.raises(UserError, match="unknown relational-GNN form 'dgl'; one of pyg, pyg_fast, per_edge"):
+        build("rgcn", "dgl", RGCNWeights(2, 8, 8), graph)
+    with pytest.raises(UserError, match="form pyg_fast does not compute rgat; its forms: segment_mm, pyg, per_edge"):
+        build("rgat", "pyg_fast", RGATWeights(2, 8, 8), graph)
+    with pytest.raises(UserError, match="unknown relational model 'gcn'; one of hgt, rgat, rgcn"):
+        MODELS["gcn"]
     with pytest.raises(UserError, match="the weights have 1 node types, the graph 3"):
-        hgt.form("segment_mm", hgt.HGTWeights(2, 8, 8), graph)
+        build("hgt", "segment_mm", HGTWeights(2, 8, 8), graph)
 
 
 def test_pyg_hgt_refuses_a_relation_between_several_type_pairs():
     mixed = RelGraph.build([0, 1], [1, 0], [0, 0], num_nodes=2, num_relations=1, node_type=[0, 1], num_node_types=2)
     with pytest.raises(UserError, match=r"relation 0 joins several node types \(\[0, 1\] to \[0, 1\]\)"):
-        hgt.form("pyg", hgt.HGTWeights(1, 4, 4, num_node_types=2), mixed)
+        build("hgt", "pyg", HGTWeights(1, 4, 4, num_node_types=2), mixed)
 
 
 def test_ids_out_of_range_are_refused_by_name():
@@ -189,7 +224,7 @@ def test_the_graph_counts_unique_source_relation_pairs():
 
 
 def test_operators_are_classified_by_what_they_do():
-    from workloads.rgnn.breakdown import classify
+    from systems.rgnn.breakdown import classify
 
     cases = {
         "aten::mm": "gemm",
@@ -217,13 +252,13 @@ def test_operators_are_classified_by_what_they_do():
 def test_every_generated_kernel_is_classed_by_its_entry_point():
     """The profiler links Hector's CuPy launches to the layer's custom op: the breakdown classes
     each by its entry point, so every kernel the models need must have a class, the right one."""
-    from systems.hector import codegen, models, passes
+    from systems.hector import codegen, passes
     from systems.hector.autodiff import split
-    from workloads.rgnn.breakdown import kernel_class
+    from systems.rgnn.breakdown import kernel_class
 
     names = set()
-    for build in models.PROGRAMS.values():
-        for program in (build(), passes.optimize(build(), "reorder", "compact")):
+    for trace in (m.program for m in MODELS if m.program is not None):
+        for program in (trace(), passes.optimize(trace(), "reorder", "compact")):
             for part in (program, *split(program)):  # the forward, and the training step's two halves
                 names |= set(codegen.sources(part))
     assert names and all(kernel_class(n) is not None for n in names), sorted(names)
@@ -236,16 +271,16 @@ def test_every_generated_kernel_is_classed_by_its_entry_point():
 def test_the_memory_breakdown_shows_the_per_edge_weights():
     """RGCN's per-edge form gathers a weight matrix per edge: the bytes the breakdown gives its
     gathers hold them all, where the segment form's gathers hold a small part of that."""
-    from workloads.rgnn.breakdown import profile_call
+    from systems.rgnn.breakdown import profile_call
 
     spec, arrays = knowledge.load("kinships")
     graph = RelGraph.from_store(arrays, len(spec.relations))
-    weights = rgcn.RGCNWeights(graph.num_relations, 16, 16)
+    weights = RGCNWeights(graph.num_relations, 16, 16)
     x = torch.randn(graph.num_nodes, 16)
     per_edge_weights = graph.edges * 16 * 16 * 4
     allocated = {}
     for name in ("per_edge", "segment_mm"):
-        layer = rgcn.form(name, weights, graph)
+        layer = build("rgcn", name, weights, graph)
         with torch.no_grad():
             allocated[name] = profile_call(lambda: layer(x), "cpu")[1]  # noqa: B023 (called at once)
     assert allocated["per_edge"]["gather_scatter"] >= per_edge_weights, allocated
@@ -256,7 +291,7 @@ def test_the_memory_breakdown_shows_the_per_edge_weights():
 def test_a_plain_allocation_counts_for_the_operator_that_asked_for_it():
     from types import SimpleNamespace
 
-    from workloads.rgnn.breakdown import memory_class
+    from systems.rgnn.breakdown import memory_class
 
     def event(name, parent=None):
         return SimpleNamespace(name=name, cpu_parent=parent)
@@ -270,15 +305,15 @@ def test_a_plain_allocation_counts_for_the_operator_that_asked_for_it():
 def test_the_breakdown_sees_each_forms_own_kind_of_work():
     """On the CPU: the per-edge form spends more in gathers than the segment form, whose time is
     mostly matrix products and gathers; every class is a time, none negative."""
-    from workloads.rgnn.breakdown import CLASSES, breakdown
+    from systems.rgnn.breakdown import CLASSES, breakdown
 
     spec, arrays = knowledge.load("kinships")
     graph = RelGraph.from_store(arrays, len(spec.relations))
     x = torch.randn(graph.num_nodes, 32)
-    weights = rgcn.RGCNWeights(graph.num_relations, 32, 32)
+    weights = RGCNWeights(graph.num_relations, 32, 32)
     seconds = {}
     for name in ("per_edge", "segment_mm"):
-        layer = rgcn.form(name, weights, graph)
+        layer = build("rgcn", name, weights, graph)
         seconds[name] = breakdown(lambda: layer(x).sum().backward(), "cpu")  # noqa: B023 (called at once)
     for split in seconds.values():
         assert set(split) == set(CLASSES) and min(split.values()) >= 0 and split["gemm"] > 0
@@ -288,7 +323,7 @@ def test_the_breakdown_sees_each_forms_own_kind_of_work():
 def test_the_operators_behind_a_class_are_named():
     """What a class holds can be asked: per operator, its seconds, the matrix products among them;
     the loss and Adam's update are elementwise work, not "other"."""
-    from workloads.rgnn.breakdown import classify, operators
+    from systems.rgnn.breakdown import classify, operators
 
     x, w = torch.randn(300, 64), torch.randn(64, 64)
     seconds = operators(lambda: (x @ w).relu(), "cpu")
@@ -298,14 +333,12 @@ def test_the_operators_behind_a_class_are_named():
     assert classify("segment_gemm") == "gemm" and classify("scatter_rows") == "aggregation"
 
 
-@pytest.mark.parametrize("layer, name", CASES)
+@pytest.mark.parametrize("layer, name", spread(CASES))
 def test_features_as_strided_offset_and_expanded_views_give_the_same_output(layer, name):
     """Features a user passes as views (every other column of a wider table, rows from an offset,
     one row expanded over all nodes) give what their contiguous copies give."""
     graph = random_graph(nodes=37, relations=5, edges=211)
-    module, weights_class, _ = LAYERS[layer]
-    weights = weights_class(graph.num_relations, 6, 6, num_node_types=graph.num_node_types)
-    form = module.form(name, weights, graph)
+    form = build(layer, name, MODELS[layer].make_weights(graph, 6, 6), graph)
     g = torch.Generator().manual_seed(5)
     wide = torch.randn(40, 12, generator=g)
     views = {
@@ -348,17 +381,16 @@ def test_the_gpu_breakdown_accounts_for_the_timed_call(layer):
     """On a graph large enough that kernels, not launches, take the time, the classes' device
     time sums to most of the call's CUDA-event time and never more."""
     from harness.timing import measure
-    from workloads.rgnn.breakdown import breakdown
+    from systems.rgnn.breakdown import breakdown
 
     g = torch.Generator().manual_seed(3)
     nodes, edges, relations = 50_000, 2_000_000, 40
     src, dst = torch.randint(0, nodes, (2, edges), generator=g)
     etype = torch.randint(0, relations, (edges,), generator=g)
     graph = RelGraph.build(src, dst, etype, nodes, relations, device="cuda")
-    module, weights_class, _ = LAYERS[layer]
-    weights = weights_class(relations, 64, 64, num_node_types=1).to("cuda")
+    weights = MODELS[layer].make_weights(graph, 64, 64).to("cuda")
     x = torch.randn(nodes, 64, device="cuda")
-    form = module.form("segment_mm", weights, graph)
+    form = build(layer, "segment_mm", weights, graph)
     call = lambda: form(x).sum().backward()  # noqa: E731
     timed = measure(call, device="cuda", repeat=5, warmup=2).median
     split = breakdown(call, "cuda")
@@ -377,15 +409,77 @@ def _autograd_nodes(tensor) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("layer, name", [case for case in CASES if not case[1].startswith("pyg")])
+@pytest.mark.parametrize("layer, name", spread(PLAIN))
 def test_plain_forms_build_no_per_relation_or_sorting_gradients(layer, name):
     """The plain forms are the strongest a user could write: no gradient that sorts indices
     (advanced indexing's) and no per-relation slice whose gradient is a full-size zero tensor (on
     fb15k-like such slices cost over 100 ms a training step on the H200)."""
     graph = random_graph(nodes=37, relations=9, edges=211)
-    module, weights_class, _ = LAYERS[layer]
-    weights = weights_class(graph.num_relations, 8, 8, num_node_types=graph.num_node_types)
+    weights = MODELS[layer].make_weights(graph, 8, 8)
     x = torch.randn(graph.num_nodes, 8, requires_grad=True)
-    names = _autograd_nodes(module.form(name, weights, graph)(x))
+    names = _autograd_nodes(build(layer, name, weights, graph)(x))
     assert "IndexBackward0" not in names
     assert names.count("SliceBackward0") + names.count("SelectBackward0") < graph.num_relations, names
+
+
+def test_the_registries_say_what_each_form_and_model_is():
+    """PyG's layers are peers (what a user picks today), the plain forms baselines, Hector's
+    variants optimized; the tensor-core variant is hector_best in TF32 and needs a GPU."""
+    roles = {form.name: form.role for form in FORMS}
+    assert roles["pyg"] == roles["pyg_fast"] == "peer"
+    assert {roles[name] for name in ("per_edge", "segment_mm", "grouped_mm")} == {"baseline"}
+    hector = ("hector_unopt", "hector_compact", "hector_reorder", "hector_best", "hector_best_tf32")
+    assert {roles[name] for name in hector} == {"optimized"}
+    tf32 = FORMS["hector_best_tf32"]
+    assert (tf32.precision, tf32.form, tf32.needs_gpu, tf32.tolerance) == ("tf32", "hector_best", True, 1e-2)
+    assert "CUDA" in tf32.missing("cpu") and FORMS["hector_best"].missing("cpu") is None
+    assert FORMS["segment_mm"].form == "segment_mm" and FORMS["segment_mm"].precision == "float32"
+    # Which layers the models declare to gather a weight matrix per edge (not attempted past a
+    # memory limit on a CPU).
+    declared = {(m.name, f.name) for m in MODELS for f in forms_of(m) if isinstance(f, LayerForm)}
+    gathering = {case for case in declared if FORMS[case[1]].gathers_edge_weights(MODELS[case[0]])}
+    assert gathering == {
+        ("rgcn", "pyg_fast"),
+        ("rgcn", "per_edge"),
+        ("rgat", "pyg"),
+        ("rgat", "per_edge"),
+        ("hgt", "per_edge"),
+    }
+    for m in MODELS:
+        names = [f.name for f in forms_of(m)]
+        assert names[0] == m.reference == "segment_mm" and ("pyg_fast" in names) == (m.name == "rgcn")
+        assert {"hector_unopt", "hector_best"} <= set(names)  # every model with a program
+
+
+def test_a_form_of_its_own_code_joins_by_registering_and_says_what_it_computes():
+    """A form that is not a layer of any model: its ``make`` builds the layer for the models it
+    names; any other model is refused in one line naming that model's forms."""
+
+    def twice_then_half(model, weights, graph):  # the reference form, its output scaled there and back
+        inner = FORMS[model.reference].build(model, weights, graph)
+        return lambda x: (inner(x) * 2) / 2
+
+    form = Form("twice_then_half", "baseline", models=("rgcn",), make=twice_then_half)
+    FORMS.register(form)
+    try:
+        assert "twice_then_half" in [f.name for f in forms_of(MODELS["rgcn"])]
+        assert "twice_then_half" not in [f.name for f in forms_of(MODELS["rgat"])]
+        graph = random_graph(nodes=20, relations=3, edges=60)
+        out, _, _ = run("rgcn", "twice_then_half", graph, 4, 4)
+        torch.testing.assert_close(out, run("rgcn", "segment_mm", graph, 4, 4)[0])
+        with pytest.raises(UserError, match="form twice_then_half does not compute rgat; its forms: segment_mm"):
+            build("rgat", "twice_then_half", RGATWeights(3, 4, 4), graph)
+    finally:
+        FORMS.unregister("twice_then_half")
+    with pytest.raises(ValueError, match="precision 'fp8' is not one of float32, tf32"):
+        Form("odd", "baseline", precision="fp8")
+
+
+def test_a_model_declaration_is_checked():
+    with pytest.raises(ValueError, match="per_edge_weights names forms it has no layer for"):
+        Model("m", RGCNWeights, layers={"segment_mm": object}, per_edge_weights=frozenset({"per_edge"}))
+    with pytest.raises(ValueError, match="a program needs its binding"):
+        Model("m", RGCNWeights, program=lambda: None)
+    with pytest.raises(ValueError, match="lowercase"):
+        Model("RGCN", RGCNWeights)
+    assert LayerForm("segment_mm", "baseline").supports(MODELS["hgt"])
