@@ -34,8 +34,8 @@ import pandas as pd
 from matplotlib import ticker
 
 from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
-from analysis.style import EMULATED_RAMP, VARIANT_STYLE, color
-from systems.ssdtrain import planning
+from analysis.style import EMULATED_RAMP, color
+from systems.ssdtrain import POLICIES, STORES, planning
 from workloads.llm import cost
 from workloads.llm.models import spec
 from workloads.llm_offload.schema import SCHEMA
@@ -67,56 +67,78 @@ written = summarize(frame, "bytes_written", KEYS)
 write_seconds = summarize(frame, "write_seconds", KEYS)
 print(machine_label(provenance))
 
-# The suite's fixed colours per variant (analysis/style.py); emulated stores in its blue ramp.
-POLICY_COLORS = {
-    v: color(v)
-    for v in (
-        "keep",
-        "recompute",
-        "save_on_cpu",
-        "torchtune_offload",
-        "deepspeed_offload",
-        "offload_all_host",
-        "offload_all_file",
-        "offload_all_kvikio",
-    )
-}
-EMULATED_COLORS = EMULATED_RAMP
-emulated = sorted(
-    {(g, v) for g, v in zip(step.emulated_gbps, step.variant) if v.startswith("offload_all_emulated")},
-    key=lambda x: x[0],
+# What each variant is, from its rows' own columns (policy, store, the store's bandwidth, role)
+# and the registries of systems/ssdtrain; a variant label is never parsed. Its order: by role
+# (baselines, peers, the technique), then as the registries list policies and stores (names they
+# do not know after, by name), emulated stores by bandwidth.
+ROLE_ORDER = {"baseline": 0, "peer": 1, "optimized": 2, "upper_bound": 3}
+setups = (
+    pd.concat([frame, sweep, curves])
+    .drop_duplicates("variant")[["variant", "role", "policy", "store", "emulated_gbps"]]
+    .set_index("variant")
 )
-for i, (_, variant) in enumerate(emulated):
-    POLICY_COLORS[variant] = EMULATED_COLORS[min(i, len(EMULATED_COLORS) - 1)]
-# The planned policies take their store's colour and a marker of their own.
-PLANNED = ("offload_adaptive", "planner")
-MARKERS = {"offload_adaptive": "^", "planner": "D"}
-for variant in sorted(set(step.variant)):
-    for name in PLANNED:
-        if variant.startswith(name + "_"):
-            POLICY_COLORS[variant] = POLICY_COLORS.get("offload_all_" + variant.removeprefix(name + "_"), "tab:gray")
-ORDER = [v for v in POLICY_COLORS if v in set(step.variant)]
 
 
-def store_label(store: str) -> str:
-    """host, file, kvikio, or "N GB/s (emulated)" for emulated_Ngbps."""
-    if store.startswith("emulated_"):
-        return store.removeprefix("emulated_").replace("gbps", " GB/s (emulated)")
-    return store
+def registry_rank(registry, name) -> tuple:
+    names = registry.names()
+    return (names.index(name), "") if name in names else (len(names), str(name))
+
+
+def order_key(variant: str) -> tuple:
+    v = setups.loc[variant]
+    has_store = pd.notna(v.store)
+    return (
+        ROLE_ORDER.get(v.role, len(ROLE_ORDER)),
+        registry_rank(POLICIES, v.policy),
+        registry_rank(STORES, v.store) if has_store else (-1, ""),
+        v.emulated_gbps if pd.notna(v.emulated_gbps) else -1.0,
+    )
+
+
+ORDER = sorted(setups.index, key=order_key)
+
+
+def store_text(v) -> str:
+    """host, file, kvikio, or "N GB/s (emulated)" for a store run at an emulated bandwidth."""
+    if pd.notna(v.emulated_gbps):
+        return f"{v.emulated_gbps:g} GB/s (emulated)"
+    return str(v.store)
 
 
 def label(variant: str) -> str:
-    for name in ("offload_all", *PLANNED):
-        if variant.startswith(name + "_"):
-            return f"{name}, {store_label(variant.removeprefix(name + '_'))}"
-    return variant
+    v = setups.loc[variant]
+    return v.policy if pd.isna(v.store) else f"{v.policy}, {store_text(v)}"
+
+
+# Colours: a policy without a store takes its own (analysis/style.py; a new name a stable one of
+# its own). Every policy with a store takes the store's colour, told apart by its marker: a real
+# store the colour its all-offloading run has always had, emulated stores the blue ramp by
+# bandwidth (slowest lightest), a store the style does not know a stable colour of its own.
+ALL_OFFLOADED = "offload_all"  # the policy whose runs measure a store: every block but the last offloaded
+PLANNED = [name for name in POLICIES.names() if POLICIES[name].planner is not None]
+PLANNED_MARKERS = ["^", "D", "v", "P", "X", "*", "h"]
+emulated_bandwidths = sorted(set(setups.emulated_gbps.dropna()))
+
+
+def store_colour(v) -> str:
+    if pd.notna(v.emulated_gbps):
+        return EMULATED_RAMP[min(emulated_bandwidths.index(v.emulated_gbps), len(EMULATED_RAMP) - 1)]
+    # The style keys a suite store's colour by its all-offloading variant's label, as the rows have it.
+    reference = setups[(setups.policy == ALL_OFFLOADED) & (setups.store == v.store) & setups.emulated_gbps.isna()]
+    return color(reference.index[0]) if len(reference) else color(str(v.store))
+
+
+POLICY_COLORS = {variant: color(v.policy) if pd.isna(v.store) else store_colour(v) for variant, v in setups.iterrows()}
 
 
 def marker(variant: str) -> str:
-    for name in PLANNED:
-        if variant.startswith(name + "_"):
-            return MARKERS[name]
-    return "s" if variant.startswith("offload_all_emulated") else "o"
+    v = setups.loc[variant]
+    if pd.isna(v.store):
+        return "o"
+    if v.policy == ALL_OFFLOADED:
+        return "s" if pd.notna(v.emulated_gbps) else "o"
+    others = PLANNED + sorted({p for p in setups.policy if p not in PLANNED and p != ALL_OFFLOADED})
+    return PLANNED_MARKERS[others.index(v.policy) % len(PLANNED_MARKERS)] if v.policy in others else "o"
 
 
 def block_costs_of(dataset: str) -> tuple[list[int], list[int]]:
@@ -235,13 +257,12 @@ for dataset in sorted(set(step.dataset)):
         for values in zip(prof["saved_bytes"], prof["input_bytes"], prof["forward_seconds"])
     ]
     keep_t = step[(step.dataset == dataset) & (step.variant == "keep")]["median"]
-    for _, r in step[(step.dataset == dataset) & (step.policy == "offload_all")].iterrows():
+    for _, r in step[(step.dataset == dataset) & (step.policy == ALL_OFFLOADED)].iterrows():
         rows = frame[(frame.dataset == dataset) & (frame.variant == r.variant)]
-        store = r.variant.removeprefix("offload_all_")
         if pd.notna(r.emulated_gbps):
             gbps, source = float(r.emulated_gbps), "nominal"
-        elif store in record.get("plans", {}):
-            gbps, source = record["plans"][store]["bandwidth_gbps"], "probed"
+        elif r.store in record.get("plans", {}):  # a real store's plans are noted under its name
+            gbps, source = record["plans"][r.store]["bandwidth_gbps"], "probed"
         else:
             continue  # no bandwidth the model could be given for this store
         keep_last = int(rows.keep_last.dropna().iloc[0]) if rows.keep_last.notna().any() else 1
@@ -455,7 +476,7 @@ for i, dataset in enumerate(sorted(set(step.dataset))):
         ax.plot([here / 1e12], [needed(here)], "o", color="black", markersize=4)
 stores_here = {}
 for variant in ORDER:
-    if not variant.startswith("offload_all"):
+    if setups.loc[variant].policy != ALL_OFFLOADED:
         continue
     sel = lambda d: d[d.variant == variant]["median"]  # noqa: E731
     w, ws = sel(written).sum(), sel(write_seconds).sum()
@@ -513,10 +534,10 @@ for ax, table, what in (
 
 if not sweep.empty:
     speed_ax, held_ax = next(cells), next(cells)
-    for variant in [v for v in ORDER + sorted(set(sweep_time.variant)) if v in set(sweep_time.variant)]:
+    for variant in [v for v in ORDER if v in set(sweep_time.variant)]:
         t = sweep_time[sweep_time.variant == variant].sort_values("micro_batch")
         h = sweep_held[sweep_held.variant == variant].sort_values("micro_batch")
-        colour = POLICY_COLORS.get(variant, "tab:gray")
+        colour = POLICY_COLORS[variant]
         speed_ax.plot(
             t.micro_batch, t.global_batch * t.sequence / t["median"], "o-", color=colour, label=label(variant)
         )
@@ -537,10 +558,10 @@ if not sweep.empty:
 if not curves.empty:
     ax = next(cells)
     styles = {"keep": dict(linewidth=3.5, alpha=0.35)}  # keep wide and pale, the others drawn over it
-    for i, (variant, g) in enumerate(curves.groupby("variant")):
-        g = g.sort_values("repetition")
+    for i, variant in enumerate(v for v in ORDER if v in set(curves.variant)):
+        g = curves[curves.variant == variant].sort_values("repetition")
         style = styles.get(variant, dict(linewidth=1.2, linestyle=dashes[i % len(dashes)]))
-        colour = POLICY_COLORS.get(variant) or VARIANT_STYLE.get(variant, ("tab:gray",))[0]
+        colour = POLICY_COLORS[variant]
         ax.plot(g.repetition + 1, g.value, color=colour, label=label(variant), **style)
     for value, text in (
         (convergence_notes.get("uniform_loss"), "uniform guessing"),

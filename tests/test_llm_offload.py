@@ -1,21 +1,32 @@
-"""llm_offload: the policies part end to end at the tiny scale (every policy and store, validated
-results, provenance notes), and a policy whose gradients are wrong refused before it is timed."""
+"""llm_offload: the parts at the tiny scale (every registered policy and store, validated results,
+provenance notes), a new store or policy entry measured without an edit, names checked against the
+registries, a wrong policy refused before it is timed, peers reported rather than timed when they
+are wrong, and the convergence check deterministic however loaded the machine is."""
 
+import contextlib
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from harness.entry import main as entry
+from harness.errors import UserError
 from harness.results import load, load_provenance
 from harness.topic import REPO_ROOT
+from systems.ssdtrain import POLICIES, STORES, HostStore, PolicyEntry, StoreEntry
+from systems.ssdtrain.policies import HooksPolicy, OffloaderPolicy, Policy
+from systems.ssdtrain.recompute import TORCH_CHECKPOINT, checkpointed
 from workloads.llm_offload import parts
+from workloads.llm_offload import variants as choose
 from workloads.llm_offload.schema import SCHEMA
 
 ON_GPU = torch.cuda.is_available()  # the entry trains on the GPU where there is one
-VARIANTS = {  # and, on a GPU, offload_all_kvikio and torchtune_offload where those libraries import
+VARIANTS = {  # and, on a GPU, offload_all_kvikio and the peers where those libraries import
     "keep",
     "recompute",
     "save_on_cpu",
@@ -28,12 +39,16 @@ VARIANTS = {  # and, on a GPU, offload_all_kvikio and torchtune_offload where th
     "planner_host",
     "planner_file",
 }
-OFFLOADING = {v for v in VARIANTS if v.startswith(("offload_all", "offload_adaptive", "planner"))}
+GPU_ONLY = {"torchtune_offload": "torchtune_offload", "deepspeed_offload": "deepspeed_offload"}
+GPU_ONLY["offload_all_kvikio"] = "kvikio"  # variant -> its key in the notes' skipped
 
 
-# The store settings of the tests that call a part's function directly with their own parameters.
-HOST_STORE = {
-    "stores": ["host"],
+# The settings of the tests that call a part's function directly with their own parameters: one
+# tiny model, keep and what the test names.
+ONE_MODEL = {
+    "seed": 0,
+    "models": [{"family": "llama", "preset": "tiny"}],
+    "stores": [],
     "emulated_gbps": [],
     "keep_last": 1,
     "min_bytes": 0,
@@ -41,6 +56,7 @@ HOST_STORE = {
     "file_threads": 1,
     "file_block_mib": 1,
 }
+HOST_STORE = {k: v for k, v in ONE_MODEL.items() if k not in ("seed", "models")} | {"stores": ["host"]}
 
 
 class Rows(list):
@@ -62,46 +78,72 @@ def scratch():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def run(out: Path, scratch: Path) -> None:
-    entry(["llm_offload", "--part", "policies", "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)])
+@contextlib.contextmanager
+def registered(registry, entry):
+    """``entry`` in ``registry`` for the block: a test's own store or policy, as a new file adds one."""
+    registry.register(entry)
+    try:
+        yield entry
+    finally:
+        registry.unregister(entry.name)
+
+
+def run(part: str, out: Path, scratch: Path) -> None:
+    entry(["llm_offload", "--part", part, "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)])
+
+
+def one_model(scratch, rows, **changes):
+    """Part policies on the tiny Llama alone, one timed step, with ``changes`` to its parameters."""
+    return parts.policies(ONE_MODEL | changes, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
 
 
 def test_policies_tiny_end_to_end(tmp_path, scratch):
     out = tmp_path / "policies-tiny.csv"
-    run(out, scratch)
+    run("policies", out, scratch)
     frame = load([out], SCHEMA)
     assert set(frame.dataset) == {"gpt2-tiny", "llama-tiny"}
     notes = load_provenance(out)
-    # kvikio, torchtune and DeepSpeed run only on a GPU, where they import; elsewhere the notes say why not.
-    optional = {v: v for v in ("torchtune_offload", "deepspeed_offload")} | {"offload_all_kvikio": "kvikio"}
-    for variant, skip_key in optional.items():
+    # kvikio and the peers run only on a GPU, where they import; elsewhere the notes say why not.
+    for variant, skip_key in GPU_ONLY.items():
         ran = variant in set(frame.variant)
         assert ran != (skip_key in notes["skipped"]), variant
         assert ON_GPU or not ran
     for dataset, rows in frame.groupby("dataset"):
-        assert set(rows.variant) - set(optional) == VARIANTS, dataset
+        assert set(rows.variant) - set(GPU_ONLY) == VARIANTS, dataset
         times = rows[rows.metric == "time"]
         assert (times.groupby("variant").size() == 3).all()  # repeat: 3
         assert (times.value > 0).all()
+        # Each row says what ran in its own columns; the label is composed of them.
+        for _, v in rows.drop_duplicates("variant").iterrows():
+            assert v.policy in POLICIES and v.role == POLICIES[v.policy].role
+            assert pd.isna(v.store) != POLICIES[v.policy].uses_store
         held = rows[rows.metric == "activation_bytes"].groupby("variant").value.median()
         # Offloading and recomputation hold less than keep; every offload store moved the same bytes.
         assert held["offload_all_host"] < held["keep"] and held["recompute"] < held["keep"]
-        written = rows[rows.metric == "bytes_written"].groupby("variant").value.median()
-        offloaded = written[[v for v in written.index if v.startswith("offload_all")]]
-        assert offloaded.nunique() == 1 and offloaded.iloc[0] > 0
-        assert (rows[rows.metric == "bytes_read"].groupby("variant").value.median()[offloaded.index] > 0).all()
-        emulated = rows[rows.variant.str.startswith("offload_all_emulated")]
+        offloading = rows[rows.policy == "offload_all"]
+        written = offloading[offloading.metric == "bytes_written"].groupby("variant").value.median()
+        assert written.nunique() == 1 and written.iloc[0] > 0
+        # What is read back depends on timing (a tensor whose write still runs is served from
+        # memory): never more than was written.
+        read = offloading[offloading.metric == "bytes_read"].groupby("variant").value.max()
+        assert (read <= written.iloc[0]).all()
+        emulated = rows[rows.store == "emulated"]
         assert emulated.store_emulated.all() and set(emulated.emulated_gbps) == {0.5, 2.0}
-        assert not rows[~rows.variant.str.startswith("offload_all_emulated")].store_emulated.any()
-        assert set(rows[rows.role == "optimized"].variant) - {"offload_all_kvikio"} == OFFLOADING
+        assert not rows[rows.store != "emulated"].store_emulated.any()
+        assert set(rows[rows.role == "optimized"].variant) - {"offload_all_kvikio"} == VARIANTS - {
+            "keep",
+            "recompute",
+            "save_on_cpu",
+        }
         # The planned policies: their plan's counts and the predictions beside the measurements.
-        planned = rows[rows.variant.str.startswith(("offload_adaptive", "planner"))]
+        planned = rows[rows.policy.isin(["offload_adaptive", "planner"])]
         assert planned.planned_gbps.notna().all() and (planned.planned_gbps > 0).all()
         assert (planned.layers_offloaded + planned.layers_recomputed <= 2).all()
         predicted = planned[planned.metric.str.startswith("predicted_")]
         assert set(predicted.metric) == {"predicted_time", "predicted_activation_bytes"}
         assert (predicted.groupby(["variant", "metric"]).size() == 1).all() and (predicted.value > 0).all()
-        assert planned[planned.variant.str.startswith("planner")].budget_fraction.eq(0.5).all()
+        assert planned[planned.policy == "planner"].budget_fraction.eq(0.5).all()
+        assert planned[planned.policy == "offload_adaptive"].budget_fraction.isna().all()
     assert notes["part"] == "policies"
     assert notes["models"]["gpt2-tiny"]["attention"] in ("sdpa", "eager")
     profile = notes["models"]["llama-tiny"]["profile"]
@@ -110,31 +152,97 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
     assert not list(scratch.iterdir())  # the file store removed its files
 
 
-def test_a_wrong_policy_is_refused_before_timing(tmp_path, scratch, monkeypatch):
-    """save_on_cpu that brings back its tensors slightly changed: the check raises, nothing is written."""
+def test_a_new_store_and_a_new_policy_are_measured_from_their_entries_alone(scratch):
+    """What one new file registers runs in the comparison with no other edit: a store (here a host
+    store under another name) with every offloading policy, a policy with every store; each is
+    checked bit-identical to keep and its rows carry its names in the policy and store columns."""
 
-    class Wrong(torch.autograd.graph.saved_tensors_hooks):
-        def __init__(self, *args, **kwargs):
-            self.packed = self.unpacked = 0
-            self.unique = {}
-            super().__init__(lambda t: t, lambda t: t * 1.0001 if t.is_floating_point() else t)
+    class EveryOther(OffloaderPolicy):
+        def decide(self, layer):
+            return "offload" if layer % 2 == 0 else "keep"
 
-    monkeypatch.setattr(parts, "_CountingSaveOnCpu", Wrong)
-    timed = []
-    monkeypatch.setattr(parts, "measure", lambda *a, **k: timed.append(k) or pytest.fail("timed a wrong path"))
-    out = tmp_path / "policies-tiny.csv"
-    with pytest.raises(parts.NotBitIdentical, match="save_on_cpu"):
-        run(out, scratch)
-    assert not out.exists() and not timed
+    store = StoreEntry("test_host_copy", "optimized", make=lambda params, folder: HostStore())
+    policy = PolicyEntry("test_every_other", "optimized", make=EveryOther, uses_store=True)
+    rows = Rows()
+    with registered(STORES, store), registered(POLICIES, policy):
+        one_model(scratch, rows, stores=choose.ALL, compare=["offload_all", "test_every_other"])
+    labels = {(r["variant"], r["config"]["policy"], r["config"].get("store")) for r in rows}
+    assert ("offload_all_test_host_copy", "offload_all", "test_host_copy") in labels
+    assert ("test_every_other_host", "test_every_other", "host") in labels
+    assert ("test_every_other_test_host_copy", "test_every_other", "test_host_copy") in labels
+    moved = [
+        r for r in rows if r["variant"] == "test_every_other_test_host_copy" and r.get("metric") == "bytes_written"
+    ]
+    assert moved and moved[0]["value"] > 0 and moved[0]["role"] == "optimized"
+    assert "test_host_copy" not in STORES and "test_every_other" not in POLICIES  # gone with the block
+
+
+def test_names_are_checked_against_the_registries_in_one_line(scratch):
+    notes = {"skipped": {}}
+    with pytest.raises(UserError, match=r"unknown offloading policy 'nope'; one of .*offload_all"):
+        choose.policies({"compare": ["nope"]}, "cpu", notes)
+    with pytest.raises(UserError, match=r"unknown offload store 'disk'; one of host, file"):
+        choose.store_setups({"stores": ["disk"]}, "cpu", notes, scratch)
+    with pytest.raises(UserError, match="emulated stores .*emulated_7gbps.*, but stores does not list emulated"):
+        choose.store_setups({"stores": ["host"], "emulated_gbps": [7]}, "cpu", notes, scratch)
+    with pytest.raises(UserError, match="stores lists emulated, but the parameters give it no setting"):
+        choose.store_setups({"stores": ["emulated"], "emulated_gbps": []}, "cpu", notes, scratch)
+    setups = choose.store_setups({"stores": ["host", "emulated"], "emulated_gbps": [7.0]}, "cpu", notes, scratch)
+    assert [s.label for s in setups] == ["host", "emulated_7gbps"]
+    with pytest.raises(UserError, match="planned_stores names 'emulated_5gbps'.*: host, emulated_7gbps"):
+        choose.planned_setups({"planned_stores": ["emulated_5gbps"]}, setups, notes)
+    with pytest.raises(UserError, match="planner, planned policies, which this part does not plan"):
+        choose.policies({"compare": ["recompute", "planner"]}, "cpu", notes, plans=False)
+
+
+def test_a_variant_label_is_composed_of_its_columns():
+    host, emulated = STORES["host"], STORES["emulated"]
+    variant = choose.Variant(POLICIES["offload_all"], choose.StoreSetup(emulated, (("gbps", 0.5),)))
+    assert variant.label == "offload_all_emulated_0.5gbps" and variant.role == "optimized"
+    params = {"keep_last": 1, "min_bytes": 0, "planner_budget": 0.5}
+    assert variant.columns(params) == {
+        "policy": "offload_all",
+        "store": "emulated",
+        "store_emulated": True,
+        "emulated_gbps": 0.5,
+        "keep_last": 1,
+        "min_bytes": 0,
+    }
+    assert choose.Variant(POLICIES["offload_all"], choose.StoreSetup(host)).label == "offload_all_host"
+    assert choose.Variant(POLICIES["recompute"]).columns(params) == {"policy": "recompute", "store_emulated": False}
+
+
+def wrong_hooks():
+    """Saved-tensor hooks that bring every float tensor back slightly changed."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t * 1.0001 if t.is_floating_point() else t)
+
+
+class WrongHooks(HooksPolicy):
+    def hooks(self):
+        return wrong_hooks()
+
+
+class KeepAll(HooksPolicy):
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+
+
+def test_a_wrong_policy_is_refused_before_timing(scratch, monkeypatch):
+    """A policy of the suite's (not a peer) that brings its tensors back changed: the check raises
+    and nothing is timed."""
+    monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed a wrong path"))
+    rows = Rows()
+    with registered(POLICIES, PolicyEntry("test_wrong", "baseline", make=WrongHooks)):
+        with pytest.raises(parts.NotBitIdentical, match="test_wrong"):
+            one_model(scratch, rows, compare=["test_wrong"])
+    assert not rows
 
 
 def test_micro_batches_tiny_end_to_end(tmp_path, scratch):
     """Every micro-batch and policy checked and timed at a fixed global batch; activation bytes grow
     with the micro-batch and offloading holds less than keep at each."""
     out = tmp_path / "micro_batches-tiny.csv"
-    entry(
-        ["llm_offload", "--part", "micro_batches", "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)]
-    )
+    run("micro_batches", out, scratch)
     frame = load([out], SCHEMA)
     assert set(frame.micro_batch) == {2, 4} and set(frame.global_batch) == {4}
     assert set(frame.variant) == {"keep", "recompute", "offload_all_host"}
@@ -148,130 +256,116 @@ def test_micro_batches_tiny_end_to_end(tmp_path, scratch):
 
 
 def test_a_micro_batch_that_does_not_divide_the_global_batch_is_refused(scratch):
-    from harness.errors import UserError
-
-    params = {
-        "seed": 0,
-        "model": {"family": "llama", "preset": "tiny"},
-        "global_batch": 4,
-        "micro_batches": [3],
-        **HOST_STORE,
-        "stores": [],
-    }
+    params = {"seed": 0, "model": {"family": "llama", "preset": "tiny"}, "global_batch": 4, "micro_batches": [3]}
     with pytest.raises(UserError, match="micro-batch 3 does not divide the global batch 4"):
-        parts.micro_batches(params, None, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+        parts.micro_batches(params | HOST_STORE, None, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
 
 
-def test_a_peer_runs_through_its_own_hooks_and_is_checked(tmp_path, scratch, monkeypatch):
+def test_a_peer_runs_through_its_own_hooks_and_is_checked(scratch):
     """The plumbing of another library's offloading (torchtune's on a GPU), with stand-in hooks
-    that keep every tensor: checked bit-identical, timed, its packed bytes counted."""
-    stand_in = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
-    monkeypatch.setattr(parts.peers, "peers", lambda *a: [("torchtune_offload", parts.peers.Peer(hooks=stand_in))])
-    out = tmp_path / "policies-tiny.csv"
-    run(out, scratch)
-    frame = load([out], SCHEMA)
-    peer = frame[frame.variant == "torchtune_offload"]
-    assert set(peer.role) == {"baseline"} and set(peer.dataset) == {"gpt2-tiny", "llama-tiny"}
-    assert (peer[peer.metric == "time"].groupby("dataset").size() == 3).all()
-    packed = peer[peer.metric == "bytes_packed"].value
-    assert len(packed) == 6 and (packed > 0).all()
+    that keep every tensor: checked bit-identical, timed, its packed bytes counted, role peer."""
+    rows = Rows()
+    with registered(POLICIES, PolicyEntry("test_peer_hooks", "peer", make=KeepAll)):
+        one_model(scratch, rows, compare=["test_peer_hooks"])
+    peer = [r for r in rows if r["variant"] == "test_peer_hooks"]
+    assert {r["role"] for r in peer} == {"peer"}
+    assert [r.get("metric") for r in peer if r.get("metric") in ("bytes_packed", "bytes_unique")] == [
+        "bytes_packed",
+        "bytes_unique",
+    ]
+    assert all(r["value"] > 0 for r in peer if r.get("metric") == "bytes_packed")
 
 
-def test_a_checkpointing_peer_recomputes_every_block_and_is_checked(tmp_path, scratch, monkeypatch):
-    """The plumbing of a peer that checkpoints each block (DeepSpeed's on a GPU), with torch's own
-    checkpoint as the stand-in: every block's forward goes through it, the step is checked
-    bit-identical and timed; a checkpoint function that changes a block's output is reported,
-    not timed."""
-    from torch.utils.checkpoint import checkpoint
+class StandInCheckpoint(Policy):
+    """A checkpointing peer (DeepSpeed's on a GPU) with torch's checkpoint, or a wrong or failing one."""
 
-    calls = []
+    calls: list = []
+    resets: list = []
+    how = "right"
 
-    def stand_in(forward, *args, **kwargs):
-        calls.append(forward)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    def checkpoint(self, forward, *args, **kwargs):
+        self.calls.append(forward)
+        if self.how == "failing":  # as DeepSpeed does on BERT: an error inside the block
+            raise RuntimeError("both arguments to linear need to be at least 1D")
+        out = TORCH_CHECKPOINT(forward, *args, **kwargs)
+        if self.how == "wrong":  # 1.01: a change that survives bf16 on a GPU
+            return tuple(o * 1.01 for o in out) if isinstance(out, tuple) else out * 1.01
+        return out
 
-    def wrong(forward, *args, **kwargs):  # 1.01: a change that survives bf16 on a GPU
-        out = stand_in(forward, *args, **kwargs)
-        return tuple(o * 1.01 for o in out) if isinstance(out, tuple) else out * 1.01
+    def around(self, counts):
+        return checkpointed(self.setting.layers, self.checkpoint)
 
-    def failing(forward, *args, **kwargs):  # as DeepSpeed does on BERT: an error inside the block
-        calls.append(forward)
-        raise RuntimeError("both arguments to linear need to be at least 1D")
+    def reset(self):
+        self.resets.append(1)
 
-    resets = []
-    for function, timed in ((stand_in, True), (wrong, False), (failing, False)):
-        peer = parts.peers.Peer(checkpoint=function, reset=lambda: resets.append(1))
-        monkeypatch.setattr(parts.peers, "peers", lambda *a, peer=peer: [("deepspeed_offload", peer)])
-        out = tmp_path / function.__name__ / "policies-tiny.csv"
-        out.parent.mkdir()
-        calls.clear()
-        run(out, scratch)
-        frame = load([out], SCHEMA)
-        ran = frame[frame.variant == "deepspeed_offload"]
-        assert (not ran.empty) == timed
-        # Every block of both tiny models went through it (the first block of each, for the one
-        # that raises at once).
-        assert len({id(forward.__self__) for forward in calls}) == (4 if function is not failing else 2)
-        if timed:
-            assert (ran[ran.metric == "time"].groupby("dataset").size() == 3).all()
-            continue
-        why = load_provenance(out)["skipped"]["deepspeed_offload (llama-tiny)"]
-        assert why.startswith("not bit-identical to keep" if function is wrong else "failed in its checked step")
-        assert "keep" in set(frame.variant) and not list(scratch.iterdir())
-    assert len(resets) == 4  # after each failed check: two models, two wrong peers
+
+@pytest.mark.parametrize("how", ["right", "wrong", "failing"])
+def test_a_checkpointing_peer_is_checked_and_a_wrong_one_reported_not_timed(how, scratch, monkeypatch):
+    """Every block's forward goes through the peer's checkpoint; its step is checked bit-identical
+    and timed. A peer whose step differs, or raises, is reported with the reason (its library's
+    result, not the suite's failure), reset, and keep still gives the reference after it."""
+    monkeypatch.setattr(StandInCheckpoint, "how", how)
+    monkeypatch.setattr(StandInCheckpoint, "calls", [])
+    monkeypatch.setattr(StandInCheckpoint, "resets", [])
+    rows = Rows()
+    with registered(POLICIES, PolicyEntry("test_peer_checkpoint", "peer", make=StandInCheckpoint)):
+        notes = one_model(scratch, rows, compare=["test_peer_checkpoint"])
+    ran = [r for r in rows if r["variant"] == "test_peer_checkpoint"]
+    # Both blocks of the tiny Llama went through it (the first alone, for the one that raises at once).
+    assert len({id(forward.__self__) for forward in StandInCheckpoint.calls}) == (2 if how != "failing" else 1)
+    assert {r["variant"] for r in rows} == ({"keep", "test_peer_checkpoint"} if how == "right" else {"keep"})
+    if how == "right":
+        assert ran and not StandInCheckpoint.resets  # timed
+        return
+    why = notes["skipped"]["test_peer_checkpoint (llama-tiny)"]
+    assert why.startswith("not bit-identical to keep" if how == "wrong" else "failed in its checked step")
+    assert StandInCheckpoint.resets == [1] and not list(scratch.iterdir())
 
 
 def test_peers_that_do_not_run_here_are_skipped_with_their_reason():
     notes = {"skipped": {}}
-    found = parts.peers.peers({"min_bytes": 0}, "cpu", notes)
-    assert found == []  # on a CPU neither peer runs, installed or not
-    assert set(notes["skipped"]) == set(parts.PEERS) and all(notes["skipped"].values())
+    chosen = choose.policies({}, "cpu", notes)
+    assert [p.name for p in chosen][0] == "keep"
+    peers = set(POLICIES.names("peer"))
+    assert peers == {"torchtune_offload", "deepspeed_offload"}
+    assert not peers & {p.name for p in chosen}  # on a CPU neither peer runs, installed or not
+    assert all("needs a CUDA GPU" in notes["skipped"][p] for p in peers)
     notes = {"skipped": {}}
-    assert parts.peers.peers({"min_bytes": 0}, "cpu", notes, wanted=()) == [] and notes["skipped"] == {}
-    with pytest.raises(ValueError, match="exactly one"):
-        parts.peers.Peer(hooks=lambda: None, checkpoint=lambda forward, *a: forward(*a))
-    with pytest.raises(ValueError, match="exactly one"):
-        parts.peers.Peer()
+    assert [p.name for p in choose.policies({"compare": []}, "cpu", notes)] == ["keep"] and not notes["skipped"]
 
 
+@pytest.mark.full
 def test_models_tiny_runs_bert_and_t5_through_the_host_store(tmp_path, scratch):
     """Part models: the encoder-only and encoder-decoder families, every policy checked and timed."""
     out = tmp_path / "models-tiny.csv"
-    entry(["llm_offload", "--part", "models", "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)])
+    run("models", out, scratch)
     frame = load([out], SCHEMA)
     assert set(frame.dataset) == {"bert-tiny", "t5-tiny"} and set(frame.family) == {"bert", "t5"}
     expected = {"keep", "recompute", "save_on_cpu", "offload_all_host", "offload_adaptive_host", "planner_host"}
     for dataset, rows in frame.groupby("dataset"):
-        assert set(rows.variant) - set(parts.PEERS) == expected, dataset
+        assert set(rows.variant) - set(GPU_ONLY) == expected, dataset
         held = rows[rows.metric == "activation_bytes"].groupby("variant").value.median()
         assert held["offload_all_host"] < held["keep"] and held["recompute"] < held["keep"]
     # T5 has an encoder and a decoder: its profile has a block of each.
     assert len(load_provenance(out)["models"]["t5-tiny"]["profile"]["saved_bytes"]) == 4
 
 
-def test_a_peer_that_is_not_bit_identical_is_reported_not_timed(tmp_path, scratch, monkeypatch):
+def test_a_peer_that_is_not_bit_identical_is_reported_not_timed(scratch):
     """Another library's wrong gradients are its own result, recorded with the reason; the suite's
     own policies still run. (A wrong policy of the suite's raises: see above.)"""
-    wrong = lambda: torch.autograd.graph.saved_tensors_hooks(  # noqa: E731
-        lambda t: t, lambda t: t * 1.0001 if t.is_floating_point() else t
-    )
-    monkeypatch.setattr(parts.peers, "peers", lambda *a: [("torchtune_offload", parts.peers.Peer(hooks=wrong))])
-    out = tmp_path / "policies-tiny.csv"
-    run(out, scratch)
-    frame = load([out], SCHEMA)
-    assert "torchtune_offload" not in set(frame.variant) and "keep" in set(frame.variant)
-    skipped = load_provenance(out)["skipped"]
-    for dataset in ("gpt2-tiny", "llama-tiny"):
-        assert "not bit-identical to keep" in skipped[f"torchtune_offload ({dataset})"]
-    assert not list(scratch.iterdir())
+    rows = Rows()
+    with registered(POLICIES, PolicyEntry("test_peer_wrong", "peer", make=WrongHooks)):
+        notes = one_model(scratch, rows, compare=["recompute", "test_peer_wrong"])
+    assert {r["variant"] for r in rows} == {"keep", "recompute"}
+    assert "not bit-identical to keep" in notes["skipped"]["test_peer_wrong (llama-tiny)"]
 
 
 def test_convergence_tiny_records_one_curve_per_policy_equal_to_keep(tmp_path, scratch):
     """Part convergence: keep, recompute and offloading to real files train the same steps from the
-    same weights; every loss is finite, equal to keep's at every step, and the notes carry the
-    losses the curves are read against."""
+    same weights; every loss is finite, equal to keep's at every step, the offloading one wrote and
+    read back bytes in every step, and the notes carry the losses the curves are read against."""
     out = tmp_path / "convergence-tiny.csv"
-    entry(["llm_offload", "--part", "convergence", "--scale", "tiny", "--out", str(out), "--scratch-dir", str(scratch)])
+    run("convergence", out, scratch)
     frame = load([out], SCHEMA)
     assert set(frame.variant) == {"keep", "recompute", "offload_all_file"}
     assert set(frame.metric) == {"loss", "bytes_written", "bytes_read"}
@@ -288,85 +382,100 @@ def test_convergence_tiny_records_one_curve_per_policy_equal_to_keep(tmp_path, s
     assert not list(scratch.iterdir())
 
 
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """``count`` processes that keep a core busy each, for the block: a loaded machine."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+@pytest.mark.full
+def test_convergence_is_the_same_on_a_loaded_machine(tmp_path, scratch):
+    """With two busy processes beside it (two cores' worth: the writes land late, after backward
+    has started), the convergence part still reads every offloaded tensor back from the files in
+    every step and records the same curve: what it checks does not depend on timing."""
+    out = tmp_path / "convergence-tiny.csv"
+    with busy_cores(2):
+        run("convergence", out, scratch)
+    frame = load([out], SCHEMA)
+    moved = frame[(frame.variant == "offload_all_file") & (frame.metric != "loss")]
+    per_step = moved.pivot(index="repetition", columns="metric", values="value")
+    assert len(per_step) == 12 and (per_step.bytes_read > 0).all()
+    # Every step writes the same tensors and reads each back once, loaded or not.
+    assert per_step.bytes_written.nunique() == 1 and per_step.bytes_read.nunique() == 1
+
+
 def _convergence_params(**changes):
     params = {
         "seed": 0,
         "model": {"family": "llama", "preset": "tiny", "micro_batch": 2},
         "steps": 3,
         "learning_rate": 0.003,
-        "variants": ["offload_all_host"],
+        "compare": ["offload_all"],
         **HOST_STORE,
     }
     return params | changes
 
 
-def test_convergence_stops_at_the_first_step_whose_loss_differs(scratch, monkeypatch):
+class Drifting(HostStore):
+    """A host store that brings a tensor back with one bit flipped."""
+
+    def get(self, key, out):
+        done = super().get(key, out)
+        done.result()
+        out.reshape(-1).view(torch.uint8)[2] ^= 64  # a high mantissa bit of the first float32
+        return done
+
+
+def test_convergence_stops_at_the_first_step_whose_loss_differs(scratch):
     """An offloading path that brings a tensor back changed: the curve differs from keep's, and the
     part raises naming the step instead of recording two curves."""
-    from systems.ssdtrain import HostStore
-
-    class Drifting(HostStore):
-        def get(self, key, out):
-            done = super().get(key, out)
-            done.result()
-            out.reshape(-1).view(torch.uint8)[2] ^= 64  # a high mantissa bit of the first float32
-            return done
-
-    monkeypatch.setattr(parts, "HostStore", Drifting)
     rows = Rows()
-
-    with pytest.raises(parts.NotBitIdentical, match="offload_all_host: the loss at step"):
-        parts.convergence(_convergence_params(), rows, device="cpu", scratch_dir=scratch)
+    with registered(STORES, StoreEntry("test_drifting", "optimized", make=lambda params, folder: Drifting())):
+        with pytest.raises(parts.NotBitIdentical, match="offload_all_test_drifting: the loss at step"):
+            parts.convergence(_convergence_params(stores=["test_drifting"]), rows, device="cpu", scratch_dir=scratch)
     assert not rows
 
 
-def test_convergence_refuses_an_unknown_variant_before_training(scratch, monkeypatch):
-    from harness.errors import UserError
-
+def test_convergence_refuses_unknown_or_planned_names_before_training(scratch, monkeypatch):
     monkeypatch.setattr(parts, "build", lambda *a, **k: pytest.fail("trained before refusing"))
-    for variant in ("offload_all_disk", "save_on_cpu", "offload_all_", "offload_all_file"):  # file: not in stores
-        with pytest.raises(UserError, match=f"unknown variant '{variant}'"):
-            parts.convergence(_convergence_params(variants=[variant]), None, device="cpu", scratch_dir=scratch)
+    for changes, message in (
+        ({"compare": ["offload_everything"]}, "unknown offloading policy 'offload_everything'"),
+        ({"stores": ["disk"]}, "unknown offload store 'disk'"),
+        ({"compare": ["planner"]}, "planned policies, which this part does not plan for"),
+    ):
+        with pytest.raises(UserError, match=message):
+            parts.convergence(_convergence_params(**changes), None, device="cpu", scratch_dir=scratch)
 
 
 def test_convergence_refuses_a_policy_that_moved_nothing(scratch):
     """min_bytes above every saved tensor: offload_all keeps everything, its curve equals keep's,
     and the part says the check tested nothing instead of recording it as offloading's."""
-    from harness.errors import UserError
-
     rows = Rows()
-
     with pytest.raises(UserError, match="offload_all_host wrote or read nothing"):
         parts.convergence(_convergence_params(min_bytes=1 << 40), rows, device="cpu", scratch_dir=scratch)
     assert not rows
 
 
-def test_shapes_runs_the_baselines_its_config_lists(tmp_path, scratch, monkeypatch):
-    """Part shapes (GPU-only as configured) is the policies function with a narrower set of
-    baselines: here recompute only, so save_on_cpu and the peers are not run."""
-    from harness import config
-
-    params = config.topic_params(config.load(), "llm_offload", "tiny")["policies"]
-    params = params | {"models": [{"family": "llama", "preset": "tiny"}], "stores": ["host"], "emulated_gbps": []}
-    params |= {"planned_stores": [], "baselines": ["recompute"]}
+def test_shapes_runs_the_policies_its_config_lists(scratch):
+    """Part shapes (GPU-only as configured) is the policies function with a narrower comparison:
+    here recompute and the offloading, so save_on_cpu and the peers are not run."""
     rows = Rows()
-
-    asked = []
-
-    def stand_in_peers(params, device, notes, wanted=parts.PEERS):  # both peers, as on a GPU
-        asked.append(set(wanted))
-        hooks = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
-        return [(name, parts.peers.Peer(hooks=hooks)) for name in parts.PEERS if name in wanted]
-
-    monkeypatch.setattr(parts.peers, "peers", stand_in_peers)
-    parts.shapes(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    with registered(POLICIES, PolicyEntry("test_peer_hooks", "peer", make=KeepAll)):
+        parts.shapes(
+            ONE_MODEL | {"stores": ["host"], "compare": ["recompute", "offload_all"]},
+            rows,
+            repeat=1,
+            warmup=0,
+            device="cpu",
+            scratch_dir=scratch,
+        )
     assert {r["variant"] for r in rows} == {"keep", "recompute", "offload_all_host"}
-    assert asked == [{"keep", "recompute"}]
-    rows.clear()
-    parts.shapes(
-        params | {"baselines": ["deepspeed_offload"]}, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch
-    )
-    assert {r["variant"] for r in rows} == {"keep", "offload_all_host", "deepspeed_offload"}
 
 
 def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeypatch):
@@ -374,9 +483,9 @@ def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeyp
     check's math attention can run out of memory where the timed kernels fit); the timed steps
     take the whole micro-batch."""
     checked, trained = [], []
-    one_step = parts._one_step
+    one_step = parts.one_step
 
-    def counting_step(model, batch, policy):
+    def counting_step(model, batch, policy=None):
         checked.append(len(batch["input_ids"]))
         return one_step(model, batch, policy)
 
@@ -391,13 +500,14 @@ def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeyp
             return measure(fn, **kwargs)
 
     measure = parts.measure
-    monkeypatch.setattr(parts, "_one_step", counting_step)
+    monkeypatch.setattr(parts, "one_step", counting_step)
     monkeypatch.setattr(parts, "measure", counting_measure)
     params = {
         "seed": 0,
         "model": {"family": "llama", "preset": "tiny"},
         "global_batch": 4,
         "micro_batches": [4],
+        "compare": ["recompute", "offload_all"],
         **HOST_STORE,
         "check_micro_batch": 3,
     }

@@ -173,9 +173,18 @@ def check_step_left_nothing(offloader):
         assert list(store.directory.iterdir()) == []
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("store", ["host", "direct_file", "emulated", "slow_file"])
-@pytest.mark.parametrize("name", ["mlp", "gpt2", "llama"])
+# Every model, store and policy once in the fast tier; the whole cross-product in the full one.
+FAST = {("llama", "slow_file", "every_other"), ("gpt2", "direct_file", "offload_all")}
+FAST |= {("mlp", "emulated", "offload_all_keep_none"), ("mlp", "host", "keep")}
+CASES = [
+    pytest.param(name, store, policy, marks=() if (name, store, policy) in FAST else pytest.mark.full)
+    for name in ("mlp", "gpt2", "llama")
+    for store in ("host", "direct_file", "emulated", "slow_file")
+    for policy in POLICIES
+]
+
+
+@pytest.mark.parametrize("name, store, policy", CASES)
 def test_losses_and_gradients_are_bit_identical(name, store, policy, disk):
     with make_store(store, disk) as s:
         got = train(
@@ -328,21 +337,52 @@ def test_prefetch_reads_ahead_and_without_it_backward_waits():
             assert (offloader.stats.prefetched_loads, offloader.stats.demand_loads) == (0, offloaded)
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
-@pytest.mark.parametrize("kind", ["direct_file", "emulated"])  # stores whose reads end on another thread
+@pytest.mark.parametrize(
+    "kind, prefetch",  # stores whose reads end on another thread
+    [
+        ("direct_file", 1),
+        *(
+            pytest.param(*case, marks=pytest.mark.full)
+            for case in [("direct_file", 0), ("emulated", 0), ("emulated", 1)]
+        ),
+    ],
+)
 def test_read_back_bytes_go_with_their_last_use_not_at_the_step_end(kind, prefetch, disk):
     """Each read-back buffer is freed once backward has used its tensors, inside the step: nothing
-    the cache keeps until the step's end (a future's callback, say) may hold it."""
+    the cache keeps until the step's end (a future's callback, say) may hold it. Every tensor is
+    read back (``always_read_back``), so there are buffers to check however fast the writes are."""
     model, loss_of = make_model("mlp")
     buffers = []
     with make_store(kind, disk) as store:
         get = store.get
         store.get = lambda key, out: buffers.append(weakref.ref(out)) or get(key, out)
-        with Offloader(model, store, min_bytes=0, keep_last=0, prefetch=prefetch):
+        with Offloader(model, store, min_bytes=0, keep_last=0, prefetch=prefetch, always_read_back=True):
             loss_of(0).backward()
             gc.collect()
             alive = sum(ref() is not None for ref in buffers)
     assert buffers and alive == 0, f"{alive} of {len(buffers)} read-back buffers outlived their use"
+
+
+@pytest.mark.parametrize("prefetch", [1, 0])
+def test_always_read_back_reads_every_offloaded_tensor_whatever_the_timing(prefetch, disk):
+    """Writes far slower than forward: without ``always_read_back`` backward would find them still
+    running and use the tensors in memory (how many depends on timing). With it, backward waits
+    for each write and every offloaded byte comes back from the store, in every step, and the
+    step is still bit-identical."""
+    store = EmulatedStore(0.05, inner=DirectFileStore(disk, threads=2, block_bytes=64 << 10))
+
+    def offloader(model):
+        return Offloader(model, store, min_bytes=0, keep_last=0, prefetch=prefetch, always_read_back=True)
+
+    def every_byte_read_back(o):
+        assert o.stats.store.bytes_read == o.stats.store.bytes_written == o.stats.total.offloaded_bytes > 0
+        assert (o.stats.prefetched_loads, o.stats.demand_loads) == (
+            (o.stats.total.offloaded_tensors, 0) if prefetch else (0, o.stats.total.offloaded_tensors)
+        )
+
+    with store:
+        got = train("mlp", offloader, after_step=every_byte_read_back)
+    assert_identical(got, reference("mlp"))
 
 
 def test_the_last_layers_are_kept():
@@ -540,6 +580,7 @@ def test_gpu_offloading_frees_device_memory_after_forward():
     assert held["offload_all"] < 0.2 * held["keep"]
 
 
+@pytest.mark.full
 def test_training_on_the_generated_corpus_converges_identically_with_offloading(disk):
     """The convergence check: 150 AdamW steps of a tiny Llama on the Markov language, keep against
     offloading to real files (all but the last block) and against a per-block mix (the first
