@@ -16,8 +16,9 @@ Every form's output is checked against the ``segment_mm`` form's before any is t
   segment shapes.
 
 Each row's ``role`` is its form's in the registry: PyG's layers ``peer``, the plain forms
-``baseline``, Hector's variants (systems/hector) ``optimized``. A form that runs out of GPU memory is recorded as ``out_of_memory`` with the size of the allocation that
-failed, not as a failure.
+``baseline``, Hector's variants (systems/hector) ``optimized``. A form that runs out of GPU
+memory is recorded as ``out_of_memory`` with the size of the allocation that failed, not as a
+failure.
 """
 
 from harness.topic import Part, Topic

@@ -24,8 +24,8 @@ import torch
 
 from harness.errors import UserError
 from harness.timing import measure
-from workloads.graphs import relational
 from systems.relgraph.ops import grouped_products, segment_products
+from workloads.graphs import relational
 
 
 def gemm_template(params, writer, *, repeat, warmup, device, **_):

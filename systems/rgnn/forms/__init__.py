@@ -116,6 +116,8 @@ def forms_of(model: Model) -> list[Form]:
     """The registered forms that compute ``model``, the model's reference first."""
     found = [form for form in FORMS if form.supports(model)]
     return sorted(found, key=lambda form: form.name != model.reference)
+
+
 # Every module of the package registers now, in name order, so the entries' order (the order forms
 # are measured and shown in) does not depend on which of them some caller imported first.
 FORMS.names()
