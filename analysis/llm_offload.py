@@ -12,12 +12,13 @@
 # # LLM activation offloading (SSDTrain): step time against activation memory
 #
 # One training step per policy (`workloads.llm_offload`): keep every activation, recompute each
-# block (`torch.utils.checkpoint`), `torch.autograd.graph.save_on_cpu`, and SSDTrain's
-# `offload_all` into each store (host memory, O_DIRECT files, emulated SSDs). Every policy was
-# checked bit-identical to `keep` before it was timed. Step times are medians of the timed steps
-# with the interquartile range; the x axis is the saved-activation memory the step held on the
-# device (on a GPU: the measured peak above the weights and optimizer state). The lower left wins:
-# the "ROK" view of recompute, offload and keep.
+# block (`torch.utils.checkpoint`), `torch.autograd.graph.save_on_cpu`, other libraries' offloading
+# (peers), and SSDTrain's `offload_all` and planned policies into each store (host memory, O_DIRECT
+# files, emulated SSDs): the registries `POLICIES` and `STORES` of `systems/ssdtrain`, whatever
+# entries they hold. Every policy was checked bit-identical to `keep` before it was timed. Step
+# times are medians of the timed steps with the interquartile range; the x axis is the
+# saved-activation memory the step held on the device (on a GPU: the measured peak above the
+# weights and optimizer state). The lower left wins: the "ROK" view of recompute, offload and keep.
 
 # %% tags=["parameters"]
 machine = "local"

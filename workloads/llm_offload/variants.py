@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
+from harness.registry import ENTRY_ROLES
 from systems.ssdtrain import POLICIES, STORES, Policy, PolicyEntry, Store, StoreEntry
 from systems.ssdtrain.planning import OFFLOAD, RECOMPUTE, Plan
 from systems.ssdtrain.stores import one_setting
@@ -167,9 +168,10 @@ def planned_setups(params: Mapping, setups: list[StoreSetup], notes: dict) -> li
 
 
 def policies(params: Mapping, device: str, notes: dict, *, plans: bool = True) -> list[PolicyEntry]:
-    """``keep``, then the policies of ``compare`` that run here, in the registry's order; the others'
-    reasons go to ``notes["skipped"]``. ``plans``: whether the part makes plans (without them a
-    planned policy is refused). An unknown name is refused in one line."""
+    """``keep``, then the policies of ``compare`` that run here, by role (baselines, peers, the
+    technique) and then in the registry's order; the others' reasons go to ``notes["skipped"]``.
+    ``plans``: whether the part makes plans (without them a planned policy is refused). An unknown
+    name is refused in one line."""
     wanted = _names(params, "compare", POLICIES.names())
     entries = [POLICIES[name] for name in wanted]  # unknown names refused here, before anything runs
     if not plans:
@@ -181,7 +183,7 @@ def policies(params: Mapping, device: str, notes: dict, *, plans: bool = True) -
             )
         entries = [e for e in entries if e.planner is None]
     chosen = [POLICIES[REFERENCE]]
-    for entry in sorted(entries, key=lambda e: POLICIES.names().index(e.name)):
+    for entry in sorted(entries, key=lambda e: (ENTRY_ROLES.index(e.role), POLICIES.names().index(e.name))):
         if entry.name == REFERENCE:
             continue
         reason = entry.missing(device)
