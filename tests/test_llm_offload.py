@@ -4,6 +4,7 @@ registries, a wrong policy refused before it is timed, peers reported rather tha
 are wrong, and the convergence check deterministic however loaded the machine is."""
 
 import contextlib
+import json
 import shutil
 import subprocess
 import sys
@@ -518,3 +519,35 @@ def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeyp
     assert {len(ids) for ids in trained if ids is not None} == {4}
     assert notes["checked_micro_batch"] == {"4": 3}
     assert {r["variant"] for r in rows} == {"keep", "recompute", "offload_all_host"}
+
+
+# --- the notebook ----------------------------------------------------------------------------------
+
+
+def test_the_notebook_shows_a_store_and_a_policy_it_has_never_seen(tmp_path, scratch):
+    """Rows of a store and of a policy that no registry knows (a plugin's, say): each is in the
+    summary's main table and in the figure's legend, labelled from its columns."""
+    pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
+    from analysis.render import main as render
+    from harness import provenance
+    from harness.results import ResultsWriter
+
+    params = ONE_MODEL | {"stores": ["host"], "compare": ["recompute", "offload_all"]}
+    writer = ResultsWriter(SCHEMA, "tiny")
+    notes = parts.policies(params, writer, repeat=2, warmup=0, device="cpu", scratch_dir=scratch)
+    out = tmp_path / "policies-tiny.csv"
+    writer.write(out, provenance.collect("tiny", topic="llm_offload", part="policies", parameters=params, **notes))
+    rows = pd.read_csv(out, keep_default_na=False, dtype=str)
+    unseen_store = rows[rows.variant == "offload_all_host"].assign(variant="offload_all_ramdisk", store="ramdisk")
+    unseen_policy = rows[rows.variant == "recompute"].assign(variant="half_recompute", policy="half_recompute")
+    pd.concat([rows, unseen_store, unseen_policy.assign(role="optimized")]).to_csv(out, index=False)
+    figure, summary = tmp_path / "llm.png", tmp_path / "llm.md"
+    render(
+        ["analysis/llm_offload.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]
+        + ["-p", "scale=tiny", "--topic", "llm_offload", "--topic", "llm_offload_reruns"]
+        + ["--results", f"llm_offload={out}", "--figure", str(figure), "--summary", str(summary)]
+    )
+    table = summary.read_text().split("\n\n## ")[0]
+    for label in ("offload_all, ramdisk", "half_recompute"):
+        assert f"| llama-tiny | {label} |" in table
+        assert label in json.loads((tmp_path / "nb.text.json").read_text())[0]  # the figure's legend
