@@ -35,6 +35,10 @@ ALL = "all"
 REFERENCE = "keep"  # every policy is checked against it and every ratio taken to it
 
 
+def _text(value) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
 @dataclass(frozen=True)
 class StoreSetup:
     """One store as a part runs it: its registry entry and its setting (e.g. ``gbps=7.0``)."""
@@ -45,7 +49,7 @@ class StoreSetup:
     @property
     def label(self) -> str:
         """``host``, ``file``; with a setting its values and names: ``emulated_7gbps``."""
-        return self.entry.name + "".join(f"_{value:g}{key}" for key, value in self.setting)
+        return self.entry.name + "".join(f"_{_text(value)}{key}" for key, value in self.setting)
 
     def make(self, params: Mapping, folder: Path | None) -> Store:
         return self.entry.build(params, folder, **dict(self.setting))
