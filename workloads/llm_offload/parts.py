@@ -142,7 +142,7 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
             checked.append((variant, policy))  # closed in finally, whatever happens
             notes.setdefault("libraries", {}).update(policy.about)
             try:
-                with deterministic(device):
+                with deterministic(device), policy.reading_back():  # the store's bytes are checked too
                     check_identical(variant.label, reference, one_step(model, batch, policy))
             except Exception as err:
                 if variant.role != "peer" or isinstance(err, torch.cuda.OutOfMemoryError):
@@ -308,7 +308,7 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                 notes["skipped"][variant.label] = str(err)
                 continue
             try:
-                with deterministic(device):
+                with deterministic(device), policy.reading_back():
                     check_identical(
                         f"{variant.label} at micro-batch {micro}", reference, one_step(model, check_batch, policy)
                     )

@@ -83,6 +83,13 @@ class Policy:
         """A context manager around one step's forward and backward that fills ``counts`` as it ends."""
         raise NotImplementedError
 
+    @contextlib.contextmanager
+    def reading_back(self) -> Iterator[None]:
+        """Steps inside this read every offloaded tensor back from its store (none is served from
+        memory while its write runs), so that checking such a step checks the store's bytes too,
+        whatever the timing. Policies that keep their tensors themselves have nothing to change."""
+        yield
+
     def reset(self) -> None:
         """Forget a step that raised half-way (state a library keeps of its own)."""
 
@@ -114,6 +121,15 @@ class OffloaderPolicy(Policy):
             prefetch=s.prefetch,
             always_read_back=s.always_read_back,
         )
+
+    @contextlib.contextmanager
+    def reading_back(self) -> Iterator[None]:
+        cache = self.offloader.cache
+        before, cache.always_read_back = cache.always_read_back, True
+        try:
+            yield
+        finally:
+            cache.always_read_back = before
 
     def decide(self, layer: int) -> str:
         """``"keep"`` or ``"offload"`` for block ``layer`` (the last ``keep_last`` are kept anyway)."""
