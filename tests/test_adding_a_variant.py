@@ -63,7 +63,8 @@ NEW = {
         summary=(r"^\| gpt2-tiny \| offload_all, zlib_host \|", r"^\| llama-tiny \| offload_all, zlib_host \|"),
         broken=(
             "        raw = bytearray(zlib.decompress(self._blobs[key]))\n",
-            "        raw = bytearray(zlib.decompress(self._blobs[key]))\n        raw[-1] ^= 1\n",
+            # a bit of the middle byte: the last bytes hold the last position, which no loss term reads
+            "        raw = bytearray(zlib.decompress(self._blobs[key]))\n        raw[len(raw) // 2] ^= 0x10\n",
         ),
         refusal=("policies", "NotBitIdentical"),
     ),
