@@ -290,7 +290,10 @@ def test_the_ir_backward_pass_matches_autograd(name, applied, graph_name):
     torch.testing.assert_close(got[0], out.detach())
     for leaf, want, have in zip(leaves, expected, got[1:], strict=True):
         assert want.abs().sum() > 0 or graph.edges == 0, leaf.name  # with edges, a zero gradient is a bug
-        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5, msg=leaf.name)
+        # Two float32 sums of the same terms in another order differ by rounding that grows with the
+        # terms' size (unit-normal weights make large ones): the tolerance scales with the largest.
+        scale = max(1.0, want.abs().max().item())
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5 * scale, msg=leaf.name)
 
 
 @pytest.mark.parametrize("name", BASELINES)
