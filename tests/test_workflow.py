@@ -214,6 +214,10 @@ def test_interrupted_run_redoes_only_unfinished_jobs(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        # Ctrl-C must reach it even when the tests themselves run where SIGINT is ignored (a
+        # background job of a script: its children inherit the ignoring, and Python then never
+        # raises KeyboardInterrupt).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # Measuring jobs run one at a time, so once a second results file appears the first job is
     # over and recorded; interrupt then (Ctrl-C), while the second job may still be running.
