@@ -1,5 +1,7 @@
 """What every layer a model implements itself shares: its weights (which say their
-``num_relations`` and ``in_dim``) and graph, checked against each other and the input."""
+``num_relations`` and ``in_dim``) and graph, checked against each other and the input; and the two
+helpers of the dense forms, which transform every node under every relation (or node type) in one
+GEMM and gather each edge's (node, relation) row from it."""
 
 from __future__ import annotations
 
@@ -28,3 +30,16 @@ def glorot(shape, generator: torch.Generator) -> nn.Parameter:
     """Glorot-uniform over the last two dimensions, as PyG initializes."""
     scale = (6.0 / (shape[-2] + shape[-1])) ** 0.5
     return nn.Parameter((torch.rand(*shape, generator=generator) * 2 - 1) * scale)
+
+
+def side_by_side(weight: torch.Tensor) -> torch.Tensor:
+    """A stack of weights [k, in, out] as one [in, k x out] matrix, so that one GEMM transforms
+    every row under all k: row n of the product, read as [k, out], holds row n under each."""
+    count, rows, cols = weight.shape
+    return weight.permute(1, 0, 2).reshape(rows, count * cols)
+
+
+def pair_rows(ids: torch.Tensor, kinds: torch.Tensor, count: int) -> torch.Tensor:
+    """Where the pair (``ids[i]``, ``kinds[i]``) is in a product by :func:`side_by_side` read as
+    [ids x count, out]: row ``ids[i] x count + kinds[i]``."""
+    return ids * count + kinds

@@ -29,7 +29,7 @@ from harness.errors import UserError
 from systems.hector.lang import model
 from systems.relgraph.graph import RelGraph
 from systems.relgraph.ops import edge_softmax, grouped_products, segment_products, take_rows
-from systems.rgnn.layer import RelationalLayer, glorot
+from systems.rgnn.layer import RelationalLayer, glorot, pair_rows, side_by_side
 from systems.rgnn.models import MODELS, Model
 
 
@@ -69,6 +69,10 @@ class _Form(RelationalLayer):
         """``rows[i] @ weight[relation of edge i]``, rows in this form's edge order."""
         raise NotImplementedError
 
+    def _from_sources(self, nodes, src, weight) -> torch.Tensor:
+        """``nodes[src[i]] @ weight[relation of edge i]``, ``src`` in this form's edge order."""
+        return self._related(take_rows(nodes, src), weight)
+
     order = None  # the edge order of _related's rows: None is edge order
 
     def forward(self, x):
@@ -79,7 +83,7 @@ class _Form(RelationalLayer):
         src = g.src if self.order is None else g.src[self.order]
         dst = g.dst if self.order is None else g.dst[self.order]
         etype = g.etype if self.order is None else g.etype[self.order]
-        keys, values = self._related(take_rows(k, src), w.k_rel), self._related(take_rows(v, src), w.v_rel)
+        keys, values = self._from_sources(k, src, w.k_rel), self._from_sources(v, src, w.v_rel)
         scores = (take_rows(q, dst) * keys).sum(1) * take_rows(w.p_rel, etype) / math.sqrt(w.out_dim)
         alpha = edge_softmax(scores, dst, g.num_nodes)
         summed = torch.zeros_like(q).index_add(0, dst, alpha.unsqueeze(1) * values)
@@ -100,6 +104,26 @@ class PerEdge(_Form):
 
     def _related(self, rows, weight):
         return torch.bmm(rows.unsqueeze(1), take_rows(weight, self.graph.etype)).squeeze(1)
+
+
+class Dense(_Form):
+    """Every node under every node type in one GEMM and under every relation in one more, each
+    node's or edge's row then gathered by its (node, type) or (source, relation) pair: what a user
+    writes today in a few lines of torch, computing the pairs nothing uses too."""
+
+    def __init__(self, weights: HGTWeights, graph: RelGraph):
+        super().__init__(weights, graph)
+        every_node = torch.arange(graph.num_nodes, device=graph.node_type.device)
+        self.type_rows = pair_rows(every_node, graph.node_type, graph.num_node_types)
+        self.source_rows = pair_rows(graph.src, graph.etype, graph.num_relations)
+
+    def _typed(self, rows, weight, bias):
+        table = (rows @ side_by_side(weight)).view(-1, weight.shape[2])
+        return take_rows(table, self.type_rows) + take_rows(bias, self.graph.node_type)
+
+    def _from_sources(self, nodes, src, weight):
+        table = (nodes @ side_by_side(weight)).view(-1, weight.shape[2])
+        return take_rows(table, self.source_rows)
 
 
 class _Segmented(_Form):
@@ -239,7 +263,7 @@ HGT = MODELS.register(
     Model(
         "hgt",
         HGTWeights,
-        layers={"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM},
+        layers={"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM, "dense": Dense},
         # Gathers two [out, out] relation matrices per edge: the size of one [in, out] where in = out.
         per_edge_weights=frozenset({"per_edge"}),
         program=hgt_layer,

@@ -18,7 +18,7 @@ from torch import nn
 
 from systems.hector.lang import model
 from systems.relgraph.ops import edge_softmax, grouped_products, segment_products, take_rows
-from systems.rgnn.layer import RelationalLayer, glorot
+from systems.rgnn.layer import RelationalLayer, glorot, pair_rows, side_by_side
 from systems.rgnn.models import MODELS, Model
 
 NEGATIVE_SLOPE = 0.2  # PyG's default
@@ -60,6 +60,22 @@ class PerEdge(_Form):
             torch.bmm(take_rows(x, g.dst).unsqueeze(1), weight).squeeze(1),
             torch.bmm(take_rows(x, g.src).unsqueeze(1), weight).squeeze(1),
         )
+
+
+class Dense(_Form):
+    """Every node under every relation in one GEMM, then each edge's two ends gathered from that
+    table by their (node, relation) rows: the plain form of Hector's compact materialization, but
+    over every pair, those no edge uses too (nodes x relations x out)."""
+
+    def __init__(self, weights, graph):
+        super().__init__(weights, graph)
+        self.target_rows = pair_rows(graph.dst, graph.etype, graph.num_relations)
+        self.source_rows = pair_rows(graph.src, graph.etype, graph.num_relations)
+
+    def forward(self, x):
+        self._check(x)
+        table = (x @ side_by_side(self.w.weight)).view(-1, self.w.out_dim)
+        return self._attend(take_rows(table, self.target_rows), take_rows(table, self.source_rows))
 
 
 class _Segmented(_Form):
@@ -124,7 +140,7 @@ RGAT = MODELS.register(
     Model(
         "rgat",
         RGATWeights,
-        layers={"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM},
+        layers={"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM, "dense": Dense},
         # Each gathers one [in, out] weight matrix per edge (and in training its gradient too).
         per_edge_weights=frozenset({"pyg", "per_edge"}),
         program=rgat_layer,

@@ -15,7 +15,7 @@ from torch import nn
 
 from systems.hector.lang import model
 from systems.relgraph.ops import grouped_products, segment_products, take_rows
-from systems.rgnn.layer import RelationalLayer, glorot
+from systems.rgnn.layer import RelationalLayer, glorot, pair_rows, side_by_side
 from systems.rgnn.models import MODELS, Model
 
 
@@ -50,6 +50,21 @@ class PerEdge(_Form):
         g = self.graph
         messages = torch.bmm(take_rows(x, g.src).unsqueeze(1), take_rows(self.w.weight, g.etype)).squeeze(1)
         return self._finish(x, messages)
+
+
+class Dense(_Form):
+    """Every node under every relation in one GEMM, then each edge's message gathered from that
+    table by its (source, relation) row: what a user writes today in a few lines of torch. It
+    computes the pairs no edge uses too (nodes x relations x out, however few edges)."""
+
+    def __init__(self, weights, graph):
+        super().__init__(weights, graph)
+        self.source_rows = pair_rows(graph.src, graph.etype, graph.num_relations)
+
+    def forward(self, x):
+        self._check(x)
+        table = (x @ side_by_side(self.w.weight)).view(-1, self.w.out_dim)
+        return self._finish(x, take_rows(table, self.source_rows))
 
 
 class _Segmented(_Form):
@@ -118,7 +133,14 @@ RGCN = MODELS.register(
     Model(
         "rgcn",
         RGCNWeights,
-        layers={"pyg": PyG, "pyg_fast": PyGFast, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM},
+        layers={
+            "pyg": PyG,
+            "pyg_fast": PyGFast,
+            "per_edge": PerEdge,
+            "segment_mm": SegmentMM,
+            "grouped_mm": GroupedMM,
+            "dense": Dense,
+        },
         # Each gathers one [in, out] weight matrix per edge (and in training its gradient too).
         per_edge_weights=frozenset({"pyg_fast", "per_edge"}),
         program=rgcn_layer,
