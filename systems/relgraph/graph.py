@@ -37,14 +37,20 @@ class RelGraph:
     def build(
         cls, src, dst, etype, num_nodes: int, num_relations: int, device="cpu", node_type=None, num_node_types=1
     ) -> RelGraph:
-        """Checks the ids (every node id below ``num_nodes``, every relation id below
+        """Checks the ids (integers, every node id below ``num_nodes``, every relation id below
         ``num_relations``, every node type below ``num_node_types``: a clear error names the first
-        offender) and precomputes the rest."""
-        src, dst, etype = (torch.as_tensor(np.asarray(a), dtype=torch.int64) for a in (src, dst, etype))
+        offender) and precomputes the rest on ``device``. The ids may be sequences, numpy arrays or
+        tensors on any device, of any integer dtype."""
+        counts = {"num_nodes": num_nodes, "num_relations": num_relations, "num_node_types": num_node_types}
+        for name, count in counts.items():
+            if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+                raise UserError(f"{name} must be a non-negative integer, got {count!r}")
+        device = torch.device(device)
+        src, dst, etype = (_ids(name, a, device) for name, a in (("src", src), ("dst", dst), ("etype", etype)))
         node_type = (
-            torch.zeros(num_nodes, dtype=torch.int64)
+            torch.zeros(num_nodes, dtype=torch.int64, device=device)
             if node_type is None
-            else torch.as_tensor(np.asarray(node_type), dtype=torch.int64)
+            else _ids("node_type", node_type, device)
         )
         if node_type.shape != (num_nodes,):
             raise UserError(f"node_type must hold one type per node ({num_nodes}), got {tuple(node_type.shape)}")
@@ -60,7 +66,7 @@ class RelGraph:
             ("node_type", node_type, num_node_types, "node type"),
         )
         for name, ids, bound, kind in checks:
-            bad = torch.nonzero((ids < 0) | (ids >= bound))
+            bad = torch.nonzero((ids < 0) | (ids >= bound)).flatten()
             if bad.numel():
                 i = int(bad[0])
                 raise UserError(
@@ -75,13 +81,19 @@ class RelGraph:
         offsets = segment_offsets(etype, num_relations)
         by_type = torch.sort(node_type, stable=True).indices
         type_offsets = segment_offsets(node_type, num_node_types)
-        move = lambda t: t.to(device)  # noqa: E731
         return cls(
-            num_nodes,
-            num_relations,
-            *map(move, (src, dst, etype, norm, by_relation, offsets)),
-            num_node_types,
-            *map(move, (node_type, by_type, type_offsets)),
+            int(num_nodes),
+            int(num_relations),
+            src,
+            dst,
+            etype,
+            norm,
+            by_relation,
+            offsets,
+            int(num_node_types),
+            node_type,
+            by_type,
+            type_offsets,
         )
 
     @classmethod
@@ -107,6 +119,23 @@ class RelGraph:
     def unique_source_relation_pairs(self) -> int:
         """Distinct (source, relation) pairs: what a compact form materializes instead of edges."""
         return int(torch.unique(self.src * self.num_relations + self.etype).numel())
+
+
+def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
+    """``ids`` as int64 on ``device``, refused in one line unless they are integers: a float id
+    truncated or a bool read as 0/1 would build another graph without a word."""
+    if not isinstance(ids, torch.Tensor):
+        array = np.asarray(ids)
+        if array.size == 0:  # [] is float64 to numpy: an empty list has no wrong dtype
+            array = array.astype(np.int64)
+        if array.dtype.kind not in "iu":
+            raise UserError(f"{name} must hold integer ids, got {array.dtype}")
+        if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
+            raise UserError(f"{name} holds ids past int64's range (largest {array.max()})")
+        ids = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+    elif ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise UserError(f"{name} must hold integer ids, got {ids.dtype}")
+    return ids.to(device=device, dtype=torch.int64)
 
 
 def segment_offsets(ids: torch.Tensor, count: int) -> torch.Tensor:

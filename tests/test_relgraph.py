@@ -1,0 +1,144 @@
+"""A relational graph built from what users pass: lists, numpy arrays and tensors of any integer
+dtype, on the CPU or a GPU, give the same graph; anything that is not integer ids, or ids out of
+range, is refused in one line naming the argument, with the same words on every device."""
+
+import numpy as np
+import pytest
+import torch
+
+from harness.errors import UserError
+from systems.relgraph.graph import RelGraph
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.gpu),
+]
+
+
+def _random_edges(seed: int, edges: int = 37, nodes: int = 11, relations: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randint(0, nodes, (edges,), generator=g),
+        torch.randint(0, nodes, (edges,), generator=g),
+        torch.randint(0, relations, (edges,), generator=g),
+        nodes,
+        relations,
+    )
+
+
+def _fields(graph: RelGraph) -> dict:
+    return {name: getattr(graph, name) for name in graph.__dataclass_fields__}
+
+
+def _assert_same(a: RelGraph, b: RelGraph) -> None:
+    for name, value in _fields(a).items():
+        other = getattr(b, name)
+        if isinstance(value, torch.Tensor):
+            assert value.dtype == other.dtype, name
+            assert torch.equal(value.cpu(), other.cpu()), name
+        else:
+            assert value == other, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "convert",
+    [
+        lambda t: t.tolist(),
+        lambda t: t.numpy().astype(np.int32),
+        lambda t: t.numpy().astype(np.uint16),
+        lambda t: t.to(torch.int32),
+        lambda t: t.to(torch.uint8),
+        lambda t: torch.stack([t, t + 1], 1)[:, 0],  # a strided view
+        lambda t: torch.cat([t.new_zeros(3), t])[3:],  # an offset view
+    ],
+    ids=["list", "int32-numpy", "uint16-numpy", "int32", "uint8", "strided", "offset"],
+)
+def test_every_integer_form_of_the_ids_gives_the_same_graph(device, convert):
+    src, dst, etype, nodes, relations = _random_edges(seed=3)
+    expected = RelGraph.build(src, dst, etype, nodes, relations)
+    given = [convert(t) for t in (src, dst, etype)]
+    if device == "cuda":
+        given = [torch.as_tensor(np.asarray(t)).cuda() for t in given]
+    graph = RelGraph.build(*given, nodes, relations, device=device)
+    assert graph.src.device.type == device
+    _assert_same(graph, expected)
+
+
+@pytest.mark.gpu
+def test_cuda_ids_build_where_asked_and_match_the_cpu_graph():
+    src, dst, etype, nodes, relations = _random_edges(seed=4, edges=1001, nodes=97, relations=13)
+    on_gpu = RelGraph.build(src.cuda(), dst.cuda(), etype.cuda(), nodes, relations, device="cuda")
+    to_cpu = RelGraph.build(src.cuda(), dst.cuda(), etype.cuda(), nodes, relations, device="cpu")
+    expected = RelGraph.build(src, dst, etype, nodes, relations)
+    _assert_same(on_gpu, expected)
+    _assert_same(to_cpu, expected)
+    assert to_cpu.src.device.type == "cpu"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (torch.tensor([0.0, 1.5, 2.0]), "etype must hold integer ids, got torch.float32"),
+        (torch.tensor([True, False, True]), "etype must hold integer ids, got torch.bool"),
+        (torch.tensor([0j, 1j, 0j]), "etype must hold integer ids, got torch.complex64"),
+        (np.array([0.0, 1.0, 2.0]), "etype must hold integer ids, got float64"),
+        (np.array([True, False, True]), "etype must hold integer ids, got bool"),
+        ([0, 1.0, 2], "etype must hold integer ids, got float64"),
+        (["0", "1", "2"], "etype must hold integer ids, got <U1"),
+    ],
+    ids=["float", "bool", "complex", "float-numpy", "bool-numpy", "float-list", "strings"],
+)
+def test_ids_that_are_not_integers_are_refused_naming_the_argument(device, bad, words):
+    if device == "cuda" and isinstance(bad, torch.Tensor):
+        bad = bad.cuda()
+    with pytest.raises(UserError, match=f"^{words}$".replace("(", r"\(").replace(")", r"\)")):
+        RelGraph.build([0, 1, 2], [1, 2, 0], bad, num_nodes=3, num_relations=3, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ids_out_of_range_are_refused_with_the_same_words_on_every_device(device):
+    cases = [
+        (
+            ([0, 1, 2], [1, 2, 0], [0, 1, 5]),
+            r"etype\[2\] = 5 is not a relation id of this graph \(0 to 4; 1 such ids\)",
+        ),
+        (([0, -7, 2], [1, 2, 0], [0, 1, 1]), r"src\[1\] = -7 is not a node id of this graph \(0 to 2; 1 such ids\)"),
+        (([0, 1, 2], [3, 9, 0], [0, 1, 1]), r"dst\[0\] = 3 is not a node id of this graph \(0 to 2; 2 such ids\)"),
+    ]
+    for (src, dst, etype), words in cases:
+        tensors = [torch.tensor(a, device=device) for a in (src, dst, etype)]
+        with pytest.raises(UserError, match=words):
+            RelGraph.build(*tensors, num_nodes=3, num_relations=5, device=device)
+    with pytest.raises(UserError, match=r"node_type\[1\] = 2 is not a node type id"):
+        RelGraph.build(
+            [0], [1], [0], 3, 1, device=device, node_type=torch.tensor([0, 2, 1], device=device), num_node_types=2
+        )
+
+
+@pytest.mark.parametrize(
+    "counts, words",
+    [
+        ({"num_nodes": 3.0}, "num_nodes must be a non-negative integer, got 3.0"),
+        ({"num_nodes": -1}, "num_nodes must be a non-negative integer, got -1"),
+        ({"num_relations": True}, "num_relations must be a non-negative integer, got True"),
+        ({"num_node_types": "2"}, "num_node_types must be a non-negative integer, got '2'"),
+    ],
+)
+def test_counts_that_are_not_integers_are_refused(counts, words):
+    given = {"num_nodes": 3, "num_relations": 2} | counts
+    with pytest.raises(UserError, match=f"^{words}$"):
+        RelGraph.build([0], [1], [0], **given)
+
+
+def test_uint64_ids_past_int64_are_refused_not_wrapped():
+    with pytest.raises(UserError, match="etype holds ids past int64's range"):
+        RelGraph.build([0], [1], np.array([2**63 + 1], dtype=np.uint64), num_nodes=3, num_relations=2)
+
+
+def test_an_empty_graph_builds_from_empty_lists_and_tensors():
+    for empty in ([], np.array([], dtype=np.float64), torch.empty(0, dtype=torch.int32)):
+        graph = RelGraph.build(empty, empty, empty, num_nodes=4, num_relations=3)
+        assert graph.edges == 0 and graph.offsets.tolist() == [0, 0, 0, 0]
+        assert graph.src.dtype == torch.int64
