@@ -26,10 +26,11 @@ SIGNATURES = {
     "segment_gemm": "f* l* f* f* l* i* l* l* int int",
     "segment_outer": "f* l* f* l* f* i* l* l* int int",
     "rows_map": "f* l* float int f* l* float int f* ll int",
-    "rows_dot": "f* l* float f* l* float f* ll int",
+    "rows_dot": "f* l* float f* l* float f* ll int int",
     "scatter_map": "f* l* float int f* l* float int l* i* l* l* f* ll int",
     "scatter_rows": "f* l* i* l* l* f* ll int",
-    "edge_softmax": "f* l* l* f* ll",
+    "edge_softmax": "f* l* l* f* ll int",
+    "max_rows": "f* l* l* f* ll int",
 }
 SCALARS = {"int": np.int32, "ll": np.int64, "float": np.float32}
 POINTEES = {"f*": torch.float32, "l*": torch.int64, "i*": torch.int32, "b*": torch.bfloat16}
@@ -59,10 +60,15 @@ class KernelModel:
             index = index.clamp(0, max(t.numel() - 1, 0))
         return t[index]
 
-    def operand(self, kind, args, first, i, c, where, width=None) -> torch.Tensor:
-        """An operand's values at rows i, columns c, from its (pointer, index, scalar[, width]) args."""
+    def operand(self, kind, args, first, i, c, where, width=None, out_width=None) -> torch.Tensor:
+        """An operand's values at rows i, columns c of ``out_width`` (the launch's last argument
+        unless given), from its (pointer, index, scalar[, width]) args: column c / (out_width /
+        width) of its own, one per head's block (0 for width 1)."""
         pointer, index, scalar = args[first : first + 3]
         width = int(args[first + 3]) if width is None else width
+        out_width = int(args[-1]) if out_width is None else out_width
+        if width not in (1, out_width) and (width > out_width or out_width % width):
+            self.problems.append(f"{where}: an operand of width {width} under an output of width {out_width}")
         if kind == 2:
             return torch.full(i.shape, float(scalar))
         table = self.flat(pointer, "f*", where)
@@ -70,7 +76,7 @@ class KernelModel:
             kind
         ]
         row = row() if callable(row) else row
-        return self.read(table, row * width + (torch.zeros_like(c) if width == 1 else c), where)
+        return self.read(table, row * width + c // (out_width // width), where)
 
     def launch(self, module, name, grid, block, args, shared_mem=0) -> None:
         text, base = module, re.sub(r"_[0-9a-f]{10}$", "", name)
@@ -172,11 +178,14 @@ class KernelModel:
         self._sum_into_targets(name, args[-7:], lambda i, c: self._chain(name, defined, args, i, c))
 
     def rows_dot(self, name, text, defined, kinds, grid, args):
-        rows, width = int(args[-2]), int(args[-1])
+        rows, width, heads = int(args[-3]), int(args[-2]), int(args[-1])
+        if width % heads:
+            self.problems.append(f"{name}: width {width} in {heads} heads")
+            return
         i, c = torch.arange(rows).repeat_interleave(width), torch.arange(width).repeat(rows)
-        a = self.operand(kinds[0], args, 0, i, c, name + " a", width)
-        b = self.operand(kinds[1], args, 3, i, c, name + " b", width)
-        self.flat(args[6], "f*", name + " out")[:rows] = (a * b).reshape(rows, width).sum(1)
+        a = self.operand(kinds[0], args, 0, i, c, name + " a", width, width)
+        b = self.operand(kinds[1], args, 3, i, c, name + " b", width, width)
+        self.flat(args[6], "f*", name + " out")[: rows * heads] = (a * b).reshape(rows * heads, width // heads).sum(1)
 
     def scatter_rows(self, name, text, defined, kinds, grid, args):
         source, width = self.flat(args[0], "f*", name), int(args[-1])
@@ -184,10 +193,27 @@ class KernelModel:
 
     def edge_softmax(self, name, text, defined, kinds, grid, args):
         scores, by_dst, begin, out = (self.flat(args[k], kind, name) for k, kind in enumerate(("f*", "l*", "l*", "f*")))
+        width = int(args[5])
         for v in range(int(args[4])):
             edges = by_dst[int(begin[v]) : int(begin[v + 1])]
             if len(edges):
-                out[edges] = torch.softmax(self.read(scores, edges, name), 0)
+                entries = (edges[:, None] * width + torch.arange(width)).reshape(-1)
+                values = self.read(scores, entries, name).reshape(-1, width)
+                out[entries] = torch.softmax(values, 0).reshape(-1)
+
+    def max_rows(self, name, text, defined, kinds, grid, args):
+        source, order, begin, out = (self.flat(args[k], kind, name) for k, kind in enumerate(("f*", "l*", "l*", "f*")))
+        nodes, width = int(args[4]), int(args[5])
+        if nodes * width > out.numel():
+            self.problems.append(f"{name}: out holds {out.numel()}, {nodes * width} written")
+            return
+        for v in range(nodes):
+            edges = self.read(order, torch.arange(int(begin[v]), int(begin[v + 1])), name + " order")
+            if len(edges):
+                entries = (edges[:, None] * width + torch.arange(width)).reshape(-1)
+                out[v * width : (v + 1) * width] = self.read(source, entries, name).reshape(-1, width).amax(0)
+            else:
+                out[v * width : (v + 1) * width] = 0.0
 
     def segment_gemm(self, name, text, defined, kinds, grid, args):
         element = "b*" if int(defined.get("BF16", 0)) else "f*"

@@ -14,7 +14,12 @@ backend's ``_evaluate_backward`` and lower to the same templates as the rest):
   ``sum_into_pair``);
 * a typed product's is the transposed typed product (``typed_matmul`` with ``transpose``) for the
   rows and a per-type outer product (``typed_outer``) for the weight;
-* edge softmax's is ``y * (g - sum_into_dst(g * y)[dst])``, in ordinary operators.
+* edge softmax's is ``y * (g - sum_into_dst(g * y)[dst])``, in ordinary operators;
+* a max into nodes sends each node's gradient to the edges whose entry equals the node's maximum,
+  split evenly between them where several do (as torch's ``scatter_reduce(..., "amax")``):
+  ``equal(e, max[end]) * (g / sum_into_end(equal(e, max[end])))[end]``;
+* the gradient of an operand broadcast head by head is summed over each head's block of columns
+  (``head_sum``; ``row_sum`` for width 1).
 """
 
 from __future__ import annotations
@@ -115,9 +120,12 @@ def _rows(op: str, args: tuple[Value, ...], like: Value, width=None, attrs=()) -
 
 
 def _fit(g: Value, arg: Value) -> Value:
-    """The adjoint ``g`` of a broadcast operand: summed over the width it was broadcast to."""
+    """The adjoint ``g`` of a broadcast operand: summed over the width it was broadcast to (over
+    each head's block, for an operand of one column per head)."""
     if arg.width == 1 and g.width != 1:
         return _rows("row_sum", (g,), g, width=1)
+    if arg.width != g.width:
+        return _rows("head_sum", (g,), g, width=arg.width)
     return g
 
 
@@ -135,8 +143,15 @@ def _adjoint(v: Value, g: Value) -> list[tuple[Value, Value]]:
         return [(args[0], Value(op_back, (g,), "node", g.width))]
     if op == "unpair":
         return [(args[0], Value("sum_into_pair", (g,), "pair", g.width, args[0].depends))]
-    if op == "sum_into_dst":
-        return [(args[0], Value("gather", (g,), "edge", g.width, frozenset({"dst"}), (("end", "dst"),)))]
+    if op in ("sum_into_dst", "sum_into_src") and args[0].domain == "edge":
+        return [(args[0], _gather(g, op.rsplit("_", 1)[1]))]
+    if op in ("max_into_dst", "max_into_src"):
+        end = op.rsplit("_", 1)[1]
+        edges = args[0]
+        at_max = _rows("equal", (edges, _gather(v, end)), edges)
+        count = Value(f"sum_into_{end}", (at_max,), "node", v.width)
+        share = Value("div", (g, count), "node", v.width)
+        return [(edges, _rows("mul", (at_max, _gather(share, end)), edges))]
     if op == "typed_matmul":
         rows, w = args
         by = v.attr("by")
@@ -159,6 +174,10 @@ def _adjoint(v: Value, g: Value) -> list[tuple[Value, Value]]:
         a, b = args
         negative = _rows("mul", (g, _const(g, -1.0)), g)
         return [(a, _fit(g, a)), (b, _fit(negative, b))]
+    if op == "div":  # a / b: g / b, and -g a / b^2 = -(g v) / b
+        a, b = args
+        negative = _rows("mul", (_rows("div", (_rows("mul", (g, v), g), b), g, width=v.width), _const(g, -1.0)), g)
+        return [(a, _fit(_rows("div", (g, b), g, width=v.width), a)), (b, _fit(negative, b))]
     if op == "mul":
         a, b = args
         return [
@@ -177,12 +196,20 @@ def _adjoint(v: Value, g: Value) -> list[tuple[Value, Value]]:
         return [(args[0], _rows("mul", (_rows("mul", (v, one_minus), v), g), g))]
     if op == "exp":
         return [(args[0], _rows("mul", (v, g), g))]
-    if op == "edge_softmax":  # y * (g - sum over the target's edges of g * y)
+    if op == "tanh":  # (1 - y^2) g
+        one_minus = _rows("sub", (_const(v, 1.0), _rows("mul", (v, v), v)), v)
+        return [(args[0], _rows("mul", (one_minus, g), g))]
+    if op == "edge_softmax":  # y * (g - sum over the target's edges of g * y), head by head
         weighted = _rows("mul", (g, v), g)
-        total = Value("sum_into_dst", (weighted,), "node", 1)
-        back = Value("gather", (total,), "edge", 1, frozenset({"dst"}), (("end", "dst"),))
+        total = Value("sum_into_dst", (weighted,), "node", v.width)
+        back = _gather(total, "dst")
         return [(args[0], _rows("mul", (v, _rows("sub", (g, back), g)), g))]
     raise NotImplementedError(f"no adjoint for operator {op!r}")
+
+
+def _gather(node_rows: Value, end: str) -> Value:
+    """A node value read by each edge at its ``end``."""
+    return Value("gather", (node_rows,), "edge", node_rows.width, frozenset({end}), (("end", end),))
 
 
 def _const(like: Value, number: float) -> Value:

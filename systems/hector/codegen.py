@@ -111,19 +111,22 @@ def source_of(step, shape: GemmShape = GemmShape()) -> tuple[str, str, str]:
         return _instance("traversal.cu", None, "scatter_rows", {})
     if isinstance(step, lower.Softmax):
         return _instance("traversal.cu", None, "edge_softmax", {})
+    if isinstance(step, lower.Max):
+        return _instance("traversal.cu", None, "max_rows", {})
     raise TypeError(f"{type(step).__name__} steps run on the host")
 
 
 def fused_expression(node: lower.Node, numbers) -> str:
     """The CUDA expression of a fused chain: each operator's template with its arguments put in,
-    leaf k read as ``operand(kind, t_k, x_k, s_k, i, c, w_k)`` (``numbers`` hands out k)."""
+    leaf k read as ``operand(kind, t_k, x_k, s_k, i, c, w_k, width)`` at the kernel's output width
+    (``numbers`` hands out k)."""
     args = []
     for arg in node.args:
         if isinstance(arg, lower.Node):
             args.append(fused_expression(arg, numbers))
         else:
             k = next(numbers)
-            args.append(f"operand({OPERAND_KINDS[arg.kind]}, t{k}, x{k}, s{k}, i, c, w{k})")
+            args.append(f"operand({OPERAND_KINDS[arg.kind]}, t{k}, x{k}, s{k}, i, c, w{k}, width)")
     slope = node.mapped.attr("slope")
     template = lower.EXPRESSIONS[node.expression][0].format(slope=repr(float(slope)) if slope is not None else "")
     by_name = {"a": args[0], "b": args[-1]}
@@ -433,9 +436,13 @@ class _Runner:
         a, b = self.operand(step.a), self.operand(step.b)
         if step.a.kind != "scalar" and step.b.kind != "scalar" and a[3] != b[3]:
             raise AssertionError(f"rows_dot of widths {a[3]} and {b[3]}: the language makes them equal")
-        result = self.alloc(rows, 1)
+        width = int(max(a[3], b[3]))
+        if width % step.heads:
+            raise ValueError(f"a dot of width {width} in {step.heads} heads: the width must be a multiple")
+        result = self.alloc(rows, step.heads)
         if rows:
-            launch((_blocks(rows * 32),), (*a[:3], *b[:3], _ptr(result), np.int64(rows), np.int32(max(a[3], b[3]))))
+            args = (*a[:3], *b[:3], _ptr(result), np.int64(rows), np.int32(width), np.int32(step.heads))
+            launch((_blocks(rows * step.heads * 32),), args)
         return result
 
     def fused(self, step: lower.Fused, launch) -> torch.Tensor:
@@ -472,10 +479,19 @@ class _Runner:
     def softmax(self, step: lower.Softmax, launch) -> torch.Tensor:
         scores = self.env[id(step.scores)]
         result = self.alloc(*scores.shape)
-        nodes = self.graph.num_nodes
-        if nodes:
+        nodes, width = self.graph.num_nodes, scores.shape[1]
+        if nodes and width:
             pointers = (scores, self.index["by_dst"], self.index["dst_begin"], result)
-            launch((_blocks(nodes * 32),), (*map(_ptr, pointers), np.int64(nodes)))
+            launch((_blocks(nodes * width * 32),), (*map(_ptr, pointers), np.int64(nodes), np.int32(width)))
+        return result
+
+    def max(self, step: lower.Max, launch) -> torch.Tensor:
+        source = self.env[id(step.source)]
+        nodes, width = self.graph.num_nodes, source.shape[1]
+        result = self.alloc(nodes, width)
+        if nodes and width:
+            pointers = (source, self.index[f"by_{step.end}"], self.index[f"{step.end}_begin"], result)
+            launch((_blocks(nodes * width),), (*map(_ptr, pointers), np.int64(nodes), np.int32(width)))
         return result
 
 

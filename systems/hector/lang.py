@@ -10,10 +10,19 @@ traced once into the IR (systems/hector/ir.py).
 
 ``m.src(x)`` / ``m.dst(x)`` are a node value seen from each edge's source or target;
 ``W[m.relation]`` / ``W[m.node_type]`` pick each row's weight by its relation or node type; ``@``
-multiplies by a weight; ``+ - *`` are elementwise (a width-1 operand broadcasts);
-``m.edge_softmax`` normalizes an edge score over each target's incoming edges; ``m.sum_into_dst``
-sums edge rows into their targets. Mistakes (a width that does not match, an edge value added to
-a node value) are refused while tracing, naming the operator.
+multiplies by a weight; ``+ - * /`` are elementwise; ``m.edge_softmax`` normalizes edge scores
+over each target's incoming edges; ``m.sum_into_dst``, ``m.mean_into_dst`` and ``m.max_into_dst``
+(and ``_into_src``, over each node's outgoing edges) reduce edge rows into nodes (a node with no
+such edges gets 0). ``m.edge_input`` is a per-edge tensor the caller gives, like the graph's own
+``m.graph_data("norm")``.
+
+Heads: an operand of width H broadcasts over a wider one head by head, as H blocks of W / H
+columns (width 1 is the one-head case), so ``m.edge_softmax(m.dot(q, k, heads=H)) * v`` weighs
+each head's block of ``v`` by its own score, and the heads' outputs are concatenated. W must be a
+multiple of H, checked when the widths are bound.
+
+Mistakes (a width that does not match, an edge value added to a node value) are refused while
+tracing, naming the operator.
 """
 
 from __future__ import annotations
@@ -25,7 +34,14 @@ from dataclasses import dataclass
 from harness.errors import UserError
 from systems.hector.ir import Program, Value
 
-GRAPH_DATA = {"norm": ("edge", 1, frozenset({"dst", "etype"}))}  # what a RelGraph provides per edge
+# What a RelGraph provides: per edge, 1 / its (target, relation)'s edge count; per node, its
+# incoming and outgoing edge counts, counted as at least 1 (the divisor of a mean: 0 over no edges).
+GRAPH_DATA = {
+    "norm": ("edge", 1, frozenset({"dst", "etype"})),
+    "in_degree": ("node", 1, frozenset()),
+    "out_degree": ("node", 1, frozenset()),
+}
+ALL_ENDS = frozenset({"src", "dst", "etype"})
 
 
 class ModelError(UserError):
@@ -70,6 +86,12 @@ class Expr:
 
     __rmul__ = __mul__
 
+    def __truediv__(self, other):
+        return self.builder._binary("div", self, other)
+
+    def __rtruediv__(self, other):
+        return self.builder._binary("div", other, self)
+
     def __getitem__(self, index):
         if self.value.domain != "weight" or not isinstance(index, _Index):
             raise ModelError("only a weight can be indexed, and only by m.relation or m.node_type")
@@ -92,6 +114,11 @@ class Builder:
     def input(self, name: str, width) -> Expr:
         return Expr(self, self._leaf(Value("input", (), "node", width, name=name)))
 
+    def edge_input(self, name: str, width) -> Expr:
+        """A per-edge tensor given by the caller ([edges, width], rows in the graph's edge order).
+        Its rows may differ between edges of one (source, relation), so it is never compacted."""
+        return Expr(self, self._leaf(Value("input", (), "edge", width, ALL_ENDS, name=name)))
+
     def weight(self, name: str, shape: tuple, per: str | None = None) -> Expr:
         if per not in (None, "relation", "node_type"):
             raise ModelError(f"weight {name}: per must be 'relation', 'node_type' or None, not {per!r}")
@@ -102,6 +129,9 @@ class Builder:
     def graph_data(self, name: str) -> Expr:
         if name not in GRAPH_DATA:
             raise ModelError(f"no graph data {name!r}; known: {', '.join(GRAPH_DATA)}")
+        known = self._names.get(name)
+        if known is not None and known.op == "graph_data":  # one leaf per name: each mean reads it
+            return Expr(self, known)
         domain, width, depends = GRAPH_DATA[name]
         return Expr(self, self._leaf(Value("graph_data", (), domain, width, depends, name=name)))
 
@@ -113,14 +143,34 @@ class Builder:
         return self._gather(x, "dst")
 
     def sum_into_dst(self, e: Expr) -> Expr:
-        self._need(e, "edge", "sum_into_dst")
-        return self._op("sum_into_dst", (e.value,), "node", e.value.width)
+        """Each node's incoming edges' rows, summed."""
+        return self._reduce(e, "sum", "dst")
+
+    def mean_into_dst(self, e: Expr) -> Expr:
+        """Each node's incoming edges' rows, averaged (0 where it has none)."""
+        return self._reduce(e, "mean", "dst")
+
+    def max_into_dst(self, e: Expr) -> Expr:
+        """Each node's incoming edges' rows, their maximum column by column (0 where it has none).
+        Its gradient goes to the edges that reach the maximum, split evenly where several do."""
+        return self._reduce(e, "max", "dst")
+
+    def sum_into_src(self, e: Expr) -> Expr:
+        """Each node's outgoing edges' rows, summed."""
+        return self._reduce(e, "sum", "src")
+
+    def mean_into_src(self, e: Expr) -> Expr:
+        return self._reduce(e, "mean", "src")
+
+    def max_into_src(self, e: Expr) -> Expr:
+        return self._reduce(e, "max", "src")
 
     def edge_softmax(self, score: Expr) -> Expr:
+        """Each column of the scores (one per head) normalized over each target's incoming edges."""
         self._need(score, "edge", "edge_softmax")
-        if score.value.width != 1:
-            raise ModelError(f"edge_softmax takes one score per edge, got width {score.value.width}")
-        return self._op("edge_softmax", (score.value,), "edge", 1, frozenset({"src", "dst", "etype"}))
+        if not isinstance(score.value.width, int):
+            raise ModelError(f"edge_softmax takes a score per head (a literal width), got width {score.value.width}")
+        return self._op("edge_softmax", (score.value,), "edge", score.value.width, ALL_ENDS)
 
     def each_edge(self, w: Selected) -> Expr:
         """A per-relation vector weight as one row per edge (``w`` is ``W[m.relation]``)."""
@@ -139,12 +189,20 @@ class Builder:
         return self._op("const", (), like.value.domain, 1, (), (("rsqrt", width),))
 
     # Rows
-    def dot(self, a: Expr, b: Expr) -> Expr:
-        """The row-wise dot product of two values of one domain and width."""
+    def dot(self, a: Expr, b, heads: int = 1) -> Expr:
+        """The row-wise dot product of two values of one domain and width (``b`` may be a shared
+        or per-type vector weight); with ``heads``, one per head: the dot of each of the ``heads``
+        blocks of columns, a value of width ``heads``."""
+        if not isinstance(a, Expr) or a.value.domain == "weight":
+            raise ModelError("dot takes rows (node, edge or pair values) first")
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+            raise ModelError(f"dot's heads must be a positive integer, got {heads!r}")
+        b = self._as_rows(b, a)
         self._same(a, b, "dot")
         if a.value.width != b.value.width:
             raise ModelError(f"dot of widths {a.value.width} and {b.value.width}")
-        return self._op("dot", (a.value, b.value), a.value.domain, 1, a.value.depends | b.value.depends)
+        attrs = (("heads", heads),) if heads > 1 else ()
+        return self._op("dot", (a.value, b.value), a.value.domain, heads, a.value.depends | b.value.depends, attrs)
 
     def leaky_relu(self, e: Expr, slope: float) -> Expr:
         if not math.isfinite(slope):
@@ -159,6 +217,9 @@ class Builder:
 
     def exp(self, e: Expr) -> Expr:
         return self._unary("exp", e)
+
+    def tanh(self, e: Expr) -> Expr:
+        return self._unary("tanh", e)
 
     # Helpers
     def _leaf(self, value: Value) -> Value:
@@ -178,6 +239,18 @@ class Builder:
     def _same(self, a, b, what):
         if a.value.domain != b.value.domain:
             raise ModelError(f"{what} of a {a.value.domain} value and a {b.value.domain} value")
+
+    def _reduce(self, e: Expr, how: str, end: str) -> Expr:
+        """Edge rows reduced into nodes by ``end``: a sum; a mean is the sum over the node's edge
+        count (graph data); a max is its own operator (``max_into_dst`` / ``max_into_src``)."""
+        self._need(e, "edge", f"{how}_into_{end}")
+        if how == "max":
+            return self._op(f"max_into_{end}", (e.value,), "node", e.value.width)
+        total = self._op(f"sum_into_{end}", (e.value,), "node", e.value.width)
+        if how == "sum":
+            return total
+        count = self.graph_data("in_degree" if end == "dst" else "out_degree")
+        return self._binary("div", total, count)
 
     def _gather(self, x: Expr, end: str) -> Expr:
         self._need(x, "node", f"m.{end}")
@@ -209,10 +282,12 @@ class Builder:
             raise ModelError(f"{op} needs at least one operand that is rows (node, edge or pair values)")
         a, b = self._as_rows(a, like), self._as_rows(b, like)
         self._same(a, b, op)
-        wa, wb = a.value.width, b.value.width
-        if wa != wb and 1 not in (wa, wb):
-            raise ModelError(f"{op} of widths {wa} and {wb} (only width 1 broadcasts)")
-        width = wb if wa == 1 else wa
+        width = broadcast_width(a.value.width, b.value.width)
+        if width is None:
+            raise ModelError(
+                f"{op} of widths {a.value.width} and {b.value.width} (a literal width broadcasts over a "
+                "width it divides, head by head; two named widths must be the same)"
+            )
         return self._op(op, (a.value, b.value), a.value.domain, width, a.value.depends | b.value.depends)
 
     def _matmul(self, e: Expr, w) -> Expr:
@@ -234,6 +309,20 @@ class Builder:
             return self._op("matmul", (e.value, weight), e.value.domain, weight.shape[1], e.value.depends)
         depends = e.value.depends | ({"etype"} if by == "etype" else set())
         return self._op("typed_matmul", (e.value, weight), e.value.domain, weight.shape[1], depends, (("by", by),))
+
+
+def broadcast_width(wa, wb):
+    """The width of an elementwise operator's result, or None if the operands do not broadcast:
+    equal widths; a literal width (a head count) over a named one (checked to divide it when the
+    widths are bound) or over a literal multiple of it."""
+    if wa == wb:
+        return wa
+    if isinstance(wa, int) and isinstance(wb, int):
+        small, large = min(wa, wb), max(wa, wb)
+        return large if small and large % small == 0 else None
+    if isinstance(wa, int) or isinstance(wb, int):
+        return wb if isinstance(wa, int) else wa
+    return None
 
 
 def model(fn: Callable) -> Callable[[], Program]:

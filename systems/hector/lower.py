@@ -6,11 +6,14 @@ instances, the steps a backend runs in order.
   where each relation (or node type) is contiguous, cut into tiles that never span two types.
   An operand that is a gather (``src(x)``, a pair's source, an edge's pair) is read through an
   index list, never copied.
-* :class:`Map`, :class:`Dot`, :class:`Scatter`, :class:`Softmax`: the traversal template
-  (kernels/traversal.cu) for row-wise arithmetic, row dot products, sums into nodes or pairs
-  (destination-parallel: each target's rows summed in chunks of :data:`SUM_ROWS`, one atomic per
-  chunk), and edge softmax over each target's incoming edges. Gathers, a weight taken per
-  relation or type, shared vectors and constants are again read in place, as operands.
+* :class:`Map`, :class:`Dot`, :class:`Scatter`, :class:`Softmax`, :class:`Max`: the traversal
+  template (kernels/traversal.cu) for row-wise arithmetic, row dot products (one per head), sums
+  into nodes or pairs (destination-parallel: each target's rows summed in chunks of
+  :data:`SUM_ROWS`, one atomic per chunk), edge softmax over each target's incoming edges (one
+  per head), and maxima of each node's incoming or outgoing edges' rows. Gathers, a weight taken
+  per relation or type, shared vectors and constants are again read in place, as operands. An
+  operand narrower than the step's rows is read head by head: column c of a width-W step reads
+  column c / (W / w) of a width-w operand (0 for width 1).
 * :class:`Fused`: a chain of row-wise operators whose intermediate rows have no other reader,
   evaluated as one expression per row and column (:func:`fuse_row_chains`): one launch, and the
   intermediate rows are never stored.
@@ -43,7 +46,10 @@ EXPRESSIONS = {
     "add": ("((a) + (b))", lambda a, b, v: a + b),
     "sub": ("((a) - (b))", lambda a, b, v: a - b),
     "mul": ("((a) * (b))", lambda a, b, v: a * b),
+    "div": ("((a) / (b))", lambda a, b, v: a / b),
+    "equal": ("((a) == (b) ? 1.0f : 0.0f)", lambda a, b, v: (a == b).to(a.dtype)),
     "exp": ("expf(a)", lambda a, b, v: torch.exp(a)),
+    "tanh": ("tanhf(a)", lambda a, b, v: torch.tanh(a)),
     "sigmoid": ("(1.0f / (1.0f + expf(-(a))))", lambda a, b, v: torch.sigmoid(a)),
     "gelu": ("(0.5f * (a) * (1.0f + erff((a) * 0.70710678118654752f)))", lambda a, b, v: F.gelu(a)),
     "leaky_relu": (
@@ -62,7 +68,7 @@ EXPRESSIONS = {
         ),
     ),
 }
-UNARY = {"copy", "exp", "sigmoid", "gelu", "leaky_relu"}
+UNARY = {"copy", "exp", "tanh", "sigmoid", "gelu", "leaky_relu"}
 
 
 @dataclass(frozen=True)
@@ -103,9 +109,12 @@ class Map:
 
 @dataclass(frozen=True)
 class Dot:
-    out: Value  # width 1
+    """Per row, the dot of a and b over each of ``heads`` blocks of columns: ``out`` is [rows, heads]."""
+
+    out: Value
     a: Operand
     b: Operand
+    heads: int = 1
 
 
 @dataclass(frozen=True)
@@ -133,8 +142,18 @@ class ScatterMap:
 
 @dataclass(frozen=True)
 class Softmax:
-    out: Value
+    out: Value  # as wide as the scores: one softmax per column (head)
     scores: Value
+
+
+@dataclass(frozen=True)
+class Max:
+    """Each node's maximum, column by column, of the rows of its edges by ``end`` ("dst": its
+    incoming edges, "src": its outgoing ones), 0 where it has none."""
+
+    out: Value
+    source: Value
+    end: str
 
 
 @dataclass(frozen=True)
@@ -196,7 +215,8 @@ def describe_step(step) -> str:
         "gemm": lambda: f"order={step.order} transpose={step.transpose} a={_op(step.a)}",
         "outer": lambda: f"order={step.order} a={_op(step.a)} g={_op(step.g)}",
         "map": lambda: f"{step.expression}({_op(step.a)}, {_op(step.b)})",
-        "dot": lambda: f"({_op(step.a)}, {_op(step.b)})",
+        "dot": lambda: f"({_op(step.a)}, {_op(step.b)})" + (f" heads={step.heads}" if step.heads > 1 else ""),
+        "max": lambda: f"over each node's edges by {step.end}",
         "scatter": lambda: f"by {step.index} into {step.count}",
         "scattermap": lambda: f"{step.expression}({_op(step.a)}, {_op(step.b)}) by {step.index} into {step.count}",
         "fused": lambda: _tree(step.root) + (f" by {step.index} into {step.count}" if step.index else ""),
@@ -260,7 +280,8 @@ def lower(program: Program, fuse: bool = True) -> Plan:
         sole = users.get(id(v), [])
         if len(sole) == 1 and id(v) not in outputs and v.domain != "weight":
             whole_rows = all(o.kind == "scalar" or o.value.width == v.width for o in (a, b))
-            if sole[0].op in SCATTERS or (sole[0].op == "row_sum" and expression == "mul" and whole_rows):
+            row_sums = ("row_sum", "head_sum")
+            if sole[0].op in SCATTERS or (sole[0].op in row_sums and expression == "mul" and whole_rows):
                 deferred[id(v)] = Map(v, expression, a, b)
                 return
         plan.steps.append(Map(v, expression, a, b))
@@ -308,12 +329,13 @@ def lower(program: Program, fuse: bool = True) -> Plan:
             a = operand(v.args[0])
             b = operand(v.args[1]) if len(v.args) > 1 else Operand("scalar")
             add_map(v, op, a, b)
-        elif op == "row_sum" and id(v.args[0]) in deferred:  # row sums of a product: a dot, the product never stored
+        elif op in ("row_sum", "head_sum") and id(v.args[0]) in deferred:
+            # row sums of a product (per head): a dot, the product never stored
             product = deferred[id(v.args[0])]
-            plan.steps.append(Dot(v, product.a, product.b))
-        elif op in ("dot", "row_sum"):
+            plan.steps.append(Dot(v, product.a, product.b, heads_of(v)))
+        elif op in ("dot", "row_sum", "head_sum"):
             b = operand(v.args[1]) if op == "dot" else Operand("scalar", scalar=1.0)
-            plan.steps.append(Dot(v, operand(v.args[0]), b))
+            plan.steps.append(Dot(v, operand(v.args[0]), b, heads_of(v)))
         elif op in SCATTERS:
             source = v.args[0] if id(v.args[0]) in deferred else dense(v.args[0])
             index, count = {
@@ -329,6 +351,8 @@ def lower(program: Program, fuse: bool = True) -> Plan:
                 plan.steps.append(Scatter(v, source, index, count))
         elif op == "edge_softmax":
             plan.steps.append(Softmax(v, dense(v.args[0])))
+        elif op in ("max_into_dst", "max_into_src"):
+            plan.steps.append(Max(v, dense(v.args[0]), op.rsplit("_", 1)[1]))
         else:
             raise NotImplementedError(f"no template for operator {op!r}")
     for out in program.outputs:
@@ -340,8 +364,9 @@ def fuse_row_chains(plan: Plan) -> Plan:
     """Each row-wise map whose rows have exactly one reader, a later map or map-into-sum that
     reads its own row i, and that is not an output, is folded into that reader: the chain becomes
     one :class:`Fused` step, evaluated per row and column without storing the intermediate rows.
-    (Broadcasting composes: an operator of width 1 has only width-1 operands, so reading each
-    operand at its own column, 0 where its width is 1, is what the unfused steps read.)"""
+    (Broadcasting composes: an operator of width w has operands of width w, 1, or a head count
+    dividing w, so reading each operand at its own column of the chain's output column c, c / (W
+    / w) for width w, is what the unfused steps read: nested blocks of equal division.)"""
     outputs = {id(o) for o in plan.program.outputs}
     readers: dict[int, list] = {}  # value id -> (step, how) for every read of it by a step
     for step in plan.steps:
@@ -390,10 +415,17 @@ def _reads(step) -> list[tuple[Value, str]]:
             found.append((o.value, o.kind))
         elif isinstance(o, Value):  # a GEMM's weight
             found.append((o, "whole"))
-    for name in ("source", "scores"):
+    for name in ("source", "scores"):  # Scatter's and Max's rows, Softmax's scores
         if getattr(step, name, None) is not None:
             found.append((getattr(step, name), "whole"))
     return found
+
+
+def heads_of(v: Value) -> int:
+    """A dot's or a head sum's heads: the (literal) width of its result."""
+    if not isinstance(v.width, int):
+        raise AssertionError(f"{v.op} of width {v.width}: a dot's width is its literal head count")
+    return v.width
 
 
 def _narrow(v: Value) -> bool:
@@ -468,10 +500,10 @@ class GraphIndex:
         if name.startswith("order:"):
             _, by, domain = name.split(":")
             return torch.sort(self[type_index(by, domain)], stable=True).indices
-        if name == "by_dst":
-            return torch.sort(g.dst, stable=True).indices
-        if name == "dst_begin":
-            return segment_offsets(g.dst, g.num_nodes)
+        if name in ("by_dst", "by_src"):  # edges ordered by target (source), stable
+            return torch.sort(getattr(g, name[3:]), stable=True).indices
+        if name in ("dst_begin", "src_begin"):  # each node's first position in that order
+            return segment_offsets(getattr(g, name[:3]), g.num_nodes)
         if "@" in name:  # an index read through an order: index[order]
             index, order = name.split("@", 1)
             return self[index].index_select(0, self[order])
@@ -529,10 +561,27 @@ def tile_schedule(offsets: torch.Tensor, rows: int, rows_per_tile: int) -> tuple
     return t.to(torch.int32), first.masked_fill(past, 0), end.masked_fill(past, 0)
 
 
+def graph_data(graph: RelGraph, name: str) -> torch.Tensor:
+    """The graph data a program reads (systems/hector/lang.py GRAPH_DATA), as [rows, 1] float32."""
+    if name == "norm":
+        return graph.norm.unsqueeze(1)
+    if name in ("in_degree", "out_degree"):  # at least 1: a mean over no edges is 0 / 1
+        ends = graph.dst if name == "in_degree" else graph.src
+        return torch.bincount(ends, minlength=graph.num_nodes).clamp(min=1).to(torch.float32).unsqueeze(1)
+    raise KeyError(name)
+
+
+def blocks(t: torch.Tensor, width: int) -> torch.Tensor:
+    """An operand's rows at ``width`` columns as the templates read them: as they are at their own
+    width or width 1 (torch broadcasts that), each head's column repeated over its block otherwise."""
+    own = t.shape[1]
+    return t if own in (1, width) else t.repeat_interleave(width // own, 1)
+
+
 def host_value(v: Value, args: list[torch.Tensor], index: GraphIndex) -> torch.Tensor:
     """A :class:`Host` step's result."""
     if v.op == "graph_data":
-        return index.graph.norm.unsqueeze(1)
+        return graph_data(index.graph, v.name)
     if v.op == "weight_product":
         return args[0] @ args[1]
     if v.op == "weight_product_grad_w":
@@ -592,17 +641,18 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
             env[id(out)] = result if out.per else result[0]
         elif isinstance(step, Map):
             rows = index.rows(out.domain)
-            env[id(out)] = EXPRESSIONS[step.expression][1](read(step.a, rows), read(step.b, rows), out)
+            env[id(out)] = expression(step.expression, [read(step.a, rows), read(step.b, rows)], out)
         elif isinstance(step, Dot):
             rows = index.rows(out.domain)
-            env[id(out)] = (read(step.a, rows) * read(step.b, rows)).sum(1, keepdim=True)
+            product = read(step.a, rows) * read(step.b, rows)
+            env[id(out)] = product.reshape(rows, step.heads, product.shape[1] // step.heads).sum(2)
         elif isinstance(step, Scatter):
             source = env[id(step.source)]
             result = source.new_zeros(index.rows(step.count), source.shape[1])
             env[id(out)] = result.index_add(0, index[step.index], source)
         elif isinstance(step, ScatterMap):
             rows = len(index[step.index])
-            values = EXPRESSIONS[step.expression][1](read(step.a, rows), read(step.b, rows), step.mapped)
+            values = expression(step.expression, [read(step.a, rows), read(step.b, rows)], step.mapped)
             result = values.new_zeros(index.rows(step.count), values.shape[1])
             env[id(out)] = shaped(out, result.index_add(0, index[step.index], values))
         elif isinstance(step, Fused):
@@ -610,7 +660,7 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
 
             def evaluate(node, rows=rows):
                 args = [evaluate(a) if isinstance(a, Node) else read(a, rows) for a in node.args]
-                return EXPRESSIONS[node.expression][1](args[0], args[-1], node.mapped)
+                return expression(node.expression, args, node.mapped)
 
             values = evaluate(step.root)
             if step.index:
@@ -618,11 +668,26 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
                 values = shaped(out, result.index_add(0, index[step.index], values))
             env[id(out)] = values
         elif isinstance(step, Softmax):
-            scores, by_dst, begin = env[id(step.scores)].squeeze(1), index["by_dst"], index["dst_begin"].tolist()
+            scores, by_dst, begin = env[id(step.scores)], index["by_dst"], index["dst_begin"].tolist()
             result = torch.empty_like(scores)
             for v in range(graph.num_nodes):
                 edges = by_dst[begin[v] : begin[v + 1]]
                 if len(edges):
-                    result[edges] = torch.softmax(scores[edges], 0)
-            env[id(out)] = result.unsqueeze(1)
+                    result[edges] = torch.softmax(scores[edges], 0)  # each column on its own
+            env[id(out)] = result
+        elif isinstance(step, Max):
+            source, order, begin = env[id(step.source)], index[f"by_{step.end}"], index[f"{step.end}_begin"].tolist()
+            result = source.new_zeros(graph.num_nodes, source.shape[1])
+            for v in range(graph.num_nodes):
+                edges = order[begin[v] : begin[v + 1]]
+                if len(edges):
+                    result[v] = source[edges].amax(0)
+            env[id(out)] = result
     return [env[id(o)] for o in plan.program.outputs]
+
+
+def expression(name: str, args: list[torch.Tensor], mapped: Value) -> torch.Tensor:
+    """A row-wise operator's torch twin on its operands, each read head by head at the widest's width."""
+    width = max(a.shape[1] for a in args)
+    args = [blocks(a, width) for a in args]
+    return EXPRESSIONS[name][1](args[0], args[-1], mapped)

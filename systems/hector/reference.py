@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from harness.errors import UserError
 from systems.hector.ir import Program, Value
-from systems.hector.lower import GraphIndex
+from systems.hector.lower import GraphIndex, graph_data
 from systems.relgraph.graph import RelGraph, segment_offsets
 from systems.relgraph.ops import edge_softmax, segment_products
 
@@ -39,6 +39,7 @@ def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> 
     widths: dict[str, tuple[int, str]] = {}  # each width symbol's size, and the tensor that set it
     pairs = Pairs(graph) if any(v.domain == "pair" for v in program.values) else None
     results = {id(v): _bind(v, tensors, graph, widths, pairs) for v in program.values if v.op in ("input", "weight")}
+    _check_heads(program, widths)
     for value in program.values:
         if id(value) not in results:
             args = [results[id(a)] for a in value.args]
@@ -52,7 +53,29 @@ def bind_widths(program: Program, graph: RelGraph, tensors: dict[str, torch.Tens
     for value in program.values:
         if value.op in ("input", "weight"):
             _bind(value, tensors, graph, widths)
+    _check_heads(program, widths)
     return {symbol: size for symbol, (size, _) in widths.items()}
+
+
+def _check_heads(program: Program, widths: dict[str, tuple[int, str]]) -> None:
+    """Every head count divides the width it is broadcast over or dotted in, for these widths."""
+
+    def size(width):
+        return width if isinstance(width, int) else widths.get(width, (None,))[0]
+
+    for value in program.values:
+        if value.op == "dot" and value.attr("heads", 1) > 1:
+            pairs = [(size(value.args[0].width), value.attr("heads"))]
+        elif value.op in ("add", "sub", "mul", "div", "equal"):
+            wa, wb = (size(arg.width) for arg in value.args)
+            pairs = [(max(wa, wb), min(wa, wb))] if None not in (wa, wb) else []
+        else:
+            continue
+        for wide, heads in pairs:
+            if wide is not None and heads is not None and heads > 1 and wide % heads:
+                raise BindingError(
+                    f"{value.op}: width {wide} is not a multiple of {heads} (heads are blocks of equal width)"
+                )
 
 
 def output_width(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> int:
@@ -63,8 +86,8 @@ def output_width(program: Program, graph: RelGraph, tensors: dict[str, torch.Ten
 
 def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) -> torch.Tensor:
     op, domain = value.op, value.domain
-    if op == "graph_data":  # "norm", the only one so far
-        return graph.norm.unsqueeze(1)
+    if op == "graph_data":
+        return graph_data(graph, value.name)
     if op == "const":
         symbol = value.attr("rsqrt")
         number = value.attr("value") if symbol is None else _width(symbol, widths) ** -0.5
@@ -84,20 +107,47 @@ def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) 
         return typed_products(args[0], weight, _type_ids(value.attr("by"), domain, graph, pairs))
     if op == "weight_product":  # per relation: W[r] @ v (linear-operator reordering)
         return args[0] @ args[1]
-    if op in ("add", "sub", "mul"):
-        return {"add": torch.add, "sub": torch.sub, "mul": torch.mul}[op](args[0], args[1])
+    if op in ("add", "sub", "mul", "div", "equal"):
+        a, b = _broadcast(args[0], args[1], op)
+        if op == "equal":  # 1 where a row's entry is its target's maximum (max's gradient)
+            return (a == b).to(a.dtype)
+        return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}[op](a, b)
     if op == "dot":
-        return (args[0] * args[1]).sum(1, keepdim=True)
+        heads = value.attr("heads", 1)
+        product = args[0] * args[1]
+        return product.reshape(len(product), heads, _block(product.shape[1], heads, "dot")).sum(2)
     if op == "leaky_relu":
         return F.leaky_relu(args[0], value.attr("slope"))
-    if op in ("gelu", "sigmoid", "exp"):
-        return {"gelu": F.gelu, "sigmoid": torch.sigmoid, "exp": torch.exp}[op](args[0])
-    if op == "edge_softmax":
-        return edge_softmax(args[0].squeeze(1), graph.dst, graph.num_nodes).unsqueeze(1)
+    if op in ("gelu", "sigmoid", "exp", "tanh"):
+        return {"gelu": F.gelu, "sigmoid": torch.sigmoid, "exp": torch.exp, "tanh": torch.tanh}[op](args[0])
+    if op == "edge_softmax":  # each column (head) on its own
+        columns = [edge_softmax(c, graph.dst, graph.num_nodes) for c in args[0].unbind(1)]
+        return torch.stack(columns, 1) if columns else args[0].clone()
     if op == "sum_into_dst":
         rows = args[0]
         return rows.new_zeros(graph.num_nodes, rows.shape[1]).index_add(0, graph.dst, rows)
+    if op in ("max_into_dst", "max_into_src"):  # 0 where a node has no such edge
+        rows, ends = args[0], graph.dst if op == "max_into_dst" else graph.src
+        where = ends.unsqueeze(1).expand(-1, rows.shape[1])
+        return rows.new_zeros(graph.num_nodes, rows.shape[1]).scatter_reduce(0, where, rows, "amax", include_self=False)
     return _evaluate_backward(value, args, graph, pairs)
+
+
+def _block(width: int, heads: int, what: str) -> int:
+    if width % heads:
+        raise BindingError(f"{what}: width {width} is not a multiple of its {heads} heads")
+    return width // heads
+
+
+def _broadcast(a: torch.Tensor, b: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two operands of an elementwise operator at one width: a width-1 operand as it is (torch
+    broadcasts it), one of H heads repeated over each head's block of columns."""
+    wa, wb = a.shape[1], b.shape[1]
+    if wa == wb or 1 in (wa, wb):
+        return a, b
+    if wa < wb:
+        return a.repeat_interleave(_block(wb, wa, what), 1), b
+    return a, b.repeat_interleave(_block(wa, wb, what), 1)
 
 
 def _evaluate_backward(value: Value, args, graph: RelGraph, pairs: Pairs | None) -> torch.Tensor:
@@ -120,6 +170,9 @@ def _evaluate_backward(value: Value, args, graph: RelGraph, pairs: Pairs | None)
         return args[0].T @ args[1]
     if op == "row_sum":
         return args[0].sum(1, keepdim=True)
+    if op == "head_sum":  # per head: the sum of its block of columns (a broadcast head's gradient)
+        rows, heads = args[0], value.width
+        return rows.reshape(len(rows), heads, _block(rows.shape[1], heads, "head_sum")).sum(2)
     if op == "sum_rows":
         return args[0].sum(0)
     if op == "sum_by_type":

@@ -5,18 +5,22 @@
 // Rows are edges, pairs or nodes. An operand is read in one of four ways (OPERAND_A / _B):
 //   0 its own row i; 1 row index[i] (a fused gather: no gathered copy is made);
 //   2 a scalar passed as an argument; 3 row 0 for every i (a shared vector).
-// An operand of width 1 is broadcast across the output's columns.
+// An operand narrower than the output is read head by head: of width w under an output of width
+// W, column c reads its column c / (W / w) (one value per head's block; width 1: column 0).
 //
 //   rows_map:     out[i, c] = ROW_EXPR(a, b)
-//   rows_dot:     out[i] = sum over c of a[., c] * b[., c]        (one warp per row)
+//   rows_dot:     out[i, h] = sum over c in head h's block of a[., c] * b[., c]   (a warp per row and head)
 //   scatter_rows: out[index[i], c] += in[i, c]                     (a sum into targets, below)
 //   scatter_map:  out[index[i], c] += ROW_EXPR(a, b)               (the same, the row never stored)
 //   fused_map:    out[i, c] = FUSED_VALUE(i, c)           (a chain of row-wise operators, one pass)
 //   fused_scatter_map: out[index[i], c] += FUSED_VALUE(i, c)
 //                 FUSED_PARAMS lists each leaf operand k's (t_k, x_k, s_k, w_k); FUSED_VALUE is the
 //                 chain's expression of operand(K_k, t_k, x_k, s_k, i, c, w_k) reads
-//   edge_softmax: per target v, over its incoming edges (by_dst[dst_begin[v] .. dst_begin[v + 1]]):
-//                 out[e] = exp(s[e] - max) / sum of exp(s - max)   (one warp per target)
+//   edge_softmax: per target v and column h, over its incoming edges (by_dst[dst_begin[v] ..
+//                 dst_begin[v + 1]]): out[e, h] = exp(s[e, h] - max) / sum of exp(s[., h] - max)
+//                 (one warp per target and column)
+//   max_rows:     out[v, c] = max over v's edges e (order[begin[v] .. begin[v + 1]]) of in[e, c],
+//                 0 for a node with none (one thread per node and column)
 //
 // A sum into targets is destination-parallel: the rows of each target, in ``order`` (the row ids
 // sorted by target), come in chunks of at most 32 rows of one target (chunk_target, chunk_begin,
@@ -52,20 +56,20 @@
 #endif
 
 __device__ __forceinline__ float operand(int kind, const float* __restrict__ t, const long long* __restrict__ index,
-                                         float scalar, long long i, int c, int width) {
-    const int column = width == 1 ? 0 : c;
+                                         float scalar, long long i, int c, int width, int out_width) {
+    const int column = width == 1 ? 0 : (width == out_width ? c : c / (out_width / width));
     if (kind == 2) return scalar;
     const long long row = kind == 1 ? index[i] : (kind == 3 ? 0 : i);
     return t[row * width + column];
 }
 
-// ROW_EXPR of both operands at row i, column c.
+// ROW_EXPR of both operands at row i, column c of width columns.
 __device__ __forceinline__ float row_value(const float* __restrict__ a, const long long* __restrict__ a_index,
                                            float a_scalar, int a_width, const float* __restrict__ b,
                                            const long long* __restrict__ b_index, float b_scalar, int b_width,
-                                           long long i, int c) {
-    const float x = operand(OPERAND_A, a, a_index, a_scalar, i, c, a_width);
-    const float y = operand(OPERAND_B, b, b_index, b_scalar, i, c, b_width);
+                                           long long i, int c, int width) {
+    const float x = operand(OPERAND_A, a, a_index, a_scalar, i, c, a_width, width);
+    const float y = operand(OPERAND_B, b, b_index, b_scalar, i, c, b_width, width);
     return ROW_EXPR(x, y);
 }
 
@@ -76,23 +80,28 @@ extern "C" __global__ void MAP_NAME(const float* __restrict__ a, const long long
     const long long total = rows * width;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
-        out[e] = row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, e / width, (int)(e % width));
+        out[e] = row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, e / width, (int)(e % width),
+                           width);
     }
 }
 
-// one warp per row, grid-stride
+// one warp per row and head, grid-stride; width is a multiple of heads
 extern "C" __global__ void DOT_NAME(const float* __restrict__ a, const long long* __restrict__ a_index, float a_scalar,
                                     const float* __restrict__ b, const long long* __restrict__ b_index, float b_scalar,
-                                    float* __restrict__ out, long long rows, int width) {
+                                    float* __restrict__ out, long long rows, int width, int heads) {
     const int lane = threadIdx.x % 32;
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
-    for (long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; i < rows; i += warps) {
+    const int block = width / heads;
+    for (long long j = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; j < rows * heads; j += warps) {
+        const long long i = j / heads;
+        const int first = (int)(j % heads) * block;
         float sum = 0.0f;
-        for (int c = lane; c < width; c += 32) {
-            sum += operand(OPERAND_A, a, a_index, a_scalar, i, c, width) * operand(OPERAND_B, b, b_index, b_scalar, i, c, width);
+        for (int c = first + lane; c < first + block; c += 32) {
+            sum += operand(OPERAND_A, a, a_index, a_scalar, i, c, width, width) *
+                   operand(OPERAND_B, b, b_index, b_scalar, i, c, width, width);
         }
         for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-        if (lane == 0) out[i] = sum;
+        if (lane == 0) out[j] = sum;
     }
 }
 
@@ -143,7 +152,7 @@ extern "C" __global__ void SCATTER_MAP_NAME(const float* __restrict__ a, const l
                                             const long long* __restrict__ chunk_end, float* __restrict__ out,
                                             long long chunks, int width) {
     const auto value = [&](long long i, int c) {
-        return row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, i, c);
+        return row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, i, c, width);
     };
     sum_into_targets(value, order, chunk_target, chunk_begin, chunk_end, out, chunks, width);
 }
@@ -180,20 +189,39 @@ extern "C" __global__ void scatter_rows(const float* __restrict__ in, const long
 
 extern "C" __global__ void edge_softmax(const float* __restrict__ scores, const long long* __restrict__ by_dst,
                                         const long long* __restrict__ dst_begin, float* __restrict__ out,
-                                        long long nodes) {
+                                        long long nodes, int width) {
     const int lane = threadIdx.x % 32;
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
-    for (long long v = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; v < nodes; v += warps) {
+    for (long long j = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; j < nodes * width; j += warps) {
+        const long long v = j / width;
+        const int h = (int)(j % width);
         const long long begin = dst_begin[v], end = dst_begin[v + 1];
         float top = -__int_as_float(0x7f800000);  // -inf
-        for (long long p = begin + lane; p < end; p += 32) top = fmaxf(top, scores[by_dst[p]]);
+        for (long long p = begin + lane; p < end; p += 32) top = fmaxf(top, scores[by_dst[p] * width + h]);
         for (int offset = 16; offset > 0; offset /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
         float total = 0.0f;
-        for (long long p = begin + lane; p < end; p += 32) total += expf(scores[by_dst[p]] - top);
+        for (long long p = begin + lane; p < end; p += 32) total += expf(scores[by_dst[p] * width + h] - top);
         for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
         for (long long p = begin + lane; p < end; p += 32) {
-            const long long e = by_dst[p];
+            const long long e = by_dst[p] * width + h;
             out[e] = expf(scores[e] - top) / total;
         }
+    }
+}
+
+// grid-stride over nodes x width; consecutive threads take consecutive columns of one node, so
+// each edge's row is read in order. fmaxf ignores a NaN where the other value is a number.
+extern "C" __global__ void max_rows(const float* __restrict__ in, const long long* __restrict__ order,
+                                    const long long* __restrict__ begin, float* __restrict__ out, long long nodes,
+                                    int width) {
+    const long long total = nodes * width;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
+         k += (long long)gridDim.x * blockDim.x) {
+        const long long v = k / width;
+        const int c = (int)(k % width);
+        const long long first = begin[v], end = begin[v + 1];
+        float top = first < end ? in[order[first] * width + c] : 0.0f;
+        for (long long p = first + 1; p < end; ++p) top = fmaxf(top, in[order[p] * width + c]);
+        out[k] = top;
     }
 }
