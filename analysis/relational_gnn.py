@@ -35,6 +35,7 @@ results = {}  # topic -> its results files, passed by the workflow
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from analysis.common import layout_with_title, load_results, machine_label, panel_grid, same_code_reruns, summarize
 from analysis.style import color
@@ -325,11 +326,11 @@ if OPTIMIZED:
     if not first_calls.empty:
         if (first_calls.in_dim == width).any():
             first_calls = first_calls[first_calls.in_dim == width]
-        by = first_calls.pivot_table(
-            index=["model", "mode", "variant", "dataset", "in_dim"], columns="metric", values="value", aggfunc="median"
-        )
-        step = time.set_index(["model", "mode", "variant", "dataset", "in_dim"])["median"]
-        rank = {v: i for i, v in enumerate(FORMS)}
+        # A row may leave a column empty (graph breaks counted once per form, say): it is kept, blank there.
+        where = ["model", "mode", "variant", "dataset", "in_dim"]
+        by = first_calls.groupby([*where, "metric"], dropna=False).value.median().unstack("metric").reset_index()
+        by = by.merge(time[where + ["median"]], on=where, how="left")
+        by["rank"] = by.variant.map({v: i for i, v in enumerate(FORMS)})
         lines += [
             "",
             "## First call and graph breaks: compilation, kept out of the step times above",
@@ -337,14 +338,15 @@ if OPTIMIZED:
             "| model | mode | form | dataset | width | first call s | graph breaks | step ms |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for key in sorted(by.index, key=lambda k: (k[0], k[1], rank.get(k[2], len(rank)), k[3], k[4])):
-            model, mode, variant, dataset, dim = key
-            first = by.loc[key].get("first_call_time", np.nan)
-            breaks = by.loc[key].get("graph_breaks", np.nan)
+
+        def cell(value, pattern: str) -> str:
+            return "" if pd.isna(value) else pattern.format(value)
+
+        for _, r in by.sort_values(["model", "mode", "rank", "dataset", "in_dim"], na_position="first").iterrows():
             lines.append(
-                f"| {model} | {mode} | {variant} | {dataset} | {dim} | {'' if np.isnan(first) else f'{first:.2f}'} | "
-                f"{'' if np.isnan(breaks) else f'{breaks:.0f}'} | "
-                f"{f'{step[key] * 1e3:.3f}' if key in step else ''} |"
+                f"| {cell(r.model, '{}')} | {cell(r['mode'], '{}')} | {r.variant} | {cell(r.dataset, '{}')} | "
+                f"{cell(r.in_dim, '{}')} | {cell(r.get('first_call_time'), '{:.2f}')} | "
+                f"{cell(r.get('graph_breaks'), '{:.0f}')} | {cell(r['median'] * 1e3, '{:.3f}')} |"
             )
         lines += [
             "",
