@@ -316,9 +316,9 @@ if OPTIMIZED:
                 if on_gpu
                 else "step: the median over the timed calls of one call's wall-clock time. operators: one more "
                 "call under torch.profiler, each operator's own CPU time summed over the kinds of work "
-                "(systems/rgnn/breakdown.py); one call, not a median. host: the median over the same timed calls "
-                "of the process's CPU time (user and system, all threads: it can exceed the step where operators "
-                "run on several cores)."
+                "(systems/rgnn/breakdown.py); one call, not a median, slowed by the profiler's own work. host: "
+                "the median over the same timed calls of the process's CPU time (user and system, all threads: it "
+                "can exceed the step where operators run on several cores)."
             ),
         ]
     # The first call apart from the step (for a compiled form, its compilation) and graph breaks.
