@@ -1,6 +1,7 @@
 """The forms of relational GNN layers that the relational_gnn topic compares: one registry,
 :data:`FORMS`, that every module of this package adds to (``baselines``: the plain-PyTorch forms
-and PyG's layers; ``hector``: Hector's variants). A new form is one new module here.
+and PyG's layers; ``compiled``: torch.compile of some of them; ``hector``: Hector's variants). A
+new form is one new module here.
 
 A :class:`Form` is a way to compute a model's layer from the model's shared weight set and a
 graph: ``form.build(model, weights, graph)`` gives a callable of the node features, which the topic
@@ -14,8 +15,8 @@ Three ways to say how a form builds a layer:
 * :class:`Form` with ``make`` and ``models``: the form's own code, for the models it names;
 * :class:`LayerForm`: each model implements the form itself (``Model.layers``), so a new model
   joins the form by declaring a layer for it;
-* a subclass that overrides :meth:`Form.supports` and :meth:`Form.build` (Hector's variants build
-  any model that has a program).
+* a subclass that overrides :meth:`Form.supports` and ``Form._build`` (Hector's variants build
+  any model that has a program; ``compiled``'s forms compile another form's layers).
 """
 
 from __future__ import annotations
@@ -84,8 +85,13 @@ class Form(Entry):
         return model.name in self.per_edge_weights
 
     def build(self, model: Model, weights: nn.Module, graph: RelGraph) -> Layer:
-        """``model``'s layer in this form over ``graph``, computing with ``weights``."""
+        """``model``'s layer in this form over ``graph``, computing with ``weights``; a model the
+        form does not compute is refused in one line naming the model's forms."""
         self._check_supports(model)
+        return self._build(model, weights, graph)
+
+    def _build(self, model: Model, weights: nn.Module, graph: RelGraph) -> Layer:
+        """The layer, ``model`` being one this form computes (what a subclass overrides)."""
         return self.make(model, weights, graph)
 
     def _check_supports(self, model: Model) -> None:
@@ -104,8 +110,7 @@ class LayerForm(Form):
     def gathers_edge_weights(self, model: Model) -> bool:
         return self.name in model.per_edge_weights
 
-    def build(self, model: Model, weights: nn.Module, graph: RelGraph) -> Layer:
-        self._check_supports(model)
+    def _build(self, model: Model, weights: nn.Module, graph: RelGraph) -> Layer:
         return model.layers[self.name](weights, graph)
 
 
