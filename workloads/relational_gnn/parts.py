@@ -2,11 +2,12 @@
 ``large_datasets`` and ``width_sweep`` (and ``gemm_template``, in gemm.py).
 
 The models are those of the registry systems/rgnn/models named in ``models``; the forms are those
-of the registry systems/rgnn/forms that compute each model (PyG's layers, role ``peer``; the plain
-forms, ``baseline``; Hector's variants, ``optimized``), but those in ``leave_out``. Each row says
-its form's entry name (``variant``), the computation (``form``) and its products' precision
-(``precision``). A form that cannot run here (no GPU, a package missing) is not attempted: the
-notes say why.
+of the registry systems/rgnn/forms that compute each model (PyG's layers, the dense form and the
+compiled forms, role ``peer``; the plain forms, ``baseline``; Hector's variants, ``optimized``),
+but those in ``leave_out``. Each row says its form's entry name (``variant``), the computation
+(``form``) and its products' precision (``precision``). A form that cannot run here (no GPU, a
+package missing) is not attempted, and a form that does not compile
+(systems/rgnn/forms/compiled.py) is not timed: the notes say why.
 
 For each graph, model and width (``dims``: in = out): seeded features and weights; every form's
 output (forward, no gradients) compared with the model's reference form's (``segment_mm``), within
@@ -17,22 +18,28 @@ path is never timed); then each form timed for each mode in ``modes``:
 * ``training``: forward, a mean-squared loss against a seeded target, backward, Adam's step.
 
 One untimed call comes first (it also makes the gradients and Adam's state), then ``warmup`` more
-and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what was
-allocated after the untimed call. Then, at the widths in ``breakdown_dims`` (default: all), one
-more call under the profiler gives the time and the bytes allocated by kind of work
-(systems/rgnn/breakdown.py). torch's matrix products run in exact float32 (TF32 off), as in
-Hector's protocol; a form of another precision (``hector_best_tf32``) gets it from its own kernels.
-A form that runs out of GPU memory, in its check or its timing, is recorded as ``out_of_memory``
-with the size of the allocation that failed; ``memory_cap_gib`` caps the memory the process may
-take (a smaller GPU). On a CPU, a form that would materialize per-edge weights beyond
-``cpu_materialize_limit_gib`` is not attempted (an exhausted host is killed, not told): the notes
-say so, with the bytes it would have needed.
+and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what
+was allocated after the untimed call. Each form's first call in each mode is timed apart, the
+device drained before and after, as ``first_call_time`` (inference: the check, the form's first
+call without gradients; training: the untimed call): for a compiled form that is its compile time,
+never inside the timed steps, and ``graph_breaks`` are the graph breaks dynamo met compiling it
+for that mode. Then, at the widths in ``breakdown_dims`` (default: all), one more call under the
+profiler gives the time and the bytes allocated by kind of work (systems/rgnn/breakdown.py).
+
+torch's matrix products run in exact float32 (TF32 off), as in Hector's protocol; a form of
+another precision (``hector_best_tf32``) gets it from its own kernels. A form that runs out of GPU
+memory, in its check or its timing, is recorded as ``out_of_memory`` with the size of the
+allocation that failed; ``memory_cap_gib`` caps the memory the process may take (a smaller GPU).
+On a CPU, a form that would materialize per-edge weights beyond ``cpu_materialize_limit_gib`` is
+not attempted (an exhausted host is killed, not told): the notes say so, with the bytes it would
+have needed. The results' metrics and columns are those of schema.py, kept in step with this.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -43,6 +50,7 @@ from harness.timing import measure
 from systems.relgraph.graph import RelGraph
 from systems.rgnn.breakdown import profile_call
 from systems.rgnn.forms import FORMS, forms_of
+from systems.rgnn.forms.compiled import CompiledLayer, CompileFailed
 from systems.rgnn.models import MODELS
 from workloads.graphs import knowledge, published_heterographs, relational, store
 from workloads.relational_gnn.gemm import gemm_template  # noqa: F401 (a part, found here by name)
@@ -192,11 +200,14 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
             continue
         layer = form.build(model, weights, graph)
         try:
-            with torch.no_grad():
-                out = layer(x)
+            with torch.no_grad():  # the form's first call without gradients: a compiled form compiles
+                out, first_inference = _first_call(lambda: layer(x), device)
         except torch.cuda.OutOfMemoryError as err:
             for mode in params["modes"]:
                 _out_of_memory(writer, dataset, form, config | {"mode": mode}, err)
+            continue
+        except CompileFailed as err:
+            notes["skipped"][where] = str(err)
             continue
         if reference is None:
             if form.name != model.reference:
@@ -206,7 +217,7 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
             worst = float((out - reference).abs().max())
             raise FormsDisagree(f"{where}: differs from {model.reference} by up to {worst:.3g}")
         del out
-        checked.append((form, layer))
+        checked.append((form, layer, first_inference))
     del reference
     optimizer = torch.optim.Adam(weights.parameters(), lr=1e-3)
 
@@ -220,13 +231,12 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         optimizer.step()
         return loss
 
-    for form, layer in checked:
+    for form, layer, first_inference in checked:
         for mode in params["modes"]:
             row = config | {"mode": mode} | _columns(form)
             try:
-                step(layer, mode)  # untimed: makes the gradients and the optimizer's state
-                if device == "cuda":
-                    torch.cuda.synchronize()
+                # untimed: makes the gradients and the optimizer's state (and compiles for training)
+                _, first = _first_call(lambda: step(layer, mode), device)
                 before = torch.cuda.memory_allocated() if device == "cuda" else 0
                 m = measure(
                     lambda: step(layer, mode),
@@ -239,7 +249,15 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
             except torch.cuda.OutOfMemoryError as err:
                 _out_of_memory(writer, dataset, form, row, err)
                 continue
+            except CompileFailed as err:
+                notes["skipped"][f"{model.name} {form.name} on {dataset} at {dim}, {mode}"] = str(err)
+                continue
             writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
+            common = {"role": form.role, "variant": form.name, "config": row, "dataset": dataset}
+            first = first_inference if mode == "inference" else first  # the check came first without gradients
+            writer.add(metric="first_call_time", value=first, unit="s", **common)
+            if isinstance(layer, CompiledLayer):
+                writer.add(metric="graph_breaks", value=layer.graph_breaks[mode], unit="1", **common)
             if config["in_dim"] in params.get("breakdown_dims", params["dims"]):  # one more call, profiled
                 seconds, allocated = profile_call(lambda: step(layer, mode), device)
                 for metric, split, unit in (("breakdown_time", seconds, "s"), ("breakdown_bytes", allocated, "B")):
@@ -264,6 +282,17 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
                     repetition=rep,
                     dataset=dataset,
                 )
+
+
+def _first_call(call, device: str):
+    """``call()``'s result and its seconds, the device's queue drained before and after."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = call()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return result, time.perf_counter() - start
 
 
 def _columns(form) -> dict:

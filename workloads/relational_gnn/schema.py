@@ -2,9 +2,11 @@
 
 ``dataset`` names the graph (``nations``, ``aifb-like``, ``am-like-0.01`` at a scale factor);
 ``variant`` is the form's entry name in the registry systems/rgnn/forms, ``role`` its role there:
-``peer`` (PyG's layers: ``pyg``, ``pyg_fast``), ``baseline`` (the plain forms: ``per_edge``,
-``segment_mm``, ``grouped_mm``) or ``optimized`` (Hector: ``hector_unopt``, ``hector_compact``,
-``hector_reorder``, ``hector_best``, ``hector_best_tf32``). ``form`` is what the variant computes
+``peer`` (PyG's layers: ``pyg``, ``pyg_fast``; the dense form, ``dense``; torch.compile of forms:
+``dense_compiled``, ``grouped_mm_compiled``, ``per_edge_compiled``, ``pyg_compiled``),
+``baseline`` (the plain forms: ``per_edge``, ``segment_mm``, ``grouped_mm``) or ``optimized``
+(Hector: ``hector_unopt``, ``hector_compact``, ``hector_reorder``, ``hector_best``,
+``hector_best_tf32``). ``form`` is what the variant computes
 whatever its precision (``hector_best_tf32``'s is ``hector_best``), ``precision`` its products'
 precision (``float32``: TF32 off; ``tf32``: tensor cores, TF32 inputs and fp32 accumulate;
 ``bfloat16``), ``dtype`` the element type of its tensors. Part ``gemm_template``'s rows have
@@ -17,7 +19,9 @@ not fit: ``out_of_memory`` (1) and ``failed_allocation_bytes`` (the size of the 
 failed, from the error; absent if the error did not say). ``breakdown_time``: one profiled call's
 time per ``kernel_class`` (operators' own device time on a GPU, CPU time on a CPU);
 ``breakdown_bytes``: the same call's bytes allocated per ``kernel_class`` (device memory on a GPU,
-host memory on a CPU; allocation volume, not the peak).
+host memory on a CPU; allocation volume, not the peak). Per form and mode, once:
+``first_call_time``, the form's first call in that mode (a compiled form's compile time; never
+part of ``time``), and for the compiled forms ``graph_breaks``, those dynamo met compiling it.
 """
 
 from harness.results import Schema
@@ -48,5 +52,7 @@ SCHEMA = Schema(
         "failed_allocation_bytes": "B",
         "breakdown_time": "s",  # one profiled call's time in one kernel_class (systems/rgnn/breakdown.py)
         "breakdown_bytes": "B",  # the same call's bytes allocated in one kernel_class
+        "first_call_time": "s",  # the form's first call in the mode, device drained (compiled: compiles)
+        "graph_breaks": "1",  # compiled forms: graph breaks dynamo met compiling for the mode
     },
 )

@@ -27,6 +27,7 @@ scales keep to their time; the tests compile them on a CPU directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -44,9 +45,11 @@ class CompileFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class CompiledForm(Form):
-    """``compiles``: the registered form whose layers this one compiles."""
+    """``compiles``: the registered form whose layers this one compiles; ``backend``: torch.compile's
+    (the tests give dynamo alone, ``"eager"``, where inductor's code generation would be slow)."""
 
     compiles: str = ""
+    backend: str | Callable = "inductor"
 
     @property
     def eager(self) -> Form:
@@ -59,7 +62,7 @@ class CompiledForm(Form):
         return self.eager.gathers_edge_weights(model)
 
     def _build(self, model, weights, graph):
-        return CompiledLayer(self.eager.build(model, weights, graph), f"{model.name} {self.name}")
+        return CompiledLayer(self.eager.build(model, weights, graph), f"{model.name} {self.name}", self.backend)
 
 
 def _dynamo_looked_at_frames() -> int:
@@ -87,9 +90,9 @@ _holder = None  # the compiled layer whose code dynamo's caches hold (see the mo
 class CompiledLayer:
     """``layer`` under ``torch.compile`` (inductor, defaults), called as the layer is."""
 
-    def __init__(self, layer, name: str):
+    def __init__(self, layer, name: str, backend: str | Callable = "inductor"):
         self.eager, self.name = layer, name
-        self.compiled = torch.compile(layer)
+        self.compiled = torch.compile(layer, backend=backend)
         self.graph_breaks: dict[str, int] = {}  # by mode: those of the mode's first compile
         self._ready: set[str] = set()  # the modes compiled since this layer took dynamo's caches
 
