@@ -322,38 +322,53 @@ if OPTIMIZED:
                 "can exceed the step where operators run on several cores)."
             ),
         ]
-    # The first call apart from the step (for a compiled form, its compilation) and graph breaks.
+    # The first call apart from the step (for a compiled form, its compilation) and graph breaks:
+    # per model, mode and form, over the graphs, as seconds and as steps of the same form.
     first_calls = frame[frame.metric.isin(["first_call_time", "graph_breaks"])]
     if not first_calls.empty:
-        if (first_calls.in_dim == width).any():
-            first_calls = first_calls[first_calls.in_dim == width]
-        # A row may leave a column empty (graph breaks counted once per form, say): it is kept, blank there.
+        at = width if (first_calls.in_dim == width).any() else None
+        if at is not None:
+            first_calls = first_calls[first_calls.in_dim == at]
         where = ["model", "mode", "variant", "dataset", "in_dim"]
+        # A row may leave a column empty (graph breaks counted once per form, say): it is kept.
         by = first_calls.groupby([*where, "metric"], dropna=False).value.median().unstack("metric").reset_index()
-        by = by.merge(time[where + ["median"]], on=where, how="left")
-        by["rank"] = by.variant.map({v: i for i, v in enumerate(FORMS)})
+        by = by.reindex(columns=[*where, "first_call_time", "graph_breaks"])
+        by = by.merge(time[[*where, "median"]], on=where, how="left")
+        by["in_steps"] = by.first_call_time / by["median"]
         lines += [
             "",
-            "## First call and graph breaks: compilation, kept out of the step times above",
+            "## First call and graph breaks"
+            + (f" at width {at}" if at is not None else "")
+            + ": compilation, kept out of the step times above",
             "",
-            "| model | mode | form | dataset | width | first call s | graph breaks | step ms |",
-            "|---|---|---|---|---|---|---|---|",
+            "| model | mode | form | graphs | first call s, median (min, max) | in steps, median "
+            "| graph breaks, most |",
+            "|---|---|---|---|---|---|---|",
         ]
 
-        def cell(value, pattern: str) -> str:
-            return "" if pd.isna(value) else pattern.format(value)
+        def first_call_cells(g) -> list[str]:
+            first, steps, breaks = g.first_call_time.dropna(), g.in_steps.dropna(), g.graph_breaks.dropna()
+            return [
+                str(g.dataset.nunique()),
+                f"{first.median():.2f} ({first.min():.2f}, {first.max():.2f})" if len(first) else "",
+                f"{steps.median():.0f}" if len(steps) else "",
+                f"{breaks.max():.0f}" if len(breaks) else "",
+            ]
 
-        for _, r in by.sort_values(["model", "mode", "rank", "dataset", "in_dim"], na_position="first").iterrows():
-            lines.append(
-                f"| {cell(r.model, '{}')} | {cell(r['mode'], '{}')} | {r.variant} | {cell(r.dataset, '{}')} | "
-                f"{cell(r.in_dim, '{}')} | {cell(r.get('first_call_time'), '{:.2f}')} | "
-                f"{cell(r.get('graph_breaks'), '{:.0f}')} | {cell(r['median'] * 1e3, '{:.3f}')} |"
-            )
+        rank = {v: i for i, v in enumerate(FORMS)}
+        for (model, mode, variant), g in sorted(
+            by.groupby(["model", "mode", "variant"], dropna=False),
+            key=lambda item: (str(item[0][0]), str(item[0][1]), rank.get(item[0][2], len(rank)), item[0][2]),
+        ):
+            named = ["" if pd.isna(model) else model, "" if pd.isna(mode) else mode, variant]
+            lines.append("| " + " | ".join(named + first_call_cells(g)) + " |")
         lines += [
             "",
-            "first call: the form's first call on the graph, timed on its own (for a compiled form, tracing and "
-            "compiling it); no step time above includes it. graph breaks: where torch.compile split the form's "
-            "graph (each break runs eagerly between compiled pieces). step: the median timed call.",
+            "first call: the form's first call in that mode on a graph, timed on its own with the device drained "
+            "(for a compiled form, tracing and compiling it), over the graphs measured; no step time above "
+            "includes it. in steps: the first call over the same form's median step on the same graph. graph "
+            "breaks: where torch.compile split the form's graph (each piece between breaks runs eagerly), the "
+            "most on any graph.",
         ]
     # The ablation: each optimized form against unoptimized Hector, geomean over the graphs.
     if UNOPTIMIZED is not None:
