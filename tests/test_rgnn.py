@@ -14,6 +14,7 @@ import torch
 from harness.errors import UserError
 from systems.relgraph.graph import RelGraph
 from systems.rgnn.forms import FORMS, Form, LayerForm, forms_of
+from systems.rgnn.forms.compiled import CompiledForm
 from systems.rgnn.forms.hector import HectorForm
 from systems.rgnn.models import MODELS, Model
 from systems.rgnn.models.hgt import HGTWeights
@@ -94,12 +95,13 @@ def spread(cases: list[tuple[str, str]]) -> list:
 
 # Every form that computes each model and runs on a CPU: the baselines and any form a module of
 # systems/rgnn/forms adds. Hector's variants are held to the reference forms in test_hector_ir.py
-# (its HGT needs in = out, where these tests also take in != out).
+# (its HGT needs in = out, where these tests also take in != out); the compiled forms to their
+# eager forms in test_rgnn_peers.py (a compile takes seconds to a minute).
 CASES = [
     (layer, form.name)
     for layer in LAYERS
     for form in forms_of(MODELS[layer])
-    if runs_here(form) and not isinstance(form, HectorForm)
+    if runs_here(form) and not isinstance(form, (HectorForm, CompiledForm))
 ]
 # The forms the models implement as plain PyTorch: the strongest a user could write by hand.
 PLAIN = [(layer, name) for layer, name in CASES if FORMS[name].role == "baseline" and name in MODELS[layer].layers]

@@ -77,7 +77,7 @@ def _graph_breaks() -> int:
 def _reason(err: BaseException) -> str:
     """One line: the error's first line, and that of the error at the bottom of its chain (what
     failed under dynamo's wrapping: an operator's check, a compiler's message)."""
-    first = lambda e: next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)  # noqa: E731
+    first = lambda e: next((s.strip().rstrip(":") for s in str(e).splitlines() if s.strip()), type(e).__name__)  # noqa: E731
     root = err
     while (root.__cause__ or root.__context__) is not None:
         root = root.__cause__ or root.__context__

@@ -15,6 +15,11 @@ made every form's training step pay for a gradient, a zeroing and an optimizer u
 PyG returns no output for node types no edge leads to; its form here gives them what every other
 form does (the output of a node without incoming edges), so forms compare row by row. The same
 layer in Hector's model language is :func:`hgt_layer`.
+
+Where in != out the layer has no skip, as PyG's: the gate mixes the output with the input itself,
+and a projection of the input to ``out`` (which PyG does not have) would be another layer. Every
+form computes that but Hector's variants: the program has the gated skip, so it takes in = out,
+and a weight set of other widths is refused in one line naming them.
 """
 
 from __future__ import annotations
@@ -243,7 +248,10 @@ def bind(weights: HGTWeights) -> dict[str, torch.Tensor]:
     """The program's weights as views of the weight set (gradients reach it): the per-type
     [types, in, 3 out] key-query-value weight split into its three parts, in HGTConv's order."""
     if weights.in_dim != weights.out_dim:
-        raise UserError(f"Hector's HGT has the gated skip, so in = out; got {weights.in_dim} and {weights.out_dim}")
+        raise UserError(
+            f"hgt in Hector's language has the gated skip, so it needs in_dim = out_dim; got in_dim "
+            f"{weights.in_dim} and out_dim {weights.out_dim} (the other forms compute it without the skip)"
+        )
     out = weights.out_dim
     kqv, kqv_bias = weights.stacked("kqv_weight"), weights.kqv_bias
     parts = {name: i * out for i, name in enumerate("kqv")}  # HGTConv's order: keys, queries, values
