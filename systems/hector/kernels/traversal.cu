@@ -210,7 +210,8 @@ extern "C" __global__ void edge_softmax(const float* __restrict__ scores, const 
 }
 
 // grid-stride over nodes x width; consecutive threads take consecutive columns of one node, so
-// each edge's row is read in order. fmaxf ignores a NaN where the other value is a number.
+// each edge's row is read in order. A NaN is the maximum once met, as in torch's amax (fmaxf
+// would drop it).
 extern "C" __global__ void max_rows(const float* __restrict__ in, const long long* __restrict__ order,
                                     const long long* __restrict__ begin, float* __restrict__ out, long long nodes,
                                     int width) {
@@ -221,7 +222,10 @@ extern "C" __global__ void max_rows(const float* __restrict__ in, const long lon
         const int c = (int)(k % width);
         const long long first = begin[v], end = begin[v + 1];
         float top = first < end ? in[order[first] * width + c] : 0.0f;
-        for (long long p = first + 1; p < end; ++p) top = fmaxf(top, in[order[p] * width + c]);
+        for (long long p = first + 1; p < end; ++p) {
+            const float x = in[order[p] * width + c];
+            if (x > top || x != x) top = x;
+        }
         out[k] = top;
     }
 }
