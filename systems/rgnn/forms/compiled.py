@@ -27,6 +27,7 @@ scales keep to their time; the tests compile them on a CPU directly.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,7 +85,9 @@ def _reason(err: BaseException) -> str:
     return first(err) if root is err else f"{first(err)}: {first(root)}"
 
 
-_holder = None  # the compiled layer whose code dynamo's caches hold (see the module's docstring)
+# The compiled layer whose code dynamo's caches hold (see the module's docstring), weakly: a layer
+# the caller has dropped keeps neither its graph nor its weights alive through it.
+_holder: weakref.ref | None = None
 
 
 class CompiledLayer:
@@ -98,9 +101,9 @@ class CompiledLayer:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         global _holder
-        if _holder is not self:
+        if _holder is None or _holder() is not self:
             torch._dynamo.reset()
-            _holder, self._ready = self, set()
+            _holder, self._ready = weakref.ref(self), set()
         mode = "training" if torch.is_grad_enabled() else "inference"
         if mode not in self._ready:
             return self._compile(x, mode)
