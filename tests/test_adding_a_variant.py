@@ -68,16 +68,16 @@ NEW = {
         ),
         refusal=("policies", "NotBitIdentical"),
     ),
-    "systems/rgnn/forms/dense.py": NewEntry(
+    "systems/rgnn/forms/padded_bmm.py": NewEntry(
         topic="relational_gnn",
         registry="systems.rgnn.forms:FORMS",
-        entry="dense",
-        variant="dense",
-        columns={"role": "baseline", "form": "dense", "precision": "float32"},
+        entry="padded_bmm",
+        variant="padded_bmm",
+        columns={"role": "baseline", "form": "padded_bmm", "precision": "float32"},
         parts=("knowledge_graphs", "datasets"),
-        shown="dense",
-        summary=(r"^\| nations \|.*\| rgcn \|.*\| training \| dense \|", r"^Competitors: .*\bdense\b"),
-        broken=("g.norm.unsqueeze(1)\n", "g.norm.unsqueeze(1) * 1.5\n"),
+        shown="padded_bmm",
+        summary=(r"^\| nations \|.*\| rgcn \|.*\| training \| padded_bmm \|", r"^Competitors: .*\bpadded_bmm\b"),
+        broken=("g.norm[ordered].unsqueeze(1)\n", "g.norm[ordered].unsqueeze(1) * 1.5\n"),
         refusal=("knowledge_graphs", "differs from segment_mm"),
     ),
 }

@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from harness.errors import UserError
-from systems.hector import codegen, lower, reference
+from systems.hector import cuda_graphs, lower, reference
 from systems.hector.autodiff import leaves, split
 from systems.hector.ir import Program
 from systems.relgraph.graph import RelGraph
@@ -55,7 +55,7 @@ class Layer:
         self.op_name = f"{program.name}_{digest}" + ("_tf32" if tensor_cores else "")
         if self.op_name not in _ops:
             _ops[self.op_name] = _define(self.op_name, program, self.names, tensor_cores)
-        self.forward_op, self.backward_op = _ops[self.op_name]
+        self.forward_op, self.backward_op, self.inference_op = _ops[self.op_name]
 
     def __call__(self, graph: RelGraph, **tensors: torch.Tensor) -> torch.Tensor:
         missing, extra = set(self.names) - set(tensors), set(tensors) - set(self.names)
@@ -66,7 +66,10 @@ class Layer:
                 + (f"; unknown {', '.join(sorted(extra))}" if extra else "")
             )
         handle = register_graph(graph)
-        return self.forward_op(handle, [tensors[name] for name in self.names])[0]
+        given = [tensors[name] for name in self.names]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in given):
+            return self.forward_op(handle, given)[0]
+        return self.inference_op(handle, given)[0]
 
 
 def _distinct(results: list[torch.Tensor], given: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -90,49 +93,67 @@ def _float32(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool):
-    """The forward op returns the output and the forward values the backward op reads, so a
-    training step computes the forward once (autodiff.split)."""
+    """Three ops: the forward returns the output and the forward values the backward op reads, so
+    a training step computes the forward once (autodiff.split); the inference op runs the
+    program as written and returns only the output."""
     forward_program, backward_program = split(program)
-    forward_plan, backward_plan = lower.lower(forward_program), lower.lower(backward_program)
+    plans = {id(p): lower.lower(p) for p in (program, forward_program, backward_program)}
 
-    def bind(graph, tensors, grad=None, saved=()):
+    def bind(tensors, grad=None, saved=()):
         bound = dict(zip(names, tensors, strict=True)) | {f"saved:{i}": t for i, t in enumerate(saved)}
         return bound if grad is None else bound | {"grad:0": grad}
 
-    @torch.library.custom_op(f"hector::{op_name}", mutates_args=())
-    def forward(graph: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return _distinct(reference.run(forward_program, _graph(graph), bind(graph, tensors)), tensors)
+    def on_cpu(prog, graph, bound, given):
+        return _distinct(reference.run(prog, _graph(graph), bound), given)
 
-    @forward.register_kernel("cuda")
-    def _(graph, tensors):
-        g, bound = _graph(graph), _float32(bind(graph, tensors))
-        widths = reference.bind_widths(program, g, bound)
-        return _distinct(codegen.run(forward_plan, g, bound, widths, tensor_cores), tensors)
-
-    @forward.register_fake
-    def _(graph, tensors):
+    def on_gpu(prog, graph, bound, given):
         g = _graph(graph)
-        widths = reference.bind_widths(program, g, bind(graph, tensors))
+        widths = lambda: reference.bind_widths(prog, g, _float32(bound))  # noqa: E731  (checked when worked out)
+        return _distinct(cuda_graphs.run(plans[id(prog)], g, bound, widths, tensor_cores), given)
+
+    def fake_outputs(prog, graph, tensors):
+        g = _graph(graph)
+        widths = reference.bind_widths(program, g, bind(tensors))
         rows = {"node": g.num_nodes, "edge": g.edges}
         shapes = []
-        for value in forward_program.outputs:
+        for value in prog.outputs:
             count = rows[value.domain] if value.domain in rows else len(lower.GraphIndex.of(g)["pair_src"])
             shapes.append((count, value.width if isinstance(value.width, int) else widths[value.width]))
         return [tensors[0].new_empty(shape) for shape in shapes]
+
+    @torch.library.custom_op(f"hector::{op_name}", mutates_args=())
+    def forward(graph: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return on_cpu(forward_program, graph, bind(tensors), tensors)
+
+    @forward.register_kernel("cuda")
+    def _(graph, tensors):
+        return on_gpu(forward_program, graph, bind(tensors), tensors)
+
+    @forward.register_fake
+    def _(graph, tensors):
+        return fake_outputs(forward_program, graph, tensors)
+
+    @torch.library.custom_op(f"hector::{op_name}_inference", mutates_args=())
+    def inference(graph: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return on_cpu(program, graph, bind(tensors), tensors)
+
+    @inference.register_kernel("cuda")
+    def _(graph, tensors):
+        return on_gpu(program, graph, bind(tensors), tensors)
+
+    @inference.register_fake
+    def _(graph, tensors):
+        return fake_outputs(program, graph, tensors)
 
     @torch.library.custom_op(f"hector::{op_name}_backward", mutates_args=())
     def backward(
         graph: int, tensors: list[torch.Tensor], grad: torch.Tensor, saved: list[torch.Tensor]
     ) -> list[torch.Tensor]:
-        results = reference.run(backward_program, _graph(graph), bind(graph, tensors, grad, saved))
-        return _distinct(results, [*tensors, grad, *saved])
+        return on_cpu(backward_program, graph, bind(tensors, grad, saved), [*tensors, grad, *saved])
 
     @backward.register_kernel("cuda")
     def _(graph, tensors, grad, saved):
-        g, bound = _graph(graph), _float32(bind(graph, tensors, grad, saved))
-        widths = reference.bind_widths(backward_program, g, bound)
-        results = codegen.run(backward_plan, g, bound, widths, tensor_cores)
-        return _distinct(results, [*tensors, grad, *saved])
+        return on_gpu(backward_program, graph, bind(tensors, grad, saved), [*tensors, grad, *saved])
 
     @backward.register_fake
     def _(graph, tensors, grad, saved):
@@ -149,4 +170,4 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
         return None, list(backward(ctx.graph, list(tensors), grad.contiguous(), list(saved)))
 
     forward.register_autograd(differentiate_op, setup_context=setup_context)
-    return forward, backward
+    return forward, backward, inference
