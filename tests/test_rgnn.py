@@ -198,7 +198,7 @@ def test_features_that_do_not_match_the_weights_are_refused():
         build("rgcn", "dgl", RGCNWeights(2, 8, 8), graph)
     with pytest.raises(UserError, match="form pyg_fast does not compute rgat; its forms: segment_mm, pyg, per_edge"):
         build("rgat", "pyg_fast", RGATWeights(2, 8, 8), graph)
-    with pytest.raises(UserError, match="unknown relational model 'gcn'; one of hgt, rgat, rgcn"):
+    with pytest.raises(UserError, match=r"unknown relational model 'gcn'; one of (\w+, )*hgt, rgat, rgcn"):
         MODELS["gcn"]
     with pytest.raises(UserError, match="the weights have 1 node types, the graph 3"):
         build("hgt", "segment_mm", HGTWeights(2, 8, 8), graph)
@@ -452,7 +452,7 @@ def test_the_registries_say_what_each_form_and_model_is():
     }
     for m in MODELS:
         names = [f.name for f in forms_of(m)]
-        assert names[0] == m.reference == "segment_mm" and ("pyg_fast" in names) == (m.name == "rgcn")
+        assert names[0] == m.reference and ("pyg_fast" in names) == (m.name == "rgcn")
         assert {"hector_unopt", "hector_best"} <= set(names)  # every model with a program
 
 

@@ -85,11 +85,12 @@ def zipf_shares(total: int, count: int, exponent: float) -> list[int]:
     return [floor + r for r in rest]
 
 
-def dataset_spec(name: str, seed: int = 0) -> GraphSpec:
-    """The heterograph shape of dataset ``name`` (one of :data:`PUBLISHED`), at full size."""
-    if name not in PUBLISHED:
+def dataset_spec(name: str, seed: int = 0, published: Published | None = None) -> GraphSpec:
+    """The heterograph shape of dataset ``name`` (one of :data:`PUBLISHED`), at full size; or,
+    given ``published``, a graph of those totals named ``name`` (a shape of the user's own)."""
+    if published is None and name not in PUBLISHED:
         raise UserError(f"unknown relational dataset {name!r}; one of {', '.join(PUBLISHED)}")
-    p = PUBLISHED[name]
+    p = published or PUBLISHED[name]
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EC]))
     if isinstance(p.node_types, int):
         sizes = zipf_shares(p.nodes, p.node_types, 1.0)

@@ -1,8 +1,8 @@
-"""Relational GNN layers in the baseline forms Hector is measured against (issue 13).
+"""Relational GNN layers in the forms Hector is measured against.
 
 One layer on the full graph (Hector's protocol: 64 in, 64 out, one head), each model of
-systems/rgnn/models (RGCN, RGAT, HGT) in every form of systems/rgnn/forms that computes it (``pyg``,
-``pyg_fast`` where PyG has one, ``per_edge``, ``segment_mm``, ``grouped_mm``, Hector's variants),
+systems/rgnn/models (RGCN, RGAT, HGT, CompGCN) in every form of systems/rgnn/forms that computes
+it (PyG's layers, the plain-torch forms, the dense form, torch.compile of them, Hector's variants),
 for inference (forward without gradients) and training (forward, backward and an optimizer step).
 Every form's output is checked against the ``segment_mm`` form's before any is timed. Parts:
 
@@ -12,11 +12,13 @@ Every form's output is checked against the ``segment_mm`` form's before any is t
 - ``large_datasets`` and (GPU machines only) ``largest_datasets``: the same for the large ones,
   each in a job of its own;
 - ``width_sweep`` (GPU machines only): the same graphs as ``datasets`` at other widths;
+- ``shapes`` (GPU machines only): generated heterographs of shapes the config names, none of them
+  a dataset's;
 - ``gemm_template`` (GPU machines only): Hector's GEMM template against stock torch on equal
   segment shapes.
 
-Each row's ``role`` is its form's in the registry: PyG's layers ``peer``, the plain forms
-``baseline``, Hector's variants (systems/hector) ``optimized``. A form that runs out of GPU
+Each row's ``role`` is its form's in the registry: PyG's layers, the dense and the compiled forms
+``peer``, the plain forms ``baseline``, Hector's variants (systems/hector) ``optimized``. A form that runs out of GPU
 memory is recorded as ``out_of_memory`` with the size of the allocation that failed, not as a
 failure.
 """
@@ -35,6 +37,7 @@ TOPIC = Topic(
         Part("large_datasets", gpus=1, cpu=True),
         Part("largest_datasets", gpus=1, cpu=False),
         Part("width_sweep", gpus=1, cpu=False),
+        Part("shapes", gpus=1, cpu=False),
         Part("gemm_template", gpus=1, cpu=False),
     ),
     packages=("torch_geometric",),

@@ -1,5 +1,6 @@
 """The measuring functions of the relational_gnn topic: ``knowledge_graphs``, ``datasets``,
-``large_datasets`` and ``width_sweep`` (and ``gemm_template``, in gemm.py).
+``large_datasets``, ``width_sweep``, ``shapes`` (graphs of shapes the config names) and
+``gemm_template`` (in gemm.py).
 
 The models are those of the registry systems/rgnn/models named in ``models``; the forms are those
 of the registry systems/rgnn/forms that compute each model (PyG's layers, the dense form and the
@@ -110,6 +111,22 @@ def _published(name: str, entry: dict):
     if not folder.is_dir():
         raise UserError(f"{name}: published_dir {folder} is not a folder (it should hold {described})")
     return read(name, folder)
+
+
+def shapes(params, writer, *, repeat, warmup, device, **_):
+    """Heterographs of shapes the config names (``shapes``: name, nodes, edges, node_types,
+    relations, unique_pair_ratio), generated as the dataset-shaped ones are: graphs no dataset of
+    the suite has, so a claim does not rest on the eight shapes alone."""
+    notes = _notes(params)
+    with _exact_float32(), _memory_cap(params, device):
+        for entry in params["shapes"]:
+            totals = relational.Published(
+                entry["nodes"], entry["edges"], entry["node_types"], entry["relations"], 1, entry["unique_pair_ratio"]
+            )
+            spec = relational.dataset_spec(entry["name"], seed=params["graph_seed"], published=totals)
+            arrays = store.get(relational.HeteroParams(spec, totals.unique_pair_ratio, seed=params["graph_seed"]))
+            _graph(entry["name"], spec, arrays, 1.0, params, writer, notes, repeat=repeat, warmup=warmup, device=device)
+    return notes
 
 
 def large_datasets(params, writer, **kwargs):
