@@ -577,7 +577,8 @@ for i, (model, mode) in enumerate(panels):
             legend.setdefault(label, handle)
 if show_speedup:
     ax = grid[pairs]
-    MODEL_COLORS = {"rgcn": "tab:blue", "rgat": "tab:orange", "hgt": "tab:green", "compgcn": "tab:purple"}  # models, not variants
+    # Colours of models, not variants (a variant's colour comes from analysis/style.py).
+    MODEL_COLORS = {"rgcn": "tab:blue", "rgat": "tab:orange", "hgt": "tab:green", "compgcn": "tab:purple"}
     graphs = [d for d in GRAPHS if any(k[2] == d for k in headline)]
     series = sorted({(model, mode) for model, mode, _ in headline})
     for j, (model, mode) in enumerate(series):
