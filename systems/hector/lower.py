@@ -479,6 +479,14 @@ class GraphIndex:
     def types(self, by: str) -> int:
         return self.graph.num_node_types if by == "node_type" else self.graph.num_relations
 
+    def data(self, name: str) -> torch.Tensor:
+        """The graph data ``name`` (:func:`graph_data`), made once: a degree count reads its size
+        back to the host, which a replayed or captured plan must not do every call."""
+        key = f"data:{name}"
+        if key not in self._cache:
+            self._cache[key] = graph_data(self.graph, name).contiguous()
+        return self._cache[key]
+
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._cache:
             self._cache[name] = self._make(name)
@@ -581,7 +589,7 @@ def blocks(t: torch.Tensor, width: int) -> torch.Tensor:
 def host_value(v: Value, args: list[torch.Tensor], index: GraphIndex) -> torch.Tensor:
     """A :class:`Host` step's result."""
     if v.op == "graph_data":
-        return graph_data(index.graph, v.name)
+        return index.data(v.name)
     if v.op == "weight_product":
         return args[0] @ args[1]
     if v.op == "weight_product_grad_w":
