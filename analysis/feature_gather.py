@@ -403,6 +403,12 @@ HOT_FIRST_SHOWN = {"sorted", "hot_cache"}
 shared_legend = {}
 
 
+def level(ax, rows, color, linestyle, label) -> None:
+    """A horizontal line at the median of ``rows`` (one row: a rate with nothing to vary), if any."""
+    if not rows.empty:
+        ax.axhline(rows["median"].iloc[0], color=color, linestyle=linestyle, linewidth=1, label=label)
+
+
 def ceiling_lines(ax, row_bytes=None):
     if pinned_copy is not None:
         ax.axhline(pinned_copy, color="grey", linestyle="--", linewidth=1, label="pinned copy")
@@ -487,15 +493,7 @@ for ax, panel in zip(axes, panels):
         uncapped = ordered(data[data.max_threads.isna()].variant)
         for (row_bytes, d), color in zip(data.groupby("row_bytes"), ("tab:blue", "tab:orange", "tab:green")):
             for variant in uncapped:
-                line = d[d.variant == variant]
-                if not line.empty:
-                    ax.axhline(
-                        line["median"].iloc[0],
-                        color=color,
-                        linestyle="-.",
-                        linewidth=1,
-                        label=f"{row_bytes} B, {variant}",
-                    )
+                level(ax, d[d.variant == variant], color, "-.", f"{row_bytes} B, {variant}")
             for variant in capped:
                 v = d[d.variant == variant]
                 named = f", {variant}" if len(capped) > 1 else ""
@@ -503,14 +501,7 @@ for ax, panel in zip(axes, panels):
                 errorbars(
                     ax, v[v.max_threads > 0], "max_threads", f"{row_bytes} B rows{named}", color, style(variant)[1]
                 )
-                if not full.empty:
-                    ax.axhline(
-                        full["median"].iloc[0],
-                        color=color,
-                        linestyle=":",
-                        linewidth=1,
-                        label=f"{row_bytes} B{named}, no cap",
-                    )
+                level(ax, full, color, ":", f"{row_bytes} B{named}, no cap")
         ax.set(
             xscale="log",
             xlabel="thread cap of the gather",

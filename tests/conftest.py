@@ -3,6 +3,7 @@ pytest-xdist workers; tools write under the repo, not $HOME."""
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -58,6 +59,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def file_digests(root: Path, outputs: tuple[str, ...]) -> dict[str, str]:
+    """SHA-256 of every file under ``root`` except those under ``outputs`` (the workflow's
+    outputs) and Python's caches: what a guide followed in a copy may not have changed."""
+    digests = {}
+    for path in root.rglob("*"):
+        name = path.relative_to(root).as_posix()
+        if path.is_file() and not name.startswith(outputs) and "__pycache__" not in name:
+            digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
 
 
 # --- what the pytest-xdist workers of one run share ------------------------------------------

@@ -1,16 +1,14 @@
 """docs/adding_a_topic.md, followed literally: its files written into a copy of the repository,
 its command run at the tiny scale. Adding the topic must change no file that existed before."""
 
-import hashlib
 import os
 import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, copy_repository
+from conftest import REPO_ROOT, copy_repository, file_digests
 
 pytestmark = pytest.mark.slow
 GUIDE = REPO_ROOT / "docs" / "adding_a_topic.md"
@@ -22,16 +20,6 @@ def guide_blocks() -> list[tuple[str, str, str]]:
     """(language, path, text) of every fenced block of the guide; path is '' where none is given."""
     fence = re.compile(r"^```(\w+)[ \t]*(\S*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
     return [m.groups() for m in fence.finditer(GUIDE.read_text())]
-
-
-def tree(root: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``root`` except the workflow's outputs and Python's caches."""
-    digests = {}
-    for path in root.rglob("*"):
-        name = path.relative_to(root).as_posix()
-        if path.is_file() and not name.startswith(OUTPUTS) and "__pycache__" not in name:
-            digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return digests
 
 
 def test_the_guide_names_every_file_of_a_topic():
@@ -48,7 +36,7 @@ def test_the_guide_names_every_file_of_a_topic():
 
 def test_a_new_topic_is_new_files_only_and_runs_at_tiny_scale(tmp_path):
     root = copy_repository(tmp_path / "repo")
-    before = tree(root)
+    before = file_digests(root, OUTPUTS)
     blocks = guide_blocks()
     for _, path, text in blocks:
         if path:
@@ -83,7 +71,7 @@ def test_a_new_topic_is_new_files_only_and_runs_at_tiny_scale(tmp_path):
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| size (MiB) | median GB/s |" in figure.with_suffix(".md").read_text()
 
-    after = tree(root)
+    after = file_digests(root, OUTPUTS)
     changed = sorted(name for name in before if after.get(name) != before[name])
     assert changed == [], f"adding a topic changed existing files: {changed}"
     added = sorted(set(after) - set(before))

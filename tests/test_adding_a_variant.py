@@ -3,7 +3,6 @@ into a copy of the repository, each topic's tiny target run. The new entries mus
 checked against the reference like the others (a broken copy is refused), shown in the summary
 tables, speedups and figure, and no file that existed before may change."""
 
-import hashlib
 import importlib
 import json
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO_ROOT, copy_repository
+from conftest import REPO_ROOT, copy_repository, file_digests
 
 GUIDE = REPO_ROOT / "docs" / "adding_a_variant.md"
 COMMAND = "snakemake --cores all feature_gather llm_offload relational_gnn --config scale=tiny"
@@ -89,15 +88,6 @@ def guide_files() -> dict[str, str]:
     return {path: text for _, path, text in fence.findall(GUIDE.read_text())}
 
 
-def tree(root: Path) -> dict[str, str]:
-    digests = {}
-    for path in root.rglob("*"):
-        name = path.relative_to(root).as_posix()
-        if path.is_file() and not name.startswith(OUTPUTS) and "__pycache__" not in name:
-            digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return digests
-
-
 def registry_of(new: NewEntry):
     module, name = new.registry.split(":")
     return getattr(importlib.import_module(module), name)
@@ -134,14 +124,14 @@ def run(root: Path, argv: list[str]) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_each_new_entry_is_measured_checked_and_shown_and_no_file_changes(tmp_path):
     root = copy_repository(tmp_path / "repo")
-    before = tree(root)
+    before = file_digests(root, OUTPUTS)
     files = guide_files()
     for path, text in files.items():
         (root / path).write_text(text)
     result = run(root, ["-m", *COMMAND.split()])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
-    after = tree(root)
+    after = file_digests(root, OUTPUTS)
     assert {name: after.get(name) for name in before} == before, "an existing file changed"
     assert set(after) - set(before) == set(files)
 
