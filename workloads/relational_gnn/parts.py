@@ -237,8 +237,9 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         del out
         checked.append((form, layer, first_inference))
     del reference
-    # On a GPU the fused Adam (one launch for all parameters): the for-each one costs the host
-    # ~0.3 ms a step, more than a small graph's whole layer, whichever form computed it.
+    # On a GPU the fused Adam (one launch for all parameters): the for-each one launches several
+    # kernels a parameter from Python, host time that on a small graph outweighs the layer itself,
+    # whichever form computed it.
     optimizer = torch.optim.Adam(weights.parameters(), lr=1e-3, fused=device == "cuda")
 
     def step(layer, mode):
