@@ -191,8 +191,16 @@ def spread(values) -> str:
     return f"{min(values):.2f}-{max(values):.2f} ({len(values)})" if len(values) > 1 else "(1)"
 
 
-# The eight dataset-shaped graphs (the paper's comparison) apart from the small real ones.
+# The eight dataset-shaped graphs (the paper's comparison) apart from the small real ones and the
+# shapes no dataset has (part shapes: named "<...>-shaped" or as the config's user chose).
 DATASET_SHAPED = {d for d in GRAPHS if d.endswith("-like")}
+KNOWLEDGE = {"nations", "kinships", "umls"}
+
+
+def group_of(dataset: str) -> str:
+    if dataset in DATASET_SHAPED:
+        return "dataset-shaped"
+    return "real knowledge graphs" if dataset in KNOWLEDGE else "other shapes"
 main = time[time.in_dim == width]
 # The committed process first, then one per rerun folder (reruns/run2/, ...): each is a separate
 # process that measured some of the graphs once more.
@@ -208,7 +216,7 @@ if OPTIMIZED:
         unopt = g[g.variant == UNOPTIMIZED]["median"]
         unopt_cell = f"{best_base['median'] / unopt.iloc[0]:.2f}" if not unopt.empty else ""
         if key in headline:
-            group = "dataset-shaped" if dataset in DATASET_SHAPED else "real knowledge graphs"
+            group = group_of(dataset)
             groups.setdefault((model, mode, group), []).append(key)
             seen = measured_in(headline_by_process, key)
             ours = headline[key][1]
