@@ -201,6 +201,8 @@ def group_of(dataset: str) -> str:
     if dataset in DATASET_SHAPED:
         return "dataset-shaped"
     return "real knowledge graphs" if dataset in KNOWLEDGE else "other shapes"
+
+
 main = time[time.in_dim == width]
 # The committed process first, then one per rerun folder (reruns/run2/, ...): each is a separate
 # process that measured some of the graphs once more.

@@ -16,7 +16,7 @@ from harness.results import ResultsWriter
 from workloads.relational_gnn.schema import SCHEMA
 
 # Milliseconds per (variant, dataset) in the committed process (training takes twice as long).
-# "toy" is a real graph, "toy-like" a dataset-shaped one; novel_peer and hector_novel are no
+# "toy" is a graph of another shape, "toy-like" a dataset-shaped one; novel_peer and hector_novel are no
 # registry's forms.
 ROLES = {
     "per_edge": "baseline",
@@ -159,7 +159,7 @@ def test_the_headline_is_the_named_variant_over_the_fastest_competitor_with_the_
     geomeans = section(text, "Geomean speedup of hector_best")
     shaped = cells(row(geomeans, "rgcn", "inference", "dataset-shaped"))
     assert shaped[3:] == ["1", "2.00", "2.00", "2.00", "0", "0.80-2.00 (2)", "not settled (Hector in 1/2)", "2.00"]
-    real = cells(row(geomeans, "rgcn", "training", "real knowledge graphs"))
+    real = cells(row(geomeans, "rgcn", "training", "other shapes"))
     assert real[3:] == ["1", "0.80", "0.80", "0.80", "1", "(1)", "competitor (1/1)", "2.00"]
 
     # Where the step goes: the headline and its competitor, median time, summed kernels, median host.
