@@ -11,11 +11,13 @@ buffers are never handed out.
 The copies are memory traffic that grows with the graph, while the launches' host time does not:
 a plan whose inputs and results together exceed :data:`COPY_LIMIT_BYTES` launches directly, as do
 calls under the profiler (the breakdown reads each step's range, systems/rgnn/breakdown.py) and
-calls made while the caller's own stream is capturing (the launches go into the caller's graph).
+calls made while the caller's own stream is capturing (the launches go into the caller's graph),
+and every call where the environment sets ``HECTOR_CUDA_GRAPHS=0``.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable
 
@@ -23,6 +25,8 @@ import torch
 
 from systems.hector import codegen, lower
 
+# HECTOR_CUDA_GRAPHS=0 launches every plan directly (to compare, or where graphs misbehave).
+ENABLED = os.environ.get("HECTOR_CUDA_GRAPHS", "1") != "0"
 # At 4.8 TB/s, copying 256 MiB in and out costs ~0.1 ms of GPU time: the most a plan's launches
 # cost the host on the graphs where the GPU waits for them.
 COPY_LIMIT_BYTES = 256 << 20
@@ -56,7 +60,7 @@ def run(
     """What ``codegen.run(plan, graph, tensors, widths(), tensor_cores)`` returns, from a CUDA
     graph where one is captured. ``widths`` is called (and checks the tensors) only when the
     launches are worked out or captured, not on a replay."""
-    if codegen._profiling() or torch.cuda.is_current_stream_capturing():
+    if not ENABLED or codegen._profiling() or torch.cuda.is_current_stream_capturing():
         return codegen.run(plan, graph, tensors, widths(), tensor_cores)
     known = _captures.setdefault(lower.GraphIndex.of(graph), {})
     key = (id(plan), tensor_cores, *((name, t.dtype, t.shape) for name, t in tensors.items()))
