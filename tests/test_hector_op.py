@@ -153,3 +153,13 @@ def test_a_replayed_layer_sees_weights_changed_in_place_and_two_uses_before_one_
     (reference(x1.cpu()) * 2 + reference(x2.cpu())).sum().backward()
     for n, p in cpu_weights.named_parameters():
         torch.testing.assert_close(grads[n].cpu(), p.grad, rtol=1e-3, atol=1e-4, msg=n)
+
+
+def test_a_plan_is_captured_only_where_its_copies_and_per_edge_values_are_small():
+    graph = random_graph(seed=10, nodes=50, edges=300)
+    small = {"x": torch.randn(50, 8), "W": torch.randn(7, 8, 8)}
+    results = [torch.randn(50, 8), torch.randn(300, 8)]
+    copies = sum(t.nbytes for t in (*small.values(), *results))
+    assert cuda_graphs._bytes_at_stake(graph, small, results) == max(copies, 300 * 8 * 4)
+    wide = {"x": torch.randn(50, 4096)}
+    assert cuda_graphs._bytes_at_stake(graph, wide, []) == 300 * 4096 * 4  # per-edge values at the widest width

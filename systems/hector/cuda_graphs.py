@@ -8,8 +8,10 @@ buffers, replays the graph, and returns copies of the graph's results: a caller 
 result when it calls again (a layer applied twice before one backward), so the graph's own
 buffers are never handed out.
 
-The copies are memory traffic that grows with the graph, while the launches' host time does not:
-a plan whose inputs and results together exceed :data:`COPY_LIMIT_BYTES` launches directly, as do
+The copies are memory traffic that grows with the graph, while the launches' host time does not,
+and a capture keeps its intermediate values in a memory pool of its own while the graph lives: a
+plan whose inputs and results together, or whose per-edge values, exceed :data:`COPY_LIMIT_BYTES`
+launches directly (on such graphs the GPU work outlasts the launches anyway), as do
 calls under the profiler (the breakdown reads each step's range, systems/rgnn/breakdown.py) and
 calls made while the caller's own stream is capturing (the launches go into the caller's graph),
 and every call where the environment sets ``HECTOR_CUDA_GRAPHS=0``.
@@ -27,8 +29,8 @@ from systems.hector import codegen, lower
 
 # HECTOR_CUDA_GRAPHS=0 launches every plan directly (to compare, or where graphs misbehave).
 ENABLED = os.environ.get("HECTOR_CUDA_GRAPHS", "1") != "0"
-# At 4.8 TB/s, copying 256 MiB in and out costs ~0.1 ms of GPU time: the most a plan's launches
-# cost the host on the graphs where the GPU waits for them.
+# At 4.8 TB/s, copying 256 MiB in and out costs ~0.1 ms of GPU time, less than the host time a
+# replay saves (0.8-1.1 ms a training step on aifb-like, docs/hector.md).
 COPY_LIMIT_BYTES = 256 << 20
 
 _NEVER = "never"  # a plan and shapes that launch directly: too large, or its capture failed
@@ -70,14 +72,22 @@ def run(
     if state is None or state == _NEVER:
         results = codegen.run(plan, graph, tensors, widths(), tensor_cores)
         if state is None:
-            moved = sum(t.nbytes for t in (*tensors.values(), *results))
-            known[key] = _SEEN if moved <= COPY_LIMIT_BYTES else _NEVER
+            known[key] = _SEEN if _bytes_at_stake(graph, tensors, results) <= COPY_LIMIT_BYTES else _NEVER
         return results
     capture = _capture(plan, graph, tensors, widths(), tensor_cores)
     known[key] = capture if capture is not None else _NEVER
     return (
         capture.replay(list(tensors.values())) if capture else codegen.run(plan, graph, tensors, widths(), tensor_cores)
     )
+
+
+def _bytes_at_stake(graph, tensors: dict[str, torch.Tensor], results: list[torch.Tensor]) -> int:
+    """The larger of what a replay copies (inputs in, results out) and of one value per edge at
+    the widest width: a capture keeps the plan's intermediate values in a memory pool of its own
+    while the graph lives, and on large graphs those are per-edge."""
+    given = [*tensors.values(), *results]
+    widest = max((t.shape[-1] for t in given if t.dim()), default=1)
+    return max(sum(t.nbytes for t in given), graph.edges * widest * 4)
 
 
 def _capture(plan, graph, tensors: dict[str, torch.Tensor], widths: dict, tensor_cores: bool) -> _Capture | None:
