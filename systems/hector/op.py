@@ -121,29 +121,24 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
             shapes.append((count, value.width if isinstance(value.width, int) else widths[value.width]))
         return [tensors[0].new_empty(shape) for shape in shapes]
 
-    @torch.library.custom_op(f"hector::{op_name}", mutates_args=())
-    def forward(graph: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return on_cpu(forward_program, graph, bind(tensors), tensors)
+    def op_of(name: str, prog: Program):
+        """``prog`` as an op of the graph and the named tensors (the forward and the inference op)."""
 
-    @forward.register_kernel("cuda")
-    def _(graph, tensors):
-        return on_gpu(forward_program, graph, bind(tensors), tensors)
+        @torch.library.custom_op(f"hector::{name}", mutates_args=())
+        def op(graph: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+            return on_cpu(prog, graph, bind(tensors), tensors)
 
-    @forward.register_fake
-    def _(graph, tensors):
-        return fake_outputs(forward_program, graph, tensors)
+        @op.register_kernel("cuda")
+        def _(graph, tensors):
+            return on_gpu(prog, graph, bind(tensors), tensors)
 
-    @torch.library.custom_op(f"hector::{op_name}_inference", mutates_args=())
-    def inference(graph: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return on_cpu(program, graph, bind(tensors), tensors)
+        @op.register_fake
+        def _(graph, tensors):
+            return fake_outputs(prog, graph, tensors)
 
-    @inference.register_kernel("cuda")
-    def _(graph, tensors):
-        return on_gpu(program, graph, bind(tensors), tensors)
+        return op
 
-    @inference.register_fake
-    def _(graph, tensors):
-        return fake_outputs(program, graph, tensors)
+    forward, inference = op_of(op_name, forward_program), op_of(f"{op_name}_inference", program)
 
     @torch.library.custom_op(f"hector::{op_name}_backward", mutates_args=())
     def backward(
