@@ -201,21 +201,27 @@ def test_the_tf32_variant_is_close_to_float32_and_not_equal(name):
     assert any(not torch.equal(have.cpu(), want) for have, want in zip(got, expected, strict=True))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", BASELINES)
-def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
-    graph = awkward_graph(seed=5)
-    layer = op.Layer(passes.optimize(BASELINES[name].program(), "reorder", "compact"))
-    program, tensors = program_and_tensors(name, (), False, graph)
+def assert_gpu_matches_cpu(layer, graph, on_gpu, tensors) -> None:
+    """``layer``'s output and every input's gradient on the GPU (``on_gpu``: ``graph`` there)
+    close to those on the CPU, under a loss that weighs each output element differently."""
     results = []
     for device in ("cpu", "cuda"):
-        g = graph if device == "cpu" else RelGraph_on(graph, "cuda")
+        g = graph if device == "cpu" else on_gpu
         leaves = {k: v.detach().to(device).requires_grad_() for k, v in tensors.items()}
         out = layer(g, **leaves)
         (out * torch.arange(out.numel(), device=device).reshape(out.shape).sin()).sum().backward()
         results.append([out.detach().cpu()] + [leaves[n].grad.cpu() for n in layer.names])
     for have, want in zip(results[1], results[0], strict=True):
         close(have, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", BASELINES)
+def test_the_op_runs_the_generated_kernels_on_the_gpu(name):
+    graph = awkward_graph(seed=5)
+    layer = op.Layer(passes.optimize(BASELINES[name].program(), "reorder", "compact"))
+    program, tensors = program_and_tensors(name, (), False, graph)
+    assert_gpu_matches_cpu(layer, graph, RelGraph_on(graph, "cuda"), tensors)
     leaves = [tensors[n].detach().cuda().requires_grad_() for n in layer.names]
     on_gpu = RelGraph_on(graph, "cuda")  # held: the op's handle is valid while the graph lives
     torch.library.opcheck(layer.forward_op, (op.register_graph(on_gpu), leaves))

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
-from test_hector_codegen import close
+from test_hector_codegen import assert_gpu_matches_cpu, close
 from test_hector_ir import PASS_SETS, awkward_graph, edgeless_graph, typed_graph
 
 from systems.hector import autodiff, codegen, lower, op, passes, reference
@@ -427,12 +427,4 @@ def test_the_generated_kernels_compute_the_reference_on_the_gpu(name):
         for have, want in zip(got, expected, strict=True):
             close(have.cpu(), want)
     layer = op.Layer(passes.optimize(trace(), "reorder", "compact"))
-    results = []
-    for device in ("cpu", "cuda"):
-        g = graph if device == "cpu" else on_gpu
-        leaves = {k: v.detach().to(device).requires_grad_() for k, v in tensors.items()}
-        out = layer(g, **leaves)
-        (out * torch.arange(out.numel(), device=device).reshape(out.shape).sin()).sum().backward()
-        results.append([out.detach().cpu()] + [leaves[n].grad.cpu() for n in layer.names])
-    for have, want in zip(results[1], results[0], strict=True):
-        close(have, want)
+    assert_gpu_matches_cpu(layer, graph, on_gpu, tensors)
