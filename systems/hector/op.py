@@ -1,5 +1,6 @@
-"""A program as a differentiable PyTorch operator: a pair of ``torch.library`` custom ops, the
-forward program and its IR backward (systems/hector/autodiff.py), tied by ``register_autograd``.
+"""A program as a differentiable PyTorch operator: ``torch.library`` ops for the forward program
+and its IR backward (systems/hector/autodiff.py), tied by ``register_autograd``, and an inference
+op for calls that need no gradient.
 
     layer = Layer(passes.optimize(rgat_layer(), "reorder", "compact"))  # systems/rgnn/models/rgat.py
     out = layer(graph, x=x, W=W, q=q, k=k, bias=bias)     # differentiable in every tensor
@@ -26,9 +27,12 @@ from systems.hector.ir import Program
 from systems.relgraph.graph import RelGraph
 
 _graphs: weakref.WeakValueDictionary[int, RelGraph] = weakref.WeakValueDictionary()  # held by their callers
-_ops: dict[str, tuple] = {}  # by op name: a program's text decides its name, so each registers once
+_ops: dict[str, _Ops] = {}  # by op name: a program's text decides its name, so each registers once
 
 
+# Under torch.compile the registration runs once, while tracing, and the handle is a constant of
+# the compiled code (which is specialized on the graph object, so the two cannot part).
+@torch.compiler.assume_constant_result
 def register_graph(graph: RelGraph) -> int:
     """A handle for ``graph`` that the ops take, valid while the caller holds the graph."""
     handle = id(graph)
@@ -55,7 +59,8 @@ class Layer:
         self.op_name = f"{program.name}_{digest}" + ("_tf32" if tensor_cores else "")
         if self.op_name not in _ops:
             _ops[self.op_name] = _define(self.op_name, program, self.names, tensor_cores)
-        self.forward_op, self.backward_op, self.inference_op = _ops[self.op_name]
+        self.ops = _ops[self.op_name]
+        self.forward_op, self.backward_op, self.inference_op = self.ops.forward, self.ops.backward, self.ops.inference
 
     def __call__(self, graph: RelGraph, **tensors: torch.Tensor) -> torch.Tensor:
         missing, extra = set(self.names) - set(tensors), set(tensors) - set(self.names)
@@ -68,7 +73,9 @@ class Layer:
         handle = register_graph(graph)
         given = [tensors[name] for name in self.names]
         if torch.is_grad_enabled() and any(t.requires_grad for t in given):
-            return self.forward_op(handle, given)[0]
+            if torch.compiler.is_compiling():
+                return self.forward_op(handle, given)[0]
+            return _Training.apply(self.ops, handle, *given)
         return self.inference_op(handle, given)[0]
 
 
@@ -92,10 +99,45 @@ def _float32(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool):
+_lib = torch.library.Library("hector", "FRAGMENT")  # every program's ops, defined once each
+
+
+class _Ops:
+    """A program's three ops (``torch.ops.hector.<name>``, ``<name>_backward``, ``<name>_inference``)."""
+
+    def __init__(self, forward, backward, inference):
+        self.forward, self.backward, self.inference = forward, backward, inference
+
+    def gradients(self, graph: int, tensors, grad: torch.Tensor | None, saved, output_shape) -> list[torch.Tensor]:
+        grad = grad.contiguous() if grad is not None else tensors[0].new_zeros(output_shape)
+        return self.backward(graph, list(tensors), grad, list(saved))
+
+
+class _Training(torch.autograd.Function):
+    """The forward op and the backward op as one autograd node. The forward op's registered
+    autograd formula ties the same two ops for callers of ``torch.ops.hector`` and for
+    ``torch.compile``; an eager call takes this direct route, which skips the dispatcher's Python
+    wrapping of that formula (on small graphs a call's host time is what a step costs)."""
+
+    @staticmethod
+    def forward(ctx, ops: _Ops, graph: int, *tensors: torch.Tensor) -> torch.Tensor:
+        output, *saved = ops.forward(graph, list(tensors))
+        ctx.ops, ctx.graph, ctx.count, ctx.output_shape = ops, graph, len(tensors), output.shape
+        ctx.save_for_backward(*tensors, *saved)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        kept = ctx.saved_tensors
+        grads = ctx.ops.gradients(ctx.graph, kept[: ctx.count], grad, kept[ctx.count :], ctx.output_shape)
+        return None, None, *grads
+
+
+def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool) -> _Ops:
     """Three ops: the forward returns the output and the forward values the backward op reads, so
     a training step computes the forward once (autodiff.split); the inference op runs the
-    program as written and returns only the output."""
+    program as written and returns only the output. Each has the reference backend for every
+    device, the generated kernels for CUDA, and a fake implementation for tracing."""
     forward_program, backward_program = split(program)
     plans = {id(p): lower.lower(p) for p in (program, forward_program, backward_program)}
 
@@ -121,48 +163,42 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
             shapes.append((count, value.width if isinstance(value.width, int) else widths[value.width]))
         return [tensors[0].new_empty(shape) for shape in shapes]
 
-    def op_of(name: str, prog: Program):
+    def define(name: str, schema: str, run, fake):
+        """``run(backend, graph, *args)`` on every device, the kernels on CUDA; returns the op."""
+        _lib.define(f"{name}{schema}")
+        _lib.impl(name, lambda *args: run(on_cpu, *args), "CompositeExplicitAutograd")
+        _lib.impl(name, lambda *args: run(on_gpu, *args), "CUDA")
+        torch.library.register_fake(f"hector::{name}", fake, lib=_lib)
+        return getattr(torch.ops.hector, name).default
+
+    def program_op(name: str, prog: Program):
         """``prog`` as an op of the graph and the named tensors (the forward and the inference op)."""
+        return define(
+            name,
+            "(int graph, Tensor[] tensors) -> Tensor[]",
+            lambda backend, graph, tensors: backend(prog, graph, bind(tensors), tensors),
+            lambda graph, tensors: fake_outputs(prog, graph, tensors),
+        )
 
-        @torch.library.custom_op(f"hector::{name}", mutates_args=())
-        def op(graph: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-            return on_cpu(prog, graph, bind(tensors), tensors)
-
-        @op.register_kernel("cuda")
-        def _(graph, tensors):
-            return on_gpu(prog, graph, bind(tensors), tensors)
-
-        @op.register_fake
-        def _(graph, tensors):
-            return fake_outputs(prog, graph, tensors)
-
-        return op
-
-    forward, inference = op_of(op_name, forward_program), op_of(f"{op_name}_inference", program)
-
-    @torch.library.custom_op(f"hector::{op_name}_backward", mutates_args=())
-    def backward(
-        graph: int, tensors: list[torch.Tensor], grad: torch.Tensor, saved: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        return on_cpu(backward_program, graph, bind(tensors, grad, saved), [*tensors, grad, *saved])
-
-    @backward.register_kernel("cuda")
-    def _(graph, tensors, grad, saved):
-        return on_gpu(backward_program, graph, bind(tensors, grad, saved), [*tensors, grad, *saved])
-
-    @backward.register_fake
-    def _(graph, tensors, grad, saved):
-        return [torch.empty_like(t) for t in tensors]
+    forward, inference = program_op(op_name, forward_program), program_op(f"{op_name}_inference", program)
+    backward = define(
+        f"{op_name}_backward",
+        "(int graph, Tensor[] tensors, Tensor grad, Tensor[] saved) -> Tensor[]",
+        lambda backend, graph, tensors, grad, saved: backend(
+            backward_program, graph, bind(tensors, grad, saved), [*tensors, grad, *saved]
+        ),
+        lambda graph, tensors, grad, saved: [torch.empty_like(t) for t in tensors],
+    )
+    ops = _Ops(forward, backward, inference)
 
     def setup_context(ctx, inputs, output):
         ctx.graph, tensors = inputs
         ctx.count, ctx.output_shape = len(tensors), output[0].shape
         ctx.save_for_backward(*tensors, *output[1:])
 
-    def differentiate_op(ctx, grads):
-        tensors, saved = ctx.saved_tensors[: ctx.count], ctx.saved_tensors[ctx.count :]
-        grad = grads[0] if grads[0] is not None else tensors[0].new_zeros(ctx.output_shape)
-        return None, list(backward(ctx.graph, list(tensors), grad.contiguous(), list(saved)))
+    def differentiate(ctx, grads):
+        kept = ctx.saved_tensors
+        return None, ops.gradients(ctx.graph, kept[: ctx.count], grads[0], kept[ctx.count :], ctx.output_shape)
 
-    forward.register_autograd(differentiate_op, setup_context=setup_context)
-    return forward, backward, inference
+    torch.library.register_autograd(f"hector::{op_name}", differentiate, setup_context=setup_context, lib=_lib)
+    return ops
