@@ -1,6 +1,6 @@
 """Where a Hector layer call's host time goes, on one GPU.
 
-On the H200 (session 8) Hector's profiled device time was a small part of its timed call (HGT
+On the H200 Hector's profiled device time was a small part of its timed call (HGT
 training on aifb-like: 1.2 of 24 ms), so the call is host-bound. This probe times one layer call
 as the relational_gnn topic does (CUDA events, after warm-up), then shows where the host spends:
 
