@@ -6,25 +6,40 @@ returns a small handle instead of the tensor, the unpack hook turns it back into
 hooks on the model's layers (layers.py) say which layer is running, so each saved tensor belongs to
 a layer and the policy decides per layer: ``keep`` (on the device) or ``offload`` (to the store).
 The last ``keep_last`` layers are always kept: their backward comes first, right after forward.
-Parameters and buffers (recognised by their storage) and tensors under ``min_bytes`` are never
-offloaded; a storage saved several times is stored once (cache.py).
+Parameters and buffers (recognised by their storage), their casts under ``torch.autocast`` and
+tensors under ``min_bytes`` are never offloaded; a storage saved several times is stored once
+(cache.py). A cast of a weight is recognised by its autograd node: a copy (``ToCopyBackward0``)
+whose input is the parameter itself. Its bytes are the weight's, the same every step: writing
+them out each step would spend the store's bandwidth (and an SSD's endurance) on bytes the model
+holds anyway, for a saving of one low-precision copy of the weights. A frozen parameter's cast
+has no autograd node and is treated as an activation.
 
 Overlap. A put starts as soon as the tensor is saved and runs on the store's threads and streams
-while forward goes on. Backward runs the layers in reverse: the first unpack of backward starts
-reading back the last offloaded layers, and the first unpack of each layer starts reading the
-``prefetch`` layers below it, so a layer's tensors are in memory (or on their way) when its backward
-starts. A tensor whose put has not finished yet is served from memory, unless
-``always_read_back``: then backward waits for the put and reads the tensor back, so what the store
-moves in a step does not depend on how fast it ran (for checks of the stored bytes; slower).
+while forward goes on. Backward runs the layers in reverse: the first unpack of each backward
+(each ``backward()`` call, told apart by autograd's graph task) starts reading back the last
+offloaded layers, and the first unpack of each layer starts reading the ``prefetch`` layers below
+it, so a layer's tensors are in memory (or on their way) when its backward starts. Several
+forwards and backwards may run in one step (micro-batches of gradient accumulation): each
+backward prefetches, and the policy is asked again at each forward. A tensor whose put has not
+finished yet is served from memory, unless ``always_read_back``: then backward waits for the put
+and reads the tensor back, so what the store moves in a step does not depend on how fast it ran
+(for checks of the stored bytes; slower).
 
 A step. Entering the context starts a step and its ``stats``; leaving it (normally or by an
 exception) waits for the transfers in flight and frees everything the step stored, so files never
-accumulate. Backward must run inside the context.
+accumulate. Backward must run inside the context. A step whose policy offloads some layer but whose
+first forward offloaded nothing (every saved tensor below ``min_bytes``, or the layers' tensors
+saved by another mechanism) warns once, in one line.
+
+Hugging Face gradient checkpointing. A layer with ``gradient_checkpointing`` on saves only its
+inputs, through ``torch.utils.checkpoint``; the engine attributes them to the layer (also where the
+library checkpoints outside the layer's forward hooks), so an offloading policy offloads them.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -79,7 +94,7 @@ class Offloader:
     that step (see the module's docstring).
 
     ``policy``: ``"offload_all"``, ``"keep"`` or a callable ``decide(layer_index) -> "keep" |
-    "offload"``, asked once per layer per step. ``keep_last``: how many of the last layers are kept
+    "offload"``, asked once per layer per forward. ``keep_last``: how many of the last layers are kept
     whatever the policy says. ``min_bytes``: smaller saved tensors are kept. ``layers``: the blocks
     to number (default: found by ``find_layers``). ``prefetch``: how many layers ahead backward
     reads back. ``always_read_back``: no tensor is served from memory while its write runs (see
@@ -127,8 +142,11 @@ class Offloader:
         self.cache.start_step()
         self._counters_at_start = self.store.counters
         self._layer: int | None = None  # the layer running forward now
-        self._decisions: dict[int, str] = {}
-        self._backward_layers: set[int | None] = set()  # layers whose backward has started
+        self._decisions: dict[int, str] = {}  # this forward's decision per layer
+        self._backward_task: int | None = None  # autograd's graph task of the backward running now
+        self._backward_layers: set[int | None] = set()  # layers whose unpack this backward has seen
+        self._backward_since_forward = False  # a backward ran since the last forward began
+        self._offloading_checked = False  # whether the first forward's offloading was checked
         # A parameter's storage lives as long as the model, so its address identifies it all step.
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self._parameter_storages = {StorageWeakRef(t.untyped_storage()).cdata for t in tensors}
@@ -136,6 +154,7 @@ class Offloader:
         for index, layer in enumerate(self.layers):
             self._module_hooks.append(layer.register_forward_pre_hook(functools.partial(self._enter_layer, index)))
             self._module_hooks.append(layer.register_forward_hook(self._leave_layer))
+        self._checkpoint_funcs = self._attribute_library_checkpoints()
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
         return self
@@ -144,6 +163,8 @@ class Offloader:
         self._saved_hooks.__exit__(exc_type, exc, tb)
         for hook in self._module_hooks:
             hook.remove()
+        for layer, func in self._checkpoint_funcs:
+            layer._gradient_checkpointing_func = func
         self._active = False
         self.reset()
         self.stats.store = self.store.counters - self._counters_at_start
@@ -162,6 +183,11 @@ class Offloader:
 
     # -- layers --------------------------------------------------------------------------------
     def _enter_layer(self, index: int, module, args) -> None:
+        if self._backward_since_forward and not _in_backward():
+            # A new forward (the next micro-batch): the policy decides again, so a plan made
+            # meanwhile applies from this forward on.
+            self._decisions.clear()
+            self._backward_since_forward = False
         self._layer = index
         if index not in self._decisions:
             decision = KEEP if index >= len(self.layers) - self.keep_last else self.decide(index)
@@ -174,13 +200,35 @@ class Offloader:
     def _leave_layer(self, module, args, output) -> None:
         self._layer = None
 
+    def _attribute_library_checkpoints(self) -> list[tuple[nn.Module, Callable]]:
+        """Wrap the checkpoint function of each layer that Hugging Face checkpoints, so that what it
+        saves (the layer's inputs) belongs to the layer even where the library calls it before the
+        layer's forward hooks run. Returns the functions to put back."""
+        replaced = []
+        for index, layer in enumerate(self.layers):
+            func = vars(layer).get("_gradient_checkpointing_func")
+            if func is None or not getattr(layer, "gradient_checkpointing", False):
+                continue
+
+            def attributed(*args, _index=index, _layer=layer, _func=func, **kwargs):
+                outer = self._layer
+                self._enter_layer(_index, _layer, args)
+                try:
+                    return _func(*args, **kwargs)
+                finally:
+                    self._layer = outer
+
+            layer._gradient_checkpointing_func = attributed
+            replaced.append((layer, func))
+        return replaced
+
     # -- saved tensors -------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor):
         if self.cache.error is not None:
             raise self.cache.error  # a failed put: stop the step now rather than at its end
         layer = self._layer
         key = storage_key(tensor) if _has_storage_identity(tensor) else None
-        parameter = key is not None and key[0].impl in self._parameter_storages
+        parameter = key is not None and (key[0].impl in self._parameter_storages or self._is_parameter_cast(tensor))
         offload = (
             key is not None
             and not parameter
@@ -198,7 +246,22 @@ class Offloader:
         self.stats.record(tensor, layer, key, offloaded=new)
         return handle
 
+    def _is_parameter_cast(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is (a view of) a copy of one of the model's parameters in another dtype
+        or device: autocast's cast of a weight (see the module)."""
+        base = tensor._base if tensor._is_view() else tensor
+        node = base.grad_fn
+        if node is None or type(node).__name__ != "ToCopyBackward0" or not node.next_functions:
+            return False
+        source = node.next_functions[0][0]
+        variable = getattr(source, "variable", None)  # an AccumulateGrad holds its leaf
+        return variable is not None and StorageWeakRef(variable.untyped_storage()).cdata in self._parameter_storages
+
     def _unpack(self, packed) -> torch.Tensor:
+        if not self._offloading_checked:
+            self._offloading_checked = True
+            self._warn_if_nothing_offloaded()
+        self._backward_since_forward = True
         if isinstance(packed, _Kept):
             self._backward_reached(None)
             return packed.unpack()
@@ -206,8 +269,12 @@ class Offloader:
         return self.cache.unpack(packed)
 
     def _backward_reached(self, layer: int | None) -> None:
-        """Prefetch on the first unpack of backward (the last offloaded layers) and on the first
-        unpack of each layer (the layers below it)."""
+        """Prefetch on the first unpack of each backward (the last offloaded layers) and on the
+        first unpack of each layer in it (the layers below it)."""
+        task = torch._C._current_graph_task_id()
+        if task != self._backward_task:
+            self._backward_task = task
+            self._backward_layers = set()
         if layer in self._backward_layers:
             return
         first = not self._backward_layers
@@ -219,3 +286,23 @@ class Offloader:
         if layer is not None:
             for target in [t for t in order if t < layer][: self.prefetch]:
                 self.cache.prefetch(target)
+
+    def _warn_if_nothing_offloaded(self) -> None:
+        """One line when the first forward offloaded nothing although the policy offloads a layer."""
+        offloading = sorted(layer for layer, d in self._decisions.items() if d == OFFLOAD)
+        if not offloading or self.stats.total.offloaded_tensors:
+            return
+        saved = [self.stats.layers[i] for i in offloading if i in self.stats.layers]
+        if any(s.packed_tensors for s in saved):
+            largest = max(self.stats.largest.get(i, 0) for i in offloading)
+            why = (
+                f"every tensor the offloaded layers saved is below min_bytes={self.min_bytes} (the largest is "
+                f"{largest} B): lower min_bytes"
+            )
+        else:
+            why = "the offloaded layers saved no tensor through the offloader (another saved-tensor hook holds them?)"
+        warnings.warn(f"SSDTrain offloaded nothing in this forward: {why}", stacklevel=3)
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1

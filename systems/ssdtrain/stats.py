@@ -3,9 +3,9 @@
 Bytes are counted two ways: ``packed`` counts every save with the saved tensor's own bytes (a tensor
 saved by three operations counts three times); ``unique`` counts each storage once, whole, in the
 layer that saved it first. The unique bytes split into ``offloaded`` (sent to the store),
-``parameter`` (the model's parameters and buffers, never offloaded) and ``kept`` (the rest, held on
-the device for backward: the policy's keep, the last layers, tensors below ``min_bytes`` and those
-saved outside the layers).
+``parameter`` (the model's parameters and buffers and their casts under autocast, never
+offloaded) and ``kept`` (the rest, held on the device for backward: the policy's keep, the last
+layers, tensors below ``min_bytes`` and those saved outside the layers).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class StepStats:
         # Reads back started ahead by prefetch, and by an unpack that found nothing on its way (a
         # stall of backward); a tensor still in memory needs neither.
         self.prefetched_loads = self.demand_loads = 0
+        # Per layer, the largest saved tensor that is no parameter (what ``min_bytes`` is set against).
+        self.largest: dict[int | None, int] = {}
         # Weak references to every storage counted: they keep the keys unique (cache.py).
         self._seen: dict[StorageKey, StorageWeakRef] = {}
 
@@ -68,6 +70,8 @@ class StepStats:
         nbytes = tensor.numel() * tensor.element_size()
         stats.packed_tensors += 1
         stats.packed_bytes += nbytes
+        if not parameter:
+            self.largest[layer] = max(self.largest.get(layer, 0), nbytes)
         if key is None:
             stats.unique_tensors += 1
             stats.unique_bytes += nbytes
