@@ -54,6 +54,7 @@ def explain(err: OSError, path: Path, action: str) -> Exception:
     user can fix (a full disk, a quota, a permission), else the OSError with the path named."""
     fixes = {
         errno.ENOSPC: "no space left on the device; free space there or pass a folder on another disk",
+        errno.EFBIG: "the file is larger than the file system allows; pass a folder on another file system",
         errno.EDQUOT: "disk quota exceeded; free space there or pass a folder on another disk",
         errno.EACCES: "permission denied; pass a folder this user can write",
         errno.EPERM: "operation not permitted; pass a folder this user can write",
@@ -66,20 +67,23 @@ def explain(err: OSError, path: Path, action: str) -> Exception:
 
 def make_scratch(folder: Path, *, direct: bool) -> Path:
     """A new private folder inside ``folder`` for one store's files, after checking that ``folder``
-    is on a disk (not memory) and, with ``direct``, that its file system takes O_DIRECT."""
+    exists (it is never created: a mistyped path would otherwise fill some other disk), is on a disk
+    (not memory) and, with ``direct``, that its file system takes O_DIRECT. Only the private folder
+    is made, and removed again when a check fails."""
     folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f"ssdtrain-{os.getpid()}-", dir=folder))
-    except OSError as err:
-        raise explain(err, folder, "creating a scratch folder in") from None
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise UserError(f"{folder} {what}: pass an existing folder on a local disk (the store makes its own inside)")
     fs_type = filesystem_type(folder)
     if fs_type in MEMORY_FILESYSTEMS:
-        scratch.rmdir()
         raise UserError(
             f"{folder} is on {fs_type}, which is memory, not a disk: O_DIRECT there fails (EINVAL) on "
             "kernels before 6.6 and is served from RAM on later ones; pass a folder on a local disk"
         )
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix=f"ssdtrain-{os.getpid()}-", dir=folder))
+    except OSError as err:
+        raise explain(err, folder, "creating a scratch folder in") from None
     if direct:
         try:
             _probe_direct(scratch / "probe")
@@ -146,9 +150,7 @@ def write_file(path: Path, nbytes: int, buffer: BounceBuffer, stage: Stage) -> i
             padded = align_up(n)
             stage(offset, n, buffer.tensor[:n])
             buffer.tensor[n:padded].zero_()  # no stale bytes of an earlier tensor in the padding
-            done = os.pwrite(fd, buffer.array[:padded], offset)
-            if done != padded:
-                raise OSError(errno.EIO, f"short write: {done} of {padded} bytes at offset {offset}")
+            _write_all(fd, buffer.array[:padded], offset)
     except BaseException as err:
         os.close(fd)
         with contextlib.suppress(FileNotFoundError):
@@ -160,6 +162,22 @@ def write_file(path: Path, nbytes: int, buffer: BounceBuffer, stage: Stage) -> i
     # No fsync: the bytes are on the device once pwrite returns (O_DIRECT), and nothing outlives
     # the process that would need the file's metadata to be durable.
     return align_up(nbytes)
+
+
+def _write_all(fd: int, data, offset: int) -> None:
+    """``os.pwrite`` all of ``data`` at ``offset``. A short write (the disk filled up, the file
+    reached its size limit) is followed by a write of the rest, which fails with the reason
+    (ENOSPC, EFBIG, EDQUOT): that error is raised, not a generic one. O_DIRECT needs aligned
+    offsets, so the rest restarts at the last aligned byte written."""
+    done, stalled = 0, False
+    while done < len(data):
+        written = os.pwrite(fd, data[done:], offset + done)
+        progress = written - written % ALIGN
+        if progress == 0:
+            if stalled:  # twice nothing aligned, and the kernel gave no reason
+                raise OSError(errno.EIO, f"the disk took {written} of {len(data) - done} bytes at {offset + done}")
+            stalled = True
+        done += progress
 
 
 def read_file(path: Path, nbytes: int, buffer: BounceBuffer, stage: Stage) -> int:

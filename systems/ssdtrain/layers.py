@@ -1,8 +1,12 @@
-"""Finding a model's repeated blocks, the unit the offloader numbers, keeps and prefetches.
+"""Finding a model's repeated blocks, the unit the offloader numbers, keeps, offloads, recomputes
+and prefetches.
 
-Transformer models keep their blocks in one ``nn.ModuleList`` of modules of one class (GPT-2's
-``transformer.h``, Llama's ``model.layers``); other lists of one class (heads, experts) hold fewer
-parameters, so the list holding the most parameters is taken.
+A block is a module that a ``nn.ModuleList`` or ``nn.Sequential`` holds among modules of its own
+class: a transformer's layers (GPT-2's ``transformer.h``, Llama's ``model.layers``, T5's encoder
+and decoder blocks), a ResNet's ``BasicBlock``s (two in each of ``layer1`` to ``layer4``). The
+class whose blocks hold the most parameters is taken, and every block of it, in the order the
+model lists its modules (the order forward runs them in these models); other repeated classes
+(heads, experts inside a layer, the convolutions of a downsampling path) hold fewer.
 """
 
 from __future__ import annotations
@@ -13,17 +17,22 @@ from harness.errors import UserError
 
 
 def find_layers(model: nn.Module) -> list[nn.Module]:
-    """The blocks of ``model``'s largest ``ModuleList`` / ``Sequential`` of modules of one class, in
-    order. Raises a UserError if it has none (pass the layers explicitly then)."""
-    best, best_size = None, (-1, 0)
+    """Every block of the repeated class of ``model`` (see the module), in module order. Raises a
+    UserError if it has none (pass the blocks explicitly then)."""
+    blocks: dict[type, list[nn.Module]] = {}
     for module in model.modules():
         if isinstance(module, nn.ModuleList | nn.Sequential) and len(module) and len({type(m) for m in module}) == 1:
-            size = (sum(p.numel() for p in module.parameters()), len(module))
-            if size > best_size:
-                best, best_size = module, size
-    if best is None:
+            blocks.setdefault(type(module[0]), []).extend(module)
+    if not blocks:
         raise UserError(
-            f"{type(model).__name__} has no list of repeated blocks (an nn.ModuleList of modules of one class); "
-            "pass layers=[...] to the Offloader"
+            f"{type(model).__name__} has no list of repeated blocks (an nn.ModuleList or nn.Sequential of modules "
+            "of one class); pass the blocks explicitly (layers=[...])"
         )
-    return list(best)
+
+    def size(cls: type) -> tuple[int, int]:
+        return sum(p.numel() for block in blocks[cls] for p in block.parameters()), len(blocks[cls])
+
+    chosen = blocks[max(blocks, key=size)]
+    unique = list({id(block): block for block in chosen}.values())  # a block listed twice is one block
+    inside = {id(m) for block in unique for m in block.modules() if m is not block}
+    return [block for block in unique if id(block) not in inside]  # a block nested in another is the other's

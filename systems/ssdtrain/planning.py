@@ -28,13 +28,16 @@ recorded next to the measured step (workloads/llm_offload).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from dataclasses import dataclass
 
 import torch
 
 from harness import timing
+from harness.errors import UserError
 from systems.ssdtrain.engine import Offloader
+from systems.ssdtrain.recompute import tensors_in
 from systems.ssdtrain.stores.host import HostStore
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
@@ -207,55 +210,110 @@ def _greedy(profiles, options):
 # -- measuring what the model needs -------------------------------------------------------------
 
 
-def profile(model, layers, run_step, device: str, min_bytes: int = 0) -> tuple[list[LayerProfile], float, int]:
+def device_of(device) -> torch.device:
+    """``device`` given any way torch accepts it (``"cuda"``, ``"cuda:0"``, ``torch.device``, an
+    index), checked to be a CPU or a CUDA device."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise UserError(f"{device!r} is not a device torch knows ({err})") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"profiling runs on a CPU or a CUDA device, not {device}")
+    return device
+
+
+def _mark(device: torch.device):
+    """A point in time on ``device``'s clock: a CUDA event on its current stream, or the host clock."""
+    if device.type != "cuda":
+        return timing.mark("cpu")
+    with torch.cuda.device(device):
+        return timing.mark("cuda")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class LayerTimer:
+    """Forward hooks on ``layers`` that record, for the last forward, each layer's input bytes (its
+    positional and keyword tensors, each counted once) and the marks around its forward. A layer
+    run again in backward (recomputation) is not recorded."""
+
+    def __init__(self, layers, device):
+        self.device = device_of(device)
+        self.starts, self.ends, self.inputs = {}, {}, {}
+        self._hooks = []
+        for index, layer in enumerate(layers):
+            before = functools.partial(self._before, index)
+            self._hooks.append(layer.register_forward_pre_hook(before, with_kwargs=True))
+            self._hooks.append(layer.register_forward_hook(functools.partial(self._after, index)))
+
+    def _before(self, index, module, args, kwargs):
+        if torch._C._current_graph_task_id() != -1:
+            return
+        tensors = {id(t): t for t in tensors_in([*args, *kwargs.values()])}
+        self.inputs[index] = sum(t.numel() * t.element_size() for t in tensors.values())
+        self.starts[index] = _mark(self.device)
+
+    def _after(self, index, module, args, output):
+        if torch._C._current_graph_task_id() == -1:
+            self.ends[index] = _mark(self.device)
+
+    def forward_seconds(self) -> dict[int, float]:
+        """Each recorded layer's forward time (waits for the device first)."""
+        _synchronize(self.device)
+        return {i: timing.elapsed(self.starts[i], self.ends[i]) for i in self.starts if i in self.ends}
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def profiles_of(stats, timer: LayerTimer, count: int) -> tuple[list[LayerProfile], int]:
+    """The ``count`` layers' profiles from one step's ``StepStats`` (under an Offloader that keeps
+    everything) and its ``LayerTimer``, and the bytes saved outside the layers."""
+    forward = timer.forward_seconds()
+    profiles = []
+    for i in range(count):
+        if i not in forward:
+            raise ValueError(f"layer {i} did not run in the step: the layer list does not match the model")
+        layer = stats.layers.get(i)
+        saved = 0 if layer is None else layer.unique_bytes - layer.parameter_bytes
+        profiles.append(LayerProfile(saved, timer.inputs[i], forward[i]))
+    outside = stats.layers.get(None)
+    return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
+
+
+def profile(model, layers, run_step, device, min_bytes: int = 0) -> tuple[list[LayerProfile], float, int]:
     """Each layer's saved bytes, input bytes and forward time, the step's time and the bytes saved
     outside the layers, from one ``run_step()`` (forward and backward) under a counting,
-    keep-everything Offloader, after one warm-up step. Forward times come from CUDA events (GPU)
-    or the host clock (CPU) around each layer; saved bytes are the layer's unique saved storages
-    less parameters (what offloading could move)."""
-    starts, ends, inputs = {}, {}, {}
-
-    def before(index, module, args):
-        inputs[index] = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
-        starts[index] = timing.mark(device)
-
-    def after(index, module, args, output):
-        ends[index] = timing.mark(device)
-
-    hooks = []
-    for i, layer in enumerate(layers):
-        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: before(i, m, a)))
-        hooks.append(layer.register_forward_hook(lambda m, a, o, i=i: after(i, m, a, o)))
+    keep-everything Offloader, after one warm-up step. ``device``: any way torch names one. Forward
+    times come from CUDA events (GPU) or the host clock (CPU) around each layer; saved bytes are the
+    layer's unique saved storages less parameters (what offloading could move)."""
+    device = device_of(device)
+    timer = LayerTimer(layers, device)
     counter = Offloader(model, HostStore(), policy="keep", layers=layers, min_bytes=min_bytes, keep_last=0)
     try:
         seconds = 0.0
         for _ in range(2):  # the first step warms up
-            started = timing.mark(device)
+            started = _mark(device)
             with counter:
                 run_step()
-            stopped = timing.mark(device)
-            if device == "cuda":
-                torch.cuda.synchronize()
+            stopped = _mark(device)
+            _synchronize(device)
             seconds = timing.elapsed(started, stopped)
+        profiles, outside = profiles_of(counter.stats, timer, len(layers))
     finally:
-        for hook in hooks:
-            hook.remove()
-    forward = {i: timing.elapsed(starts[i], ends[i]) for i in starts}
-    stats = counter.stats.layers
-    profiles = []
-    for i in range(len(layers)):
-        if i not in forward:
-            raise ValueError(f"layer {i} did not run in the step: the layer list does not match the model")
-        layer = stats.get(i)
-        saved = 0 if layer is None else layer.unique_bytes - layer.parameter_bytes
-        profiles.append(LayerProfile(saved, inputs[i], forward[i]))
-    outside = stats.get(None)
-    return profiles, seconds, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
+        timer.remove()
+    return profiles, seconds, outside
 
 
-def store_bandwidth(store, device: str, nbytes: int = 64 << 20, repeat: int = 3) -> float:
+def store_bandwidth(store, device, nbytes: int = 64 << 20, repeat: int = 3) -> float:
     """The store's write-and-read bandwidth in B/s (median of ``repeat`` rounds: put a tensor of
     ``nbytes`` from ``device``, read it back), the figure the plans use for both directions."""
+    device = device_of(device)
     tensor = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
     out = torch.empty_like(tensor)
     rates = []

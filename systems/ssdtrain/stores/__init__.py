@@ -62,6 +62,10 @@ class StoreEntry(Entry):
         """A new store of this kind for a part with ``params`` and scratch ``folder``."""
         if self.scratch and folder is None:
             raise ValueError(f"offload store {self.name} writes files and needs a scratch folder")
+        if self.scratch:
+            # The suite's own scratch folder (config.yaml's scratch_dir) is made on first use; a
+            # store given a folder directly refuses a missing one (fileio.make_scratch).
+            Path(folder).mkdir(parents=True, exist_ok=True)
         return self.make(params, folder, **setting)
 
 

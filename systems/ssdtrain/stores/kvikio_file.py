@@ -53,8 +53,13 @@ class KvikioStore(FileStore):
         try:
             with self._kvikio.CuFile(path, "w") as file:
                 done = file.pwrite(data).get()
+                # A short write (the disk filled up) is followed by a write of the rest, which
+                # fails with the reason instead of a generic short-write error.
+                while 0 < done < data.numel():
+                    more = file.pwrite(data[done:], file_offset=done).get()
+                    done = done + more if more else -done
             if done != data.numel():
-                raise OSError(errno.EIO, f"short write: {done} of {data.numel()} bytes")
+                raise OSError(errno.EIO, f"the disk took {abs(done)} of {data.numel()} bytes and gave no reason")
         except BaseException as err:
             path.unlink(missing_ok=True)
             if isinstance(err, OSError):
