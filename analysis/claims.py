@@ -1,0 +1,596 @@
+"""The papers' headline claims against one machine's results: ``paper_figs/<machine>/claims.md``.
+
+    python -m analysis.claims --machine h200 [--scale h200] [--out paper_figs/h200/claims.md]
+
+Each claim of ``config/claims.yaml`` (validated against ``workflow/schemas/claims.schema.yaml``;
+the file's header says how a value and its verdict are computed) is evaluated from the committed
+results of ``results/<machine>/``: the files of its parts and the re-runs beside them, each re-run
+a separate process. A claim whose files or rows are missing reads "not measured here" with the
+reason; nothing about missing results is an error. The machine column comes from the machine's
+ceilings (``results/<machine>/ceilings/``) and the provenance records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import load_results, machine_label, same_code_reruns, summarize
+from harness.config import ConfigError, _check, _read_yaml, _relative
+from harness.errors import UserError, exit_on_user_error
+from harness.results import load_provenance
+from harness.topic import discover
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CLAIMS_FILE = REPO_ROOT / "config" / "claims.yaml"
+SCHEMA_FILE = REPO_ROOT / "workflow" / "schemas" / "claims.schema.yaml"
+HOLDS, PARTLY, FAILS, NOT_MEASURED = "holds", "partly", "does not hold", "not measured here"
+RANK = {HOLDS: 0, PARTLY: 1, FAILS: 2}  # the least favourable verdict has the highest rank
+COMMITTED = "committed run"
+GiB = 2**30
+
+
+# ---------------------------------------------------------------- the claims file
+
+
+def load_claims(path: Path | str = CLAIMS_FILE) -> list[dict]:
+    """The claims of ``path``, refused in one line if the file breaks its schema or its rules."""
+    path = Path(path)
+    document = _read_yaml(path, "claims file")
+    where = f"{_relative(path)}: "
+    _check(document, SCHEMA_FILE, where)
+    claims = document["claims"]
+    topics = discover()
+    seen = set()
+    for i, claim in enumerate(claims):
+        at = f"{where}key 'claims/{i}' ({claim['id']})"
+        if claim["id"] in seen:
+            raise ConfigError(f"{at}: the id is used twice")
+        seen.add(claim["id"])
+        verdict, measure = claim.get("verdict"), claim.get("measure")
+        if measure is None:
+            continue
+        if measure["topic"] not in topics:
+            raise ConfigError(f"{at}: unknown topic {measure['topic']!r} (topics: {', '.join(topics)})")
+        topic = topics[measure["topic"]]
+        unknown = [p for p in measure["parts"] if p not in topic.part_names]
+        if unknown:
+            raise ConfigError(f"{at}: topic {topic.name} has no parts {unknown} (parts: {', '.join(topic.part_names)})")
+        columns = set(topic.schema.columns)
+        named = [*measure.get("filters", {}), *measure.get("per", []), measure.get("best_over"), measure.get("column")]
+        stray = sorted({c for c in named if c is not None and c not in columns})
+        if stray:
+            raise ConfigError(f"{at}: {stray} are not columns of topic {topic.name}'s results")
+        if _higher_is_better(measure) != (verdict["holds"] >= verdict["partly"]):
+            better = "at least" if _higher_is_better(measure) else "at most"
+            raise ConfigError(f"{at}: verdict 'holds' must be {better} 'partly' for a {_shown(measure)} value")
+    return claims
+
+
+def _kind(measure: dict) -> str:
+    return measure.get("kind", "ratio")
+
+
+def _shown(measure: dict) -> str:
+    """What the shown value is: speedup, ratio or reduction (ratio kind), or the kind itself."""
+    return measure["value"] if _kind(measure) == "ratio" else _kind(measure)
+
+
+def _higher_is_better(measure: dict) -> bool:
+    """Of the shown value: a ratio (numerator over baseline) is better lower; all else higher."""
+    return _shown(measure) != "ratio"
+
+
+# ---------------------------------------------------------------- results of one machine
+
+
+@dataclass
+class Folder:
+    """The results of one machine at one scale, each file loaded once."""
+
+    root: Path  # results/<machine>
+    scale: str
+    topics: dict = field(default_factory=discover)
+    _loaded: dict = field(default_factory=dict)
+
+    def committed(self, topic: str, part: str) -> Path:
+        return self.root / topic / f"{part}-{self.scale}.csv"
+
+    def reruns(self, topic: str, part: str) -> list[Path]:
+        return sorted((self.root / topic / "reruns").glob(f"run*/{part}-{self.scale}.csv"))
+
+    def load(self, topic: str, path: Path) -> pd.DataFrame:
+        """One results file of ``topic``, validated against its schema (each file read once)."""
+        if path not in self._loaded:
+            frame, provenance = load_results([str(path)], self.topics[topic].schema)
+            self._loaded[path] = (frame, provenance[0])
+        return self._loaded[path][0]
+
+    def processes(self, topic: str, parts: list[str]) -> tuple[dict[str, pd.DataFrame], list[Path], list[Path]]:
+        """The rows of ``parts`` by process (the committed run first, then each re-run folder
+        measured at the committed run's commit), the committed files missing, and the re-runs
+        left out because they measured other code."""
+        present = [self.committed(topic, p) for p in parts if self.committed(topic, p).exists()]
+        missing = [self.committed(topic, p) for p in parts if not self.committed(topic, p).exists()]
+        if not present:
+            return {}, missing, []
+        reruns = [f for p in parts for f in self.reruns(topic, p)]
+        kept, other = same_code_reruns([str(f) for f in reruns], [str(f) for f in present])
+        by_process = {COMMITTED: pd.concat([self.load(topic, f) for f in present], ignore_index=True)}
+        for f in map(Path, kept):
+            frame = self.load(topic, f)
+            name = f.parent.name
+            by_process[name] = pd.concat([by_process[name], frame]) if name in by_process else frame
+        return by_process, missing, [Path(f) for f in other]
+
+    def provenance(self) -> list[dict]:
+        return [record for _, record in self._loaded.values()]
+
+
+# ---------------------------------------------------------------- computing one claim
+
+
+@dataclass
+class Outcome:
+    verdict: str
+    value: str = ""  # this machine's value with its range, as shown
+    reason: str = ""
+
+
+class NotMeasured(Exception):
+    """A claim this machine's results cannot decide; the message says why."""
+
+
+def _filtered(rows: pd.DataFrame, filters: dict) -> pd.DataFrame:
+    for column, wanted in filters.items():
+        rows = rows[rows[column].isin(wanted if isinstance(wanted, list) else [wanted]).fillna(False)]
+    return rows
+
+
+def _side(rows: pd.DataFrame, side: dict) -> pd.DataFrame:
+    if "variants" in side:
+        return rows[rows.variant.isin(side["variants"])]
+    return rows[rows.role.isin(side["roles"])]
+
+
+def _describe_side(side: dict) -> str:
+    if "variants" in side:
+        return " or ".join(side["variants"])
+    return "role " + " or ".join(side["roles"])
+
+
+def _group_label(per: list[str], key) -> str:
+    return ", ".join(f"{c}={k}" for c, k in zip(per, key if isinstance(key, tuple) else (key,)))
+
+
+def _best(medians: pd.DataFrame, lower: bool) -> pd.Series:
+    return medians.loc[medians["median"].idxmin() if lower else medians["median"].idxmax()]
+
+
+def _sweep_best(medians: pd.DataFrame, per: list[str], lower: bool) -> pd.DataFrame:
+    """Each variant's best median over the swept column, per group."""
+    order = medians.sort_values("median", ascending=lower)
+    return order.drop_duplicates([*per, "variant"]).reset_index(drop=True)
+
+
+@dataclass
+class GroupRatio:
+    ratio: float  # numerator over baseline, of the metric
+    numerator: str
+    baseline: str
+    guard: float | None = None
+
+
+def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
+    """Per group: the best numerator variant over the best baseline variant (medians)."""
+    per, lower = measure["per"], measure.get("lower_is_better", True)
+    keys = [*per, "variant", "role"] + ([measure["best_over"]] if "best_over" in measure else [])
+    medians = summarize(rows, measure["metric"], keys)
+    if "best_over" in measure:
+        medians = _sweep_best(medians, per, lower)
+    guard = measure.get("guard")
+    guard_medians = summarize(rows, guard["metric"], [*per, "variant"]) if guard else None
+    found = {}
+    for key, group in medians.groupby(per, dropna=False):
+        num, base = _side(group, measure["numerator"]), _side(group, measure["baseline"])
+        if num.empty or base.empty:
+            continue
+        best_num, best_base = _best(num, lower), _best(base, lower)
+        found[key] = GroupRatio(best_num["median"] / best_base["median"], best_num.variant, best_base.variant)
+        if guard:
+            g = guard_medians
+            sel = g[(g[per].apply(tuple, axis=1) == (key if isinstance(key, tuple) else (key,))).to_numpy()]
+            n, b = sel[sel.variant == best_num.variant]["median"], sel[sel.variant == best_base.variant]["median"]
+            found[key].guard = float(n.iloc[0] / b.iloc[0]) if len(n) and len(b) else None
+    return found
+
+
+def _show(ratio: float, measure: dict) -> float:
+    """The shown value of a numerator-over-baseline ratio."""
+    if measure["value"] == "ratio":
+        return ratio
+    if measure["value"] == "reduction":
+        return 1 - ratio
+    return 1 / ratio if measure.get("lower_is_better", True) else ratio
+
+
+def _geomean(values) -> float:
+    return float(np.exp(np.log(np.asarray(list(values), dtype=float)).mean()))
+
+
+def _format(value: float, shown: str) -> str:
+    if shown in ("speedup", "ratio"):
+        return f"{value:.2f}x"
+    if shown == "reduction":
+        return f"−{value:.0%}" if value >= 0 else f"+{-value:.0%}"
+    if shown == "no_oom":
+        return f"{value:.0%}"
+    return f"{value:,.0f}" if abs(value) < 1e6 else f"{value / 1e6:,.1f}M"
+
+
+def _format_threshold(value: float, shown: str) -> str:
+    """A threshold as a bound reads: a reduction's as the share cut."""
+    return f"{value:.0%} cut" if shown == "reduction" else _format(value, shown)
+
+
+def _grade(value: float, verdict: dict, higher: bool) -> str:
+    reaches = (lambda t: value >= t) if higher else (lambda t: value <= t)
+    return HOLDS if reaches(verdict["holds"]) else PARTLY if reaches(verdict["partly"]) else FAILS
+
+
+def _process_rows(by_process: dict, measure: dict) -> dict[str, pd.DataFrame]:
+    rows = {name: _filtered(frame, measure.get("filters", {})) for name, frame in by_process.items()}
+    return {name: r for name, r in rows.items() if not r.empty}
+
+
+def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[tuple]], dict]:
+    """Per process, the shown value of each group (a re-run's missing groups filled with the
+    committed run's ratios), and the committed run's group ratios."""
+    ratios = {name: _group_ratios(rows, measure) for name, rows in rows_by_process.items()}
+    committed = ratios.get(COMMITTED, {})
+    if not committed:
+        sides = f"{_describe_side(measure['numerator'])} against {_describe_side(measure['baseline'])}"
+        raise NotMeasured(f"no group ({', '.join(measure['per'])}) has both sides ({sides}) with {measure['metric']}")
+    values = {}
+    for name, found in ratios.items():
+        if name != COMMITTED and not set(found) & set(committed):
+            continue
+        values[name] = [(key, {**committed, **found}.get(key)) for key in committed]
+    return values, committed
+
+
+def _aggregate(groups: list[tuple], measure: dict) -> float:
+    how = measure["aggregate"]
+    if how == "geomean":
+        return _show(_geomean(g.ratio for _, g in groups), measure)
+    shown = [_show(g.ratio, measure) for _, g in groups]
+    if how == "max":
+        return max(shown)
+    if how == "min":
+        return min(shown)
+    # per_group: the least favourable group decides the verdict
+    return min(shown) if _higher_is_better(measure) else max(shown)
+
+
+def _spread(values: list[float], shown: str) -> str:
+    if len(values) < 2:
+        return "one process"
+    if min(values) == max(values):
+        return f"the same in {len(values)} processes"
+    return f"range {_format(min(values), shown)} to {_format(max(values), shown)} over {len(values)} processes"
+
+
+def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outcome:
+    if measure.get("requires_baseline_oom"):
+        baseline_oom = any(
+            (_side(rows, measure["baseline"]).metric == "out_of_memory").any() for rows in rows_by_process.values()
+        )
+    values, committed = _ratio_values(rows_by_process, measure)
+    shown, higher = measure["value"], _higher_is_better(measure)
+    per_process = {name: _aggregate(groups, measure) for name, groups in values.items()}
+    head = per_process[COMMITTED]
+    how = measure["aggregate"]
+    if how == "per_group":
+        cells = [
+            f"{_group_label(measure['per'], k)}: {_format(_show(g.ratio, measure), shown)}"
+            for k, g in committed.items()
+        ]
+        text = "; ".join(cells)
+    else:
+        text = f"{_format(head, shown)} ({how} over {len(committed)} group{'s' * (len(committed) > 1)})"
+        if how in ("max", "min"):
+            key, g = next((k, g) for k, g in committed.items() if _show(g.ratio, measure) == head)
+            text += f", at {_group_label(measure['per'], key)}: {g.numerator} vs {g.baseline}"
+        elif len({g.baseline for g in committed.values()}) > 1:
+            text += f"; baselines picked: {', '.join(sorted({g.baseline for g in committed.values()}))}"
+    text += f"; {_spread(list(per_process.values()), shown)}"
+    if measure.get("requires_baseline_oom") and not baseline_oom:
+        return Outcome(
+            NOT_MEASURED,
+            text,
+            f"{_describe_side(measure['baseline'])} never ran out of memory over {measure['best_over']} here: "
+            "the memory limit the claim relies on is absent on this machine",
+        )
+    grades = {name: _grade(v, verdict, higher) for name, v in per_process.items()}
+    result, reason = _verdict_of(grades, verdict, higher, shown)
+    guard = measure.get("guard")
+    if guard:
+        text, result, reason = _apply_guard(guard, values, text, result, reason)
+    return Outcome(result, text, reason)
+
+
+def _apply_guard(guard: dict, values: dict, text: str, result: str, reason: str) -> tuple[str, str, str]:
+    """A second ratio of the same variants (geomean over the groups, per process) that must stay
+    at most ``at_most``; out of bounds, or not recorded, the verdict is at best partly."""
+    over = {}
+    for name, groups in values.items():
+        measured = [g.guard for _, g in groups if g.guard is not None]
+        if measured:
+            over[name] = _geomean(measured)
+    bound, metric = guard["at_most"], guard["metric"]
+    capped = PARTLY if result == HOLDS else result
+    if not over:
+        return text, capped, reason + f"; {metric} not recorded: the overhead is unknown"
+    low, high = min(over.values()), max(over.values())
+    text += f"; {metric} x baseline: {_format(low, 'ratio')}" + (f" to {_format(high, 'ratio')}" if high > low else "")
+    if high > bound:
+        return text, capped, reason + f"; but {metric} exceeds {bound:.2f}x the baseline's"
+    return text, result, reason + f"; {metric} within {bound:.2f}x the baseline's"
+
+
+def _verdict_of(grades: dict[str, str], verdict: dict, higher: bool, shown: str) -> tuple[str, str]:
+    worst = max(grades.values(), key=RANK.get)
+    n = len(grades)
+    sign = "≥" if higher else "≤"
+    holds, partly = _format_threshold(verdict["holds"], shown), _format_threshold(verdict["partly"], shown)
+    if worst == HOLDS:
+        return HOLDS, f"{sign} {holds}" + (f" in every one of {n} processes" if n > 1 else "")
+    if worst == PARTLY:
+        short = sum(g != HOLDS for g in grades.values())
+        return PARTLY, f"{sign} {partly} but not {sign} {holds}" + (f" (in {short} of {n} processes)" if n > 1 else "")
+    short = sum(g == FAILS for g in grades.values())
+    return FAILS, f"not {sign} {partly}" + (f" (in {short} of {n} processes)" if n > 1 else "")
+
+
+def _evaluate_no_oom(rows_by_process: dict, measure: dict, verdict: dict) -> Outcome:
+    per = measure["per"]
+    per_process, counts = {}, {}
+    for name, rows in rows_by_process.items():
+        oom = rows[rows.metric == "out_of_memory"]
+        cases = _side(oom, measure["baseline"]).groupby(per, dropna=False).size().index
+        ours = _side(rows, measure["numerator"])
+        ran = failed = 0
+        for case in cases:
+            key = case if isinstance(case, tuple) else (case,)
+            mine = ours[(ours[per].apply(tuple, axis=1) == key).to_numpy()] if len(ours) else ours
+            if mine.empty:
+                continue  # the technique was not run in this case: it counts neither way
+            if (mine.metric == "out_of_memory").any() or not (mine.metric == measure["metric"]).any():
+                failed += 1
+            else:
+                ran += 1
+        if ran + failed:
+            per_process[name], counts[name] = ran / (ran + failed), (ran, ran + failed)
+    if COMMITTED not in per_process:
+        raise NotMeasured(f"no case here where {_describe_side(measure['baseline'])} ran out of memory")
+    ran, cases = counts[COMMITTED]
+    text = (
+        f"{_describe_side(measure['numerator'])} ran in {ran} of {cases} cases ({', '.join(per)}) where "
+        f"some {_describe_side(measure['baseline'])} ran out of memory; {_spread(list(per_process.values()), 'no_oom')}"
+    )
+    grades = {name: _grade(v, verdict, True) for name, v in per_process.items()}
+    result, reason = _verdict_of(grades, verdict, True, "no_oom")
+    return Outcome(result, text, reason)
+
+
+def _evaluate_largest(rows_by_process: dict, measure: dict, verdict: dict) -> Outcome:
+    column, per_process = measure["column"], {}
+    for name, rows in rows_by_process.items():
+        mine = _side(rows, measure["numerator"])
+        mine = mine[mine.metric == measure["metric"]]
+        if not mine.empty:
+            per_process[name] = float(mine[column].max())
+    if COMMITTED not in per_process:
+        raise NotMeasured(f"no {measure['metric']} rows of {_describe_side(measure['numerator'])}")
+    text = f"{_format(per_process[COMMITTED], 'largest')} ({column})"
+    grades = {name: _grade(v, verdict, True) for name, v in per_process.items()}
+    result, reason = _verdict_of(grades, verdict, True, "largest")
+    return Outcome(result, text, reason)
+
+
+EVALUATORS = {"ratio": _evaluate_ratio, "no_oom": _evaluate_no_oom, "largest": _evaluate_largest}
+
+
+def evaluate(claim: dict, folder: Folder) -> Outcome:
+    """One claim on one machine's results; "not measured here" with the reason where they
+    cannot decide it."""
+    if "not_measured" in claim:
+        return Outcome(NOT_MEASURED, "", claim["not_measured"])
+    measure = claim["measure"]
+    topic, parts = measure["topic"], measure["parts"]
+    by_process, missing, other_code = folder.processes(topic, parts)
+    if not by_process:
+        where = folder.root / topic / f"<part>-{folder.scale}.csv"
+        return Outcome(NOT_MEASURED, "", f"no results of parts {', '.join(parts)} ({where})")
+    rows = _process_rows(by_process, measure)
+    if COMMITTED not in rows:
+        filters = ", ".join(f"{k}={v}" for k, v in measure.get("filters", {}).items())
+        present = ", ".join(p for p in parts if folder.committed(topic, p).exists())
+        return Outcome(NOT_MEASURED, "", f"no rows of {topic} ({present}) match {filters}")
+    try:
+        outcome = EVALUATORS[_kind(measure)](rows, measure, claim["verdict"])
+    except NotMeasured as err:
+        return Outcome(NOT_MEASURED, "", str(err))
+    if missing:
+        outcome.value += f" (without {', '.join(f.name for f in missing)}: no such file)"
+    if other_code:
+        outcome.value += f" ({len(other_code)} re-run file(s) of other code left out)"
+    return outcome
+
+
+# ---------------------------------------------------------------- the machine column
+
+
+@dataclass
+class Ceilings:
+    pcie_link: str | None = None
+    pcie_gbps: float | None = None
+    gpus: list = field(default_factory=list)
+    disk: dict = field(default_factory=dict)  # "write"/"read" -> best median GB/s
+    gds: bool | None = None
+
+
+def machine_ceilings(folder: Folder) -> Ceilings:
+    """What the claims' machine column shows, from the ceilings results and the provenance."""
+    found = Ceilings()
+    records = [load_provenance(p) for p in sorted(folder.root.glob(f"*/*-{folder.scale}.csv"))]
+    for record in records:
+        gpus = record.get("machine", {}).get("gpus", [])
+        if gpus and not found.gpus:
+            found.gpus = gpus
+        link = next((g.get("pcie") for g in gpus if g.get("pcie")), None)
+        found.pcie_link = found.pcie_link or link
+    pcie = folder.committed("ceilings", "pcie_copy")
+    if pcie.exists():
+        bw = summarize(folder.load("ceilings", pcie), "bandwidth", ["variant", "host_memory", "size_bytes"])
+        pinned = bw[(bw.variant == "h2d") & (bw.host_memory == "pinned")]
+        if not pinned.empty:
+            found.pcie_gbps = float(pinned.loc[pinned.size_bytes.idxmax(), "median"])
+    disk = folder.committed("ceilings", "disk")
+    if disk.exists():
+        bw = summarize(folder.load("ceilings", disk), "bandwidth", ["variant", "block_bytes", "threads"])
+        found.disk = {v: float(g["median"].max()) for v, g in bw.groupby("variant")}
+        recorded = load_provenance(disk).get("gpudirect_storage")
+        found.gds = None if recorded is None else bool(recorded)
+    return found
+
+
+def machine_cell(claim: dict, found: Ceilings) -> str:
+    facts = []
+    for factor in claim.get("machine", []):
+        if factor == "pcie":
+            link = f"PCIe {found.pcie_link}" if found.pcie_link else "PCIe link not recorded"
+            rate = f"{found.pcie_gbps:.1f} GB/s pinned copy" if found.pcie_gbps else "copy bandwidth not measured"
+            facts.append(f"{link}, {rate}")
+        elif factor == "gpu_memory":
+            if found.gpus:
+                sizes = sorted({g["memory_mib"] for g in found.gpus})
+                facts.append(f"{len(found.gpus)}x {found.gpus[0]['name']}, {sizes[0] / 1024:.0f} GiB")
+            else:
+                facts.append("no GPU recorded")
+        elif factor == "disk":
+            if found.disk:
+                best = ", ".join(f"{k} {v:.1f}" for k, v in sorted(found.disk.items(), key=lambda kv: -kv[1]))
+                facts.append(f"disk (O_DIRECT, best of the probe's settings): {best} GB/s")
+            else:
+                facts.append("disk not measured")
+        elif factor == "gds":
+            facts.append({True: "GDS present", False: "no GDS", None: "GDS not recorded"}[found.gds])
+    here = "; ".join(facts)
+    paper_gpu = claim["paper"]["conditions"]["gpu"]
+    return f"here: {here} · paper: {paper_gpu}" if here else f"paper: {paper_gpu}"
+
+
+# ---------------------------------------------------------------- the table
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def figure_link(claim: dict, machine_dir: Path, scale: str) -> str:
+    if "measure" not in claim:
+        return ""
+    topic = claim["measure"]["topic"]
+    if not (machine_dir / topic).exists():
+        return f"[doc](../../docs/{topic}.md)"
+    return f"[{topic}]({topic}-{scale}.png), [doc](../../docs/{topic}.md)"
+
+
+def render(
+    machine: str, scale: str, results_root: Path | str = "results", claims_file: Path | str = CLAIMS_FILE
+) -> str:
+    """The claims table of one machine's results, as markdown."""
+    claims = load_claims(claims_file)
+    folder = Folder(Path(results_root) / machine, scale)
+    outcomes = [(claim, evaluate(claim, folder)) for claim in claims]
+    found = machine_ceilings(folder)
+    provenance = folder.provenance()
+    lines = [
+        f"# The thesis's claims on `{machine}` (scale `{scale}`)",
+        "",
+        f"Generated by `analysis/claims.py` from `config/claims.yaml` and `results/{machine}/`; the config's "
+        "header says how each value is computed. Verdicts: **holds** where every process (the committed run "
+        "and each same-code re-run) reaches the claim's `holds` threshold, **partly** where every process "
+        "reaches `partly`, **does not hold** otherwise; a guard (e.g. step-time overhead) out of bounds "
+        "lowers holds to partly. Values: this machine's, from the committed run, with the range over processes.",
+        "",
+    ]
+    if provenance:
+        lines += [f"Measured: {machine_label(provenance)}", ""]
+    lines += [
+        "| technique | claim | paper (conditions; source) | this machine | figure | verdict | machine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for claim, outcome in outcomes:
+        c = claim["paper"]["conditions"]
+        paper = (
+            f"**{claim['paper']['text']}**; GPU: {c['gpu']}; data: {c['dataset']}; model: {c['model']}; "
+            f"baseline: {c['baseline']}; {claim['source']['paper']}, {claim['source']['where']}"
+        )
+        verdict = f"**{outcome.verdict}**" + (f": {outcome.reason}" if outcome.reason else "")
+        cells = [
+            claim["technique"],
+            f"{claim['claim']} (`{claim['id']}`)",
+            paper,
+            outcome.value or "–",
+            figure_link(claim, folder.root, scale),
+            verdict,
+            machine_cell(claim, found),
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    tally = pd.Series([o.verdict for _, o in outcomes]).value_counts()
+    lines += ["", "Tally: " + ", ".join(f"{v} {tally[v]}" for v in (HOLDS, PARTLY, FAILS, NOT_MEASURED) if v in tally)]
+    return "\n".join(lines) + "\n"
+
+
+def scales_of(root: Path) -> list[str]:
+    """The scales a machine folder has results of (files are named <part>-<scale>.csv)."""
+    return sorted({p.stem.rsplit("-", 1)[-1] for p in root.glob("*/*.csv") if "-" in p.stem})
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+@exit_on_user_error
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--machine", required=True, help="the folder results/<machine>/")
+    parser.add_argument("--scale", help="the results' scale (default: the only one the folder has)")
+    parser.add_argument("--results-root", type=Path, default=Path("results"))
+    parser.add_argument("--claims", type=Path, default=CLAIMS_FILE)
+    parser.add_argument("--out", type=Path, help="default: paper_figs/<machine>/claims.md")
+    args = parser.parse_args(argv)
+    root = args.results_root / args.machine
+    scale = args.scale
+    if scale is None:
+        scales = scales_of(root)
+        if len(scales) != 1:
+            found = ", ".join(scales) if scales else "none"
+            raise UserError(f"{root}: give --scale (scales with results there: {found})")
+        scale = scales[0]
+    text = render(args.machine, scale, args.results_root, args.claims)
+    _write_atomically(args.out or Path("paper_figs") / args.machine / "claims.md", text)
+
+
+if __name__ == "__main__":
+    main()
