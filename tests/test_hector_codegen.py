@@ -120,11 +120,12 @@ def all_instances() -> dict[str, str]:
 
 def representative_instances() -> dict[str, str]:
     """One instance of each entry point (the first by name), and the standalone GEMM template in
-    each of its shapes at one tile size: every template's every macro variant, once."""
+    each of its shapes at one tile size (the bf16 variant's at both of its, whose warps split the
+    tile differently): every template's every macro variant, once."""
     found = {}
     for name, text in sorted(all_instances().items()):
         found.setdefault(re.sub(r"_[0-9a-f]{10}$", "", name), (name, text))  # by entry point: name_<hash>
-    shapes = [shape for shape in codegen.GEMM_SHAPES + codegen.BF16_SHAPES if shape.rows == 64]
+    shapes = [shape for shape in codegen.GEMM_SHAPES + codegen.BF16_SHAPES if shape.rows == 64 or shape.bf16]
     return dict(found.values()) | dict(codegen.segment_gemm_source(shape) for shape in shapes)
 
 

@@ -32,10 +32,11 @@ THREADS = 256
 
 @dataclasses.dataclass(frozen=True)
 class GemmShape:
-    """A GEMM instance's tile (rows x columns, each 64 or 128), whether it moves quads (four
-    entries) in one load, whether it multiplies on tensor cores (the labelled TF32 variant: inputs
-    rounded to TF32, fp32 accumulate), and whether its rows and weights are bf16 (the template
-    alone, on tensor cores: bf16 in, fp32 accumulate, bf16 out)."""
+    """A GEMM instance's tile (rows x columns, each 64 or 128), whether it moves rows in 16-byte
+    pieces (quads of float32s in one load; 8 bf16s by one cp.async), whether it multiplies on
+    tensor cores (the labelled TF32 variant: inputs rounded to TF32, fp32 accumulate), and whether
+    its rows and weights are bf16 (the template alone, on bf16 tensor cores: bf16 in, fp32
+    accumulate, bf16 out)."""
 
     rows: int = 64
     columns: int = 64
@@ -54,14 +55,18 @@ class GemmShape:
 
 # What gemm_shape picks from (CI compiles each; the bf16 ones through segment_gemm_source).
 GEMM_SHAPES = [GemmShape(m, m, v, tc) for m in (64, 128) for v in (False, True) for tc in (False, True)]
-BF16_SHAPES = [GemmShape(m, m, v, True, True) for m in (64, 128) for v in (False, True)]
+BF16_SHAPES = [GemmShape(128, n, v, True, True) for n in (64, 128) for v in (False, True)]
 OUTER_SHAPES = [GemmShape(vec4=v) for v in (False, True)]  # the weight gradients': 64 x 64, fp32
 
 
 def gemm_shape(k: int, n: int, *tensors: torch.Tensor, tensor_cores: bool = False, bf16: bool = False) -> GemmShape:
     """The tile for a product with k inputs and n outputs per row: 128 x 128 where n passes 64
     (twice the work per shared-memory read), else 64 x 64 (less padding in short segments); quads
-    moved in one load where every row starts aligned to one."""
+    moved in one load where every row starts aligned to one. The bf16 variant's tiles are 128 rows
+    high (a block keeps twice the bytes of A in flight, and reads its weight for twice the rows),
+    with 64 or 128 columns as n asks, and move 16-byte pieces where :func:`pieces_fit`."""
+    if bf16:
+        return GemmShape(128, 128 if n > 64 else 64, pieces_fit(k, n, *tensors), True, True)
     size = 128 if n > 64 else 64
     return GemmShape(size, size, quads_fit(k, n, *tensors), tensor_cores, bf16)
 
@@ -71,6 +76,14 @@ def quads_fit(k: int, n: int, *tensors: torch.Tensor) -> bool:
     whole quads, and every row aligned to a quad (the tensors 16-byte aligned, so rows of a
     multiple of 4 entries are)."""
     return k % 4 == 0 and n % 4 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def pieces_fit(k: int, n: int, *tensors: torch.Tensor) -> bool:
+    """Whether rows of k and of n bf16s can move in 16-byte pieces of 8 (cp.async copies 16
+    aligned bytes, and the results are stored so): whole pieces, and every row aligned to one (the
+    tensors 16-byte aligned, so rows of a multiple of 8 bf16s are, and so is each type's weight).
+    Otherwise the bf16 variant reads and writes entry by entry."""
+    return k % 8 == 0 and n % 8 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 @functools.lru_cache(maxsize=4096)  # steps hash by identity of their values: one lookup per launch
@@ -525,7 +538,8 @@ def segment_gemm(
     """The GEMM template alone: ``rows[offsets[t]:offsets[t+1]] @ weight[t]`` for every type t, rows
     already in type order (what ``grouped_mm`` computes), on CUDA tensors, given ``offsets`` or
     their :class:`Segments`. float32 rows and weights: exact float32, or with ``tensor_cores``
-    the TF32 variant. bfloat16 ones (``tensor_cores`` required): the bf16 variant, a bf16 result.
+    the TF32 variant. bfloat16 ones (``tensor_cores`` required): the bf16 variant (bf16 tensor
+    cores, fp32 accumulate), a bf16 result rounded once.
     For the template's benchmark against stock torch on equal segment shapes."""
     if rows.dtype != weight.dtype or rows.dtype not in (torch.float32, torch.bfloat16) or not rows.is_cuda:
         raise ValueError(

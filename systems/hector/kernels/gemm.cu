@@ -1,8 +1,8 @@
 // Hector's GEMM template, specialized by the code generator (systems/hector/codegen.py) with
 // #defines put before this text: exact float32 by default; with TENSOR_CORES the labelled TF32
-// variant; with BF16 as well, bfloat16 rows, weights and results (segment_gemm alone). As it
-// stands (no #defines) it is the plain float32 variant, and CI compiles it so for sm_90 like
-// every kernel of the suite.
+// variant; with BF16 as well, bfloat16 rows, weights and results on bf16 tensor cores
+// (segment_gemm alone; its own kernel body, after the float32 one). As it stands (no #defines) it
+// is the plain float32 variant, and CI compiles it so for sm_90 like every kernel of the suite.
 //
 // Rows are visited in a *sorted position* order in which each type (relation or node type) is one
 // contiguous segment; the host cuts the segments into tiles once per graph (a tile never spans
@@ -48,24 +48,21 @@
 #define TILE_N 64  // columns of a tile: 64 or 128
 #endif
 #ifndef VEC4
-#define VEC4 0  // K and N multiples of 4 and every row 16-byte aligned: float4 loads and stores
+// K and N multiples of 4 and every row 16-byte aligned: float4 loads and stores. With BF16: K and
+// N multiples of 8 and every row 16-byte aligned, so that rows move in 16-byte pieces (cp.async in,
+// vector stores out); codegen.gemm_shape decides which.
+#define VEC4 0
 #endif
 #ifndef TENSOR_CORES
 #define TENSOR_CORES 0  // 1: the labelled TF32 variant (inputs rounded to TF32, fp32 accumulate)
 #endif
-// 1 (with TENSOR_CORES): A, B and C hold bfloat16s. A bf16 widened to float32 is a TF32 value, so
-// the TF32 products are the exact products of the bf16 inputs: bf16 in, fp32 accumulate, C rounded
-// to bf16 once. It moves half the bytes of the float32 variants, on the same tensor-core path.
+// 1 (with TENSOR_CORES): A, B and C hold bfloat16s, multiplied on bf16 tensor cores
+// (mma.m16n8k16, fp32 accumulate) and C rounded to bf16 once, to nearest, ties to even.
 #ifndef BF16
 #define BF16 0
 #endif
 #if BF16 && (!TENSOR_CORES || ACCUMULATE)
 #error "the bf16 variant multiplies on tensor cores and writes its rows (there are no bf16 atomic adds here)"
-#endif
-#if BF16
-typedef unsigned short element;  // a bfloat16's bits (no headers, see above)
-#else
-typedef float element;
 #endif
 #define TILE_K 16
 #define THREADS 256  // 16 x 16 threads, each a (TILE_M / 16) x (TILE_N / 16) block of the output tile
@@ -153,22 +150,15 @@ __device__ __forceinline__ void mma_tile(const float (&left)[TILE_K][LM + PAD], 
     }
 }
 
-__device__ __forceinline__ float widen(unsigned short bf16) { return __uint_as_float((unsigned)bf16 << 16); }
-
-__device__ __forceinline__ void write(float* p, float value) { *p = value; }
-__device__ __forceinline__ void write(unsigned short* p, float value) {  // to the nearest bf16, ties to even
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(*p) : "f"(value));
-}
-
 // One result of the tile, at its row position and column: written, or added atomically.
-__device__ __forceinline__ void put(element* __restrict__ C, const long long* __restrict__ c_rows, long long position,
+__device__ __forceinline__ void put(float* __restrict__ C, const long long* __restrict__ c_rows, long long position,
                                     long long end, int n, int N, float value) {
     if (position >= end || n >= N) return;
     const long long row = SCATTER_C ? c_rows[position] : position;
 #if ACCUMULATE
     atomicAdd(C + row * N + n, value);
 #else
-    write(C + row * N + n, value);
+    C[row * N + n] = value;
 #endif
 }
 
@@ -181,21 +171,7 @@ __device__ __forceinline__ float4 load_quad(const float* __restrict__ m, long lo
     return make_float4(p[0], col + 1 < cols ? p[1] : 0.f, col + 2 < cols ? p[2] : 0.f, col + 3 < cols ? p[3] : 0.f);
 }
 
-// The same of bfloat16s, widened: with VEC4 one 8-byte load of four (the row length, K or N, a
-// multiple of 4 and the matrix 16-byte aligned, so every row is 8-byte aligned). Little-endian:
-// the first of each pair is the low half.
-__device__ __forceinline__ float4 load_quad(const unsigned short* __restrict__ m, long long row, int col, int cols) {
-    if (row < 0 || col >= cols) return make_float4(0.f, 0.f, 0.f, 0.f);
-    const unsigned short* p = m + row * cols + col;
-    if (VEC4) {
-        const uint2 u = *reinterpret_cast<const uint2*>(p);
-        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                           __uint_as_float(u.y & 0xffff0000u));
-    }
-    return make_float4(widen(p[0]), col + 1 < cols ? widen(p[1]) : 0.f, col + 2 < cols ? widen(p[2]) : 0.f,
-                       col + 3 < cols ? widen(p[3]) : 0.f);
-}
-
+#if !BF16
 // The quads a thread stages per k-step: TILE_M x TILE_K of A and TILE_K x TILE_N of B.
 #define A_QUADS (TILE_M * TILE_K / 4 / THREADS)
 #define B_QUADS (TILE_K * TILE_N / 4 / THREADS)
@@ -203,8 +179,8 @@ __device__ __forceinline__ float4 load_quad(const unsigned short* __restrict__ m
 // C[rows of the tile, n0 : n0 + TILE_N] of one tile; grid (tiles, ceil(N / TILE_N)). The next
 // k-step's tiles are loaded into registers while the current one is multiplied (two shared buffers).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)  // two blocks per SM: at most 128 registers
-GEMM_NAME(const element* __restrict__ A, const long long* __restrict__ a_rows, const element* __restrict__ B,
-          element* __restrict__ C, const long long* __restrict__ c_rows, const int* __restrict__ tile_type,
+GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, const float* __restrict__ B,
+          float* __restrict__ C, const long long* __restrict__ c_rows, const int* __restrict__ tile_type,
           const long long* __restrict__ tile_begin, const long long* __restrict__ tile_end, int K, int N) {
     __shared__ __align__(16) float As[2][TILE_K][TILE_M + PAD];  // A's tile, k-major
     __shared__ __align__(16) float Bs[2][TILE_K][TILE_N + PAD];
@@ -212,7 +188,7 @@ GEMM_NAME(const element* __restrict__ A, const long long* __restrict__ a_rows, c
     const int tile = blockIdx.x, n0 = blockIdx.y * TILE_N;
     const long long begin = tile_begin[tile], end = tile_end[tile];
     if (begin >= end) return;  // an empty tile (the schedule may end with some)
-    const element* Bt = B + (long long)tile_type[tile] * K * N;
+    const float* Bt = B + (long long)tile_type[tile] * K * N;
 #if !TENSOR_CORES
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 #endif
@@ -242,8 +218,7 @@ GEMM_NAME(const element* __restrict__ A, const long long* __restrict__ a_rows, c
         }
     };
     auto store = [&](int buffer) {
-// Rounded to TF32 once here, not by every warp that reads the element; a widened bf16 already is one.
-#if TENSOR_CORES && !BF16
+#if TENSOR_CORES  // rounded to TF32 once here, not by every warp that reads the element
 #pragma unroll
         for (int q = 0; q < A_QUADS; ++q) a_quad[q] = tf32_quad(a_quad[q]);
 #pragma unroll
@@ -329,6 +304,223 @@ GEMM_NAME(const element* __restrict__ A, const long long* __restrict__ a_rows, c
     }
 #endif
 }
+
+#else
+// The bf16 variant (BF16): its own kernel body, on bf16 tensor cores.
+// Each k-stage's tiles go from global to shared memory by cp.async (16-byte pieces; two stages in
+// flight, so a short k is one round trip), warps take their mma operands from shared memory by
+// ldmatrix, and the fp32 results are rounded to bf16 once, staged in shared memory and written out
+// a row's 16 bytes at a time. Without VEC4 (widths not multiples of 8, or rows not 16-byte
+// aligned) the stages are filled by guarded 2-byte loads and the rows written entry by entry; the
+// products are the same.
+#define STAGE_K 32  // k per stage: two m16n8k16 steps
+#define STAGES 2
+// 8 warps as WARPS_M x WARPS_N, each a WARP_M x WARP_N share of the tile, in FRAG_M x FRAG_N
+// tensor-core products of 16 x 8 (a share's columns come in pairs of 8: one ldmatrix.x4 of B).
+#define WARPS_N (TILE_N >= TILE_M ? 4 : 2)
+#define WARPS_M (THREADS / 32 / WARPS_N)
+#define WARP_M (TILE_M / WARPS_M)
+#define WARP_N (TILE_N / WARPS_N)
+#define FRAG_M (WARP_M / 16)
+#define FRAG_N (WARP_N / 8)
+#if WARP_M % 16 || WARP_N % 16 || TILE_M * STAGE_K / 8 % THREADS || TILE_N * STAGE_K / 8 % THREADS
+#error "the bf16 variant's warps take 16-row, 16-column pieces of the tile, its threads whole rounds of pieces"
+#endif
+// Shared rows are padded by 16 bytes: the 8 rows an ldmatrix reads (and a warp's fragment stores
+// into the staged results) fall in distinct banks, and every row stays 16-byte aligned.
+#define SKEW 8
+#define A_STRIDE (STAGE_K + SKEW)  // A's stage: TILE_M rows of STAGE_K
+#define B_ROWS (TRANSPOSE_B ? TILE_N : STAGE_K)  // B's stage as B[t] lays it out: n-major under TRANSPOSE_B
+#define B_COLUMNS (TRANSPOSE_B ? STAGE_K : TILE_N)
+#define B_STRIDE (B_COLUMNS + SKEW)
+#define C_STRIDE (TILE_N + SKEW)  // the staged results: TILE_M rows of TILE_N
+#define STAGE_SIZE (TILE_M * A_STRIDE + B_ROWS * B_STRIDE)
+#define POOL (STAGES * STAGE_SIZE > TILE_M * C_STRIDE ? STAGES * STAGE_SIZE : TILE_M * C_STRIDE)
+
+typedef unsigned short bf16;  // a bfloat16's bits (no headers, see above)
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+    return address;
+}
+
+// 16 bytes from global to shared memory, asynchronously; with bytes = 0 nothing is read and the 16
+// bytes are zeros (a row past the tile's end, or columns past the matrix's).
+__device__ __forceinline__ void copy_async(unsigned to, const void* from, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(from), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wait_copies() {  // all but this thread's PENDING latest groups have landed
+    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
+
+// Four 8 x 8 bf16 matrices; lanes 8 i .. 8 i + 7 give the row addresses of matrix i. A lane gets
+// row lane / 4, columns 2 (lane % 4) + {0, 1} of each (of its transpose with .trans).
+__device__ __forceinline__ void load_matrices(unsigned (&r)[4], unsigned address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+__device__ __forceinline__ void load_matrices_transposed(unsigned (&r)[4], unsigned address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+// d += a (16 x 16, row-major fragments) b (16 x 8, column-major), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two results rounded to the nearest bf16 (ties to even), the first in the low half (the lower
+// address): cvt's first source goes to the high half.
+__device__ __forceinline__ unsigned round_pair(float first, float second) {
+    unsigned pair;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(second), "f"(first));
+    return pair;
+}
+
+// Blocks an SM is to hold (it caps the registers): four of the 64-column tiles, whose short k
+// leaves nothing to hide the reads behind but other blocks' products.
+#define BF16_BLOCKS (TILE_N == 64 ? (VEC4 ? 4 : 3) : 2)
+
+// C[rows of the tile, n0 : n0 + TILE_N] of one tile; grid (tiles, ceil(N / TILE_N)) as for the
+// float32 variants.
+extern "C" __global__ void __launch_bounds__(THREADS, BF16_BLOCKS)
+GEMM_NAME(const bf16* __restrict__ A, const long long* __restrict__ a_rows, const bf16* __restrict__ B,
+          bf16* __restrict__ C, const long long* __restrict__ c_rows, const int* __restrict__ tile_type,
+          const long long* __restrict__ tile_begin, const long long* __restrict__ tile_end, int K, int N) {
+    __shared__ __align__(16) bf16 pool[POOL];  // STAGES x (A's stage, B's stage); then the staged results
+    __shared__ long long a_row[TILE_M], c_row[TILE_M];  // -1: past the tile's end
+    // Blocks start in the order of their linear id (x fastest): renumbered so that a tile's column
+    // blocks start together, and all but the first read its rows of A from L2.
+    const long long linear = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    const int tile = (int)(linear / gridDim.y), n0 = (int)(linear % gridDim.y) * TILE_N;
+    const long long begin = tile_begin[tile], end = tile_end[tile];
+    if (begin >= end) return;  // an empty tile (the schedule may end with some)
+    const bf16* Bt = B + (long long)tile_type[tile] * K * N;
+    for (int m = threadIdx.x; m < TILE_M; m += THREADS) {
+        const long long i = begin + m;
+        a_row[m] = i < end ? (GATHER_A ? a_rows[i] : i) : -1;
+        c_row[m] = i < end ? (SCATTER_C ? c_rows[i] : i) : -1;
+    }
+    __syncthreads();
+
+    // Stage s holds A[rows, k0 : k0 + STAGE_K] as [m][k] and B[t]'s matching piece as it is laid
+    // out ([k][n], or [n][k] under TRANSPOSE_B); entries past K, N or the tile's end are zeros.
+    auto fill = [&](int s, int k0) {
+        bf16* As = pool + s * STAGE_SIZE;
+        bf16* Bs = As + TILE_M * A_STRIDE;
+#if VEC4
+#pragma unroll
+        for (int q = 0; q < TILE_M * STAGE_K / 8 / THREADS; ++q) {
+            const int e = threadIdx.x + q * THREADS, m = e / (STAGE_K / 8), k = 8 * (e % (STAGE_K / 8));
+            const bool inside = a_row[m] >= 0 && k0 + k < K;  // K a multiple of 8: a piece is all in or all out
+            copy_async(shared_address(As + m * A_STRIDE + k), inside ? A + a_row[m] * K + k0 + k : A, inside ? 16 : 0);
+        }
+#pragma unroll
+        for (int q = 0; q < TILE_N * STAGE_K / 8 / THREADS; ++q) {
+            const int e = threadIdx.x + q * THREADS, r = e / (B_COLUMNS / 8), c = 8 * (e % (B_COLUMNS / 8));
+            const bf16* from = TRANSPOSE_B ? Bt + (long long)(n0 + r) * K + k0 + c : Bt + (long long)(k0 + r) * N + n0 + c;
+            const bool inside = TRANSPOSE_B ? n0 + r < N && k0 + c < K : k0 + r < K && n0 + c < N;
+            copy_async(shared_address(Bs + r * B_STRIDE + c), inside ? from : B, inside ? 16 : 0);
+        }
+#else
+#pragma unroll 4
+        for (int e = threadIdx.x; e < TILE_M * STAGE_K; e += THREADS) {
+            const int m = e / STAGE_K, k = e % STAGE_K;
+            As[m * A_STRIDE + k] = a_row[m] >= 0 && k0 + k < K ? A[a_row[m] * K + k0 + k] : (bf16)0;
+        }
+#pragma unroll 4
+        for (int e = threadIdx.x; e < TILE_N * STAGE_K; e += THREADS) {
+            const int r = e / B_COLUMNS, c = e % B_COLUMNS;
+            const bool inside = TRANSPOSE_B ? n0 + r < N && k0 + c < K : k0 + r < K && n0 + c < N;
+            const long long at = TRANSPOSE_B ? (long long)(n0 + r) * K + k0 + c : (long long)(k0 + r) * N + n0 + c;
+            Bs[r * B_STRIDE + c] = inside ? Bt[at] : (bf16)0;
+        }
+#endif
+    };
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp_m = (warp / WARPS_N) * WARP_M, warp_n = (warp % WARPS_N) * WARP_N;
+    float acc[FRAG_M][FRAG_N][4] = {};
+    // acc[i][j][r]: the share's row 16 i + lane / 4 + 8 (r / 2), column 8 j + 2 (lane % 4) + r % 2.
+    auto multiply = [&](int s) {
+        const unsigned As = shared_address(pool + s * STAGE_SIZE), Bs = As + 2 * TILE_M * A_STRIDE;
+#pragma unroll
+        for (int k = 0; k < STAGE_K; k += 16) {
+            unsigned a[FRAG_M][4], b[FRAG_N][2];
+            // Matrices 0-3: rows 0-7 and 8-15 at k .. k + 7, then both at k + 8 .. k + 15: the
+            // fragment registers a0-a3 of mma.m16n8k16.
+#pragma unroll
+            for (int i = 0; i < FRAG_M; ++i)
+                load_matrices(a[i], As + 2 * ((warp_m + 16 * i + lane % 16) * A_STRIDE + k + 8 * (lane / 16)));
+            // Per pair of 8-column blocks j, j + 1: matrices b0, b1 of j, then of j + 1, each 8 k x 8 n.
+#pragma unroll
+            for (int j = 0; j < FRAG_N; j += 2) {
+                unsigned r[4];
+#if TRANSPOSE_B  // [n][k]: a lane's pair of k is its row's, as ldmatrix gives it
+                load_matrices(r, Bs + 2 * ((warp_n + 8 * j + lane % 8 + 8 * (lane / 16)) * B_STRIDE + k +
+                                           8 * (lane / 8 % 2)));
+#else  // [k][n]: transposed on the way, so that a lane holds two k of one column
+                load_matrices_transposed(r, Bs + 2 * ((k + lane % 16) * B_STRIDE + warp_n + 8 * j + 8 * (lane / 16)));
+#endif
+                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < FRAG_M; ++i)
+#pragma unroll
+                for (int j = 0; j < FRAG_N; ++j) mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+        }
+    };
+
+    const int stages = (K + STAGE_K - 1) / STAGE_K;
+    if (stages > 0) fill(0, 0);
+    commit_copies();
+    for (int s = 0; s < stages; ++s) {
+        // The stage filled now was last read before the previous iteration's closing barrier.
+        if (s + 1 < stages) fill((s + 1) % STAGES, (s + 1) * STAGE_K);
+        commit_copies();
+        wait_copies<1>();  // this thread's copies into stage s have landed; the barrier: everyone's
+        __syncthreads();
+        multiply(s % STAGES);
+        __syncthreads();
+    }
+    wait_copies<0>();  // (none are left in flight: the results reuse the stages' memory)
+
+    // The results rounded to bf16 once and staged as [m][n] (the loop's last barrier: the stages
+    // are no longer read), then written out row by row.
+#pragma unroll
+    for (int i = 0; i < FRAG_M; ++i)
+#pragma unroll
+        for (int j = 0; j < FRAG_N; ++j) {
+            const int m = warp_m + 16 * i + lane / 4, n = warp_n + 8 * j + 2 * (lane % 4);
+            *reinterpret_cast<unsigned*>(pool + m * C_STRIDE + n) = round_pair(acc[i][j][0], acc[i][j][1]);
+            *reinterpret_cast<unsigned*>(pool + (m + 8) * C_STRIDE + n) = round_pair(acc[i][j][2], acc[i][j][3]);
+        }
+    __syncthreads();
+#if VEC4
+#pragma unroll
+    for (int q = 0; q < TILE_M * TILE_N / 8 / THREADS; ++q) {
+        const int e = threadIdx.x + q * THREADS, m = e / (TILE_N / 8), n = 8 * (e % (TILE_N / 8));
+        if (c_row[m] >= 0 && n0 + n < N)  // N a multiple of 8: a piece is all in or all out
+            *reinterpret_cast<uint4*>(C + c_row[m] * N + n0 + n) = *reinterpret_cast<const uint4*>(pool + m * C_STRIDE + n);
+    }
+#else
+#pragma unroll 4
+    for (int e = threadIdx.x; e < TILE_M * TILE_N; e += THREADS) {
+        const int m = e / TILE_N, n = e % TILE_N;
+        if (c_row[m] >= 0 && n0 + n < N) C[c_row[m] * N + n0 + n] = pool[m * C_STRIDE + n];
+    }
+#endif
+}
+#endif  // BF16
 
 // D[t][k0 : k0 + 64, n0 : n0 + 64] += A[rows of the tile]^T G[rows of the tile]; grid (tiles,
 // ceil(N / 64), ceil(K / 64)). A has K columns, G and D[t] N. Always 64 x 64 output tiles. A tile
