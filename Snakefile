@@ -23,6 +23,8 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 # Per topic: measure one part, render one machine's figure, and the topic's target rule.
 include: "workflow/rules/topics.smk"
+# The papers' headline claims against each machine's results, and the `claims` target.
+include: "workflow/rules/claims.smk"
 
 
 rule reproduce:
@@ -30,9 +32,11 @@ rule reproduce:
     default_target: True
     input:
         [topic_targets(name) for name in TOPICS],
+        f"paper_figs/{MACHINE}/claims.md",
 
 
 rule figures:
     """Render every figure from the results already in results/ (no measuring)."""
     input:
         [committed_figures(name) for name in TOPICS],
+        COMMITTED_CLAIMS,
