@@ -22,6 +22,7 @@ copy ordering, ``stats.py`` the per-step bookkeeping.
 
 from systems.ssdtrain.engine import Offloader
 from systems.ssdtrain.layers import find_layers
+from systems.ssdtrain.offloading import Offloading, offload
 from systems.ssdtrain.policies import POLICIES, Policy, PolicyEntry, Unavailable
 from systems.ssdtrain.stats import LayerStats, StepStats
 from systems.ssdtrain.stores import STORES, Store, StoreCounters, StoreEntry
@@ -41,6 +42,7 @@ __all__ = [
     "KvikioStore",
     "LayerStats",
     "Offloader",
+    "Offloading",
     "Policy",
     "PolicyEntry",
     "StepStats",
@@ -49,4 +51,5 @@ __all__ = [
     "StoreEntry",
     "Unavailable",
     "find_layers",
+    "offload",
 ]

@@ -131,6 +131,7 @@ class Offloader:
         self.layers = list(layers) if layers is not None else find_layers(model)
         self.cache = TensorCache(store, always_read_back=always_read_back)
         self.stats = StepStats()
+        self.backwards = 0
         self._active = False
 
     # -- a step --------------------------------------------------------------------------------
@@ -146,6 +147,7 @@ class Offloader:
         self._backward_task: int | None = None  # autograd's graph task of the backward running now
         self._backward_layers: set[int | None] = set()  # layers whose unpack this backward has seen
         self._backward_since_forward = False  # a backward ran since the last forward began
+        self.backwards = 0  # the backward passes this step has run so far
         self._offloading_checked = False  # whether the first forward's offloading was checked
         # A parameter's storage lives as long as the model, so its address identifies it all step.
         tensors = [*self.model.parameters(), *self.model.buffers()]
@@ -275,6 +277,7 @@ class Offloader:
         if task != self._backward_task:
             self._backward_task = task
             self._backward_layers = set()
+            self.backwards += 1
         if layer in self._backward_layers:
             return
         first = not self._backward_layers

@@ -57,9 +57,11 @@ class KvikioStore(FileStore):
                 # fails with the reason instead of a generic short-write error.
                 while 0 < done < data.numel():
                     more = file.pwrite(data[done:], file_offset=done).get()
-                    done = done + more if more else -done
+                    if more == 0:
+                        break
+                    done += more
             if done != data.numel():
-                raise OSError(errno.EIO, f"the disk took {abs(done)} of {data.numel()} bytes and gave no reason")
+                raise OSError(errno.EIO, f"the disk took {done} of {data.numel()} bytes and gave no reason")
         except BaseException as err:
             path.unlink(missing_ok=True)
             if isinstance(err, OSError):

@@ -1,0 +1,275 @@
+"""SSDTrain applied to any model: ``offload(model, store=..., policy=...)``, a context manager
+around training. Inside the block every forward and backward of ``model`` runs under the policy;
+the losses and gradients are bit-identical to training without it::
+
+    with DirectFileStore("/nvme/scratch") as store, offload(model, store=store) as session:
+        for batch in loader:
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    print(session.stats.total)  # what the block saved, and how much of it went to the store
+
+The policies (``policy=``), each per block of the model (``find_layers`` finds them: every block of
+the model's repeated class; or pass ``layers=[...]``):
+
+- ``"keep"``: every activation stays where it was made (only counted).
+- ``"recompute"``: each block runs through ``torch.utils.checkpoint`` (non-reentrant): only its
+  inputs are saved, and its forward runs again in backward.
+- ``"save_on_cpu"``: torch's ``torch.autograd.graph.save_on_cpu`` (pinned on a GPU).
+- ``"offload_all"``: every block but the last ``keep_last`` offloaded to ``store`` during forward
+  and read back, prefetched, in backward (engine.py).
+- ``"offload_adaptive"``: SSDTrain's adaptive rule: the leading blocks whose writes end by the end
+  of forward are offloaded, the rest kept. ``"planner"``: keep, offload or recompute per block,
+  the fastest predicted step whose activation bytes fit ``budget`` (a fraction of what keep
+  holds). Both are planned (planning.py) from a profile of the block's first forward and backward,
+  which keeps everything, and the store's bandwidth (measured then, unless ``bandwidth`` gives it in
+  B/s); the plan applies from the next forward on and is kept for later blocks (``session.plan``).
+- a ``planning.Plan``: its decisions, one per block, applied as they are (``keep_last`` does not
+  apply: the plan was made with it).
+- a callable ``decide(block_index) -> "keep" | "offload" | "recompute"``, asked once per block when
+  the block is entered.
+
+A model whose blocks Hugging Face already checkpoints (``gradient_checkpointing_enable``) is not
+checkpointed again; an offloading policy offloads what its checkpoints save, the blocks' inputs.
+A block that offloads nothing while its policy offloads (``min_bytes`` above every saved tensor)
+says so in one warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from harness.errors import UserError
+from systems.ssdtrain import planning
+from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader
+from systems.ssdtrain.layers import find_layers
+from systems.ssdtrain.planning import RECOMPUTE, Plan
+from systems.ssdtrain.recompute import checkpointed
+from systems.ssdtrain.stats import StepStats
+from systems.ssdtrain.stores import Store
+from systems.ssdtrain.stores.host import HostStore
+
+NAMED = ("keep", "recompute", "save_on_cpu", "offload_all", "offload_adaptive", "planner")
+PLANNED = ("offload_adaptive", "planner")
+DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)
+
+
+class Offloading:
+    """One policy applied to one model; enter it (``with``) around the training it covers. Made by
+    :func:`offload`, which documents the arguments. After (or during) a block: ``stats`` (what it
+    saved and moved, a ``StepStats``; None under ``save_on_cpu``, whose hooks are torch's),
+    ``decisions`` (per block: keep, offload or recompute; None until a planned policy has planned)
+    and ``plan`` (a planned policy's ``Plan``)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        store: Store | None,
+        policy: str | Plan | Callable[[int], str],
+        layers: list[nn.Module] | None,
+        keep_last: int,
+        min_bytes: int,
+        prefetch: int,
+        always_read_back: bool,
+        budget: float | None,
+        bandwidth: float | None,
+    ):
+        if not isinstance(model, nn.Module):
+            raise UserError(f"offload() takes an nn.Module, got {type(model).__name__}")
+        if store is not None and not isinstance(store, Store):
+            raise UserError(f"store must be a systems.ssdtrain Store (HostStore, DirectFileStore...), got {store!r}")
+        self.model = model
+        self.layers = _blocks(model, layers)
+        self.policy, self.store = _check_policy(policy, store, len(self.layers)), store
+        if self.policy == "planner" and not (isinstance(budget, int | float) and 0 < budget <= 1):
+            raise UserError(
+                f"policy planner needs budget=, the fraction of keep's activation bytes to fit (0-1]; got {budget!r}"
+            )
+        if bandwidth is not None and not (isinstance(bandwidth, int | float) and bandwidth > 0):
+            raise UserError(f"bandwidth must be the store's speed in B/s, a positive number; got {bandwidth!r}")
+        self.keep_last, self.budget, self.bandwidth = keep_last, budget, bandwidth
+        self.plan: Plan | None = self.policy if isinstance(self.policy, Plan) else None
+        self.decisions: list[str] | None = list(self.plan.decisions) if self.plan else None
+        self.offloader: Offloader | None = None
+        if self.policy != "save_on_cpu":
+            self.offloader = Offloader(
+                model,
+                store if store is not None else HostStore(),  # nothing is put there: it counts
+                policy=self._decide,
+                layers=self.layers,
+                keep_last=0 if self.plan is not None else keep_last,
+                min_bytes=min_bytes,
+                prefetch=prefetch,
+                always_read_back=always_read_back,
+            )
+        self._stack: contextlib.ExitStack | None = None
+
+    @property
+    def stats(self) -> StepStats | None:
+        return None if self.offloader is None else self.offloader.stats
+
+    # -- a block -------------------------------------------------------------------------------
+    def __enter__(self) -> Offloading:
+        if self._stack is not None:
+            raise RuntimeError("this offload() block is already active: blocks do not nest")
+        stack = contextlib.ExitStack()
+        try:
+            if self.policy == "save_on_cpu":
+                on_gpu = _device(self.model).type == "cuda"
+                stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=on_gpu))
+            else:
+                if self.decisions is None and self.policy not in PLANNED:
+                    self.decisions = [self._first_decision(i) for i in range(len(self.layers))]
+                stack.enter_context(self.offloader)
+                if self.decisions is None:
+                    self._profile_first_step(stack)
+                else:
+                    self._recompute(stack)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stack, self._stack = self._stack, None
+        stack.__exit__(*exc)
+
+    # -- decisions -----------------------------------------------------------------------------
+    def _first_decision(self, index: int) -> str:
+        policy = self.policy
+        if policy in ("keep", "recompute", "offload_all"):
+            return {"keep": KEEP, "recompute": RECOMPUTE, "offload_all": OFFLOAD}[policy]
+        decision = policy(index)
+        if decision not in DECISIONS:
+            raise UserError(f"the policy returned {decision!r} for block {index}; expected one of {DECISIONS}")
+        if decision == OFFLOAD and self.store is None:
+            raise UserError(f"the policy offloads block {index}: give offload() a store (systems.ssdtrain.stores)")
+        return decision
+
+    def _decide(self, index: int) -> str:
+        """The engine's question for one block: offload it, or keep what it saves (a recomputed
+        block keeps its inputs)."""
+        return OFFLOAD if self.decisions is not None and self.decisions[index] == OFFLOAD else KEEP
+
+    def _recompute(self, stack: contextlib.ExitStack) -> None:
+        # A block Hugging Face checkpoints already is recomputed: checkpointing it twice only costs.
+        blocks = [
+            layer
+            for layer, decision in zip(self.layers, self.decisions)
+            if decision == RECOMPUTE and not getattr(layer, "gradient_checkpointing", False)
+        ]
+        stack.enter_context(checkpointed(blocks))
+
+    # -- planned policies ----------------------------------------------------------------------
+    def _profile_first_step(self, stack: contextlib.ExitStack) -> None:
+        """Keep everything in the first forward and backward while timing each block; plan at the
+        start of the next forward, before any block runs (so a recomputed block is wrapped in time)."""
+        timer = planning.LayerTimer(self.layers, _device(self.model))
+        stack.callback(timer.remove)
+
+        def plan_before_forward(module, args):
+            if self.decisions is None and self.offloader.backwards and not _in_backward():
+                timer.remove()
+                hook.remove()
+                self._make_plan(timer)
+                self._recompute(stack)
+
+        hook = self.model.register_forward_pre_hook(plan_before_forward)
+        stack.callback(hook.remove)
+
+    def _make_plan(self, timer: planning.LayerTimer) -> None:
+        profiles, fixed = planning.profiles_of(self.offloader.stats, timer, len(self.layers))
+        bandwidth = self.bandwidth
+        if bandwidth is None:
+            probe = min(max(max(p.saved_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's bytes
+            bandwidth = planning.store_bandwidth(self.store, _device(self.model), nbytes=probe)
+        # Every candidate's predicted time shares this term; it sets the plan's predicted_seconds only.
+        keep_seconds = (1 + 2) * sum(p.forward_seconds for p in profiles)
+        keep_last = min(self.keep_last, len(profiles))
+        if self.policy == "offload_adaptive":
+            self.plan = planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed)
+        else:
+            budget = int(self.budget * (sum(p.saved_bytes for p in profiles) + fixed))
+            self.plan = planning.plan(profiles, bandwidth, keep_seconds, budget, keep_last, fixed_bytes=fixed)
+        self.decisions = list(self.plan.decisions)
+
+
+def offload(
+    model: nn.Module,
+    *,
+    store: Store | None = None,
+    policy: str | Plan | Callable[[int], str] = "offload_all",
+    layers: list[nn.Module] | None = None,
+    keep_last: int = 1,
+    min_bytes: int = 1 << 20,
+    prefetch: int = 1,
+    always_read_back: bool = False,
+    budget: float | None = None,
+    bandwidth: float | None = None,
+) -> Offloading:
+    """``policy`` (see the module) applied to ``model`` within a ``with`` block.
+
+    ``store``: where offloaded activations go (an open Store; the caller closes it); needed by the
+    policies that offload, refused by the others. ``layers``: the blocks (default: ``find_layers``).
+    ``keep_last``: how many of the last blocks are never offloaded (their backward comes first).
+    ``min_bytes``: smaller saved tensors are kept. ``prefetch``: how many blocks ahead backward
+    reads back. ``always_read_back``: backward waits for each write and reads it back (checks of
+    the stored bytes). ``budget``: the planner's activation budget, a fraction of keep's bytes.
+    ``bandwidth``: the store's B/s for the planned policies (default: measured)."""
+    return Offloading(
+        model,
+        store=store,
+        policy=policy,
+        layers=layers,
+        keep_last=keep_last,
+        min_bytes=min_bytes,
+        prefetch=prefetch,
+        always_read_back=always_read_back,
+        budget=budget,
+        bandwidth=bandwidth,
+    )
+
+
+def _blocks(model: nn.Module, layers) -> list[nn.Module]:
+    if layers is None:
+        return find_layers(model)
+    layers = list(layers)
+    inside = {id(m) for m in model.modules()}
+    if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
+        raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
+    return layers
+
+
+def _check_policy(policy, store: Store | None, blocks: int):
+    """``policy`` checked against the store it was given and the model's block count."""
+    if isinstance(policy, Plan):
+        if len(policy.decisions) != blocks:
+            raise UserError(f"the plan has {len(policy.decisions)} decisions for the model's {blocks} blocks")
+        if OFFLOAD in policy.decisions and store is None:
+            raise UserError("the plan offloads blocks: give offload() a store (systems.ssdtrain.stores)")
+        return policy
+    if callable(policy):
+        return policy
+    if policy not in NAMED:
+        raise UserError(f"unknown policy {policy!r}: choose one of {', '.join(NAMED)}, a Plan or a callable")
+    offloads = policy in ("offload_all", *PLANNED)
+    if offloads and store is None:
+        raise UserError(f"policy {policy} offloads: give offload() a store (systems.ssdtrain.stores)")
+    if not offloads and store is not None:
+        raise UserError(f"policy {policy} offloads nothing: it takes no store")
+    return policy
+
+
+def _device(model: nn.Module) -> torch.device:
+    tensor = next(model.parameters(), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1

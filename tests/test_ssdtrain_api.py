@@ -1,0 +1,386 @@
+"""``systems.ssdtrain.offload`` on models the suite does not ship (a tiny Qwen3 built from its
+config, a ResNet-18-shaped conv net): every policy bit-identical to training without hooks, the
+blocks of any model found, the warnings and refusals, prefetch in every backward, autocast's weight
+casts kept, Hugging Face gradient checkpointing composed with, and the worked example of
+docs/llm_offload.md run as written."""
+
+import contextlib
+import logging
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from test_ssdtrain_stores import real_disk_folder
+from torch import nn
+
+from harness.errors import UserError
+from systems.ssdtrain import DirectFileStore, HostStore, Offloader, find_layers, offload
+from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, Plan
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+DOC = Path(__file__).resolve().parents[1] / "docs" / "llm_offload.md"
+MICRO_BATCHES, STEPS = 2, 2
+
+
+# -- models the suite does not ship --------------------------------------------------------------
+def qwen3(layers: int = 2):
+    config = transformers.Qwen3Config(
+        vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, max_position_embeddings=64, use_cache=False,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    return transformers.Qwen3ForCausalLM(config)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inp: int, out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inp, out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out)
+        self.conv2 = nn.Conv2d(out, out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out)
+        self.downsample = (
+            nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+            if stride != 1 or inp != out
+            else None
+        )
+
+    def forward(self, x):
+        skip = x if self.downsample is None else self.downsample(x)
+        return F.relu(self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))) + skip)
+
+
+class ResNetish(nn.Module):
+    """ResNet-18's shape (a stem, four stages of two BasicBlocks, a head), a few channels wide."""
+
+    def __init__(self, width: int = 4, classes: int = 5):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        widths = [width, 2 * width, 4 * width, 8 * width]
+        stages, inp = [], width
+        for i, out in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            stages.append(nn.Sequential(BasicBlock(inp, out, stride), BasicBlock(out, out, 1)))
+            inp = out
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.fc = nn.Linear(inp, classes)
+
+    def forward(self, x, labels):
+        h = self.stem(x)
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            h = stage(h)
+        return F.cross_entropy(self.fc(h.mean((2, 3))), labels)
+
+
+def make(name: str):
+    """A seeded model and the loss of micro-batch ``i`` (random, odd-sized inputs)."""
+    torch.manual_seed(0)
+    if name == "qwen3":
+        model = qwen3()
+
+        def loss(i):
+            ids = torch.randint(0, 96, (3, 19), generator=torch.Generator().manual_seed(10 + i))
+            return model(input_ids=ids, labels=ids).loss
+
+    else:
+        model = ResNetish()
+
+        def loss(i):
+            g = torch.Generator().manual_seed(10 + i)
+            return model(torch.randn(3, 3, 17, 15, generator=g), torch.randint(0, 5, (3,), generator=g))
+
+    model.train()
+    return model, loss
+
+
+def train(name: str, session=None, autocast: bool = False):
+    """Losses and gradients of STEPS optimizer steps of MICRO_BATCHES micro-batches each, all inside
+    one ``session(model)`` block (or none)."""
+    model, loss_of = make(name)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, grads = [], []
+    block = session(model) if session else contextlib.nullcontext()
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with block:
+        for step in range(STEPS):
+            optimizer.zero_grad()
+            for micro in range(MICRO_BATCHES):
+                with cast:
+                    loss = loss_of(step * MICRO_BATCHES + micro)
+                loss.backward()
+                losses.append(loss.detach().clone())
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            optimizer.step()
+    return losses, grads, block
+
+
+def assert_identical(got, want):
+    assert len(got[0]) == len(want[0]) == STEPS * MICRO_BATCHES
+    for i, (a, b) in enumerate(zip(got[0], want[0])):
+        assert torch.equal(a, b), f"loss differs at micro-batch {i}"
+    for step, (a, b) in enumerate(zip(got[1], want[1])):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.equal(a[name], b[name]), f"gradient of {name} differs at step {step}"
+
+
+_references = {}
+
+
+def reference(name: str, autocast: bool = False):
+    if (name, autocast) not in _references:
+        _references[name, autocast] = train(name, autocast=autocast)
+    return _references[name, autocast]
+
+
+def every_other(index: int) -> str:
+    return (OFFLOAD, RECOMPUTE, KEEP)[index % 3]
+
+
+def policy_args(policy: str, blocks: int) -> dict:
+    """offload()'s arguments for ``policy`` (a planned one on a fixed bandwidth, so the plan does not
+    depend on how fast this machine is)."""
+    if policy in ("keep", "recompute", "save_on_cpu"):
+        return {"policy": policy}
+    args = {"store": HostStore(), "min_bytes": 0}
+    if policy == "plan":
+        decisions = tuple((RECOMPUTE, OFFLOAD, KEEP)[i % 3] for i in range(blocks - 1)) + (OFFLOAD,)
+        return args | {"policy": Plan(decisions, 0.0, 0, 0.0)}
+    if policy == "callable":
+        return args | {"policy": every_other}
+    if policy == "planner":
+        return args | {"policy": "planner", "budget": 0.5, "bandwidth": 1e3}
+    if policy == "offload_adaptive":
+        return args | {"policy": policy, "bandwidth": 1e15}
+    return args | {"policy": policy}
+
+
+POLICIES = ["keep", "recompute", "save_on_cpu", "offload_all", "offload_adaptive", "planner", "plan", "callable"]
+BLOCKS = {"qwen3": 2, "resnet": 8}
+
+
+def check_policy(name: str, policy: str):
+    sessions = []
+
+    def session(model):
+        sessions.append(offload(model, **policy_args(policy, BLOCKS[name])))
+        return sessions[-1]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of these configurations may warn
+        got = train(name, session)
+    assert_identical(got, reference(name))
+    stats = sessions[0].stats
+    if policy in ("offload_all", "plan", "callable"):
+        assert stats.total.offloaded_tensors > 0
+    if policy in ("offload_adaptive", "planner"):
+        plan = sessions[0].plan
+        assert plan is not None and len(plan.decisions) == BLOCKS[name]
+        # Planned from a 1 kB/s store, the planner recomputes instead of offloading; from an
+        # infinitely fast one, SSDTrain's rule offloads every block but the last.
+        want = (OFFLOAD,) * (BLOCKS[name] - 1) + (KEEP,) if policy == "offload_adaptive" else None
+        assert plan.decisions == want if want else OFFLOAD not in plan.decisions and RECOMPUTE in plan.decisions
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_matches_keep_bit_for_bit_on_a_tiny_qwen3(policy):
+    check_policy("qwen3", policy)
+
+
+@pytest.mark.parametrize("policy", ["recompute", "offload_all"])
+def test_offloading_and_recomputing_a_resnet_match_keep_bit_for_bit(policy):
+    check_policy("resnet", policy)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_matches_keep_bit_for_bit_on_a_resnet(policy):
+    check_policy("resnet", policy)
+
+
+def test_offloading_to_files_matches_keep_bit_for_bit(tmp_path):
+    with real_disk_folder(tmp_path) as folder, DirectFileStore(folder, threads=2, block_bytes=64 << 10) as store:
+        sessions = []
+
+        def session(model):
+            sessions.append(offload(model, store=store, min_bytes=0, keep_last=0, always_read_back=True))
+            return sessions[-1]
+
+        assert_identical(train("qwen3", session), reference("qwen3"))
+        assert sessions[0].stats.store.bytes_written > 0 and sessions[0].stats.store.bytes_read > 0
+        assert len(store) == 0 and list(store.directory.iterdir()) == []
+
+
+# -- blocks ---------------------------------------------------------------------------------------
+def test_the_blocks_of_any_model_are_found():
+    resnet = ResNetish()
+    assert find_layers(resnet) == [*resnet.layer1, *resnet.layer2, *resnet.layer3, *resnet.layer4]
+    assert [type(b).__name__ for b in find_layers(qwen3(3))] == ["Qwen3DecoderLayer"] * 3
+    config = transformers.T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=3)
+    t5 = transformers.T5ForConditionalGeneration(config)
+    assert find_layers(t5) == [*t5.encoder.block, *t5.decoder.block]
+    with pytest.raises(UserError, match="no list of repeated blocks"):
+        find_layers(nn.Linear(3, 3))
+
+
+def test_bad_arguments_are_one_line():
+    model = qwen3()
+    cases = [
+        (dict(policy="adaptive"), "unknown policy 'adaptive'"),
+        (dict(policy="offload_all"), "offloads: give offload"),
+        (dict(policy="keep", store=HostStore()), "offloads nothing: it takes no store"),
+        (dict(policy=Plan((KEEP,), 0.0, 0, 0.0), store=HostStore()), "1 decisions for the model's 2 blocks"),
+        (dict(policy="planner", store=HostStore()), "needs budget="),
+        (dict(policy="offload_all", store=HostStore(), layers=[nn.Linear(2, 2)]), "the model's own submodules"),
+        (dict(policy="offload_all", store=HostStore(), min_bytes=-1), "min_bytes must be a non-negative"),
+        (dict(policy="offload_all", store=object()), "must be a systems.ssdtrain Store"),
+    ]
+    for args, message in cases:
+        with pytest.raises(UserError, match=re.escape(message)) as err:
+            offload(model, **args)
+        assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="returned 'maybe' for block 0"), offload(model, policy=lambda i: "maybe"):
+        pass
+    with pytest.raises(UserError, match="offloads block 0: give offload"), offload(model, policy=lambda i: OFFLOAD):
+        pass
+
+
+# -- warnings -------------------------------------------------------------------------------------
+def test_min_bytes_above_every_saved_tensor_warns_once_in_one_line():
+    model, loss_of = make("qwen3")
+    with pytest.warns(UserWarning) as caught, offload(model, store=HostStore()) as session:
+        for i in range(2):
+            loss_of(i).backward()
+    assert session.stats.total.offloaded_tensors == 0
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "offloaded nothing" in message and "below min_bytes=1048576" in message and "\n" not in message
+
+
+class OldStyleCheckpointedBlock(nn.Module):
+    """A block checkpointed the way Hugging Face's GradientCheckpointingLayer did before it moved the
+    checkpoint inside ``forward``: around the whole call, so the block's forward hooks run inside
+    the checkpoint, after it has saved the block's input."""
+
+    gradient_checkpointing = True
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, 3 * dim), nn.Linear(3 * dim, dim)
+        self._gradient_checkpointing_func = torch.utils.checkpoint.checkpoint
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(x)))
+
+    def __call__(self, *args):
+        return self._gradient_checkpointing_func(super().__call__, *args, use_reentrant=False)
+
+
+class OldStyleStack(nn.Module):
+    def __init__(self, dim: int = 24, blocks: int = 3):
+        super().__init__()
+        self.blocks = nn.ModuleList(OldStyleCheckpointedBlock(dim) for _ in range(blocks))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("style", ["transformers", "checkpoint around the call"])
+def test_hugging_face_gradient_checkpointing_is_composed_with(style):
+    """What Hugging Face's checkpoints save (each block's input) is offloaded, bit-identically, and
+    the recompute policy does not checkpoint a checkpointed block again."""
+
+    def model_and_loss():
+        torch.manual_seed(0)
+        if style == "transformers":
+            model = qwen3(3)
+            model.train()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            ids = torch.randint(0, 96, (3, 19), generator=torch.Generator().manual_seed(1))
+            return model, lambda: model(input_ids=ids, labels=ids).loss
+        model = OldStyleStack()
+        x = torch.randn(5, 24, generator=torch.Generator().manual_seed(1))
+        return model, lambda: model(x)
+
+    def run(**args):
+        model, loss_of = model_and_loss()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # gradient_checkpointing_enable's new name
+            warnings.simplefilter("error", UserWarning)
+            with offload(model, **args) as session:
+                loss = loss_of()
+                loss.backward()
+        return loss, [p.grad for p in model.parameters()], session
+
+    want_loss, want_grads, _ = run(policy="keep")
+    for args in (dict(store=HostStore(), min_bytes=0, keep_last=0), dict(policy="recompute")):
+        loss, grads, session = run(**args)
+        assert torch.equal(loss, want_loss) and all(torch.equal(a, b) for a, b in zip(grads, want_grads))
+        blocks = len(session.layers)
+        if "store" in args:
+            assert sorted(k for k in session.stats.layers if k is not None) == list(range(blocks))
+            assert all(session.stats.layers[i].offloaded_tensors >= 1 for i in range(blocks))
+        else:
+            assert all("forward" not in vars(b) for b in session.layers)
+
+
+# -- prefetch, autocast ---------------------------------------------------------------------------
+def test_every_backward_of_a_block_prefetches_its_read_backs():
+    """Two micro-batches of gradient accumulation in one block: on the CPU a host store's write ends
+    at once, so every offloaded tensor is read back, and each read must have been started ahead by
+    prefetch, never by a backward that found it missing."""
+    model, loss_of = make("qwen3")
+    offloader = Offloader(model, HostStore(), min_bytes=0, keep_last=0)
+    with offloader:
+        for i in range(MICRO_BATCHES):
+            loss_of(i).backward()
+    stats = offloader.stats
+    assert offloader.backwards == MICRO_BATCHES
+    assert stats.total.offloaded_tensors > 0 and stats.store.tensors_stored == stats.total.offloaded_tensors
+    assert (stats.prefetched_loads, stats.demand_loads) == (stats.total.offloaded_tensors, 0)
+
+
+class Recording(HostStore):
+    def __init__(self):
+        super().__init__()
+        self.stored = []  # the bytes of each tensor put
+
+    def _put(self, key, src, ready):
+        self.stored.append(src.numel() * src.element_size())
+        return super()._put(key, src, ready)
+
+
+def test_weight_casts_under_autocast_are_never_offloaded():
+    """Under CPU autocast every matrix multiply saves a bfloat16 cast of its weight; none goes to the
+    store. (No activation of this model has a weight's size: 57 tokens by 48, 80 or 96.)"""
+    store = Recording()
+    sessions = []
+
+    def session(model):
+        sessions.append(offload(model, store=store, min_bytes=0, keep_last=0))
+        return sessions[-1]
+
+    got = train("qwen3", session, autocast=True)
+    assert_identical(got, reference("qwen3", autocast=True))
+    weights = [p for p in qwen3().parameters() if p.dim() == 2]
+    cast_bytes = {p.numel() * torch.bfloat16.itemsize for p in weights}
+    assert store.stored, "nothing was offloaded: the test would test nothing"
+    assert [n for n in store.stored if n in cast_bytes] == []
+    assert sessions[0].stats.total.parameter_bytes >= sum(cast_bytes)
+
+
+# -- the documented example -----------------------------------------------------------------------
+def test_the_worked_example_of_the_docs_runs_as_written():
+    text = DOC.read_text()
+    start = text.index("## Applying it to a model of one's own")
+    block = re.search(r"```python\n(.*?)```", text[start:], re.S)
+    assert block, "the docs' worked example has no python block"
+    namespace = {}
+    exec(compile(block.group(1), str(DOC), "exec"), namespace)
+    assert namespace["offloaded"] > 0 and namespace["waits"] == 0
