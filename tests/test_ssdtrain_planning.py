@@ -5,6 +5,7 @@ tiny model and store."""
 import pytest
 import torch
 
+from harness.errors import UserError
 from systems.ssdtrain import HostStore, planning
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, LayerProfile
 from workloads.llm.data import batches
@@ -139,3 +140,62 @@ def test_store_bandwidth_is_measured_and_checked():
     with HostStore() as store:
         rate = planning.store_bandwidth(store, "cpu", nbytes=1 << 20, repeat=2)
         assert rate > 0 and len(store) == 0  # the probe frees what it stored
+
+
+class KeywordBlock(torch.nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(dim, dim)
+
+    def forward(self, x, *, scale, shift=None):
+        return torch.tanh(self.linear(x) * scale + shift)
+
+
+class KeywordStack(torch.nn.Module):
+    """Blocks that take their inputs by keyword too (as Hugging Face's take the attention mask and
+    the rotary tables)."""
+
+    def __init__(self, dim: int = 6, count: int = 3):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(KeywordBlock(dim) for _ in range(count))
+
+    def forward(self, x, scale, shift):
+        for block in self.blocks:
+            x = block(x, scale=scale, shift=shift)
+        return x.sum()
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "cpu:0"])
+def test_profile_counts_keyword_inputs_and_takes_the_device_any_way_torch_does(device, monkeypatch):
+    model = KeywordStack()
+    g = torch.Generator().manual_seed(3)
+    x, scale, shift = torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g), torch.randn(6, generator=g)
+    marks = []
+    real_mark = planning.timing.mark
+    monkeypatch.setattr(planning.timing, "mark", lambda d: marks.append(d) or real_mark(d))
+    profiles, _, _ = planning.profile(model, list(model.blocks), lambda: model(x, scale, shift).backward(), device)
+    # The harness's clock is told the device in the one spelling it knows.
+    assert marks and set(marks) == {"cpu"}
+    # x, scale and shift: each block's input, one of them positional.
+    assert [p.input_bytes for p in profiles] == [(30 + 30 + 6) * 4] * 3
+    with pytest.raises(UserError, match="not a device torch knows"):
+        planning.profile(model, list(model.blocks), lambda: None, "gpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda"), 0])
+def test_gpu_profile_times_layers_with_cuda_events_however_the_device_is_named(device, monkeypatch):
+    model = KeywordStack(dim=512).cuda()
+    x, scale, shift = (
+        torch.randn(256, 512, device="cuda"),
+        torch.randn(256, 512, device="cuda"),
+        torch.randn(512, device="cuda"),
+    )
+    marks = []
+    real_mark = planning.timing.mark
+    monkeypatch.setattr(planning.timing, "mark", lambda d: marks.append(d) or real_mark(d))
+    profiles, seconds, _ = planning.profile(
+        model, list(model.blocks), lambda: model(x, scale, shift).backward(), device
+    )
+    assert marks and set(marks) == {"cuda"}  # CUDA events, never the host clock
+    assert all(p.forward_seconds > 0 for p in profiles) and seconds > 0

@@ -442,3 +442,85 @@ def test_the_registry_has_each_store_with_its_needs(disk):
         REGISTRY["file"].build(params, None)
     with pytest.raises(UserError, match="unknown offload store 'ssd'; one of host, file, kvikio, emulated"):
         REGISTRY["ssd"]
+
+
+@pytest.mark.parametrize("store", [DirectFileStore, lambda folder: KvikioStore(folder)])
+def test_a_missing_folder_is_refused_and_never_created(store, disk):
+    if store is not DirectFileStore and not torch.cuda.is_available():
+        pytest.skip("KvikioStore checks the GPU before the folder")
+    missing = disk / "not" / "there"
+    with pytest.raises(UserError, match="does not exist") as err:
+        store(missing)
+    assert "\n" not in str(err.value) and not (disk / "not").exists()
+    (disk / "a_file").write_text("")
+    with pytest.raises(UserError, match="is not a folder"):
+        store(disk / "a_file")
+
+
+def test_a_store_leaves_its_folder_as_it_found_it(disk):
+    with DirectFileStore(disk, block_bytes=BLOCK) as store:
+        round_trip(store, 0, random_tensor((BLOCK // 4 + 3,), torch.float32))
+    assert list(disk.iterdir()) == []
+
+
+def test_a_missing_folder_on_tmpfs_is_refused_and_not_left_behind():
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or fileio.filesystem_type(shm) != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm on this machine")
+    folder = shm / f"ssdtrain-test-{os.getpid()}"
+    for target in (folder / "inner", shm):
+        with pytest.raises(UserError):
+            DirectFileStore(target)
+    assert not folder.exists()
+
+
+def short_then(error: int):
+    """An ``os.pwrite`` that writes one aligned block of each request, as a disk that fills up does,
+    and fails with ``error`` on the write after."""
+    real_pwrite, calls = os.pwrite, []
+
+    def pwrite(fd, data, offset):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_pwrite(fd, data[: fileio.ALIGN], offset)
+        raise OSError(error, os.strerror(error))
+
+    return pwrite, calls
+
+
+@pytest.mark.parametrize(
+    "error, message",
+    [(errno.ENOSPC, "no space left on the device"), (errno.EFBIG, "larger than the file system allows")],
+)
+def test_a_write_cut_short_reports_why(error, message, disk, monkeypatch):
+    with DirectFileStore(disk, block_bytes=BLOCK) as store:
+        pwrite, calls = short_then(error)
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        with pytest.raises(UserError, match=message) as err:
+            store.put(0, random_tensor((BLOCK // 4,), torch.float32)).result()
+        assert "\n" not in str(err.value) and err.value.__cause__.errno == error
+        # The rest was asked for from the first byte the disk did not take.
+        assert calls == [BLOCK, BLOCK - fileio.ALIGN]
+        assert files_in(store) == []
+
+
+def test_a_real_file_size_limit_reports_efbig(disk):
+    """A process limited to files of two blocks (RLIMIT_FSIZE): the kernel cuts the write short,
+    then refuses the rest with EFBIG."""
+    script = f"""
+import resource, signal, torch
+from pathlib import Path
+from systems.ssdtrain import fileio
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (2 * fileio.ALIGN, resource.RLIM_INFINITY))
+data = torch.arange(4 * fileio.ALIGN, dtype=torch.uint8)
+buffer = fileio.BounceBuffer(len(data), pin=False)
+try:
+    fileio.write_file(Path({str(disk / "limited.bin")!r}), len(data), buffer, lambda o, n, b: b.copy_(data[o:o + n]))
+except Exception as err:
+    print(type(err).__name__, err.__cause__.errno, err)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"UserError {errno.EFBIG} ") and "larger than the file system allows" in done.stdout
+    assert not (disk / "limited.bin").exists()
