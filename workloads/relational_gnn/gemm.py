@@ -7,8 +7,8 @@ Each case's inputs are seeded; every variant's result is compared with float32 p
 products before any is timed. Three precisions (a row's ``precision``): ``float32`` with
 TF32 off; ``tf32`` with torch's TF32 on and the template's TF32 variant (inputs rounded to TF32,
 fp32 accumulate), checked at TF32's tolerance; ``bfloat16``: bf16 rows, weights and results for
-every variant (torch's defaults for bf16 products; the template's bf16 variant accumulates in
-fp32 on the TF32 tensor-core path), checked against the float32 products of the same bf16 inputs.
+every variant (torch's defaults for bf16 products; the template's bf16 variant multiplies on bf16
+tensor cores and accumulates in fp32), checked against the float32 products of the same bf16 inputs.
 
 What is timed is one call on prepared inputs, as a model step makes it: the template's tile list
 (:class:`systems.hector.codegen.Segments`, once per graph in the model path) and ``grouped_mm``'s
