@@ -3,21 +3,26 @@ forward go to a store (host memory, files on an SSD, an emulated SSD) while forw
 back, prefetched layer by layer, when backward needs them; losses and gradients are bit-identical to
 keeping them on the device.
 
-Two lines around a training step::
+One ``with`` block around training, any model, any policy (offloading.py)::
 
-    offloader = Offloader(model, DirectFileStore("/nvme/scratch"))   # once
-    with offloader: model(**batch).loss.backward()                    # every step
+    with DirectFileStore("/nvme/scratch") as store, offload(model, store=store, policy="offload_all"):
+        for batch in loader:
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
 
-or, through a policy of the registry (the same step, counted; keep, recompute and the rest)::
+The engine alone, one step: ``with Offloader(model, store): model(**batch).loss.backward()``; a
+policy of the registry the comparison runs (the same step, counted)::
 
     policy = POLICIES["offload_all"].build(model, store=DirectFileStore("/nvme/scratch"))
     with policy.step(): model(**batch).loss.backward()
 
-``engine.py`` is the offloader (saved-tensor hooks, layer hooks, prefetch), ``cache.py`` the
-deduplicating tensor cache, ``stores/`` the stores and their registry ``STORES``, ``policies/``
-the policies a comparison runs and their registry ``POLICIES``, ``planning.py`` the cost model and
-plans, ``recompute.py`` recomputed blocks, ``fileio.py`` O_DIRECT files, ``streams.py`` the GPU
-copy ordering, ``stats.py`` the per-step bookkeeping.
+``offloading.py`` is ``offload()``, ``engine.py`` the offloader (saved-tensor hooks, layer
+hooks, prefetch), ``cache.py`` the deduplicating tensor cache, ``stores/`` the stores and their
+registry ``STORES``, ``policies/`` the policies a comparison runs and their registry
+``POLICIES``, ``planning.py`` the cost model and plans, ``recompute.py`` recomputed blocks,
+``layers.py`` finding a model's blocks, ``fileio.py`` O_DIRECT files, ``streams.py`` the GPU copy
+ordering, ``stats.py`` the per-step bookkeeping.
 """
 
 from systems.ssdtrain.engine import Offloader

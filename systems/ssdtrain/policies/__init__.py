@@ -13,8 +13,9 @@ run where its library imports: ``torchtune_offload`` (torchtune's ``OffloadActiv
 
 A new policy is one new module here (or a module of your own named in ``SUITE_PLUGINS``): a
 :class:`Policy` subclass, usually of :class:`OffloaderPolicy` (override ``decide`` and
-``recomputed``) or :class:`HooksPolicy` (give ``hooks``), and a :class:`PolicyEntry`. Applied to a
-model of one's own::
+``recomputed``) or :class:`HooksPolicy` (give ``hooks``), and a :class:`PolicyEntry`. A model of
+one's own is best served by ``systems.ssdtrain.offload`` (one ``with`` block around training); a
+registry policy wraps one step and records its counts::
 
     policy = POLICIES["offload_all"].build(model, store=DirectFileStore("/nvme/scratch"))
     with policy.step():
