@@ -280,8 +280,8 @@ def _aggregate(groups: list[tuple], measure: dict) -> float:
 def _spread(values: list[float], shown: str) -> str:
     if len(values) < 2:
         return "one process"
-    if min(values) == max(values):
-        return f"the same in {len(values)} processes"
+    if _format(min(values), shown) == _format(max(values), shown):
+        return f"the same to the shown precision in {len(values)} processes"
     return f"range {_format(min(values), shown)} to {_format(max(values), shown)} over {len(values)} processes"
 
 
