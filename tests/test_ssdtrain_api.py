@@ -27,11 +27,11 @@ MICRO_BATCHES, STEPS = 2, 2
 
 
 # -- models the suite does not ship --------------------------------------------------------------
-def qwen3(layers: int = 2):
+def qwen3(layers: int = 2, attention: str = "sdpa"):
     config = transformers.Qwen3Config(
         vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=12, max_position_embeddings=64, use_cache=False,
-        attn_implementation="sdpa",
+        attn_implementation=attention,
     )  # fmt: skip
     return transformers.Qwen3ForCausalLM(config)
 
@@ -384,3 +384,40 @@ def test_the_worked_example_of_the_docs_runs_as_written():
     namespace = {}
     exec(compile(block.group(1), str(DOC), "exec"), namespace)
     assert namespace["offloaded"] > 0 and namespace["waits"] == 0
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["offload_all", "recompute", "save_on_cpu", "offload_adaptive"])
+def test_gpu_policies_under_autocast_match_keep_and_never_offload_a_weight_cast(policy):
+    """On a GPU with bf16 autocast (eager attention and deterministic kernels, so that two runs
+    without hooks agree): losses and gradients bit-identical to no hooks, and the pinned host store
+    never given a tensor of a weight's bf16 size."""
+    torch.use_deterministic_algorithms(True)
+    try:
+
+        def run(session=None):
+            torch.manual_seed(0)
+            model = qwen3(3, attention="eager").cuda()
+            model.train()
+            ids = torch.randint(0, 96, (3, 19), generator=torch.Generator().manual_seed(1)).cuda()
+            block = session(model) if session else contextlib.nullcontext()
+            losses = []
+            with block:
+                for _ in range(2):
+                    with torch.autocast("cuda", dtype=torch.bfloat16):
+                        loss = model(input_ids=ids, labels=ids).loss
+                    loss.backward()
+                    losses.append(loss.detach())
+            return losses, [p.grad.clone() for p in model.parameters()], model
+
+        want_losses, want_grads, model = run()
+        store = Recording()
+        args = policy_args(policy, 3) | ({"store": store} if "store" in policy_args(policy, 3) else {})
+        losses, grads, _ = run(lambda m: offload(m, **args))
+        assert all(torch.equal(a, b) for a, b in zip(losses, want_losses))
+        assert all(torch.equal(a, b) for a, b in zip(grads, want_grads))
+        cast_bytes = {p.numel() * 2 for p in model.parameters() if p.dim() == 2}
+        assert [n for n in store.stored if n in cast_bytes] == []
+    finally:
+        torch.use_deterministic_algorithms(False)
