@@ -6,6 +6,7 @@ docs/llm_offload.md run as written."""
 
 import contextlib
 import logging
+import os
 import re
 import warnings
 from pathlib import Path
@@ -22,6 +23,8 @@ from systems.ssdtrain import DirectFileStore, HostStore, Offloader, find_layers,
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, Plan
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
+# Deterministic cuBLAS for the GPU tests (read when cuBLAS starts; tests are imported before any runs).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "llm_offload.md"
 MICRO_BATCHES, STEPS = 2, 2
 
