@@ -236,6 +236,8 @@ class Offloader:
             and not parameter
             and layer is not None
             and self._decisions[layer] == OFFLOAD
+            # Saved while backward runs (a reentrant checkpoint recomputing its block): needed at once.
+            and not _in_backward()
             and tensor.numel() * tensor.element_size() >= max(self.min_bytes, 1)
             # A storage this step already keeps is held anyway: a copy in the store frees nothing.
             and (not self.stats.has(key[0]) or self.cache.holds(key[0]))
