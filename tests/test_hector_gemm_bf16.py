@@ -109,24 +109,33 @@ def test_bf16_rows_move_in_pieces_only_where_whole_aligned_pieces_fit():
     assert codegen.gemm_shape(12, 12, aligned).vec4  # the float32 variants' quads are unchanged
 
 
-@pytest.mark.full
-def test_every_bf16_instance_compiles_for_sm90(tmp_path):
-    """The shapes codegen picks (in the fast tier through test_hector_codegen's representative
-    instances) and, here, each with a gathered A, a scattered C and a transposed weight."""
+BF16_FORMS = [(shape, indexed) for shape in codegen.BF16_SHAPES for indexed in (False, True)]
+
+
+@pytest.mark.parametrize(
+    "shape, indexed",
+    [form if k == 0 else pytest.param(*form, marks=pytest.mark.full) for k, form in enumerate(BF16_FORMS)],
+    ids=[f"{s.rows}x{s.columns}{'-pieces' if s.vec4 else ''}{'-indexed' if i else ''}" for s, i in BF16_FORMS],
+)
+def test_every_bf16_instance_compiles_for_sm90_with_the_shared_memory_the_host_passes(shape, indexed, tmp_path):
+    """Each shape codegen picks, as segment_gemm launches it and with a gathered A, a scattered C
+    and a transposed weight (the fast tier compiles one, test_hector_codegen the plain ones); the
+    kernel's own count of its shared memory is what GemmShape.shared_bytes passes."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         if os.environ.get("CI"):
             pytest.fail("nvcc is not on PATH; CI must compile every generated kernel")
         pytest.skip("nvcc is not on PATH")
-    for shape in codegen.BF16_SHAPES:
-        name, text = indexed_instance(shape)
-        source = tmp_path / f"{name}.cu"
-        source.write_text(text)
-        flags = ["-arch=sm_90", "--cubin", "-std=c++17", "-Werror", "all-warnings"]
-        result = subprocess.run(
-            [nvcc, *flags, "-o", str(source.with_suffix(".cubin")), str(source)], capture_output=True, text=True
-        )
-        assert result.returncode == 0, (shape, result.stderr)
+    name, text = indexed_instance(shape) if indexed else codegen.segment_gemm_source(shape)
+    size = shape.shared_bytes(transpose_b=indexed)
+    source = tmp_path / f"{name}.cu"
+    source.write_text(text + f'static_assert(POOL * sizeof(bf16) == {size}, "the host passes {size} bytes");\n')
+    flags = ["-arch=sm_90", "--cubin", "-std=c++17", "-Werror", "all-warnings"]
+    result = subprocess.run(
+        [nvcc, *flags, "-o", str(source.with_suffix(".cubin")), str(source)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert 0 < size <= 227 * 1024  # within what an H200 block may take
 
 
 def indexed_instance(shape):
@@ -229,9 +238,10 @@ def test_bf16_gathered_scattered_and_transposed(k, n):
     schedule = lower.tile_schedule(offsets.cuda(), rows_n, shape.rows)
     pointers = (table, a_rows.cuda(), weight, out, c_rows.cuda(), *schedule)
     args = (*(np.uint64(t.data_ptr()) for t in pointers), np.int32(k), np.int32(n))
-    nvrtc.launch(
-        codegen._module(text), name, (len(schedule[0]), math.ceil(n / shape.columns)), (codegen.THREADS,), args
-    )
+    module, shared = codegen._module(text), shape.shared_bytes(transpose_b=True)
+    codegen.allow_shared(module, name, shared, out.device)
+    grid = (len(schedule[0]), math.ceil(n / shape.columns))
+    nvrtc.launch(module, name, grid, (codegen.THREADS,), args, shared)
     exact, magnitude = products64(table[a_rows.cuda()], weight, offsets, transpose=True)
     expected = torch.empty_like(exact), torch.empty_like(magnitude)
     expected[0][c_rows], expected[1][c_rows] = exact, magnitude  # position i's result is C's row c_rows[i]

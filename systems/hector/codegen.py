@@ -48,6 +48,17 @@ class GemmShape:
         if self.bf16 and not self.tensor_cores:
             raise ValueError("the bf16 variant multiplies on tensor cores")
 
+    def shared_bytes(self, transpose_b: bool = False) -> int:
+        """The dynamic shared memory a launch passes: the bf16 variant's pipeline stages of A's and
+        B's tiles (k = 32 each, rows padded by 8), which its results reuse; as gemm.cu's POOL
+        computes it. 0 for the float32 variants, whose arrays are static."""
+        if not self.bf16:
+            return 0
+        stages = 3 if self.columns == 64 else 4
+        a_stage = self.rows * (32 + 8)
+        b_stage = self.columns * (32 + 8) if transpose_b else 32 * (self.columns + 8)
+        return 2 * max(stages * (a_stage + b_stage), self.rows * (self.columns + 8))
+
     def defines(self) -> dict:
         shape = {"TILE_M": self.rows, "TILE_N": self.columns, "VEC4": int(self.vec4)}
         return shape | ({"TENSOR_CORES": 1} if self.tensor_cores else {}) | ({"BF16": 1} if self.bf16 else {})
@@ -573,5 +584,20 @@ def segment_gemm(
         pointers = (rows, layout.unused, weight, out, layout.unused, *schedule)
         grid = (len(schedule[0]), math.ceil(n / shape.columns))
         args = (*map(_ptr, pointers), np.int32(rows.shape[1]), np.int32(n))
-        nvrtc.launch(_module(text), name, grid, (THREADS,), args)
+        module, shared = _module(text), shape.shared_bytes()
+        if shared:
+            allow_shared(module, name, shared, rows.device)
+        nvrtc.launch(module, name, grid, (THREADS,), args, shared)
     return out
+
+
+_shared_allowed: set[tuple[str, int, str]] = set()
+
+
+def allow_shared(module, name: str, size: int, device) -> None:
+    """Lets kernel ``name`` take ``size`` bytes of dynamic shared memory (past 48 KB a kernel must
+    be allowed to, once per device)."""
+    key = (name, size, str(device))
+    if key not in _shared_allowed:
+        nvrtc.function(module, name).max_dynamic_shared_size_bytes = size
+        _shared_allowed.add(key)

@@ -307,14 +307,18 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
 
 #else
 // The bf16 variant (BF16): its own kernel body, on bf16 tensor cores.
-// Each k-stage's tiles go from global to shared memory by cp.async (16-byte pieces; two stages in
-// flight, so a short k is one round trip), warps take their mma operands from shared memory by
+// Each k-stage's tiles go from global to shared memory by cp.async (16-byte pieces; STAGES - 1
+// stages in flight while one is multiplied, so a short k is one round trip), warps take their mma
+// operands from shared memory by
 // ldmatrix, and the fp32 results are rounded to bf16 once, staged in shared memory and written out
 // a row's 16 bytes at a time. Without VEC4 (widths not multiples of 8, or rows not 16-byte
 // aligned) the stages are filled by guarded 2-byte loads and the rows written entry by entry; the
 // products are the same.
 #define STAGE_K 32  // k per stage: two m16n8k16 steps
-#define STAGES 2
+// Stages in shared memory: what four blocks of 64-column tiles, or two of 128-column ones, fit on
+// an SM. The memory is dynamic (over the 48 KB a static array may take): the host passes
+// codegen.GemmShape.shared_bytes(), and a launch with less stops at a trap.
+#define STAGES (TILE_N == 64 ? 3 : 4)
 // 8 warps as WARPS_M x WARPS_N, each a WARP_M x WARP_N share of the tile, in FRAG_M x FRAG_N
 // tensor-core products of 16 x 8 (a share's columns come in pairs of 8: one ldmatrix.x4 of B).
 #define WARPS_N (TILE_N >= TILE_M ? 4 : 2)
@@ -396,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BF16_BLOCKS)
 GEMM_NAME(const bf16* __restrict__ A, const long long* __restrict__ a_rows, const bf16* __restrict__ B,
           bf16* __restrict__ C, const long long* __restrict__ c_rows, const int* __restrict__ tile_type,
           const long long* __restrict__ tile_begin, const long long* __restrict__ tile_end, int K, int N) {
-    __shared__ __align__(16) bf16 pool[POOL];  // STAGES x (A's stage, B's stage); then the staged results
+    extern __shared__ __align__(16) bf16 pool[];  // STAGES x (A's stage, B's stage); then the staged results
     __shared__ long long a_row[TILE_M], c_row[TILE_M];  // -1: past the tile's end
     // Blocks start in the order of their linear id (x fastest): renumbered so that a tile's column
     // blocks start together, and all but the first read its rows of A from L2.
@@ -404,6 +408,9 @@ GEMM_NAME(const bf16* __restrict__ A, const long long* __restrict__ a_rows, cons
     const int tile = (int)(linear / gridDim.y), n0 = (int)(linear % gridDim.y) * TILE_N;
     const long long begin = tile_begin[tile], end = tile_end[tile];
     if (begin >= end) return;  // an empty tile (the schedule may end with some)
+    unsigned shared_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
+    if (shared_bytes < POOL * sizeof(bf16)) asm volatile("trap;");  // launched with too little
     const bf16* Bt = B + (long long)tile_type[tile] * K * N;
     for (int m = threadIdx.x; m < TILE_M; m += THREADS) {
         const long long i = begin + m;
@@ -480,22 +487,25 @@ GEMM_NAME(const bf16* __restrict__ A, const long long* __restrict__ a_rows, cons
         }
     };
 
+    // One group of copies per k-stage, empty ones past the last, so that "all but the latest
+    // STAGES - 2 have landed" always means "stage s has".
     const int stages = (K + STAGE_K - 1) / STAGE_K;
-    if (stages > 0) fill(0, 0);
-    commit_copies();
-    for (int s = 0; s < stages; ++s) {
-        // The stage filled now was last read before the previous iteration's closing barrier.
-        if (s + 1 < stages) fill((s + 1) % STAGES, (s + 1) * STAGE_K);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < stages) fill(s, s * STAGE_K);
         commit_copies();
-        wait_copies<1>();  // this thread's copies into stage s have landed; the barrier: everyone's
-        __syncthreads();
-        multiply(s % STAGES);
-        __syncthreads();
     }
-    wait_copies<0>();  // (none are left in flight: the results reuse the stages' memory)
+    for (int s = 0; s < stages; ++s) {
+        wait_copies<STAGES - 2>();  // this thread's copies into stage s have landed
+        __syncthreads();  // everyone's have, and everyone is done with stage s - 1, which is refilled now
+        if (s + STAGES - 1 < stages) fill((s + STAGES - 1) % STAGES, (s + STAGES - 1) * STAGE_K);
+        commit_copies();
+        multiply(s % STAGES);
+    }
+    wait_copies<0>();  // none left in flight: the results reuse the stages' memory
+    __syncthreads();  // and every warp is done reading them
 
-    // The results rounded to bf16 once and staged as [m][n] (the loop's last barrier: the stages
-    // are no longer read), then written out row by row.
+    // The results rounded to bf16 once and staged as [m][n], then written out row by row.
 #pragma unroll
     for (int i = 0; i < FRAG_M; ++i)
 #pragma unroll
