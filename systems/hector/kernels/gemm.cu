@@ -309,9 +309,8 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
 // The bf16 variant (BF16): its own kernel body, on bf16 tensor cores.
 // Each k-stage's tiles go from global to shared memory by cp.async (16-byte pieces; STAGES - 1
 // stages in flight while one is multiplied, so a short k is one round trip), warps take their mma
-// operands from shared memory by
-// ldmatrix, and the fp32 results are rounded to bf16 once, staged in shared memory and written out
-// a row's 16 bytes at a time. Without VEC4 (widths not multiples of 8, or rows not 16-byte
+// operands from shared memory by ldmatrix, and the fp32 results are rounded to bf16 once, staged
+// in shared memory and written out a row's 16 bytes at a time. Without VEC4 (widths not multiples of 8, or rows not 16-byte
 // aligned) the stages are filled by guarded 2-byte loads and the rows written entry by entry; the
 // products are the same.
 #define STAGE_K 32  // k per stage: two m16n8k16 steps
