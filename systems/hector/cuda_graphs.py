@@ -106,6 +106,24 @@ def _capture(plan, graph, tensors: dict[str, torch.Tensor], widths: dict, tensor
     return _Capture(cuda_graph, list(static.values()), outputs)
 
 
+def held_bytes(graph) -> int:
+    """GPU memory the captures on ``graph`` keep reserved between replays: their intermediate
+    values live in each capture's private pool, freed back to it but not to the allocator, so
+    ``torch.cuda.memory_allocated`` does not count them (the results, allocated, it does)."""
+    pools = {
+        state.graph.pool()
+        for state in _captures.get(lower.GraphIndex.of(graph), {}).values()
+        if isinstance(state, _Capture)
+    }
+    if not pools:
+        return 0
+    return sum(
+        segment["total_size"] - segment["allocated_size"]
+        for segment in torch.cuda.memory_snapshot()
+        if tuple(segment.get("segment_pool_id", ())) in pools
+    )
+
+
 def captured(graph) -> int:
     """How many plans are captured on ``graph`` (for tests and reports)."""
     return sum(isinstance(state, _Capture) for state in _captures.get(lower.GraphIndex.of(graph), {}).values())

@@ -20,13 +20,15 @@ path is never timed); then each form timed for each mode in ``modes``:
   (fused on a GPU).
 
 One untimed call comes first (it also makes the gradients and Adam's state), then ``warmup`` more
-and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what
-was allocated after the untimed call. Each form's first call in each mode is timed apart, the
-device drained before and after, as ``first_call_time`` (inference: the check, the form's first
-call without gradients; training: the untimed call): for a compiled form that is its compile time,
-never inside the timed steps, and ``graph_breaks`` are the graph breaks dynamo met compiling it
-for that mode. Then, at the widths in ``breakdown_dims`` (default: all), one more call under the
-profiler gives the time and the bytes allocated by kind of work (systems/rgnn/breakdown.py).
+and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what was
+allocated after the untimed call, plus what the CUDA graphs captured since then keep reserved for
+their intermediate values (Hector's replayed plans, systems/hector/cuda_graphs.py). Each form's
+first call in each mode is timed apart, the device drained before and after, as ``first_call_time``
+(inference: the check, the form's first call without gradients; training: the untimed call): for a
+compiled form that is its compile time, never inside the timed steps, and ``graph_breaks`` are the
+graph breaks dynamo met compiling it for that mode. Then, at the widths in ``breakdown_dims``
+(default: all), one more call under the profiler gives the time and the bytes allocated by kind of
+work (systems/rgnn/breakdown.py).
 
 torch's matrix products run in exact float32 (TF32 off), as in Hector's protocol; a form of
 another precision (``hector_best_tf32``) gets it from its own kernels. A form that runs out of GPU
@@ -49,6 +51,7 @@ import torch.nn.functional as F
 
 from harness.errors import UserError
 from harness.timing import measure
+from systems.hector import cuda_graphs
 from systems.relgraph.graph import RelGraph
 from systems.rgnn.breakdown import profile_call
 from systems.rgnn.forms import FORMS, forms_of
@@ -259,6 +262,7 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
                 # untimed: makes the gradients and the optimizer's state (and compiles for training)
                 _, first = _first_call(lambda: step(layer, mode), device)
                 before = torch.cuda.memory_allocated() if device == "cuda" else 0
+                held_before = cuda_graphs.held_bytes(graph) if device == "cuda" else 0
                 m = measure(
                     lambda: step(layer, mode),
                     device=device,
@@ -273,6 +277,7 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
             except CompileFailed as err:
                 notes["skipped"][f"{model.name} {form.name} on {dataset} at {dim}, {mode}"] = str(err)
                 continue
+            held = cuda_graphs.held_bytes(graph) - held_before if device == "cuda" else 0
             writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
             common = {"role": form.role, "variant": form.name, "config": row, "dataset": dataset}
             first = first_inference if mode == "inference" else first  # the check came first without gradients
@@ -298,7 +303,7 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
                     variant=form.name,
                     config=row,
                     metric="intermediate_memory",
-                    value=peak - before,
+                    value=peak - before + held,
                     unit="B",
                     repetition=rep,
                     dataset=dataset,
