@@ -51,6 +51,17 @@ def _cuda():
     return torch
 
 
+def device_kind(device) -> str:
+    """``"cuda"`` or ``"cpu"`` for a device given any way torch takes one: ``"cuda"``,
+    ``"cuda:1"``, ``torch.device("cuda", 0)``, a GPU index, ``"cpu"``."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return "cuda"
+    kind = str(device).split(":", 1)[0]
+    if kind not in ("cuda", "cpu"):
+        raise ValueError(f"device must be a CUDA device or the CPU, got {device!r}")
+    return kind
+
+
 def measure(
     fn: Callable[[], object],
     *,
@@ -70,9 +81,7 @@ def measure(
     """
     if repeat < 1 or warmup < 0:
         raise ValueError(f"repeat must be >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}")
-    if device not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-    torch = _cuda() if device == "cuda" else None
+    torch = _cuda() if device_kind(device) == "cuda" else None
 
     for _ in range(warmup):
         fn()
@@ -124,9 +133,10 @@ def mark(device: str):
     """A point in time for :func:`elapsed`: a CUDA event recorded on the current stream (``cuda``)
     or the monotonic clock (``cpu``), for timing pieces of work from inside hooks, where
     :func:`measure` cannot bracket them."""
-    if device == "cuda":
-        event = _cuda().cuda.Event(enable_timing=True)
-        event.record()
+    if device_kind(device) == "cuda":
+        torch = _cuda()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
         return event
     return time.perf_counter()
 
@@ -155,8 +165,8 @@ class PhaseClock:
         self.totals: dict[str, float] = {}
 
     def _wait(self) -> None:
-        if self.device == "cuda":
-            _cuda().cuda.synchronize()
+        if device_kind(self.device) == "cuda":
+            _cuda().cuda.synchronize(self.device)
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -181,7 +191,7 @@ def wall_clock(
     ``before`` and ``after``, when given, are those waits instead: in data-parallel training they
     wait for every rank (a barrier), so the time is the slowest rank's.
     """
-    torch = _cuda() if device == "cuda" else None
+    torch = _cuda() if device_kind(device) == "cuda" else None
 
     def wait_for_gpu() -> None:
         if torch is not None:

@@ -96,6 +96,29 @@ def test_refuses_unknown_device():
         measure(lambda: None, device="tpu", repeat=1, warmup=0)
 
 
+@pytest.mark.parametrize(
+    ("device", "kind"), [("cuda", "cuda"), ("cuda:1", "cuda"), (0, "cuda"), ("cpu", "cpu"), ("cpu:0", "cpu")]
+)
+def test_a_device_is_taken_any_way_torch_takes_one(device, kind):
+    import torch
+
+    assert timing.device_kind(device) == kind
+    assert timing.device_kind(torch.device(str(device) if not isinstance(device, int) else "cuda")) == kind
+
+
+@pytest.mark.parametrize("device", ["mps", "tpu:0", True, None])
+def test_a_device_that_is_neither_refused(device):
+    with pytest.raises(ValueError, match="device"):
+        timing.device_kind(device)
+
+
+def test_a_cpu_device_object_times_on_the_host_clock(clock):
+    import torch
+
+    m = measure(lambda: clock.advance(0.25), device=torch.device("cpu"), repeat=2, warmup=0)
+    assert m.clock == "monotonic" and m.seconds == (0.25, 0.25)
+
+
 def test_phase_clock_adds_up_each_phase(clock):
     from harness.timing import PhaseClock
 
@@ -152,3 +175,15 @@ def test_cpu_time_of_running_children_is_included_and_not_counted_twice_when_the
     ended = resources.cpu_core_seconds(include_children=True) - before
     assert 0.29 <= running < 0.8
     assert ended == pytest.approx(running, abs=0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", ["cuda:0", 0])
+def test_marks_on_a_gpu_named_any_way_wait_for_the_gpu(device):
+    import torch
+
+    start = timing.mark(device)
+    torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU time, not host time
+    end = timing.mark(device)
+    torch.cuda.synchronize()
+    assert isinstance(start, torch.cuda.Event) and timing.elapsed(start, end) > 1e-3
