@@ -2,6 +2,7 @@
 #   make reproduce    set up .venv, measure this machine (scale from config, default cpu), render figures + report
 #   make test         set up .venv, run the quick tier of the tests (every behaviour once)
 #   make test-all     set up .venv, run every test (what CI runs)
+#   make NAME         run one Snakemake target (a topic such as ceilings, or claims); a wrong NAME lists them
 # Options: ENV=gpu (CUDA requirements), SNAKEMAKE_ARGS="--config scale=h200 machine=mybox"
 
 ENV ?= cpu
@@ -24,18 +25,28 @@ export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
 export CUPY_CACHE_DIR := $(CURDIR)/.cache/cupy
 
-.PHONY: setup reproduce figures report test test-all lint
+MAKE_TARGETS = setup reproduce figures report test test-all lint
+.PHONY: $(MAKE_TARGETS)
+
+ifeq ($(wildcard envs/requirements-$(ENV).txt),)
+$(error ENV=$(ENV) has no envs/requirements-$(ENV).txt: use ENV=cpu or ENV=gpu)
+endif
 
 $(STAMP): envs/requirements-$(ENV).txt envs/requirements-data.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -r envs/requirements-$(ENV).txt
-	$(VENV)/bin/pip install --quiet --no-deps -r envs/requirements-data.txt
-	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation --editable .
-	rm -f $(VENV)/.installed-*
-	touch $@
+	@echo "setup 1/4: virtual environment $(VENV) ($(PYTHON))"
+	@$(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/pip install --quiet --upgrade pip
+	@echo "setup 2/4: pinned requirements, envs/requirements-$(ENV).txt (about 2 minutes and 1.8 GB the first time)"
+	@$(VENV)/bin/pip install --quiet -r envs/requirements-$(ENV).txt
+	@echo "setup 3/4: data packages, envs/requirements-data.txt (without their dependencies)"
+	@$(VENV)/bin/pip install --quiet --no-deps -r envs/requirements-data.txt
+	@echo "setup 4/4: the suite itself, editable"
+	@$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation --editable .
+	@rm -f $(VENV)/.installed-*
+	@touch $@
 
 setup: $(STAMP)
+	@echo "setup: $(VENV) is ready ($(ENV) requirements)"
 
 reproduce: setup
 	$(VENV)/bin/snakemake --cores all reproduce $(SNAKEMAKE_ARGS)
@@ -65,3 +76,16 @@ lint: setup
 	@if grep -E '^ +\* ' .cache/snakemake-lint.txt | grep -qv 'Specify a conda environment or container'; then \
 		cat .cache/snakemake-lint.txt; exit 1; fi
 	@echo "snakemake --lint: only the explained conda/container warning"
+
+# Any other name is handed to Snakemake when it is one of its targets (a topic, `claims`):
+# `make ceilings` runs `snakemake --cores all ceilings`. A name that is neither lists both kinds.
+.DEFAULT:
+	@$(MAKE) --no-print-directory setup
+	@targets="$$($(VENV)/bin/snakemake --list-target-rules 2>/dev/null | cut -d' ' -f1)"; \
+	if printf '%s\n' $$targets | grep -qxF -- '$@'; then \
+		$(VENV)/bin/snakemake --cores all $@ $(SNAKEMAKE_ARGS); \
+	else \
+		echo "make: no target '$@'. make targets: $(MAKE_TARGETS)." >&2; \
+		echo "Snakemake targets (make NAME runs one): "$$targets"." >&2; \
+		exit 2; \
+	fi

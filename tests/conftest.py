@@ -104,3 +104,27 @@ def gpu_tests_take_turns(request, tmp_path_factory):
         return
     with taking_turns(run_directory(tmp_path_factory) / "gpu.lock"):
         yield
+
+
+# --- what `make test` prints at the end -------------------------------------------------------
+
+
+def skip_reason(report) -> str:
+    """The reason a skipped test's report gives (``pytest.skip``'s message, or a skip marker's)."""
+    longrepr = report.longrepr
+    message = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return message.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per skip reason with its count, most frequent first: `-rs` prints a line per test,
+    hundreds of them on a machine without a GPU."""
+    counts: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = skip_reason(report)
+        counts[reason] = counts.get(reason, 0) + 1
+    if not counts:
+        return
+    terminalreporter.section("skipped, by reason")
+    for reason, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        terminalreporter.write_line(f"{count:6d}  {reason}")
