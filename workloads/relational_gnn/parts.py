@@ -17,7 +17,10 @@ path is never timed); then each form timed for each mode in ``modes``:
 
 * ``inference``: the forward pass under ``torch.no_grad``;
 * ``training``: forward, a mean-squared loss against a seeded target, backward, Adam's step
-  (fused on a GPU).
+  (fused on a GPU);
+* ``training_graphed`` (GPU only): the same step captured once as one CUDA graph and replayed,
+  for every form alike: the step without the host's Python, dispatch and launches, which bound
+  it on small graphs. A form whose step waits for the GPU cannot be captured and is noted.
 
 One untimed call comes first (it also makes the gradients and Adam's state), then ``warmup`` more
 and ``repeat`` timed ones; on a GPU the intermediate memory is each timed call's peak minus what was
@@ -50,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.errors import UserError
+from harness.graphed_step import NotCapturable, capture_step
 from harness.timing import measure
 from systems.hector import cuda_graphs
 from systems.relgraph.graph import RelGraph
@@ -60,6 +64,7 @@ from systems.rgnn.models import MODELS
 from workloads.graphs import knowledge, published_heterographs, relational, store
 from workloads.relational_gnn.gemm import gemm_template  # noqa: F401 (a part, found here by name)
 
+GRAPHED = "training_graphed"  # the mode whose training step is captured whole and replayed
 _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -258,6 +263,10 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
     for form, layer, first_inference in checked:
         for mode in params["modes"]:
             row = config | {"mode": mode} | _columns(form)
+            if mode == GRAPHED:
+                timed = dict(repeat=repeat, warmup=warmup, device=device)
+                _graphed_training(layer, x, target, weights, form, row, dataset, writer, notes, **timed)
+                continue
             try:
                 # untimed: makes the gradients and the optimizer's state (and compiles for training)
                 _, first = _first_call(lambda: step(layer, mode), device)
@@ -308,6 +317,51 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
                     repetition=rep,
                     dataset=dataset,
                 )
+
+
+def _graphed_training(layer, x, target, weights, form, row, dataset, writer, notes, *, repeat, warmup, device):
+    """The training step captured whole as one CUDA graph (harness/graphed_step.py) and replayed:
+    each form's step with the host taken out, as a user whose step is host-bound would run it.
+    Checked before timing: a replay's loss equals the eager loss of the same weights. Capture time
+    is ``first_call_time``; a form whose step cannot be captured (it waits for the GPU) is noted."""
+    where = f"{row['model']} {form.name} on {dataset} at {row['in_dim']}, {GRAPHED}"
+    if device != "cuda":
+        notes["skipped"][GRAPHED] = "a CUDA graph needs a GPU: every form's captured step is left out"
+        return
+    optimizer = torch.optim.Adam(weights.parameters(), lr=1e-3, fused=True, capturable=True)
+    last = {}
+
+    def step():
+        optimizer.zero_grad(set_to_none=False)
+        last["loss"] = F.mse_loss(layer(x), target)
+        last["loss"].backward()
+        optimizer.step()
+
+    try:
+        replay, capture_time = _first_call(lambda: capture_step(step), device)
+        with torch.no_grad():
+            want = F.mse_loss(layer(x), target)
+        replay()  # rewrites the captured step's own loss tensor, last["loss"]
+        torch.cuda.synchronize()
+    except NotCapturable as err:
+        notes["skipped"][where] = f"its training step cannot be captured: {err}"
+        return
+    except torch.cuda.OutOfMemoryError as err:
+        _out_of_memory(writer, dataset, form, row, err)
+        return
+    if not torch.allclose(last["loss"], want, rtol=max(form.tolerance, 1e-4), atol=0):
+        raise FormsDisagree(f"{where}: a replay's loss {float(last['loss']):.6g} is not the eager {float(want):.6g}")
+    m = measure(replay, device=device, repeat=repeat, warmup=warmup, desc=where)
+    writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
+    writer.add(
+        metric="first_call_time",
+        value=capture_time,
+        unit="s",
+        role=form.role,
+        variant=form.name,
+        config=row,
+        dataset=dataset,
+    )
 
 
 def _first_call(call, device: str):

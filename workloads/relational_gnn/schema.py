@@ -31,7 +31,8 @@ SCHEMA = Schema(
     config={
         "device": str,  # "cuda" or "cpu"
         "model": str,  # "rgcn", "rgat" or "hgt"
-        "mode": str,  # "inference" (forward, no gradients) or "training" (forward, backward, step)
+        "mode": str,  # "inference" (forward, no gradients), "training" (forward, backward, step) or
+        # "training_graphed" (that step captured as one CUDA graph and replayed)
         "in_dim": int,
         "out_dim": int,
         "form": str,  # what the variant computes, whatever its precision (a form's name)

@@ -1,0 +1,95 @@
+"""A whole training step captured as one CUDA graph (harness/graphed_step.py): replays do what
+eager steps do, to the parameters and the loss, for a plain torch model and for Hector's layer
+(whose op launches directly inside a caller's capture); a step that waits for the GPU is refused
+with the reason."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from harness.graphed_step import NotCapturable, capture_step
+
+
+def _trainer(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, forward=None):
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=x.is_cuda, capturable=x.is_cuda)
+    losses = []
+
+    def step():
+        optimizer.zero_grad(set_to_none=False)
+        loss = F.mse_loss((forward or model)(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss)
+
+    return step, losses
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without a GPU")
+def test_without_a_gpu_a_step_is_refused_in_one_line():
+    with pytest.raises(NotCapturable, match="needs a CUDA GPU"):
+        capture_step(lambda: None)
+
+
+@pytest.mark.gpu
+def test_replays_update_the_parameters_as_eager_steps_do():
+    g = torch.Generator().manual_seed(0)
+    x, target = torch.randn(37, 13, generator=g).cuda(), torch.randn(37, 5, generator=g).cuda()
+    torch.manual_seed(1)
+    captured = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5)).cuda()
+    eager = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5)).cuda()
+    eager.load_state_dict(captured.state_dict())
+    step, losses = _trainer(captured, x, target)
+    replay = capture_step(step, warmup=3)  # 3 warm-up steps, then the captured one (not run)
+    eager_step, eager_losses = _trainer(eager, x, target)
+    for _ in range(3):
+        eager_step()
+    for _ in range(4):
+        replay()
+        eager_step()
+        torch.testing.assert_close(losses[-1], eager_losses[-1], rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(captured.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.gpu
+def test_a_step_that_waits_for_the_gpu_is_refused_with_the_reason():
+    x = torch.randn(8, 4, device="cuda")
+    with pytest.raises(NotCapturable) as caught:
+        capture_step(lambda: float(x.sum().item()))
+    assert len(str(caught.value).splitlines()) == 1
+    torch.zeros(3, device="cuda").add_(1)  # the device still works after the failed capture
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["rgcn", "rgat", "hgt"])
+def test_a_hector_layer_trains_alike_captured_whole_and_eager(name):
+    from systems.hector import op, passes
+    from systems.rgnn.models import MODELS
+    from tests.test_hector_op import random_graph
+
+    graph = random_graph(seed=3, nodes=211, edges=1501, relations=9, device="cuda")
+    model = MODELS[name]
+    layer = op.Layer(passes.optimize(model.program(), "reorder", "compact"))
+    captured_weights = model.make_weights(graph, 16, 16, seed=4).cuda()
+    eager_weights = model.make_weights(graph, 16, 16, seed=4).cuda()
+    g = torch.Generator().manual_seed(5)
+    x, target = (
+        torch.randn(graph.num_nodes, 16, generator=g).cuda(),
+        torch.randn(graph.num_nodes, 16, generator=g).cuda(),
+    )
+
+    def run(weights):
+        return lambda x: layer(graph, x=x, **model.bind(weights))
+
+    step, losses = _trainer(captured_weights, x, target, forward=run(captured_weights))
+    eager_step, eager_losses = _trainer(eager_weights, x, target, forward=run(eager_weights))
+    replay = capture_step(step, warmup=3)
+    for _ in range(3):
+        eager_step()
+    for _ in range(3):
+        replay()
+        eager_step()
+        torch.testing.assert_close(losses[-1], eager_losses[-1], rtol=1e-4, atol=1e-6)
+    for (key, a), b in zip(captured_weights.named_parameters(), eager_weights.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
