@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import ticker
 
-from analysis.common import layout_with_title, load_results, machine_label, panel_grid, same_code_reruns, summarize
-from analysis.style import color
+from analysis.common import load_results, machine_label, same_code_reruns, summarize
 from harness.registry import COMPETITOR_ROLES, ENTRY_ROLES
 from systems.rgnn.forms import EXACT
 from systems.rgnn.forms import FORMS as REGISTRY
@@ -542,117 +542,324 @@ Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines[:40]))
 
 # %% [markdown]
-# ## Figure: time (and memory on a GPU) per graph, one panel per model and mode
+# ## Figure: Hector's speedup per graph, training and inference, and its ablation
+#
+# The headline figure: the speedup of `hector_best` over the fastest competitor per graph (a bar
+# from 1, so a slowdown points down), one hatch per model, the range over the processes that
+# measured the graph, the geomean over the dataset-shaped graphs, and OOM where a side ran out of
+# memory. Below it the ablation. Supporting figures: every form's time per graph (`-times`), its
+# intermediate memory (`-memory`) and the time by kind of work on the largest graph (`-kinds`).
 
 # %%
-panels = [(model, mode) for model in sorted(set(time.model)) for mode in ("inference", "training")]
-panels = [(m, mode) for m, mode in panels if ((time.model == m) & (time["mode"] == mode)).any()]
-has_memory = not memory.empty
-models = sorted(set(shares.model)) if not shares.empty else []
-# The headline's speedup over the fastest competitor per graph: only where it ran generated kernels.
-show_speedup = bool(OPTIMIZED) and on_gpu and bool(headline)
-pairs = len(panels) * (2 if has_memory else 1)
-fig, grid = panel_grid(pairs + show_speedup + len(models), width=7.0, height=3.6, cols=2)
-legend = {}
-for i, (model, mode) in enumerate(panels):
-    # The forms this model has (RGAT has no second PyG implementation): no empty slots.
-    forms = [f for f in FORMS if ((frame.model == model) & (frame.variant == f)).any()]
-    bar = 0.8 / max(len(forms), 1)
-    axes = [(grid[i * 2] if has_memory else grid[i], time, "time per call, ms (log)", 1e3)]
-    if has_memory:
-        axes.append((grid[i * 2 + 1], memory, "intermediate memory, MiB (log)", 1 / 2**20))
-    for ax, table, ylabel, unit in axes:
-        sel = table[(table.model == model) & (table["mode"] == mode) & (table.in_dim == width)]
-        top = sel["median"].max() * unit if not sel.empty else 1.0
-        for j, form in enumerate(forms):
-            xs = np.arange(len(GRAPHS)) + (j - (len(forms) - 1) / 2) * bar
-            values = [sel[(sel.dataset == d) & (sel.variant == form)]["median"] for d in GRAPHS]
-            heights = [v.iloc[0] * unit if not v.empty else np.nan for v in values]
-            ax.bar(xs, heights, bar, color=color(form), label=form)
-            for x, d in zip(xs, GRAPHS):
-                gone = oom[
-                    (oom.dataset == d)
-                    & (oom.model == model)
-                    & (oom["mode"] == mode)
-                    & (oom.in_dim == width)
-                    & (oom.variant == form)
-                ]
-                if not gone.empty:
-                    ax.text(x, top, "OOM", rotation=90, ha="center", va="top", fontsize=6, color=color(form))
-        ax.set_yscale("log")
-        ax.set_xticks(range(len(GRAPHS)), GRAPHS, rotation=30, ha="right", fontsize=7)
-        ax.set(ylabel=ylabel, title=f"{model.upper()} {mode}, width {width}")
-        ax.grid(alpha=0.3, axis="y", which="both")
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(label, handle)
-if show_speedup:
-    ax = grid[pairs]
-    # Colours of models, not variants (a variant's colour comes from analysis/style.py).
-    MODEL_COLORS = {"rgcn": "tab:blue", "rgat": "tab:orange", "hgt": "tab:green", "compgcn": "tab:purple"}
-    graphs = [d for d in GRAPHS if any(k[2] == d for k in headline)]
-    series = sorted({(model, mode) for model, mode, _ in headline})
-    for j, (model, mode) in enumerate(series):
-        offset = (j - (len(series) - 1) / 2) * 0.1
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from analysis import style
+
+MEASURED = machine_label(provenance)
+MODELS = sorted(
+    set(time.model), key=lambda m: (list(style.MODEL_MARKERS).index(m) if m in style.MODEL_MARKERS else 9, m)
+)
+HATCH = {m: style.MODEL_HATCHES.get(m, "++") for m in MODELS}
+# Speedups reported earlier by Hector's authors (geomean over their datasets; REFERENCE.md: an
+# earlier version of the paper, unverified for the final one): drawn as targets on the geomeans.
+PAPER_GEOMEAN = {
+    ("rgcn", "training"): 1.80,
+    ("rgcn", "inference"): 1.44,
+    ("rgat", "training"): 4.93,
+    ("rgat", "inference"): 6.39,
+}
+
+PAPER_COLOUR = "#01a9b8"  # the paper's numbers: a hue no form has
+OOM_COLOUR = "#b2182b"
+
+
+def out_of_memory(model, mode, dataset, variants) -> bool:
+    rows = oom[(oom.model == model) & (oom["mode"] == mode) & (oom.dataset == dataset) & (oom.in_dim == width)]
+    return rows.variant.isin(variants).any()
+
+
+def speedup_panel(ax, mode) -> None:
+    """hector_best's speedup per graph (bars from 1, log scale), a hatch per model, the range over
+    processes, OOM marks, then the geomean over the dataset-shaped graphs with the paper's targets."""
+    graphs = [d for d in GRAPHS if any(k[1] == mode and k[2] == d for k in headline) or not oom.empty]
+    graphs = [d for d in graphs if any((m, mode, d) in headline or out_of_memory(m, mode, d, FORMS) for m in MODELS)]
+    shaped = [d for d in graphs if d in DATASET_SHAPED]
+    slots = graphs + (["geomean"] if shaped else [])
+    bar = 0.8 / len(MODELS)
+    colour = style.color(HEADLINE)
+    for j, model in enumerate(MODELS):
+        offset = (j - (len(MODELS) - 1) / 2) * bar
         for i, d in enumerate(graphs):
-            if (model, mode, d) not in headline:
-                continue
-            seen = measured_in(headline_by_process, (model, mode, d))
-            ax.vlines(i + offset, min(seen), max(seen), color=MODEL_COLORS.get(model, "gray"), lw=1)
-            ax.plot(
-                i + offset,
-                seen[0],
-                marker="o" if mode == "inference" else "^",
-                color=MODEL_COLORS.get(model, "gray"),
-                markersize=4,
-                linestyle="none",
-                label=f"{model.upper()} {mode}",
+            key = (model, mode, d)
+            if key in headline:
+                seen = measured_in(headline_by_process, key)
+                ax.bar(
+                    i + offset,
+                    seen[0] - 1,
+                    bar,
+                    bottom=1,
+                    color=colour,
+                    hatch=HATCH[model],
+                    edgecolor="white",
+                    linewidth=0,
+                )
+                gone = [v for v in COMPETITORS if out_of_memory(model, mode, d, [v])]
+                if gone:  # a competitor that ran out of memory is no part of the fastest
+                    ax.plot(i + offset, 0.02, "x", color=OOM_COLOUR, markersize=5, mew=1.5,
+                            transform=ax.get_xaxis_transform(), clip_on=False)  # fmt: skip
+                if len(seen) > 1:
+                    ax.errorbar(
+                        i + offset,
+                        seen[0],
+                        yerr=[[seen[0] - min(seen)], [max(seen) - seen[0]]],
+                        color="#e08214",
+                        capsize=2,
+                        elinewidth=1.2,
+                        fmt="none",
+                    )
+            elif out_of_memory(model, mode, d, [HEADLINE]) or out_of_memory(model, mode, d, COMPETITORS):
+                who = "Hector" if out_of_memory(model, mode, d, [HEADLINE]) else "peers"
+                ax.text(
+                    i + offset,
+                    1.04,
+                    f"OOM ({who})",
+                    rotation=90,
+                    ha="center",
+                    va="bottom",
+                    fontsize=6.5,
+                    color=OOM_COLOUR,
+                )
+        keys = [(model, mode, d) for d in shaped if (model, mode, d) in headline]
+        if keys:
+            each = geomeans(headline_by_process, keys)
+            x = len(graphs) + offset
+            ax.bar(x, each[0] - 1, bar, bottom=1, color=colour, hatch=HATCH[model], edgecolor="white", linewidth=0)
+            ax.annotate(
+                f"{each[0]:.2f}x",
+                (x, max(each[0], 1)),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                rotation=90,
+                fontsize=7,
             )
-    ax.axhline(1.0, color="black", lw=0.8)
+            if len(each) > 1:
+                ax.errorbar(
+                    x,
+                    each[0],
+                    yerr=[[each[0] - min(each)], [max(each) - each[0]]],
+                    color="#e08214",
+                    capsize=2,
+                    elinewidth=1.2,
+                    fmt="none",
+                )
+            if (model, mode) in PAPER_GEOMEAN:
+                target = PAPER_GEOMEAN[(model, mode)]
+                ax.plot(x, target, marker="_", markersize=12, mew=2.5, color=PAPER_COLOUR, linestyle="none")
     ax.set_yscale("log")
-    ax.set_xticks(range(len(graphs)), graphs, rotation=30, ha="right", fontsize=7)
-    ax.set(
-        ylabel="speedup over fastest competitor (log)", title=f"Hector ({HEADLINE}, fixed before timing), width {width}"
+    style.reference_line(ax, 1.0, "parity", kind="parity")
+    ax.set_xticks(
+        range(len(slots)),
+        [s if s != "geomean" else "geomean\n(dataset-shaped)" for s in slots],
+        rotation=30,
+        ha="right",
     )
-    ax.grid(alpha=0.3, axis="y", which="both")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=7,
-              frameon=False)  # fmt: skip
+    if shaped:
+        ax.axvline(len(graphs) - 0.5, color="#888888", linewidth=0.8)
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x" if f"{v:.0e}"[0] in "25" else ""))
+    ax.set(
+        ylabel="speedup over the fastest competitor\n(log scale)",
+        xlim=(-0.6, len(slots) - 0.4),
+        title=f"{mode.capitalize()}: {style.readable(HEADLINE)} ({HEADLINE}, fixed before timing), "
+        f"one layer, width {width}",
+    )
+    ax.grid(axis="x", visible=False)
+
+
+def ablation_panel(ax, mode) -> None:
+    """Each Hector variant's speedup over the unoptimized one, geomean over the dataset-shaped
+    graphs, whiskers from the worst to the best graph."""
+    variants = [v for v in OPTIMIZED if v in GENERATED]
+    shown = main[main.variant.isin(variants) & (main["mode"] == mode)]
+    shown = shown[shown.dataset.isin(DATASET_SHAPED)] if DATASET_SHAPED else shown
+    models = [m for m in MODELS if (shown.model == m).any()]
+    bar = 0.8 / len(variants)
+    for j, variant in enumerate(variants):
+        for i, model in enumerate(models):
+            by = shown[shown.model == model].pivot_table(index="dataset", columns="variant", values="median")
+            if variant not in by or UNOPTIMIZED not in by:
+                continue
+            ratio = (by[UNOPTIMIZED] / by[variant]).dropna()
+            value = geomean(ratio)
+            x = i + (j - (len(variants) - 1) / 2) * bar
+            ax.bar(
+                x,
+                value,
+                bar,
+                color=style.color(variant),
+                hatch=HATCH[model],
+                edgecolor="white",
+                linewidth=0,
+                label=style.readable(variant),
+            )
+            ax.errorbar(
+                x,
+                value,
+                yerr=[[value - ratio.min()], [ratio.max() - value]],
+                color="#333333",
+                capsize=2,
+                elinewidth=0.8,
+                fmt="none",
+            )
+    style.reference_line(ax, 1.0, "no passes", kind="parity")
+    ax.set_xticks(range(len(models)), [style.readable(m) for m in models])
+    ax.set(
+        ylabel=f"speedup over {style.readable(UNOPTIMIZED)}",
+        ylim=(0, None),
+        title=f"Ablation, {mode}: geomean over the dataset-shaped graphs\n(whiskers: worst and best graph)",
+    )
+    ax.grid(axis="x", visible=False)
+
+
+if OPTIMIZED and headline and on_gpu:
+    modes = [m for m in ("inference", "training") if any(k[1] == m for k in headline)]
+    has_ablation = UNOPTIMIZED is not None and len([v for v in OPTIMIZED if v in GENERATED]) > 1
+    layout = [[f"speedup {m}"] * 2 for m in modes] + ([[f"ablation {m}" for m in modes]] if has_ablation else [])
+    if has_ablation and len(modes) == 1:
+        layout[-1] = layout[-1] * 2
+    fig, ax = style.mosaic(layout, width=15, height=4.2 * len(layout))
+    for m in modes:
+        speedup_panel(ax[f"speedup {m}"], m)
+        if has_ablation:
+            ablation_panel(ax[f"ablation {m}"], m)
+    entries = {
+        style.readable(m): Patch(facecolor=style.color(HEADLINE), hatch=HATCH[m], edgecolor="white") for m in MODELS
+    }
+    entries["range over the processes"] = Line2D([], [], color="#e08214", marker="|", linestyle="none", markersize=8)
+    entries["paper's geomean (earlier version)"] = Line2D(
+        [], [], color=PAPER_COLOUR, marker="_", markersize=12, mew=2.5, linestyle="none"
+    )
+    if any(out_of_memory(*k, COMPETITORS) for k in headline):
+        entries["x at the foot: a competitor ran out of memory"] = Line2D(
+            [], [], color=OOM_COLOUR, marker="x", mew=1.5, linestyle="none"
+        )
+    if has_ablation:
+        entries |= style.collect_legend([ax[f"ablation {modes[0]}"]])
+    style.legend_below(fig, entries, columns=6)
+    style.title(
+        fig,
+        "Hector against the fastest competitor (PyG, per-edge, segment/grouped MM, dense, compiled forms) per graph",
+        MEASURED,
+    )
+    style.save(fig, figure)
+
+
+# %% [markdown]
+# ## Supporting figures: every form's time and memory per graph, and time by kind of work
+
+
+# %%
+def per_form_panel(ax, table, model, mode, unit) -> None:
+    """Every form of ``model`` per graph, bars on a log scale, an x at the foot where a form ran out of memory."""
+    forms = [f for f in FORMS if ((frame.model == model) & (frame.variant == f)).any()]
+    sel = table[(table.model == model) & (table["mode"] == mode) & (table.in_dim == width)]
+    graphs = [d for d in GRAPHS if (sel.dataset == d).any() or out_of_memory(model, mode, d, forms)]
+    bar = 0.85 / max(len(forms), 1)
+    for j, form in enumerate(forms):
+        xs = np.arange(len(graphs)) + (j - (len(forms) - 1) / 2) * bar
+        values = [sel[(sel.dataset == d) & (sel.variant == form)]["median"] for d in graphs]
+        ax.bar(
+            xs,
+            [v.iloc[0] * unit if not v.empty else np.nan for v in values],
+            bar,
+            color=style.color(form),
+            label=style.readable(form),
+            linestyle=style.style(form)[1],
+            edgecolor="none",
+        )
+        gone = [x for x, d in zip(xs, graphs) if out_of_memory(model, mode, d, [form])]
+        if gone:
+            ax.plot(
+                gone,
+                [0.02] * len(gone),
+                "x",
+                color=style.color(form),
+                markersize=5,
+                mew=1.5,
+                transform=ax.get_xaxis_transform(),
+                clip_on=False,
+            )
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(graphs)), graphs, rotation=35, ha="right", fontsize=7)
+    ax.set_title(f"{style.readable(model)}, {mode}, width {width}")
+    ax.grid(axis="x", visible=False)
+
+
+panels_of = [
+    (m, mode)
+    for m in MODELS
+    for mode in ("inference", "training")
+    if ((time.model == m) & (time["mode"] == mode)).any()
+]
+for what, table, ylabel, unit in (
+    ("times", time, "time per call (ms, log scale)", 1e3),
+    ("memory", memory, "intermediate memory (MiB, log scale)", 1 / 2**20),
+):
+    if table.empty:
+        continue
+    for first in range(0, len(panels_of), 6):
+        chunk = panels_of[first : first + 6]
+        fig, axes = style.panels(len(chunk), cols=2, width=7.5, height=3.4)
+        for ax, (model, mode) in zip(axes, chunk):
+            per_form_panel(ax, table, model, mode, unit)
+            ax.set_ylabel(ylabel)
+        entries = style.collect_legend(axes)
+        entries["x at the foot: out of memory"] = Line2D([], [], color="#333333", marker="x", linestyle="none")
+        style.legend_below(fig, entries, columns=8)
+        part = "" if len(panels_of) <= 6 else f"_{first // 6 + 1}"
+        style.title(
+            fig,
+            f"Every form's {'time per call' if what == 'times' else 'intermediate memory'} per graph, "
+            "graphs by edge count",
+            MEASURED,
+        )
+        style.save(fig, figure, what + part)
+
 # Time by kind of work on the largest graph: one stacked bar per form and mode, shares of the call.
 KIND_COLORS = {
-    "gemm": "tab:blue",
-    "aggregation": "tab:purple",
-    "gather_scatter": "tab:red",
-    "elementwise": "tab:olive",
-    "generated": "indigo",
-    "other": "lightgray",
+    "gemm": "#1f77b4",
+    "aggregation": "#9467bd",
+    "gather_scatter": "#d62728",
+    "elementwise": "#bcbd22",
+    "generated": "#40004b",
+    "other": "#d9d9d9",
 }
-for ax, model in zip(grid[len(grid) - len(models) :], models):
-    rows = shares[shares.model == model]
-    bars = sorted({(mode, form) for mode, form in zip(rows["mode"], rows.variant)})
-    left = np.zeros(len(bars))
-    for kind in CLASSES:
-        values = np.array(
-            [
-                rows[(rows["mode"] == mode) & (rows.variant == form) & (rows.kernel_class == kind)].value.sum()
-                / rows[(rows["mode"] == mode) & (rows.variant == form)].value.sum()
-                for mode, form in bars
-            ]
-        )
-        ax.barh(range(len(bars)), values, left=left, color=KIND_COLORS[kind], label=kind)
-        left += values
-    ax.set_yticks(range(len(bars)), [f"{form}, {mode}" for mode, form in bars], fontsize=7)
-    ax.invert_yaxis()
-    ax.set(xlim=(0, 1), xlabel="share of one profiled call", title=f"{model.upper()} on {largest}: time by kind")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(CLASSES), fontsize=7, frameon=False)
-order = [f for f in FORMS if f in legend]
-fig.legend([legend[f] for f in order], order, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-layout_with_title(
-    fig,
-    f"Relational GNN layers, baselines{' and Hector' if OPTIMIZED else ''}: {machine}, scale '{scale}' "
-    f"(measured; generated graphs are '-like' stand-ins"
-    f"{'' if on_gpu or not OPTIMIZED else '; no GPU: Hector ran its reference backend'})"
-    f"\n{machine_label(provenance)}",
-)
-Path(figure).parent.mkdir(parents=True, exist_ok=True)
-fig.savefig(figure, dpi=130, bbox_inches="tight")
+models = [m for m in MODELS if not shares.empty and (shares.model == m).any()]
+if models:
+    fig, axes = style.panels(min(len(models), 6), cols=2, width=7.0, height=0.28 * 2 * len(FORMS) + 1.2)
+    for ax, model in zip(axes, models):
+        rows = shares[shares.model == model]
+        bars = sorted({(mode, form) for mode, form in zip(rows["mode"], rows.variant)})
+        left = np.zeros(len(bars))
+        for kind in CLASSES:
+            values = np.array(
+                [
+                    rows[(rows["mode"] == mode) & (rows.variant == form) & (rows.kernel_class == kind)].value.sum()
+                    / rows[(rows["mode"] == mode) & (rows.variant == form)].value.sum()
+                    for mode, form in bars
+                ]
+            )
+            ax.barh(range(len(bars)), values, left=left, color=KIND_COLORS[kind], label=kind.replace("_", "/"))
+            left += values
+        ax.set_yticks(range(len(bars)), [f"{style.readable(form)}, {mode}" for mode, form in bars], fontsize=7)
+        ax.invert_yaxis()
+        ax.set(xlim=(0, 1), xlabel="share of one profiled call", title=f"{style.readable(model)} on {largest}")
+        ax.grid(axis="y", visible=False)
+    style.legend_below(fig, style.collect_legend(axes[:1]), columns=6, title="kind of work")
+    style.title(
+        fig, f"Where a call's time goes, by kind of work, on the largest graph ({largest}, width {width})", MEASURED
+    )
+    style.save(fig, figure, "kinds")

@@ -11,12 +11,17 @@ them, which replace the figure and summary only when every cell succeeded: a fai
 leaves the previous files as they were. The executed notebook, outputs included, is saved to
 ``--executed`` so a failed figure can be debugged cell by cell, and the words the saved figure
 shows (titles, labels, ticks, legends) beside it as ``<executed>.text.json`` (analysis/figure_text.py).
+
+A notebook may also save supporting figures, ``<figure stem>-<what>.png`` beside the figure
+(analysis/style.py: ``save(fig, figure, what)``); they are replaced with the figure, and a
+supporting figure the notebook no longer writes is removed, so the folder holds one render's set.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -93,7 +98,9 @@ def main(argv=None) -> None:
         + [f"{name} = {str(path)!r}" for name, path in temporary.items()]
     )
     figure_text = args.executed.with_suffix(".text.json").resolve()
-    figure_text.unlink(missing_ok=True)  # a failed render leaves no record of an older figure
+    # A failed render leaves no record of an older figure (nor of its supporting figures).
+    for old in [figure_text, *figure_text.parent.glob(f"{args.executed.stem}-*.text.json")]:
+        old.unlink(missing_ok=True)
     injected += f"\nimport analysis.figure_text as _figure_text\n_figure_text.install(figure, {str(figure_text)!r})"
     nb.cells.insert(
         tagged[0] + 1,
@@ -117,10 +124,14 @@ def main(argv=None) -> None:
     args.executed.parent.mkdir(parents=True, exist_ok=True)
     for path in outputs.values():
         path.parent.mkdir(parents=True, exist_ok=True)
+    figure_tmp = temporary["figure"]
+    stem, _, tmp_suffix = figure_tmp.stem.partition(".tmp")
+    # The supporting figures the notebook writes beside the figure, under temporary names too.
+    supporting = lambda: sorted(figure_tmp.parent.glob(f"{stem}-*.tmp{tmp_suffix}{figure_tmp.suffix}"))  # noqa: E731
     try:
         client.execute()
     except BaseException as err:
-        for path in temporary.values():
+        for path in [*temporary.values(), *supporting()]:
             path.unlink(missing_ok=True)
         nbformat.write(nb, args.executed)
         if not isinstance(err, nbclient.exceptions.CellExecutionError):
@@ -134,12 +145,22 @@ def main(argv=None) -> None:
     nbformat.write(nb, args.executed)
     missing = [str(path) for name, path in outputs.items() if not temporary[name].exists()]
     if missing:
-        for path in temporary.values():
+        for path in [*temporary.values(), *supporting()]:
             path.unlink(missing_ok=True)
         raise UserError(
             f"notebook {args.notebook} ran but wrote no {', '.join(missing)} (it must write the "
             "paths in its 'figure' and 'summary' parameters)"
         )
+    final_stem = args.figure.stem
+    written = {}
+    for path in supporting():
+        what = path.name[len(stem) + 1 :].partition(".tmp")[0]
+        written[args.figure.with_name(f"{final_stem}-{what}{args.figure.suffix}")] = path
+    for stale in args.figure.parent.glob(f"{final_stem}-*{args.figure.suffix}"):
+        if stale not in written and re.fullmatch(re.escape(final_stem) + r"-[a-z0-9_]+\.png", stale.name):
+            stale.unlink()
+    for final, path in written.items():
+        os.replace(path, final)
     for name, path in temporary.items():
         os.replace(path, outputs[name])
 

@@ -1,65 +1,173 @@
-"""One look for every figure of the suite: a fixed colour and line style per variant, so a path
-reads the same in every panel and every topic's figure."""
+"""One look for every figure of the suite.
 
+A variant keeps one colour in every panel of every topic (``VARIANT_STYLE``, keyed by the name the
+registries give it); models of a relational GNN differ by marker and hatch, never by colour, so a
+colour always means a form. Titles and labels are plain words with units (``readable``,
+``llm_model_label``, ``axis_label``); legends sit off the data (``legend_below``); re-runs show as
+ranges (``ranges``); targets and ceilings are labelled lines (``reference_line``); and a figure
+with an empty panel is refused when it is saved (``save``), as is a figure of more than
+``MAX_PANELS`` panels.
+"""
+
+from __future__ import annotations
+
+import re
 import zlib
+from pathlib import Path
 
-# variant -> (colour, line style). Baselines in greys and black, stock torch on the alias in
-# pinks, the suite's zero-copy steps in a warm-to-cool ramp, upper bounds in purple.
-VARIANT_STYLE = {
-    "pageable": ("tab:gray", ":"),
-    "cpu_gather": ("black", "-"),
-    "cpu_gather_pipelined": ("dimgray", "-."),
-    "torch_uva": ("tab:pink", "-"),
-    "torch_uva_sorted": ("mediumvioletred", "--"),
-    "wholegraph": ("goldenrod", "-"),
-    "all_in_gpu": ("tab:purple", "--"),
-    "naive": ("tab:red", "-"),
-    "aligned": ("tab:orange", "-"),
-    "vectorized": ("tab:blue", "-"),
-    "vectorized_kernel": ("tab:brown", ":"),
-    "sorted": ("tab:green", "-"),
-    "hot_cache": ("tab:olive", "-"),
-    "split": ("tab:cyan", "-"),
-    "default": ("teal", "-"),  # UnifiedTensor[idx]: the measured dispatch of the paths above
+from harness.errors import UserError
+
+MAX_PANELS = 6  # a figure a reader takes in at once; more panels go to a supporting figure
+DPI = 130
+
+# variant -> (colour, line style), grouped by the registry the names come from. Within a group no
+# two variants share a colour (tests/test_style.py); a name found in two registries means the same
+# path in both (cpu_gather and all_in_gpu in feature gathering and in GNN training).
+GATHER_VARIANTS = {  # systems/pytorch_direct/gather_variants: baselines in greys and black,
+    # stock torch's zero-copy in pinks, the suite's zero-copy steps in distinct hues, bounds in purple
+    "pageable": ("#a0a0a0", ":"),
+    "cpu_gather": ("#000000", "-"),
+    "cpu_gather_pipelined": ("#5c5c5c", "-."),
+    "torch_uva": ("#e377c2", "-"),
+    "torch_uva_sorted": ("#a6196b", "--"),
+    "wholegraph": ("#d4a017", "-"),
+    "all_in_gpu": ("#7b3294", "--"),
+    "naive": ("#d62728", "-"),
+    "aligned": ("#ff7f0e", "-"),
+    "vectorized": ("#1f77b4", "-"),
+    "vectorized_kernel": ("#8c564b", ":"),
+    "sorted": ("#2ca02c", "-"),
+    "hot_cache": ("#6b8e23", "-"),
+    "split": ("#17becf", "-"),
+    "default": ("#f4a582", "-"),  # UnifiedTensor[idx]: the measured dispatch of the paths above
+}
+GNN_TRAINING_VARIANTS = {  # workloads/gnn_training: where features live and how they reach the GPU
+    "cpu_gather": GATHER_VARIANTS["cpu_gather"],
+    "all_in_gpu": GATHER_VARIANTS["all_in_gpu"],
+    "uva_sampling": ("#e6550d", "-."),
+    "zero_copy": GATHER_VARIANTS["vectorized"],  # the same zero-copy kernel as the gather's
+    "zero_copy_overlap": ("#31a354", "-"),
+}
+OFFLOAD_POLICIES = {  # systems/ssdtrain POLICIES: colour by policy, the store is the marker
+    "keep": ("#000000", "-"),
+    "recompute": ("#d62728", "-"),
+    "save_on_cpu": ("#e377c2", "-"),
+    "offload_all": ("#1f77b4", "-"),
+    "offload_adaptive": ("#2ca02c", "-"),
+    "planner": ("#ff7f0e", "-"),
+    "torchtune_offload": ("#8c564b", "-"),  # a peer: torchtune's OffloadActivations
+    "deepspeed_offload": ("#bcbd22", "-"),  # a peer: DeepSpeed's checkpointing, inputs on the host
+}
+STORE_MARKERS = {"host": "o", "file": "s", "kvikio": "D", "emulated": "v", None: "o"}
+RELATIONAL_FORMS = {  # systems/rgnn/forms: a compiled form is a lighter tint of its eager form
+    "pyg": ("#ff7f0e", "-"),
+    "pyg_fast": ("#8c564b", "-"),
+    "pyg_compiled": ("#ffbb78", "--"),
+    "per_edge": ("#d62728", "-"),
+    "per_edge_compiled": ("#ff9896", "--"),
+    "segment_mm": ("#1f77b4", "-"),
+    "grouped_mm": ("#2ca02c", "-"),
+    "grouped_mm_compiled": ("#98df8a", "--"),
+    "dense": ("#7f7f7f", "-"),
+    "dense_compiled": ("#c7c7c7", "--"),
+    # Hector's generated layers: four hues a reader tells apart, the headline the darkest.
+    "hector_unopt": ("#c2a5cf", "-"),
+    "hector_compact": ("#01665e", "-"),
+    "hector_reorder": ("#dfc27d", "-"),
+    "hector_best": ("#40004b", "-"),
+    "hector_best_tf32": ("#e7298a", "--"),  # tensor cores: a labelled, less exact variant
+}
+REGISTRIES = {
+    "gather variants": GATHER_VARIANTS,
+    "GNN training variants": GNN_TRAINING_VARIANTS,
+    "offload policies": OFFLOAD_POLICIES,
+    "relational forms": RELATIONAL_FORMS,
+}
+VARIANT_STYLE = {name: look for registry in REGISTRIES.values() for name, look in registry.items()}
+# Emulated SSDs in the offloading figures: the bandwidth is written beside the marker, and these
+# blues (slowest lightest) draw their bandwidth lines.
+EMULATED_RAMP = ["#9ecae1", "#6baed6", "#3182bd", "#08519c", "#08306b"]
+
+# Relational GNN models: told apart by marker and hatch, so that colour stays the form's.
+MODEL_MARKERS = {"rgcn": "o", "rgat": "^", "hgt": "s", "compgcn": "D"}
+MODEL_HATCHES = {"rgcn": "", "rgat": "//", "hgt": "..", "compgcn": "xx"}
+MODE_LINESTYLES = {"inference": "-", "training": "--"}
+
+# Plain words for the registries' ids. A name not here (a user's own entry) is shown as it is.
+READABLE = {
+    # feature gathering and GNN training
+    "pageable": "pageable copy",
+    "cpu_gather": "CPU gather + copy",
+    "cpu_gather_pipelined": "CPU gather, pipelined",
+    "torch_uva": "torch UVA",
+    "torch_uva_sorted": "torch UVA, sorted",
+    "wholegraph": "WholeGraph",
+    "all_in_gpu": "all in GPU (bound)",
+    "naive": "zero-copy, naive",
+    "aligned": "zero-copy, aligned",
+    "vectorized": "zero-copy, vectorized",
+    "vectorized_kernel": "vectorized kernel alone",
+    "sorted": "zero-copy, sorted",
+    "hot_cache": "zero-copy + hot cache",
+    "split": "zero-copy, split",
+    "default": "UnifiedTensor[idx]",
+    "uva_sampling": "UVA sampling",
+    "zero_copy": "zero-copy",
+    "zero_copy_overlap": "zero-copy, overlapped",
+    # offloading policies and stores
+    "keep": "keep all",
+    "recompute": "recompute",
+    "save_on_cpu": "torch save_on_cpu",
+    "offload_all": "offload all",
+    "offload_adaptive": "offload adaptive",
+    "planner": "planner",
+    "torchtune_offload": "torchtune offload",
+    "deepspeed_offload": "DeepSpeed offload",
+    "host": "host memory",
+    "file": "file (O_DIRECT)",
+    "kvikio": "file (KvikIO)",
+    # relational forms and models
+    "pyg": "PyG",
+    "pyg_fast": "PyG fast",
+    "pyg_compiled": "PyG, compiled",
+    "per_edge": "per-edge",
+    "per_edge_compiled": "per-edge, compiled",
+    "segment_mm": "segment MM",
+    "grouped_mm": "grouped MM",
+    "grouped_mm_compiled": "grouped MM, compiled",
+    "dense": "dense",
+    "dense_compiled": "dense, compiled",
+    "hector_unopt": "Hector, no passes",
+    "hector_compact": "Hector, compact",
+    "hector_reorder": "Hector, reorder",
+    "hector_best": "Hector, all passes",
+    "hector_best_tf32": "Hector, all passes, TF32",
+    "rgcn": "RGCN",
+    "rgat": "RGAT",
+    "hgt": "HGT",
+    "compgcn": "CompGCN",
+}
+FAMILIES = {"llama": "Llama", "gpt2": "GPT-2", "bert": "BERT", "t5": "T5"}
+# Column names of the results tables -> axis labels with their units.
+AXIS_LABELS = {
+    "row_bytes": "row size (bytes)",
+    "table_bytes": "table size (GiB)",
+    "batch_rows": "rows per gather",
+    "threads": "CPU threads",
+    "max_threads": "thread cap of the gather",
+    "window_bytes": "window size (KiB)",
+    "bandwidth": "bandwidth (GB/s)",
+    "time": "time per call (ms)",
+    "epoch_time": "epoch time (s)",
+    "micro_batch": "micro-batch (sequences)",
+    "activation_peak": "activation memory peak (GiB)",
+    "activation_bytes": "activation memory held (GiB)",
+    "intermediate_memory": "intermediate memory (MiB)",
 }
 
-
-# LLM activation offloading (llm_offload): one colour per policy and store; emulated stores take
-# a blue ramp by bandwidth, slowest lightest (EMULATED_RAMP, in the order of their bandwidths).
-VARIANT_STYLE.update(
-    {
-        "keep": ("black", "-"),
-        "recompute": ("tab:red", "-"),
-        "save_on_cpu": ("tab:pink", "-"),
-        "offload_all_host": ("tab:purple", "-"),
-        "offload_all_file": ("tab:green", "-"),
-        "offload_all_kvikio": ("tab:olive", "-"),
-        "torchtune_offload": ("tab:brown", "-"),  # a peer: torchtune's OffloadActivations
-        "deepspeed_offload": ("tab:orange", "-"),  # a peer: DeepSpeed's checkpointing, inputs on the host
-    }
-)
-# Relational GNN layers (relational_gnn): the baseline forms of workloads/rgnn.
-VARIANT_STYLE.update(
-    {
-        "pyg": ("tab:orange", "-"),
-        "pyg_fast": ("tab:brown", "-"),
-        "per_edge": ("tab:red", "-"),
-        "segment_mm": ("tab:blue", "-"),
-        "grouped_mm": ("tab:green", "-"),
-        # Hector's generated layers (systems/hector), light to dark by how much of it is on.
-        "hector_unopt": ("thistle", "-"),
-        "hector_compact": ("orchid", "-"),
-        "hector_reorder": ("mediumpurple", "-"),
-        "hector_best": ("indigo", "-"),
-        "hector_best_tf32": ("deeppink", "--"),  # tensor cores: a labelled, less exact variant
-    }
-)
-EMULATED_RAMP = ["lightskyblue", "deepskyblue", "tab:blue", "mediumblue", "midnightblue"]
-
-
-# A variant this module has never seen (a user's new entry) still gets a colour, the same one in
-# every figure and every run: picked from these by a checksum of its name (not Python's hash(),
-# which changes per process), drawn dash-dotted so it reads as "not one of the suite's own".
+# A variant this module has never seen (a user's new entry) still gets a colour, the same in every
+# figure and every run: picked from these by a checksum of its name (not Python's hash(), which
+# changes per process), drawn dash-dotted so it reads as "not one of the suite's own".
 UNSEEN_PALETTE = [
     "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4",
     "#b2df8a", "#fb9a99", "#cab2d6", "#6a3d9a",
@@ -75,3 +183,201 @@ def style(variant: str) -> tuple[str, str]:
 
 def color(variant: str) -> str:
     return style(variant)[0]
+
+
+def readable(name) -> str:
+    """Plain words for a registry id (``hector_best`` -> "Hector, all passes"); a name the
+    suite does not know is shown as it is, so that a user's own entry is recognisable."""
+    return READABLE.get(str(name), str(name))
+
+
+def axis_label(column: str, scale: str = "") -> str:
+    """The axis label of a results column, with its unit, and ", log scale" for ``scale="log"``."""
+    text = AXIS_LABELS.get(column, column.replace("_", " "))
+    return f"{text}, log scale" if scale == "log" else text
+
+
+_LLM_MODEL = re.compile(r"(?P<family>[a-z0-9]+)-(?:(?P<preset>[a-z]+)-)?(?P<hidden>\d+)x(?P<layers>\d+)"
+                        r"(?:-s(?P<sequence>\d+)b(?P<batch>\d+))?")  # fmt: skip
+
+
+def llm_model_label(name: str, short: bool = False) -> str:
+    """``llama-8192x4-s1024b4`` -> "Llama, hidden 8192, 4 layers, seq 1024, batch 4" (``short``:
+    "Llama 8192x4, seq 1024, batch 4"); a name of another form is returned as it is."""
+    m = _LLM_MODEL.fullmatch(name)
+    if not m:
+        return name
+    family = FAMILIES.get(m["family"], m["family"])
+    if short:
+        text = f"{family} {m['hidden']}x{m['layers']}"
+    else:
+        text = f"{family}, hidden {m['hidden']}, {m['layers']} layers"
+    if m["sequence"]:
+        text += f", seq {m['sequence']}, batch {m['batch']}"
+    return text
+
+
+def apply() -> None:
+    """The suite's matplotlib defaults: readable sizes at 100 %, light grids, no top/right spines."""
+    import matplotlib as mpl
+
+    mpl.rcParams.update(
+        {
+            "font.size": 9,
+            "axes.titlesize": 9.5,
+            "axes.labelsize": 9,
+            "xtick.labelsize": 8,
+            "ytick.labelsize": 8,
+            "legend.fontsize": 8,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "hatch.linewidth": 0.6,
+            "savefig.dpi": DPI,
+        }
+    )
+
+
+def panels(count: int, cols: int = 3, width: float = 4.6, height: float = 3.4, **kwargs):
+    """A figure of ``count`` panels (at most ``MAX_PANELS``), ``cols`` per row; spare cells removed."""
+    import matplotlib.pyplot as plt
+
+    if not 1 <= count <= MAX_PANELS:
+        raise UserError(f"a figure holds 1 to {MAX_PANELS} panels, not {count}: split it into supporting figures")
+    apply()
+    cols = min(cols, count)
+    rows = -(-count // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained", **kwargs
+    )
+    axes = list(axes.flat)
+    for ax in axes[count:]:
+        ax.remove()
+    return fig, axes[:count]
+
+
+def legend_below(fig, entries: dict, columns: int = 5, title: str | None = None) -> None:
+    """One legend for the whole figure, in a row under the panels (``entries``: label -> handle,
+    in the order given); ``save`` makes room for it."""
+    if not entries:
+        return
+    fig.legend(
+        list(entries.values()),
+        list(entries.keys()),
+        loc="outside lower center",
+        ncol=min(columns, len(entries)),
+        frameon=False,
+        title=title,
+    )
+
+
+def collect_legend(axes, into: dict | None = None) -> dict:
+    """Label -> handle of every labelled artist of ``axes``, first seen kept (for ``legend_below``)."""
+    into = {} if into is None else into
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if not label.startswith("_"):
+                into.setdefault(label, handle)
+    return into
+
+
+def ranges(ax, x, values, color, marker="o", label=None, size=5, **kwargs) -> None:
+    """One point per x at its first value (the committed run) and a bar over the range of all
+    (every re-run); ``values`` holds one list per x."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=float)
+    first = np.array([v[0] for v in values], dtype=float)
+    low = np.array([min(v) for v in values], dtype=float)
+    high = np.array([max(v) for v in values], dtype=float)
+    ax.errorbar(
+        x,
+        first,
+        yerr=[first - low, high - first],
+        fmt=marker,
+        color=color,
+        markersize=size,
+        capsize=2.5,
+        elinewidth=1,
+        label=label,
+        **kwargs,
+    )
+
+
+def reference_line(ax, y: float, text: str, kind: str = "target") -> None:
+    """A labelled horizontal line: ``kind`` "target" (dashed: a number to reach, e.g. a paper's),
+    "ceiling" (dotted: a number nothing beats on this machine) or "parity" (solid: the baseline's
+    level). The label sits in the margin right of the panel, where no data is."""
+    linestyle = {"target": "--", "ceiling": ":", "parity": "-"}[kind]
+    ax.axhline(y, color="#444444", linestyle=linestyle, linewidth=1, zorder=1.5, label="_ref")
+    ax.annotate(
+        text,
+        (1.0, y),
+        xycoords=("axes fraction", "data"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        ha="left",
+        va="center",
+        fontsize=7.5,
+        color="#444444",
+        annotation_clip=False,
+    )
+
+
+def empty_panels(fig) -> list[str]:
+    """Titles (or positions) of the panels of ``fig`` that show no data: no line, bar, point or image."""
+    empty = []
+    for i, ax in enumerate(fig.axes):
+        if not ax.get_visible() or not ax.axison:
+            continue  # a legend's or a note's own cell
+        drawn = [a for a in ax.lines if len(a.get_xdata()) and not a.get_label().startswith("_ref")]
+        drawn += [p for p in ax.patches if p.get_height() != 0 or p.get_width() != 0]
+        drawn += [c for c in ax.collections if len(getattr(c, "get_offsets", lambda: [])()) or c.get_paths()]
+        drawn += ax.images
+        if not drawn:
+            empty.append(ax.get_title() or f"panel {i + 1}")
+    return empty
+
+
+def supporting_path(figure: str | Path, what: str) -> Path:
+    """Where the supporting figure ``what`` of a topic's figure goes: ``<topic>-<scale>-<what>.png``
+    beside it (a render's temporary name keeps its temporary part last, see analysis/render.py)."""
+    if not re.fullmatch(r"[a-z0-9_]+", what):
+        raise UserError(f"a supporting figure is named in lower case, digits and '_', not {what!r}")
+    figure = Path(figure)
+    stem, dot, temporary = figure.stem.partition(".tmp")
+    return figure.with_name(f"{stem}-{what}{dot}{temporary}{figure.suffix}")
+
+
+def save(fig, figure: str | Path, what: str | None = None) -> Path:
+    """Save ``fig`` as the topic's figure (``what`` None) or as its supporting figure ``what``,
+    refusing one with an empty panel; the legend row under the panels is kept in the picture."""
+    empty = empty_panels(fig)
+    if empty:
+        raise UserError(f"figure {what or 'main'} has panels with nothing drawn: {', '.join(empty)}")
+    path = Path(figure) if what is None else supporting_path(figure, what)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def mosaic(layout: list[list[str]], width: float, height: float):
+    """A figure of named panels (``matplotlib``'s subplot mosaic, at most ``MAX_PANELS`` names),
+    laid out so that titles, labels and a legend row below never overlap."""
+    import matplotlib.pyplot as plt
+
+    names = {name for row in layout for name in row if name != "."}
+    if not 1 <= len(names) <= MAX_PANELS:
+        raise UserError(f"a figure holds 1 to {MAX_PANELS} panels, not {len(names)}: split it into supporting figures")
+    apply()
+    fig = plt.figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplot_mosaic(layout)
+
+
+def title(fig, text: str, measured: str) -> None:
+    """The figure's title: what it shows in plain words, then where and when it was measured."""
+    fig.suptitle(f"{text}\n{measured}", fontsize=10)

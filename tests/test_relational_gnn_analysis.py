@@ -113,7 +113,10 @@ def render(tmp_path, first_calls: bool) -> tuple[str, list]:
         + ["--results", f"relational_gnn={committed}", "--results", f"relational_gnn_reruns={rerun}"]
         + ["--figure", str(tmp_path / "rg.png"), "--summary", str(summary)]
     )
-    return summary.read_text(), json.loads(executed.with_suffix(".text.json").read_text())
+    # The words of the headline figure and of every supporting figure (analysis/figure_text.py).
+    records = [executed.with_suffix(".text.json"), *sorted(tmp_path.glob("nb-*.text.json"))]
+    assert (tmp_path / "rg-times.png").exists() and records[1:]
+    return summary.read_text(), [panel for record in records for panel in json.loads(record.read_text())]
 
 
 def section(text: str, heading: str) -> str:
@@ -179,7 +182,7 @@ def test_the_headline_is_the_named_variant_over_the_fastest_competitor_with_the_
     assert row(ablation, "model", "mode").endswith("| hector_best | hector_novel |")
     assert cells(row(ablation, "rgcn", "inference"))[2:] == ["1.50 (1.50, 1.50)", "1.20 (1.20, 1.20)"]
     words = [w for panel in figure_words for w in panel]
-    assert {"novel_peer", "hector_novel"} <= set(words)  # the legend
+    assert {"novel_peer", "hector_novel"} <= set(words)  # the legend of the supporting figures
     assert any("hector_best, fixed before timing" in w for w in words)
 
     if KNOWS_FIRST_CALLS:

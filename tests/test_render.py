@@ -84,3 +84,36 @@ def test_refuses_notebook_without_parameters_cell_and_bad_arguments(tmp_path, ca
     for bad in (["-p", "no-equals-sign"], ["--results", "no-file"], ["--results", "bad topic=x.csv"]):
         with pytest.raises(SystemExit):
             render(plain, tmp_path, *bad)
+
+
+SUPPORTING = """# %% tags=["parameters"]
+figure = summary = "none"
+results = {}
+
+# %%
+from pathlib import Path
+import matplotlib.pyplot as plt
+from analysis import style
+fig, ax = plt.subplots()
+ax.plot([0, 1], [3, 1])
+ax.set_title("my_new_store")
+style.save(fig, figure, "detail")
+fig, ax = plt.subplots()
+ax.bar(["a"], [2])
+style.save(fig, figure)
+Path(summary).write_text("ok")
+"""
+
+
+def test_supporting_figures_replace_those_of_the_last_render_and_record_their_words(tmp_path):
+    (tmp_path / "demo.py").write_text(SUPPORTING)
+    (tmp_path / "fig-gone.png").write_text("a supporting figure the notebook no longer writes")
+    (tmp_path / "fig-detail.png").write_text("the last render's")
+    (tmp_path / "figure-other.png").write_text("another topic's figure")
+    render(tmp_path / "demo.py", tmp_path)
+    assert (tmp_path / "fig-detail.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "fig-gone.png").exists()
+    assert (tmp_path / "figure-other.png").exists()
+    assert not list(tmp_path.glob(".*tmp*"))
+    assert "my_new_store" in (tmp_path / "run-detail.text.json").read_text()
+    assert "my_new_store" not in (tmp_path / "run.text.json").read_text()
