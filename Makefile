@@ -36,7 +36,7 @@ $(STAMP): envs/requirements-$(ENV).txt envs/requirements-data.txt pyproject.toml
 	@echo "setup 1/4: virtual environment $(VENV) ($(PYTHON))"
 	@$(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/pip install --quiet --upgrade pip
-	@echo "setup 2/4: pinned requirements, envs/requirements-$(ENV).txt (about 2 minutes and 1.8 GB the first time)"
+	@echo "setup 2/4: pinned requirements, envs/requirements-$(ENV).txt (the longest step: minutes on a fresh clone)"
 	@$(VENV)/bin/pip install --quiet -r envs/requirements-$(ENV).txt
 	@echo "setup 3/4: data packages, envs/requirements-data.txt (without their dependencies)"
 	@$(VENV)/bin/pip install --quiet --no-deps -r envs/requirements-data.txt
