@@ -114,6 +114,36 @@ def test_out_of_memory_is_an_outcome_with_the_failed_allocation(monkeypatch):
     assert any(row["variant"] == "pyg" and row["metric"] == "time" for row in writer.rows)
 
 
+def test_in_bfloat16_each_form_computes_in_it_or_is_noted_and_the_reference_is_checked_in_float32(monkeypatch):
+    params = layers(
+        models=["rgcn", "rgat"],
+        dtypes=["float32", "bfloat16"],
+        leave_out=only("segment_mm", "dense", "pyg", "hector_best"),
+    )
+    writer = parts_writer()
+    notes = parts.knowledge_graphs(params, writer, repeat=1, warmup=0, device="cpu")
+    timed = {(r["model"], r["variant"], r["dtype"], r["precision"]) for r in writer.rows if r["metric"] == "time"}
+    assert ("rgat", "dense", "bfloat16", "bfloat16") in timed and (
+        "rgcn",
+        "segment_mm",
+        "bfloat16",
+        "bfloat16",
+    ) in timed
+    assert ("rgcn", "hector_best", "float32", "float32") in timed
+    assert not {t for t in timed if t[1] == "hector_best" and t[2] == "bfloat16"}
+    assert "float32 tensors" in notes["skipped"]["hector_best in bfloat16"]
+    # PyG's RGCNConv sums into a float32 buffer: its result is float32, so it is not a bf16 form
+    assert notes["skipped"]["rgcn pyg on nations at 8 in bfloat16"].startswith("returns torch.float32")
+    assert ("rgat", "pyg", "bfloat16", "bfloat16") in timed
+    # A bfloat16 reference that is off from float32 on the same values stops the part.
+    real = rgcn.SegmentMM.forward
+    monkeypatch.setattr(
+        rgcn.SegmentMM, "forward", lambda self, x: real(self, x) * (1.1 if x.dtype == torch.bfloat16 else 1)
+    )
+    with pytest.raises(parts.FormsDisagree, match="in bfloat16: differs from segment_mm in float32"):
+        parts.knowledge_graphs(params | {"models": ["rgcn"]}, parts_writer(), repeat=1, warmup=0, device="cpu")
+
+
 def layers(**given) -> dict:
     """A knowledge_graphs part's parameters on nations, at width 8, ``given`` replacing any."""
     return {

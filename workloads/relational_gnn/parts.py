@@ -45,6 +45,8 @@ have needed. The results' metrics and columns are those of schema.py, kept in st
 from __future__ import annotations
 
 import contextlib
+import copy
+import itertools
 import re
 import time
 from pathlib import Path
@@ -58,7 +60,7 @@ from harness.timing import measure
 from systems.hector import cuda_graphs
 from systems.relgraph.graph import RelGraph
 from systems.rgnn.breakdown import profile_call
-from systems.rgnn.forms import FORMS, forms_of
+from systems.rgnn.forms import EXACT, FORMS, TOLERANCE, forms_of
 from systems.rgnn.forms.compiled import CompiledLayer, CompileFailed
 from systems.rgnn.models import MODELS
 from workloads.graphs import knowledge, published_heterographs, relational, store
@@ -150,6 +152,12 @@ def largest_datasets(params, writer, **kwargs):
     return datasets(params, writer, **kwargs)
 
 
+def bfloat16_datasets(params, writer, **kwargs):
+    """The same as :func:`datasets` on bfloat16 features and weights (``dtypes``), in a job of its
+    own: every form that computes in bfloat16; those that do not are noted."""
+    return datasets(params, writer, **kwargs)
+
+
 def width_sweep(params, writer, **kwargs):
     """The same as :func:`datasets` at other widths, in a job of its own (one device call each)."""
     return datasets(params, writer, **kwargs)
@@ -183,36 +191,41 @@ def _graph(dataset, spec, arrays, factor, params, writer, notes, *, repeat, warm
         "unique_pairs": pairs,
     }
     cap = params.get("memory_cap_gib")
-    for model in params["models"]:
-        for dim in params["dims"]:
-            config = {
-                "device": device,
-                "model": model,
-                "in_dim": dim,
-                "out_dim": dim,
-                "dtype": "float32",  # the features' and weights' element type
-                "nodes": graph.num_nodes,
-                "edges": graph.edges,
-                "relations": graph.num_relations,
-                "unique_pairs": pairs,
-                "scale_factor": factor,
-                "memory_cap_bytes": int(cap * (1 << 30)) if cap and device == "cuda" else None,
-            }
-            _layer(dataset, graph, model, dim, params, writer, notes, config, repeat=repeat, warmup=warmup)
+    for model, dim, element_type in itertools.product(params["models"], params["dims"], params.get("dtypes", [EXACT])):
+        config = {
+            "device": device,
+            "model": model,
+            "in_dim": dim,
+            "out_dim": dim,
+            "dtype": element_type,  # the features' and weights' element type
+            "nodes": graph.num_nodes,
+            "edges": graph.edges,
+            "relations": graph.num_relations,
+            "unique_pairs": pairs,
+            "scale_factor": factor,
+            "memory_cap_bytes": int(cap * (1 << 30)) if cap and device == "cuda" else None,
+        }
+        _layer(dataset, graph, model, dim, params, writer, notes, config, repeat=repeat, warmup=warmup)
 
 
 def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, repeat, warmup) -> None:
     """Check every form of the model against its reference form, then time each in each mode."""
-    device = config["device"]
+    device, element_type = config["device"], config["dtype"]
     model = MODELS[model_name]
     generator = torch.Generator().manual_seed(params["seed"])
-    x = torch.randn(graph.num_nodes, dim, generator=generator).to(device)
-    target = torch.randn(graph.num_nodes, dim, generator=generator).to(device)
-    weights = model.make_weights(graph, dim, dim, seed=params["seed"]).to(device)
+    as_measured = {"device": device, "dtype": getattr(torch, element_type)}
+    x = torch.randn(graph.num_nodes, dim, generator=generator).to(**as_measured)
+    target = torch.randn(graph.num_nodes, dim, generator=generator).to(**as_measured)
+    weights = model.make_weights(graph, dim, dim, seed=params["seed"]).to(**as_measured)
     forms = [form for form in forms_of(model) if form.name not in params.get("leave_out", [])]
     reference, checked = None, []
     for form in forms:
-        where = f"{model.name} {form.name} on {dataset} at {dim}"
+        where = f"{model.name} {form.name} on {dataset} at {dim}" + (
+            "" if element_type == EXACT else f" in {element_type}"
+        )
+        if (why := form.missing_element_type(element_type)) is not None:
+            notes["skipped"][f"{form.name} in {element_type}"] = why
+            continue
         if device == "cpu" and form.gathers_edge_weights(model):
             need = graph.edges * dim * dim * 4 * 2  # the gathered weights and their gradient
             if need > params["cpu_materialize_limit_gib"] * (1 << 30):
@@ -235,11 +248,18 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         except CompileFailed as err:
             notes["skipped"][where] = str(err)
             continue
+        if out.dtype != x.dtype:  # it computed in another precision: not a form of this one
+            notes["skipped"][where] = f"returns {out.dtype} on {x.dtype} features and weights"
+            continue
         if reference is None:
             if form.name != model.reference:
                 raise UserError(f"{where}: the reference form {model.reference} did not run, so nothing is checked")
+            if element_type != EXACT:  # the reference itself, against float32 on the same rounded values
+                _check_against_float32(out, model, weights, graph, x, where)
             reference = out
-        elif not torch.allclose(out, reference, rtol=(tol := form.tolerance), atol=tol * float(reference.abs().max())):
+        elif not torch.allclose(
+            out, reference, rtol=(tol := _tolerance(form, element_type)), atol=tol * float(reference.abs().max())
+        ):
             worst = float((out - reference).abs().max())
             raise FormsDisagree(f"{where}: differs from {model.reference} by up to {worst:.3g}")
         del out
@@ -262,7 +282,7 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
 
     for form, layer, first_inference in checked:
         for mode in params["modes"]:
-            row = config | {"mode": mode} | _columns(form)
+            row = config | {"mode": mode} | _columns(form, element_type)
             if mode == GRAPHED:
                 timed = dict(repeat=repeat, warmup=warmup, device=device)
                 _graphed_training(layer, x, target, weights, form, row, dataset, writer, notes, **timed)
@@ -349,7 +369,7 @@ def _graphed_training(layer, x, target, weights, form, row, dataset, writer, not
     except torch.cuda.OutOfMemoryError as err:
         _out_of_memory(writer, dataset, form, row, err)
         return
-    if not torch.allclose(last["loss"], want, rtol=max(form.tolerance, 1e-4), atol=0):
+    if not torch.allclose(last["loss"], want, rtol=max(_tolerance(form, row["dtype"]), 1e-4), atol=0):
         raise FormsDisagree(f"{where}: a replay's loss {float(last['loss']):.6g} is not the eager {float(want):.6g}")
     m = measure(replay, device=device, repeat=repeat, warmup=warmup, desc=where)
     writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
@@ -375,16 +395,38 @@ def _first_call(call, device: str):
     return result, time.perf_counter() - start
 
 
-def _columns(form) -> dict:
-    """A row's configuration columns for ``form``: what it computes and in which precision."""
-    return {"form": form.form, "precision": form.precision}
+def _columns(form, element_type: str) -> dict:
+    """A row's configuration columns for ``form`` on tensors of ``element_type``: what it computes
+    and in which precision."""
+    return {"form": form.form, "precision": form.precision_on(element_type)}
+
+
+def _tolerance(form, element_type: str) -> float:
+    return TOLERANCE[form.precision_on(element_type)]
+
+
+def _check_against_float32(out, model, weights, graph, x, where: str) -> None:
+    """A reference computed on bfloat16 tensors against the same layer in float32 on the same
+    (rounded) values: the bfloat16 comparison stands on a checked reference too."""
+    weights32 = copy.deepcopy(weights).float()
+    with torch.no_grad():
+        want = FORMS[model.reference].build(model, weights32, graph)(x.float())
+    tol = TOLERANCE[str(x.dtype).removeprefix("torch.")]
+    if not torch.allclose(out.float(), want, rtol=tol, atol=tol * float(want.abs().max())):
+        worst = float((out.float() - want).abs().max())
+        raise FormsDisagree(f"{where}: differs from {model.reference} in float32 by up to {worst:.3g}")
 
 
 def _out_of_memory(writer, dataset: str, form, config: dict, err: BaseException) -> None:
     """Record that ``form`` did not fit, with the failed allocation's size where the error says
     it, and give the memory back."""
     torch.cuda.empty_cache()
-    common = {"role": form.role, "variant": form.name, "config": config | _columns(form), "dataset": dataset}
+    common = {
+        "role": form.role,
+        "variant": form.name,
+        "config": config | _columns(form, config["dtype"]),
+        "dataset": dataset,
+    }
     writer.add(metric="out_of_memory", value=1, unit="1", **common)
     found = _ALLOCATION.search(str(err))
     if found:
@@ -394,13 +436,15 @@ def _out_of_memory(writer, dataset: str, form, config: dict, err: BaseException)
 
 @contextlib.contextmanager
 def _exact_float32():
-    """Matrix products in full float32 (TF32 off), restored afterwards."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    """Matrix products in full float32 (TF32 off), and bfloat16 ones accumulated in float32 (no
+    reduced-precision split-K reductions), restored afterwards."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_tf32, torch.backends.cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = matmul.allow_bf16_reduced_precision_reduction = False
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        matmul.allow_tf32, torch.backends.cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction = saved
 
 
 @contextlib.contextmanager

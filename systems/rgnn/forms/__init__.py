@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 # The precisions a form may multiply in, each with the tolerance of its check against the
 # reference form (relative, and absolute as a share of the reference's largest magnitude):
 # float32 with TF32 off (the comparison's precision) only sums in another order; TF32 rounds the
-# products' inputs to 10 mantissa bits.
-TOLERANCE = {"float32": 1e-3, "tf32": 1e-2}
+# products' inputs to 10 mantissa bits; bfloat16 keeps 8 in every tensor (inputs, weights and
+# results; products accumulate in float32).
+TOLERANCE = {"float32": 1e-3, "tf32": 1e-2, "bfloat16": 3e-2}
 EXACT = "float32"
+ELEMENT_TYPES = ("float32", "bfloat16")  # the tensors' types a layer is measured in
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,18 @@ class Form(Entry):
     def supports(self, model: Model) -> bool:
         """Whether this form can compute ``model``'s layer."""
         return model.name in self.models
+
+    def missing_element_type(self, element_type: str) -> str | None:
+        """Why this form does not compute on tensors of ``element_type`` (a name in
+        :data:`ELEMENT_TYPES`), or None. A float32 form written in torch computes in the type of
+        its tensors; a form of another precision has its own."""
+        if element_type == EXACT or self.precision == EXACT:
+            return None
+        return f"{self.name} multiplies in {self.precision}, on float32 tensors only"
+
+    def precision_on(self, element_type: str) -> str:
+        """The precision of this form's products on tensors of ``element_type``."""
+        return self.precision if element_type == EXACT else element_type
 
     def gathers_edge_weights(self, model: Model) -> bool:
         """Whether ``model`` in this form gathers a weight matrix per edge ([edges, in, out])."""

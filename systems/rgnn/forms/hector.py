@@ -31,6 +31,13 @@ class HectorForm(Form):
         self._check_supports(model)
         return HectorLayer(model, self, weights, graph)
 
+    def missing_element_type(self, element_type: str) -> str | None:
+        """Hector's generated model kernels take float32 tensors (its bf16 variant is the GEMM
+        template alone, systems/hector/codegen.py)."""
+        if element_type != "float32":
+            return f"{self.name}: Hector's generated model kernels take float32 tensors"
+        return None
+
     def missing(self, device: str = "cpu") -> str | None:
         """Beside the GPU a tensor-core variant needs: on a GPU, the generated kernels are built
         with CuPy's NVRTC (systems/nvrtc.py)."""
