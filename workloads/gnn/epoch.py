@@ -42,7 +42,7 @@ def train_epoch(
     finally:
         batches.close()  # on an error too: stops a prefetch thread at once
         pipeline.clock = None
-    return [float(loss) for loss in losses], gathered
+    return [float(loss) for loss in losses], int(gathered)  # a GPU count (a cache's misses) is read here
 
 
 @torch.no_grad()

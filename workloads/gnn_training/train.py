@@ -1,10 +1,13 @@
-"""One part of the gnn_training topic: every model and pipeline trained on one dataset.
+"""One part of the gnn_training topic: every model and pipeline trained on one dataset, at each
+CPU budget.
 
-Readable in one sitting: build the graph, then for each (model, pipeline) train a few epochs
-from the same initial weights on the same batches, timing each epoch (one wait per epoch, so
-the pipeline overlaps as it would in real training; the loop is workloads/gnn/epoch.py), then
+Readable in one sitting: build the graph, then for each (CPU budget, model, pipeline) train a few
+epochs from the same initial weights on the same batches, timing each epoch (one wait per epoch,
+so the pipeline overlaps as it would in real training; the loop is workloads/gnn/epoch.py), then
 one more epoch with a wait at every phase boundary for the breakdown, then the validation
-accuracy.
+accuracy. A budget is the cores the pipeline's processes run on (workloads/gnn/worker_split.py):
+sampling workers take at most half of it, ``cpu_gather_workers`` the split of loader workers and
+threads that trained fastest on this machine (what it measured goes to the notes).
 """
 
 from __future__ import annotations
@@ -17,9 +20,18 @@ from harness.progress import progress, report
 from harness.timing import PhaseClock
 from workloads.gnn.epoch import accuracy, timed_epochs, train_epoch
 from workloads.gnn.models import build
-from workloads.gnn.pipelines import GPU_PIPELINES, PIPELINES, ROLE, Graph, Pipeline, training_threads, workers_of
+from workloads.gnn.pipelines import GPU_PIPELINES, PIPELINE_KINDS, PIPELINES, ROLE, Graph, Pipeline, workers_of
+from workloads.gnn.worker_split import (
+    budget_cores,
+    candidate_splits,
+    cpu_budget,
+    pick_split,
+    training_threads_left,
+)
 from workloads.graphs.datasets import load_graph
 from workloads.graphs.spec import SHORT_NAMES
+
+LOADER_PIPELINE = "cpu_gather_workers"
 
 
 def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str, **_) -> dict:
@@ -30,74 +42,122 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         f"{dataset}: {spec.nodes:,} nodes, {spec.edges:,} edges, {spec.feature_dim} features; "
         f"ready in {time.perf_counter() - started:.1f} s"
     )
-    threads = training_threads(shared["sampler_workers"])
-    torch.set_num_threads(threads)
-    pipelines = [p for p in PIPELINES if device == "cuda" or p not in GPU_PIPELINES]
+    pipelines = [p for p in PIPELINES if device == "cuda" or not PIPELINE_KINDS[p].needs_gpu]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
-    cases = [(m, p) for m in params.get("models", shared["models"]) for p in pipelines]
+    budgets = sorted({budget_cores(b) for b in shared["cpu_budgets"]})
+    cases = [(c, m, p) for c in budgets for m in params.get("models", shared["models"]) for p in pipelines]
+    splits: dict[str, dict] = {}
     try:
-        for model_spec, name in progress(cases, desc=f"{dataset} training", total=len(cases)):
-            fanouts = model_spec["fanouts"]
-            config = {
-                "device": device,
-                "model": model_spec["name"],
-                "layers": model_spec["layers"],
-                "fanouts": "-".join(map(str, fanouts)),
-                "batch_size": shared["batch_size"],
-                "hidden": shared["hidden"],
-                "nodes": spec.nodes,
-                "edges": spec.edges,
-                "feature_dim": spec.feature_dim,
-                "sampler_workers": workers_of(name, shared["sampler_workers"]),
-                "train_threads": threads,
-            }
-
-            def add(metric, value, unit, repetition=0, **extra):
-                writer.add(
-                    role=ROLE[name],
-                    variant=name,
-                    config=config | extra,
-                    metric=metric,
-                    value=value,
-                    unit=unit,
-                    repetition=repetition,
-                    dataset=dataset,
+        for cores, model_spec, name in progress(cases, desc=f"{dataset} training", total=len(cases)):
+            with cpu_budget(cores):
+                summary, split = train_case(
+                    graph, spec, dataset, model_spec, name, cores, writer, shared, repeat, warmup, device
                 )
-
-            torch.manual_seed(0)  # the same initial weights for every pipeline
-            model = build(
-                model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes, model_spec["layers"], fanouts
-            ).to(device)
-            pipeline = Pipeline(
-                name,
-                graph,
-                fanouts,
-                shared["batch_size"],
-                seed=shared["graph_seed"],
-                sampler_workers=shared["sampler_workers"],
-            )
-            try:
-                summary = measure_pipeline(
-                    model,
-                    pipeline,
-                    add,
-                    learning_rate=shared["learning_rate"],
-                    loss_steps=shared["loss_steps"],
-                    repeat=repeat,
-                    warmup=warmup,
-                    device=device,
-                )
-            finally:
-                pipeline.close()  # its sampling workers, also when training fails
-            report(f"{dataset} {model_spec['name']}{model_spec['layers']} {name}: {summary}")
+            if split is not None:
+                splits[f"{model_spec['name']}{model_spec['layers']} at {cores} cores"] = split
+            report(f"{dataset} {model_spec['name']}{model_spec['layers']} {name} ({cores} cores): {summary}")
     finally:
         graph.close()
     return {
         "skipped_pipelines": skipped,
+        "cpu_budgets": budgets,
+        "loader_worker_splits": splits,
         "graph": spec.as_dict(),
         "graph_source": params.get("published_dir") or "generated",
         "graph_seed": shared["graph_seed"],
     }
+
+
+def train_case(graph, spec, dataset, model_spec, name, cores, writer, shared, repeat, warmup, device):
+    """Train one model fed by one pipeline within ``cores`` and record it; returns the summary
+    line and, for the loader pipeline, the split it picked and what each candidate measured."""
+    fanouts = model_spec["fanouts"]
+
+    def make_model():
+        torch.manual_seed(0)  # the same initial weights for every pipeline
+        return build(
+            model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes, model_spec["layers"], fanouts
+        ).to(device)
+
+    def make_pipeline(workers: int, threads_per_worker: int = 1) -> Pipeline:
+        return Pipeline(
+            name,
+            graph,
+            fanouts,
+            shared["batch_size"],
+            seed=shared["graph_seed"],
+            sampler_workers=workers,
+            worker_threads=threads_per_worker,
+            options=pipeline_options(name, shared, spec.nodes, warmup + repeat + 1),
+        )
+
+    model, split = make_model(), None
+    if name == LOADER_PIPELINE:
+        loader = shared["loader_workers"]
+        candidates = candidate_splits(cores, loader["workers"], loader["threads_per_worker"])
+        (workers, threads_per_worker), timings = pick_split(
+            make_pipeline, model, cores, candidates, shared["learning_rate"]
+        )
+        split = {"workers": workers, "threads_per_worker": threads_per_worker, "seconds_per_step": timings}
+    else:
+        workers, threads_per_worker = workers_of(name, shared["sampler_workers"], cores), 1
+    train_threads = training_threads_left(cores, workers, threads_per_worker)
+    torch.set_num_threads(train_threads)
+    config = {
+        "device": device,
+        "model": model_spec["name"],
+        "layers": model_spec["layers"],
+        "fanouts": "-".join(map(str, fanouts)),
+        "batch_size": shared["batch_size"],
+        "hidden": shared["hidden"],
+        "nodes": spec.nodes,
+        "edges": spec.edges,
+        "feature_dim": spec.feature_dim,
+        "cpu_budget": cores,
+        "sampler_workers": workers,
+        "threads_per_worker": threads_per_worker if workers else None,
+        "train_threads": train_threads,
+    }
+
+    def add(metric, value, unit, repetition=0, **extra):
+        writer.add(
+            role=ROLE[name],
+            variant=name,
+            config=config | extra,
+            metric=metric,
+            value=value,
+            unit=unit,
+            repetition=repetition,
+            dataset=dataset,
+        )
+
+    pipeline = make_pipeline(workers, threads_per_worker)
+    try:
+        for metric, (value, unit) in pipeline.setup_metrics.items():
+            add(metric, value, unit)
+        summary = measure_pipeline(
+            model,
+            pipeline,
+            add,
+            learning_rate=shared["learning_rate"],
+            loss_steps=shared["loss_steps"],
+            repeat=repeat,
+            warmup=warmup,
+            device=device,
+        )
+    finally:
+        pipeline.close()  # its sampling workers, also when training fails
+    return summary, split
+
+
+def pipeline_options(name: str, shared: dict, nodes: int, epochs: int) -> dict:
+    """The options a pipeline kind takes, from the topic's parameters."""
+    cache = shared["hot_cache"]
+    rows = max(1, round(cache["share"] * nodes))
+    return {
+        "hot_cache": {"rows": rows, "warmup_batches": cache["warmup_batches"]},
+        "hot_cache_oracle": {"rows": rows, "epochs": epochs},
+    }.get(name, {})
 
 
 def measure_pipeline(
@@ -105,11 +165,12 @@ def measure_pipeline(
 ) -> str:
     """Train ``model`` fed by ``pipeline`` for warm-up + timed epochs, then one instrumented epoch
     for the phase breakdown, and record through ``add``: the first epoch's losses, each timed
-    epoch's time, CPU time and feature bytes, the phases and the validation accuracy. Returns a
-    one-line summary."""
+    epoch's time, CPU time, feature bytes and the pipeline's own metrics, the phases and the
+    validation accuracy. Returns a one-line summary."""
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     epoch_seconds = []
     for epoch in timed_epochs(model, optimizer, pipeline, warmup=warmup, repeat=repeat, device=device):
+        own = pipeline.epoch_metrics()  # read after every epoch: each counts one epoch
         if epoch.index == 0:
             for step, loss in enumerate(epoch.losses[:loss_steps]):
                 add("loss", loss, "nats", repetition=step)
@@ -119,14 +180,13 @@ def measure_pipeline(
             add("epoch_time", epoch.seconds, "s", repetition=rep)
             add("cpu_time", epoch.cpu_seconds(), "core-s", repetition=rep)
             if device == "cuda":
-                add(
-                    "pcie_bytes",
-                    float(0 if pipeline.name == "all_in_gpu" else epoch.feature_bytes),
-                    "B",
-                    repetition=rep,
-                )
+                moved = epoch.feature_bytes if pipeline.kind.crosses_pcie else 0
+                add("pcie_bytes", float(moved), "B", repetition=rep)
+            for metric, (value, unit) in own.items():
+                add(metric, value, unit, repetition=rep)
     clock = PhaseClock(device)
     train_epoch(model, optimizer, pipeline, warmup + repeat, clock)
+    pipeline.epoch_metrics()
     for phase, seconds in clock.totals.items():
         add("phase_time", seconds, "s", phase=phase)
     correct = accuracy(model, pipeline)

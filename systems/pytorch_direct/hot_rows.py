@@ -1,0 +1,74 @@
+"""A cache of a host table's most used rows in GPU memory, for ``ops.gather``'s ``slots`` and
+``cache``, and how to choose the rows: count how often each row is read (in sampled batches seen
+so far, or in hindsight) and keep the most read.
+
+    counts = count_rows(id_batches, table.shape[0])   # reads per row
+    hot = HotRows(table, hottest_rows(counts, capacity), "cuda")
+    gather(table, idx, slots=hot.slots, cache=hot.cache)
+
+A static cache of ``capacity`` rows serves at most the share of reads that the ``capacity`` most
+read rows take (:func:`hit_rate` of :func:`hottest_rows` of the reads themselves): filled from
+counts of the very batches it then serves, a cache reaches that bound, and no other choice of
+rows passes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tensor:
+    """How many times each row is read in ``id_batches`` (int64 counts in host memory)."""
+    counts = torch.zeros(num_rows, dtype=torch.int64)
+    for ids in id_batches:
+        ids = ids.to("cpu", torch.int64)
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < num_rows:
+            raise IndexError(f"a batch reads rows {int(ids.min())}..{int(ids.max())} of a table of {num_rows}")
+        counts += torch.bincount(ids, minlength=num_rows)
+    return counts
+
+
+def hottest_rows(counts: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The ``capacity`` most read rows, most read first; rows never read are left out, and equal
+    counts go to the lower row id."""
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0 rows, got {capacity}")
+    # A stable sort keeps equal counts in row order.
+    order = torch.sort(counts, descending=True, stable=True).indices
+    return order[: min(capacity, int((counts > 0).sum()))]
+
+
+def hit_rate(counts: torch.Tensor, rows: torch.Tensor) -> float:
+    """The share of the counted reads that a cache of ``rows`` serves."""
+    total = int(counts.sum())
+    return int(counts[rows].sum()) / total if total else 0.0
+
+
+class HotRows:
+    """Copies of some rows of ``table`` on ``device``: ``slots[row]`` is the row's place in
+    ``cache``, or -1 (the layout ``ops.gather`` reads)."""
+
+    def __init__(self, table: torch.Tensor, rows: torch.Tensor, device: str | torch.device):
+        if table.dim() != 2:
+            raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
+        rows = rows.to("cpu", torch.int64)
+        if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < table.shape[0]:
+            raise IndexError(f"cached rows {int(rows.min())}..{int(rows.max())} outside a table of {table.shape[0]}")
+        if rows.unique().numel() != rows.numel():
+            raise ValueError("a row is cached twice")
+        self.rows = rows
+        slots = torch.full((table.shape[0],), -1, dtype=torch.int32)
+        slots[rows] = torch.arange(rows.numel(), dtype=torch.int32)
+        self.slots = slots.to(device)
+        self.cache = table.index_select(0, rows).to(device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.cache.numel() * self.cache.element_size() + self.slots.numel() * self.slots.element_size()
+
+    def misses(self, idx: torch.Tensor) -> torch.Tensor:
+        """How many of ``idx`` (on the cache's device) are not cached: a 0-d tensor, so the count
+        on a GPU does not wait for it."""
+        return (self.slots[idx] < 0).sum()

@@ -1,0 +1,529 @@
+"""The ways of feeding sampled minibatches to a GPU, compared by the GNN topics (gnn_training,
+gnn_multi_gpu): one registry, :data:`PIPELINE_KINDS`, one entry per pipeline.
+
+Every pipeline turns a batch of seed nodes into (features of the subgraph's nodes, its edges,
+the seeds' labels) on the training device. A pipeline is a :class:`PipelineKind` registered from
+a module of this package (one file per way of feeding; every module whose name does not start
+with ``_`` is imported when the registry is first read, or a module of your own named in
+``SUITE_PLUGINS``). The suite's own, in the order figures list them:
+
+``cpu_gather``         CPU sampling (in ``sampler_workers`` processes or in the training
+                       process); the training process gathers the rows with ``index_select``
+                       into a pinned staging buffer, then copies them asynchronously (the
+                       paper's baseline). Without a GPU it trains on the CPU.
+``cpu_gather_workers`` what PyG's ``NeighborLoader(num_workers=..., pin_memory=True)`` does:
+                       worker processes sample and gather rows and labels, a pin-memory thread
+                       pins the batches, and the copy of the next batch overlaps training (the
+                       strong CPU baseline). Runs without a GPU too (the copy is then a no-op).
+``zero_copy``          CPU sampling; the GPU gathers the rows from the feature table pinned in
+                       place (PyTorch-Direct's UnifiedTensor).
+``zero_copy_overlap``  as ``zero_copy``, but a background thread prepares the next batches (on
+                       a side stream, gather with capped threads) while batch i trains.
+``uva_sampling``       the GPU samples from the CSR pinned in host memory and gathers zero-copy
+                       (DGL's UVA mode).
+``all_in_gpu``         CSR and features in GPU memory: the upper bound.
+``hot_cache``          ``zero_copy`` with the most used rows kept in GPU memory, chosen by
+                       counting the rows of sampled warm-up batches (the fill is timed).
+``hot_cache_oracle``   the same cache filled with the rows the measured epochs use most, known
+                       in hindsight: the ideal static cache, an upper bound.
+
+CPU sampling runs in the training process, or in ``sampler_workers`` worker processes (a
+PyTorch DataLoader) that hand over finished subgraphs, as DGL's and PyG's loaders do. All draw
+the same batches (the sampler's random numbers depend only on seeds), so their loss curves match.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from harness.registry import Entry, Registry
+from systems.sampling.sampler import NeighborSampler, SampledSubgraph
+from workloads.graphs.shared import shared_anonymous_copy
+
+WORKER_TIMEOUT_S = 600  # a sampling worker that delivers nothing for this long is stuck: fail, never hang
+OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
+PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
+WORKER_PREFETCH = 4  # batches each loader worker keeps ready (DataLoader's prefetch_factor)
+SAMPLING_PLACES = ("cpu", "uva", "cuda")
+
+
+@dataclass
+class Minibatch:
+    x: torch.Tensor
+    edge_index: torch.Tensor
+    y: torch.Tensor
+    batch_size: int
+    # Bytes of feature rows this batch moved over PCIe: an int, or a 0-d tensor on the GPU when
+    # only the GPU knows (a cache's misses), summed without waiting and read once per epoch.
+    feature_bytes: int | torch.Tensor
+
+
+@dataclass(frozen=True)
+class PipelineKind(Entry):
+    """One way of feeding minibatches, and the hooks that make it differ from the plain path
+    (sample, then ``gather`` each batch in the training process).
+
+    ``gather(pipeline, item)`` returns (rows on the training device, feature bytes moved), where
+    ``item`` is what the sampling step hands over: a ``SampledSubgraph``, or a
+    :class:`GatheredBatch` when ``worker_gathers``. ``prepare(pipeline)`` runs once when the
+    pipeline is made (registering the table, filling a cache); ``batches(pipeline, items,
+    count)`` replaces the plain loop over the epoch's items (a prefetch thread, a copy stream).
+    ``epoch_metrics(pipeline)`` returns what it counted since the last call (a cache's hit rate).
+    ``options`` are the keyword options it takes (``Pipeline(..., options={...})``).
+    """
+
+    gather: Callable[[Pipeline, object], tuple[torch.Tensor, int | torch.Tensor]] | None = None
+    sampling: str = "cpu"  # where it samples: "cpu" (in workers or in process), "uva" or "cuda"
+    worker_gathers: bool = False  # the sampling workers also gather the rows and labels
+    prepare: Callable[[Pipeline], None] | None = None
+    batches: Callable[[Pipeline, Iterator, int], Iterator[Minibatch]] | None = None
+    # What it measured since the last call (one epoch), beyond the common metrics: {metric: (value, unit)}.
+    epoch_metrics: Callable[[Pipeline], dict[str, tuple[float, str]]] | None = None
+    options: tuple[str, ...] = ()
+    crosses_pcie: bool = True  # its feature rows cross PCIe (all_in_gpu's do not)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.gather is None:
+            raise ValueError(f"pipeline {self.name}: give gather(pipeline, item)")
+        if self.sampling not in SAMPLING_PLACES:
+            raise ValueError(f"pipeline {self.name}: sampling must be one of {SAMPLING_PLACES}")
+
+
+PIPELINE_KINDS: Registry[PipelineKind] = Registry("pipeline", __name__)
+
+
+def register(kind: PipelineKind) -> PipelineKind:
+    return PIPELINE_KINDS.register(kind)
+
+
+def workers_of(pipeline: str, sampler_workers: int, cores: int | None = None) -> int:
+    """The sampling workers ``pipeline`` uses: GPU sampling stays in the training process; with a
+    budget of ``cores``, at most half of them go to workers (the other half trains)."""
+    if PIPELINE_KINDS[pipeline].sampling != "cpu":
+        return 0
+    return sampler_workers if cores is None else min(sampler_workers, cores // 2)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), or all of them where that is unknown."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def training_threads(sampler_workers: int, processes: int = 1) -> int:
+    """torch's threads in a training process: its share of the cores (``processes`` training
+    processes on this machine) less its sampling workers.
+
+    More would oversubscribe the cores: a parallel op (a gather, a range check, a copy into
+    pinned memory) then waits at its barrier for threads descheduled by busy workers; measured
+    on the H200 box with 8 workers and 16 threads, a 1.3 MB range check took 14 ms, not 0.14."""
+    return max(1, usable_cores() // processes - sampler_workers)
+
+
+class Graph:
+    """A graph's tensors, placed once for all the pipelines of a run."""
+
+    def __init__(self, arrays: dict, device: str, features: torch.Tensor | None = None):
+        self.indptr = torch.from_numpy(arrays["indptr"])
+        self.indices = torch.from_numpy(arrays["indices"])
+        # The table is pinned in place for zero-copy: shared anonymous memory, not the
+        # copy-on-write file mapping, nor private memory (a fork copies pinned private pages into
+        # each sampling worker); or a table the caller shares between processes.
+        self.features = shared_anonymous_copy(arrays["features"]) if features is None else features
+        self.labels = torch.from_numpy(arrays["labels"])
+        self.train_idx = torch.from_numpy(arrays["train_idx"])
+        self.val_idx = torch.from_numpy(arrays["val_idx"])
+        self.device = device
+        self._unified = self._gpu = None
+
+    def unified_features(self):
+        if self._unified is None:
+            from systems.pytorch_direct import UnifiedTensor
+
+            # The suite's kernel, as in the committed gnn_training results (UnifiedTensor's default
+            # path is chosen per table by feature_gather's measurements; see dispatch.py).
+            self._unified = UnifiedTensor(self.features, path="kernel")
+        return self._unified
+
+    def pinned_csr(self):
+        if not self.indptr.is_pinned():
+            self.indptr, self.indices = self.indptr.pin_memory(), self.indices.pin_memory()
+        return self.indptr, self.indices
+
+    def gpu_features(self) -> torch.Tensor:
+        """The feature table in GPU memory (the all-in-GPU sampler keeps its own copy of the CSR)."""
+        if self._gpu is None:
+            self._gpu = self.features.cuda()
+        return self._gpu
+
+    def close(self) -> None:
+        if self._unified is not None:
+            self._unified.close()
+
+
+def epoch_seeds(
+    train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int, shard: tuple[int, int] = (0, 1)
+) -> list[torch.Tensor]:
+    """The epoch's batches of training seeds: shuffled by (seed, epoch), the same for every pipeline.
+
+    With ``shard=(rank, world)`` (data-parallel training), the shuffled seeds form global batches
+    of ``world * batch_size`` (an incomplete last one is dropped, so every rank takes every step)
+    and this rank's batch i is slice ``rank`` of global batch i.
+    """
+    rank, world = shard
+    order = train_idx[torch.randperm(train_idx.numel(), generator=torch.Generator().manual_seed(seed + epoch))]
+    if world == 1:
+        return list(order.split(batch_size))
+    steps = order.numel() // (world * batch_size)
+    return [order[(i * world + rank) * batch_size : (i * world + rank + 1) * batch_size] for i in range(steps)]
+
+
+def batch_number(epoch: int, index: int) -> int:
+    """What picks a batch's random draws: batch ``index`` of ``epoch`` always gets the same ones."""
+    return epoch * 100_000 + index
+
+
+@dataclass
+class GatheredBatch:
+    """A sampled subgraph with its rows and the seeds' labels gathered in host memory, as a loader
+    worker hands it over (through shared memory)."""
+
+    subgraph: SampledSubgraph
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def pin_memory(self) -> GatheredBatch:
+        """Pinned copies, for an asynchronous copy (the DataLoader's pin-memory thread calls this)."""
+        sub = self.subgraph
+        pinned = SampledSubgraph(
+            sub.n_id, sub.edge_index.pin_memory(), sub.num_sampled_nodes, sub.num_sampled_edges, sub.batch_size
+        )
+        return GatheredBatch(pinned, self.x.pin_memory(), self.y.pin_memory())
+
+
+def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in shared memory: handed to another process without a copy (a
+    tensor in private memory is copied into shared memory when it is sent), as DataLoader's
+    own collation allocates its batches."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    storage = torch.empty(0, dtype=dtype).untyped_storage()._new_shared(numel * torch.empty(0, dtype=dtype).itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+
+
+class _TrainingBatches(torch.utils.data.Dataset):
+    """Batch ``index`` of ``epoch`` (the key), sampled wherever this runs: in the training process
+    or in a DataLoader worker, which computes the epoch's seeds itself (once per epoch). With
+    ``rows_from`` (the feature table and the labels) it also gathers the batch's rows and labels."""
+
+    def __init__(
+        self,
+        sampler: NeighborSampler,
+        train_idx: torch.Tensor,
+        batch_size: int,
+        seed: int,
+        shard: tuple[int, int],
+        rows_from: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
+        self.sampler, self.train_idx, self.batch_size, self.seed = sampler, train_idx, batch_size, seed
+        self.shard, self.rows_from = shard, rows_from
+        self._epoch, self._seeds = None, []
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._seeds = epoch_seeds(self.train_idx, self.batch_size, self.seed, epoch, self.shard)
+        return self.finish(self.sampler.sample(self._seeds[index], batch_number(epoch, index)))
+
+    def finish(self, sub: SampledSubgraph):
+        """What the sampling step hands over: the subgraph, or the subgraph with its rows."""
+        if self.rows_from is None:
+            return sub
+        features, labels = self.rows_from
+        x = _shared_empty((sub.n_id.numel(), features.shape[1]), features.dtype)
+        torch.index_select(features, 0, sub.n_id, out=x)
+        return GatheredBatch(sub, x, labels[sub.n_id[: sub.batch_size]])
+
+
+def _as_is(item):
+    return item
+
+
+def _set_worker_threads(threads: int, worker_id: int) -> None:
+    torch.set_num_threads(threads)  # DataLoader starts each worker with one thread
+
+
+class _EpochKeys(torch.utils.data.Sampler):
+    """The keys of one epoch's batches; set ``epoch`` and ``batches`` before iterating."""
+
+    def __init__(self):
+        self.epoch = self.batches = 0
+
+    def __iter__(self):
+        return ((self.epoch, index) for index in range(self.batches))
+
+    def __len__(self) -> int:
+        return self.batches
+
+
+def _last_line(error: BaseException) -> str:
+    """The line that says what went wrong: a worker's error arrives with its whole traceback."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+class Pipeline:
+    """One pipeline kind (``name``) feeding one graph: makes the epoch's minibatches."""
+
+    def __init__(
+        self,
+        name: str,
+        graph: Graph,
+        fanouts: list[int],
+        batch_size: int,
+        *,
+        seed: int,
+        sampler_workers: int = 0,
+        worker_threads: int = 1,
+        clock=None,
+        shard: tuple[int, int] = (0, 1),
+        options: dict | None = None,
+    ):
+        if name not in PIPELINE_KINDS:
+            raise ValueError(f"pipeline must be one of {PIPELINE_KINDS.names()}, got {name!r}")
+        self.kind = kind = PIPELINE_KINDS[name]
+        if kind.needs_gpu and graph.device != "cuda":
+            raise ValueError(f"pipeline {name!r} needs a GPU")
+        self.options = dict(options or {})
+        unknown = set(self.options) - set(kind.options)
+        if unknown:
+            raise ValueError(f"pipeline {name!r} takes the options {list(kind.options)}, not {sorted(unknown)}")
+        self.name, self.graph, self.batch_size, self.seed = name, graph, batch_size, seed
+        if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+            raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
+        self.shard = shard  # (rank, world): this process's slice of every global batch
+        if shard[1] > 1 and graph.train_idx.numel() < shard[1] * batch_size:
+            raise ValueError(
+                f"{graph.train_idx.numel()} training nodes do not fill one global batch of "
+                f"{shard[1]} ranks x {batch_size}; use a smaller batch or fewer ranks"
+            )
+        self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
+        self.device = torch.device(graph.device)
+        csr = graph.pinned_csr() if kind.sampling == "uva" else (graph.indptr, graph.indices)
+        self.sampler = NeighborSampler(*csr, fanouts, place=kind.sampling, seed=seed)
+        self.labels = graph.labels.to(self.sampler.device)  # indexed where the sampler puts the ids
+        if sampler_workers < 0:
+            raise ValueError(f"sampler_workers must be >= 0, got {sampler_workers}")
+        if worker_threads < 1:
+            raise ValueError(f"worker_threads must be >= 1, got {worker_threads}")
+        self.table = None  # the feature table registered for zero-copy reads, where a kind uses one
+        self.side_stream = None  # where a prefetch thread prepares batches, where a kind uses one
+        rows_from = (graph.features, self.labels) if kind.worker_gathers else None
+        self.training_batches = _TrainingBatches(self.sampler, graph.train_idx, batch_size, seed, shard, rows_from)
+        self.sampler_workers = workers_of(name, sampler_workers)
+        self.worker_threads = worker_threads
+        self._keys = _EpochKeys()
+        self._loader = self._make_loader() if self.sampler_workers else None
+        # What the kind's one-time preparation measured (a cache's fill): {metric: (value, unit)}.
+        self.setup_metrics: dict[str, tuple[float, str]] = {}
+        if kind.prepare is not None:
+            kind.prepare(self)
+
+    def _make_loader(self) -> torch.utils.data.DataLoader:
+        # Worker processes, kept for the whole run (persistent), so an epoch does not pay for
+        # starting them; fork, so the CSR and the feature table are shared, not pickled.
+        return torch.utils.data.DataLoader(
+            self.training_batches,
+            sampler=self._keys,
+            batch_size=None,
+            collate_fn=_as_is,
+            num_workers=self.sampler_workers,
+            prefetch_factor=WORKER_PREFETCH,
+            persistent_workers=True,
+            pin_memory=self.kind.worker_gathers and self.device.type == "cuda",
+            worker_init_fn=lambda worker_id: _set_worker_threads(self.worker_threads, worker_id),
+            timeout=WORKER_TIMEOUT_S,
+            multiprocessing_context="fork",
+        )
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the running loader workers (none before the first epoch)."""
+        iterator = getattr(self._loader, "_iterator", None)
+        return [w.pid for w in getattr(iterator, "_workers", [])] if iterator is not None else []
+
+    def _stop_workers(self) -> None:
+        """Stop the loader workers now (not when the loader is garbage-collected): after an error
+        or an epoch left unfinished. The next epoch starts new ones."""
+        iterator = getattr(self._loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+        self._loader = self._make_loader() if self._loader is not None else None
+
+    def close(self) -> None:
+        """Stop the sampling workers."""
+        self._stop_workers()
+        self._loader = None
+
+    def epoch_metrics(self) -> dict[str, tuple[float, str]]:
+        """The kind's own measurements of the epoch just trained ({metric: (value, unit)}); call
+        once after each epoch."""
+        return self.kind.epoch_metrics(self) if self.kind.epoch_metrics is not None else {}
+
+    def _phase(self, name: str):
+        return self.clock.phase(name) if self.clock is not None else nullcontext()
+
+    def seeds(self, epoch: int) -> list[torch.Tensor]:
+        """The epoch's batches of training seeds (the same for every pipeline)."""
+        return epoch_seeds(self.graph.train_idx, self.batch_size, self.seed, epoch, self.shard)
+
+    def _items(self, epoch: int, seeds: list[torch.Tensor] | None) -> Iterator:
+        """What the sampling step hands over for each batch, in order: for the epoch's training
+        batches, or for batches of the given seeds (sampled here)."""
+        if seeds is not None:
+            finish = self.training_batches.finish
+            return (finish(self.sampler.sample(s, batch_number(epoch, i))) for i, s in enumerate(seeds))
+        if self._loader is None:
+            return (self.training_batches[epoch, i] for i in range(len(self.seeds(epoch))))
+        return self._from_workers(epoch)
+
+    def _from_workers(self, epoch: int) -> Iterator:
+        self._keys.epoch, self._keys.batches = epoch, len(self.seeds(epoch))
+        delivered = 0
+        try:
+            iterator = iter(self._loader)
+            while delivered < self._keys.batches:
+                try:
+                    item = next(iterator)
+                except Exception as error:  # the worker's traceback is long: say what failed in a line
+                    raise RuntimeError(f"{self.name}: a loader worker failed: {_last_line(error)}") from None
+                delivered += 1
+                yield item
+        finally:
+            # Stopped before the epoch's last batch was handed over (an error here or in training,
+            # a consumer that stopped early): the workers would go on preparing it.
+            if delivered < self._keys.batches:
+                self._stop_workers()
+
+    def _next(self, items: Iterator) -> Minibatch:
+        with self._phase("sample"):  # with workers: the wait for the next finished batch
+            item = next(items)
+        with self._phase("gather"):
+            x, moved = self.kind.gather(self, item)
+            if isinstance(item, GatheredBatch):
+                sub, y = item.subgraph, item.y
+            else:
+                sub, y = item, self.labels[item.n_id[: item.batch_size]]
+            edge_index = self._to_device(sub.edge_index)
+            y = self._to_device(y)
+        return Minibatch(x, edge_index, y, sub.batch_size, moved)
+
+    def row_bytes(self) -> int:
+        return self.graph.features.shape[1] * self.graph.features.element_size()
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy on the training device that does not block: CPU tensors go through pinned memory
+        (a copy from pageable memory would wait for the stream, stalling the overlap)."""
+        if t.device == self.device:
+            return t
+        if t.device.type == "cpu":
+            return (t if t.is_pinned() else t.pin_memory()).to(self.device, non_blocking=True)
+        return t.to(self.device, non_blocking=True)
+
+    def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
+        """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
+        seeds = None if seeds is None else list(seeds.split(self.batch_size))
+        items = self._items(epoch, seeds)
+        count = len(self.seeds(epoch)) if seeds is None else len(seeds)
+        try:
+            if self.kind.batches is not None:
+                yield from self.kind.batches(self, items, count)
+                return
+            for _ in range(count):
+                yield self._next(items)
+        finally:
+            if hasattr(items, "close"):
+                items.close()  # stops the loader workers at once when the epoch did not finish
+
+    def prefetched(self, items: Iterator, count: int) -> Iterator[Minibatch]:
+        """Batches prepared by a background thread on the side stream, up to PREFETCH_BATCHES
+        ahead: their CPU work (waiting for the sampler, checking ids, launching the gather) runs
+        while this thread launches the training of the batch before, and their gather kernels
+        (with capped threads) run beside the training kernels."""
+        if self.clock is not None:
+            # A breakdown is of the work, one phase after another: prepare on the side stream in turn.
+            for _ in range(count):
+                with torch.cuda.stream(self.side_stream):
+                    batch = self._next(items)
+                torch.cuda.current_stream().wait_stream(self.side_stream)
+                yield self.used_on_current_stream(batch)
+            return
+        ready: queue.Queue = queue.Queue(maxsize=PREFETCH_BATCHES)
+        stop = threading.Event()
+        device = torch.cuda.current_device()
+
+        def hand_over(item) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            torch.cuda.set_device(device)
+            try:
+                with torch.cuda.stream(self.side_stream):
+                    for _ in range(count):
+                        batch = self._next(items)
+                        prepared = torch.cuda.Event()
+                        prepared.record(self.side_stream)
+                        if not hand_over((batch, prepared)):
+                            return
+            except BaseException as error:  # handed to the consumer, raised there
+                hand_over((error, None))
+
+        producer = threading.Thread(target=produce, name=f"{self.name}-prefetch", daemon=True)
+        producer.start()
+        try:
+            for _ in range(count):
+                try:
+                    batch, prepared = ready.get(timeout=WORKER_TIMEOUT_S)
+                except queue.Empty:
+                    raise RuntimeError(
+                        f"no batch prepared in {WORKER_TIMEOUT_S} s: the prefetch thread is stuck"
+                    ) from None
+                if isinstance(batch, BaseException):
+                    raise batch
+                torch.cuda.current_stream().wait_event(prepared)
+                yield self.used_on_current_stream(batch)
+        finally:
+            stop.set()
+            producer.join(timeout=WORKER_TIMEOUT_S)  # it checks `stop` between batches
+            if producer.is_alive():  # it would go on reading the sampler that the next epoch resets
+                raise RuntimeError(f"the prefetch thread did not stop within {WORKER_TIMEOUT_S} s")
+
+    @staticmethod
+    def used_on_current_stream(batch: Minibatch) -> Minibatch:
+        """Tell the caching allocator that a side stream's tensors are now used on this one."""
+        for t in (batch.x, batch.edge_index, batch.y):
+            t.record_stream(torch.cuda.current_stream())
+        return batch
+
+
+# The suite's pipelines, imported in the order figures list them (the registry keeps it).
+from workloads.gnn.pipelines import cpu_gather, cpu_gather_workers, zero_copy, gpu_sampling, hot_cache  # noqa: E402,F401,I001
+
+PIPELINES = PIPELINE_KINDS.names()
+GPU_PIPELINES = tuple(k.name for k in PIPELINE_KINDS if k.needs_gpu)
+# The results' ``role`` of each pipeline, in one table so both GNN topics label a pipeline alike.
+ROLE = {k.name: k.role for k in PIPELINE_KINDS}
