@@ -34,8 +34,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from analysis.common import layout_with_title, load_results, machine_label, panel_grid, summarize
-from analysis.style import EMULATED_RAMP, color
+from analysis.common import load_results, machine_label, summarize
 from systems.ssdtrain import POLICIES, STORES, planning
 from workloads.llm import cost
 from workloads.llm.models import spec
@@ -111,35 +110,7 @@ def label(variant: str) -> str:
     return v.policy if pd.isna(v.store) else f"{v.policy}, {store_text(v)}"
 
 
-# Colours: a policy without a store takes its own (analysis/style.py; a new name a stable one of
-# its own). Every policy with a store takes the store's colour, told apart by its marker: a real
-# store the colour its all-offloading run has always had, emulated stores the blue ramp by
-# bandwidth (slowest lightest), a store the style does not know a stable colour of its own.
 ALL_OFFLOADED = "offload_all"  # the policy whose runs measure a store: every block but the last offloaded
-PLANNED = [name for name in POLICIES.names() if POLICIES[name].planner is not None]
-PLANNED_MARKERS = ["^", "D", "v", "P", "X", "*", "h"]
-emulated_bandwidths = sorted(set(setups.emulated_gbps.dropna()))
-
-
-def store_colour(v) -> str:
-    if pd.notna(v.emulated_gbps):
-        return EMULATED_RAMP[min(emulated_bandwidths.index(v.emulated_gbps), len(EMULATED_RAMP) - 1)]
-    # The style keys a suite store's colour by its all-offloading variant's label, as the rows have it.
-    reference = setups[(setups.policy == ALL_OFFLOADED) & (setups.store == v.store) & setups.emulated_gbps.isna()]
-    return color(reference.index[0]) if len(reference) else color(str(v.store))
-
-
-POLICY_COLORS = {variant: color(v.policy) if pd.isna(v.store) else store_colour(v) for variant, v in setups.iterrows()}
-
-
-def marker(variant: str) -> str:
-    v = setups.loc[variant]
-    if pd.isna(v.store):
-        return "o"
-    if v.policy == ALL_OFFLOADED:
-        return "s" if pd.notna(v.emulated_gbps) else "o"
-    others = PLANNED + sorted({p for p in setups.policy if p not in PLANNED and p != ALL_OFFLOADED})
-    return PLANNED_MARKERS[others.index(v.policy) % len(PLANNED_MARKERS)] if v.policy in others else "o"
 
 
 def block_costs_of(dataset: str) -> tuple[list[int], list[int]]:
@@ -379,25 +350,38 @@ Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 
 # %% [markdown]
-# ## Figure
-# The ROK view of each model of parts `policies` and `shapes` (every store), one what-if panel for
-# every model, the main comparison per model of parts `policies` and `models` (ratios to keep), the
-# micro-batch sweep and the convergence curves.
+# ## Figure: activation memory against step time, per model
+# The headline: for each model of parts `policies` and `shapes`, every policy's activation peak
+# against its step time (colour: the policy; marker: the store), each policy's points joined, and
+# the frontier of all of them (no point both smaller and faster). Supporting figures: the same
+# view for the models of part `models` (`-models`); ratios to keep per model and the bandwidth
+# what-if (`-ratios`); the micro-batch sweep and the convergence curves (`-training`).
 
 # %%
-# The headline part's models first, then the paper's shapes by width.
-rok_rows = frame[frame.part.isin(["policies", "shapes"])].drop_duplicates("dataset")
-rok_datasets = [
-    r.dataset
-    for r in rok_rows.sort_values(
-        ["part", "hidden"], key=lambda c: c.map({"policies": 0, "shapes": 1}) if c.name == "part" else c
-    ).itertuples()
-] or sorted(set(step.dataset))
-panels = len(rok_datasets) + 1 + 2 + (2 if not sweep.empty else 0) + (1 if not curves.empty else 0)
-panels += panels % 2  # a full last row: the legend takes the spare cell
-fig, grid = panel_grid(panels, width=5.2, height=4.0, cols=2)
-cells = iter(grid)
-legend_entries = {}  # label -> handle, across every panel
+from matplotlib.lines import Line2D
+
+from analysis import style
+
+MEASURED = machine_label(provenance)
+MEMORY_AXIS = {
+    "activation_peak": "activation memory peak on the GPU (GiB)",
+    "activation_bytes": "activations held on the device (GiB)",
+}[memory_metric]
+STORE_HATCHES = {"host": "", "file": "//", "kvikio": "xx", "emulated": ".."}
+FRONTIER = "#7f7f7f"
+
+
+def policy_colour(variant: str) -> str:
+    return style.color(setups.loc[variant].policy)
+
+
+def store_of(variant: str):
+    v = setups.loc[variant]
+    return None if pd.isna(v.store) else ("emulated" if pd.notna(v.emulated_gbps) else str(v.store))
+
+
+def store_marker(variant: str) -> str:
+    return style.STORE_MARKERS.get(store_of(variant), "P")
 
 
 def plain_numbers(axis):
@@ -406,54 +390,189 @@ def plain_numbers(axis):
     axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
 
 
-def remember(ax):
-    for handle, text in zip(*ax.get_legend_handles_labels()):
-        legend_entries.setdefault(text, handle)
+def frontier(points):
+    """The points no other point beats on both memory and time, by memory."""
+    kept, best = [], float("inf")
+    for x, y in sorted(points):
+        if y < best:
+            kept.append((x, y))
+            best = y
+    return kept
 
 
-for dataset in rok_datasets:
-    ax = next(cells)
+def rok_panel(ax, dataset) -> None:
+    """Step time against activation memory for every policy and store of ``dataset``."""
+    points, by_policy = [], {}
     for variant in ORDER:
         t = step[(step.dataset == dataset) & (step.variant == variant)]
         mem = memory[(memory.dataset == dataset) & (memory.variant == variant)]
         if t.empty or mem.empty:
             continue
         x, y = mem["median"].iloc[0] / 2**30, t["median"].iloc[0]
+        points.append((x, y))
+        by_policy.setdefault(setups.loc[variant].policy, []).append((x, y))
         ax.errorbar(
             [x],
             [y],
             yerr=[[y - t["q25"].iloc[0]], [t["q75"].iloc[0] - y]],
-            fmt=marker(variant),
-            color=POLICY_COLORS[variant],
+            fmt=store_marker(variant),
+            color=policy_colour(variant),
             markersize=6,
-            capsize=3,
-            label=label(variant),
+            capsize=2,
+            zorder=3,
         )
-        # The other processes of the same part: hollow markers, one per process.
+        gbps = setups.loc[variant].emulated_gbps
+        if pd.notna(gbps):
+            ax.annotate(
+                f"{gbps:g}",
+                (x, y),
+                xytext=(5, -2),
+                textcoords="offset points",
+                fontsize=6.5,
+                color=policy_colour(variant),
+            )
         for _, rows in reruns[(reruns.dataset == dataset) & (reruns.variant == variant)].groupby("process"):
             rx = rows[rows.metric == memory_metric].value.median() / 2**30
             ry = rows[rows.metric == "time"].value.median()
-            ax.plot([rx], [ry], marker(variant), mfc="none", color=POLICY_COLORS[variant], markersize=8, alpha=0.7)
+            ax.plot(
+                [rx], [ry], store_marker(variant), mfc="none", color=policy_colour(variant), markersize=8, alpha=0.7
+            )
+    for policy, xy in by_policy.items():
+        if len(xy) > 1:
+            xs, ys = zip(*sorted(xy))
+            ax.plot(xs, ys, color=style.color(policy), linewidth=0.8, alpha=0.6, zorder=2)
+    edge = frontier(points)
+    if len(edge) > 1:
+        xs, ys = zip(*edge)
+        ax.step(xs, ys, where="post", color=FRONTIER, linewidth=5, alpha=0.3, zorder=1)
     times = step[step.dataset == dataset]["median"]
     wide = times.max() / times.min() > 4  # a log axis only where the times span a wide range
     ax.set(
-        xlabel=f"activation memory on the device, GiB ({memory_metric})",
-        ylabel="s per training step" + (" (log)" if wide else ""),
+        xlabel=MEMORY_AXIS,
+        ylabel="step time (s" + (", log scale)" if wide else ")"),
         yscale="log" if wide else "linear",
-        title=f"{dataset}: every policy and store"
-        + ("\nfilled: committed run (median, IQR); hollow: others" if not reruns.empty else ""),
+        title=style.llm_model_label(dataset),
     )
     ax.set_xlim(left=0, right=1.08 * ax.get_xlim()[1])
     if wide:
         plain_numbers(ax.yaxis)
-    else:
-        ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3, which="both")
-    remember(ax)
+    else:  # a close range of times: room around the points, not an axis from zero that flattens them
+        low, high = times.min(), times.max()
+        ax.set_ylim(low - 0.15 * (high - low) - 0.02 * low, high + 0.15 * (high - low) + 0.02 * high)
+
+
+def rok_legend(fig, datasets) -> None:
+    shown = set(setups.loc[[v for v in ORDER if (step.dataset.isin(datasets) & (step.variant == v)).any()]].policy)
+    entries = {
+        style.readable(p): Line2D([], [], color=style.color(p), marker="o", linestyle="-", linewidth=0.8)
+        for p in [*POLICIES.names(), *sorted(set(setups.policy) - set(POLICIES.names()))]
+        if p in shown
+    }
+    stores = {store_of(v) for v in ORDER if (step.dataset.isin(datasets) & (step.variant == v)).any()} - {None}
+    for store in [*STORES.names(), *sorted(stores - set(STORES.names()))]:
+        if store in stores:
+            name = "emulated SSD (GB/s beside it)" if store == "emulated" else style.readable(store)
+            entries[f"store: {name}"] = Line2D(
+                [], [], color="#555555", marker=style.STORE_MARKERS.get(store, "P"), linestyle="none"
+            )
+    # A policy or store the suite does not know is listed under its own ids as well.
+    for variant in ORDER:
+        v = setups.loc[variant]
+        unknown = v.policy not in style.OFFLOAD_POLICIES or store_of(variant) not in style.STORE_MARKERS
+        if unknown and (step.dataset.isin(datasets) & (step.variant == variant)).any():
+            entries[label(variant)] = Line2D(
+                [], [], color=policy_colour(variant), marker=store_marker(variant), linestyle="none"
+            )
+    entries["frontier: nothing both smaller and faster"] = Line2D([], [], color=FRONTIER, linewidth=5, alpha=0.3)
+    if not reruns[reruns.dataset.isin(datasets)].empty:
+        entries["hollow: another process"] = Line2D([], [], color="#555555", marker="o", mfc="none", linestyle="none")
+    style.legend_below(fig, entries, columns=5)
+
+
+def rok_figure(datasets, heading, what=None) -> None:
+    fig, axes = style.panels(len(datasets), cols=2, width=6.0, height=4.2)
+    for ax, dataset in zip(axes, datasets):
+        rok_panel(ax, dataset)
+    rok_legend(fig, datasets)
+    style.title(fig, heading, MEASURED)
+    style.save(fig, figure, what)
+
+
+# The headline part's model first, then the paper's shapes by width; part models apart.
+rok_rows = frame[frame.part.isin(["policies", "shapes"])].drop_duplicates("dataset")
+rok_datasets = [
+    r.dataset
+    for r in rok_rows.sort_values(
+        ["part", "hidden"], key=lambda c: c.map({"policies": 0, "shapes": 1}) if c.name == "part" else c
+    ).itertuples()
+] or sorted(set(step.dataset))
+other_datasets = [d for d in sorted(set(step.dataset)) if d not in rok_datasets]
+HEADING = (
+    "Activation offloading: activation memory against step time; lower left wins "
+    "(torch's activation-memory budget not measured)"
+)
+for first in range(0, len(rok_datasets), 6):
+    rok_figure(rok_datasets[first : first + 6], HEADING, None if first == 0 else f"more_{first // 6}")
+for first in range(0, len(other_datasets), 6):
+    rok_figure(
+        other_datasets[first : first + 6],
+        HEADING + ": other model families",
+        "models" if first == 0 else f"models_{first // 6 + 1}",
+    )
+
+# %% [markdown]
+# ## Supporting figures: ratios to keep, the bandwidth what-if, micro-batches and convergence
+
+# %%
+compared = frame[frame.part.isin(["policies", "models"])]
+models = sorted(set(compared.dataset)) or sorted(set(step.dataset))
+shared = [v for v in ORDER if all(((step.dataset == d) & (step.variant == v)).any() for d in models)]
+shared = [v for v in shared if v != "keep"]
+
+
+def variant_label(variant: str) -> str:
+    v = setups.loc[variant]
+    if pd.isna(v.store):
+        return style.readable(v.policy)
+    store = f"{v.emulated_gbps:g} GB/s emulated" if pd.notna(v.emulated_gbps) else style.readable(v.store)
+    return f"{style.readable(v.policy)}, {store}"
+
+
+fig, axes = style.panels(2, cols=2, width=6.5, height=4.2)
+for ax, table, what in ((axes[0], step, "step time"), (axes[1], memory, MEMORY_AXIS.split(" (")[0].split(" on ")[0])):
+    width = 0.8 / max(len(shared), 1)
+    for j, variant in enumerate(shared):
+        values = []
+        for dataset in models:
+            both = table[table.dataset == dataset].set_index("variant")["median"]
+            values.append(both[variant] / both["keep"])
+        ax.bar(
+            np.arange(len(models)) + (j - (len(shared) - 1) / 2) * width,
+            values,
+            width,
+            color=policy_colour(variant),
+            hatch=STORE_HATCHES.get(store_of(variant), ""),
+            edgecolor="white",
+            linewidth=0,
+            label=variant_label(variant),
+        )
+    style.reference_line(ax, 1.0, "keep all", kind="parity")
+    ax.set_xticks(range(len(models)), [style.llm_model_label(m, short=True).split(",")[0] for m in models])
+    ax.set(ylabel=f"{what}, relative to keep all", title=f"{what.capitalize()} per model, relative to keep all")
+    if what == "step time":
+        ax.set_yscale("log")
+        plain_numbers(ax.yaxis)
+    ax.grid(axis="x", visible=False)
+style.legend_below(fig, style.collect_legend(axes), columns=4)
+shapes = sorted({style.llm_model_label(m).split(", ", 3)[-1] for m in models})
+style.title(
+    fig, f"Activation offloading: step time and memory relative to keep all per model ({'; '.join(shapes)})", MEASURED
+)
+style.save(fig, figure, "ratios")
 
 # What-if: the write bandwidth that hides a block's offload inside its own forward, for a GPU of
 # any speed (SSDTrain's criterion), against the bandwidths the stores reached here.
-ax = next(cells)
+fig, (ax,) = style.panels(1, width=8.0, height=5.0)
 keep_rates = rate[rate.variant == "keep"]["median"] * 1e12
 low = min(10e12, keep_rates.min() / 3) if not keep_rates.empty else 10e12  # reach down to the measured rates
 speeds = np.logspace(np.log10(low), np.log10(2e15), 60)
@@ -469,135 +588,111 @@ for i, dataset in enumerate(sorted(set(step.dataset))):
         [needed(F) for F in speeds],
         color="black",
         linestyle=dashes[i % len(dashes)],
-        label=f"needed: {dataset}",
+        linewidth=1,
+        label=f"needed: {style.llm_model_label(dataset, short=True)}",
     )
     keep_rate = rate[(rate.dataset == dataset) & (rate.variant == "keep")]["median"]
     if not keep_rate.empty:
         here = keep_rate.iloc[0] * 1e12
         ax.plot([here / 1e12], [needed(here)], "o", color="black", markersize=4)
-stores_here = {}
+emulated_seen = sorted(set(step.emulated_gbps.dropna()))
+STORE_LINE = {"host": "#7f7f7f", "file": "#d95f02", "kvikio": "#e7298a"}
 for variant in ORDER:
     if setups.loc[variant].policy != ALL_OFFLOADED:
         continue
     sel = lambda d: d[d.variant == variant]["median"]  # noqa: E731
     w, ws = sel(written).sum(), sel(write_seconds).sum()
-    nominal = step[step.variant == variant]["emulated_gbps"].dropna()
-    if ws > 0 and nominal.empty:
-        stores_here[variant] = (w / ws / 1e9, "-")
-    elif not nominal.empty:
-        stores_here[variant] = (float(nominal.iloc[0]), ":")
-for variant, (value, style) in stores_here.items():
-    ax.axhline(value, color=POLICY_COLORS[variant], linestyle=style, linewidth=1.2)
+    nominal = setups.loc[variant].emulated_gbps
+    if pd.notna(nominal):
+        shade = style.EMULATED_RAMP[min(emulated_seen.index(nominal), len(style.EMULATED_RAMP) - 1)]
+        ax.axhline(nominal, color=shade, linestyle=":", linewidth=1.6, label=f"emulated SSD, {nominal:g} GB/s")
+    elif ws > 0:
+        store = setups.loc[variant].store
+        ax.axhline(
+            w / ws / 1e9,
+            color=STORE_LINE.get(store, style.color(store)),
+            linestyle="-",
+            linewidth=1.4,
+            label=f"{style.readable(store)}, achieved here",
+        )
 ax.set(
     xscale="log",
     yscale="log",
     xlim=(speeds[0] / 1e12, speeds[-1] / 1e12),
-    xlabel="compute throughput, model TFLOP/s (dots: keep, measured here)",
-    ylabel="write GB/s",
-    title="write bandwidth to hide every block's write (black)\nvs stores here (solid: achieved; dotted: emulated)",
+    xlabel="compute throughput (model TFLOP/s; dots: keep all, measured here)",
+    ylabel="write bandwidth (GB/s)",
+    title="Write bandwidth that hides every block's offload in its own forward (black),\n"
+    "against the stores here (coloured): a store above a model's line hides its writes",
 )
-ax.grid(alpha=0.3, which="both")
-remember(ax)  # the models' lines join the figure's legend: no room for one inside this panel
+style.legend_below(fig, style.collect_legend([ax]), columns=3)
+style.title(fig, "Activation offloading: the write bandwidth an offload needs, for a GPU of any speed", MEASURED)
+style.save(fig, figure, "bandwidth")
 
-# The main comparison per model: the variants every model of parts policies and models ran (shapes
-# runs fewer baselines and has its own panels above), as ratios to keep.
-compared = frame[frame.part.isin(["policies", "models"])]
-models = sorted(set(compared.dataset)) or sorted(set(step.dataset))
-shared = [v for v in ORDER if all(((step.dataset == d) & (step.variant == v)).any() for d in models)]
-shared = [v for v in shared if v != "keep"]
-for ax, table, what in (
-    (next(cells), step, "step time"),
-    (next(cells), memory, memory_metric.replace("_", " ")),
-):
-    width = 0.8 / max(len(shared), 1)
-    for j, variant in enumerate(shared):
-        values = []
-        for dataset in models:
-            both = table[table.dataset == dataset].set_index("variant")["median"]
-            values.append(both[variant] / both["keep"])
-        ax.bar(
-            np.arange(len(models)) + (j - (len(shared) - 1) / 2) * width,
-            values,
-            width,
-            color=POLICY_COLORS[variant],
-            label=label(variant),
-            hatch="//" if marker(variant) in ("^", "D") else None,
-            edgecolor="white",
+training_panels = (2 if not sweep.empty else 0) + (1 if not curves.empty else 0)
+if training_panels:
+    fig, axes = style.panels(training_panels, cols=3, width=5.0, height=3.8)
+    cells = iter(axes)
+    if not sweep.empty:
+        speed_ax, held_ax = next(cells), next(cells)
+        for variant in [v for v in ORDER if v in set(sweep_time.variant)]:
+            t = sweep_time[sweep_time.variant == variant].sort_values("micro_batch")
+            h = sweep_held[sweep_held.variant == variant].sort_values("micro_batch")
+            colour = policy_colour(variant)
+            speed_ax.plot(
+                t.micro_batch,
+                t.global_batch * t.sequence / t["median"],
+                marker=store_marker(variant),
+                color=colour,
+                label=variant_label(variant),
+            )
+            held_ax.plot(h.micro_batch, h["median"] / 2**30, marker=store_marker(variant), color=colour)
+        micro_all = sorted(set(sweep.micro_batch))
+        title = (
+            f"{style.llm_model_label(sweep_time.dataset.iloc[0], short=True)}, "
+            f"{int(sweep_time.global_batch.iloc[0])} sequences per step"
         )
-    ax.axhline(1.0, color="black", linewidth=1, label="keep")
-    ax.set_xticks(range(len(models)), [m.replace("-s", "\ns") for m in models], fontsize=7, rotation=45, ha="right")
-    ax.set(ylabel=f"{what}, x keep", title=f"{what} per model, x keep (same run)")
-    if what == "step time":
-        ax.set_yscale("log")
-        plain_numbers(ax.yaxis)
-    ax.grid(alpha=0.3, axis="y", which="both")
-    remember(ax)
-
-if not sweep.empty:
-    speed_ax, held_ax = next(cells), next(cells)
-    for variant in [v for v in ORDER if v in set(sweep_time.variant)]:
-        t = sweep_time[sweep_time.variant == variant].sort_values("micro_batch")
-        h = sweep_held[sweep_held.variant == variant].sort_values("micro_batch")
-        colour = POLICY_COLORS[variant]
-        speed_ax.plot(
-            t.micro_batch, t.global_batch * t.sequence / t["median"], "o-", color=colour, label=label(variant)
+        if not oom.empty:
+            title += f"\nout of memory at micro-batch {', '.join(str(b) for b in sorted(set(oom.micro_batch)))}"
+        speed_ax.set(
+            xscale="log",
+            xlabel=style.axis_label("micro_batch"),
+            ylabel="training throughput (tokens/s)",
+            ylim=(0, None),
+            title=title,
         )
-        held_ax.plot(h.micro_batch, h["median"] / 2**30, "o-", color=colour, label=label(variant))
-    micro_all = sorted(set(sweep.micro_batch))
-    title = f"{sweep_time.dataset.iloc[0]}, {int(sweep_time.global_batch.iloc[0])} sequences per step"
-    if not oom.empty:
-        title += f"\nout of memory: micro-batch {', '.join(str(b) for b in sorted(set(oom.micro_batch)))} (see table)"
-    speed_ax.set(xscale="log", xlabel="micro-batch", ylabel="tokens/s", ylim=(0, None), title=title)
-    held_ax.set(xscale="log", xlabel="micro-batch", ylabel="activation GiB (activation_bytes)", ylim=(0, None))
-    held_ax.set_title("activation bytes one micro-step holds")
-    for ax in (speed_ax, held_ax):
-        ax.minorticks_off()  # the micro-batches themselves are the ticks
-        ax.set_xticks(micro_all, [str(b) for b in micro_all])
-        ax.grid(alpha=0.3)
-    remember(speed_ax)
-
-if not curves.empty:
-    ax = next(cells)
-    styles = {"keep": dict(linewidth=3.5, alpha=0.35)}  # keep wide and pale, the others drawn over it
-    for i, variant in enumerate(v for v in ORDER if v in set(curves.variant)):
-        g = curves[curves.variant == variant].sort_values("repetition")
-        style = styles.get(variant, dict(linewidth=1.2, linestyle=dashes[i % len(dashes)]))
-        colour = POLICY_COLORS[variant]
-        ax.plot(g.repetition + 1, g.value, color=colour, label=label(variant), **style)
-    for value, text in (
-        (convergence_notes.get("uniform_loss"), "uniform guessing"),
-        (convergence_notes.get("entropy_rate"), "the language's entropy rate"),
-    ):
-        if value is not None:
-            ax.axhline(value, color="black", linewidth=0.8, linestyle=":")
-            ax.annotate(text, (1, value), xytext=(4, 3), textcoords="offset points", fontsize=7)
-    ax.set(
-        xlabel="optimizer step",
-        ylabel="training loss, nats",
-        ylim=(0, None),
-        title=f"{curves.dataset.iloc[0]} on the generated corpus:\n"
-        + ("every policy's loss equal to keep's at every step" if curves.variant.nunique() > 1 else "keep only"),
-    )
-    ax.grid(alpha=0.3)
-    remember(ax)
-
-spare = next(cells, None)
-if spare is not None:  # the legend's own cell
-    spare.axis("off")
-    spare.legend(legend_entries.values(), legend_entries.keys(), loc="center", fontsize=8, frameon=False, ncol=2)
-else:
-    fig.legend(
-        legend_entries.values(),
-        legend_entries.keys(),
-        loc="center left",
-        bbox_to_anchor=(1.0, 0.5),
-        fontsize=8,
-        frameon=False,
-    )
-layout_with_title(
-    fig,
-    f"LLM activation offloading: {machine}, scale '{scale}' (measured; emulated stores are throttled host "
-    f"memory)\n{machine_label(provenance)}",
-)
-Path(figure).parent.mkdir(parents=True, exist_ok=True)
-fig.savefig(figure, dpi=130, bbox_inches="tight")
+        held_ax.set(
+            xscale="log",
+            xlabel=style.axis_label("micro_batch"),
+            ylabel=style.axis_label("activation_bytes"),
+            ylim=(0, None),
+            title="Activations one micro-step holds",
+        )
+        for ax in (speed_ax, held_ax):
+            ax.minorticks_off()  # the micro-batches themselves are the ticks
+            ax.set_xticks(micro_all, [str(b) for b in micro_all])
+    if not curves.empty:
+        ax = next(cells)
+        for i, variant in enumerate(v for v in ORDER if v in set(curves.variant)):
+            g = curves[curves.variant == variant].sort_values("repetition")
+            look = (
+                dict(linewidth=3.5, alpha=0.35)
+                if variant == "keep"
+                else dict(linewidth=1.2, linestyle=dashes[i % len(dashes)])
+            )
+            ax.plot(g.repetition + 1, g.value, color=policy_colour(variant), label=variant_label(variant), **look)
+        for value, text in (
+            (convergence_notes.get("uniform_loss"), "uniform guessing"),
+            (convergence_notes.get("entropy_rate"), "entropy rate (floor)"),
+        ):
+            if value is not None:
+                style.reference_line(ax, value, text, kind="ceiling")
+        ax.set(
+            xlabel="optimizer step",
+            ylabel="training loss (nats)",
+            ylim=(0, None),
+            title=f"{style.llm_model_label(curves.dataset.iloc[0], short=True)} on the generated corpus:\n"
+            + ("every policy's loss equal to keep's at every step" if curves.variant.nunique() > 1 else "keep only"),
+        )
+    style.legend_below(fig, style.collect_legend(axes), columns=5)
+    style.title(fig, "Activation offloading in training: micro-batch size and convergence", MEASURED)
+    style.save(fig, figure, "training")

@@ -751,7 +751,7 @@ if OPTIMIZED and headline and on_gpu:
     style.legend_below(fig, entries, columns=6)
     style.title(
         fig,
-        "Hector against the fastest competitor (PyG, per-edge, segment/grouped MM, dense, compiled forms) per graph",
+        f"Hector against the fastest competitor per graph; competitors: {', '.join(map(style.readable, COMPETITORS))}",
         MEASURED,
     )
     style.save(fig, figure)
