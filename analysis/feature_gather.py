@@ -28,8 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import errorbars, load_results, machine_label, panel_grid, summarize
-from analysis.style import style
+from analysis.common import load_results, machine_label, summarize
 from harness.registry import COMPETITOR_ROLES, ENTRY_ROLES
 from systems.pytorch_direct import dispatch
 from systems.pytorch_direct.gather_variants import GATHER_VARIANTS
@@ -378,66 +377,82 @@ Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 
 # %% [markdown]
-# ## Figure
+# ## Figure: the headline comparison, bandwidth by row size and by table size
+#
+# The technique's kernels, the CPU-gather baseline, stock torch's zero-copy, the dispatched path
+# and the all-in-GPU bound are drawn bold; every other variant thin. Supporting figures: the
+# skewed (Zipf) reads (`-skewed`), and batch size, CPU threads, thread caps and locality (`-knobs`).
 
 # %%
-panels = []
-if "row_sizes" in parts:
-    panels.append("row_sizes")
-if "table_sizes" in parts:
-    ts_rows = sorted(set(medians("table_sizes").row_bytes))
-    panels += [f"table_sizes:uniform:{r}" for r in ts_rows] + [f"table_sizes:zipf:{r}" for r in ts_rows]
-panels += [p for p in ("batch_sizes", "cpu_threads", "thread_cap", "locality") if p in parts]
-fig, axes = panel_grid(len(panels), width=4.8, height=3.9)
-# Panels of variants share one legend below the figure; the others explain their own lines
-# (row sizes, thread caps) in a corner their curves leave empty.
-SHARED_LEGEND_PARTS = {"row_sizes", "table_sizes", "batch_sizes"}
-PANEL_LEGEND_PLACE = {"cpu_threads": "upper left", "thread_cap": "upper left", "locality": "lower right"}
-LEGEND_ORDER = {name: i for i, name in enumerate(["pinned copy", "random-read ceiling", *VARIANTS])}
+from matplotlib.lines import Line2D
+
+from analysis import style
+
+MEASURED = machine_label(provenance)
+EMPHASISED = {"cpu_gather", "torch_uva", *KERNELS, "default", "all_in_gpu"}
+ROW_LOOKS = {128: ("-", "o"), 512: ("--", "s"), 2048: (":", "^")}  # row size: line style and marker
+
+
+def row_look(row_bytes):
+    return ROW_LOOKS.get(int(row_bytes), ("-.", "D"))
+
+
+def draw_variant(ax, data, x, variant, label, linestyle=None):
+    """Medians with interquartile bars; the headline's variants bold, the others thin."""
+    bold = variant in EMPHASISED
+    data = data.sort_values(x)
+    ax.errorbar(
+        data[x],
+        data["median"],
+        yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
+        label=label,
+        color=style.color(variant),
+        linestyle=linestyle or style.style(variant)[1],
+        linewidth=2.2 if bold else 1.0,
+        alpha=1.0 if bold else 0.65,
+        marker="o",
+        markersize=4 if bold else 2.5,
+        capsize=2,
+        zorder=3 if bold else 2,
+    )
+
+
+def ceiling_lines(ax, row_bytes=None):
+    if pinned_copy is not None:
+        ax.axhline(pinned_copy, color="#444444", linestyle="--", linewidth=1, label="pinned copy (ceiling)")
+    c = random_read_ceiling(row_bytes) if row_bytes else None
+    if c is not None:
+        ax.plot(
+            c.table_bytes / GiB, c["median"], color="#444444", linestyle=":", linewidth=1.5, label="random-read ceiling"
+        )
+
+
 # The Zipf panels leave out, to stay legible, the variants whose skewed curves the uniform panels
 # already tell (the unsorted kernel steps, unsorted stock torch, the dispatched path, WholeGraph);
 # every other variant, a new one included, is drawn. Hot-first layouts are drawn for the variants
 # whose point is that layout (sorted reads, the hot-row cache).
 SKEWED_PANELS_LEAVE_OUT = {"naive", "aligned", "vectorized", "default", "torch_uva", "wholegraph"}
 HOT_FIRST_SHOWN = {"sorted", "hot_cache"}
-shared_legend = {}
 
 
-def level(ax, rows, color, linestyle, label) -> None:
-    """A horizontal line at the median of ``rows`` (one row: a rate with nothing to vary), if any."""
-    if not rows.empty:
-        ax.axhline(rows["median"].iloc[0], color=color, linestyle=linestyle, linewidth=1, label=label)
-
-
-def ceiling_lines(ax, row_bytes=None):
-    if pinned_copy is not None:
-        ax.axhline(pinned_copy, color="grey", linestyle="--", linewidth=1, label="pinned copy")
-    c = random_read_ceiling(row_bytes) if row_bytes else None
-    if c is not None:
-        ax.plot(
-            c.table_bytes / GiB, c["median"], color="grey", linestyle=":", linewidth=1.5, label="random-read ceiling"
-        )
-
-
-for ax, panel in zip(axes, panels):
+def draw(ax, panel) -> None:
     part, _, rest = panel.partition(":")
     data = medians(part)
     if part == "row_sizes":
         for variant in ordered(data.variant):
-            for dtype, marker_style in (("fp32", "-"), ("bf16", "--")):
+            for dtype, linestyle in (("fp32", None), ("bf16", ":")):
                 d = data[(data.variant == variant) & (data.dtype == dtype)]
                 if not d.empty:
-                    errorbars(
-                        ax, d, "row_bytes", f"{variant}" if dtype == "fp32" else None, style(variant)[0], marker_style
+                    draw_variant(
+                        ax, d, "row_bytes", variant, style.readable(variant) if dtype == "fp32" else None, linestyle
                     )
-        if pinned_copy is not None:
-            ax.axhline(pinned_copy, color="grey", linestyle="--", linewidth=1, label="pinned copy")
+        ceiling_lines(ax)
         ax.set(
             xscale="log",
             yscale="log",
-            xlabel="row size (B); solid fp32, dashed bf16",
-            ylabel="GB/s",
-            title=f"By row size ({size_label(data.table_bytes.max())} table, uniform)",
+            xlabel="row size (bytes; dotted: bf16 rows)",
+            ylabel="bandwidth (GB/s, log scale)",
+            title=f"By row size ({size_label(data.table_bytes.max())} table, uniform rows)",
         )
     elif part == "table_sizes":
         dist, row_bytes = rest.split(":")
@@ -455,110 +470,117 @@ for ax, panel in zip(axes, panels):
             d = d_all[(d_all.variant == variant) & (d_all.distribution == distribution)]
             if not d.empty:
                 hot = distribution.endswith("hot_first")
-                errorbars(
+                draw_variant(
                     ax,
                     d.assign(gib=d.table_bytes / GiB),
                     "gib",
-                    variant + (", hot-first" if hot else ""),
-                    style(variant)[0],
-                    ":" if hot else style(variant)[1],
+                    variant,
+                    style.readable(variant) + (", hot rows first" if hot else ""),
+                    ":" if hot else None,
                 )
         ceiling_lines(ax, row_bytes if dist == "uniform" else None)
         ax.set(
             xscale="log",
-            xlabel="table size (GiB)",
-            ylabel="GB/s",
+            xlabel=style.axis_label("table_bytes"),
+            ylabel="bandwidth (GB/s)",
             ylim=(0, None),
-            title=f"{row_bytes} B rows, {'uniform' if dist == 'uniform' else 'Zipf-skewed'} rows",
+            title=f"{row_bytes}-byte rows, {'uniform' if dist == 'uniform' else 'Zipf-skewed'} reads",
         )
     elif part == "batch_sizes":
         for variant in ordered(data.variant):
-            errorbars(ax, data[data.variant == variant], "batch_rows", variant, *style(variant))
+            draw_variant(ax, data[data.variant == variant], "batch_rows", variant, style.readable(variant))
         ax.set(
             xscale="log",
             yscale="log",
-            xlabel="rows per gather",
-            ylabel="GB/s",
-            title=f"By batch size ({int(data.row_bytes.iloc[0])} B rows, {size_label(data.table_bytes.max())})",
+            xlabel=style.axis_label("batch_rows"),
+            ylabel="bandwidth (GB/s, log scale)",
+            title=f"By batch size\n({int(data.row_bytes.iloc[0])}-byte rows, "
+            f"{size_label(data.table_bytes.max())} table)",
         )
-    elif part == "cpu_threads":
-        row_colors = dict(zip(sorted(set(data.row_bytes)), ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    elif part in ("cpu_threads", "locality"):
+        x = "threads" if part == "cpu_threads" else "kib"
+        data = data.assign(kib=data.window_bytes / 1024) if part == "locality" else data
         for (variant, row_bytes), d in data.groupby(["variant", "row_bytes"]):
-            errorbars(ax, d, "threads", f"{row_bytes} B, {variant}", row_colors[row_bytes], style(variant)[1])
-        ax.set(xlabel="CPU threads", ylabel="GB/s", ylim=(0, None), title="CPU gathers by thread count")
+            draw_variant(ax, d, x, variant, style.readable(variant), row_look(row_bytes)[0])
+        if part == "cpu_threads":
+            ax.set(
+                xlabel=style.axis_label("threads"),
+                ylabel="bandwidth (GB/s)",
+                ylim=(0, None),
+                title="CPU gathers by thread count",
+            )
+        else:
+            union = (data.windows * data.window_bytes).iloc[0] / MiB
+            ax.set(
+                xscale="log",
+                xlabel=style.axis_label("window_bytes"),
+                ylabel="bandwidth (GB/s)",
+                ylim=(0, None),
+                title=f"The same {union:.0f} MiB of rows in windows\n"
+                f"spread over a {size_label(data.table_bytes.max())} table",
+            )
     elif part == "thread_cap":
-        # Variants measured with a cap (max_threads recorded; 0: none) are curves over the cap, and
-        # their uncapped rate a dotted line; the others (no cap to set) are dash-dotted lines.
+        # Variants measured with a cap (max_threads recorded; 0: none) are curves over the cap;
+        # the others (no cap to set) and the uncapped rate are levels, labelled in the legend.
         capped = ordered(data[data.max_threads.notna()].variant)
         uncapped = ordered(data[data.max_threads.isna()].variant)
-        for (row_bytes, d), color in zip(data.groupby("row_bytes"), ("tab:blue", "tab:orange", "tab:green")):
+        for row_bytes, d in data.groupby("row_bytes"):
+            linestyle = row_look(row_bytes)[0]
             for variant in uncapped:
-                level(ax, d[d.variant == variant], color, "-.", f"{row_bytes} B, {variant}")
+                v = d[d.variant == variant]
+                if not v.empty:
+                    ax.axhline(
+                        v["median"].iloc[0],
+                        color=style.color(variant),
+                        linestyle=linestyle,
+                        linewidth=1,
+                        label=f"{style.readable(variant)} (no cap to set)",
+                    )
             for variant in capped:
                 v = d[d.variant == variant]
-                named = f", {variant}" if len(capped) > 1 else ""
-                full = v[v.max_threads == 0]
-                errorbars(
-                    ax, v[v.max_threads > 0], "max_threads", f"{row_bytes} B rows{named}", color, style(variant)[1]
-                )
-                level(ax, full, color, ":", f"{row_bytes} B{named}, no cap")
+                draw_variant(ax, v[v.max_threads > 0], "max_threads", variant, style.readable(variant), linestyle)
         ax.set(
             xscale="log",
-            xlabel="thread cap of the gather",
-            ylabel="GB/s",
+            xlabel=style.axis_label("max_threads"),
+            ylabel="bandwidth (GB/s)",
             ylim=(0, None),
-            title=f"{', '.join(capped)} with capped threads",
+            title=f"{', '.join(map(style.readable, capped))} with capped threads",
         )
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.6)  # headroom: the legend sits above the curves
-    elif part == "locality":
-        row_colors = dict(zip(sorted(set(data.row_bytes)), ("tab:blue", "tab:orange", "tab:green")))
-        for (variant, row_bytes), d in data.groupby(["variant", "row_bytes"]):
-            errorbars(
-                ax,
-                d.assign(kib=d.window_bytes / 1024),
-                "kib",
-                f"{row_bytes} B, {variant}",
-                row_colors[row_bytes],
-                style(variant)[1],
-            )
-        union = (data.windows * data.window_bytes).iloc[0] / MiB
-        ax.set(
-            xscale="log",
-            xlabel="window size (KiB)",
-            ylabel="GB/s",
-            ylim=(0, None),
-            title=f"Same {union:.0f} MiB of rows, in windows\nspread over a {size_label(data.table_bytes.max())} table",
-        )
-    ax.grid(alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()
-    if part in SHARED_LEGEND_PARTS:
-        # Variants keep one colour everywhere: one legend for all these panels, off the data.
-        shared_legend.update(zip(labels, handles))
-    elif handles:
-        ax.legend(fontsize=6, loc=PANEL_LEGEND_PLACE[part])
+
+
+def gather_figure(panels, heading, what=None, row_sizes_legend=False) -> None:
+    fig, axes = style.panels(len(panels), cols=2, width=6.0, height=4.2)
+    for ax, panel in zip(axes, panels):
+        draw(ax, panel)
+    entries = style.collect_legend(axes)
+    order = {style.readable(v): i for i, v in enumerate(VARIANTS)}
+    entries = dict(sorted(entries.items(), key=lambda item: order.get(item[0].split(",")[0], len(order))))
+    if row_sizes_legend:
+        rows = sorted({int(r) for r in frame[frame.part.isin(["cpu_threads", "thread_cap", "locality"])].row_bytes})
+        entries |= {f"{r}-byte rows": Line2D([], [], color="#555555", linestyle=row_look(r)[0]) for r in rows}
+    style.legend_below(fig, entries, columns=5)
+    style.title(fig, heading, MEASURED)
+    style.save(fig, figure, what)
+
 
 what = (
     "Feature gathering into GPU memory"
     if (frame.device == "cuda").any()
     else "CPU feature gathering (no GPU here: rows gathered into host memory, no transfer)"
 )
-fig.suptitle(
-    f"{what}: {machine}, scale '{scale}' (measured; median, bars = IQR)\n{machine_label(provenance)}", fontsize=9
-)
-legend_rows = 0
-if shared_legend:
-    entries = sorted(shared_legend.items(), key=lambda item: LEGEND_ORDER.get(item[0].split(",")[0], len(LEGEND_ORDER)))
-    columns = 7
-    legend_rows = -(-len(entries) // columns)
-    fig.legend(
-        [h for _, h in entries],
-        [label for label, _ in entries],
-        loc="lower center",
-        ncol=columns,
-        fontsize=8,
-        frameon=False,
-    )
-bottom = (0.3 * legend_rows + 0.1) / fig.get_figheight()
-fig.tight_layout(rect=(0, bottom, 1, 1))
-Path(figure).parent.mkdir(parents=True, exist_ok=True)
-fig.savefig(figure, dpi=130)
+ts_rows = sorted(set(medians("table_sizes").row_bytes)) if "table_sizes" in parts else []
+headline = (["row_sizes"] if "row_sizes" in parts else []) + [f"table_sizes:uniform:{r}" for r in ts_rows]
+skewed = [f"table_sizes:zipf:{r}" for r in ts_rows]
+knobs = [p for p in ("batch_sizes", "cpu_threads", "thread_cap", "locality") if p in parts]
+groups = [(headline[:6], None), (skewed[:6], "skewed"), (knobs, "knobs")]
+if not headline:  # no headline parts: the first group with panels is the figure
+    groups = [g for g in groups if g[0]]
+    groups[0] = (groups[0][0], None)
+for panels, name in groups:
+    if panels:
+        heading = {
+            None: f"{what}: bandwidth of each path, by row size and table size (bold: the headline comparison)",
+            "skewed": f"{what}: Zipf-skewed reads",
+            "knobs": f"{what}: batch size, CPU threads, thread caps, locality",
+        }[name]
+        gather_figure(panels, heading, name, row_sizes_legend=name == "knobs")
