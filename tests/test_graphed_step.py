@@ -24,6 +24,21 @@ def _trainer(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, forw
     return step, losses
 
 
+def _replays_match_eager_steps(captured, eager, captured_model, eager_model, tol: float, steps: int = 4):
+    """Captured after 3 warm-up steps (the capture itself runs nothing), then each replay against
+    one eager step from the same start: the same loss each step, the same parameters after."""
+    (step, losses), (eager_step, eager_losses) = captured, eager
+    replay = capture_step(step, warmup=3)
+    for _ in range(3):
+        eager_step()
+    for _ in range(steps):
+        replay()
+        eager_step()
+        torch.testing.assert_close(losses[-1], eager_losses[-1], rtol=tol, atol=1e-6)
+    for (name, a), b in zip(captured_model.named_parameters(), eager_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=name)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without a GPU")
 def test_without_a_gpu_a_step_is_refused_in_one_line():
     with pytest.raises(NotCapturable, match="needs a CUDA GPU"):
@@ -38,17 +53,7 @@ def test_replays_update_the_parameters_as_eager_steps_do():
     captured = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5)).cuda()
     eager = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5)).cuda()
     eager.load_state_dict(captured.state_dict())
-    step, losses = _trainer(captured, x, target)
-    replay = capture_step(step, warmup=3)  # 3 warm-up steps, then the captured one (not run)
-    eager_step, eager_losses = _trainer(eager, x, target)
-    for _ in range(3):
-        eager_step()
-    for _ in range(4):
-        replay()
-        eager_step()
-        torch.testing.assert_close(losses[-1], eager_losses[-1], rtol=1e-5, atol=1e-6)
-    for (name, a), b in zip(captured.named_parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    _replays_match_eager_steps(_trainer(captured, x, target), _trainer(eager, x, target), captured, eager, tol=1e-5)
 
 
 @pytest.mark.gpu
@@ -82,14 +87,6 @@ def test_a_hector_layer_trains_alike_captured_whole_and_eager(name):
     def run(weights):
         return lambda x: layer(graph, x=x, **model.bind(weights))
 
-    step, losses = _trainer(captured_weights, x, target, forward=run(captured_weights))
-    eager_step, eager_losses = _trainer(eager_weights, x, target, forward=run(eager_weights))
-    replay = capture_step(step, warmup=3)
-    for _ in range(3):
-        eager_step()
-    for _ in range(3):
-        replay()
-        eager_step()
-        torch.testing.assert_close(losses[-1], eager_losses[-1], rtol=1e-4, atol=1e-6)
-    for (key, a), b in zip(captured_weights.named_parameters(), eager_weights.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
+    captured = _trainer(captured_weights, x, target, forward=run(captured_weights))
+    eager = _trainer(eager_weights, x, target, forward=run(eager_weights))
+    _replays_match_eager_steps(captured, eager, captured_weights, eager_weights, tol=1e-4)
