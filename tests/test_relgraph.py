@@ -65,6 +65,22 @@ def test_every_integer_form_of_the_ids_gives_the_same_graph(device, convert):
     _assert_same(graph, expected)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_expanded_and_reversed_ids_give_the_graph_of_their_values(device):
+    """A single relation for every edge as an expanded (stride 0) tensor, and ids read backwards
+    through a negative-stride numpy view, build the graph their values describe."""
+    src, dst, _, nodes, relations = _random_edges(seed=5)
+    one_relation = torch.tensor([3]).expand(len(src))  # every edge of relation 3, one element stored
+    backwards = np.ascontiguousarray(dst.numpy()[::-1])[::-1]  # the same ids through a reversed view
+    expected = RelGraph.build(src, dst, torch.full((len(src),), 3), nodes, relations)
+    given = [src, backwards, one_relation]
+    if device == "cuda":
+        given = [torch.as_tensor(np.asarray(t)).cuda() for t in given]
+    graph = RelGraph.build(*given, nodes, relations, device=device)
+    _assert_same(graph, expected)
+    assert graph.etype.unique().tolist() == [3]
+
+
 @pytest.mark.gpu
 def test_cuda_ids_build_where_asked_and_match_the_cpu_graph():
     src, dst, etype, nodes, relations = _random_edges(seed=4, edges=1001, nodes=97, relations=13)
