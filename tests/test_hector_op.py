@@ -195,6 +195,39 @@ def test_the_memory_captures_keep_for_their_intermediate_values_is_counted(monke
 
 
 @pytest.mark.gpu
+def test_replays_of_strided_and_offset_features_give_what_contiguous_ones_give():
+    graph = random_graph(seed=16, nodes=157, edges=907, relations=7, device="cuda")
+    model, weights, run, layer = hector_layer("rgat", graph, width=16, device="cuda")
+    g = torch.Generator().manual_seed(17)
+    wide = torch.randn(graph.num_nodes, 32, generator=g).cuda()
+    views = {
+        "strided": wide[:, ::2],  # every other column
+        "offset": torch.randn(graph.num_nodes * 16 + 5, generator=g).cuda()[5:].view(graph.num_nodes, 16),
+        "transposed": torch.randn(16, graph.num_nodes, generator=g).cuda().t(),
+    }
+    for name, x in views.items():
+        for _ in range(3):  # captured by the third call
+            got = run(x)
+        torch.testing.assert_close(got, run(x.contiguous()), rtol=1e-5, atol=1e-5, msg=name)
+        grad_view = torch.autograd.grad(run(x.requires_grad_()).square().sum(), x)[0]
+        dense = x.detach().contiguous().requires_grad_()
+        torch.testing.assert_close(grad_view, torch.autograd.grad(run(dense).square().sum(), dense)[0], msg=name)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_a_graph_without_edges_gives_what_the_reference_gives(name, device):
+    graph = RelGraph.build([], [], [], 9, 3, device, node_type=torch.arange(9) % 3, num_node_types=3)
+    model, weights, run, layer = hector_layer(name, graph, width=8, device=device)
+    x = torch.randn(9, 8, generator=torch.Generator().manual_seed(18)).to(device)
+    reference = model.layers[model.reference](weights, graph)
+    for _ in range(3):
+        out = run(x)
+    torch.testing.assert_close(out, reference(x), rtol=1e-5, atol=1e-5)
+    out.sum().backward()  # the backward runs on no edges too
+
+
+@pytest.mark.gpu
 def test_a_replayed_layer_sees_weights_changed_in_place_and_two_uses_before_one_backward():
     graph = random_graph(seed=8, nodes=211, edges=1501, relations=9, device="cuda")
     model, weights, run, layer = hector_layer("rgat", graph, width=16, device="cuda")
