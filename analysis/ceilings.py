@@ -26,7 +26,7 @@ results = {}  # topic -> its results files, passed by the workflow
 # %%
 from pathlib import Path
 
-from analysis.common import errorbars, load_results, machine_label, panel_grid, summarize
+from analysis.common import errorbars, load_results, machine_label, summarize
 from workloads.ceilings.schema import SCHEMA
 
 frame, provenance = load_results(results["ceilings"], SCHEMA)
@@ -100,8 +100,22 @@ print("\n".join(lines))
 
 # %% [markdown]
 # ## Figure
+#
+# The headline: PCIe copies, zero-copy reads, the GPU's memory and matrix multiply against its
+# datasheet (where the suite knows the GPU), the disk and host memory copies. Supporting figure:
+# contiguous zero-copy reads and reads by host allocation (`-zero_copy`).
 
 # %%
+from analysis import style
+
+# Datasheet peaks per GPU (NVIDIA's H200 datasheet, SXM form, dense math; the NVL card has the same
+# memory bandwidth and lower math peaks): a GPU not listed gets no datasheet comparison.
+# PCIe 5.0 x16: 32 GT/s x 16 lanes with 128b/130b coding, per direction.
+VENDOR_PEAKS = {
+    "H200": {"hbm": 4.8, "fp32": 67.0, "tf32": 494.7, "bf16": 989.5, "pcie": 63.0, "source": "H200 SXM datasheet"},
+}
+gpu_names = [g["name"] for record in provenance for g in record["machine"]["gpus"]]
+peaks = next((v for k, v in VENDOR_PEAKS.items() for name in gpu_names if k in name), {})
 allocations = sorted(set(uva_all.host_memory)) if "uva_read" in probes else []
 panels = [
     p
@@ -111,21 +125,22 @@ panels = [
         "uva_read:sorted",
         "uva_read:contiguous",
         "uva_alloc",
+        "device",
         "hbm_copy",
         "matmul",
         "disk",
         "host_memcpy",
     )
-    if p.split(":")[0] in probes or (p == "uva_alloc" and len(allocations) > 1)
+    if p.split(":")[0] in probes or (p == "uva_alloc" and len(allocations) > 1) or p == "device"
 ]
-fig, axes = panel_grid(len(panels), width=4.6, height=3.8)
 pinned_h2d = None
 if "pcie_copy" in probes:
     pc = bw[bw.part == "pcie_copy"]
     largest = pc.size_bytes.max()
     pinned_h2d = pc[(pc.variant == "h2d") & (pc.host_memory == "pinned") & (pc.size_bytes == largest)]["median"].iloc[0]
 
-for ax, panel in zip(axes, panels):
+
+def draw(ax, panel) -> None:
     probe, _, order = panel.partition(":")
     if probe == "pcie_copy":
         for (variant, memory), d in pc.groupby(["variant", "host_memory"]):
@@ -136,7 +151,11 @@ for ax, panel in zip(axes, panels):
                 f"{variant}, {memory}",
                 linestyle="-" if memory == "pinned" else ":",
             )
-        ax.set(xscale="log", xlabel="transfer size (MiB)", ylabel="GB/s", title="PCIe copies (cudaMemcpy)")
+        if peaks.get("pcie"):
+            ax.axhline(
+                peaks["pcie"], color="#444444", linestyle=":", label=f"PCIe 5.0 x16 peak ({peaks['pcie']:g} GB/s)"
+            )
+        ax.set(xscale="log", xlabel="transfer size (MiB)", ylabel="bandwidth (GB/s)", title="PCIe copies (cudaMemcpy)")
     elif probe == "uva_read":
         d_all = bw[(bw.part == "uva_read") & (bw.variant == order)]
         for g, d in d_all.groupby("granularity_bytes"):
@@ -146,7 +165,7 @@ for ax, panel in zip(axes, panels):
         ax.set(
             xscale="log",
             xlabel="table size (GiB, pinned host memory)",
-            ylabel="GB/s",
+            ylabel="bandwidth (GB/s)",
             title=f"GPU zero-copy reads, {order} rows",
             ylim=(0, None),
         )
@@ -154,7 +173,7 @@ for ax, panel in zip(axes, panels):
         for (allocation, order), d in uva_all[uva_all.variant.isin(["random", "sorted"])].groupby(
             ["host_memory", "variant"]
         ):
-            for g, style in ((512, "-"), (2048, "--")):
+            for g, dash in ((512, "-"), (2048, "--")):
                 dg = d[d.granularity_bytes == g]
                 if not dg.empty:
                     errorbars(
@@ -162,16 +181,43 @@ for ax, panel in zip(axes, panels):
                         dg.assign(gib=dg.table_bytes / GiB),
                         "gib",
                         f"{allocation}, {order}, {g} B",
-                        linestyle=style if order == "random" else ":",
+                        linestyle=dash if order == "random" else ":",
                     )
         ax.set(
             xscale="log",
             xlabel="table size (GiB)",
-            ylabel="GB/s",
+            ylabel="bandwidth (GB/s)",
             ylim=(0, None),
             title="Zero-copy reads by host allocation\n(solid 512 B random, dashed 2 KiB random, dotted sorted)",
         )
-        ax.legend(fontsize=5, ncol=2)
+        ax.legend(fontsize=6, ncol=1, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    elif probe == "device" and peaks:
+        # The GPU's own ceilings as shares of the datasheet's: one bar each, the value beside it.
+        shown = []
+        for r in bw[bw.part == "hbm_copy"].sort_values("size_bytes").tail(1).itertuples():
+            shown.append((f"HBM copy, {r.size_bytes / MiB:.0f} MiB", r.median / 1e3, peaks["hbm"], "TB/s"))
+        for r in rate[rate.device == "cuda"].itertuples():
+            if r.variant in peaks:
+                shown.append((f"matmul {r.variant}, n={r.matrix_dim}", r.median, peaks[r.variant], "TFLOP/s"))
+        for i, (_text, value, peak, unit) in enumerate(shown):
+            ax.barh(i, value / peak, color="#4d4d4d")
+            ax.annotate(
+                f"{value:.3g} of {peak:g} {unit}",
+                (value / peak, i),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7.5,
+            )
+        ax.set_yticks(range(len(shown)), [t for t, *_ in shown])
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="#444444", linestyle=":", linewidth=1)
+        ax.set(
+            xlim=(0, 1.45),
+            xlabel=f"share of the datasheet peak ({peaks['source']})",
+            title="GPU memory and matrix multiply against the datasheet",
+        )
+        ax.grid(axis="y", visible=False)
     elif probe == "hbm_copy":
         d = bw[bw.part == "hbm_copy"]
         ax.bar(
@@ -202,27 +248,43 @@ for ax, panel in zip(axes, panels):
         ax.set(
             xscale="log",
             xlabel="request size (MiB)",
-            ylabel="GB/s",
+            ylabel="bandwidth (GB/s)",
             ylim=(0, None),
             title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)",
         )
-        ax.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+        ax.legend(fontsize=6.5, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     elif probe == "host_memcpy":
         d = bw[bw.part == "host_memcpy"].sort_values("threads")
         ax.bar([str(t) for t in d.threads], d["median"], yerr=[d["median"] - d.q25, d.q75 - d["median"]], capsize=3)
         ax.set(
             xlabel="threads",
-            ylabel="GB/s (bytes read + written)",
+            ylabel="bandwidth (GB/s, bytes read + written)",
             title=f"Host memcpy ({d.size_bytes.max() / MiB:.0f} MiB)",
         )
-    ax.grid(alpha=0.3)
     if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the panel, off the data
 
-fig.suptitle(
-    f"Machine ceilings: {machine}, scale '{scale}' (measured; median, bars = IQR)\n{machine_label(provenance)}",
-    fontsize=9,
-)
-fig.tight_layout()
-Path(figure).parent.mkdir(parents=True, exist_ok=True)
-fig.savefig(figure, dpi=130)
+
+def include(panel) -> bool:
+    if panel == "device":
+        return bool(peaks) and ("hbm_copy" in probes or not rate.empty)
+    return not (peaks and panel in ("hbm_copy", "matmul"))  # in the datasheet panel instead
+
+
+panels = [p for p in panels if include(p)]
+SUPPORTING = {"uva_read:contiguous", "uva_alloc"}
+for chosen, what in (
+    ([p for p in panels if p not in SUPPORTING], None),
+    ([p for p in panels if p in SUPPORTING], "zero_copy"),
+):
+    if not chosen:
+        continue
+    fig, axes = style.panels(len(chosen), cols=2, width=6.6, height=3.9)
+    for ax, panel in zip(axes, chosen):
+        draw(ax, panel)
+    style.title(
+        fig,
+        "Machine ceilings: what this machine's links, memories and math reach (medians, bars: interquartile range)",
+        machine_label(provenance),
+    )
+    style.save(fig, figure, what)
