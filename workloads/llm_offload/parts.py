@@ -33,7 +33,7 @@ from workloads.llm.data import batches
 from workloads.llm.layers import blocks
 from workloads.llm.models import ModelSpec, build, spec
 from workloads.llm_offload import variants as choose
-from workloads.llm_offload.checking import NotBitIdentical, check_identical, deterministic, one_step
+from workloads.llm_offload.checking import NotBitIdentical, check_close, check_identical, deterministic, one_step
 from workloads.llm_offload.schema import SCHEMA
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw warnings about token ids
@@ -126,14 +126,19 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     }
     chosen = choose.policies(params, device, notes)
     setups = choose.store_setups(params, device, notes, scratch_dir)
-    runs = choose.variants(chosen, setups)
+    runs = choose.variants(chosen, setups, params)
     planned = [p for p in chosen if p.planner is not None]
     if planned:
         where = choose.planned_setups(params, setups, notes)
         runs += _planned(params, model, layers, batch, device, planned, where, scratch_dir, model_notes)
     checked, failed_peer = [], None
+    compiled_reference = None  # compiled keep's step, once it passed its own check
     try:
         for variant in runs:
+            needs_compiled_reference = variant.policy.compiled and variant.policy.name != choose.COMPILED_REFERENCE
+            if needs_compiled_reference and compiled_reference is None:
+                notes["skipped"][f"{variant.label} ({dataset})"] = "its reference, compiled keep, did not run or pass"
+                continue
             try:
                 policy = variant.build(model, layers, params, scratch_dir)
             except Unavailable as err:
@@ -143,7 +148,17 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
             notes.setdefault("libraries", {}).update(policy.about)
             try:
                 with deterministic(device), policy.reading_back():  # the store's bytes are checked too
-                    check_identical(variant.label, reference, one_step(model, batch, policy))
+                    result = one_step(model, batch, policy)
+                if variant.policy.name == choose.COMPILED_REFERENCE:
+                    deviation = check_close(variant.label, reference, result, built.dtype)
+                    model_notes.setdefault("deviation_from_keep", {})[variant.label] = deviation
+                    compiled_reference = result
+                elif variant.policy.compiled and not variant.policy.exact:
+                    deviation = check_close(variant.label, compiled_reference, result, built.dtype, "compiled keep")
+                    model_notes.setdefault("deviation_from_compiled_keep", {})[variant.label] = deviation
+                else:
+                    against = ("compiled keep", compiled_reference) if variant.policy.compiled else ("keep", reference)
+                    check_identical(variant.label, against[1], result, against[0])
             except Exception as err:
                 if variant.role != "peer" or isinstance(err, torch.cuda.OutOfMemoryError):
                     raise
@@ -262,7 +277,7 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
     is recorded as ``out_of_memory`` (value 1), not a failure of the part."""
     notes = {"skipped": {}, "models": {}}
     chosen = choose.policies(params, device, notes, plans=False)
-    runs = choose.variants(chosen, choose.store_setups(params, device, notes, scratch_dir))
+    runs = choose.variants(chosen, choose.store_setups(params, device, notes, scratch_dir), params)
     dataset, shape = _model_spec(params["model"])
     built = build(shape, device=device, seed=params["seed"])
     model = built.model
@@ -381,7 +396,7 @@ def convergence(params, writer, *, device, scratch_dir, **_):
     }
     # Unknown names are refused here, before anything trains.
     chosen = choose.policies(params, device, notes, plans=False)
-    runs = choose.variants(chosen, choose.store_setups(params, device, notes, scratch_dir))
+    runs = choose.variants(chosen, choose.store_setups(params, device, notes, scratch_dir), params)
 
     def train(variant: choose.Variant) -> tuple[torch.Tensor, list[dict], list[torch.Tensor]] | None:
         """The losses, the policy's per-step counts and the weights after the last step."""

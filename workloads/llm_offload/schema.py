@@ -30,6 +30,11 @@ the host on a GPU count as written and read, every save again, parameters includ
 moves nothing). The planned policies (``offload_adaptive``: SSDTrain's rule; ``planner``: keep,
 offload or recompute per layer within a budget) record their plan's predictions as the metrics
 ``predicted_time`` and ``predicted_activation_bytes`` (repetition 0), beside the measured ones.
+
+The policies on blocks compiled by ``torch.compile`` (``compiled`` true; where a part's
+parameters set ``compiled``): ``compiled_keep`` (peer; the reference of the compiled ones, as
+``keep`` is of the eager ones), ``torch_budget`` (peer; ``activation_budget`` says under which
+budget, the variant ``torch_budget_0.5``) and ``offload_all_compiled`` (optimized, with each store).
 """
 
 from harness.results import Schema
@@ -56,6 +61,8 @@ SCHEMA = Schema(
         "layers_recomputed": int,  # ...and recomputes (the rest are kept)
         "planned_gbps": float,  # the store bandwidth the plan was made for, measured just before (GB/s)
         "budget_fraction": float,  # planner: the activation budget, a fraction of what keep saves
+        "compiled": bool,  # the blocks ran compiled by torch.compile (reference: compiled_keep); empty: eager
+        "activation_budget": float,  # torch_budget: torch._functorch.config.activation_memory_budget
     },
     metrics={
         "activation_bytes": "B",

@@ -3,8 +3,9 @@ systems/ssdtrain (``POLICIES``, ``STORES``) and checked against them, and the re
 results row carries.
 
 A row's ``variant`` is a label composed here and nowhere else (``offload_all_emulated_7gbps``:
-the policy, then the store and its setting); nothing parses it back, since every row also carries
-the policy, the store and the store's setting in columns of their own (schema.py).
+the policy, then the store and its setting; ``torch_budget_0.5``: the policy and its setting);
+nothing parses it back, since every row also carries the policy, its setting, the store and the
+store's setting in columns of their own (schema.py).
 
 The parameters (config/llm_offload.yaml) that choose:
 
@@ -16,6 +17,10 @@ The parameters (config/llm_offload.yaml) that choose:
   once per bandwidth of ``emulated_gbps``).
 - ``planned_stores``: the stores the planned policies run with, by label (``host``,
   ``emulated_7gbps``), or ``all`` (every store of ``stores``).
+- ``compiled``: whether the policies on compiled blocks run (compiling takes seconds to minutes
+  per model and budget; default false, and then they are left out with a note). Where any runs,
+  ``compiled_keep``, their reference, runs too, right after ``keep``.
+- ``budgets``: the activation memory budgets of ``torch_budget``, one variant each.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from systems.ssdtrain.stores import one_setting
 
 ALL = "all"
 REFERENCE = "keep"  # every policy is checked against it and every ratio taken to it
+COMPILED_REFERENCE = "compiled_keep"  # ...every policy on compiled blocks, against this
 
 
 def _text(value) -> str:
@@ -62,18 +68,21 @@ class StoreSetup:
 
 @dataclass
 class Variant:
-    """One measured variant: a policy, with a store if it offloads and a plan if it is planned."""
+    """One measured variant: a policy with one of its settings (``activation_budget=0.5``), with a
+    store if it offloads and a plan if it is planned."""
 
     policy: PolicyEntry
     store: StoreSetup | None = None
     plan: Plan | None = None
+    setting: tuple[tuple[str, Any], ...] = ()
     made: list = field(default_factory=list, repr=False)  # the store made for it, closed by close()
 
     @property
     def label(self) -> str:
-        """The results' ``variant``: the policy's name, then its store's label (the one place a
-        label is composed)."""
-        return self.policy.name if self.store is None else f"{self.policy.name}_{self.store.label}"
+        """The results' ``variant``: the policy's name and its setting's values, then its store's
+        label (the one place a label is composed): ``torch_budget_0.5``, ``offload_all_host``."""
+        name = self.policy.name + "".join(f"_{_text(value)}" for _, value in self.setting)
+        return name if self.store is None else f"{name}_{self.store.label}"
 
     @property
     def role(self) -> str:
@@ -83,6 +92,8 @@ class Variant:
         """The configuration columns of its rows: policy, store and setting, the offloader's knobs
         where it offloads, the plan's counts where it is planned."""
         columns = {"policy": self.policy.name, "store_emulated": False}
+        if self.policy.compiled:
+            columns |= {"compiled": True} | self.policy.columns(**dict(self.setting))
         if self.store is not None:
             columns |= self.store.columns() | {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"]}
         if self.plan is not None:
@@ -102,7 +113,9 @@ class Variant:
             self.made.append(store)
         offload = {k: params[k] for k in ("keep_last", "min_bytes", "prefetch")}
         try:
-            return self.policy.build(model, layers=layers, store=store, plan=self.plan, **offload, **knobs)
+            return self.policy.build(
+                model, layers=layers, store=store, plan=self.plan, **offload, **dict(self.setting), **knobs
+            )
         except BaseException:
             self.close()
             raise
@@ -174,10 +187,22 @@ def planned_setups(params: Mapping, setups: list[StoreSetup], notes: dict) -> li
 def policies(params: Mapping, device: str, notes: dict, *, plans: bool = True) -> list[PolicyEntry]:
     """``keep``, then the policies of ``compare`` that run here, by role (baselines, peers, the
     technique) and then in the registry's order; the others' reasons go to ``notes["skipped"]``.
-    ``plans``: whether the part makes plans (without them a planned policy is refused). An unknown
-    name is refused in one line."""
+    ``plans``: whether the part makes plans (without them a planned policy is refused). The
+    policies on compiled blocks run where ``compiled`` is true, with their reference,
+    ``compiled_keep`` (see the module). An unknown name is refused in one line."""
     wanted = _names(params, "compare", POLICIES.names())
     entries = [POLICIES[name] for name in wanted]  # unknown names refused here, before anything runs
+    compiled = [e.name for e in entries if e.compiled]
+    if compiled and not params.get("compiled", False):
+        if "compare" in params:
+            raise UserError(
+                f"compare lists {', '.join(compiled)}, policies on compiled blocks: set compiled: true "
+                "(in parts policies, models and shapes)"
+            )
+        notes["skipped"]["compiled"] = f"{', '.join(compiled)}: compiled is false at this scale"
+        entries = [e for e in entries if not e.compiled]
+    elif compiled and COMPILED_REFERENCE not in wanted:
+        entries.append(POLICIES[COMPILED_REFERENCE])
     if not plans:
         planned = [e.name for e in entries if e.planner is not None]
         if planned and "compare" in params:
@@ -187,7 +212,11 @@ def policies(params: Mapping, device: str, notes: dict, *, plans: bool = True) -
             )
         entries = [e for e in entries if e.planner is None]
     chosen = [POLICIES[REFERENCE]]
-    for entry in sorted(entries, key=lambda e: (ENTRY_ROLES.index(e.role), POLICIES.names().index(e.name))):
+
+    def order(entry):  # compiled keep before the policies checked against it
+        return (entry.name != COMPILED_REFERENCE, ENTRY_ROLES.index(entry.role), POLICIES.names().index(entry.name))
+
+    for entry in sorted(entries, key=order):
         if entry.name == REFERENCE:
             continue
         reason = entry.missing(device)
@@ -198,11 +227,20 @@ def policies(params: Mapping, device: str, notes: dict, *, plans: bool = True) -
     return chosen
 
 
-def variants(policies: list[PolicyEntry], setups: list[StoreSetup]) -> list[Variant]:
-    """Each policy that offloads nothing once, each offloading (unplanned) one with every store."""
+def variants(policies: list[PolicyEntry], setups: list[StoreSetup], params: Mapping | None = None) -> list[Variant]:
+    """Each policy that offloads nothing once per setting it reads from ``params`` (torch_budget
+    once per budget), each offloading (unplanned) one with every store."""
     out = []
     for entry in policies:
         if entry.planner is not None:
             continue  # made with their plans
-        out += [Variant(entry, setup) for setup in setups] if entry.uses_store else [Variant(entry)]
+        settings = entry.settings(params or {})
+        if not settings and entry.name in (params or {}).get("compare", ()):
+            raise UserError(
+                f"compare lists {entry.name}, but the parameters give it no setting (torch_budget: list budgets)"
+            )
+        for setting in settings:
+            setting = tuple(setting.items())
+            stores = setups if entry.uses_store else [None]
+            out += [Variant(entry, setup, setting=setting) for setup in stores]
     return out

@@ -9,7 +9,11 @@ last offloaded to the store), ``planned`` (``offload_adaptive``, SSDTrain's adap
 ``planner``: keep, offload or recompute per block within a memory budget, both from a plan made
 from a profile of the model and the store's bandwidth), and the peers, each in its own module and
 run where its library imports: ``torchtune_offload`` (torchtune's ``OffloadActivations``) and
-``deepspeed_offload`` (DeepSpeed's activation checkpointing with its inputs on the host).
+``deepspeed_offload`` (DeepSpeed's activation checkpointing with its inputs on the host). On
+blocks compiled by ``torch.compile`` (``compiled``): ``compiled_keep`` (the reference of the
+compiled policies), ``torch_budget`` (torch's own rematerialization under an activation memory
+budget, one variant per budget) and ``offload_all_compiled`` (SSDTrain's offloading of what the
+compiled blocks save).
 
 A new policy is one new module here (or a module of your own named in ``SUITE_PLUGINS``): a
 :class:`Policy` subclass, usually of :class:`OffloaderPolicy` (override ``decide`` and
@@ -24,7 +28,7 @@ registry policy wraps one step and records its counts::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from torch import nn
@@ -67,11 +71,23 @@ class PolicyEntry(Entry):
     keep_last, budget_bytes, fixed_bytes) -> Plan`` (systems/ssdtrain/planning.py); such a policy
     is built with the plan. ``make`` may raise :class:`Unavailable` with the reason it cannot run
     here beyond ``needs_gpu`` and ``packages`` (see :meth:`missing`).
+
+    ``compiled``: its blocks run compiled by ``torch.compile``; its reference is compiled keep
+    (``compiled_keep``), not eager keep, since compiled code rounds differently. ``exact``: its
+    step is bit-identical to its reference (false where it computes differently, as torch's
+    rematerialization does: then it is checked within a tolerance). ``settings(params)``: one dict
+    of :class:`Setting` fields per variant the part's parameters ask for (default one variant, no
+    field), e.g. ``{"activation_budget": 0.5}``; ``columns(**setting)``: the results columns that
+    say which (``{"activation_budget": 0.5}``).
     """
 
     make: Callable[[Setting], Policy] | None = None
     uses_store: bool = False
     planner: Callable[..., Plan] | None = None
+    compiled: bool = False
+    exact: bool = True
+    settings: Callable[[Mapping], list[dict]] = lambda params: [{}]
+    columns: Callable[..., dict] = lambda **setting: {}
 
     def __post_init__(self):
         super().__post_init__()
@@ -91,7 +107,8 @@ class PolicyEntry(Entry):
     ) -> Policy:
         """This policy applied to ``model`` (its blocks found by ``find_layers`` unless given), with
         ``store`` if it offloads and ``plan`` if it is planned; ``knobs``: the Setting's
-        ``keep_last``, ``min_bytes``, ``prefetch`` and ``always_read_back``."""
+        ``keep_last``, ``min_bytes``, ``prefetch``, ``always_read_back`` and the fields of one of
+        its ``settings`` (``activation_budget``)."""
         if self.uses_store and store is None:
             raise UserError(f"policy {self.name} offloads: give it a store (systems.ssdtrain.stores)")
         if not self.uses_store and store is not None:
@@ -99,7 +116,7 @@ class PolicyEntry(Entry):
         if self.planner is not None and plan is None:
             raise UserError(f"policy {self.name} follows a plan: give it one (systems.ssdtrain.planning)")
         layers = list(layers) if layers is not None else find_layers(model)
-        return self.make(Setting(model, layers, store=store, plan=plan, **knobs))
+        return self.make(Setting(model, layers, store=store, plan=plan, compiled=self.compiled, **knobs))
 
 
 POLICIES: Registry[PolicyEntry] = Registry("offloading policy", __name__)

@@ -1,7 +1,8 @@
 """What a policy is: an object that runs a training step's forward and backward its way
 (:meth:`Policy.step`, a context manager) and counts what the step saved and moved; and the
 mechanisms the suite's policies are built from (an Offloader with a per-block rule and
-recomputed blocks; saved-tensor hooks of one's own, counted)."""
+recomputed blocks; saved-tensor hooks of one's own, counted; blocks compiled by torch.compile,
+_compiled.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import nn
 from harness.errors import UserError
 from systems.ssdtrain.engine import KEEP, Offloader
 from systems.ssdtrain.planning import Plan
+from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget
 from systems.ssdtrain.recompute import TORCH_CHECKPOINT, checkpointed
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.stores.host import HostStore
@@ -34,7 +36,9 @@ def first_line(err: Exception) -> str:
 class Setting:
     """What a policy is applied to: a model and its blocks (the unit that is kept, offloaded or
     recomputed), the store the offloading policies send activations to, the plan of a planned
-    policy, and the offloader's knobs (``systems.ssdtrain.Offloader``)."""
+    policy, the offloader's knobs (``systems.ssdtrain.Offloader``), and whether the blocks run
+    compiled by ``torch.compile`` (``compiled``), with the partitioner's ``activation_budget`` (a
+    fraction in (0, 1]; None: torch's default partitioner)."""
 
     model: nn.Module
     layers: list[nn.Module]
@@ -44,6 +48,13 @@ class Setting:
     min_bytes: int = 1 << 20
     prefetch: int = 1
     always_read_back: bool = False
+    compiled: bool = False
+    activation_budget: float | None = None
+
+    def __post_init__(self):
+        self.activation_budget = check_budget(self.activation_budget)
+        if self.activation_budget is not None and not self.compiled:
+            raise UserError("an activation_budget applies to compiled blocks: this policy runs its blocks eagerly")
 
     @property
     def device(self) -> torch.device:
@@ -65,17 +76,20 @@ class Policy:
     ``bytes_packed``, ``bytes_unique``; the offloading ones also ``bytes_written``, ``bytes_read``,
     ``write_seconds``, ``read_seconds``; a peer only what it can see). Subclasses implement
     :meth:`around`. ``about``: lines for the provenance (a library's version). ``close()`` frees
-    what the policy made itself; the store it was given stays its owner's to close."""
+    what the policy made itself; the store it was given stays its owner's to close. Where the
+    setting is ``compiled``, every step runs the blocks' compiled forwards (compiled at the first
+    step) and :meth:`around` sees them as it sees eager blocks."""
 
     def __init__(self, setting: Setting):
         self.setting = setting
         self.history: list[dict[str, float]] = []
         self.about: dict[str, str] = {}
+        self.compiled = CompiledBlocks(setting.layers, setting.activation_budget) if setting.compiled else None
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         counts: dict[str, float] = {}
-        with self.around(counts):
+        with self.compiled.installed() if self.compiled else contextlib.nullcontext(), self.around(counts):
             yield
         self.history.append(counts)
 

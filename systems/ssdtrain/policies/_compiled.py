@@ -1,0 +1,96 @@
+"""Blocks compiled by ``torch.compile`` (inductor) for the policies that run on compiled blocks.
+
+A compiled block is the block's ``forward`` replaced, for the duration of a step, by
+``torch.compile(forward)``; ``nn.Module.__call__`` still runs the block's hooks outside the
+compiled code, so the offloader knows which block is running, and the saved-tensor hooks around
+the call see what AOTAutograd's compiled function saves for backward (its forward's outputs that
+its backward reads), one tensor at a time as eager autograd would hand them.
+
+``activation_budget``: torch's ``torch._functorch.config.activation_memory_budget``, the fraction
+of the activations the partitioner may keep (it recomputes the rest in backward, choosing the
+cheapest ops to recompute), read when the block is compiled. ``None``: torch's default partitioner.
+
+One backend per budget, shared by every policy that asks for it: Dynamo keeps its compiled code
+on the block class's ``forward`` and reuses it only for the same backend, so policies on the same
+budget (compiled keep and offloading on compiled blocks) compile once per model, and each budget
+adds one cache entry. The steps run with a recompile limit high enough for every budget of a
+comparison, and with a limit that raises instead of falling back to eager code: a block that
+silently ran eager would be timed as compiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from harness.errors import UserError
+
+RECOMPILE_LIMIT = 64  # cache entries per code object: budgets x models x graph breaks, with room
+
+_BACKENDS: dict[float | None, Callable] = {}
+
+
+def check_budget(budget) -> float | None:
+    """``budget`` as a float in (0, 1], or None; anything else is refused in one line."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not math.isfinite(budget):
+        raise UserError(f"activation_budget must be a number in (0, 1], got {budget!r}")
+    if not 0 < budget <= 1:
+        raise UserError(f"activation_budget must be in (0, 1] (a fraction of the activations kept), got {budget!r}")
+    return float(budget)
+
+
+def inductor_backend(budget: float | None) -> Callable:
+    """The backend that compiles with inductor, its partitioner under ``budget`` (or torch's
+    default): one function per budget, so that Dynamo's cache serves every policy that shares it."""
+    budget = check_budget(budget)
+    if budget not in _BACKENDS:
+
+        def backend(graph, example_inputs):
+            from torch._inductor.compile_fx import compile_fx
+
+            # AOTAutograd partitions forward from backward inside this call, reading the budget.
+            patch = torch._functorch.config.patch(activation_memory_budget=budget)
+            with patch if budget is not None else contextlib.nullcontext():
+                return compile_fx(graph, example_inputs)
+
+        backend.__name__ = backend.__qualname__ = "inductor" if budget is None else f"inductor_budget_{budget:g}"
+        _BACKENDS[budget] = backend
+    return _BACKENDS[budget]
+
+
+class CompiledBlocks:
+    """The blocks ``layers``, each with a compiled forward made once (compiled at its first call)
+    and put in place by :meth:`installed` for one step."""
+
+    def __init__(self, layers: list[nn.Module], budget: float | None = None):
+        self.budget = check_budget(budget)
+        backend = inductor_backend(self.budget)
+        self.layers = list(layers)
+        self.forwards = [torch.compile(layer.forward, backend=backend) for layer in self.layers]
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Within the block, every block runs its compiled forward; what was there before (an
+        instance ``forward`` of another wrapper, or the class's) is back when it ends."""
+        before = [vars(layer).get("forward") for layer in self.layers]
+        for layer, forward in zip(self.layers, self.forwards, strict=True):
+            layer.forward = forward  # an instance attribute shadows the class's forward
+        limits = torch._dynamo.config.patch(
+            recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit),
+            fail_on_recompile_limit_hit=True,
+        )
+        try:
+            with limits:
+                yield
+        finally:
+            for layer, forward in zip(self.layers, before, strict=True):
+                if forward is None:
+                    vars(layer).pop("forward", None)
+                else:
+                    layer.forward = forward
