@@ -1,0 +1,245 @@
+"""The policies on blocks compiled by torch.compile: compiled keep and torch's activation memory
+budget give keep's loss and gradients within the tolerance and hold no more than compiled keep,
+the saved-tensor hooks see what a compiled block saves (so offload_all on compiled blocks offloads
+it, bit-identical to compiled keep), the budget is checked, and the variants' labels and columns
+carry it. The compiling tests are ``full``: an inductor compile takes 5-50 s on 2 CPU cores."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from harness.errors import UserError
+from harness.topic import REPO_ROOT
+from systems.ssdtrain import POLICIES, STORES, HostStore
+from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget, inductor_backend
+from workloads.llm_offload import parts
+from workloads.llm_offload import variants as choose
+from workloads.llm_offload.checking import NotBitIdentical, check_close, check_identical, one_step
+
+
+def tiny_qwen3(seed=0):
+    """A 2-layer Qwen3 of hidden 32 from transformers' config class, random weights."""
+    config = transformers.Qwen3Config(
+        vocab_size=96, hidden_size=32, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return transformers.Qwen3ForCausalLM(config)
+
+
+def batch_of(seed=1, rows=3, tokens=23):
+    ids = torch.randint(0, 96, (rows, tokens), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids}
+
+
+class Rows(list):
+    def add(self, **row):
+        self.append(row)
+
+    def add_measurement(self, measurement, **row):
+        self.append(row)
+
+
+@pytest.fixture
+def scratch():
+    (REPO_ROOT / ".scratch").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="test-ssdtrain-compiled-", dir=REPO_ROOT / ".scratch"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- no compile: fast ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [0, -0.5, 1.5, float("nan"), "0.5", True])
+def test_a_budget_outside_zero_to_one_is_refused_in_one_line(budget):
+    model = tiny_qwen3()
+    with pytest.raises(UserError) as err:
+        POLICIES["torch_budget"].build(model, activation_budget=budget)
+    assert "activation_budget" in str(err.value) and "\n" not in str(err.value)
+    assert check_budget(1) == 1.0 and check_budget(None) is None
+
+
+def test_a_budget_on_eager_blocks_is_refused():
+    with pytest.raises(UserError, match="applies to compiled blocks"):
+        POLICIES["keep"].build(tiny_qwen3(), activation_budget=0.5)
+
+
+def test_compiled_blocks_are_made_once_and_put_back():
+    """One backend per budget (Dynamo reuses compiled code only for the same backend); the blocks'
+    own forwards (and another wrapper's) are back after a step, nothing compiled by building."""
+    assert inductor_backend(0.5) is inductor_backend(0.5) is not inductor_backend(None)
+    model = tiny_qwen3()
+    layers = list(model.model.layers)
+    other = layers[1].forward
+    layers[1].forward = other  # an instance forward of someone else's
+    blocks = CompiledBlocks(layers, 0.3)
+    with blocks.installed():
+        assert [vars(layer)["forward"] for layer in layers] == blocks.forwards
+    assert "forward" not in vars(layers[0]) and vars(layers[1])["forward"] is other
+
+
+def test_variant_labels_and_columns_carry_the_budget():
+    variant = choose.Variant(POLICIES["torch_budget"], setting=(("activation_budget", 0.5),))
+    assert variant.label == "torch_budget_0.5" and variant.role == "peer"
+    assert variant.columns({}) == {
+        "policy": "torch_budget",
+        "store_emulated": False,
+        "compiled": True,
+        "activation_budget": 0.5,
+    }
+    offload = choose.Variant(POLICIES["offload_all_compiled"], choose.StoreSetup(STORES["host"]))
+    assert (
+        offload.label == "offload_all_compiled_host" and offload.columns({"keep_last": 1, "min_bytes": 0})["compiled"]
+    )
+    params = {"budgets": [0.2, 1.0]}
+    labels = [v.label for v in choose.variants([POLICIES["keep"], POLICIES["torch_budget"]], [], params)]
+    assert labels == ["keep", "torch_budget_0.2", "torch_budget_1"]
+
+
+def test_compiled_policies_run_only_where_compiled_is_set_and_with_their_reference():
+    notes = {"skipped": {}}
+    chosen = [e.name for e in choose.policies({}, "cpu", notes)]
+    assert not {"compiled_keep", "torch_budget", "offload_all_compiled"} & set(chosen)
+    assert "compiled is false" in notes["skipped"]["compiled"]
+    with pytest.raises(UserError, match="set compiled: true"):
+        choose.policies({"compare": ["torch_budget"]}, "cpu", {"skipped": {}})
+    chosen = choose.policies({"compiled": True, "compare": ["offload_all", "offload_all_compiled"]}, "cpu", notes)
+    assert [e.name for e in chosen] == ["keep", "compiled_keep", "offload_all", "offload_all_compiled"]
+    with pytest.raises(UserError, match="torch_budget: list budgets"):
+        choose.variants(chosen + [POLICIES["torch_budget"]], [], {"compiled": True, "compare": ["torch_budget"]})
+
+
+def test_check_close_passes_rounding_and_catches_a_change():
+    torch.manual_seed(3)
+    grads = {"w": torch.randn(7, 5), "b": torch.randn(5)[1:]}  # a view with an offset
+    reference = (torch.tensor(2.5), grads)
+    rounded = (torch.tensor(2.5), {n: g * (1 + 1e-6 * torch.randn_like(g)) for n, g in grads.items()})
+    assert 0 < check_close("rounded", reference, rounded, torch.float32) < 1e-4
+    with pytest.raises(NotBitIdentical):
+        check_identical("rounded", reference, rounded)
+    changed = (torch.tensor(2.5), grads | {"b": grads["b"] * 1.01})
+    with pytest.raises(NotBitIdentical, match="b differs from keep's by 0.01"):
+        check_close("changed", reference, changed, torch.float32)
+    assert check_close("changed", reference, changed, torch.bfloat16) == pytest.approx(0.01, rel=1e-5)
+    with pytest.raises(NotBitIdentical, match="loss differs"):
+        check_close("nan", reference, (torch.tensor(float("nan")), grads), torch.bfloat16)
+    with pytest.raises(NotBitIdentical, match="missing or extra"):
+        check_close("fewer", reference, (torch.tensor(2.5), {"w": grads["w"]}), torch.float32)
+
+
+# -- compiling: full ----------------------------------------------------------------------------
+
+
+def saved_by_hooks(model, batch):
+    """The tensors and bytes the saved-tensor hooks see in one forward (then backward)."""
+    seen = []
+
+    def pack(tensor):
+        seen.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(**batch).loss
+    loss.backward()
+    return len(seen), sum(seen)
+
+
+@pytest.mark.full
+def test_the_hooks_see_what_a_compiled_block_saves():
+    """A compiled block's saved tensors pass through saved-tensor hooks entered around its call:
+    the hooks see tensors from the compiled blocks, fewer than the eager blocks save (inductor
+    saves fused intermediates), and fewer still under a budget (it recomputes some)."""
+    model, batch = tiny_qwen3(), batch_of()
+    eager = saved_by_hooks(model, batch)
+    outside = saved_by_hooks_outside_layers(model, batch)
+    counts = {}
+    for budget in (None, 0.2):
+        blocks = CompiledBlocks(list(model.model.layers), budget)
+        with blocks.installed():
+            counts[budget] = saved_by_hooks(model, batch)
+    assert outside[1] < counts[0.2][1] < counts[None][1] < eager[1]
+    assert counts[None][0] < eager[0]
+
+
+def saved_by_hooks_outside_layers(model, batch):
+    """What the hooks see with the blocks' own saves hidden: the part outside the blocks."""
+    layers = list(model.model.layers)
+
+    def no_saves(forward):
+        def run(*args, **kwargs):
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                return forward(*args, **kwargs)
+
+        return run
+
+    for layer in layers:
+        layer.forward = no_saves(layer.forward)
+    try:
+        return saved_by_hooks(model, batch)
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+@pytest.mark.full
+def test_budget_and_offloading_on_compiled_blocks_match_keep():
+    """Budget 0.5 gives eager keep's loss and gradients within the tolerance and holds no more than
+    compiled keep; offload_all on compiled blocks is bit-identical to compiled keep and holds less,
+    what it wrote having come back from the store."""
+    model, batch = tiny_qwen3(), batch_of()
+    keep = one_step(model, batch)
+    built = {}
+    results = {}
+    with HostStore() as store:
+        for name, knobs in [
+            ("compiled_keep", {}),
+            ("torch_budget", {"activation_budget": 0.5}),
+            ("offload_all_compiled", {"store": store}),
+        ]:
+            built[name] = POLICIES[name].build(model, min_bytes=0, **knobs)
+            with built[name].reading_back():
+                results[name] = one_step(model, batch, built[name])
+        held = {name: policy.history[-1]["activation_bytes"] for name, policy in built.items()}
+        written = built["offload_all_compiled"].history[-1]
+        for policy in built.values():
+            policy.close()
+    assert check_close("compiled_keep", keep, results["compiled_keep"], torch.float32) < 1e-4
+    assert check_close("torch_budget", keep, results["torch_budget"], torch.float32) < 1e-4
+    check_close("torch_budget", results["compiled_keep"], results["torch_budget"], torch.float32, "compiled keep")
+    check_identical("offload_all_compiled", results["compiled_keep"], results["offload_all_compiled"], "compiled keep")
+    assert held["torch_budget"] <= held["compiled_keep"] and held["offload_all_compiled"] < held["compiled_keep"]
+    assert written["bytes_written"] > 0 and written["bytes_read"] == written["bytes_written"]
+
+
+@pytest.mark.full
+def test_the_part_runs_compiled_policies_against_compiled_keep(scratch):
+    params = {
+        "seed": 0,
+        "models": [{"family": "llama", "preset": "tiny"}],
+        "stores": ["host"],
+        "emulated_gbps": [],
+        "keep_last": 1,
+        "min_bytes": 0,
+        "prefetch": 1,
+        "file_threads": 1,
+        "file_block_mib": 1,
+        "compiled": True,
+        "budgets": [0.5],
+        "compare": ["torch_budget", "offload_all_compiled"],
+    }
+    rows = Rows()
+    notes = parts.policies(params, rows, repeat=1, warmup=1, device="cpu", scratch_dir=scratch)
+    timed = {row["variant"]: row["config"] for row in rows if "metric" not in row}
+    assert list(timed) == ["keep", "compiled_keep", "torch_budget_0.5", "offload_all_compiled_host"]
+    assert timed["torch_budget_0.5"]["activation_budget"] == 0.5 and timed["compiled_keep"]["compiled"]
+    assert "compiled" not in timed["keep"]
+    model_notes = notes["models"]["llama-tiny"]
+    assert model_notes["deviation_from_keep"]["compiled_keep"] < 1e-4
+    assert model_notes["deviation_from_compiled_keep"]["torch_budget_0.5"] < 1e-4
+    held = {r["variant"]: r["value"] for r in rows if r.get("metric") == "activation_bytes"}
+    assert held["torch_budget_0.5"] <= held["compiled_keep"] < held["keep"]
