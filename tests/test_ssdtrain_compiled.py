@@ -114,6 +114,26 @@ def test_compiled_policies_run_only_where_compiled_is_set_and_with_their_referen
         choose.variants(chosen + [POLICIES["torch_budget"]], [], {"compiled": True, "compare": ["torch_budget"]})
 
 
+def test_offloading_on_compiled_blocks_runs_with_the_compiled_stores():
+    host, emulated = STORES["host"], STORES["emulated"]
+    setups = [choose.StoreSetup(host), *(choose.StoreSetup(emulated, (("gbps", g),)) for g in (2.0, 28.0))]
+    params = {"compiled": True, "compiled_stores": ["emulated_28gbps"]}
+    notes = {"skipped": {}}
+    chosen = choose.policies(params | {"compare": ["offload_all", "offload_all_compiled"]}, "cpu", notes)
+    compiled = choose.planned_setups(params, setups, notes, key="compiled_stores")
+    labels = [v.label for v in choose.variants(chosen, setups, params, compiled)]
+    assert labels == [
+        "keep",
+        "compiled_keep",
+        "offload_all_host",
+        "offload_all_emulated_2gbps",
+        "offload_all_emulated_28gbps",
+        "offload_all_compiled_emulated_28gbps",
+    ]
+    with pytest.raises(UserError, match="compiled_stores names 'file'"):
+        choose.planned_setups({"compiled_stores": ["file"]}, setups, notes, key="compiled_stores")
+
+
 def test_check_close_passes_rounding_and_catches_a_change():
     torch.manual_seed(3)
     grads = {"w": torch.randn(7, 5), "b": torch.randn(5)[1:]}  # a view with an offset

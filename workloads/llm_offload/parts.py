@@ -126,7 +126,8 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     }
     chosen = choose.policies(params, device, notes)
     setups = choose.store_setups(params, device, notes, scratch_dir)
-    runs = choose.variants(chosen, setups, params)
+    compiled_setups = choose.planned_setups(params, setups, notes, key="compiled_stores")
+    runs = choose.variants(chosen, setups, params, compiled_setups)
     planned = [p for p in chosen if p.planner is not None]
     if planned:
         where = choose.planned_setups(params, setups, notes)

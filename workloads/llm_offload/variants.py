@@ -21,6 +21,8 @@ The parameters (config/llm_offload.yaml) that choose:
   per model and budget; default false, and then they are left out with a note). Where any runs,
   ``compiled_keep``, their reference, runs too, right after ``keep``.
 - ``budgets``: the activation memory budgets of ``torch_budget``, one variant each.
+- ``compiled_stores``: the stores offloading on compiled blocks runs with, by label, or ``all``
+  (every store of ``stores``, the default).
 """
 
 from __future__ import annotations
@@ -165,21 +167,24 @@ def store_setups(params: Mapping, device: str, notes: dict, folder: Path | None)
     return setups
 
 
-def planned_setups(params: Mapping, setups: list[StoreSetup], notes: dict) -> list[StoreSetup]:
-    """The stores of ``planned_stores`` (labels, or ``all``: every store of ``setups``); one that
-    was skipped here is left out with a note, an unknown label refused in one line."""
+def planned_setups(
+    params: Mapping, setups: list[StoreSetup], notes: dict, key: str = "planned_stores"
+) -> list[StoreSetup]:
+    """The stores of ``planned_stores`` (or of another list, ``key``: ``compiled_stores``), by label,
+    or ``all``: every store of ``setups``; one that was skipped here is left out with a note, an
+    unknown label refused in one line."""
     by_label = {setup.label: setup for setup in setups}
-    wanted = _names(params, "planned_stores", tuple(by_label))
+    wanted = _names(params, key, tuple(by_label))
     chosen = []
     for label in wanted:
         if label in by_label:
             chosen.append(by_label[label])
         elif label in STORES and label in notes["skipped"]:
-            notes.setdefault("planned_skipped", {})[label] = "this store does not run here (see skipped)"
+            skipped = notes.setdefault(key.replace("_stores", "_skipped"), {})
+            skipped[label] = "this store does not run here (see skipped)"
         else:
             raise UserError(
-                f"planned_stores names {label!r}, which is not one of this part's stores: "
-                f"{', '.join(by_label) or 'none'}"
+                f"{key} names {label!r}, which is not one of this part's stores: {', '.join(by_label) or 'none'}"
             )
     return chosen
 
@@ -227,9 +232,15 @@ def policies(params: Mapping, device: str, notes: dict, *, plans: bool = True) -
     return chosen
 
 
-def variants(policies: list[PolicyEntry], setups: list[StoreSetup], params: Mapping | None = None) -> list[Variant]:
+def variants(
+    policies: list[PolicyEntry],
+    setups: list[StoreSetup],
+    params: Mapping | None = None,
+    compiled_setups: list[StoreSetup] | None = None,
+) -> list[Variant]:
     """Each policy that offloads nothing once per setting it reads from ``params`` (torch_budget
-    once per budget), each offloading (unplanned) one with every store."""
+    once per budget), each offloading (unplanned) one with every store of ``setups`` (those on
+    compiled blocks with every store of ``compiled_setups``, where given)."""
     out = []
     for entry in policies:
         if entry.planner is not None:
@@ -241,6 +252,8 @@ def variants(policies: list[PolicyEntry], setups: list[StoreSetup], params: Mapp
             )
         for setting in settings:
             setting = tuple(setting.items())
-            stores = setups if entry.uses_store else [None]
+            stores = [None]
+            if entry.uses_store:
+                stores = compiled_setups if entry.compiled and compiled_setups is not None else setups
             out += [Variant(entry, setup, setting=setting) for setup in stores]
     return out
