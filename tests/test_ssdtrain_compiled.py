@@ -263,3 +263,37 @@ def test_the_part_runs_compiled_policies_against_compiled_keep(scratch):
     assert model_notes["deviation_from_compiled_keep"]["torch_budget_0.5"] < 1e-4
     held = {r["variant"]: r["value"] for r in rows if r.get("metric") == "activation_bytes"}
     assert held["torch_budget_0.5"] <= held["compiled_keep"] < held["keep"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_budget_lowers_the_measured_activation_peak_within_bf16_tolerance():
+    """bf16 on a GPU: compiled keep and budget 0.2 within the bf16 tolerance of eager keep (checked
+    with deterministic kernels, as the parts check), the budget's measured activation peak (the
+    allocator's, above what the step starts from) below compiled keep's, offloading to pinned host
+    memory on compiled blocks bit-identical to compiled keep."""
+    from workloads.llm_offload.checking import deterministic
+
+    model = tiny_qwen3().to("cuda", torch.bfloat16)
+    batch = {name: tensor.cuda() for name, tensor in batch_of(rows=8, tokens=257).items()}
+    with deterministic("cuda"):
+        keep = one_step(model, batch)
+    peaks, results = {}, {}
+    with HostStore() as store:
+        for name, knobs in [
+            ("compiled_keep", {}),
+            ("torch_budget", {"activation_budget": 0.2}),
+            ("offload_all_compiled", {"store": store}),
+        ]:
+            policy = POLICIES[name].build(model, min_bytes=0, **knobs)
+            with deterministic("cuda"), policy.reading_back():
+                one_step(model, batch, policy)  # compiles
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                start = torch.cuda.memory_allocated()
+                results[name] = one_step(model, batch, policy)
+                peaks[name] = torch.cuda.max_memory_allocated() - start
+            policy.close()
+    check_close("compiled_keep", keep, results["compiled_keep"], torch.bfloat16)
+    check_close("torch_budget", results["compiled_keep"], results["torch_budget"], torch.bfloat16, "compiled keep")
+    check_identical("offload_all_compiled", results["compiled_keep"], results["offload_all_compiled"], "compiled keep")
+    assert peaks["torch_budget"] < peaks["compiled_keep"]
