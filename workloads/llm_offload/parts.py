@@ -10,7 +10,9 @@ training steps (forward, backward, AdamW) after ``warmup``. Every policy counts 
 save and move (systems/ssdtrain/policies). The planned policies run the per-block decisions of a
 plan made from a profile of the model and each store's measured bandwidth; their predictions are
 recorded beside the measurements. A peer (another library's mechanism) that is wrong or fails is
-reported, not timed; any other variant that is wrong stops the part.
+reported, not timed; any other variant that is wrong stops the part. The policies on compiled
+blocks (where ``compiled`` is set) are checked against compiled keep, which is checked against
+keep within a tolerance (checking.py); the differences found go to the notes.
 """
 
 from __future__ import annotations
