@@ -194,8 +194,9 @@ def one_size_figure() -> None:
     style.legend_below(fig, style.collect_legend(axes), columns=5)
     style.title(
         fig,
-        f"Data-parallel GNN training on machine {machine}, {worlds_all[0]} {device[:-1] if worlds_all[0] == 1 else device} "
-        "of this machine: one world size, no scaling measured here (whiskers: interquartile range)",
+        f"Data-parallel GNN training on machine {machine}, "
+        f"{worlds_all[0]} {device[:-1] if worlds_all[0] == 1 else device}: one world size, "
+        "no scaling measured here (whiskers: interquartile range)",
         MEASURED,
     )
     style.save(fig, figure)

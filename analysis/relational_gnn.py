@@ -752,7 +752,7 @@ if headline_drawn:
     style.legend_below(fig, entries, columns=6)
     style.title(
         fig,
-        f"Hector against the fastest competitor per graph; competitors: {', '.join(map(style.readable, COMPETITORS))}",
+        f"Hector against the fastest competitor per graph; competitors: {'; '.join(map(style.readable, COMPETITORS))}",
         MEASURED,
     )
     style.save(fig, figure)
@@ -842,7 +842,7 @@ KIND_COLORS = {
 }
 models = [m for m in MODELS if not shares.empty and (shares.model == m).any()]
 if models:
-    fig, axes = style.panels(min(len(models), 6), cols=2, width=7.0, height=0.28 * 2 * len(FORMS) + 1.2)
+    fig, axes = style.panels(min(len(models), 6), cols=3, width=5.6, height=0.17 * 2 * len(FORMS) + 1.2)
     for ax, model in zip(axes, models):
         rows = shares[shares.model == model]
         bars = sorted({(mode, form) for mode, form in zip(rows["mode"], rows.variant)})
