@@ -507,9 +507,8 @@ rok_datasets = [
     ).itertuples()
 ] or sorted(set(step.dataset))
 other_datasets = [d for d in sorted(set(step.dataset)) if d not in rok_datasets]
-HEADING = (
-    "Activation offloading: activation memory against step time; lower left wins "
-    "(torch's activation-memory budget not measured)"
+HEADING = "Activation offloading: activation memory against step time; lower left wins" + (
+    "" if "torch_budget" in set(setups.policy) else " (torch's activation-memory budget not measured)"
 )
 for first in range(0, len(rok_datasets), 6):
     rok_figure(rok_datasets[first : first + 6], HEADING, None if first == 0 else f"more_{first // 6}")

@@ -57,6 +57,10 @@ OFFLOAD_POLICIES = {  # systems/ssdtrain POLICIES: colour by policy, the store i
     "planner": ("#ff7f0e", "-"),
     "torchtune_offload": ("#8c564b", "-"),  # a peer: torchtune's OffloadActivations
     "deepspeed_offload": ("#bcbd22", "-"),  # a peer: DeepSpeed's checkpointing, inputs on the host
+    # On torch.compile'd blocks: a compiled policy is a tint of its eager one.
+    "compiled_keep": ("#969696", "--"),
+    "offload_all_compiled": ("#6baed6", "--"),
+    "torch_budget": ("#9467bd", "-"),  # torch.compile's activation_memory_budget, one point per budget
 }
 STORE_MARKERS = {"host": "o", "file": "s", "kvikio": "D", "emulated": "v", None: "o"}
 RELATIONAL_FORMS = {  # systems/rgnn/forms: a compiled form is a lighter tint of its eager form
@@ -123,6 +127,9 @@ READABLE = {
     "planner": "planner",
     "torchtune_offload": "torchtune offload",
     "deepspeed_offload": "DeepSpeed offload",
+    "compiled_keep": "keep all, compiled",
+    "offload_all_compiled": "offload all, compiled",
+    "torch_budget": "torch activation budget",
     "host": "host memory",
     "file": "file (O_DIRECT)",
     "kvikio": "file (KvikIO)",
