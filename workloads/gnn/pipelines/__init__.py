@@ -38,6 +38,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -222,7 +223,8 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 class _TrainingBatches(torch.utils.data.Dataset):
     """Batch ``index`` of ``epoch`` (the key), sampled wherever this runs: in the training process
     or in a DataLoader worker, which computes the epoch's seeds itself (once per epoch). With
-    ``rows_from`` (the feature table and the labels) it also gathers the batch's rows and labels."""
+    ``rows_from`` (the feature table and the labels) it also gathers the batch's rows and labels,
+    in a loader worker on ``gather_threads`` threads."""
 
     def __init__(
         self,
@@ -232,9 +234,11 @@ class _TrainingBatches(torch.utils.data.Dataset):
         seed: int,
         shard: tuple[int, int],
         rows_from: tuple[torch.Tensor, torch.Tensor] | None = None,
+        gather_threads: int = 1,
     ):
         self.sampler, self.train_idx, self.batch_size, self.seed = sampler, train_idx, batch_size, seed
-        self.shard, self.rows_from = shard, rows_from
+        self.shard, self.rows_from, self.gather_threads = shard, rows_from, gather_threads
+        self._pool = None
         self._epoch, self._seeds = None, []
 
     def __getitem__(self, key: tuple[int, int]):
@@ -250,16 +254,27 @@ class _TrainingBatches(torch.utils.data.Dataset):
             return sub
         features, labels = self.rows_from
         x = _shared_empty((sub.n_id.numel(), features.shape[1]), features.dtype)
-        torch.index_select(features, 0, sub.n_id, out=x)
+        if self.gather_threads > 1 and torch.utils.data.get_worker_info() is not None:
+            self._gather_in_threads(features, sub.n_id, x)
+        else:  # in the training process torch's own threads gather
+            torch.index_select(features, 0, sub.n_id, out=x)
         return GatheredBatch(sub, x, labels[sub.n_id[: sub.batch_size]])
+
+    def _gather_in_threads(self, features: torch.Tensor, ids: torch.Tensor, x: torch.Tensor) -> None:
+        """Gather on ``gather_threads`` threads of this worker, each an equal block of rows.
+
+        Not torch's intra-op threads: OpenMP's thread pool, started in the training process
+        before the fork, deadlocks a forked worker that asks it for more than one thread."""
+        if self._pool is None:  # made in the worker itself: threads do not survive a fork
+            self._pool = ThreadPoolExecutor(self.gather_threads, thread_name_prefix="gather")
+        pairs = zip(ids.tensor_split(self.gather_threads), x.tensor_split(self.gather_threads))
+        done = self._pool.map(lambda pair: torch.index_select(features, 0, pair[0], out=pair[1]), pairs)
+        for _ in done:  # raises a block's error here
+            pass
 
 
 def _as_is(item):
     return item
-
-
-def _set_worker_threads(threads: int, worker_id: int) -> None:
-    torch.set_num_threads(threads)  # DataLoader starts each worker with one thread
 
 
 class _EpochKeys(torch.utils.data.Sampler):
@@ -328,7 +343,9 @@ class Pipeline:
         self.table = None  # the feature table registered for zero-copy reads, where a kind uses one
         self.side_stream = None  # where a prefetch thread prepares batches, where a kind uses one
         rows_from = (graph.features, self.labels) if kind.worker_gathers else None
-        self.training_batches = _TrainingBatches(self.sampler, graph.train_idx, batch_size, seed, shard, rows_from)
+        self.training_batches = _TrainingBatches(
+            self.sampler, graph.train_idx, batch_size, seed, shard, rows_from, worker_threads
+        )
         self.sampler_workers = workers_of(name, sampler_workers)
         self.worker_threads = worker_threads
         self._keys = _EpochKeys()
@@ -350,7 +367,6 @@ class Pipeline:
             prefetch_factor=WORKER_PREFETCH,
             persistent_workers=True,
             pin_memory=self.kind.worker_gathers and self.device.type == "cuda",
-            worker_init_fn=lambda worker_id: _set_worker_threads(self.worker_threads, worker_id),
             timeout=WORKER_TIMEOUT_S,
             multiprocessing_context="fork",
         )

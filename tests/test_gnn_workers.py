@@ -1,0 +1,200 @@
+"""The PyG-style loader pipeline (``cpu_gather_workers``) and CPU budgets: the workers hand over
+``cpu_gather``'s batches, in order, with their rows; a failure in a worker or in training stops
+every worker; a budget confines the workers; the split of a budget is picked from candidates
+that leave training a core. On a GPU, the copy one batch ahead hands over the same batches."""
+
+from dataclasses import replace
+
+import psutil
+import pytest
+import torch
+
+from harness.errors import UserError
+from workloads.gnn.epoch import train_epoch
+from workloads.gnn.models import build
+from workloads.gnn.pipelines import GatheredBatch, Graph, Pipeline, _TrainingBatches
+from workloads.gnn.worker_split import budget_cores, candidate_splits, cpu_budget, pick_split
+from workloads.graphs import store
+from workloads.graphs.generate import GeneratorParams
+from workloads.graphs.spec import DATASETS
+
+
+@pytest.fixture(scope="module")
+def arrays(tmp_path_factory):
+    # An odd batch size over 60% training nodes: several batches, the last one short.
+    params = GeneratorParams(replace(DATASETS["ogbn-products"].scaled(0.001), train_fraction=0.6), seed=4)
+    return store.get(params, root=tmp_path_factory.mktemp("graphs"))
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie has ended: it only waits to be reaped)."""
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def check_same_batches(graph, workers: int, threads: int, epochs=(0, 3)):
+    baseline = Pipeline("cpu_gather", graph, [5, 4], 97, seed=6)
+    loader = Pipeline("cpu_gather_workers", graph, [5, 4], 97, seed=6, sampler_workers=workers, worker_threads=threads)
+    try:
+        for epoch in epochs:  # the same persistent workers serve the next epoch its own batches
+            items = list(loader._items(epoch, None))
+            assert len(items) == len(baseline.seeds(epoch)) > 2
+            for index, item in enumerate(items):
+                expected = baseline.training_batches[epoch, index]
+                assert isinstance(item, GatheredBatch)
+                assert torch.equal(item.subgraph.n_id, expected.n_id)
+                assert torch.equal(item.subgraph.edge_index, expected.edge_index)
+                # Rows and labels against the table itself, not against another pipeline's gather.
+                assert torch.equal(item.x, graph.features[expected.n_id])
+                assert torch.equal(item.y, graph.labels[expected.n_id[: expected.batch_size]])
+            got, want = list(loader.batches(epoch)), list(baseline.batches(epoch))
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
+                assert a.batch_size == b.batch_size and a.feature_bytes == b.feature_bytes
+    finally:
+        loader.close()
+
+
+def test_loader_workers_hand_over_the_baselines_batches_in_order(arrays):
+    check_same_batches(Graph(arrays, "cpu"), workers=2, threads=1)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("workers, threads", [(0, 1), (1, 2), (3, 1)])
+def test_loader_workers_hand_over_the_baselines_batches_for_every_split(arrays, workers, threads):
+    check_same_batches(Graph(arrays, "cpu"), workers, threads, epochs=(1, 2, 5))
+
+
+def test_the_loader_pipeline_trains_like_the_baseline(arrays):
+    graph = Graph(arrays, "cpu")
+    curves = {}
+    for name, workers in (("cpu_gather", 0), ("cpu_gather_workers", 2)):
+        torch.manual_seed(0)
+        # No dropout: a DataLoader draws its workers' seed from torch's generator, so dropout
+        # masks would differ between the two, not the batches.
+        model = build("sage", graph.features.shape[1], 16, int(graph.labels.max()) + 1, 2, [5, 4], dropout=0.0)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        pipeline = Pipeline(name, graph, [5, 4], 97, seed=2, sampler_workers=workers)
+        curves[name], _ = train_epoch(model, optimizer, pipeline, 0)
+        pipeline.close()
+    torch.testing.assert_close(torch.tensor(curves["cpu_gather_workers"]), torch.tensor(curves["cpu_gather"]))
+
+
+def test_a_worker_error_mid_epoch_raises_one_line_and_stops_every_worker(arrays, monkeypatch):
+    sample = _TrainingBatches.__getitem__
+
+    def fails_at_batch_3(self, key):
+        if key[1] == 3:
+            raise ValueError("corrupt row block 17")
+        return sample(self, key)
+
+    # Patched before the workers fork, so they run it.
+    monkeypatch.setattr(_TrainingBatches, "__getitem__", fails_at_batch_3)
+    pipeline = Pipeline("cpu_gather_workers", Graph(arrays, "cpu"), [5], 97, seed=1, sampler_workers=2)
+    batches = pipeline.batches(0)
+    next(batches)
+    pids = pipeline.worker_pids()
+    assert len(pids) == 2 and alive(pids) == pids
+    with pytest.raises(RuntimeError) as raised:
+        list(batches)
+    message = str(raised.value)
+    assert message == "cpu_gather_workers: a loader worker failed: ValueError: corrupt row block 17"
+    assert "\n" not in message
+    assert alive(pids) == []
+    # The next epoch starts new workers and, past the failing batch, delivers.
+    monkeypatch.setattr(_TrainingBatches, "__getitem__", sample)
+    assert len(list(pipeline.batches(1))) == len(pipeline.seeds(1))
+    pipeline.close()
+
+
+def test_an_interrupt_in_training_stops_every_worker(arrays):
+    graph = Graph(arrays, "cpu")
+    model = build("sage", graph.features.shape[1], 16, int(graph.labels.max()) + 1, 1, [5])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    pipeline = Pipeline("cpu_gather_workers", graph, [5], 97, seed=1, sampler_workers=2)
+    steps = []
+
+    def interrupted_at_step_2(module, inputs):
+        steps.append(pipeline.worker_pids())
+        if len(steps) == 2:
+            raise KeyboardInterrupt
+
+    model.register_forward_pre_hook(interrupted_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        train_epoch(model, optimizer, pipeline, 0)
+    assert len(steps[0]) == 2 and alive(steps[0]) == []
+    pipeline.close()
+
+
+def test_a_cpu_budget_confines_the_workers_and_is_given_back(arrays):
+    before = psutil.Process().cpu_affinity()
+    pipeline = Pipeline("cpu_gather_workers", Graph(arrays, "cpu"), [5], 97, seed=1, sampler_workers=1)
+    with cpu_budget(1):
+        batches = pipeline.batches(0)
+        next(batches)
+        (worker,) = pipeline.worker_pids()
+        assert psutil.Process(worker).cpu_affinity() == before[:1]
+        batches.close()
+    assert psutil.Process().cpu_affinity() == before
+    pipeline.close()
+    with pytest.raises(UserError, match="exceeds"):
+        with cpu_budget(len(before) + 1):
+            pass
+    for bad in (0, -2, "half", 1.5, True):
+        with pytest.raises(UserError, match="CPU budget"):
+            budget_cores(bad)
+    assert budget_cores("all") == len(before) and budget_cores(3) == 3
+
+
+def test_candidate_splits_leave_training_a_core():
+    assert candidate_splits(8, [1, 2, 4, 8], [1, 2]) == [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]
+    assert candidate_splits(2, [1, 2], [1, 2]) == [(1, 1)]
+    assert candidate_splits(1, [2], [2]) == [(1, 1)]  # nothing fits: one worker shares the core
+
+
+def test_the_split_is_picked_from_what_each_candidate_measured(arrays):
+    graph = Graph(arrays, "cpu")
+    model = build("sage", graph.features.shape[1], 16, int(graph.labels.max()) + 1, 1, [5])
+    weights = [p.detach().clone() for p in model.parameters()]
+    made = []
+
+    def make(workers, threads):
+        made.append((workers, threads))
+        return Pipeline("cpu_gather_workers", graph, [5], 97, seed=1, sampler_workers=workers, worker_threads=threads)
+
+    split, timings = pick_split(make, model, 2, [(1, 1), (2, 1)], 0.01)
+    assert made == [(1, 1), (2, 1)] and set(timings) == {"1x1", "2x1"}
+    assert timings[f"{split[0]}x{split[1]}"] == min(timings.values()) > 0
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))  # trained copies only
+    assert pick_split(make, model, 2, [(1, 1)], 0.01) == ((1, 1), {})  # one candidate: nothing to time
+    assert len(made) == 2
+
+
+def test_bad_loader_settings_are_refused(arrays):
+    graph = Graph(arrays, "cpu")
+    with pytest.raises(ValueError, match="worker_threads"):
+        Pipeline("cpu_gather_workers", graph, [5], 97, seed=1, sampler_workers=1, worker_threads=0)
+    with pytest.raises(ValueError, match="takes the options"):
+        Pipeline("cpu_gather_workers", graph, [5], 97, seed=1, options={"rows": 4})
+
+
+@pytest.mark.gpu
+def test_the_copy_ahead_hands_over_the_baselines_batches_on_the_gpu(arrays):
+    graph = Graph(arrays, "cuda")
+    baseline = list(Pipeline("cpu_gather", graph, [5, 4], 97, seed=6).batches(2))
+    loader = Pipeline("cpu_gather_workers", graph, [5, 4], 97, seed=6, sampler_workers=2)
+    got = []
+    for batch in loader.batches(2):
+        torch.cuda._sleep(20_000_000)  # training that is slow on this stream: a missing wait shows
+        assert batch.x.device.type == "cuda" and batch.x.is_contiguous()
+        got.append((batch.x.clone(), batch.edge_index.clone(), batch.y.clone()))
+    assert len(got) == len(baseline)
+    for a, (x, edge_index, y) in zip(baseline, got):
+        assert torch.equal(a.x, x) and torch.equal(a.edge_index, edge_index) and torch.equal(a.y, y)
+    loader.close()
