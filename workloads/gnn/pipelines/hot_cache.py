@@ -56,7 +56,8 @@ def _cache_of(pipeline, id_batches: Iterator[torch.Tensor]) -> HotRows:
 
 
 def _start(pipeline) -> None:
-    pipeline.table = pipeline.graph.unified_features()  # the misses are read zero-copy
+    if pipeline.device.type == "cuda":
+        pipeline.table = pipeline.graph.unified_features()  # the misses are read zero-copy
     pipeline.reads = pipeline.misses = 0
 
 
