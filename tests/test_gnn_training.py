@@ -397,3 +397,28 @@ def test_hot_caches_hand_over_the_baselines_rows_and_count_their_hits(skewed):
     assert filled.setup_metrics["cache_fill_time"][0] > 0
     assert rates["hot_cache"] <= rates["hot_cache_oracle"]
     graph.close()
+
+
+def test_the_config_schema_knows_every_pipeline_and_refuses_bad_budgets():
+    import copy
+
+    from harness import config as suite_config
+    from harness.config import SCHEMAS, ConfigError, _check
+
+    schema_path = SCHEMAS / "gnn_training.schema.yaml"
+    schema = suite_config._read_yaml(schema_path, "schema")
+    assert tuple(schema["properties"]["pipeline_datasets"]["propertyNames"]["enum"]) == PIPELINES
+    block = suite_config.load()["topics"]["gnn_training"]["cpu"]
+    _check(block, schema_path, "")
+    for key, bad in [
+        ("cpu_budgets", [0]),
+        ("cpu_budgets", ["half"]),
+        ("cpu_budgets", []),
+        ("loader_workers", {"workers": [0], "threads_per_worker": [1]}),
+        ("hot_cache", {"share": 1.5, "warmup_batches": 4}),
+        ("pipeline_datasets", {"magic": ["papers"]}),
+        ("pipeline_datasets", {"cpu_gather": ["mnist"]}),
+    ]:
+        broken = copy.deepcopy(block) | {key: bad}
+        with pytest.raises(ConfigError, match=key):
+            _check(broken, schema_path, "")

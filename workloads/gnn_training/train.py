@@ -44,6 +44,10 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     )
     pipelines = [p for p in PIPELINES if device == "cuda" or not PIPELINE_KINDS[p].needs_gpu]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
+    for name, parts in shared.get("pipeline_datasets", {}).items():
+        if name in pipelines and part not in parts:  # kept to some datasets, for a scale's time budget
+            pipelines.remove(name)
+            skipped[name] = f"measured on {', '.join(parts)} only at this scale (pipeline_datasets)"
     budgets = sorted({budget_cores(b) for b in shared["cpu_budgets"]})
     cases = [(c, m, p) for c in budgets for m in params.get("models", shared["models"]) for p in pipelines]
     splits: dict[str, dict] = {}
