@@ -159,7 +159,12 @@ def _python_path() -> str:
 
 
 # Single-GPU pipelines that the data-parallel comparison leaves out, and why.
-NOT_DATA_PARALLEL = {"uva_sampling": "single-GPU only here: every rank would pin a private copy of the CSR"}
+NOT_DATA_PARALLEL = {
+    "uva_sampling": "single-GPU only here: every rank would pin a private copy of the CSR",
+    "cpu_gather_workers": "single-GPU only here: its loader workers need a CPU budget per rank",
+    "hot_cache": "single-GPU only here: every rank would fill a cache of its own",
+    "hot_cache_oracle": "single-GPU only here: every rank would fill a cache of its own",
+}
 
 
 def _pipelines(device: str, table_bytes: int) -> tuple[list[str], dict]:
