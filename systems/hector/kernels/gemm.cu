@@ -16,6 +16,8 @@
 //     TRANSPOSE_B multiplies by B[t]^T (the data gradient of a typed product).
 //   segment_outer (OUTER): for each tile of type t, the weight gradient's share
 //                    D[t] += sum over its positions i of A[a_rows[i]]^T G[g_rows[i]]   (atomic)
+//     OUTER_BF16 reads bfloat16 rows of A and G (widened exactly); D stays float32, so that the
+//                gradient is summed in float32 and rounded once, by the host, when it is whole.
 //
 // No headers: the same text compiles with NVRTC at run time and with nvcc in CI.
 
@@ -40,6 +42,11 @@
 #ifndef OUTER_NAME
 #define OUTER_NAME segment_outer
 #endif
+#ifndef OUTER_BF16
+#define OUTER_BF16 0
+#endif
+
+typedef unsigned short bf16;  // a bfloat16's bits (no headers, see above)
 
 #ifndef TILE_M
 #define TILE_M 64  // rows of a tile: 64 or 128 (the host cuts segments into tiles of this many rows)
@@ -169,6 +176,21 @@ __device__ __forceinline__ float4 load_quad(const float* __restrict__ m, long lo
     const float* p = m + row * cols + col;
     if (VEC4) return *reinterpret_cast<const float4*>(p);
     return make_float4(p[0], col + 1 < cols ? p[1] : 0.f, col + 2 < cols ? p[2] : 0.f, col + 3 < cols ? p[3] : 0.f);
+}
+
+// The same of bfloat16s, widened to float32 (exactly); with VEC4 one 8-byte load (K a multiple of
+// 4 and the rows 16-byte aligned: every quad 8-byte aligned).
+__device__ __forceinline__ float widen(bf16 x) { return __uint_as_float((unsigned)x << 16); }
+__device__ __forceinline__ float4 load_quad(const bf16* __restrict__ m, long long row, int col, int cols) {
+    if (row < 0 || col >= cols) return make_float4(0.f, 0.f, 0.f, 0.f);
+    const bf16* p = m + row * cols + col;
+    if (VEC4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                           __uint_as_float(v.y & 0xffff0000u));
+    }
+    return make_float4(widen(p[0]), col + 1 < cols ? widen(p[1]) : 0.f, col + 2 < cols ? widen(p[2]) : 0.f,
+                       col + 3 < cols ? widen(p[3]) : 0.f);
 }
 
 #if !BF16
@@ -339,8 +361,6 @@ GEMM_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, con
 #define C_STRIDE (TILE_N + SKEW)  // the staged results: TILE_M rows of TILE_N
 #define STAGE_SIZE (TILE_M * A_STRIDE + B_ROWS * B_STRIDE)
 #define POOL (STAGES * STAGE_SIZE > TILE_M * C_STRIDE ? STAGES * STAGE_SIZE : TILE_M * C_STRIDE)
-
-typedef unsigned short bf16;  // a bfloat16's bits (no headers, see above)
 
 __device__ __forceinline__ unsigned shared_address(const void* p) {
     unsigned address;
@@ -539,8 +559,13 @@ GEMM_NAME(const bf16* __restrict__ A, const long long* __restrict__ a_rows, cons
 #ifndef OUTER_ROWS
 #define OUTER_ROWS 512
 #endif
+#if OUTER_BF16
+typedef bf16 outer_element;
+#else
+typedef float outer_element;
+#endif
 extern "C" __global__ void __launch_bounds__(THREADS)
-OUTER_NAME(const float* __restrict__ A, const long long* __restrict__ a_rows, const float* __restrict__ G,
+OUTER_NAME(const outer_element* __restrict__ A, const long long* __restrict__ a_rows, const outer_element* __restrict__ G,
            const long long* __restrict__ g_rows, float* __restrict__ D, const int* __restrict__ tile_type,
            const long long* __restrict__ tile_begin, const long long* __restrict__ tile_end, int K, int N) {
     __shared__ __align__(16) float As[2][TILE_K][64 + PAD];  // TILE_K positions x 64 columns of A

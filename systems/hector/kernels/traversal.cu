@@ -1,6 +1,10 @@
-// Hector's traversal template (float32), specialized by the code generator
-// (systems/hector/codegen.py) with #defines put before this text; as it stands, the plain variant
-// that CI compiles for sm_90.
+// Hector's traversal template, specialized by the code generator (systems/hector/codegen.py) with
+// #defines put before this text; as it stands, the plain float32 variant that CI compiles for sm_90.
+// With BF16 every row a kernel reads or writes (`element`) is a bfloat16, widened to float as it
+// is read: the arithmetic, the softmax and every sum are float32, and each result is rounded to
+// bf16 once, to nearest, ties to even, as it is stored. A sum into targets adds into a float32
+// buffer (`out` stays float*): bf16 atomic adds would round once per chunk; the host rounds the
+// finished sums to bf16.
 //
 // Rows are edges, pairs or nodes. An operand is read in one of four ways (OPERAND_A / _B):
 //   0 its own row i; 1 row index[i] (a fused gather: no gathered copy is made);
@@ -54,18 +58,35 @@
 #ifndef FUSED_SCATTER_MAP_NAME
 #define FUSED_SCATTER_MAP_NAME fused_scatter_map
 #endif
+#ifndef BF16
+#define BF16 0
+#endif
 
-__device__ __forceinline__ float operand(int kind, const float* __restrict__ t, const long long* __restrict__ index,
+#if BF16
+typedef unsigned short element;  // a bfloat16's bits (no headers, see above)
+__device__ __forceinline__ float widen(element x) { return __uint_as_float((unsigned)x << 16); }  // exact
+__device__ __forceinline__ element narrow(float x) {
+    unsigned short bits;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+    return bits;
+}
+#else
+typedef float element;
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float narrow(float x) { return x; }
+#endif
+
+__device__ __forceinline__ float operand(int kind, const element* __restrict__ t, const long long* __restrict__ index,
                                          float scalar, long long i, int c, int width, int out_width) {
     const int column = width == 1 ? 0 : (width == out_width ? c : c / (out_width / width));
     if (kind == 2) return scalar;
     const long long row = kind == 1 ? index[i] : (kind == 3 ? 0 : i);
-    return t[row * width + column];
+    return widen(t[row * width + column]);
 }
 
 // ROW_EXPR of both operands at row i, column c of width columns.
-__device__ __forceinline__ float row_value(const float* __restrict__ a, const long long* __restrict__ a_index,
-                                           float a_scalar, int a_width, const float* __restrict__ b,
+__device__ __forceinline__ float row_value(const element* __restrict__ a, const long long* __restrict__ a_index,
+                                           float a_scalar, int a_width, const element* __restrict__ b,
                                            const long long* __restrict__ b_index, float b_scalar, int b_width,
                                            long long i, int c, int width) {
     const float x = operand(OPERAND_A, a, a_index, a_scalar, i, c, a_width, width);
@@ -74,21 +95,22 @@ __device__ __forceinline__ float row_value(const float* __restrict__ a, const lo
 }
 
 // grid-stride over rows x width
-extern "C" __global__ void MAP_NAME(const float* __restrict__ a, const long long* __restrict__ a_index, float a_scalar,
-                                    int a_width, const float* __restrict__ b, const long long* __restrict__ b_index,
-                                    float b_scalar, int b_width, float* __restrict__ out, long long rows, int width) {
+extern "C" __global__ void MAP_NAME(const element* __restrict__ a, const long long* __restrict__ a_index,
+                                    float a_scalar, int a_width, const element* __restrict__ b,
+                                    const long long* __restrict__ b_index, float b_scalar, int b_width,
+                                    element* __restrict__ out, long long rows, int width) {
     const long long total = rows * width;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
-        out[e] = row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, e / width, (int)(e % width),
-                           width);
+        out[e] = narrow(row_value(a, a_index, a_scalar, a_width, b, b_index, b_scalar, b_width, e / width,
+                                  (int)(e % width), width));
     }
 }
 
 // one warp per row and head, grid-stride; width is a multiple of heads
-extern "C" __global__ void DOT_NAME(const float* __restrict__ a, const long long* __restrict__ a_index, float a_scalar,
-                                    const float* __restrict__ b, const long long* __restrict__ b_index, float b_scalar,
-                                    float* __restrict__ out, long long rows, int width, int heads) {
+extern "C" __global__ void DOT_NAME(const element* __restrict__ a, const long long* __restrict__ a_index,
+                                    float a_scalar, const element* __restrict__ b, const long long* __restrict__ b_index,
+                                    float b_scalar, element* __restrict__ out, long long rows, int width, int heads) {
     const int lane = threadIdx.x % 32;
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
     const int block = width / heads;
@@ -101,7 +123,7 @@ extern "C" __global__ void DOT_NAME(const float* __restrict__ a, const long long
                    operand(OPERAND_B, b, b_index, b_scalar, i, c, width, width);
         }
         for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-        if (lane == 0) out[j] = sum;
+        if (lane == 0) out[j] = narrow(sum);
     }
 }
 
@@ -144,8 +166,8 @@ __device__ __forceinline__ void sum_into_targets(Value value, const long long* _
 
 // out[index[i], c] += ROW_EXPR(a, b): a row-wise product summed into its target without the
 // per-row result ever being stored.
-extern "C" __global__ void SCATTER_MAP_NAME(const float* __restrict__ a, const long long* __restrict__ a_index,
-                                            float a_scalar, int a_width, const float* __restrict__ b,
+extern "C" __global__ void SCATTER_MAP_NAME(const element* __restrict__ a, const long long* __restrict__ a_index,
+                                            float a_scalar, int a_width, const element* __restrict__ b,
                                             const long long* __restrict__ b_index, float b_scalar, int b_width,
                                             const long long* __restrict__ order, const int* __restrict__ chunk_target,
                                             const long long* __restrict__ chunk_begin,
@@ -159,13 +181,13 @@ extern "C" __global__ void SCATTER_MAP_NAME(const float* __restrict__ a, const l
 
 #ifdef FUSED_VALUE
 // grid-stride over rows x width: the whole chain per element, no intermediate row stored
-extern "C" __global__ void FUSED_MAP_NAME(FUSED_PARAMS, float* __restrict__ out, long long rows, int width) {
+extern "C" __global__ void FUSED_MAP_NAME(FUSED_PARAMS, element* __restrict__ out, long long rows, int width) {
     const long long total = rows * width;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
         const long long i = e / width;
         const int c = (int)(e % width);
-        out[e] = FUSED_VALUE(i, c);
+        out[e] = narrow(FUSED_VALUE(i, c));
     }
 }
 
@@ -179,16 +201,16 @@ extern "C" __global__ void FUSED_SCATTER_MAP_NAME(FUSED_PARAMS, const long long*
 }
 #endif
 
-extern "C" __global__ void scatter_rows(const float* __restrict__ in, const long long* __restrict__ order,
+extern "C" __global__ void scatter_rows(const element* __restrict__ in, const long long* __restrict__ order,
                                         const int* __restrict__ chunk_target, const long long* __restrict__ chunk_begin,
                                         const long long* __restrict__ chunk_end, float* __restrict__ out,
                                         long long chunks, int width) {
-    sum_into_targets([&](long long i, int c) { return in[i * width + c]; }, order, chunk_target, chunk_begin,
+    sum_into_targets([&](long long i, int c) { return widen(in[i * width + c]); }, order, chunk_target, chunk_begin,
                      chunk_end, out, chunks, width);
 }
 
-extern "C" __global__ void edge_softmax(const float* __restrict__ scores, const long long* __restrict__ by_dst,
-                                        const long long* __restrict__ dst_begin, float* __restrict__ out,
+extern "C" __global__ void edge_softmax(const element* __restrict__ scores, const long long* __restrict__ by_dst,
+                                        const long long* __restrict__ dst_begin, element* __restrict__ out,
                                         long long nodes, int width) {
     const int lane = threadIdx.x % 32;
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
@@ -197,14 +219,14 @@ extern "C" __global__ void edge_softmax(const float* __restrict__ scores, const 
         const int h = (int)(j % width);
         const long long begin = dst_begin[v], end = dst_begin[v + 1];
         float top = -__int_as_float(0x7f800000);  // -inf
-        for (long long p = begin + lane; p < end; p += 32) top = fmaxf(top, scores[by_dst[p] * width + h]);
+        for (long long p = begin + lane; p < end; p += 32) top = fmaxf(top, widen(scores[by_dst[p] * width + h]));
         for (int offset = 16; offset > 0; offset /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
         float total = 0.0f;
-        for (long long p = begin + lane; p < end; p += 32) total += expf(scores[by_dst[p] * width + h] - top);
+        for (long long p = begin + lane; p < end; p += 32) total += expf(widen(scores[by_dst[p] * width + h]) - top);
         for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
         for (long long p = begin + lane; p < end; p += 32) {
             const long long e = by_dst[p] * width + h;
-            out[e] = expf(scores[e] - top) / total;
+            out[e] = narrow(expf(widen(scores[e]) - top) / total);
         }
     }
 }
@@ -212,8 +234,8 @@ extern "C" __global__ void edge_softmax(const float* __restrict__ scores, const 
 // grid-stride over nodes x width; consecutive threads take consecutive columns of one node, so
 // each edge's row is read in order. A NaN is the maximum once met, as in torch's amax (fmaxf
 // would drop it).
-extern "C" __global__ void max_rows(const float* __restrict__ in, const long long* __restrict__ order,
-                                    const long long* __restrict__ begin, float* __restrict__ out, long long nodes,
+extern "C" __global__ void max_rows(const element* __restrict__ in, const long long* __restrict__ order,
+                                    const long long* __restrict__ begin, element* __restrict__ out, long long nodes,
                                     int width) {
     const long long total = nodes * width;
     for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
@@ -221,11 +243,11 @@ extern "C" __global__ void max_rows(const float* __restrict__ in, const long lon
         const long long v = k / width;
         const int c = (int)(k % width);
         const long long first = begin[v], end = begin[v + 1];
-        float top = first < end ? in[order[first] * width + c] : 0.0f;
+        float top = first < end ? widen(in[order[first] * width + c]) : 0.0f;
         for (long long p = first + 1; p < end; ++p) {
-            const float x = in[order[p] * width + c];
+            const float x = widen(in[order[p] * width + c]);
             if (x > top || x != x) top = x;
         }
-        out[k] = top;
+        out[k] = narrow(top);  // a bf16 maximum is one of the rows' bf16s: exact
     }
 }
