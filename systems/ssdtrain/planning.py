@@ -27,9 +27,12 @@ recorded next to the measured step (workloads/llm_offload).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import statistics
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -286,20 +289,29 @@ def profiles_of(stats, timer: LayerTimer, count: int) -> tuple[list[LayerProfile
     return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
 
 
-def profile(model, layers, run_step, device, min_bytes: int = 0) -> tuple[list[LayerProfile], float, int]:
+def profile(
+    model, layers, run_step, device, min_bytes: int = 0, within: Callable[[], AbstractContextManager] | None = None
+) -> tuple[list[LayerProfile], float, int]:
     """Each layer's saved bytes, input bytes and forward time, the step's time and the bytes saved
     outside the layers, from one ``run_step()`` (forward and backward) under a counting,
     keep-everything Offloader, after one warm-up step. ``device``: any way torch names one. Forward
     times come from CUDA events (GPU) or the host clock (CPU) around each layer; saved bytes are the
-    layer's unique saved storages less parameters (what offloading could move)."""
+    layer's unique saved storages less parameters (what offloading could move).
+
+    ``within``: a context each step runs in, such as the blocks' compiled forwards installed
+    (policies/_compiled.py). The layer hooks and the saved-tensor hooks stay outside the compiled
+    code, so the profile is then of the compiled blocks: what their compiled forwards save for
+    backward (AOTAutograd's choice, not eager autograd's) and how long they run; the warm-up step
+    compiles them."""
     device = device_of(device)
+    within = within or contextlib.nullcontext
     timer = LayerTimer(layers, device)
     counter = Offloader(model, HostStore(), policy="keep", layers=layers, min_bytes=min_bytes, keep_last=0)
     try:
         seconds = 0.0
         for _ in range(2):  # the first step warms up
             started = _mark(device)
-            with counter:
+            with within(), counter:
                 run_step()
             stopped = _mark(device)
             _synchronize(device)

@@ -29,7 +29,7 @@ from harness.errors import UserError
 from harness.progress import progress
 from harness.timing import measure
 from systems.ssdtrain import Unavailable, planning
-from systems.ssdtrain.policies import first_line
+from systems.ssdtrain.policies import CompiledBlocks, first_line
 from workloads.llm.cost import block_costs, training_flops
 from workloads.llm.data import batches
 from workloads.llm.layers import blocks
@@ -130,10 +130,15 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     setups = choose.store_setups(params, device, notes, scratch_dir)
     compiled_setups = choose.planned_setups(params, setups, notes, key="compiled_stores")
     runs = choose.variants(chosen, setups, params, compiled_setups)
-    planned = [p for p in chosen if p.planner is not None]
+    planned = [p for p in chosen if p.planner is not None and not p.compiled]
     if planned:
         where = choose.planned_setups(params, setups, notes)
         runs += _planned(params, model, layers, batch, device, planned, where, scratch_dir, model_notes)
+    planned_compiled = [p for p in chosen if p.planner is not None and p.compiled]
+    if planned_compiled:
+        runs += _planned(
+            params, model, layers, batch, device, planned_compiled, compiled_setups, scratch_dir, model_notes, True
+        )
     checked, failed_peer = [], None
     compiled_reference = None  # compiled keep's step, once it passed its own check
     try:
@@ -232,19 +237,27 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
             row(metric, value, rep)
 
 
-def _planned(params, model, layers, batch, device, entries, setups, folder, notes: dict) -> list[choose.Variant]:
+def _planned(
+    params, model, layers, batch, device, entries, setups, folder, notes: dict, compiled: bool = False
+) -> list[choose.Variant]:
     """The planned policies ``entries`` on each store of ``setups``: the blocks profiled once, each
     store's bandwidth measured, then each policy's plan (within ``planner_budget`` of what keep
-    saves, for those with a budget). The profile and the plans go into ``notes``."""
+    saves, for those with a budget). ``compiled``: the policies run on compiled blocks, so the
+    profile is of the compiled blocks (what their compiled forwards save and how long they run) and
+    the budget a fraction of what compiled keep saves. The profile and the plans go into ``notes``
+    (``profile_compiled`` and ``plans_compiled`` for compiled blocks)."""
 
     def step():
         model.zero_grad(set_to_none=True)
         model(**batch).loss.backward()
 
-    profiles, keep_seconds, fixed = planning.profile(model, layers, step, device)
+    # The backend compiled keep uses: the profile's warm-up compiles what the policies then reuse.
+    within = CompiledBlocks(layers).installed if compiled else None
+    profiles, keep_seconds, fixed = planning.profile(model, layers, step, device, within=within)
     model.zero_grad(set_to_none=True)
     budget = int(params["planner_budget"] * (sum(p.saved_bytes for p in profiles) + fixed))
-    notes["profile"] = {
+    suffix = "_compiled" if compiled else ""
+    notes["profile" + suffix] = {
         "keep_step_seconds": keep_seconds,
         "saved_bytes": [p.saved_bytes for p in profiles],
         "input_bytes": [p.input_bytes for p in profiles],
@@ -262,7 +275,7 @@ def _planned(params, model, layers, batch, device, entries, setups, folder, note
             )
             for entry in entries
         }
-        notes.setdefault("plans", {})[setup.label] = {"bandwidth_gbps": bandwidth / 1e9} | {
+        notes.setdefault("plans" + suffix, {})[setup.label] = {"bandwidth_gbps": bandwidth / 1e9} | {
             name: list(plan.decisions) for name, plan in plans.items()
         }
         out += [choose.Variant(entry, setup, plans[entry.name]) for entry in entries]

@@ -12,8 +12,9 @@ run where its library imports: ``torchtune_offload`` (torchtune's ``OffloadActiv
 ``deepspeed_offload`` (DeepSpeed's activation checkpointing with its inputs on the host). On
 blocks compiled by ``torch.compile`` (``compiled``): ``compiled_keep`` (the reference of the
 compiled policies), ``torch_budget`` (torch's own rematerialization under an activation memory
-budget, one variant per budget) and ``offload_all_compiled`` (SSDTrain's offloading of what the
-compiled blocks save).
+budget, one variant per budget), ``offload_all_compiled`` (SSDTrain's offloading of what the
+compiled blocks save) and ``planned_compiled`` (in ``planned``: the planner on a profile of the
+compiled blocks).
 
 A new policy is one new module here (or a module of your own named in ``SUITE_PLUGINS``): a
 :class:`Policy` subclass, usually of :class:`OffloaderPolicy` (override ``decide`` and
@@ -46,10 +47,12 @@ from systems.ssdtrain.policies._base import (
     counting,
     first_line,
 )
+from systems.ssdtrain.policies._compiled import CompiledBlocks
 from systems.ssdtrain.stores import Store
 
 __all__ = [
     "POLICIES",
+    "CompiledBlocks",
     "HooksPolicy",
     "OffloaderPolicy",
     "Policy",

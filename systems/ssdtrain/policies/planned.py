@@ -5,6 +5,10 @@ the model and the store's bandwidth says (systems/ssdtrain/planning.py).
   end by the end of forward offloaded, the rest kept.
 - ``planner``: beyond the paper, the choice per block with the smallest predicted step time whose
   activation bytes fit a budget.
+- ``planned_compiled``: the planner on blocks compiled by ``torch.compile``, planned from a profile
+  of the compiled blocks (what their compiled forwards save, how long they run). A recomputed
+  compiled block is the compiled block under ``torch.utils.checkpoint``: its compiled forward runs
+  again in backward, so the step computes what compiled keep computes, bit for bit.
 """
 
 from systems.ssdtrain import planning
@@ -54,5 +58,16 @@ register(
         uses_store=True,
         planner=_planner,
         notes="keep, offload or recompute per block: the fastest predicted step within a memory budget",
+    )
+)
+register(
+    PolicyEntry(
+        "planned_compiled",
+        "optimized",
+        make=Planned,
+        uses_store=True,
+        planner=_planner,
+        compiled=True,
+        notes="the planner on blocks compiled by torch.compile (a recomputed block: the compiled block checkpointed)",
     )
 )
