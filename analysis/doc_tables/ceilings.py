@@ -12,6 +12,7 @@ HOST_MEMORY = {
     "registered": "registered in place",
     "registered_thp": "registered in 2 MiB THP",
 }
+DISK_MODE = {"write": "new file", "overwrite": "overwrite", "read": "read"}
 PROBES = ("pcie_copy", "uva_read", "hbm_copy", "matmul", "disk", "host_memcpy")
 
 
@@ -101,7 +102,7 @@ def ceilings_lines(machine: str, scale: str) -> Table:
     modes = [m for m in ("write", "overwrite", "read") if m in one.index]
     rows.append(
         (
-            f"disk, O_DIRECT, {block // MiB} MiB requests, 1 thread: {' / '.join(modes)}",
+            f"disk, O_DIRECT, {block // MiB} MiB requests, 1 thread: " + " / ".join(DISK_MODE[m] for m in modes),
             f"{_slashed((one[m] for m in modes), 2)} GB/s",
         )
     )
