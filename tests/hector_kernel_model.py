@@ -21,7 +21,10 @@ from systems import nvrtc
 from systems.hector import codegen, lower
 
 # Each entry point's parameters: f* float*, l* long long*, i* int*, int, ll (long long), float;
-# an instance with BF16 takes bfloat16s (b*) where the template says element*.
+# an instance with BF16 takes bfloat16s (b*) where the template says element* (a traversal
+# kernel's every row pointer but a sum's float32 target; A, B and C of the GEMM), one with
+# OUTER_BF16 for A and G. bf16 rows are widened to float32 as they are read, and results rounded to
+# bf16 (to nearest, ties to even, as torch converts) as they are written.
 SIGNATURES = {
     "segment_gemm": "f* l* f* f* l* i* l* l* int int",
     "segment_outer": "f* l* f* l* f* i* l* l* int int",
@@ -40,6 +43,7 @@ class KernelModel:
     def __init__(self):
         self.tensors: dict[int, torch.Tensor] = {}
         self.problems: list[str] = []
+        self.element = "f*"  # the running instance's rows: f* or b*
 
     def pointer(self, t: torch.Tensor):
         self.tensors[t.data_ptr()] = t
@@ -71,12 +75,12 @@ class KernelModel:
             self.problems.append(f"{where}: an operand of width {width} under an output of width {out_width}")
         if kind == 2:
             return torch.full(i.shape, float(scalar))
-        table = self.flat(pointer, "f*", where)
+        table = self.flat(pointer, self.element, where)
         row = {0: i, 1: lambda: self.read(self.flat(index, "l*", where), i, where + " index"), 3: torch.zeros_like(i)}[
             kind
         ]
         row = row() if callable(row) else row
-        return self.read(table, row * width + c // (out_width // width), where)
+        return self.read(table, row * width + c // (out_width // width), where).float()
 
     def launch(self, module, name, grid, block, args, shared_mem=0) -> None:
         text, base = module, re.sub(r"_[0-9a-f]{10}$", "", name)
@@ -88,8 +92,15 @@ class KernelModel:
             signature = ("f* l* float int " * defined["FUSED_CHAIN"].count("#") + tail).split()
         else:
             signature = SIGNATURES[base].split()
-        if int(defined.get("BF16", 0)):  # A, B and C (the first, third and fourth) are element*
+        bf16 = int(defined.get("BF16", 0))
+        self.element = "b*" if bf16 else "f*"
+        if bf16 and base == "segment_gemm":  # A, B and C (the first, third and fourth) are element*
             signature = [("b*" if k in (0, 2, 3) else kind) for k, kind in enumerate(signature)]
+        elif bf16:  # every row but a sum's target (its last float*), which adds in float32
+            summed = len(signature) - 1 - signature[::-1].index("f*") if "scatter" in base else None
+            signature = [("b*" if kind == "f*" and k != summed else kind) for k, kind in enumerate(signature)]
+        if int(defined.get("OUTER_BF16", 0)):
+            signature = [("b*" if k in (0, 2) else kind) for k, kind in enumerate(signature)]
         if len(args) != len(signature):
             self.problems.append(f"{name}: {len(args)} arguments for {len(signature)} parameters")
             return
@@ -120,10 +131,10 @@ class KernelModel:
     def rows_map(self, name, text, defined, kinds, grid, args):
         rows, width = int(args[-2]), int(args[-1])
         e = torch.arange(rows * width)
-        out = self.flat(args[8], "f*", name + " out")
+        out = self.flat(args[8], self.element, name + " out")
         if rows * width > out.numel():
             self.problems.append(f"{name}: out holds {out.numel()}, {rows * width} written")
-        out[e] = self._mapped(name, text, kinds, args, e // width, e % width)
+        out[e] = self._mapped(name, text, kinds, args, e // width, e % width).to(out.dtype)
 
     def scatter_map(self, name, text, defined, kinds, grid, args):
         self._sum_into_targets(name, args[8:], lambda i, c: self._mapped(name, text, kinds, args, i, c))
@@ -169,10 +180,10 @@ class KernelModel:
     def fused_map(self, name, text, defined, kinds, grid, args):
         rows, width = int(args[-2]), int(args[-1])
         e = torch.arange(rows * width)
-        out = self.flat(args[-3], "f*", name + " out")
+        out = self.flat(args[-3], self.element, name + " out")
         if rows * width > out.numel():
             self.problems.append(f"{name}: out holds {out.numel()}, {rows * width} written")
-        out[e] = self._chain(name, defined, args, e // width, e % width)
+        out[e] = self._chain(name, defined, args, e // width, e % width).to(out.dtype)
 
     def fused_scatter_map(self, name, text, defined, kinds, grid, args):
         self._sum_into_targets(name, args[-7:], lambda i, c: self._chain(name, defined, args, i, c))
@@ -185,24 +196,27 @@ class KernelModel:
         i, c = torch.arange(rows).repeat_interleave(width), torch.arange(width).repeat(rows)
         a = self.operand(kinds[0], args, 0, i, c, name + " a", width, width)
         b = self.operand(kinds[1], args, 3, i, c, name + " b", width, width)
-        self.flat(args[6], "f*", name + " out")[: rows * heads] = (a * b).reshape(rows * heads, width // heads).sum(1)
+        out = self.flat(args[6], self.element, name + " out")
+        out[: rows * heads] = (a * b).reshape(rows * heads, width // heads).sum(1).to(out.dtype)
 
     def scatter_rows(self, name, text, defined, kinds, grid, args):
-        source, width = self.flat(args[0], "f*", name), int(args[-1])
-        self._sum_into_targets(name, args[1:], lambda i, c: self.read(source, i * width + c, name))
+        source, width = self.flat(args[0], self.element, name), int(args[-1])
+        self._sum_into_targets(name, args[1:], lambda i, c: self.read(source, i * width + c, name).float())
 
     def edge_softmax(self, name, text, defined, kinds, grid, args):
-        scores, by_dst, begin, out = (self.flat(args[k], kind, name) for k, kind in enumerate(("f*", "l*", "l*", "f*")))
+        kinds = (self.element, "l*", "l*", self.element)
+        scores, by_dst, begin, out = (self.flat(args[k], kind, name) for k, kind in enumerate(kinds))
         width = int(args[5])
         for v in range(int(args[4])):
             edges = by_dst[int(begin[v]) : int(begin[v + 1])]
             if len(edges):
                 entries = (edges[:, None] * width + torch.arange(width)).reshape(-1)
-                values = self.read(scores, entries, name).reshape(-1, width)
-                out[entries] = torch.softmax(values, 0).reshape(-1)
+                values = self.read(scores, entries, name).float().reshape(-1, width)
+                out[entries] = torch.softmax(values, 0).reshape(-1).to(out.dtype)
 
     def max_rows(self, name, text, defined, kinds, grid, args):
-        source, order, begin, out = (self.flat(args[k], kind, name) for k, kind in enumerate(("f*", "l*", "l*", "f*")))
+        kinds = (self.element, "l*", "l*", self.element)
+        source, order, begin, out = (self.flat(args[k], kind, name) for k, kind in enumerate(kinds))
         nodes, width = int(args[4]), int(args[5])
         if nodes * width > out.numel():
             self.problems.append(f"{name}: out holds {out.numel()}, {nodes * width} written")
@@ -253,9 +267,9 @@ class KernelModel:
                 c[target] = product.reshape(-1)
 
     def segment_outer(self, name, text, defined, kinds, grid, args):
-        a, a_rows, g, g_rows, d, types, begins, ends = (
-            self.flat(args[k], kind, name) for k, kind in enumerate("f* l* f* l* f* i* l* l*".split())
-        )
+        element = "b*" if int(defined.get("OUTER_BF16", 0)) else "f*"
+        kinds = [element, "l*", element, "l*", "f*", "i*", "l*", "l*"]
+        a, a_rows, g, g_rows, d, types, begins, ends = (self.flat(args[k], kind, name) for k, kind in enumerate(kinds))
         k_dim, n_dim = int(args[8]), int(args[9])
         if grid != (len(types), -(-n_dim // 64), -(-k_dim // 64)):
             self.problems.append(f"{name}: grid {grid}")
@@ -272,7 +286,7 @@ class KernelModel:
             target = t * k_dim * n_dim + torch.arange(k_dim * n_dim)
             if target.numel() and int(target.max()) >= d.numel():
                 self.problems.append(f"{name}: a write outside D")
-            d.index_add_(0, target, (left.T @ right).reshape(-1))
+            d.index_add_(0, target, (left.float().T @ right.float()).reshape(-1))
 
 
 def to_tf32(x: torch.Tensor) -> torch.Tensor:

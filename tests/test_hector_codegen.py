@@ -113,18 +113,20 @@ def all_instances() -> dict[str, str]:
     found = {}
     for name, applied, backward in cases():
         program, _ = program_and_tensors(name, applied, backward, awkward_graph())
-        found |= codegen.sources(program)
+        found |= codegen.sources(program) | codegen.sources(program, bf16=True)
     shapes = codegen.GEMM_SHAPES + codegen.BF16_SHAPES
     return found | dict(codegen.segment_gemm_source(shape) for shape in shapes)
 
 
 def representative_instances() -> dict[str, str]:
-    """One instance of each entry point (the first by name), and the standalone GEMM template in
-    each of its shapes at one tile size (the bf16 variant's at both of its, whose warps split the
-    tile differently): every template's every macro variant, once."""
+    """One instance of each entry point in each element type (the first by name), and the
+    standalone GEMM template in each of its shapes at one tile size (the bf16 variant's at both of
+    its, whose warps split the tile differently): every template's every macro variant, once."""
     found = {}
     for name, text in sorted(all_instances().items()):
-        found.setdefault(re.sub(r"_[0-9a-f]{10}$", "", name), (name, text))  # by entry point: name_<hash>
+        bf16 = re.search(r"^#define (OUTER_)?BF16 1$", text, re.M) is not None
+        entry = re.sub(r"_[0-9a-f]{10}$", "", name).removesuffix("_bf16")  # by entry point: name_<hash>
+        found.setdefault((entry, bf16), (name, text))
     shapes = [shape for shape in codegen.GEMM_SHAPES + codegen.BF16_SHAPES if shape.rows == 64 or shape.bf16]
     return dict(found.values()) | dict(codegen.segment_gemm_source(shape) for shape in shapes)
 

@@ -5,6 +5,14 @@ the weight is transposed. Instances are named by the hash of their text, compile
 the suite's kernel machinery (systems/nvrtc.py: cached in the process and on disk) and launched
 on torch's current stream. :func:`sources` lists every instance a program needs, so CI compiles
 them all for sm_90 with nvcc, without a GPU.
+
+A plan runs on float32 tensors, or on bfloat16 ones (:data:`ELEMENT_TYPES`). In bf16 every row
+is stored as a bf16 and computed in float32: the products on bf16 tensor cores (the GEMM
+template's BF16 variant, fp32 accumulate), the traversal template's arithmetic, softmax and
+sums in float (its BF16 variant). Sums into targets and weight gradients add into float32
+buffers; such a sum is rounded to bf16 once, when whole, where a kernel reads it, and otherwise
+kept in float32 until the plan's results are rounded to the tensors' type: a weight's gradient
+parts are added in float32. Host weight algebra computes in float32 likewise.
 """
 
 from __future__ import annotations
@@ -23,11 +31,12 @@ import torch
 
 from systems import nvrtc
 from systems.hector import lower
-from systems.hector.ir import Program
+from systems.hector.ir import Program, Value
 
 KERNELS = Path(__file__).parent / "kernels"
 OPERAND_KINDS = {"own": 0, "indexed": 1, "scalar": 2, "shared": 3}
 THREADS = 256
+ELEMENT_TYPES = (torch.float32, torch.bfloat16)  # what a plan's tensors may hold (one type per run)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,16 +107,19 @@ def pieces_fit(k: int, n: int, *tensors: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)  # steps hash by identity of their values: one lookup per launch
-def source_of(step, shape: GemmShape = GemmShape()) -> tuple[str, str, str]:
-    """The instance of ``step`` (a GEMM's in ``shape``): (entry point, CUDA source, template file)."""
+def source_of(step, shape: GemmShape = GemmShape(), bf16: bool = False) -> tuple[str, str, str]:
+    """The instance of ``step`` (a GEMM's in ``shape``, whose ``bf16`` says its element type; the
+    others' is ``bf16``): (entry point, CUDA source, template file)."""
     if isinstance(step, lower.Gemm):
         defines = {"GATHER_A": 1, "SCATTER_C": 1, "TRANSPOSE_B": int(step.transpose), **shape.defines()}
         return _instance("gemm.cu", "GEMM_NAME", "segment_gemm", defines)
+    # The traversal template's (and the weight gradients') bf16 variant: bf16 rows, float32 sums.
+    element = {"BF16": 1} if bf16 else {}
     if isinstance(step, lower.Outer):
         defines = {"GATHER_A": 1, "GATHER_G": 1, "VEC4": int(shape.vec4), "OUTER_ROWS": lower.OUTER_ROWS}
-        return _instance("gemm.cu", "OUTER_NAME", "segment_outer", defines)
+        return _instance("gemm.cu", "OUTER_NAME", "segment_outer", defines | ({"OUTER_BF16": 1} if bf16 else {}))
     if isinstance(step, lower.Map | lower.Dot | lower.ScatterMap):
-        defines = {"OPERAND_A": OPERAND_KINDS[step.a.kind], "OPERAND_B": OPERAND_KINDS[step.b.kind]}
+        defines = element | {"OPERAND_A": OPERAND_KINDS[step.a.kind], "OPERAND_B": OPERAND_KINDS[step.b.kind]}
         if isinstance(step, lower.Dot):
             return _instance("traversal.cu", "DOT_NAME", "rows_dot", defines)
         mapped = step.mapped if isinstance(step, lower.ScatterMap) else step.out
@@ -120,10 +132,10 @@ def source_of(step, shape: GemmShape = GemmShape()) -> tuple[str, str, str]:
     if isinstance(step, lower.Fused):
         leaves = step.leaves()
         params = ", ".join(
-            f"const float* __restrict__ t{k}, const long long* __restrict__ x{k}, float s{k}, int w{k}"
+            f"const element* __restrict__ t{k}, const long long* __restrict__ x{k}, float s{k}, int w{k}"
             for k in range(len(leaves))
         )
-        defines = {
+        defines = element | {
             "FUSED_CHAIN": fused_chain(step.root),  # for readers (and the tests' kernel model)
             "FUSED_PARAMS": params,
             "FUSED_VALUE(i, c)": fused_expression(step.root, iter(range(len(leaves)))),
@@ -131,12 +143,13 @@ def source_of(step, shape: GemmShape = GemmShape()) -> tuple[str, str, str]:
         if step.index:
             return _instance("traversal.cu", "FUSED_SCATTER_MAP_NAME", "fused_scatter_map", defines)
         return _instance("traversal.cu", "FUSED_MAP_NAME", "fused_map", defines)
+    # Named by their entry point alone: one instance per element type, the bf16 one in its own module.
     if isinstance(step, lower.Scatter):
-        return _instance("traversal.cu", None, "scatter_rows", {})
+        return _instance("traversal.cu", None, "scatter_rows", element)
     if isinstance(step, lower.Softmax):
-        return _instance("traversal.cu", None, "edge_softmax", {})
+        return _instance("traversal.cu", None, "edge_softmax", element)
     if isinstance(step, lower.Max):
-        return _instance("traversal.cu", None, "max_rows", {})
+        return _instance("traversal.cu", None, "max_rows", element)
     raise TypeError(f"{type(step).__name__} steps run on the host")
 
 
@@ -180,16 +193,21 @@ def _template(name: str) -> str:
     return (KERNELS / name).read_text()
 
 
-def sources(program: Program) -> dict[str, str]:
-    """Every kernel instance ``program`` needs, by entry point."""
+def sources(program: Program, bf16: bool = False) -> dict[str, str]:
+    """Every kernel instance ``program`` needs on float32 tensors, or with ``bf16`` on bf16 ones,
+    by entry point (a bf16 instance whose entry point has no hash in its name: ``<name>_bf16``)."""
     found = {}
     for step in lower.lower(program).steps:
         if not isinstance(step, lower.Host):
-            shapes = {lower.Gemm: GEMM_SHAPES, lower.Outer: OUTER_SHAPES}.get(type(step), [GemmShape()])
+            gemms = BF16_SHAPES if bf16 else GEMM_SHAPES
+            shapes = {lower.Gemm: gemms, lower.Outer: OUTER_SHAPES}.get(type(step), [GemmShape()])
             for shape in shapes:
-                name, text, _ = source_of(step, shape)
-                found[name] = text
+                name, text, _ = source_of(step, shape, bf16)
+                found[name + ("_bf16" if bf16 and name in _UNHASHED else "")] = text
     return found
+
+
+_UNHASHED = ("scatter_rows", "edge_softmax", "max_rows")
 
 
 @functools.cache  # written and hashed once per shape, not on every call of segment_gemm
@@ -200,16 +218,21 @@ def segment_gemm_source(shape: GemmShape) -> tuple[str, str]:
 
 
 _modules: dict[str, object] = {}
-_kernels: dict[tuple[int, GemmShape], tuple[object, object]] = {}
+_kernels: dict[tuple[int, GemmShape, bool], tuple[object, object]] = {}
 
 
-def kernel_of(step, shape: GemmShape = GemmShape()):
-    """The compiled kernel of ``step`` in ``shape``, made once per step: writing and hashing an
-    instance's text cost tens of microseconds, which a plan's every launch would pay."""
-    found = _kernels.get((id(step), shape))
+def kernel_of(step, shape: GemmShape = GemmShape(), bf16: bool = False, shared: int = 0, device=None):
+    """The compiled kernel of ``step`` in ``shape`` (in bf16 for ``bf16``), made once per step:
+    writing and hashing an instance's text cost tens of microseconds, which a plan's every launch
+    would pay. ``shared``: the dynamic shared memory its launches on ``device`` pass
+    (:func:`allow_shared`)."""
+    found = _kernels.get((id(step), shape, bf16))
     if found is None:
-        name, text, _ = source_of(step, shape)
-        found = _kernels[(id(step), shape)] = (step, nvrtc.function(_module(text), name))  # step kept: ids stay unique
+        name, text, _ = source_of(step, shape, bf16)
+        module = _module(text)
+        found = _kernels[(id(step), shape, bf16)] = (step, nvrtc.function(module, name), module, name)  # step kept
+    if shared:
+        allow_shared(found[2], found[3], shared, device)
     return found[1]
 
 
@@ -232,8 +255,9 @@ def _module(text: str):
 def run(
     plan: lower.Plan, graph, tensors: dict[str, torch.Tensor], widths: dict, tensor_cores: bool = False
 ) -> list[torch.Tensor]:
-    """Run ``plan`` on the GPU with the generated kernels (float32 CUDA tensors); with
-    ``tensor_cores`` its products (not the weight gradients' outer products) in TF32.
+    """Run ``plan`` on the GPU with the generated kernels (CUDA tensors, all float32 or all bf16:
+    the results in their type); with ``tensor_cores`` float32 products (not the weight
+    gradients' outer products) in TF32. bf16 products are always on tensor cores.
 
     The first call for a graph and the given tensors' shapes works every step out (tiles, widths,
     tile shape, grid, arguments) and records it as a :class:`_Replay`; later calls only allocate
@@ -241,14 +265,18 @@ def run(
     small graphs the working-out cost several times the kernels' own time."""
     index = lower.GraphIndex.of(graph)
     given = {}
+    storage = tensors[plan.given[0].name].dtype if plan.given else torch.float32
     for v in plan.given:
         t = tensors[v.name]
-        if t.dtype != torch.float32 or t.device != graph.src.device:
-            raise ValueError(f"{v.name}: float32 on {graph.src.device} wanted, got {t.dtype} on {t.device}")
+        if t.dtype != storage or storage not in ELEMENT_TYPES or t.device != graph.src.device:
+            raise ValueError(
+                f"{v.name}: {storage} (float32 or bfloat16, as every tensor) on {graph.src.device} wanted, "
+                f"got {t.dtype} on {t.device}"
+            )
         given[id(v)] = t.contiguous()
     # What the working-out reads besides the graph: shapes, widths, precision, and whether each row
     # starts 16-byte aligned (float4 moves); results are fresh allocations, always aligned.
-    key = (id(plan), tensor_cores, frozenset(widths.items()))
+    key = (id(plan), tensor_cores, storage, frozenset(widths.items()))
     key += tuple((tuple(t.shape), t.data_ptr() % 16 == 0) for t in given.values())
     recorded = index.replays.get(key)
     on_device = torch.cuda.device(graph.src.device) if graph.src.is_cuda else contextlib.nullcontext()
@@ -256,7 +284,7 @@ def run(
         if recorded is not None and recorded.plan is plan:
             env = recorded.run(given, index)
         else:
-            runner = _Runner(graph, widths, index, tensor_cores)
+            runner = _Runner(plan, graph, widths, index, tensor_cores, storage)
             runner.env.update(given)
             ranged = _profiling()
             for step in plan.steps:
@@ -266,7 +294,7 @@ def run(
             # None (a step could not be recorded: aliased inputs) is tried again next call, so a
             # later call on distinct tensors of the same shapes still gets a record.
             index.replays[key] = _Replay(plan, runner.recorded, runner.unused) if runner.recorded else None
-    return [env[id(o)] for o in plan.program.outputs]
+    return [env[id(o)].to(storage) for o in plan.program.outputs]  # float32 sums rounded once, in bf16
 
 
 def _range(step, ranged: bool):
@@ -287,10 +315,27 @@ class _Launch:
     shape: tuple[int, ...]
     zero: bool
     view: tuple[int, ...] | None  # the result as the step returns it (a reshaped view), or None
+    dtype: torch.dtype = torch.float32  # the allocation's
+    rounded: torch.dtype | None = None  # a float32 sum as the plan keeps it (bf16 where a kernel reads it)
+    shared: int = 0  # the launch's dynamic shared memory
     kernel: object = None
     grid: tuple[int, ...] = ()
     arguments: tuple = ()
     slots: tuple[tuple[int, int | None], ...] = ()
+
+
+@dataclasses.dataclass
+class _Host:
+    """A recorded host step, with the type its value is kept in."""
+
+    step: lower.Host
+    dtype: torch.dtype
+
+
+def host_value(out, args: list[torch.Tensor], index: lower.GraphIndex, dtype: torch.dtype) -> torch.Tensor:
+    """A :class:`lower.Host` step's value computed in float32 (bf16 arguments widened: weight
+    algebra and gradient sums in float32), kept as ``dtype``."""
+    return lower.host_value(out, [a.float() for a in args], index).to(dtype).contiguous()
 
 
 @dataclasses.dataclass
@@ -305,18 +350,32 @@ class _Replay:
         env = dict(given)
         device, ranged = self.unused.device, _profiling()
         for r in self.steps:
-            with _range(r if isinstance(r, lower.Host) else r.step, ranged):
-                if isinstance(r, lower.Host):
-                    env[id(r.out)] = lower.host_value(r.out, [env[id(a)] for a in r.out.args], index).contiguous()
+            with _range(r.step, ranged):
+                if isinstance(r, _Host):
+                    env[id(r.step.out)] = host_value(r.step.out, [env[id(a)] for a in r.step.out.args], index, r.dtype)
                     continue
-                result = (torch.zeros if r.zero else torch.empty)(r.shape, device=device)
+                result = (torch.zeros if r.zero else torch.empty)(r.shape, device=device, dtype=r.dtype)
                 if r.kernel is not None:
                     arguments = list(r.arguments)
                     for position, value in r.slots:
                         arguments[position] = _ptr(result if value is None else env[value])
-                    r.kernel(r.grid, (THREADS,), tuple(arguments))
-                env[id(r.step.out)] = result if r.view is None else result.view(r.view)
+                    r.kernel(r.grid, (THREADS,), tuple(arguments), shared_mem=r.shared)
+                result = result if r.view is None else result.view(r.view)
+                env[id(r.step.out)] = result if r.rounded is None else result.to(r.rounded)
         return env
+
+
+def _read_by_kernels(plan: lower.Plan) -> frozenset[int]:
+    """The ids of the values some kernel of ``plan`` reads: its operands (a fused chain's leaves),
+    a GEMM's weight, the rows a sum, softmax or maximum reads."""
+    found = set()
+    for step in plan.steps:
+        if isinstance(step, lower.Host):
+            continue
+        operands = step.leaves() if isinstance(step, lower.Fused) else [getattr(step, n, None) for n in ("a", "b", "g")]
+        found |= {id(o.value) for o in operands if isinstance(o, lower.Operand) and o.value is not None}
+        found |= {id(v) for v in (getattr(step, n, None) for n in ("b", "source", "scores")) if isinstance(v, Value)}
+    return frozenset(found)
 
 
 def range_name(step) -> str:
@@ -343,53 +402,71 @@ class _Runner:
     """One plan's run: its values by id, the graph's index arrays, and a launch per step, each
     also recorded (:class:`_Launch`) for :class:`_Replay`."""
 
-    def __init__(self, graph, widths: dict, index: lower.GraphIndex, tensor_cores: bool = False):
+    def __init__(
+        self,
+        plan: lower.Plan,
+        graph,
+        widths: dict,
+        index: lower.GraphIndex,
+        tensor_cores: bool = False,
+        storage: torch.dtype = torch.float32,
+    ):
         self.graph, self.widths, self.index, self.tensor_cores = graph, widths, index, tensor_cores
+        self.storage, self.bf16 = storage, storage == torch.bfloat16
+        self.read_by_kernels = _read_by_kernels(plan)
         self.env: dict[int, torch.Tensor] = {}
         self.device = graph.src.device
         self.unused = torch.zeros(1, dtype=torch.int64, device=self.device)  # an unused pointer argument
         self.recorded: list | None = []  # None once a step could not be recorded: no replay then
 
-    def alloc(self, *shape: int, zero: bool = False) -> torch.Tensor:
-        """A step's result (each step allocates exactly one)."""
-        result = (torch.zeros if zero else torch.empty)(shape, device=self.device)
-        self.allocated.append((shape, zero, result))
+    def alloc(self, *shape: int, zero: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A step's result (each step allocates exactly one), in the rows' type unless ``dtype``."""
+        dtype = dtype or self.storage
+        result = (torch.zeros if zero else torch.empty)(shape, device=self.device, dtype=dtype)
+        self.allocated.append((shape, zero, dtype, result))
         return result
+
+    def kept_as(self, v) -> torch.dtype:
+        """The type a float32 sum or host value is kept in: the rows' where a kernel reads it (bf16
+        kernels read bf16 rows), else float32 until the plan's results are rounded."""
+        return self.storage if id(v) in self.read_by_kernels else torch.float32
 
     def step(self, step) -> torch.Tensor:
         if isinstance(step, lower.Host):
+            kept = self.kept_as(step.out)
             if self.recorded is not None:
-                self.recorded.append(step)
-            return lower.host_value(step.out, [self.env[id(a)] for a in step.out.args], self.index).contiguous()
+                self.recorded.append(_Host(step, kept))
+            return host_value(step.out, [self.env[id(a)] for a in step.out.args], self.index, kept)
         self.allocated, launched = [], []
 
-        def launch(grid, args, shape: GemmShape = GemmShape()):
-            kernel = kernel_of(step, shape)
-            kernel(grid, (THREADS,), args)  # on the stream run() entered
-            launched.append((kernel, grid, args))
+        def launch(grid, args, shape: GemmShape = GemmShape(), shared: int = 0):
+            kernel = kernel_of(step, shape, self.bf16, shared, self.device)
+            kernel(grid, (THREADS,), args, shared_mem=shared)  # on the stream run() entered
+            launched.append((kernel, grid, args, shared))
 
         out = getattr(self, type(step).__name__.lower())(step, launch)
+        rounded = self.kept_as(step.out) if out.dtype != self.kept_as(step.out) else None
         if self.recorded is not None:
-            recorded = self.record(step, out, launched)
+            recorded = self.record(step, out, launched, rounded)
             if recorded is None:
                 self.recorded = None
             else:
                 self.recorded.append(recorded)
-        return out
+        return out if rounded is None else out.to(rounded)
 
-    def record(self, step, out: torch.Tensor, launched: list) -> _Launch | None:
+    def record(self, step, out: torch.Tensor, launched: list, rounded: torch.dtype | None) -> _Launch | None:
         """The step as :class:`_Replay` launches it again, or None where its arguments cannot be
         told apart by pointer (two live values at one address: a caller's aliased tensors)."""
         if len(self.allocated) != 1 or len(launched) > 1:
             return None
-        shape, zero, result = self.allocated[0]
+        shape, zero, dtype, result = self.allocated[0]
         if out.data_ptr() != result.data_ptr() or not out.is_contiguous():
             return None
         view = None if out is result else tuple(out.shape)
-        found = _Launch(step, shape, zero, view)
+        found = _Launch(step, shape, zero, view, dtype, rounded)
         if not launched:
             return found
-        found.kernel, found.grid, found.arguments = launched[0]
+        found.kernel, found.grid, found.arguments, found.shared = launched[0]
         owners: dict[int, list] = {}
         for key, value in self.env.items():
             if value.numel():
@@ -413,6 +490,8 @@ class _Runner:
             number = o.scalar if symbol is None else self.widths[symbol] ** -0.5
             return (_ptr(self.unused), _ptr(self.unused), np.float32(number), np.int32(1))
         base = self.env[id(o.value)]
+        if base.dtype != self.storage:  # _read_by_kernels keeps what a kernel reads in the rows' type
+            raise AssertionError(f"a {base.dtype} operand in a plan of {self.storage} rows")
         # A shared vector is one row of all its entries; an indexed 1-d table has rows of one.
         # A row's width: a shared vector is one row; a table [rows], [rows, w] or [types, in, 1].
         width = base.numel() if o.kind == "shared" else math.prod(base.shape[1:])
@@ -421,21 +500,24 @@ class _Runner:
 
     def gemm(self, step: lower.Gemm, launch) -> torch.Tensor:
         a, b = self.env[id(step.a.value)], self.env[id(step.b)]
+        if a.dtype != self.storage or b.dtype != self.storage:
+            raise AssertionError(f"a product of {a.dtype} by {b.dtype} in a plan of {self.storage} rows")
         n = b.shape[-2] if step.transpose else b.shape[-1]
         result = self.alloc(self.index.rows(step.out.domain), n)
-        shape = gemm_shape(a.shape[1], n, a, b, result, tensor_cores=self.tensor_cores)
+        shape = gemm_shape(a.shape[1], n, a, b, result, tensor_cores=self.tensor_cores, bf16=self.bf16)
         types, begins, ends = self.index.tiles(step.order, shape.rows)
         if len(types) and n:
             rows_a, rows_c = self.index[self.index.positions(step.a, step.order)], self.index[step.order]
             pointers = (a, rows_a, b, result, rows_c, types, begins, ends)
             grid = (len(types), math.ceil(n / shape.columns))
-            launch(grid, (*map(_ptr, pointers), np.int32(a.shape[1]), np.int32(n)), shape)
+            args = (*map(_ptr, pointers), np.int32(a.shape[1]), np.int32(n))
+            launch(grid, args, shape, shape.shared_bytes(step.transpose))
         return result
 
     def outer(self, step: lower.Outer, launch) -> torch.Tensor:
         a, g = self.env[id(step.a.value)], self.env[id(step.g.value)]
         count = self.index.types(step.order.split(":")[1]) if step.order.startswith("order") else 1
-        result = self.alloc(count, a.shape[1], g.shape[1], zero=True)
+        result = self.alloc(count, a.shape[1], g.shape[1], zero=True, dtype=torch.float32)  # summed in float32
         types, begins, ends = self.index.tiles(step.order, lower.OUTER_ROWS)
         if len(types) and a.shape[1] and g.shape[1]:
             rows_a = self.index[self.index.positions(step.a, step.order)]
@@ -493,7 +575,7 @@ class _Runner:
     def sum_into_targets(self, step, width: int, operands: list, launch) -> torch.Tensor:
         """A step's rows summed into ``step.count``'s rows by ``step.index``: the kernel reads
         ``operands``, then the rows' destination-parallel chunks (kernels/traversal.cu)."""
-        result = self.alloc(self.index.rows(step.count), width, zero=True)
+        result = self.alloc(self.index.rows(step.count), width, zero=True, dtype=torch.float32)  # summed in float32
         order, targets, begins, ends = self.index.chunks(step.index, step.count)
         if len(targets) and width:
             chunks = (_ptr(order), _ptr(targets), _ptr(begins), _ptr(ends), _ptr(result))
