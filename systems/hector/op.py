@@ -11,6 +11,11 @@ by one. On CUDA tensors they run the generated kernels (systems/hector/codegen.p
 the reference backend (systems/hector/reference.py). ``Layer(program, tensor_cores=True)`` is the
 labelled TF32 variant: its products run on tensor cores (inputs rounded to TF32, fp32
 accumulate); on a CPU it is the reference, in float32.
+
+A call's tensors (features, weights, the gradient) hold one type: float32, or bfloat16, which the
+generated kernels store in bf16 and compute in float32 (systems/hector/codegen.py), and which the
+reference computes in float32 on the bf16 values; the results are in the tensors' type. Mixed
+types are refused in one line naming the tensors of each.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import weakref
 import torch
 
 from harness.errors import UserError
-from systems.hector import cuda_graphs, lower, reference
+from systems.hector import codegen, cuda_graphs, lower, reference
 from systems.hector.autodiff import leaves, split
 from systems.hector.ir import Program
 from systems.relgraph.graph import RelGraph
@@ -91,12 +96,26 @@ def _distinct(results: list[torch.Tensor], given: list[torch.Tensor]) -> list[to
     return out
 
 
-def _float32(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The generated kernels take float32 tensors (the TF32 variant too): say so, not fail."""
+def element_type(tensors: dict[str, torch.Tensor], tensor_cores: bool = False, generated: bool = True) -> torch.dtype:
+    """The one element type of a call's named tensors; refused in one line where they mix types,
+    where the TF32 variant is given bf16, or where the generated kernels (``generated``) do not
+    take the type (they take float32 and bfloat16; the reference takes any floating type)."""
+    by_type: dict[torch.dtype, list[str]] = {}
     for name, t in tensors.items():
-        if t.dtype != torch.float32:
-            raise UserError(f"{name} is {t.dtype}; the generated float32 kernels take float32 tensors")
-    return tensors
+        by_type.setdefault(t.dtype, []).append(name)
+    if len(by_type) > 1:
+        listed = "; ".join(f"{', '.join(names)} {_short(dtype)}" for dtype, names in by_type.items())
+        raise UserError(f"Hector takes tensors of one type (features and weights alike), got {listed}")
+    dtype = next(iter(by_type), torch.float32)
+    if tensor_cores and dtype == torch.bfloat16:
+        raise UserError("the TF32 variant multiplies float32 tensors, got bfloat16 ones (the plain layer takes them)")
+    if generated and dtype not in codegen.ELEMENT_TYPES:
+        raise UserError(f"the generated kernels take float32 or bfloat16 tensors, got {_short(dtype)}")
+    return dtype
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 _lib = torch.library.Library("hector", "FRAGMENT")  # every program's ops, defined once each
@@ -146,11 +165,19 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
         return bound if grad is None else bound | {"grad:0": grad}
 
     def on_cpu(prog, graph, bound, given):
+        if element_type(bound, tensor_cores, generated=False) == torch.bfloat16:
+            # float32 arithmetic on the bf16 values, the results rounded to bf16
+            wide = reference.run(prog, _graph(graph), {name: t.float() for name, t in bound.items()})
+            return _distinct([t.to(torch.bfloat16) for t in wide], given)
         return _distinct(reference.run(prog, _graph(graph), bound), given)
 
     def on_gpu(prog, graph, bound, given):
         g = _graph(graph)
-        widths = lambda: reference.bind_widths(prog, g, _float32(bound))  # noqa: E731  (checked when worked out)
+
+        def widths() -> dict:  # the types checked where the launches are worked out (a replay's key holds them)
+            element_type(bound, tensor_cores)
+            return reference.bind_widths(prog, g, bound)
+
         return _distinct(cuda_graphs.run(plans[id(prog)], g, bound, widths, tensor_cores), given)
 
     def fake_outputs(prog, graph, tensors):
