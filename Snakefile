@@ -4,6 +4,7 @@
 #   snakemake --cores all figures      re-render every figure from the results in results/ (no measuring)
 #   snakemake --cores all ceilings     one topic's figure for this machine, measuring what is missing
 #   snakemake --report report.html figures   an HTML report of every figure with its caption
+#   snakemake --cores 1 doc_tables     rewrite the measured tables of docs/ from results/
 #
 # Scale and machine: --config scale=tiny|cpu|h200 machine=NAME (see config/config.yaml).
 # The topics are found under workloads/ (harness/topic.py); each gets a target rule of its name.
@@ -25,6 +26,8 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/topics.smk"
 # The papers' headline claims against each machine's results, and the `claims` target.
 include: "workflow/rules/claims.smk"
+# Supporting figures beside each figure, with their captions, and the docs' generated tables.
+include: "workflow/rules/report.smk"
 
 
 rule reproduce:
@@ -39,4 +42,5 @@ rule figures:
     """Render every figure from the results already in results/ (no measuring)."""
     input:
         [committed_figures(name) for name in TOPICS],
+        [supporting_figures(name) for name in TOPICS],
         COMMITTED_CLAIMS,
