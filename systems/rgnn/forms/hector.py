@@ -7,6 +7,11 @@ The ablation: ``hector_unopt`` applies no pass, ``hector_compact`` and ``hector_
 each, ``hector_best`` both. ``hector_best_tf32`` is ``hector_best`` on tensor cores (TF32 inputs,
 fp32 accumulate): not the exact float32 of the paper's comparison, so labelled by its precision,
 checked at TF32's tolerance and run on GPUs only.
+
+On bfloat16 features and weights the variants but the TF32 one compute in bf16 like the peers:
+bf16 rows and results, products on bf16 tensor cores, the traversal arithmetic, softmax and sums
+in float32 (systems/hector/codegen.py); on a CPU the reference in float32, rounded to bf16. The
+TF32 variant multiplies float32 tensors only (:meth:`Form.missing_element_type` says so).
 """
 
 from __future__ import annotations
@@ -30,13 +35,6 @@ class HectorForm(Form):
     def build(self, model, weights, graph):
         self._check_supports(model)
         return HectorLayer(model, self, weights, graph)
-
-    def missing_element_type(self, element_type: str) -> str | None:
-        """Hector's generated model kernels take float32 tensors (its bf16 variant is the GEMM
-        template alone, systems/hector/codegen.py)."""
-        if element_type != "float32":
-            return f"{self.name}: Hector's generated model kernels take float32 tensors"
-        return None
 
     def missing(self, device: str = "cpu") -> str | None:
         """Beside the GPU a tensor-core variant needs: on a GPU, the generated kernels are built
