@@ -166,6 +166,33 @@ def test_prefetch_thread_hands_over_exactly_the_batches_in_order(arrays, workers
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["all_in_gpu", "uva_sampling"])
+def test_gpu_sampling_pipelines_wait_once_per_batch_and_hand_over_the_baselines_batches(arrays, name):
+    """Sampled ahead on a side stream: the only waits for the GPU are the prefetch thread's, one
+    per batch (the sampler reading its sizes back); training's thread waits for none."""
+    import warnings
+
+    graph = Graph(arrays, "cuda")
+    expected = list(Pipeline("cpu_gather", graph, [5, 10], 64, seed=8).batches(epoch=1))
+    pipeline = Pipeline(name, graph, [5, 10], 64, seed=8)
+    list(pipeline.batches(epoch=0))  # compiles the kernels, fills the allocators' caches
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            got = [(b.x.clone(), b.edge_index.clone(), b.y.clone()) for b in pipeline.batches(epoch=1)]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(got) == len(expected) > 2 and len(waits) == len(got)
+    for a, (x, edge_index, y) in zip(expected, got):
+        assert torch.equal(a.x, x) and torch.equal(a.edge_index, edge_index) and torch.equal(a.y, y)
+    pipeline.close()
+    graph.close()
+
+
+@pytest.mark.gpu
 def test_prefetch_thread_errors_reach_the_caller(arrays, monkeypatch):
     from workloads.gnn import pipelines
 

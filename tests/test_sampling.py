@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from systems.sampling.ops import reference, sample_neighbors
+from systems.sampling.ops import reference, sample_into_slots, sample_neighbors
 from systems.sampling.sampler import NeighborSampler
 from workloads.graphs.generate import GeneratorParams, generate
 from workloads.graphs.spec import DATASETS
@@ -116,6 +116,61 @@ def test_native_multi_hop_sampler_equals_the_torch_one(graph, replace):
         assert (sampler.position == -1).all()
 
 
+def test_slots_hold_the_reference_draws_of_the_valid_seeds_only(graph):
+    indptr, indices = graph
+    seeds = torch.randperm(indptr.numel() - 1, generator=torch.Generator().manual_seed(3))[:37]
+    counts, slots = sample_into_slots(indptr, indices, seeds, torch.tensor([29]), 9, False, 41)
+    ref_counts, ref_neighbors = reference(indptr.numpy(), indices.numpy(), seeds[:29].numpy(), 9, False, 41)
+    assert counts[:29].tolist() == ref_counts.tolist() and (counts[29:] == 0).all()
+    slots = slots.view(37, 9)
+    used = torch.arange(9) < counts[:, None]
+    assert torch.equal(slots[used], torch.from_numpy(ref_neighbors))  # row by row, in draw order
+    assert (slots[~used] == -1).all()
+    with pytest.raises(ValueError, match="num_valid must be in"):
+        sample_into_slots(indptr, indices, seeds, torch.tensor([38]), 9, False, 41)
+    torch.library.opcheck(sample_into_slots, (indptr, indices, seeds, torch.tensor([20]), 4, True, 3))
+
+
+@pytest.mark.parametrize("batch_size, fanouts", [(1, [64, 3]), (5, [40, 40, 40]), (0, [4])])
+def test_slotted_sampler_equals_the_native_one_when_bounds_reach_the_graph(batch_size, fanouts):
+    """A graph of 60 nodes: the fan-out bounds exceed it, so the buffers are cut to its size."""
+    g = torch.Generator().manual_seed(batch_size)
+    degrees = torch.randint(0, 30, (60,), generator=g)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(degrees, 0)])
+    indices = torch.randint(0, 60, (int(indptr[-1]),), generator=g)
+    sampler = NeighborSampler(indptr, indices, fanouts, seed=2)
+    seeds = torch.randperm(60, generator=g)[:batch_size]
+    native, slotted = sampler.sample(seeds, 7), sampler.sample(seeds, 7, native_kernel=False)
+    assert torch.equal(native.n_id, slotted.n_id) and torch.equal(native.edge_index, slotted.edge_index)
+    assert native.num_sampled_nodes == slotted.num_sampled_nodes
+    assert native.num_sampled_edges == slotted.num_sampled_edges
+    assert (sampler.position == -1).all()
+
+
+def test_slotted_sampler_never_reads_device_data_back(graph):
+    """On fake tensors (shapes without data) any op whose result needs the data on the host (an
+    item, a mask, unique, nonzero, repeat_interleave by counts) raises: the device path runs
+    through with none, so on a GPU it never waits inside a batch."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        FakeTensorMode,
+    )
+
+    sampler = NeighborSampler(*graph, [15, 10, 5], seed=4)
+    mode = FakeTensorMode()
+    for name in ("indptr", "indices", "position"):
+        setattr(sampler, name, mode.from_tensor(getattr(sampler, name)))
+    seeds = mode.from_tensor(torch.randperm(graph[0].numel() - 1)[:200])
+    with mode:
+        slotted = sampler.sample_in_slots(seeds, batch=3)
+        assert slotted.sizes.shape == (6,) and slotted.n_id.numel() >= 200
+        with pytest.raises(DataDependentOutputException):  # the check does catch a read
+            int(slotted.sizes.sum())
+        with pytest.raises(DynamicOutputShapeException):
+            torch.unique(slotted.n_id)
+
+
 def test_a_corrupt_csr_is_refused_not_read_out_of_bounds(graph):
     indptr, indices = graph
     bad = indices.clone()
@@ -182,6 +237,10 @@ def test_sampler_refuses_bad_configuration(graph):
         NeighborSampler(*graph, [10], place="tpu")
     with pytest.raises(ValueError, match="distinct"):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1, 1]), batch=0)
+    with pytest.raises(IndexError, match="seed node -3 is out of range"):
+        NeighborSampler(*graph, [10]).sample(torch.tensor([1, -3]), batch=0)
+    with pytest.raises(ValueError, match="1-D tensor of node ids"):
+        NeighborSampler(*graph, [10]).sample(torch.tensor([1.0]), batch=0)
 
 
 def test_dgl_comparison_is_skipped_with_a_reason():
@@ -219,3 +278,36 @@ def test_gpu_sampler_returns_the_cpu_subgraph(graph, place):
     gpu = NeighborSampler(*csr, [15, 10, 5], place=place, seed=4).sample(seeds, batch=2)
     assert torch.equal(gpu.n_id.cpu(), cpu.n_id) and torch.equal(gpu.edge_index.cpu(), cpu.edge_index)
     assert gpu.num_sampled_nodes == cpu.num_sampled_nodes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("place", ["cuda", "uva"])
+def test_gpu_sampling_waits_for_the_device_once_per_batch(graph, place):
+    """No wait while the hops run (sync debug mode "error" raises at the first one); the sizes
+    read at the end are the batch's one wait."""
+    import warnings
+
+    indptr, indices = graph
+    csr = (indptr.pin_memory(), indices.pin_memory()) if place == "uva" else graph
+    sampler = NeighborSampler(*csr, [10, 25], place=place, seed=9)
+    cpu = NeighborSampler(*graph, [10, 25], seed=9)
+    for batch in range(3):
+        seeds = torch.randperm(indptr.numel() - 1, generator=torch.Generator().manual_seed(batch))[:300]
+        on_device = sampler.checked_seeds(seeds)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            slotted = sampler.sample_in_slots(on_device, batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                sub = sampler.finish(slotted)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
+        expected = cpu.sample(seeds, batch)
+        assert torch.equal(sub.n_id.cpu(), expected.n_id) and torch.equal(sub.edge_index.cpu(), expected.edge_index)
+    assert (sampler.position == -1).all()

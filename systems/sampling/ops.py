@@ -9,6 +9,11 @@ reference here and the CUDA kernel return identical samples. With CUDA ``seeds``
 the CSR may then be on the GPU or in pinned host memory (read over PCIe). With CPU ``seeds`` the
 C++ kernel (kernels/sample_cpu.cpp) runs; ``reference`` is the numpy specification both kernels
 are tested against.
+
+``sample_into_slots(indptr, indices, seeds, num_valid, fanout, replace, rng_seed)`` draws the same
+neighbours into fixed slots (seed i's at ``i * fanout``, unused slots -1) for the first
+``num_valid`` seeds only, a count held in a tensor: its output sizes never depend on the data, so
+on a GPU the multi-hop sampler chains hops without reading anything back.
 """
 
 from __future__ import annotations
@@ -215,3 +220,75 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
         ),
     )
     return counts, neighbors
+
+
+@torch.library.custom_op("sampling::sample_into_slots", mutates_args=())
+def sample_into_slots(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    seeds: torch.Tensor,
+    num_valid: torch.Tensor,
+    fanout: int,
+    replace: bool,
+    rng_seed: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_slot_arguments(seeds, num_valid, fanout)
+    valid = int(num_valid)  # on the host, reading it costs nothing
+    if not 0 <= valid <= seeds.numel():
+        raise ValueError(f"num_valid must be in [0, {seeds.numel()}], got {valid}")
+    counts_of_valid, neighbors = sample_neighbors(indptr, indices, seeds[:valid], fanout, replace, rng_seed)
+    counts = torch.zeros(seeds.numel(), dtype=torch.int64)
+    counts[:valid] = counts_of_valid
+    out = torch.full((seeds.numel() * fanout,), -1, dtype=torch.int64)
+    first_of_seed = torch.cumsum(counts_of_valid, 0) - counts_of_valid
+    within = torch.arange(neighbors.numel()) - torch.repeat_interleave(first_of_seed, counts_of_valid)
+    out[torch.repeat_interleave(torch.arange(valid) * fanout, counts_of_valid) + within] = neighbors
+    return counts, out
+
+
+def _check_slot_arguments(seeds: torch.Tensor, num_valid: torch.Tensor, fanout: int) -> None:
+    """What can be checked without reading device memory (seed ids are not: the sampler checks its
+    seeds on the host and reads neighbours from a CSR it validated)."""
+    if seeds.dtype != torch.int64 or seeds.dim() != 1:
+        raise ValueError(f"seeds must be a 1-D int64 tensor, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+    if num_valid.dtype != torch.int64 or num_valid.numel() != 1 or num_valid.device != seeds.device:
+        raise ValueError("num_valid must be one int64 on the seeds' device")
+    if not 1 <= fanout <= MAX_FANOUT:
+        raise ValueError(f"fanout must be between 1 and {MAX_FANOUT}, got {fanout}")
+
+
+@sample_into_slots.register_fake
+def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
+    return seeds.new_empty(seeds.shape), seeds.new_empty((seeds.numel() * fanout,))
+
+
+@sample_into_slots.register_kernel("cuda")
+def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
+    _check_slot_arguments(seeds, num_valid, fanout)
+    if not 0 <= rng_seed < 2**63:
+        raise ValueError(f"rng_seed must be in [0, 2^63), got {rng_seed}")
+    n = seeds.numel()
+    counts = torch.empty(n, dtype=torch.int64, device=seeds.device)
+    out = torch.empty(n * fanout, dtype=torch.int64, device=seeds.device)
+    if n == 0:
+        return counts, out
+    seeds, num_valid = seeds.contiguous(), num_valid.contiguous()
+    nvrtc.launch(
+        nvrtc.load_module(KERNEL_SOURCE),
+        "sample_into_slots",
+        (-(-n // THREADS_PER_BLOCK),),
+        (THREADS_PER_BLOCK,),
+        (
+            np.uint64(_address(indptr)),
+            np.uint64(_address(indices)),
+            np.uint64(seeds.data_ptr()),
+            np.int64(n),
+            np.uint64(num_valid.data_ptr()),
+            np.int32(fanout),
+            np.int32(replace),
+            np.uint64(rng_seed),
+            np.uint64(counts.data_ptr()),
+            np.uint64(out.data_ptr()),
+        ),
+    )
+    return counts, out

@@ -10,9 +10,12 @@ run on it directly; the first ``batch_size`` outputs are the seeds'.
 Where it runs: ``"cpu"`` (CSR in host memory), ``"cuda"`` (CSR copied to GPU memory) or
 ``"uva"`` (CSR pinned in host memory, read by the GPU kernel over PCIe). All three return the
 same subgraph for the same seeds, batch number and seed of the sampler. On the CPU each hop,
-relabelling included, is one call of the C++ kernel (``sample_hop``); on the GPU the hop is the
-op plus torch's unique and indexing (``_sample_with_torch``, which also runs on the CPU, and the
-tests hold the two to the same output).
+relabelling included, is one call of the C++ kernel (``sample_hop``). On the GPU a batch is built
+in fixed-size buffers bounded by the fan-outs (:meth:`NeighborSampler.sample_in_slots`): every
+hop's sizes stay in GPU memory, so the host never waits inside a batch; the one wait is at the
+end, reading the per-hop sizes that give the subgraph its shape (:meth:`NeighborSampler.finish`).
+That path is device-agnostic torch code, and the tests hold it on the CPU to the C++ kernel's
+output and run it on fake tensors, where any read of device data would fail.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from systems import native
-from systems.sampling.ops import BAD_CSR, BAD_CSR_MESSAGE, MAX_FANOUT, check_arguments, cpu_kernels, sample_neighbors
+from systems.sampling.ops import BAD_CSR, BAD_CSR_MESSAGE, MAX_FANOUT, check_arguments, cpu_kernels, sample_into_slots
 
 PLACES = ("cpu", "cuda", "uva")
 
@@ -34,6 +37,18 @@ class SampledSubgraph:
     edge_index: torch.Tensor
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
+    batch_size: int
+
+
+@dataclass
+class SlottedSubgraph:
+    """A batch's subgraph in buffers whose sizes depend on the fan-outs only, with the real sizes
+    in device memory: what the GPU builds without the host waiting."""
+
+    n_id: torch.Tensor  # the seeds, then each hop's new nodes; past them, unused
+    sources: torch.Tensor  # local id of each edge's sampled neighbour; past the edges, unused
+    targets: torch.Tensor  # local id of the node it was sampled for
+    sizes: torch.Tensor  # nodes each hop added, then edges each hop sampled (2 x hops)
     batch_size: int
 
 
@@ -76,19 +91,106 @@ class NeighborSampler:
         self.num_nodes = indptr.numel() - 1
         _check_csr(indptr, indices)
         # Global id -> local id of the batch being built (-1: not in it); reset after each batch.
-        self.position = torch.full((self.num_nodes,), -1, dtype=torch.int64, device=self.device)
+        # One more entry, for the id ``num_nodes`` that marks an unused slot on the GPU path.
+        self.position = torch.full((self.num_nodes + 1,), -1, dtype=torch.int64, device=self.device)
 
     def rng_seed(self, batch: int, hop: int) -> int:
         return ((self.seed * 1_000_003 + batch) * 16 + hop) % (2**63)
 
     def sample(self, seeds: torch.Tensor, batch: int, *, native_kernel: bool = True) -> SampledSubgraph:
         """The subgraph of one batch; ``batch`` numbers the batch (it picks the random draws)."""
-        seeds = seeds.to(self.device, torch.int64)
-        if seeds.unique().numel() != seeds.numel():
-            raise ValueError("seed nodes of a batch must be distinct")
+        seeds = self.checked_seeds(seeds)
         if self.device.type == "cpu" and native_kernel:
             return self._sample_native(seeds.contiguous(), batch)
-        return self._sample_with_torch(seeds, batch)
+        return self.finish(self.sample_in_slots(seeds, batch))
+
+    def checked_seeds(self, seeds: torch.Tensor) -> torch.Tensor:
+        """The seeds as int64 on the sampler's device, refused unless distinct node ids. Seeds on
+        the host (as the pipelines pass them) are checked there and copied without blocking;
+        seeds already on the GPU are checked there, which waits for it."""
+        if seeds.dim() != 1 or seeds.is_floating_point() or seeds.is_complex():
+            raise ValueError(f"seeds must be a 1-D tensor of node ids, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+        seeds = seeds.to(torch.int64)
+        if seeds.numel() and not 0 <= int(seeds.min()) <= int(seeds.max()) < self.num_nodes:
+            bad = seeds[(seeds < 0) | (seeds >= self.num_nodes)][0]
+            raise IndexError(f"seed node {int(bad)} is out of range for a graph of {self.num_nodes} nodes")
+        if seeds.unique().numel() != seeds.numel():
+            raise ValueError("seed nodes of a batch must be distinct")
+        if seeds.device == self.device:
+            return seeds
+        return (seeds.pin_memory() if self.device.type == "cuda" else seeds).to(self.device, non_blocking=True)
+
+    def bounds(self, batch_size: int) -> list[int]:
+        """The most nodes each hop's frontier can hold: the seeds, then each hop's new nodes
+        (at most every draw of the hop before, and at most the graph)."""
+        frontier = [batch_size]
+        for fanout in self.fanouts:
+            frontier.append(min(frontier[-1] * fanout, self.num_nodes))
+        return frontier
+
+    def sample_in_slots(self, seeds: torch.Tensor, batch: int) -> SlottedSubgraph:
+        """One batch's subgraph without the host waiting for the device: checked ``seeds`` on the
+        sampler's device (see :meth:`checked_seeds`), every buffer sized by the fan-outs.
+
+        A hop draws into fixed slots (seed i's neighbours at i * fanout); its new nodes are the
+        drawn ids not yet in the batch, in ascending order (as the C++ kernel numbers them),
+        found by sorting the slots, unused ones holding ``absent``, an id past every node that
+        sorts last. Counts and offsets are prefix sums in device memory; entries past them are
+        written to one spare slot at the end of each buffer, so no write needs a size read back.
+        """
+        dev, position, absent = self.device, self.position, self.num_nodes
+        bounds = self.bounds(seeds.numel())
+        node_room = min(sum(bounds), self.num_nodes)
+        edge_room = sum(b * k for b, k in zip(bounds, self.fanouts))
+        n_id = torch.full((node_room + 1,), absent, dtype=torch.int64, device=dev)
+        sources = torch.empty(edge_room + 1, dtype=torch.int64, device=dev)
+        targets = torch.empty(edge_room + 1, dtype=torch.int64, device=dev)
+        n_id[: seeds.numel()] = seeds
+        nodes = torch.full((1,), seeds.numel(), dtype=torch.int64, device=dev)  # in the batch so far
+        edges = torch.zeros(1, dtype=torch.int64, device=dev)
+        frontier, frontier_size = seeds, nodes.clone()
+        added_per_hop, edges_per_hop = [], []
+        try:
+            position.scatter_(0, seeds, torch.arange(seeds.numel(), device=dev))
+            for hop, fanout in enumerate(self.fanouts):
+                counts, drawn = sample_into_slots(
+                    self.indptr, self.indices, frontier, frontier_size, fanout, self.replace, self.rng_seed(batch, hop)
+                )
+                real = (torch.arange(fanout, device=dev) < counts[:, None]).reshape(-1)
+                ordered = torch.sort(torch.where(real, drawn, absent)).values
+                first = torch.ones_like(real)
+                first[1:] = ordered[1:] != ordered[:-1]
+                is_new = first & (ordered != absent) & (position.index_select(0, ordered) < 0)
+                rank = torch.cumsum(is_new, 0) - 1  # among this hop's new nodes
+                local = nodes + rank
+                position.scatter_(0, torch.where(is_new, ordered, absent), torch.where(is_new, local, -1))
+                n_id.scatter_(0, torch.where(is_new, local, node_room), ordered)
+                next_room = bounds[hop + 1]
+                next_frontier = torch.zeros(next_room + 1, dtype=torch.int64, device=dev)
+                next_frontier.scatter_(0, torch.where(is_new, rank, next_room), ordered)
+                # Edges in slot order (seed by seed, draw by draw), as the C++ kernel lists them.
+                slot = torch.where(real, edges + torch.cumsum(real, 0) - 1, edge_room)
+                sources.scatter_(0, slot, position.index_select(0, torch.where(real, drawn, absent)))
+                targets.scatter_(0, slot, position.index_select(0, frontier)[:, None].expand(-1, fanout).reshape(-1))
+                added, sampled = is_new.sum().reshape(1), real.sum().reshape(1)
+                added_per_hop.append(added)
+                edges_per_hop.append(sampled)
+                nodes, edges = nodes + added, edges + sampled
+                frontier, frontier_size = next_frontier[:next_room], added
+        finally:
+            position.index_fill_(0, n_id, -1)  # the id map is clean for the next batch, also after an error
+        sizes = torch.cat(added_per_hop + edges_per_hop)
+        return SlottedSubgraph(n_id[:node_room], sources[:edge_room], targets[:edge_room], sizes, seeds.numel())
+
+    def finish(self, slotted: SlottedSubgraph) -> SampledSubgraph:
+        """The subgraph cut to its real sizes: the batch's one wait for the device, for the few
+        sizes that give its tensors their shapes."""
+        sizes = slotted.sizes.tolist()
+        hops = len(self.fanouts)
+        added, edges = sizes[:hops], sizes[hops:]
+        n_id = slotted.n_id[: slotted.batch_size + sum(added)]
+        edge_index = torch.stack([slotted.sources[: sum(edges)], slotted.targets[: sum(edges)]])
+        return SampledSubgraph(n_id, edge_index, [slotted.batch_size, *added], edges, slotted.batch_size)
 
     def _sample_native(self, seeds: torch.Tensor, batch: int) -> SampledSubgraph:
         kernels, p = cpu_kernels(), native.pointer
@@ -137,32 +239,5 @@ class NeighborSampler:
         finally:
             for ids in n_ids:
                 kernels.reset_positions(p(position), p(ids), ids.numel())
-        edge_index = torch.stack([torch.cat(sources), torch.cat(targets)])
-        return SampledSubgraph(n_id, edge_index, num_nodes, num_edges, seeds.numel())
-
-    def _sample_with_torch(self, seeds: torch.Tensor, batch: int) -> SampledSubgraph:
-        position = self.position
-        n_ids, sources, targets = [seeds], [], []
-        position[seeds] = torch.arange(seeds.numel(), device=self.device)
-        total, frontier = seeds.numel(), seeds
-        num_nodes, num_edges = [seeds.numel()], []
-        try:
-            for hop, fanout in enumerate(self.fanouts):
-                counts, neighbors = sample_neighbors(
-                    self.indptr, self.indices, frontier, fanout, self.replace, self.rng_seed(batch, hop)
-                )
-                targets.append(torch.repeat_interleave(position[frontier], counts))
-                new = torch.unique(neighbors[position[neighbors] < 0])
-                position[new] = torch.arange(total, total + new.numel(), device=self.device)
-                total += new.numel()
-                sources.append(position[neighbors])
-                n_ids.append(new)
-                num_nodes.append(new.numel())
-                num_edges.append(neighbors.numel())
-                frontier = new
-            n_id = torch.cat(n_ids)
-        finally:
-            for ids in n_ids:
-                position[ids] = -1
         edge_index = torch.stack([torch.cat(sources), torch.cat(targets)])
         return SampledSubgraph(n_id, edge_index, num_nodes, num_edges, seeds.numel())

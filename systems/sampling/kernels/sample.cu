@@ -68,3 +68,44 @@ extern "C" __global__ void sample_neighbors(const long long* __restrict__ indptr
     }
     for (int c = 0; c < fanout; ++c) dst[c] = indices[start + chosen[c]];
 }
+
+// The same draws in fixed slots, for sampling without waiting for the host: seed i's samples go
+// to out[i * fanout ...], counts[i] says how many are real, and unused slots hold -1. Only the
+// first *num_valid seeds are sampled (the count lives in GPU memory, written by the hop before);
+// the grid covers num_seeds, a bound on it, so no one needs to read the count back to launch.
+extern "C" __global__ void sample_into_slots(const long long* __restrict__ indptr,
+                                             const long long* __restrict__ indices,
+                                             const long long* __restrict__ seeds, long long num_seeds,
+                                             const long long* __restrict__ num_valid, int fanout, int replace,
+                                             u64 rng_seed, long long* __restrict__ counts,
+                                             long long* __restrict__ out) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= num_seeds) return;
+    long long* dst = out + i * fanout;
+    long long count = 0;
+    if (i < *num_valid) {
+        const long long node = seeds[i];
+        const long long start = indptr[node];
+        const long long degree = indptr[node + 1] - start;
+        count = sample_count(degree, fanout, replace);
+        if (replace) {
+            for (int s = 0; s < count; ++s)
+                dst[s] = indices[start + (long long)(draw(rng_seed, node, s) % (u64)degree)];
+        } else if (degree <= fanout) {
+            for (long long s = 0; s < degree; ++s) dst[s] = indices[start + s];
+        } else {
+            long long chosen[MAX_FANOUT];
+            int picked = 0;
+            for (long long j = degree - fanout; j < degree; ++j) {  // Floyd, as in sample_neighbors
+                long long t = (long long)(draw(rng_seed, node, j) % (u64)(j + 1));
+                for (int c = 0; c < picked; ++c) {
+                    if (chosen[c] == t) { t = j; break; }
+                }
+                chosen[picked++] = t;
+            }
+            for (int c = 0; c < fanout; ++c) dst[c] = indices[start + chosen[c]];
+        }
+    }
+    counts[i] = count;
+    for (long long s = count; s < fanout; ++s) dst[s] = -1;
+}

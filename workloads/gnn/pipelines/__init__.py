@@ -20,8 +20,9 @@ with ``_`` is imported when the registry is first read, or a module of your own 
 ``zero_copy_overlap``  as ``zero_copy``, but a background thread prepares the next batches (on
                        a side stream, gather with capped threads) while batch i trains.
 ``uva_sampling``       the GPU samples from the CSR pinned in host memory and gathers zero-copy
-                       (DGL's UVA mode).
-``all_in_gpu``         CSR and features in GPU memory: the upper bound.
+                       (DGL's UVA mode), the next batches prepared ahead on a side stream.
+``all_in_gpu``         CSR and features in GPU memory, sampled on the GPU ahead of training on a
+                       side stream: the upper bound.
 ``hot_cache``          ``zero_copy`` with the most used rows kept in GPU memory, chosen by
                        counting the rows of sampled warm-up batches (the fill is timed).
 ``hot_cache_oracle``   the same cache filled with the rows the measured epochs use most, known
@@ -142,7 +143,7 @@ class Graph:
         self.train_idx = torch.from_numpy(arrays["train_idx"])
         self.val_idx = torch.from_numpy(arrays["val_idx"])
         self.device = device
-        self._unified = self._gpu = None
+        self._unified = None
 
     def unified_features(self):
         if self._unified is None:
@@ -157,12 +158,6 @@ class Graph:
         if not self.indptr.is_pinned():
             self.indptr, self.indices = self.indptr.pin_memory(), self.indices.pin_memory()
         return self.indptr, self.indices
-
-    def gpu_features(self) -> torch.Tensor:
-        """The feature table in GPU memory (the all-in-GPU sampler keeps its own copy of the CSR)."""
-        if self._gpu is None:
-            self._gpu = self.features.cuda()
-        return self._gpu
 
     def close(self) -> None:
         if self._unified is not None:
@@ -342,6 +337,7 @@ class Pipeline:
             raise ValueError(f"worker_threads must be >= 1, got {worker_threads}")
         self.table = None  # the feature table registered for zero-copy reads, where a kind uses one
         self.side_stream = None  # where a prefetch thread prepares batches, where a kind uses one
+        self.cache = None  # a hot-row cache in GPU memory, where a kind keeps one
         rows_from = (graph.features, self.labels) if kind.worker_gathers else None
         self.training_batches = _TrainingBatches(
             self.sampler, graph.train_idx, batch_size, seed, shard, rows_from, worker_threads
@@ -385,9 +381,10 @@ class Pipeline:
         self._loader = self._make_loader() if self._loader is not None else None
 
     def close(self) -> None:
-        """Stop the sampling workers."""
+        """Stop the sampling workers and let go of what the pipeline keeps in GPU memory."""
         self._stop_workers()
         self._loader = None
+        self.table = self.side_stream = self.cache = self.sampler = self.training_batches = None
 
     def epoch_metrics(self) -> dict[str, tuple[float, str]]:
         """The kind's own measurements of the epoch just trained ({metric: (value, unit)}); call
