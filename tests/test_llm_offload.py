@@ -523,6 +523,146 @@ def test_micro_batches_can_check_a_slice_of_a_large_micro_batch(scratch, monkeyp
     assert {r["variant"] for r in rows} == {"keep", "recompute", "offload_all_host"}
 
 
+# --- memory_bound: the largest micro-batch under a memory cap -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "candidates, limit",
+    [([1, 2, 4, 8, 16, 32], 5), ([12, 3, 7, 5, 3], 7), ([1, 2, 4], 0), ([1, 2, 4], 99), ([6], 6), ([6], 5)],
+)
+def test_the_search_finds_the_largest_micro_batch_that_fits_asking_each_once(candidates, limit):
+    from workloads.llm_offload.memory_bound import largest_fitting
+
+    asked = []
+    search = largest_fitting(candidates, lambda micro: asked.append(micro) or micro <= limit)
+    fitting = [c for c in candidates if c <= limit]
+    assert search.largest == (max(fitting) if fitting else None)
+    assert len(asked) == len(set(asked)) and list(search.tried) == asked
+    assert all(fit == (micro <= limit) for micro, fit in search.tried.items())
+    distinct = len(set(candidates))
+    assert len(asked) <= distinct.bit_length()  # bisection: about log2 of the candidates' count
+
+
+@pytest.mark.parametrize("candidates", [[], [0, 2], [2, -1], [1.5], [True], ["4"]])
+def test_the_search_refuses_what_is_not_a_list_of_micro_batches(candidates):
+    from workloads.llm_offload.memory_bound import largest_fitting
+
+    with pytest.raises(UserError, match="positive integers"):
+        largest_fitting(candidates, lambda micro: True)
+
+
+MEMORY_BOUND = {
+    "seed": 0,
+    "model": {"family": "llama", "preset": "tiny"},
+    "global_batch": 8,
+    "micro_batches": [1, 2, 4, 8],
+    "compare": ["recompute", "offload_all"],
+    **HOST_STORE,
+    "min_bytes": 1024,
+    # The tiny Llama's state (weights, gradients, AdamW's moments: 2.2 MB in float32) and about
+    # 0.45 MB of keep's activations per sequence: keep fits 2 sequences, offloading 4, recompute 8.
+    "memory_cap_gib": 0.0031,
+}
+
+
+def test_memory_bound_finds_each_policys_largest_micro_batch_under_an_emulated_cap(scratch):
+    """On a CPU the cap is a byte limit on the model's state plus what a step holds for backward:
+    each policy's largest micro-batch is the largest whose counted bytes stay under it (checked
+    against the counts of the part's own rows), the memory freed buys keep's micro-batch 2 four
+    times over under recompute, and tokens per second are recorded only where the search ended."""
+    from workloads.llm_offload.memory_bound import GIB
+
+    rows = Rows()
+    notes = parts.memory_bound(MEMORY_BOUND, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    largest = {label: search["largest"] for label, search in notes["searches"].items()}
+    assert largest == {"keep": 2, "recompute": 8, "offload_all_host": 4}
+    fits = {(r["variant"], r["config"]["micro_batch"]): r["value"] for r in rows if r.get("metric") == "fits"}
+    assert fits[("keep", 2)] == 1 and fits[("keep", 4)] == 0 and fits[("offload_all_host", 8)] == 0
+    state = 4 * notes["models"]["llama-tiny"]["parameters"] * 4  # float32 weights, gradients, two moments
+    cap = MEMORY_BOUND["memory_cap_gib"] * GIB
+    for row in rows:
+        if row.get("metric") == "activation_bytes":
+            assert row["config"]["micro_batch"] == largest[row["variant"]]
+            assert state + row["value"] <= cap
+            # Twice the micro-batch holds about twice the bytes: past the cap, as the search found.
+            assert state + 2 * row["value"] > cap or largest[row["variant"]] == 8
+    speeds = {r["variant"]: r["config"]["micro_batch"] for r in rows if r.get("metric") == "tokens_per_second"}
+    assert speeds == largest
+    timed = [r for r in rows if "metric" not in r]
+    assert {r["config"]["memory_cap_gib"] for r in timed} == {0.0031}
+
+
+def test_memory_bound_records_an_out_of_memory_as_not_fitting_and_frees_before_the_next_try(scratch, monkeypatch):
+    """An OutOfMemoryError in a step (raised here for micro-batches above 2, as a GPU under the cap
+    would) is a micro-batch that does not fit: recorded, its memory given back, the search goes on;
+    nothing but that error is caught."""
+    from workloads.llm_offload import memory_bound
+
+    freed = []
+    real_free = memory_bound.free
+    monkeypatch.setattr(memory_bound, "free", lambda: freed.append(1) or real_free())
+    forward = torch.nn.Module.__call__
+
+    def running_out_above_two(self, *args, **kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is not None and len(ids) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test's)")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", running_out_above_two)
+    params = MEMORY_BOUND | {"memory_cap_gib": 1.0, "compare": ["recompute"]}
+    rows = Rows()
+    notes = parts.memory_bound(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    assert notes["searches"]["keep"] == {"tried": {"4": False, "2": True}, "largest": 2}
+    assert notes["searches"]["recompute"]["largest"] == 2 and len(freed) >= 4
+
+    def failing(self, *args, **kwargs):
+        raise RuntimeError("not a memory error")
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", failing)
+    with pytest.raises(RuntimeError, match="not a memory error"):
+        parts.memory_bound(params, Rows(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+
+
+def test_memory_bound_refuses_a_bad_cap_and_micro_batches_that_do_not_divide(scratch, monkeypatch):
+    def run_with(**changes):
+        parts.memory_bound(MEMORY_BOUND | changes, Rows(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+
+    with pytest.raises(UserError, match="memory_cap_gib must be positive"):
+        run_with(memory_cap_gib=0)
+    with pytest.raises(UserError, match="does not divide the global batch 8"):
+        run_with(micro_batches=[3])
+
+    def out_of_memory(self, *args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test's)")
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", out_of_memory)
+    with pytest.raises(UserError, match="keep's checked step on 1 sequences does not fit"):
+        run_with()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_cap_is_the_allocators_and_is_lifted_afterwards(scratch):
+    """On a GPU the cap is enforced by the allocator: keep runs out of memory at the larger
+    micro-batches, recompute fits at least keep's largest, and the cap is gone after the part."""
+    from workloads.llm_offload.memory_bound import GIB
+
+    params = MEMORY_BOUND | {
+        "model": {"family": "llama", "preset": "tiny", "sequence": 512},
+        "global_batch": 128,
+        "micro_batches": [1, 2, 4, 8, 16, 32, 64, 128],
+        "min_bytes": 1 << 16,
+        "memory_cap_gib": 0.25,
+    }
+    rows = Rows()
+    notes = parts.memory_bound(params, rows, repeat=1, warmup=0, device="cuda", scratch_dir=scratch)
+    searches = notes["searches"]
+    assert False in searches["keep"]["tried"].values() and searches["keep"]["largest"] is not None
+    assert searches["recompute"]["largest"] >= searches["keep"]["largest"]
+    big = torch.empty(int(0.5 * GIB), dtype=torch.uint8, device="cuda")  # above the cap: allowed again
+    del big
+
+
 # --- the notebook ----------------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """The measuring functions of the llm_offload topic: ``policies``, ``models``, ``shapes``,
-``micro_batches`` and ``convergence``. They choose what to run from the registries of
-systems/ssdtrain (variants.py) and measure it; the policies and stores themselves live there.
+``micro_batches``, ``memory_bound`` (memory_bound.py) and ``convergence``. They choose what to run
+from the registries of systems/ssdtrain (variants.py) and measure it; the policies and stores
+themselves live there.
 
 For each model of the scale: one seeded batch; a reference step with no hooks at all (``keep``'s
 losses and gradients), taken twice to show it reproduces; then every variant's step on the same
@@ -40,7 +41,7 @@ from workloads.llm_offload.schema import SCHEMA
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw warnings about token ids
 
-__all__ = ["NotBitIdentical", "convergence", "micro_batches", "models", "policies", "shapes"]
+__all__ = ["NotBitIdentical", "convergence", "memory_bound", "micro_batches", "models", "policies", "shapes"]
 
 
 def _add(writer, dataset: str, variant: choose.Variant, config: dict, metric: str, value, repetition: int) -> None:
@@ -380,6 +381,14 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
                 first = policy.history[(warmup + rep) * len(steps)]  # every micro-step holds the same
                 _add(writer, dataset, variant, config, "activation_bytes", first["activation_bytes"], rep)
     return notes
+
+
+def memory_bound(params, writer, **kwargs):
+    """Each policy's largest micro-batch under a cap on device memory and its throughput there
+    (workloads/llm_offload/memory_bound.py)."""
+    from workloads.llm_offload import memory_bound as part
+
+    return part.memory_bound(params, writer, add_row=_add, model_spec=_model_spec, **kwargs)
 
 
 def convergence(params, writer, *, device, scratch_dir, **_):

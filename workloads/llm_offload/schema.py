@@ -30,11 +30,15 @@ the host on a GPU count as written and read, every save again, parameters includ
 moves nothing). The planned policies (``offload_adaptive``: SSDTrain's rule; ``planner``: keep,
 offload or recompute per layer within a budget) record their plan's predictions as the metrics
 ``predicted_time`` and ``predicted_activation_bytes`` (repetition 0), beside the measured ones.
+Part ``memory_bound`` records, per policy, ``fits`` for each micro-batch its search tried under
+the cap ``memory_cap_gib``, and at the largest that fit the timed steps (``time`` per optimizer
+step of ``global_batch`` sequences) and ``tokens_per_second``.
 
 The policies on blocks compiled by ``torch.compile`` (``compiled`` true; where a part's
 parameters set ``compiled``): ``compiled_keep`` (peer; the reference of the compiled ones, as
 ``keep`` is of the eager ones), ``torch_budget`` (peer; ``activation_budget`` says under which
-budget, the variant ``torch_budget_0.5``) and ``offload_all_compiled`` (optimized, with each store).
+budget, the variant ``torch_budget_0.5``), ``offload_all_compiled`` (optimized, with each store) and
+``planned_compiled`` (optimized: the planner on a profile of the compiled blocks).
 """
 
 from harness.results import Schema
@@ -49,7 +53,8 @@ SCHEMA = Schema(
         "layers": int,
         "sequence": int,
         "micro_batch": int,
-        "global_batch": int,  # micro_batches: sequences per optimizer step (gradient accumulation)
+        "global_batch": int,  # micro_batches, memory_bound: sequences per optimizer step (gradient accumulation)
+        "memory_cap_gib": float,  # memory_bound: the cap on device memory (GiB) the micro-batch had to fit under
         "dtype": str,  # "bfloat16" on a GPU, "float32" on a CPU
         "policy": str,  # a name of systems.ssdtrain.POLICIES: keep, recompute, offload_all, ...
         "store": str,  # a name of systems.ssdtrain.STORES (host, file, kvikio, emulated); empty: no store
@@ -74,6 +79,8 @@ SCHEMA = Schema(
         "write_seconds": "s",  # wall time the store had a write in flight during the step
         "read_seconds": "s",  # ...a read
         "out_of_memory": "1",  # micro_batches: 1 where the micro-batch did not fit in GPU memory
+        "fits": "1",  # memory_bound: 1 where the policy's steps ran under the cap at that micro-batch, 0 if not
+        "tokens_per_second": "tokens/s",  # memory_bound: at the policy's largest micro-batch under the cap
         "predicted_time": "s",  # the plan's predicted step time (systems/ssdtrain/planning.py)
         "predicted_activation_bytes": "B",  # ...and activation bytes when forward ends
     },

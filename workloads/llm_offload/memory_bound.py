@@ -1,0 +1,312 @@
+"""Part ``memory_bound``: the memory a policy frees, spent on the largest micro-batch that fits
+under a cap on device memory, and the throughput that buys (SSDTrain's second claim: up to 31%
+more than keeping every activation at keep's own largest micro-batch).
+
+Each policy trains ``global_batch`` sequences per optimizer step in micro-batches of one of
+``micro_batches`` (each dividing the global batch, gradient accumulation over the rest), under a
+cap of ``memory_cap_gib`` GiB on what the device may hold. :func:`largest_fitting` searches the
+micro-batches for the largest whose training steps run under the cap: a try that runs out of
+memory is recorded as not fitting, its memory given back before the next. At each policy's
+largest micro-batch its steps are timed; tokens per second there over keep's at keep's largest is
+the claim's number.
+
+The cap. On a GPU it is the caching allocator's limit (``torch.cuda.set_per_process_memory_fraction``:
+an allocation that would take the process's allocated and cached memory past it raises
+``OutOfMemoryError``), set before the model is built, so weights, gradients and optimizer state
+count against it, as they do on a GPU of that size. Without a GPU no allocation fails, so the cap
+is emulated: a micro-batch fits where the model's state (weights, gradients, AdamW's two moments:
+four times the weights' bytes) plus the activation bytes the step holds for backward (as the
+policies count them) stay under it. The search is the same either way; only ``fits`` differs.
+
+The search assumes that a micro-batch that fits makes every smaller one fit (memory grows with the
+micro-batch), so it halves the candidates at each try: about log2 of their count tries per policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import gc
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.errors import UserError
+from harness.timing import measure
+from systems.ssdtrain import Unavailable
+from workloads.llm.cost import training_flops
+from workloads.llm.data import batches
+from workloads.llm.layers import blocks
+from workloads.llm.models import build
+from workloads.llm_offload import variants as choose
+from workloads.llm_offload.checking import check_identical, deterministic, one_step
+
+GIB = 1 << 30
+
+
+@dataclass
+class Search:
+    """What :func:`largest_fitting` found: the largest candidate that fit (None: not even the
+    smallest), and each candidate tried, in the order tried, with whether it fit."""
+
+    largest: int | None
+    tried: dict[int, bool] = field(default_factory=dict)
+
+
+def largest_fitting(candidates: Iterable[int], fits: Callable[[int], bool]) -> Search:
+    """The largest of ``candidates`` (positive integers) for which ``fits`` is true, by bisection:
+    ``fits`` is asked about one candidate at a time, never twice about one, and is assumed monotone
+    (true for a candidate, true for every smaller one)."""
+    ordered = sorted(set(candidates))
+    if not ordered or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in ordered):
+        raise UserError(f"the micro-batches to search must be positive integers, got {list(candidates)!r}")
+    search = Search(None)
+    low, high = 0, len(ordered)  # ordered[:low] fit; ordered[high:] do not
+    while low < high:
+        middle = (low + high) // 2
+        fit = bool(fits(ordered[middle]))
+        search.tried[ordered[middle]] = fit
+        if fit:
+            low = middle + 1
+        else:
+            high = middle
+    search.largest = ordered[low - 1] if low else None
+    return search
+
+
+class MemoryCap:
+    """A cap of ``cap_bytes`` on ``device``'s memory, within a ``with`` block (see the module): on a
+    GPU the allocator's limit, set on entry and lifted on exit; on a CPU :meth:`over` tells whether a
+    step's counted bytes go past it."""
+
+    def __init__(self, cap_bytes: int, device: str):
+        if not cap_bytes > 0:
+            raise UserError(f"memory_cap_gib must be positive, got {cap_bytes / GIB!r} GiB")
+        self.cap_bytes, self.device = int(cap_bytes), device
+        self.state_bytes = 0  # CPU: what the model holds whatever the micro-batch (set once it is built)
+
+    def __enter__(self) -> MemoryCap:
+        if self.device == "cuda":
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            if self.cap_bytes > total:
+                cap, here = self.cap_bytes / GIB, total / GIB
+                raise UserError(f"memory_cap_gib {cap:g} is above this GPU's {here:.1f} GiB: no cap to enforce")
+            free()
+            torch.cuda.set_per_process_memory_fraction(self.cap_bytes / total)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0)
+            free()
+
+    def hold_state_of(self, model: torch.nn.Module) -> None:
+        """Count ``model``'s weights, gradients and AdamW's two moments against the emulated cap."""
+        self.state_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def over(self, activation_bytes: int) -> bool:
+        """Whether a step holding ``activation_bytes`` for backward goes past the emulated cap (always
+        false on a GPU, where the allocator enforces the cap itself)."""
+        return self.device != "cuda" and self.state_bytes + activation_bytes > self.cap_bytes
+
+
+def free() -> None:
+    """Give back what a step left: the garbage of an interrupted step, then the allocator's cache, so
+    that the next try starts from the same memory as the first."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def runs_out_of_memory(step: Callable[[], object]) -> bool:
+    """Run ``step``; whether it ran out of device memory. What the failed step held (its exception's
+    frames hold its tensors) is given back before this returns."""
+    try:
+        step()
+    except torch.cuda.OutOfMemoryError:
+        pass  # the exception, and the frames that hold the step's tensors, go when this clause ends
+    else:
+        return False
+    free()
+    return True
+
+
+def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row, model_spec, **_):
+    """The part (see the module). ``add_row`` writes one metric row (parts._add); ``model_spec``
+    reads the model entry (parts._model_spec)."""
+    notes = {"skipped": {}, "models": {}, "memory_cap_gib": params["memory_cap_gib"], "searches": {}}
+    chosen = choose.policies(params, device, notes, plans=False)
+    runs = choose.variants(chosen, choose.store_setups(params, device, notes, scratch_dir), params)
+    dataset, shape = model_spec(params["model"])
+    global_batch, candidates = params["global_batch"], sorted(params["micro_batches"])
+    for micro in candidates:
+        if global_batch % micro:
+            raise UserError(f"micro-batch {micro} does not divide the global batch {global_batch}")
+    checked_rows = min(params.get("check_micro_batch") or candidates[0], global_batch)
+    with MemoryCap(int(params["memory_cap_gib"] * GIB), device) as cap:
+        built = build(shape, device=device, seed=params["seed"])
+        model = built.model
+        cap.hold_state_of(model)
+        parameters = sum(p.numel() for p in model.parameters())
+        notes["models"][dataset] = {"attention": built.attention, "parameters": parameters}
+        base = {
+            "device": device,
+            "family": shape.family,
+            "preset": params["model"]["preset"],
+            "hidden": shape.hidden,
+            "layers": shape.layers,
+            "sequence": shape.sequence,
+            "global_batch": global_batch,
+            "memory_cap_gib": float(params["memory_cap_gib"]),
+            "dtype": str(built.dtype).removeprefix("torch."),
+        }
+        checked = _checked(runs, model, shape, params, checked_rows, device, scratch_dir, notes)
+        trials = Trials(model, _optimizer_with_its_state(model, device), shape, params, cap, device, repeat, warmup)
+        try:
+            for variant, policy in checked:
+                search = largest_fitting(candidates, functools.partial(trials.fits, policy))
+                tried = {str(micro): fit for micro, fit in search.tried.items()}
+                notes["searches"][variant.label] = {"tried": tried, "largest": search.largest}
+                failed = trials.record(variant, policy, search, writer, dataset, base, add_row)
+                if failed:
+                    notes.setdefault("out_of_memory", {})[variant.label] = failed
+        finally:
+            for variant, policy in checked:
+                policy.close()
+                variant.close()
+    return notes
+
+
+def _checked(runs, model, shape, params, rows, device, folder, notes) -> list:
+    """Each variant built and its step on ``rows`` sequences checked bit-identical to keep's, under
+    the cap (a variant whose check does not fit is skipped, with a note)."""
+    layers = [block for _, block in blocks(model)]
+    batch = next(batches(dataclasses.replace(shape, micro_batch=rows), seed=params["seed"], device=device))
+    results = {}
+
+    def check(name, policy=None):
+        with deterministic(device), policy.reading_back() if policy else contextlib.nullcontext():
+            results[name] = one_step(model, batch, policy)
+
+    if runs_out_of_memory(functools.partial(check, None)):
+        raise UserError(
+            f"keep's checked step on {rows} sequences does not fit under memory_cap_gib {params['memory_cap_gib']}: "
+            "raise the cap or lower check_micro_batch"
+        )
+    checked = []
+    for variant in runs:
+        try:
+            policy = variant.build(model, layers, params, folder)
+        except Unavailable as err:
+            notes["skipped"][variant.label] = str(err)
+            continue
+        try:
+            if runs_out_of_memory(functools.partial(check, variant.label, policy)):
+                notes["skipped"][variant.label] = f"its checked step on {rows} sequences does not fit under the cap"
+                policy.reset()
+                policy.close()
+                variant.close()
+                continue
+            check_identical(f"{variant.label} under the memory cap", results[None], results.pop(variant.label))
+        except BaseException:
+            policy.close()
+            variant.close()
+            raise
+        checked.append((variant, policy))
+    model.zero_grad(set_to_none=True)
+    results.clear()
+    free()
+    return checked
+
+
+def _optimizer_with_its_state(model, device: str) -> torch.optim.Optimizer:
+    """AdamW with its moments and the gradients allocated (as after a first step), so that they count
+    against the cap from the first try on. Fused on a GPU: the unfused step allocates temporaries the
+    size of the weights, memory a training loop short of memory would not spend."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    return optimizer
+
+
+@dataclass
+class Trials:
+    """One policy's training steps at one micro-batch at a time: :meth:`fits` (the search's
+    question: one optimizer step, under the cap or not) and :meth:`record` (the steps timed at the
+    largest micro-batch that fit, and a row per micro-batch tried)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    shape: object  # the model's ModelSpec
+    params: dict
+    cap: MemoryCap
+    device: str
+    repeat: int
+    warmup: int
+
+    def _train_step(self, policy, micro: int) -> Callable[[], None]:
+        """One optimizer step over the global batch in micro-batches of ``micro`` sequences."""
+        data = batches(dataclasses.replace(self.shape, micro_batch=micro), seed=self.params["seed"], device=self.device)
+        steps = [next(data) for _ in range(self.params["global_batch"] // micro)]
+
+        def train_step():
+            self.optimizer.zero_grad(set_to_none=False)  # gradients stay allocated, as in training
+            for batch in steps:
+                with policy.step():
+                    self.model(**batch).loss.backward()
+            self.optimizer.step()
+
+        return train_step
+
+    def fits(self, policy, micro: int) -> bool:
+        """Whether ``policy``'s optimizer step at micro-batch ``micro`` runs under the cap."""
+        policy.history.clear()
+        step = self._train_step(policy, micro)
+        if runs_out_of_memory(step):
+            policy.reset()
+            return False
+        # A peer's hooks may not say what they keep on the device: then every byte they saved counts.
+        held = max(c.get("activation_bytes", c.get("bytes_unique", 0)) for c in policy.history)
+        free()
+        return not self.cap.over(held)
+
+    def record(self, variant, policy, search: Search, writer, dataset: str, base: dict, add_row) -> str | None:
+        """A ``fits`` row per micro-batch tried; at the largest that fit, the timed steps, their
+        tokens per second and the activation bytes a micro-step held. Returns why nothing was timed
+        where the timed steps ran out of memory after their probe fit (None otherwise)."""
+        for micro, fit in search.tried.items():
+            config = base | {"micro_batch": micro} | variant.columns(self.params)
+            add_row(writer, dataset, variant, config, "fits", int(fit), 0)
+        if search.largest is None:
+            return None
+        micro = search.largest
+        step = self._train_step(policy, micro)
+        policy.history.clear()
+        timed = {}
+
+        def time_steps():
+            desc = f"b={micro} {variant.label}"
+            timed["m"] = measure(step, device=self.device, repeat=self.repeat, warmup=self.warmup, desc=desc)
+
+        if runs_out_of_memory(time_steps):
+            policy.reset()
+            return f"its timed steps at micro-batch {micro} ran out of memory (its probe step fit)"
+        m, history = timed["m"], list(policy.history)
+        free()
+        config = base | {"micro_batch": micro} | variant.columns(self.params)
+        micro_steps = base["global_batch"] // micro
+        flops = training_flops(dataclasses.replace(self.shape, micro_batch=micro)) * micro_steps
+        writer.add_measurement(m, role=variant.role, variant=variant.label, config=config, flops=flops, dataset=dataset)
+        row = functools.partial(add_row, writer, dataset, variant, config)
+        first_timed = len(history) - len(m.seconds) * micro_steps  # the warm-up steps come first
+        for rep, seconds in enumerate(m.seconds):
+            row("tokens_per_second", base["global_batch"] * self.shape.sequence / seconds, rep)
+            counts = history[first_timed + rep * micro_steps]
+            if "activation_bytes" in counts:
+                row("activation_bytes", counts["activation_bytes"], rep)
+        return None
