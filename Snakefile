@@ -27,6 +27,7 @@ include: "workflow/rules/topics.smk"
 # The papers' headline claims against each machine's results, and the `claims` target.
 include: "workflow/rules/claims.smk"
 # Supporting figures beside each figure, with their captions, and the docs' generated tables.
+include: "workflow/rules/supporting.smk"
 include: "workflow/rules/report.smk"
 
 

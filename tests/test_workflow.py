@@ -15,6 +15,7 @@ lock. The interrupted run and the load test make copies of their own and run bes
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -273,3 +274,37 @@ def test_bad_input_is_refused_in_one_line(workdir, args, env, message):
     if message.startswith("error:"):
         errors = [line for line in output.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "Traceback" not in output
+
+
+def committed_figures():
+    """Every PNG under paper_figs/ that git tracks (relative paths)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "paper_figs"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return sorted(path for path in listed if path.endswith(".png"))
+
+
+@SHARED_COPY
+def test_figures_plans_only_rendering(workdir):
+    """`figures` never measures: its dry run plans renders (and supporting-figure checks) only."""
+    dry = snakemake(workdir, "--cores", "1", "-n", "figures")
+    rules = {
+        line.split()[1].rstrip(":") for line in dry.stdout.splitlines() if line.startswith(("rule ", "localrule "))
+    }
+    assert planned_jobs(dry, "measure") == 0
+    assert all(rule.endswith("_figure") or rule in {"figures", "claims_table"} for rule in rules), rules
+
+
+@SHARED_COPY
+def test_the_report_shows_every_committed_figure_with_a_caption(workdir, tmp_path):
+    """Each PNG committed under paper_figs/ (headline and supporting) is the output of a rule
+    marked for the report, and the report gives it a caption."""
+    figures = committed_figures()
+    assert any(re.search(r"-[a-z0-9_]+-[a-z0-9_]+\.png$", f) for f in figures), "no supporting figure committed"
+    snakemake(workdir, "--report", str(tmp_path / "report.html"), "figures")
+    html = (tmp_path / "report.html").read_text(errors="replace")
+    record = (
+        r'"{path}": \{{"name": "[^"]*", "filename": "[^"]*", "labels": \{{[^}}]*\}}, "size": "[^"]*", "caption": "<p>\S'
+    )
+    missing = [f for f in figures if not re.search(record.format(path=re.escape(f)), html)]
+    assert not missing, f"figures the report does not show with a caption: {missing}"

@@ -7,24 +7,6 @@
 # renders or measures anything itself.
 
 
-def supporting_kinds(topic):
-    """The kinds of supporting figure of ``topic``: those with a caption file."""
-    prefix = f"{topic}-"
-    return sorted(p.stem.removeprefix(prefix) for p in Path("workflow/report").glob(f"{prefix}*.rst"))
-
-
-def supporting_figures(topic):
-    """The supporting figures on disk beside each figure of ``topic`` that `figures` renders
-    (the report shows them; a render that did not run yet has none to show)."""
-    found = []
-    for figure in committed_figures(topic):
-        stem = Path(figure).stem
-        for path in sorted(Path(figure).parent.glob(f"{stem}-*.png")):
-            if re.fullmatch(re.escape(stem) + r"-[a-z0-9_]+\.png", path.name):
-                found.append(str(path))
-    return found
-
-
 for topic in TOPICS.values():
     for kind in supporting_kinds(topic.name):
 
