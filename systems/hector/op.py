@@ -104,7 +104,8 @@ def element_type(tensors: dict[str, torch.Tensor], tensor_cores: bool = False, g
     for name, t in tensors.items():
         by_type.setdefault(t.dtype, []).append(name)
     if len(by_type) > 1:
-        listed = "; ".join(f"{', '.join(names)} {_short(dtype)}" for dtype, names in by_type.items())
+        fewest_first = sorted(by_type.items(), key=lambda item: len(item[1]))  # the odd ones out first
+        listed = "; ".join(f"{', '.join(names)} {_short(dtype)}" for dtype, names in fewest_first)
         raise UserError(f"Hector takes tensors of one type (features and weights alike), got {listed}")
     dtype = next(iter(by_type), torch.float32)
     if tensor_cores and dtype == torch.bfloat16:
