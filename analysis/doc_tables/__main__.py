@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         new = blocks.rewrite(text, cached, str(doc))
         if new != text:
             doc.write_text(new)
-            print(f"rewrote the generated tables of {doc}")
+            print(f"rewrote the generated tables of {doc.resolve().relative_to(REPO_ROOT)}")
     if stale:
         print("generated tables that differ from their results (run python -m analysis.doc_tables):", file=sys.stderr)
         print("\n".join(stale), file=sys.stderr)
