@@ -217,6 +217,10 @@ def test_gpu_part_end_to_end(tmp_path):
     assert set(frame[frame.metric == "cache_fill_time"].variant) == {"hot_cache"}
     pcie = frame[frame.metric == "pcie_bytes"].groupby("variant").value.median()
     assert pcie["hot_cache"] < pcie["zero_copy"] == pcie["cpu_gather"] == pcie["cpu_gather_workers"]
+    resident = frame[frame.metric == "gpu_resident_bytes"].groupby("variant").value.max()
+    assert resident["zero_copy"] == resident["cpu_gather"] == 0 < resident["uva_sampling"] < resident["all_in_gpu"]
+    peak = frame[frame.metric == "peak_gpu_memory"].groupby("variant").value.max()
+    assert (peak >= resident).all()
 
 
 def test_sampler_workers_hand_over_the_same_batches(arrays):
@@ -437,6 +441,7 @@ def test_the_config_schema_knows_every_pipeline_and_refuses_bad_budgets():
     assert tuple(schema["properties"]["pipeline_datasets"]["propertyNames"]["enum"]) == PIPELINES
     block = suite_config.load()["topics"]["gnn_training"]["cpu"]
     _check(block, schema_path, "")
+    _check(suite_config.load()["topics"]["gnn_training"]["h200"], schema_path, "")
     for key, bad in [
         ("cpu_budgets", [0]),
         ("cpu_budgets", ["half"]),
@@ -445,7 +450,78 @@ def test_the_config_schema_knows_every_pipeline_and_refuses_bad_budgets():
         ("hot_cache", {"share": 1.5, "warmup_batches": 4}),
         ("pipeline_datasets", {"magic": ["papers"]}),
         ("pipeline_datasets", {"cpu_gather": ["mnist"]}),
+        ("gpu_memory_budget_gib", [0]),
+        ("gpu_memory_budget_gib", 24),
     ]:
         broken = copy.deepcopy(block) | {key: bad}
         with pytest.raises(ConfigError, match=key):
             _check(broken, schema_path, "")
+
+
+# --- GPU memory budgets: what each pipeline keeps on the GPU, and the rule that never runs one over ---
+
+
+def test_resident_data_follow_where_each_pipeline_keeps_its_tensors():
+    from workloads.gnn.gpu_memory import GIB, GraphSizes, budgets_missed, resident_bytes
+
+    spec = DATASETS["ogbn-papers100M"].scaled(0.25)
+    sizes = GraphSizes(spec.nodes, spec.edges, spec.feature_dim, 4)
+    features, csr, per_node = spec.nodes * spec.feature_dim * 4, (spec.nodes + 1 + spec.edges) * 8, spec.nodes * 8
+    assert resident_bytes("zero_copy", sizes) == resident_bytes("cpu_gather", sizes) == {}
+    assert sum(resident_bytes("uva_sampling", sizes).values()) == 2 * per_node + 8  # labels and id map
+    everything = resident_bytes("all_in_gpu", sizes)
+    assert sum(everything.values()) == features + csr + 2 * per_node + 8
+    rows = spec.nodes // 10
+    cache = resident_bytes("hot_cache", sizes, {"rows": rows, "warmup_batches": 4})
+    assert cache == {"cache": rows * spec.feature_dim * 4 + spec.nodes * 4}
+    # The h200 scale's budgets: papers-like at 25% in GPU memory misses 16 GiB, fits 24 and 80.
+    assert 16 * GIB < sum(everything.values()) < 24 * GIB
+    missed = budgets_missed(everything, [16.0, 24.0, 80.0])
+    assert list(missed) == [16.0] and "resident" in missed[16.0] and "features 13." in missed[16.0]
+    assert list(budgets_missed({}, [16.0], peak=int(17 * GIB))) == [16.0]  # a peak over it misses too
+
+
+def test_a_pipeline_over_every_gpu_budget_is_not_run_and_the_notes_say_why(arrays, monkeypatch):
+    """The rule in run_dataset, with training replaced: a tiny graph against budgets of 10 KiB
+    and 512 KiB. all_in_gpu (about 1.5 MiB resident) fits neither: never run; uva_sampling (its
+    labels and id map) fits the larger only; a case out of memory under the cap is recorded."""
+    from harness import config as suite_config
+    from harness.results import ResultsWriter
+    from workloads.gnn_training import train
+
+    spec = replace(DATASETS["ogbn-products"].scaled(0.001), train_fraction=0.6)
+    monkeypatch.setattr(train, "load_graph", lambda name, params, seed: (spec, "products-like", arrays))
+    caps, ran = [], []
+
+    def fake_train_case(graph, spec, dataset, model_spec, name, *args, **kwargs):
+        ran.append(name)
+        if name == "zero_copy":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return "trained", None, {}
+
+    class RecordedCap:
+        def __init__(self, cap, device):
+            caps.append(cap)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(train, "train_case", fake_train_case)
+    monkeypatch.setattr(train, "allocator_cap", RecordedCap)
+    shared = suite_config.load()["topics"]["gnn_training"]["tiny"] | {
+        "gpu_memory_budget_gib": [512 / 2**20, 10 / 2**20],
+        "models": [{"name": "sage", "layers": 2, "fanouts": [10, 25]}],
+    }
+    notes = train.run_dataset(
+        "products", {}, ResultsWriter(SCHEMA, scale="tiny"), shared=shared, repeat=1, warmup=0, device="cuda"
+    )
+    assert "all_in_gpu" not in ran and set(ran) == set(PIPELINES) - {"all_in_gpu"}
+    assert caps and set(caps) == {512 / 2**20}  # every run capped at the largest budget
+    assert "does not fit any GPU memory budget" in notes["skipped_pipelines"]["all_in_gpu"]
+    small, large = (notes["does_not_fit"][f"{budget:g} GiB"] for budget in (10 / 2**20, 512 / 2**20))
+    assert {"all_in_gpu, sage2", "uva_sampling, sage2"} <= set(small)
+    assert "uva_sampling, sage2" not in large and "resident" in large["all_in_gpu, sage2"]
+    assert "out of GPU memory under the" in large["zero_copy, sage2"]

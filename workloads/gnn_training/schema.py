@@ -11,6 +11,11 @@ first epoch, ``accuracy`` on the validation nodes (after the timed epochs and th
 one); for the hot-row caches ``cache_hit_rate`` per timed epoch (the share of rows read from
 GPU memory), ``cache_bytes`` (its GPU memory) and, for hot_cache only, ``cache_fill_time`` (the
 sampled warm-up batches, counting and copying the rows to the GPU, before the first epoch).
+On a GPU, per pipeline: ``gpu_resident_bytes`` (what it keeps in GPU memory for the run: tables,
+CSR, labels, the sampler's id map, a cache; workloads/gnn/gpu_memory.py), ``peak_gpu_memory``
+(torch's allocator, model and batches included) and, for each configured budget
+(``gpu_memory_budget``, GiB), ``fits_gpu_budget`` (1 or 0: both within the budget). A pipeline
+whose resident data exceed every budget has no rows: the notes' ``does_not_fit`` says why.
 
 ``pcie_bytes`` is the payload of the feature rows gathered (rows x row bytes) over PCIe: the
 same for every pipeline that crosses it, the misses only for the caches; not the link's traffic,
@@ -36,6 +41,13 @@ SCHEMA = Schema(
         "threads_per_worker": int,  # torch threads of each of those processes (empty without any)
         "train_threads": int,  # torch threads of the training process (the cores workers leave)
         "phase": str,  # for phase_time: "sample", "gather" (with transfer), "train"
+        "gpu_memory_budget": float,  # GiB, for fits_gpu_budget
     },
-    metrics={"cache_hit_rate": "ratio", "cache_bytes": "B", "cache_fill_time": "s"},
+    metrics={
+        "cache_hit_rate": "ratio",
+        "cache_bytes": "B",
+        "cache_fill_time": "s",
+        "gpu_resident_bytes": "B",
+        "fits_gpu_budget": "bool",
+    },
 )

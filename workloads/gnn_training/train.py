@@ -7,7 +7,10 @@ so the pipeline overlaps as it would in real training; the loop is workloads/gnn
 one more epoch with a wait at every phase boundary for the breakdown, then the validation
 accuracy. A budget is the cores the pipeline's processes run on (workloads/gnn/worker_split.py):
 sampling workers take at most half of it, ``cpu_gather_workers`` the split of loader workers and
-threads that trained fastest on this machine (what it measured goes to the notes).
+threads that trained fastest on this machine (what it measured goes to the notes). With GPU memory
+budgets (``gpu_memory_budget_gib``), a pipeline whose resident data exceed every budget is not run,
+and one that runs is capped at the largest and recorded as fitting each budget or not
+(workloads/gnn/gpu_memory.py); the notes say why each does not fit.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from harness.progress import progress, report
 from harness.timing import PhaseClock
 from workloads.gnn.epoch import accuracy, timed_epochs, train_epoch
+from workloads.gnn.gpu_memory import GraphSizes, allocator_cap, budgets_missed, parse_budgets, resident_bytes
 from workloads.gnn.models import build
 from workloads.gnn.pipelines import GPU_PIPELINES, PIPELINE_KINDS, PIPELINES, ROLE, Graph, Pipeline, workers_of
 from workloads.gnn.worker_split import (
@@ -49,19 +53,48 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
             pipelines.remove(name)
             skipped[name] = f"measured on {', '.join(parts)} only at this scale (pipeline_datasets)"
     budgets = sorted({budget_cores(b) for b in shared["cpu_budgets"]})
+    memory_budgets = parse_budgets(shared.get("gpu_memory_budget_gib")) if device == "cuda" else []
+    cap = memory_budgets[-1] if memory_budgets else None
+    sizes = GraphSizes.of(graph)
+    does_not_fit: dict[str, dict[str, str]] = {}  # "24 GiB" -> "all_in_gpu, sage2" -> why
+
+    def not_fitting(budget: float, case: str, why: str) -> None:
+        does_not_fit.setdefault(f"{budget:g} GiB", {})[case] = why
+
     cases = [(c, m, p) for c in budgets for m in params.get("models", shared["models"]) for p in pipelines]
     splits: dict[str, dict] = {}
     try:
         for cores, model_spec, name in progress(cases, desc=f"{dataset} training", total=len(cases)):
-            with cpu_budget(cores):
-                summary, split = train_case(
-                    graph, spec, dataset, model_spec, name, cores, writer, shared, repeat, warmup, device
-                )
+            model_name = f"{model_spec['name']}{model_spec['layers']}"
+            case = f"{name}, {model_name}"
+            held = resident_bytes(name, sizes, pipeline_options(name, shared, spec.nodes, warmup + repeat + 1))
+            missed = budgets_missed(held, memory_budgets)
+            for budget, why in missed.items():
+                not_fitting(budget, case, why)
+            if memory_budgets and len(missed) == len(memory_budgets):  # never run over every budget
+                skipped[name] = f"does not fit any GPU memory budget: {missed[cap]}"
+                report(f"{dataset} {model_name} {name}: not run, {skipped[name]}")
+                continue
+            try:
+                with cpu_budget(cores), allocator_cap(cap, device):
+                    summary, split, misfits = train_case(
+                        graph, spec, dataset, model_spec, name, cores, writer, shared, repeat, warmup, device,
+                        held=held, memory_budgets=memory_budgets,
+                    )  # fmt: skip
+            except torch.OutOfMemoryError as error:  # over the cap: recorded, and the next case runs
+                why = f"out of GPU memory under the {cap:g} GiB cap: {str(error).splitlines()[0]}"
+                for budget in memory_budgets:
+                    not_fitting(budget, case, why)
+                report(f"{dataset} {model_name} {name}: {why}")
+                continue
+            for budget, why in misfits.items():
+                not_fitting(budget, case, why)
             if split is not None:
-                splits[f"{model_spec['name']}{model_spec['layers']} at {cores} cores"] = split
-            report(f"{dataset} {model_spec['name']}{model_spec['layers']} {name} ({cores} cores): {summary}")
+                splits[f"{model_name} at {cores} cores"] = split
+            report(f"{dataset} {model_name} {name} ({cores} cores): {summary}")
     finally:
         graph.close()
+    memory = {"gpu_memory_budget_gib": memory_budgets, "does_not_fit": does_not_fit} if memory_budgets else {}
     return {
         "skipped_pipelines": skipped,
         "cpu_budgets": budgets,
@@ -69,12 +102,16 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         "graph": spec.as_dict(),
         "graph_source": params.get("published_dir") or "generated",
         "graph_seed": shared["graph_seed"],
-    }
+    } | memory
 
 
-def train_case(graph, spec, dataset, model_spec, name, cores, writer, shared, repeat, warmup, device):
+def train_case(
+    graph, spec, dataset, model_spec, name, cores, writer, shared, repeat, warmup, device, held=None, memory_budgets=()
+):
     """Train one model fed by one pipeline within ``cores`` and record it; returns the summary
-    line and, for the loader pipeline, the split it picked and what each candidate measured."""
+    line, for the loader pipeline the split it picked and what each candidate measured, and the
+    GPU memory budgets it did not fit ({budget: why}, from its resident data ``held`` and its
+    peak). Its rows are written only once it has trained to the end."""
     fanouts = model_spec["fanouts"]
 
     def make_model():
@@ -123,16 +160,20 @@ def train_case(graph, spec, dataset, model_spec, name, cores, writer, shared, re
         "train_threads": train_threads,
     }
 
+    rows = []
+
     def add(metric, value, unit, repetition=0, **extra):
-        writer.add(
-            role=ROLE[name],
-            variant=name,
-            config=config | extra,
-            metric=metric,
-            value=value,
-            unit=unit,
-            repetition=repetition,
-            dataset=dataset,
+        rows.append(
+            dict(
+                role=ROLE[name],
+                variant=name,
+                config=config | extra,
+                metric=metric,
+                value=value,
+                unit=unit,
+                repetition=repetition,
+                dataset=dataset,
+            )
         )
 
     pipeline = make_pipeline(workers, threads_per_worker)
@@ -151,7 +192,22 @@ def train_case(graph, spec, dataset, model_spec, name, cores, writer, shared, re
         )
     finally:
         pipeline.close()  # its sampling workers, also when training fails
-    return summary, split
+    misfits = record_gpu_memory(add, held or {}, memory_budgets) if device == "cuda" else {}
+    for row in rows:
+        writer.add(**row)
+    return summary, split, misfits
+
+
+def record_gpu_memory(add, held: dict[str, int], memory_budgets) -> dict[float, str]:
+    """Record the resident data, the peak torch allocated since the case began, and whether the
+    case fits each budget; returns the budgets it does not fit, with why."""
+    peak = torch.cuda.max_memory_allocated()
+    add("gpu_resident_bytes", float(sum(held.values())), "B")
+    add("peak_gpu_memory", float(peak), "B")
+    missed = budgets_missed(held, list(memory_budgets), peak)
+    for budget in memory_budgets:
+        add("fits_gpu_budget", float(budget not in missed), "bool", gpu_memory_budget=float(budget))
+    return missed
 
 
 def pipeline_options(name: str, shared: dict, nodes: int, epochs: int) -> dict:

@@ -90,6 +90,9 @@ class PipelineKind(Entry):
     epoch_metrics: Callable[[Pipeline], dict[str, tuple[float, str]]] | None = None
     options: tuple[str, ...] = ()
     crosses_pcie: bool = True  # its feature rows cross PCIe (all_in_gpu's do not)
+    # What it keeps in GPU memory beyond what its sampling place implies, from the graph's sizes
+    # (a workloads.gnn.gpu_memory.GraphSizes) and its options: {what: bytes}.
+    resident: Callable[[object, dict], dict[str, int]] | None = None
 
     def __post_init__(self):
         super().__post_init__()

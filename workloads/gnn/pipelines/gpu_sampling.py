@@ -72,6 +72,7 @@ register(
         prepare=copy_table_and_side_stream,
         batches=prefetched,
         crosses_pcie=False,
+        resident=lambda sizes, options: {"features": sizes.feature_table},
         notes="CSR and features in GPU memory, sampled on the GPU, the next batches prepared ahead",
     )
 )

@@ -97,6 +97,12 @@ def gather_cached(pipeline, sub):
     return x, misses * pipeline.row_bytes()
 
 
+def cached_rows_and_slots(sizes, options) -> dict[str, int]:
+    """A cache of ``rows`` rows, and its int32 slot of every row (HotRows' layout)."""
+    rows = min(options.get("rows", 0), sizes.nodes)
+    return {"cache": rows * sizes.feature_dim * sizes.feature_itemsize + sizes.nodes * 4}
+
+
 def hit_rate_since_last(pipeline) -> dict[str, tuple[float, str]]:
     """The share of rows read from the cache since the last call (one epoch), and start again."""
     reads, misses = pipeline.reads, int(pipeline.misses)
@@ -114,6 +120,7 @@ register(
         prepare=fill_learned,
         epoch_metrics=hit_rate_since_last,
         options=("rows", "warmup_batches"),
+        resident=cached_rows_and_slots,
         notes="zero_copy with the rows most read in sampled warm-up batches kept in GPU memory (fill timed)",
     )
 )
@@ -127,6 +134,7 @@ register(
         prepare=fill_in_hindsight,
         epoch_metrics=hit_rate_since_last,
         options=("rows", "epochs"),
+        resident=cached_rows_and_slots,
         notes="zero_copy with the rows the measured epochs read most kept in GPU memory: the ideal static cache",
     )
 )
