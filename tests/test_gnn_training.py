@@ -525,3 +525,89 @@ def test_a_pipeline_over_every_gpu_budget_is_not_run_and_the_notes_say_why(array
     assert {"all_in_gpu, sage2", "uva_sampling, sage2"} <= set(small)
     assert "uva_sampling, sage2" not in large and "resident" in large["all_in_gpu, sage2"]
     assert "out of GPU memory under the" in large["zero_copy, sage2"]
+
+
+# --- the step profile's table, from a synthetic profiler trace ---
+
+
+def synthetic_trace() -> list[dict]:
+    """Two steps. Step 0 (0..1000 us): three launches, one on a second thread; kernels on two
+    streams overlapping (100..300 and 200..400), a gap, then 600..650; a copy 700..720; one
+    stream synchronisation of 50 us. A kernel launched before it (correlation 9) ran inside its
+    window, and one of step 1 too: neither is step 0's."""
+
+    def host(name, ts, dur, corr=None, cat="cuda_runtime", tid=1):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": {"correlation": corr}}
+
+    def gpu(cat, ts, dur, corr, stream=7):
+        args = {"correlation": corr, "stream": stream}
+        return {"ph": "X", "cat": cat, "name": "k", "ts": ts, "dur": dur, "args": args}
+
+    return [
+        {"ph": "X", "cat": "user_annotation", "name": "gnn step 0", "ts": 0, "dur": 1000, "args": {}},
+        {"ph": "X", "cat": "user_annotation", "name": "gnn step 1", "ts": 1000, "dur": 500, "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5, "args": {}},
+        host("cudaLaunchKernel", -20, 5, corr=9),
+        gpu("kernel", 50, 30, 9),
+        host("cudaLaunchKernel", 20, 5, corr=1),
+        host("cuLaunchKernel", 30, 5, corr=2, cat="cuda_driver", tid=2),
+        host("cudaLaunchKernel", 500, 5, corr=3),
+        host("cudaMemcpyAsync", 550, 5, corr=4),
+        host("cudaStreamSynchronize", 800, 50),
+        gpu("kernel", 100, 200, 1),
+        gpu("kernel", 200, 200, 2, stream=8),
+        gpu("kernel", 600, 50, 3),
+        gpu("gpu_memcpy", 700, 20, 4),
+        host("cudaLaunchKernel", 1100, 5, corr=5),
+        gpu("kernel", 1200, 100, 5),
+    ]
+
+
+def test_step_profile_table_from_a_synthetic_trace():
+    import csv
+    import io
+
+    from tools.gnn_step_profile import COLUMNS, summarize_step, table_row, write_table
+
+    events = synthetic_trace()
+    step = summarize_step(events, "gnn step 0")
+    assert step == {
+        "wall_ms": 1.0,
+        "kernel_ms": 0.45,
+        "kernels": 3,
+        "launches": 3,
+        "memcpy_ms": 0.02,
+        "memcpys": 1,
+        "gpu_busy_ms": 0.37,  # 100..400, 600..650, 700..720
+        "gpu_idle_ms": 0.25,  # a span of 100..720
+        "largest_gap_ms": 0.2,
+        "host_waits": 1,
+        "host_wait_ms": 0.05,
+    }
+    assert summarize_step(events, "gnn step 1")["kernel_ms"] == 0.1
+    row = table_row(events, ["gnn step 0", "gnn step 1"], dataset="d", model="sage2", pipeline="all_in_gpu")
+    assert row["steps"] == 2 and row["kernels"] == 2 and row["wall_ms"] == 0.75  # medians of the two
+    out = io.StringIO()
+    write_table([row], out)
+    read = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert tuple(read[0]) == COLUMNS and read[0]["pipeline"] == "all_in_gpu"
+    with pytest.raises(ValueError, match="0 annotations named 'gnn step 2'"):
+        summarize_step(events, "gnn step 2")
+
+
+@pytest.mark.gpu
+def test_step_profile_reads_a_real_trace(arrays):
+    from tools.gnn_step_profile import profile_steps, table_row
+
+    graph = Graph(arrays, "cuda")
+    for name in ("all_in_gpu", "zero_copy"):
+        torch.manual_seed(0)
+        model = build("sage", graph.features.shape[1], 32, int(graph.labels.max()) + 1, 2, [10, 10]).cuda()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        pipeline = Pipeline(name, graph, [10, 10], 64, seed=1)
+        events = profile_steps(model, optimizer, pipeline, steps=2, warmup=2)
+        pipeline.close()
+        row = table_row(events, ["gnn step 0", "gnn step 1"], pipeline=name)
+        assert row["kernels"] > 5 and row["launches"] > 5 and 0 < row["kernel_ms"]
+        assert 0 < row["gpu_busy_ms"] <= row["kernel_ms"] + row["memcpy_ms"]
+    graph.close()

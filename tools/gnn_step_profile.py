@@ -1,0 +1,249 @@
+"""Where a GNN training step's time goes: the PyTorch profiler over a few steps of SAGE-2 and
+GAT-2 (fan-outs 10, 25) fed by each pipeline, in steady state (the pipeline's own prefetching and
+workers running as in an epoch), summarised per step and written as a CSV, one row per pipeline
+and model (medians over the profiled steps):
+
+  wall_ms          host time of the step: taking the batch, forward, backward, optimizer step
+  kernel_ms        GPU time of the kernels launched during the step (any thread, any stream)
+  kernels          how many; launches counts the launch calls (kernels of other libraries that
+                   the profiler sees only on the GPU side make the two differ)
+  memcpy_ms        copies and fills launched during the step, and their count
+  gpu_busy_ms      the union of that GPU work in time (streams running side by side count once)
+  gpu_idle_ms      the step's GPU span (first start to last end) less gpu_busy_ms: where the
+                   GPU waited for the host; largest_gap_ms is the longest such wait
+  host_waits       calls that block the host on the GPU (synchronisations, blocking copies),
+                   and host_wait_ms their time
+
+    python tools/gnn_step_profile.py [--scale h200] [--dataset products] [--steps 5]
+        [--pipelines all_in_gpu uva_sampling zero_copy_overlap zero_copy cpu_gather] [--out CSV]
+
+GPU only. Hidden size, batch size, learning rate and sampling workers come from the
+gnn_training config at ``--scale``; the graph is the one that scale's part trains on (cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+LAUNCHES = {
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cudaLaunchCooperativeKernel",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+}
+HOST_WAITS = {
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",  # the blocking copy (cudaMemcpyAsync is not)
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
+}
+HOST_SIDE = {"cuda_runtime", "cuda_driver"}
+KERNEL, COPIES = "kernel", {"gpu_memcpy", "gpu_memset"}
+STEP_PREFIX = "gnn step "
+MODELS = ({"name": "sage", "layers": 2, "fanouts": [10, 25]}, {"name": "gat", "layers": 2, "fanouts": [10, 25]})
+COLUMNS = (
+    "dataset",
+    "model",
+    "pipeline",
+    "steps",
+    "wall_ms",
+    "kernel_ms",
+    "kernels",
+    "launches",
+    "memcpy_ms",
+    "memcpys",
+    "gpu_busy_ms",
+    "gpu_idle_ms",
+    "largest_gap_ms",
+    "host_waits",
+    "host_wait_ms",
+)
+
+
+def _union_and_gaps(intervals: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(covered time, span, longest uncovered stretch inside the span) of [start, end) intervals."""
+    if not intervals:
+        return 0.0, 0.0, 0.0
+    intervals = sorted(intervals)
+    covered, longest_gap = 0.0, 0.0
+    start, end = intervals[0]
+    for s, e in intervals[1:]:
+        if s > end:
+            covered += end - start
+            longest_gap = max(longest_gap, s - end)
+            start, end = s, e
+        else:
+            end = max(end, e)
+    covered += end - start
+    return covered, max(e for _, e in intervals) - intervals[0][0], longest_gap
+
+
+def summarize_step(events: list[dict], step: str) -> dict[str, float]:
+    """One step's numbers (milliseconds and counts) from a Chrome trace's events (``traceEvents``
+    of ``torch.profiler``'s export): the step is the annotation named ``step``; host calls count
+    when they start inside it, GPU work when the call that launched it does (by correlation id)."""
+    marks = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == step]
+    if len(marks) != 1:
+        raise ValueError(f"the trace has {len(marks)} annotations named {step!r}, not one")
+    begin, end = marks[0]["ts"], marks[0]["ts"] + marks[0]["dur"]
+    host = [e for e in events if e.get("cat") in HOST_SIDE and begin <= e["ts"] < end]
+    launched = {e.get("args", {}).get("correlation") for e in host} - {None}
+    gpu = [
+        e
+        for e in events
+        if (e.get("cat") == KERNEL or e.get("cat") in COPIES) and e.get("args", {}).get("correlation") in launched
+    ]
+    kernels = [e for e in gpu if e["cat"] == KERNEL]
+    copies = [e for e in gpu if e["cat"] in COPIES]
+    waits = [e for e in host if e["name"] in HOST_WAITS]
+    busy, span, largest_gap = _union_and_gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    return {
+        "wall_ms": (end - begin) / 1e3,
+        "kernel_ms": sum(e["dur"] for e in kernels) / 1e3,
+        "kernels": len(kernels),
+        "launches": sum(e["name"] in LAUNCHES for e in host),
+        "memcpy_ms": sum(e["dur"] for e in copies) / 1e3,
+        "memcpys": len(copies),
+        "gpu_busy_ms": busy / 1e3,
+        "gpu_idle_ms": (span - busy) / 1e3,
+        "largest_gap_ms": largest_gap / 1e3,
+        "host_waits": len(waits),
+        "host_wait_ms": sum(e["dur"] for e in waits) / 1e3,
+    }
+
+
+def table_row(events: list[dict], steps: list[str], **labels) -> dict:
+    """The CSV row of one pipeline and model: ``labels``, then each number's median over ``steps``."""
+    per_step = [summarize_step(events, step) for step in steps]
+    medians = {k: round(statistics.median(s[k] for s in per_step), 4) for k in per_step[0]}
+    return {**labels, "steps": len(steps), **medians}
+
+
+def write_table(rows: list[dict], out) -> None:
+    writer = csv.DictWriter(out, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def profile_steps(model, optimizer, pipeline, steps: int, warmup: int) -> list[dict]:
+    """Train ``warmup`` steps, then profile ``steps`` more, each under its own annotation; returns
+    the trace's events. Nothing waits between steps (as in an epoch), only after the last."""
+    import torch
+    from torch.nn import functional as F
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    batches = pipeline.batches(epoch=0)
+
+    def train_step():
+        batch = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(batch.x, batch.edge_index)[: batch.batch_size], batch.y)
+        loss.backward()
+        optimizer.step()
+
+    try:
+        model.train()
+        for _ in range(warmup):
+            train_step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(steps):
+                with record_function(f"{STEP_PREFIX}{i}"):
+                    train_step()
+            torch.cuda.synchronize()
+    finally:
+        batches.close()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())["traceEvents"]
+
+
+def cache_options(name: str, nodes: int) -> dict | None:
+    rows = max(1, nodes // 10)  # the share the config's hot_cache keeps
+    options = {"hot_cache": {"rows": rows, "warmup_batches": 16}, "hot_cache_oracle": {"rows": rows, "epochs": 1}}
+    return options.get(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", default="h200")
+    parser.add_argument("--dataset", default="products", choices=["reddit", "products", "papers"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument(
+        "--pipelines", nargs="+", default=["all_in_gpu", "uva_sampling", "zero_copy_overlap", "zero_copy", "cpu_gather"]
+    )
+    parser.add_argument("--out", type=Path, help="the CSV to write (default: standard output)")
+    args = parser.parse_args()
+
+    import torch
+
+    from harness import config as suite_config
+    from harness.errors import UserError
+    from workloads.gnn.models import build
+    from workloads.gnn.pipelines import PIPELINES, Graph, Pipeline, training_threads, workers_of
+    from workloads.graphs.datasets import load_graph
+    from workloads.graphs.spec import SHORT_NAMES
+
+    if not torch.cuda.is_available():
+        raise UserError("tools/gnn_step_profile.py profiles GPU training: no GPU here")
+    unknown = set(args.pipelines) - set(PIPELINES)
+    if unknown:
+        raise UserError(f"unknown pipelines {sorted(unknown)}; they are {list(PIPELINES)}")
+    if args.steps < 1 or args.warmup < 0:
+        raise UserError("--steps must be at least 1 and --warmup at least 0")
+    shared = suite_config.load()["topics"]["gnn_training"][args.scale]
+    params = shared[args.dataset]
+    spec, dataset, arrays = load_graph(SHORT_NAMES[args.dataset], params, shared["graph_seed"])
+    graph = Graph(arrays, "cuda")
+    rows = []
+    try:
+        for model_spec in MODELS:
+            for name in args.pipelines:
+                workers = workers_of(name, shared["sampler_workers"])
+                torch.set_num_threads(training_threads(workers))
+                torch.manual_seed(0)
+                model = build(
+                    model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes, 2, model_spec["fanouts"]
+                ).cuda()
+                optimizer = torch.optim.Adam(model.parameters(), lr=shared["learning_rate"])
+                pipeline = Pipeline(
+                    name,
+                    graph,
+                    model_spec["fanouts"],
+                    shared["batch_size"],
+                    seed=shared["graph_seed"],
+                    sampler_workers=workers,
+                    options=cache_options(name, spec.nodes),
+                )
+                try:
+                    events = profile_steps(model, optimizer, pipeline, args.steps, args.warmup)
+                finally:
+                    pipeline.close()
+                steps = [f"{STEP_PREFIX}{i}" for i in range(args.steps)]
+                row = table_row(events, steps, dataset=dataset, model=f"{model_spec['name']}2", pipeline=name)
+                rows.append(row)
+                print(", ".join(f"{k} {v}" for k, v in row.items()), file=sys.stderr, flush=True)
+    finally:
+        graph.close()
+    if args.out is None:
+        write_table(rows, sys.stdout)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("w", newline="") as out:
+            write_table(rows, out)
+
+
+if __name__ == "__main__":
+    main()
