@@ -47,12 +47,14 @@ frame, provenance = load_results(results["llm_offload"], SCHEMA)
 rerun_files = results.get("llm_offload_reruns", [])
 reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
 reruns = reruns.assign(process=reruns["source"].map(lambda s: Path(s).parent.name))
-reruns = reruns[~reruns.part.isin(["micro_batches", "convergence"])]  # not compared across processes here
-# Parts micro_batches (the memory spent on a larger micro-batch) and convergence (loss curves on the
-# generated corpus) have their own tables and panels.
+OWN_PARTS = ["micro_batches", "memory_bound", "convergence"]
+reruns = reruns[~reruns.part.isin(OWN_PARTS)]  # not compared across processes here
+# Parts micro_batches and memory_bound (the memory spent on a larger micro-batch) and convergence
+# (loss curves on the generated corpus) have their own tables and panels.
 sweep = frame[frame.part == "micro_batches"]
+capped = frame[frame.part == "memory_bound"]
 curves = frame[(frame.part == "convergence") & (frame.metric == "loss")]
-frame = frame[~frame.part.isin(["micro_batches", "convergence"])]
+frame = frame[~frame.part.isin(OWN_PARTS)]
 # Rows are told apart by model (dataset) and variant, not by part: a model in two parts would merge.
 shared_models = frame.groupby("dataset").part.nunique()
 if (shared_models > 1).any():
@@ -73,7 +75,7 @@ print(machine_label(provenance))
 # do not know after, by name), emulated stores by bandwidth.
 ROLE_ORDER = {"baseline": 0, "peer": 1, "optimized": 2, "upper_bound": 3}
 setups = (
-    pd.concat([frame, sweep, curves])
+    pd.concat([frame, sweep, capped, curves])
     .drop_duplicates("variant")[["variant", "role", "policy", "store", "emulated_gbps"]]
     .set_index("variant")
 )
@@ -325,6 +327,33 @@ if not sweep.empty:
         lines.append(f"| {r.dataset} | {r.micro_batch} | {label(r.variant)} | {tokens:,.0f} | {held_cell} |")
     for _, r in oom.iterrows():
         lines.append(f"| {r.dataset} | {r.micro_batch} | {label(r.variant)} | out of memory | |")
+# Part memory_bound: each policy at the largest micro-batch that fits under the memory cap.
+if not capped.empty:
+    capped_keys = ["dataset", "variant", "micro_batch", "global_batch", "sequence", "memory_cap_gib"]
+    capped_speed = summarize(capped, "tokens_per_second", capped_keys)
+    capped_fits = capped[capped.metric == "fits"]
+    keep_speed = capped_speed[capped_speed.variant == "keep"].set_index("dataset")["median"]
+    lines += [
+        "",
+        "## The largest micro-batch under a memory cap (part memory_bound)",
+        "",
+        "Each policy's largest micro-batch whose training steps ran under the cap (micro-batches tried: those that "
+        "did not fit), tokens per second there at the fixed global batch, and that over keep's at keep's largest.",
+        "",
+        "| model | cap GiB | variant | largest micro-batch | did not fit | tokens/s | x keep |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (dataset, variant), tried in capped_fits.groupby(["dataset", "variant"], sort=False):
+        too_big = ", ".join(str(b) for b in sorted(tried[tried.value == 0].micro_batch)) or "none tried"
+        speed = capped_speed[(capped_speed.dataset == dataset) & (capped_speed.variant == variant)]
+        cap_text = f"{tried.memory_cap_gib.iloc[0]:g}"
+        if speed.empty:
+            lines.append(f"| {dataset} | {cap_text} | {label(variant)} | none fits | {too_big} | | |")
+            continue
+        r = speed.iloc[0]
+        ratio = f"{r['median'] / keep_speed[dataset]:.2f}" if dataset in keep_speed.index else ""
+        row_cells = [dataset, cap_text, label(variant), r.micro_batch, too_big, f"{r['median']:,.0f}", ratio]
+        lines.append("| " + " | ".join(str(c) for c in row_cells) + " |")
 # Part convergence: loss curves on the generated Markov language, each checked against keep's.
 convergence_notes = next((r for r in provenance if r.get("part") == "convergence"), {})
 if not curves.empty:
@@ -627,7 +656,7 @@ style.legend_below(fig, style.collect_legend([ax]), columns=3)
 style.title(fig, "Activation offloading: the write bandwidth an offload needs, for a GPU of any speed", MEASURED)
 style.save(fig, figure, "bandwidth")
 
-training_panels = (2 if not sweep.empty else 0) + (1 if not curves.empty else 0)
+training_panels = (2 if not sweep.empty else 0) + (1 if not capped.empty else 0) + (1 if not curves.empty else 0)
 if training_panels:
     fig, axes = style.panels(training_panels, cols=3, width=5.0, height=3.8)
     cells = iter(axes)
@@ -669,6 +698,20 @@ if training_panels:
         for ax in (speed_ax, held_ax):
             ax.minorticks_off()  # the micro-batches themselves are the ticks
             ax.set_xticks(micro_all, [str(b) for b in micro_all])
+    if not capped.empty:
+        ax = next(cells)
+        shown = [v for v in ORDER if v in set(capped_speed.variant)]
+        for i, variant in enumerate(shown):
+            r = capped_speed[capped_speed.variant == variant].iloc[0]
+            ax.bar(i, r["median"], color=policy_colour(variant), label=variant_label(variant))
+            ax.annotate(f"b={r.micro_batch}", (i, r["median"]), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(shown)), [variant_label(v) for v in shown], rotation=30, ha="right", fontsize=7)
+        ax.set(
+            ylabel="training throughput (tokens/s)",
+            ylim=(0, None),
+            title=f"{style.llm_model_label(capped_speed.dataset.iloc[0], short=True)} under a "
+            f"{capped_speed.memory_cap_gib.iloc[0]:g} GiB cap:\neach at its largest micro-batch (b) that fits",
+        )
     if not curves.empty:
         ax = next(cells)
         for i, variant in enumerate(v for v in ORDER if v in set(curves.variant)):

@@ -693,3 +693,38 @@ def test_the_notebook_shows_a_store_and_a_policy_it_has_never_seen(tmp_path, scr
     for label in ("offload_all, ramdisk", "half_recompute"):
         assert f"| llama-tiny | {label} |" in table
         assert label in json.loads((tmp_path / "nb.text.json").read_text())[0]  # the figure's legend
+
+
+@pytest.mark.full
+def test_the_notebook_shows_each_policys_largest_micro_batch_under_the_cap(tmp_path, scratch):
+    """Part memory_bound beside part policies on the same model: its own table (largest micro-batch,
+    those that did not fit, tokens/s and the ratio to keep's) and panel, its rows kept out of the
+    per-model comparison (the same model in two parts of that comparison stops the notebook)."""
+    pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
+    from analysis.render import main as render
+    from harness import provenance
+    from harness.results import ResultsWriter
+
+    files = []
+    for part, params in [
+        ("policies", ONE_MODEL | {"stores": ["host"], "compare": ["recompute", "offload_all"]}),
+        ("memory_bound", MEMORY_BOUND),
+    ]:
+        writer = ResultsWriter(SCHEMA, "tiny")
+        notes = getattr(parts, part)(params, writer, repeat=2, warmup=0, device="cpu", scratch_dir=scratch)
+        out = tmp_path / f"{part}-tiny.csv"
+        writer.write(out, provenance.collect("tiny", topic="llm_offload", part=part, parameters=params, **notes))
+        files.append(out)
+    figure, summary = tmp_path / "llm.png", tmp_path / "llm.md"
+    render(
+        ["analysis/llm_offload.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]
+        + ["-p", "scale=tiny", "--topic", "llm_offload", "--topic", "llm_offload_reruns"]
+        + [arg for out in files for arg in ("--results", f"llm_offload={out}")]
+        + ["--figure", str(figure), "--summary", str(summary)]
+    )
+    text = summary.read_text()
+    table = text.split("## The largest micro-batch under a memory cap (part memory_bound)")[1]
+    assert "| llama-tiny | 0.0031 | keep | 2 | 4 |" in table
+    assert "| llama-tiny | 0.0031 | recompute | 8 | none tried |" in table
+    assert "| llama-tiny | 0.0031 | offload_all, host | 4 | 8 |" in table
+    assert "under a 0.0031 GiB cap" in (tmp_path / "nb-training.text.json").read_text()  # the panel
