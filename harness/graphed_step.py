@@ -39,11 +39,17 @@ def capture_step(step: Callable[[], object], warmup: int = 3) -> Callable[[], No
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    failure = None
     try:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             step()
     except Exception as err:  # torch's, CuPy's and the driver's errors alike
+        failure = f"{type(err).__name__}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}"
+    if failure is not None:
+        # Raised outside the handler, unchained: a traceback that kept this frame alive would keep
+        # the failed capture's memory pool with it.
+        del graph
         torch.cuda.synchronize()
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise NotCapturable(f"{type(err).__name__}: {first_line}") from err
+        torch.cuda.empty_cache()
+        raise NotCapturable(failure)
     return graph.replay

@@ -158,3 +158,21 @@ def test_an_empty_graph_builds_from_empty_lists_and_tensors():
         graph = RelGraph.build(empty, empty, empty, num_nodes=4, num_relations=3)
         assert graph.edges == 0 and graph.offsets.tolist() == [0, 0, 0, 0]
         assert graph.src.dtype == torch.int64
+
+
+def test_segment_products_read_the_sizes_once_and_again_after_an_in_place_change():
+    """The segment lengths are kept per offsets tensor (a step that reads nothing back can be
+    captured); changing the offsets in place must not leave the old lengths in use."""
+    from systems.relgraph.ops import segment_products
+
+    generator = torch.Generator().manual_seed(3)
+    rows, weight = torch.randn(11, 5, generator=generator), torch.randn(3, 5, 4, generator=generator)
+
+    def per_segment(offsets):
+        return torch.cat([rows[a:b] @ weight[r] for r, (a, b) in enumerate(zip(offsets[:-1], offsets[1:]))])
+
+    offsets = torch.tensor([0, 4, 4, 11])
+    torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 4, 4, 11]))
+    torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 4, 4, 11]))
+    offsets[1:3] = torch.tensor([2, 9])
+    torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 2, 9, 11]))

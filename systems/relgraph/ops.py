@@ -7,6 +7,8 @@ autograd overhead (each was measured on the H200 at commit ab3500e, docs/relatio
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -26,8 +28,26 @@ def segment_products(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Te
     ``stack``. Slicing in the loop instead gives each segment's gradient as a zero-filled tensor
     of the full size, summed over the relations: relations x edges x width of memory traffic
     (on fb15k-like, 474 relations, over 100 ms a training step on the H200)."""
-    sizes = offsets.diff().tolist()  # one host read per call, not one per relation
+    sizes = _segment_sizes(offsets)
     return torch.cat([segment @ w for segment, w in zip(rows.split(sizes), weight.unbind(0), strict=True)])
+
+
+# id(offsets) -> (a weak reference to it, its version counter, its segments' lengths on the host).
+# Keyed by id, not by the tensor: a tensor's == is elementwise, so it cannot be a dictionary key.
+_sizes_read: dict[int, tuple[weakref.ref, int, list[int]]] = {}
+
+
+def _segment_sizes(offsets: torch.Tensor) -> list[int]:
+    """The segments' lengths, read to the host once per offsets tensor (again only if it is
+    changed in place), as a careful user keeps them: a graph's segments do not change between
+    steps, and a step that reads nothing back from the GPU can be captured as a CUDA graph."""
+    key = id(offsets)
+    known = _sizes_read.get(key)
+    if known is None or known[0]() is not offsets or known[1] != offsets._version:
+        gone = weakref.ref(offsets, lambda _: _sizes_read.pop(key, None))
+        known = (gone, offsets._version, offsets.diff().tolist())
+        _sizes_read[key] = known
+    return known[2]
 
 
 def grouped_products(

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import itertools
 import re
 import time
@@ -280,63 +281,96 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         optimizer.step()
         return loss
 
-    for form, layer, first_inference in checked:
-        for mode in params["modes"]:
-            row = config | {"mode": mode} | _columns(form, element_type)
-            if mode == GRAPHED:
-                timed = dict(repeat=repeat, warmup=warmup, device=device)
-                _graphed_training(layer, x, target, weights, form, row, dataset, writer, notes, **timed)
-                continue
-            try:
-                # untimed: makes the gradients and the optimizer's state (and compiles for training)
-                _, first = _first_call(lambda: step(layer, mode), device)
-                before = torch.cuda.memory_allocated() if device == "cuda" else 0
-                held_before = cuda_graphs.held_bytes(graph) if device == "cuda" else 0
-                m = measure(
-                    lambda: step(layer, mode),
-                    device=device,
-                    repeat=repeat,
-                    warmup=warmup,
-                    track_memory=device == "cuda",
-                    desc=f"{dataset} {model.name} {dim} {form.name} {mode}",
-                )
-            except torch.cuda.OutOfMemoryError as err:
-                _out_of_memory(writer, dataset, form, row, err)
-                continue
-            except CompileFailed as err:
-                notes["skipped"][f"{model.name} {form.name} on {dataset} at {dim}, {mode}"] = str(err)
-                continue
-            held = cuda_graphs.held_bytes(graph) - held_before if device == "cuda" else 0
-            writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
-            common = {"role": form.role, "variant": form.name, "config": row, "dataset": dataset}
-            first = first_inference if mode == "inference" else first  # the check came first without gradients
-            writer.add(metric="first_call_time", value=first, unit="s", **common)
-            if isinstance(layer, CompiledLayer):
-                writer.add(metric="graph_breaks", value=layer.graph_breaks[mode], unit="1", **common)
-            if config["in_dim"] in params.get("breakdown_dims", params["dims"]):  # one more call, profiled
-                seconds, allocated = profile_call(lambda: step(layer, mode), device)
-                for metric, split, unit in (("breakdown_time", seconds, "s"), ("breakdown_bytes", allocated, "B")):
-                    for kind, value in split.items():
-                        writer.add(
-                            role=form.role,
-                            variant=form.name,
-                            config=row | {"kernel_class": kind},
-                            metric=metric,
-                            value=value,
-                            unit=unit,
-                            dataset=dataset,
-                        )
-            for rep, peak in enumerate(m.peak_gpu_bytes):
-                writer.add(
-                    role=form.role,
-                    variant=form.name,
-                    config=row,
-                    metric="intermediate_memory",
-                    value=peak - before + held,
-                    unit="B",
-                    repetition=rep,
-                    dataset=dataset,
-                )
+    timed = {"x": x, "target": target, "weights": weights, "repeat": repeat, "warmup": warmup}
+    while checked:
+        form, layer, first_inference = checked.pop(0)
+        _time_form(form, layer, first_inference, step, graph, dataset, params, writer, notes, config, **timed)
+        del layer  # with its compiled code, captures and caches, before the next form runs
+        _give_back_gpu_memory(device)
+    if device == "cuda":  # what stayed reserved after every form let go: a leak shows here
+        notes.setdefault("gpu_memory_reserved_after", {})[f"{model.name} on {dataset} at {dim}"] = (
+            torch.cuda.memory_reserved()
+        )
+
+
+def _time_form(
+    form,
+    layer,
+    first_inference,
+    step,
+    graph,
+    dataset,
+    params,
+    writer,
+    notes,
+    config,
+    *,
+    x,
+    target,
+    weights,
+    repeat,
+    warmup,
+) -> None:
+    """Time ``layer`` (``form``, checked against the reference) in each of the part's modes;
+    ``step(layer, mode)`` is one inference call or one training step."""
+    device, element_type = config["device"], config["dtype"]
+    model, dim = MODELS[config["model"]], config["in_dim"]
+    for mode in params["modes"]:
+        row = config | {"mode": mode} | _columns(form, element_type)
+        if mode == GRAPHED:
+            timed = dict(repeat=repeat, warmup=warmup, device=device)
+            _graphed_training(layer, x, target, weights, form, row, dataset, writer, notes, **timed)
+            continue
+        try:
+            # untimed: makes the gradients and the optimizer's state (and compiles for training)
+            _, first = _first_call(lambda: step(layer, mode), device)
+            before = torch.cuda.memory_allocated() if device == "cuda" else 0
+            held_before = cuda_graphs.held_bytes(graph) if device == "cuda" else 0
+            m = measure(
+                lambda: step(layer, mode),
+                device=device,
+                repeat=repeat,
+                warmup=warmup,
+                track_memory=device == "cuda",
+                desc=f"{dataset} {model.name} {dim} {form.name} {mode}",
+            )
+        except torch.cuda.OutOfMemoryError as err:
+            _out_of_memory(writer, dataset, form, row, err)
+            continue
+        except CompileFailed as err:
+            notes["skipped"][f"{model.name} {form.name} on {dataset} at {dim}, {mode}"] = str(err)
+            continue
+        held = cuda_graphs.held_bytes(graph) - held_before if device == "cuda" else 0
+        writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
+        common = {"role": form.role, "variant": form.name, "config": row, "dataset": dataset}
+        first = first_inference if mode == "inference" else first  # the check came first without gradients
+        writer.add(metric="first_call_time", value=first, unit="s", **common)
+        if isinstance(layer, CompiledLayer):
+            writer.add(metric="graph_breaks", value=layer.graph_breaks[mode], unit="1", **common)
+        if config["in_dim"] in params.get("breakdown_dims", params["dims"]):  # one more call, profiled
+            seconds, allocated = profile_call(lambda: step(layer, mode), device)
+            for metric, split, unit in (("breakdown_time", seconds, "s"), ("breakdown_bytes", allocated, "B")):
+                for kind, value in split.items():
+                    writer.add(
+                        role=form.role,
+                        variant=form.name,
+                        config=row | {"kernel_class": kind},
+                        metric=metric,
+                        value=value,
+                        unit=unit,
+                        dataset=dataset,
+                    )
+        for rep, peak in enumerate(m.peak_gpu_bytes):
+            writer.add(
+                role=form.role,
+                variant=form.name,
+                config=row,
+                metric="intermediate_memory",
+                value=peak - before + held,
+                unit="B",
+                repetition=rep,
+                dataset=dataset,
+            )
 
 
 def _graphed_training(layer, x, target, weights, form, row, dataset, writer, notes, *, repeat, warmup, device):
@@ -369,9 +403,18 @@ def _graphed_training(layer, x, target, weights, form, row, dataset, writer, not
     except torch.cuda.OutOfMemoryError as err:
         _out_of_memory(writer, dataset, form, row, err)
         return
-    if not torch.allclose(last["loss"], want, rtol=max(_tolerance(form, row["dtype"]), 1e-4), atol=0):
-        raise FormsDisagree(f"{where}: a replay's loss {float(last['loss']):.6g} is not the eager {float(want):.6g}")
-    m = measure(replay, device=device, repeat=repeat, warmup=warmup, desc=where)
+    try:
+        if not torch.allclose(last["loss"], want, rtol=max(_tolerance(form, row["dtype"]), 1e-4), atol=0):
+            raise FormsDisagree(
+                f"{where}: a replay's loss {float(last['loss']):.6g} is not the eager {float(want):.6g}"
+            )
+        m = measure(replay, device=device, repeat=repeat, warmup=warmup, desc=where)
+    finally:
+        # The graph's private pool holds the whole step's intermediates (gigabytes on the large
+        # graphs): give it back before the next form is captured.
+        del replay
+        last.clear()
+        _give_back_gpu_memory(device)
     writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
     writer.add(
         metric="first_call_time",
@@ -382,6 +425,14 @@ def _graphed_training(layer, x, target, weights, form, row, dataset, writer, not
         config=row,
         dataset=dataset,
     )
+
+
+def _give_back_gpu_memory(device: str) -> None:
+    """Collect what only the cycle collector frees (layers, captured graphs, tracebacks) and
+    return the allocator's unused cache to the GPU, so each form starts from the same memory."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _first_call(call, device: str):
