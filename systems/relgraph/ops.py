@@ -41,6 +41,8 @@ def _segment_sizes(offsets: torch.Tensor) -> list[int]:
     """The segments' lengths, read to the host once per offsets tensor (again only if it is
     changed in place), as a careful user keeps them: a graph's segments do not change between
     steps, and a step that reads nothing back from the GPU can be captured as a CUDA graph."""
+    if offsets.is_inference():  # no version counter to tell an in-place change by: read each time
+        return offsets.diff().tolist()
     key = id(offsets)
     known = _sizes_read.get(key)
     if known is None or known[0]() is not offsets or known[1] != offsets._version:
