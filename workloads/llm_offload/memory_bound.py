@@ -276,12 +276,15 @@ class Trials:
         return not self.cap.over(held)
 
     def record(self, variant, policy, search: Search, writer, dataset: str, base: dict, add_row) -> str | None:
-        """A ``fits`` row per micro-batch tried; at the largest that fit, the timed steps, their
+        """A ``fits`` row per micro-batch tried (and ``out_of_memory`` where it did not fit); at the
+        largest that fit, the timed steps, their
         tokens per second and the activation bytes a micro-step held. Returns why nothing was timed
         where the timed steps ran out of memory after their probe fit (None otherwise)."""
         for micro, fit in search.tried.items():
             config = base | {"micro_batch": micro} | variant.columns(self.params)
             add_row(writer, dataset, variant, config, "fits", int(fit), 0)
+            if not fit:  # as part micro_batches records it, where the claims look for it
+                add_row(writer, dataset, variant, config, "out_of_memory", 1, 0)
         if search.largest is None:
             return None
         micro = search.largest

@@ -78,7 +78,7 @@ SCHEMA = Schema(
         "bytes_read": "B",
         "write_seconds": "s",  # wall time the store had a write in flight during the step
         "read_seconds": "s",  # ...a read
-        "out_of_memory": "1",  # micro_batches: 1 where the micro-batch did not fit in GPU memory
+        "out_of_memory": "1",  # micro_batches, memory_bound: 1 where the micro-batch did not fit (under the cap)
         "fits": "1",  # memory_bound: 1 where the policy's steps ran under the cap at that micro-batch, 0 if not
         "tokens_per_second": "tokens/s",  # memory_bound: at the policy's largest micro-batch under the cap
         "predicted_time": "s",  # the plan's predicted step time (systems/ssdtrain/planning.py)
