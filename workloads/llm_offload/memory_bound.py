@@ -148,7 +148,14 @@ def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row
             raise UserError(f"micro-batch {micro} does not divide the global batch {global_batch}")
     checked_rows = min(params.get("check_micro_batch") or candidates[0], global_batch)
     with MemoryCap(int(params["memory_cap_gib"] * GIB), device) as cap:
-        built = build(shape, device=device, seed=params["seed"])
+        too_small = UserError(
+            f"the model's weights, gradients and AdamW state alone do not fit under memory_cap_gib "
+            f"{params['memory_cap_gib']}: raise the cap or choose a smaller model"
+        )
+        try:
+            built = build(shape, device=device, seed=params["seed"])
+        except torch.cuda.OutOfMemoryError:
+            raise too_small from None
         model = built.model
         cap.hold_state_of(model)
         parameters = sum(p.numel() for p in model.parameters())
@@ -164,8 +171,17 @@ def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row
             "memory_cap_gib": float(params["memory_cap_gib"]),
             "dtype": str(built.dtype).removeprefix("torch."),
         }
+        # The checks come before the optimizer's state: they hold keep's gradients and a policy's
+        # (copies, compared), as much memory as the moments would take.
         checked = _checked(runs, model, shape, params, checked_rows, device, scratch_dir, notes)
-        trials = Trials(model, _optimizer_with_its_state(model, device), shape, params, cap, device, repeat, warmup)
+        try:
+            optimizer = _optimizer_with_its_state(model, device)
+        except torch.cuda.OutOfMemoryError:
+            for variant, policy in checked:
+                policy.close()
+                variant.close()
+            raise too_small from None
+        trials = Trials(model, optimizer, shape, params, cap, device, repeat, warmup)
         try:
             for variant, policy in checked:
                 search = largest_fitting(candidates, functools.partial(trials.fits, policy))
