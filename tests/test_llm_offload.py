@@ -633,9 +633,15 @@ def test_memory_bound_refuses_a_bad_cap_and_micro_batches_that_do_not_divide(scr
     with pytest.raises(UserError, match="does not divide the global batch 8"):
         run_with(micro_batches=[3])
 
-    def out_of_memory(self, *args, **kwargs):
+    def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test's)")
 
+    from workloads.llm_offload import memory_bound
+
+    with monkeypatch.context() as m:
+        m.setattr(memory_bound, "build", out_of_memory)
+        with pytest.raises(UserError, match="AdamW state alone do not fit under memory_cap_gib 0.0031"):
+            run_with()
     monkeypatch.setattr(torch.nn.Module, "__call__", out_of_memory)
     with pytest.raises(UserError, match="keep's checked step on 1 sequences does not fit"):
         run_with()
