@@ -50,6 +50,22 @@ def capture_step(step: Callable[[], object], warmup: int = 3) -> Callable[[], No
         # the failed capture's memory pool with it.
         del graph
         torch.cuda.synchronize()
+        _end_random_number_capture()
         torch.cuda.empty_cache()
         raise NotCapturable(failure)
     return graph.replay
+
+
+def _end_random_number_capture() -> None:
+    """After a capture that failed, the CUDA random-number generator can be left in capture mode
+    (its end-of-capture step never ran), and every later ``torch.randn`` on the GPU in the process
+    fails with "Offset increment outside graph capture". A capture that succeeds ends it: one with
+    nothing in it."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass

@@ -64,6 +64,11 @@ def test_a_step_that_waits_for_the_gpu_is_refused_with_the_reason():
     assert len(str(caught.value).splitlines()) == 1
     torch.zeros(3, device="cuda").add_(1)  # the device still works after the failed capture
     torch.cuda.synchronize()
+    # ...and so does its random-number generator, which the failed capture left capturing
+    torch.cuda.manual_seed(4)
+    first = torch.randn(5, device="cuda")
+    torch.cuda.manual_seed(4)
+    assert torch.equal(torch.randn(5, device="cuda"), first)
 
 
 @pytest.mark.gpu

@@ -74,8 +74,9 @@ def test_expanded_and_reversed_ids_give_the_graph_of_their_values(device):
     backwards = np.ascontiguousarray(dst.numpy()[::-1])[::-1]  # the same ids through a reversed view
     expected = RelGraph.build(src, dst, torch.full((len(src),), 3), nodes, relations)
     given = [src, backwards, one_relation]
-    if device == "cuda":
-        given = [torch.as_tensor(np.asarray(t)).cuda() for t in given]
+    if device == "cuda":  # torch has no negative strides: on the GPU, every other element of a copy
+        strided = torch.from_numpy(backwards.copy()).cuda().repeat_interleave(2)[::2]
+        given = [src.cuda(), strided, torch.tensor([3], device="cuda").expand(len(src))]
     graph = RelGraph.build(*given, nodes, relations, device=device)
     _assert_same(graph, expected)
     assert graph.etype.unique().tolist() == [3]

@@ -69,7 +69,11 @@ def grouped_products(
 
 def edge_softmax(scores: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """Softmax of each edge's score over the edges into the same target. The per-target maximum
-    is subtracted for range only (the result does not depend on it), so it is not differentiated."""
+    is subtracted for range only (the result does not depend on it), so it is not differentiated.
+    Scores in a narrower type than float32 are exponentiated and summed in float32 (as autocast
+    runs softmax): a bfloat16 sum of a node's exponentials drifts by a few percent."""
+    if scores.dtype in (torch.bfloat16, torch.float16):
+        return edge_softmax(scores.float(), dst, num_nodes).to(scores.dtype)
     top = torch.full((num_nodes,), -torch.inf, dtype=scores.dtype, device=scores.device)
     top = top.scatter_reduce(0, dst, scores.detach(), "amax")
     exp = (scores - take_rows(top, dst)).exp()
