@@ -60,6 +60,7 @@ OFFLOAD_POLICIES = {  # systems/ssdtrain POLICIES: colour by policy, the store i
     # On torch.compile'd blocks: a compiled policy is a tint of its eager one.
     "compiled_keep": ("#969696", "--"),
     "offload_all_compiled": ("#6baed6", "--"),
+    "planned_compiled": ("#fdae6b", "--"),
     "torch_budget": ("#9467bd", "-"),  # torch.compile's activation_memory_budget, one point per budget
 }
 STORE_MARKERS = {"host": "o", "file": "s", "kvikio": "D", "emulated": "v", None: "o"}
@@ -129,6 +130,7 @@ READABLE = {
     "deepspeed_offload": "DeepSpeed offload",
     "compiled_keep": "keep all, compiled",
     "offload_all_compiled": "offload all, compiled",
+    "planned_compiled": "planner, compiled",
     "torch_budget": "torch activation budget",
     "host": "host memory",
     "file": "file (O_DIRECT)",

@@ -15,8 +15,12 @@ A third part, ``micro_batches``: the memory offloading frees, spent on a larger 
 fixed global batch (gradient accumulation): tokens per second and activation bytes of keep,
 recompute and offload_all per micro-batch, an out-of-memory recorded as an outcome.
 
-A fourth, ``shapes`` (GPU only): the policies at the paper's three (hidden, layers) shapes and its
-micro-batch 16. A fifth, ``convergence``: a small model trained for many steps on the generated
+A fourth, ``memory_bound``: under a cap on device memory, each policy's largest micro-batch that
+fits (a search that records each micro-batch that does not) and its tokens per second there, at a
+fixed global batch: the throughput the freed memory buys over keep at keep's largest.
+
+A fifth, ``shapes`` (GPU only): the policies at the paper's three (hidden, layers) shapes and its
+micro-batch 16. A sixth, ``convergence``: a small model trained for many steps on the generated
 Markov language under keep, recompute and offloading, every step's loss checked bit-identical.
 """
 
@@ -32,6 +36,8 @@ TOPIC = Topic(
         Part("policies", gpus=1, cpu=True),
         Part("models", gpus=1, cpu=True),
         Part("micro_batches", gpus=1, cpu=True),
+        # The largest micro-batch under a memory cap: the allocator's on a GPU, a byte limit on a CPU.
+        Part("memory_bound", gpus=1, cpu=True),
         Part("shapes", gpus=1, cpu=False),  # the paper's full-size shapes: a GPU's work
         Part("convergence", gpus=1, cpu=True),
     ),
