@@ -440,6 +440,7 @@ def test_the_config_schema_knows_every_pipeline_and_refuses_bad_budgets():
     schema_path = SCHEMAS / "gnn_training.schema.yaml"
     schema = suite_config._read_yaml(schema_path, "schema")
     assert tuple(schema["properties"]["pipeline_datasets"]["propertyNames"]["enum"]) == PIPELINES
+    assert tuple(schema["properties"]["papers_full"]["properties"]["pipelines"]["items"]["enum"]) == PIPELINES
     block = suite_config.load()["topics"]["gnn_training"]["cpu"]
     _check(block, schema_path, "")
     _check(suite_config.load()["topics"]["gnn_training"]["h200"], schema_path, "")
@@ -615,3 +616,86 @@ def test_step_profile_reads_a_real_trace(arrays):
             # busy time is the union of kernel and copy intervals: at most their sum
             assert 0 < one["gpu_busy_ms"] <= (one["kernel_ms"] + one["memcpy_ms"]) * (1 + 1e-9)
     graph.close()
+
+
+# --- a graph generated in host memory: the feature table drawn where zero-copy reads it ---
+
+
+def test_a_graph_generated_in_memory_has_the_cached_graphs_rows(tmp_path, monkeypatch):
+    """The in-memory path (nothing stored) and the on-disk one give identical arrays, row for
+    row, on an odd-sized graph drawn in many odd-sized chunks; the table lies in shared
+    anonymous memory, and another seed gives other rows."""
+    import mmap
+
+    import numpy as np
+
+    from workloads.graphs.datasets import load_graph
+
+    params = {"scale_factor": 0.00011}  # 12,217 nodes of 128 features
+    monkeypatch.setattr("workloads.graphs.generate.CHUNK", 100_003)  # 782 rows a chunk: 16 chunks
+    spec = DATASETS["ogbn-papers100M"].scaled(params["scale_factor"])
+    on_disk = store.get(GeneratorParams(spec, seed=7), root=tmp_path)
+    spec_m, label, in_memory = load_graph("ogbn-papers100M", params | {"features_in_memory": True}, 7)
+    assert spec_m == spec and label == "ogbn-papers100M-like" and spec.nodes % 2 == 1
+    assert set(in_memory) == set(on_disk)
+    for name, array in on_disk.items():
+        np.testing.assert_array_equal(in_memory[name], array, err_msg=name)
+    assert isinstance(in_memory["features"].base.base.obj, mmap.mmap)  # shared memory, not a private copy
+    assert float(np.abs(in_memory["features"][-1]).sum()) > 0  # the last, partial chunk was drawn too
+    other = load_graph("ogbn-papers100M", params | {"features_in_memory": True}, 8)[2]
+    assert not np.array_equal(other["features"], in_memory["features"])
+
+
+def test_a_feature_table_of_the_wrong_shape_or_type_is_refused_before_drawing():
+    import numpy as np
+
+    from workloads.graphs.generate import GeneratorParams, generate
+
+    spec = DATASETS["ogbn-products"].scaled(0.001)
+    params = GeneratorParams(spec, seed=0)
+    good = np.empty((spec.nodes, spec.feature_dim), dtype=np.float32)
+    for bad in (good[:-1], good.astype(np.float64), good[:, ::2], np.asfortranarray(good)):
+        with pytest.raises(ValueError, match="feature table to draw into"):
+            generate(params, features=bad)
+
+
+def test_features_in_memory_refuses_a_published_dataset():
+    from harness.errors import UserError
+    from workloads.graphs.datasets import load_graph
+
+    with pytest.raises(UserError, match="set one of published_dir and features_in_memory"):
+        load_graph("reddit", {"scale_factor": 1.0, "published_dir": "/x", "features_in_memory": True}, 0)
+
+
+def test_the_papers_full_part_trains_on_its_graph_in_memory_with_its_pipelines(monkeypatch):
+    """run_dataset on the tiny papers_full block: the table generated in memory is the one the
+    pipelines read, and the part's own pipeline list keeps the others out (the notes say so)."""
+    from harness import config as suite_config
+    from harness.errors import UserError
+    from harness.results import ResultsWriter
+    from workloads.gnn_training import train
+
+    made = []
+    real_graph = train.Graph
+    monkeypatch.setattr(
+        train,
+        "Graph",
+        lambda arrays, device, features=None: made.append((arrays, features)) or real_graph(arrays, device, features),
+    )
+    config = suite_config.load()["topics"]["gnn_training"]["tiny"]
+    shared = config | {"models": [{"name": "sage", "layers": 2, "fanouts": [10, 25]}]}
+    writer = ResultsWriter(SCHEMA, scale="tiny")
+    params = config["papers_full"] | {"pipelines": ["cpu_gather"]}
+    notes = train.run_dataset("papers_full", params, writer, shared=shared, repeat=1, warmup=0, device="cpu")
+    arrays, features = made[0]
+    assert features is not None and features.data_ptr() == arrays["features"].ctypes.data  # no copy
+    assert notes["graph_source"] == "generated in memory"
+    assert "not in the papers_full part's pipelines" in notes["skipped_pipelines"]["cpu_gather_workers"]
+    assert {row["variant"] for row in writer.rows} == {"cpu_gather"}
+    assert {row["dataset"] for row in writer.rows} == {"ogbn-papers100M-like"}
+    with pytest.raises(UserError, match="unknown pipelines"):
+        train.run_dataset(
+            "papers_full", params | {"pipelines": ["magic"]}, writer, shared=shared, repeat=1, warmup=0, device="cpu"
+        )
+    with pytest.raises(UserError, match="has no block at this scale"):
+        train.run_dataset("papers_full", {}, writer, shared=shared, repeat=1, warmup=0, device="cpu")

@@ -7,3 +7,4 @@ from workloads.gnn_training.train import run_dataset
 reddit = partial(run_dataset, "reddit")
 products = partial(run_dataset, "products")
 papers = partial(run_dataset, "papers")
+papers_full = partial(run_dataset, "papers_full")

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from harness.errors import UserError
 from harness.progress import progress, report
 from harness.timing import PhaseClock
 from workloads.gnn.epoch import accuracy, timed_epochs, train_epoch
@@ -36,18 +37,32 @@ from workloads.graphs.datasets import load_graph
 from workloads.graphs.spec import SHORT_NAMES
 
 LOADER_PIPELINE = "cpu_gather_workers"
+# The dataset each part trains on: one per short name, and papers100M-like at full size in host
+# memory (its feature table generated where zero-copy reads it, never on disk).
+DATASET_OF_PART = SHORT_NAMES | {"papers_full": SHORT_NAMES["papers"]}
 
 
 def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str, **_) -> dict:
     started = time.perf_counter()
-    spec, dataset, arrays = load_graph(SHORT_NAMES[part], params, shared["graph_seed"])
-    graph = Graph(arrays, device)
+    if "scale_factor" not in params and not params.get("published_dir"):
+        raise UserError(f"part {part} has no block at this scale in config/gnn_training.yaml (its scale_factor)")
+    spec, dataset, arrays = load_graph(DATASET_OF_PART[part], params, shared["graph_seed"])
+    in_memory = bool(params.get("features_in_memory"))
+    # A table generated in shared memory is used where it lies (pinned there by zero-copy).
+    graph = Graph(arrays, device, features=torch.from_numpy(arrays["features"]) if in_memory else None)
     report(
         f"{dataset}: {spec.nodes:,} nodes, {spec.edges:,} edges, {spec.feature_dim} features; "
         f"ready in {time.perf_counter() - started:.1f} s"
     )
     pipelines = [p for p in PIPELINES if device == "cuda" or not PIPELINE_KINDS[p].needs_gpu]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
+    if params.get("pipelines"):  # this graph's own list (a large graph measures a few, in time)
+        unknown = sorted(set(params["pipelines"]) - set(PIPELINES))
+        if unknown:
+            raise UserError(f"part {part}: unknown pipelines {unknown}; the registry has {', '.join(PIPELINES)}")
+        for name in [p for p in pipelines if p not in params["pipelines"]]:
+            pipelines.remove(name)
+            skipped[name] = f"not in the {part} part's pipelines at this scale"
     for name, parts in shared.get("pipeline_datasets", {}).items():
         if name in pipelines and part not in parts:  # kept to some datasets, for a scale's time budget
             pipelines.remove(name)
@@ -100,7 +115,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         "cpu_budgets": budgets,
         "loader_worker_splits": splits,
         "graph": spec.as_dict(),
-        "graph_source": params.get("published_dir") or "generated",
+        "graph_source": params.get("published_dir") or ("generated in memory" if in_memory else "generated"),
         "graph_seed": shared["graph_seed"],
     } | memory
 

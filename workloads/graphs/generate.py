@@ -89,14 +89,19 @@ class PowerLawRanks:
         return np.minimum(x.astype(np.int64), sizes.astype(np.int64) - 1)
 
 
-def generate(params: GeneratorParams, progress=lambda items, desc, total: items) -> dict[str, np.ndarray]:
+def generate(
+    params: GeneratorParams, progress=lambda items, desc, total: items, features: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """The graph's arrays: indptr, indices (CSR of neighbours), features, labels, split ids.
 
     Edges and feature rows are drawn in fixed-size chunks, each from its own random stream
     (spawned from the seed), on all cores: the graph depends on the parameters only, not on the
-    number of threads.
+    number of threads. ``features``: a float32 (nodes, feature_dim) array to draw the feature
+    rows into, in place (memory the caller placed, e.g. shared memory a GPU reads zero-copy), so
+    the table never exists twice; its rows are the same as in a table the generator allocates.
     """
     spec = params.spec
+    features = _feature_table(spec, features)
     n, m = spec.nodes, spec.edges
     main_stream, edge_streams, feature_streams = np.random.SeedSequence(params.seed).spawn(3)
     rng = np.random.default_rng(main_stream)
@@ -129,7 +134,6 @@ def generate(params: GeneratorParams, progress=lambda items, desc, total: items)
 
     centroids = rng.standard_normal((spec.classes, spec.feature_dim)).astype(np.float32)
     centroids *= params.signal / np.sqrt(spec.feature_dim) * 4.0
-    features = np.empty((n, spec.feature_dim), dtype=np.float32)
     rows_per_chunk = max(1, CHUNK // spec.feature_dim)
 
     def draw_features(start: int, stream: np.random.SeedSequence) -> None:
@@ -152,6 +156,19 @@ def generate(params: GeneratorParams, progress=lambda items, desc, total: items)
         "val_idx": np.sort(perm[n_train : n_train + n_val]),
         "test_idx": np.sort(perm[n_train + n_val :]),
     }
+
+
+def _feature_table(spec: GraphSpec, given: np.ndarray | None) -> np.ndarray:
+    """The array the feature rows are drawn into: ``given``, checked, or a new one."""
+    shape = (spec.nodes, spec.feature_dim)
+    if given is None:
+        return np.empty(shape, dtype=np.float32)
+    if given.dtype != np.float32 or given.shape != shape or not given.flags.c_contiguous or not given.flags.writeable:
+        raise ValueError(
+            f"{spec.name}-like: the feature table to draw into must be a writable C-contiguous float32 array of "
+            f"shape {shape}, not {given.dtype} {given.shape}"
+        )
+    return given
 
 
 def _in_parallel(work, starts: range, streams: np.random.SeedSequence, progress, desc: str) -> None:

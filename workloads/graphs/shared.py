@@ -77,11 +77,21 @@ def shared_anonymous_copy(array: np.ndarray) -> torch.Tensor:
     worker) gets its own physical copy of them, 8 workers x a 14 GiB table; shared pages are
     never copied at fork.
     """
-    check_table_fits_in_memory(array.nbytes)
-    buffer = mmap.mmap(-1, max(array.nbytes, 1))  # anonymous, MAP_SHARED
-    table = np.frombuffer(buffer, dtype=array.dtype, count=array.size).reshape(array.shape)
+    table = shared_anonymous_table(array.shape, array.dtype)
     _copy_in_steps(array, table)
     return torch.from_numpy(table)  # the array keeps the mapping alive
+
+
+def shared_anonymous_table(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialised array in shared anonymous memory (``MAP_SHARED``; see
+    :func:`shared_anonymous_copy` for why), refused in one line where the host cannot hold it.
+    Its pages are taken as they are first written, so a table filled a chunk at a time never
+    needs more than itself."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    check_table_fits_in_memory(nbytes)
+    buffer = mmap.mmap(-1, max(nbytes, 1))  # anonymous, MAP_SHARED
+    return np.frombuffer(buffer, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
 
 
 def _copy_in_steps(source: np.ndarray, target: np.ndarray) -> None:
