@@ -199,3 +199,57 @@ def test_gpu_profile_times_layers_with_cuda_events_however_the_device_is_named(d
     )
     assert marks and set(marks) == {"cuda"}  # CUDA events, never the host clock
     assert all(p.forward_seconds > 0 for p in profiles) and seconds > 0
+
+
+# -- compiled layers at torch's activation memory budgets ------------------------------------------
+
+# Four compiled layers of FOUR's shape; at budget 0.5 each holds 4 B for 0.25 s more, at 0.2 each
+# holds 3 B for 0.9 s more (recomputing holds the 2 B input for 1 s more).
+AT_BUDGETS = [
+    LayerProfile(10, 2, 1.0, (planning.Alternative(0.2, 3, 0.9), planning.Alternative(0.5, 4, 0.25))) for _ in range(4)
+]
+
+
+def test_a_budgeted_layer_holds_and_costs_what_its_profile_says():
+    plan = planning.predict(AT_BUDGETS, ["budget_0.5", "budget_0.2", KEEP, RECOMPUTE], 1e9, 12.0, fixed_bytes=7)
+    assert plan.predicted_activation_bytes == 7 + 4 + 3 + 10 + 2
+    assert plan.predicted_seconds == pytest.approx(12.0 + 0.25 + 0.9 + 1.0)
+    assert plan.budgets == (0.5, 0.2, None, None) and plan.budgeted == 2
+    with pytest.raises(ValueError, match="budget"):
+        planning.predict(FOUR, ["budget_0.5", KEEP, KEEP, KEEP], 1e9, 12.0)  # not profiled at 0.5
+
+
+def test_the_planner_takes_a_budget_where_it_is_cheaper_than_recomputing():
+    # Budget 16 B with no store worth using (1 B/s): all at 0.5 holds 16 B at +1 s; any plan that
+    # recomputes a layer costs 1 s for it alone, and any that keeps one holds 10 + 3 * 3 > 16 B.
+    plan = planning.plan(AT_BUDGETS, bandwidth=1.0, keep_seconds=12.0, budget_bytes=16, keep_last=1)
+    assert plan.decisions == ("budget_0.5",) * 4
+    assert plan.predicted_seconds == pytest.approx(13.0)
+    # At 10 B: three recomputed and one at 0.5 (2 + 2 + 2 + 4) at +3.25 s beats two recomputed and
+    # two at 0.2 (2 + 2 + 3 + 3) at +3.8 s; one recomputed and three at 0.2 holds 11 B.
+    tight = planning.plan(AT_BUDGETS, bandwidth=1.0, keep_seconds=12.0, budget_bytes=10, keep_last=1)
+    assert sorted(tight.decisions) == sorted([RECOMPUTE, RECOMPUTE, RECOMPUTE, "budget_0.5"])
+    assert tight.predicted_activation_bytes == 10 and tight.predicted_seconds == pytest.approx(15.25)
+
+
+def test_the_greedy_planner_of_many_layers_reaches_the_budgets_too():
+    many = AT_BUDGETS * 3  # 12 layers of 5 choices: beyond the exhaustive search
+    plan = planning.plan(many, bandwidth=1.0, keep_seconds=12.0, budget_bytes=48, keep_last=1)
+    assert plan.decisions == ("budget_0.5",) * 12
+
+
+def test_with_budgets_shares_the_backward_change_by_forward_time():
+    # Two layers (1 s and 3 s forward) kept: a 10 s step. At budget 0.5 their forwards take 1.5 s and
+    # 3 s and the step 12 s: the forwards' change is 0.5 s, the backward's 1.5 s, shared 1:3.
+    kept = [LayerProfile(10, 2, 1.0), LayerProfile(20, 4, 3.0)]
+    at_half = [LayerProfile(6, 2, 1.5), LayerProfile(9, 4, 3.0)]
+    layers = planning.with_budgets(kept, 10.0, {0.5: (at_half, 12.0)})
+    (first,), (second,) = layers[0].alternatives, layers[1].alternatives
+    assert (first.budget, first.saved_bytes, second.saved_bytes) == (0.5, 6, 9)
+    assert first.extra_seconds == pytest.approx(0.5 + 1.5 / 4)
+    assert second.extra_seconds == pytest.approx(1.5 * 3 / 4)
+    # A budget measured faster than keeping (noise) costs nothing, never less.
+    (faster,) = planning.with_budgets(kept, 10.0, {0.5: (at_half, 9.0)})[1].alternatives
+    assert faster.extra_seconds == 0.0
+    with pytest.raises(ValueError, match="layers"):
+        planning.with_budgets(kept, 10.0, {0.5: (at_half[:1], 12.0)})

@@ -13,6 +13,10 @@ backward, the bytes of its input, its forward time) and the store's bandwidth:
   the last layers) the part of layer i already written is read back (one read queue), the rest
   stays in memory (its tensors were never freed); backward waits at layer i if the read is late.
 * A recomputed layer keeps only its input and runs its forward again in backward.
+* A compiled layer may also run under one of torch's activation memory budgets (an
+  :class:`Alternative` of its profile, measured by compiling the blocks at that budget): it holds
+  what its compiled forward saves there and costs the extra seconds measured for it (recomputation
+  inside its compiled backward).
 * Step time = the measured keep step + recomputed forwards + read stalls + writes still running
   when backward ends (a step waits for its transfers). Activation bytes = what is held on the
   device when forward ends: kept layers, recomputed layers' inputs, and the bytes of offloaded
@@ -20,7 +24,8 @@ backward, the bytes of its input, its forward time) and the store's bandwidth:
 
 ``adaptive`` is SSDTrain's rule: offload the longest run of leading layers whose writes finish
 by the end of forward (so offloading frees memory and costs no time), keep the rest. ``plan``
-goes beyond the paper: it picks per layer keep, offload or recompute to minimise the predicted
+goes beyond the paper: it picks per layer keep, offload, recompute (or, for compiled layers
+profiled at torch's activation memory budgets, one of those budgets) to minimise the predicted
 step time within an activation budget. Both return a :class:`Plan` whose predictions are
 recorded next to the measured step (workloads/llm_offload).
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import statistics
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -44,7 +50,27 @@ from systems.ssdtrain.recompute import tensors_in
 from systems.ssdtrain.stores.host import HostStore
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
-DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)
+DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)  # for any layer; a compiled one may also take a profiled budget
+EXHAUSTIVE = 3**10  # the most candidate plans plan() predicts one by one
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A compiled layer run under torch's ``activation_memory_budget``: what it then saves and
+    what that costs over its kept step (measured: :func:`with_budgets`)."""
+
+    budget: float
+    saved_bytes: int
+    extra_seconds: float
+
+    @property
+    def decision(self) -> str:
+        return budget_decision(self.budget)
+
+
+def budget_decision(budget: float) -> str:
+    """The plan's decision for a layer compiled under activation memory budget ``budget``."""
+    return f"budget_{budget:g}"
 
 
 @dataclass(frozen=True)
@@ -52,6 +78,24 @@ class LayerProfile:
     saved_bytes: int  # what the layer saves for backward and offloading could move (no parameters)
     input_bytes: int  # its input: what recomputation keeps instead
     forward_seconds: float
+    alternatives: tuple[Alternative, ...] = ()  # compiled layers: the budgets it was profiled at
+
+    def alternative(self, decision: str) -> Alternative | None:
+        return next((a for a in self.alternatives if a.decision == decision), None)
+
+    def options(self, offloadable: bool) -> tuple[str, ...]:
+        """The decisions open to this layer (the last ``keep_last`` layers are not offloadable)."""
+        eager = (KEEP, OFFLOAD, RECOMPUTE) if offloadable else (KEEP, RECOMPUTE)
+        return eager + tuple(a.decision for a in self.alternatives)
+
+    def held_and_extra(self, decision: str) -> tuple[int, float]:
+        """What a kept, recomputed or budgeted layer holds, and the seconds that adds to the step."""
+        if decision == RECOMPUTE:
+            return self.input_bytes, self.forward_seconds
+        alternative = self.alternative(decision)
+        if alternative is not None:
+            return alternative.saved_bytes, alternative.extra_seconds
+        return self.saved_bytes, 0.0
 
 
 @dataclass(frozen=True)
@@ -62,9 +106,15 @@ class Plan:
     stall_seconds: float  # read stalls and the wait for writes at the step's end
     bandwidth: float = 0.0  # the store's B/s the plan was made for
     budget_bytes: int | None = None  # the activation budget it was made within (plan()); None: no budget
+    budgets: tuple[float | None, ...] = ()  # per layer: the activation memory budget it is compiled under
 
     def count(self, decision: str) -> int:
         return self.decisions.count(decision)
+
+    @property
+    def budgeted(self) -> int:
+        """Layers the plan runs under an activation memory budget."""
+        return sum(b is not None for b in self.budgets)
 
 
 def _check(profiles: list[LayerProfile], bandwidth: float, keep_last: int) -> None:
@@ -86,8 +136,10 @@ def predict(
 ) -> Plan:
     """The modelled step (see the module) of ``decisions`` with a store of ``bandwidth`` B/s;
     ``fixed_bytes`` are saved outside the layers (embeddings, the loss) and always held."""
-    if len(decisions) != len(profiles) or any(d not in DECISIONS for d in decisions):
-        raise ValueError(f"one decision of {DECISIONS} per layer expected, got {decisions!r}")
+    if len(decisions) != len(profiles) or any(
+        d not in DECISIONS and p.alternative(d) is None for p, d in zip(profiles, decisions)
+    ):
+        raise ValueError(f"one decision of {DECISIONS} or a profiled budget per layer expected, got {decisions!r}")
     starts, ends = _timeline(profiles)
     forward_end = ends[-1]
     written, queue = {}, 0.0  # layer -> when its write finishes
@@ -100,12 +152,7 @@ def predict(
 
     held = float(fixed_bytes)
     for i, (p, d) in enumerate(zip(profiles, decisions)):
-        if d == KEEP:
-            held += p.saved_bytes
-        elif d == OFFLOAD:
-            held += unwritten(i, forward_end)
-        else:
-            held += p.input_bytes
+        held += unwritten(i, forward_end) if d == OFFLOAD else p.held_and_extra(d)[0]
     # Backward, from the last layer down; `clock` includes the stalls so far, `above` is when
     # backward reached the layer above (the engine prefetches a layer from then).
     clock = above = forward_end
@@ -119,12 +166,12 @@ def predict(
                     stall += reads - clock
                     clock = reads
         above = clock
-        clock += backward_ratio * profiles[i].forward_seconds
-        if decisions[i] == RECOMPUTE:
-            clock += profiles[i].forward_seconds
+        clock += backward_ratio * profiles[i].forward_seconds + profiles[i].held_and_extra(decisions[i])[1]
     tail = max(0.0, max(written.values(), default=0.0) - clock)
-    recompute = sum(p.forward_seconds for p, d in zip(profiles, decisions) if d == RECOMPUTE)
-    return Plan(tuple(decisions), keep_seconds + recompute + stall + tail, round(held), stall + tail, bandwidth)
+    extra = sum(p.held_and_extra(d)[1] for p, d in zip(profiles, decisions) if d != OFFLOAD)
+    budgets = tuple(a.budget if (a := p.alternative(d)) else None for p, d in zip(profiles, decisions))
+    seconds = keep_seconds + extra + stall + tail
+    return Plan(tuple(decisions), seconds, round(held), stall + tail, bandwidth, budgets=budgets)
 
 
 def _timeline(profiles: list[LayerProfile]) -> tuple[list[float], list[float]]:
@@ -166,14 +213,16 @@ def plan(
     keep_last: int = 1,
     **model,
 ) -> Plan:
-    """The keep / offload / recompute choice per layer with the smallest predicted step time whose
-    activation bytes fit ``budget_bytes``; if none fits, the one that holds the least. The last
-    ``keep_last`` layers are never offloaded (the engine keeps them). Exhaustive over 3^n choices
-    for up to 10 layers; beyond that, offloading a leading run and recomputing the rest greedily."""
+    """The keep / offload / recompute choice per layer (or a profiled activation memory budget,
+    for compiled layers) with the smallest predicted step time whose activation bytes fit
+    ``budget_bytes``; if none fits, the one that holds the least. The last ``keep_last`` layers are
+    never offloaded (the engine keeps them). Exhaustive up to ``EXHAUSTIVE`` choices (3^10: ten
+    layers of three choices); beyond that, offloading a leading run and trading memory for time in
+    the rest greedily."""
     _check(profiles, bandwidth, keep_last)
     n = len(profiles)
-    options = [(KEEP, OFFLOAD, RECOMPUTE) if i < n - keep_last else (KEEP, RECOMPUTE) for i in range(n)]
-    candidates = _all(options) if n <= 10 else _greedy(profiles, options)
+    options = [p.options(offloadable=i < n - keep_last) for i, p in enumerate(profiles)]
+    candidates = _all(options) if math.prod(map(len, options)) <= EXHAUSTIVE else _greedy(profiles, options)
     plans = [predict(profiles, c, bandwidth, keep_seconds, **model) for c in candidates]
     fitting = [p for p in plans if p.predicted_activation_bytes <= budget_bytes]
     if fitting:
@@ -191,23 +240,57 @@ def _all(options):
 
 
 def _greedy(profiles, options):
-    """Offload layers 0..k-1 (k from 0 up), then recompute the rest one at a time, the layer that
-    frees the most bytes per recomputed second first: every prefix of that order is a candidate."""
+    """Offload layers 0..k-1 (k from 0 up), then, one move at a time, change the rest's decision to
+    the one (recompute or a budget) that frees the most bytes per added second over what the layer
+    holds now: every step of that sequence is a candidate."""
     n, candidates = len(profiles), []
     offloadable = sum(1 for o in options if OFFLOAD in o)
     for k in range(offloadable + 1):
         base = [OFFLOAD] * k + [KEEP] * (n - k)
         candidates.append(tuple(base))
-        rest = sorted(
-            range(k, n),
-            key=lambda i: (
-                -(profiles[i].saved_bytes - profiles[i].input_bytes) / max(profiles[i].forward_seconds, 1e-12)
-            ),
-        )
-        for i in rest:
-            base[i] = RECOMPUTE
+        while True:
+            moves = []
+            for i in range(k, n):
+                held, extra = profiles[i].held_and_extra(base[i])
+                for option in options[i]:
+                    if option == OFFLOAD:
+                        continue
+                    option_held, option_extra = profiles[i].held_and_extra(option)
+                    if option_held < held:
+                        rate = (held - option_held) / max(option_extra - extra, 1e-12)
+                        moves.append((rate, i, option))
+            if not moves:
+                break
+            _, i, option = max(moves, key=lambda m: (m[0], -m[1]))  # ties: the lowest layer first
+            base[i] = option
             candidates.append(tuple(base))
     return candidates
+
+
+def with_budgets(
+    profiles: list[LayerProfile], keep_seconds: float, at_budgets: dict[float, tuple[list[LayerProfile], float]]
+) -> list[LayerProfile]:
+    """``profiles`` (of the compiled blocks, kept) with an :class:`Alternative` per budget of
+    ``at_budgets``: budget -> the profile and step seconds of the blocks compiled at that budget
+    (:func:`profile` within ``CompiledBlocks(layers, budget).installed``). A layer's saved bytes at
+    a budget are its own; its extra seconds are its own forward's change plus a share of the
+    backward's change (the step's change less the forwards'), shared in proportion to the layers'
+    forward times, since backward is not timed per layer. A change below zero (a budget is never
+    faster than keeping, only noisier) counts as none."""
+    total_forward = sum(p.forward_seconds for p in profiles) or 1.0
+    out = []
+    for i, p in enumerate(profiles):
+        alternatives = []
+        for budget, (budgeted, seconds) in sorted(at_budgets.items()):
+            if len(budgeted) != len(profiles):
+                raise ValueError(f"the profile at budget {budget:g} has {len(budgeted)} layers, not {len(profiles)}")
+            forward_change = sum(b.forward_seconds for b in budgeted) - total_forward
+            backward_change = (seconds - keep_seconds) - forward_change
+            share = p.forward_seconds / total_forward
+            extra = budgeted[i].forward_seconds - p.forward_seconds + backward_change * share
+            alternatives.append(Alternative(budget, budgeted[i].saved_bytes, max(0.0, extra)))
+        out.append(dataclasses.replace(p, alternatives=tuple(alternatives)))
+    return out
 
 
 # -- measuring what the model needs -------------------------------------------------------------

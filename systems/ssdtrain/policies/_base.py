@@ -89,9 +89,18 @@ class Policy:
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         counts: dict[str, float] = {}
+        if self.compiled:
+            budgets = self.layer_budgets()
+            uniform = [self.setting.activation_budget] * len(self.setting.layers)
+            self.compiled.use(uniform if budgets is None else budgets)
         with self.compiled.installed() if self.compiled else contextlib.nullcontext(), self.around(counts):
             yield
         self.history.append(counts)
+
+    def layer_budgets(self) -> list[float | None] | None:
+        """Compiled blocks: each block's activation memory budget for the next step (None: the
+        setting's ``activation_budget`` for every block)."""
+        return None
 
     def around(self, counts: dict[str, float]) -> contextlib.AbstractContextManager:
         """A context manager around one step's forward and backward that fills ``counts`` as it ends."""

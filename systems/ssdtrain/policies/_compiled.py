@@ -66,13 +66,28 @@ def inductor_backend(budget: float | None) -> Callable:
 
 class CompiledBlocks:
     """The blocks ``layers``, each with a compiled forward made once (compiled at its first call)
-    and put in place by :meth:`installed` for one step."""
+    and put in place by :meth:`installed` for one step.
+
+    :meth:`use` gives each block a budget of its own (a plan that runs some blocks under torch's
+    activation memory budget): a block's forward at a budget is the shared backend's, so a mix of
+    budgets compiles once per distinct budget, not once per block."""
 
     def __init__(self, layers: list[nn.Module], budget: float | None = None):
         self.budget = check_budget(budget)
-        backend = inductor_backend(self.budget)
         self.layers = list(layers)
-        self.forwards = [torch.compile(layer.forward, backend=backend) for layer in self.layers]
+        self._made: dict[tuple[int, float | None], Callable] = {}
+        self.use([self.budget] * len(self.layers))
+
+    def use(self, budgets: list[float | None]) -> None:
+        """From the next :meth:`installed` on, block i runs compiled under ``budgets[i]``."""
+        if len(budgets) != len(self.layers):
+            raise ValueError(f"{len(budgets)} budgets for {len(self.layers)} blocks")
+        self.forwards = []
+        for index, (layer, budget) in enumerate(zip(self.layers, budgets, strict=True)):
+            key = (index, check_budget(budget))
+            if key not in self._made:
+                self._made[key] = torch.compile(layer.forward, backend=inductor_backend(key[1]))
+            self.forwards.append(self._made[key])
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:

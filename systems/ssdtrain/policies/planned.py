@@ -8,9 +8,13 @@ the model and the store's bandwidth says (systems/ssdtrain/planning.py).
 - ``planned_compiled``: the planner on blocks compiled by ``torch.compile``, planned from a profile
   of the compiled blocks (what their compiled forwards save, how long they run). A recomputed
   compiled block is the compiled block under ``torch.utils.checkpoint``: its compiled forward runs
-  again in backward, so the step computes what compiled keep computes, bit for bit.
+  again in backward, so the step computes what compiled keep computes, bit for bit. Where the
+  profile has the blocks at torch's activation memory budgets too (``planning.with_budgets``), a
+  block may also run compiled under one of them; such a step recomputes inside the compiled
+  backward and is checked within a tolerance, as ``torch_budget`` is.
 """
 
+from harness.errors import UserError
 from systems.ssdtrain import planning
 from systems.ssdtrain.engine import KEEP, OFFLOAD
 from systems.ssdtrain.policies import OffloaderPolicy, PolicyEntry, register
@@ -22,6 +26,8 @@ class Planned(OffloaderPolicy):
     def __init__(self, setting):
         if len(setting.plan.decisions) != len(setting.layers):
             raise ValueError(f"the plan has {len(setting.plan.decisions)} decisions for {len(setting.layers)} blocks")
+        if setting.plan.budgeted and not setting.compiled:
+            raise UserError("the plan runs blocks under an activation memory budget: a policy on compiled blocks")
         super().__init__(setting)
 
     def decide(self, layer):
@@ -30,6 +36,10 @@ class Planned(OffloaderPolicy):
     def recomputed(self):
         decisions = self.setting.plan.decisions
         return [layer for layer, d in zip(self.setting.layers, decisions) if d == planning.RECOMPUTE]
+
+    def layer_budgets(self):
+        plan = self.setting.plan  # read each step: a part may give the policy another plan
+        return list(plan.budgets) if plan.budgeted else None
 
 
 def _adaptive(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes):
