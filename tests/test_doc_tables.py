@@ -20,9 +20,16 @@ from harness.results import load_provenance
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
 PLACED = [(doc, block.name) for doc in DOCS for block in blocks.blocks(doc.read_text(), str(doc))]
 # Docs whose measured tables are generated: a speedup written by hand there fails the prose check.
-GENERATED_DOCS = ["ceilings.md", "feature_gather.md", "gnn_multi_gpu.md"]
+GENERATED_DOCS = ["ceilings.md", "feature_gather.md", "gnn_multi_gpu.md", "hector.md", "relational_gnn.md"]
 # Renderers that read many large files (seconds each): the complete tier checks them.
-SLOW_TABLES = ("feature_gather-", "relational_gnn-")
+SLOW_TABLES = (
+    "feature_gather-",
+    "relational_gnn-",
+    "hector-h200-headline",
+    "hector-h200-ablation",
+    "hector-h200-captured_step",
+    "hector-h200-shapes",
+)
 
 
 def slow_if_large(name, *values):
@@ -164,3 +171,55 @@ def test_docs_with_blocks_are_the_ones_the_command_refreshes():
     from analysis.doc_tables.__main__ import docs_with_blocks
 
     assert {Path(p).name for p in docs_with_blocks()} == {doc.name for doc, _ in PLACED}
+
+
+# --- the relational GNN renderers' reductions -----------------------------------------------------
+
+
+def test_relational_gnn_processes_are_the_committed_run_and_its_same_code_reruns():
+    from analysis.doc_tables import relational_gnn
+
+    committed = doc_tables.results_files("h200", "relational_gnn", ["datasets"], "h200")[0]
+    files = relational_gnn.process_files("datasets")
+    assert files[0] == committed
+    commit = load_provenance(committed)["git"]["commit"]
+    assert all(load_provenance(f)["git"]["commit"] == commit for f in files)
+    other = [f for f in committed.parent.glob("reruns/*/datasets-h200.csv") if f not in files]
+    assert other and all(load_provenance(f)["git"]["commit"] != commit for f in other)
+
+
+def test_a_speedup_is_hectors_time_against_the_fastest_competitor_of_its_own_process():
+    import pandas as pd
+
+    from analysis.doc_tables import relational_gnn
+
+    rng = random.Random(7)
+    forms = [("baseline", "segment_mm"), ("peer", "dense"), ("peer", "pyg"), ("optimized", "hector_unopt")]
+    forms.append(("optimized", relational_gnn.HECTOR))
+    rows = [
+        dict(source=source, role=role, variant=variant, model=model, mode="training", dataset=graph, edges=5)
+        | {"median": rng.uniform(1e-4, 1e-2)}
+        for source in ("one.csv", "two.csv")
+        for model in ("rgcn", "hgt")
+        for graph in ("a-like", "b-like")
+        for role, variant in forms
+    ]
+    rows = [r for r in rows if not (r["source"] == "two.csv" and r["variant"] == "dense")]  # not measured there
+    times = pd.DataFrame(rows)
+    found = relational_gnn.speedups(times)
+    assert len(found) == 8
+    for (source, model, _, graph), row in found.iterrows():
+        same = times[(times.source == source) & (times.model == model) & (times.dataset == graph)]
+        rivals = same[same.role.isin(["baseline", "peer"])]
+        ours = same[same.variant == relational_gnn.HECTOR]["median"].item()
+        assert row.variant == rivals.loc[rivals["median"].idxmin(), "variant"]
+        assert row.speedup == pytest.approx(rivals["median"].min() / ours)
+
+
+@pytest.mark.parametrize(
+    "values, expected", [([1.034, 1.57], "1.03–1.57x"), ([0.981], "0.98x"), ([2.004, 1.996], "2.00x")]
+)
+def test_a_range_over_processes_collapses_when_it_rounds_to_one_number(values, expected):
+    from analysis.doc_tables import relational_gnn
+
+    assert relational_gnn.span(values) == expected
