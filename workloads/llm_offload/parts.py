@@ -30,6 +30,7 @@ from harness.errors import UserError
 from harness.progress import progress
 from harness.timing import measure
 from systems.ssdtrain import Unavailable, planning
+from systems.ssdtrain.bound import bound_of_profile
 from systems.ssdtrain.policies import CompiledBlocks, first_line
 from workloads.llm.cost import block_costs, training_flops
 from workloads.llm.data import batches
@@ -131,15 +132,14 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     setups = choose.store_setups(params, device, notes, scratch_dir)
     compiled_setups = choose.planned_setups(params, setups, notes, key="compiled_stores")
     runs = choose.variants(chosen, setups, params, compiled_setups)
+    profiler = Profiler(params, model, layers, batch, device, scratch_dir, model_notes)
     planned = [p for p in chosen if p.planner is not None and not p.compiled]
     if planned:
-        where = choose.planned_setups(params, setups, notes)
-        runs += _planned(params, model, layers, batch, device, planned, where, scratch_dir, model_notes)
+        runs += _planned(params, profiler, planned, choose.planned_setups(params, setups, notes))
     planned_compiled = [p for p in chosen if p.planner is not None and p.compiled]
     if planned_compiled:
-        runs += _planned(
-            params, model, layers, batch, device, planned_compiled, compiled_setups, scratch_dir, model_notes, True
-        )
+        runs += _planned(params, profiler, planned_compiled, compiled_setups, compiled=True)
+    bounds = _bounds(params, profiler, [v for v in runs if v.policy.name == "offload_all"])
     checked, failed_peer = [], None
     compiled_reference = None  # compiled keep's step, once it passed its own check
     try:
@@ -162,7 +162,7 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
                     deviation = check_close(variant.label, reference, result, built.dtype)
                     model_notes.setdefault("deviation_from_keep", {})[variant.label] = deviation
                     compiled_reference = result
-                elif variant.policy.compiled and not variant.policy.exact:
+                elif variant.policy.compiled and not variant.exact:
                     deviation = check_close(variant.label, compiled_reference, result, built.dtype, "compiled keep")
                     model_notes.setdefault("deviation_from_compiled_keep", {})[variant.label] = deviation
                 else:
@@ -188,15 +188,17 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
                 check_identical(f"keep after {failed_peer} failed", reference, one_step(model, batch))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         for variant, policy in checked:
-            _time(variant, policy, model, batch, optimizer, writer, dataset, base, params, s, repeat, warmup, device)
+            timed = (variant, policy, model, batch, optimizer, writer, dataset, base, params, s)
+            _time(*timed, repeat, warmup, device, bounds.get(variant.label))
     finally:
         for variant, policy in checked:
             policy.close()
             variant.close()
 
 
-def _time(variant, policy, model, batch, optimizer, writer, dataset, base, params, s, repeat, warmup, device):
-    """Time ``policy``'s training steps and record them with what each step saved and moved."""
+def _time(variant, policy, model, batch, optimizer, writer, dataset, base, params, s, repeat, warmup, device, bound):
+    """Time ``policy``'s training steps and record them with what each step saved and moved (and
+    ``bound``, the offloading bound of its store, where given)."""
     policy.history.clear()
     allocated, peaks = [], []
 
@@ -230,6 +232,8 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
     if variant.plan is not None:  # what the cost model predicted, beside what was measured
         row("predicted_time", variant.plan.predicted_seconds, 0)
         row("predicted_activation_bytes", variant.plan.predicted_activation_bytes, 0)
+    if bound is not None:  # the most its store could free at no time overhead, beside what it freed
+        row("bound_activation_bytes", bound, 0)
     for rep in range(repeat):
         counts = dict(policy.history[warmup + rep])
         if peaks:
@@ -238,48 +242,105 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
             row(metric, value, rep)
 
 
-def _planned(
-    params, model, layers, batch, device, entries, setups, folder, notes: dict, compiled: bool = False
-) -> list[choose.Variant]:
-    """The planned policies ``entries`` on each store of ``setups``: the blocks profiled once, each
-    store's bandwidth measured, then each policy's plan (within ``planner_budget`` of what keep
-    saves, for those with a budget). ``compiled``: the policies run on compiled blocks, so the
-    profile is of the compiled blocks (what their compiled forwards save and how long they run) and
-    the budget a fraction of what compiled keep saves. The profile and the plans go into ``notes``
-    (``profile_compiled`` and ``plans_compiled`` for compiled blocks)."""
+class Profiler:
+    """One model's profiles for plans and bounds, each measured once and recorded in ``notes``:
+    the blocks' (eager, or compiled: what their compiled forwards save and how long they run, and
+    at each of ``planner_budgets``) and the stores' bandwidths. ``batch``: the step profiled."""
 
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(**batch).loss.backward()
+    def __init__(self, params, model, layers, batch, device, folder, notes: dict):
+        self.params, self.model, self.layers, self.batch = params, model, layers, batch
+        self.device, self.folder, self.notes = device, folder, notes
+        self._profiles: dict[bool, tuple] = {}
+        self._bandwidths: dict[str, float] = {}
 
-    # The backend compiled keep uses: the profile's warm-up compiles what the policies then reuse.
-    within = CompiledBlocks(layers).installed if compiled else None
-    profiles, keep_seconds, fixed = planning.profile(model, layers, step, device, within=within)
-    model.zero_grad(set_to_none=True)
+    def _step(self):
+        self.model.zero_grad(set_to_none=True)
+        self.model(**self.batch).loss.backward()
+
+    def _profile(self, budget=None, compiled=False):
+        within = CompiledBlocks(self.layers, budget).installed if compiled else None
+        measured = planning.profile(self.model, self.layers, self._step, self.device, within=within)
+        self.model.zero_grad(set_to_none=True)
+        return measured
+
+    def blocks(self, compiled: bool = False) -> tuple[list[planning.LayerProfile], float, int]:
+        """The blocks' profiles, the kept step's seconds and the bytes saved outside the blocks. On
+        compiled blocks the warm-up compiles what compiled keep then reuses, and each budget of
+        ``planner_budgets`` adds one profile (one compile, whatever the number of blocks)."""
+        if compiled not in self._profiles:
+            profiles, seconds, fixed = self._profile(compiled=compiled)
+            budgets = self.params.get("planner_budgets", []) if compiled else []
+            at_budgets = {}
+            for budget in budgets:
+                at, at_seconds, _ = self._profile(budget, compiled=True)
+                at_budgets[budget] = (at, at_seconds)
+            profiles = planning.with_budgets(profiles, seconds, at_budgets)
+            self._profiles[compiled] = (profiles, seconds, fixed)
+            self.notes["profile" + ("_compiled" if compiled else "")] = {
+                "keep_step_seconds": seconds,
+                "saved_bytes": [p.saved_bytes for p in profiles],
+                "input_bytes": [p.input_bytes for p in profiles],
+                "forward_seconds": [p.forward_seconds for p in profiles],
+                "bytes_saved_outside_layers": fixed,
+            } | {
+                f"at_budget_{budget:g}": {
+                    "step_seconds": at_budgets[budget][1],
+                    "saved_bytes": [p.saved_bytes for p in at_budgets[budget][0]],
+                    "extra_seconds": [p.alternative(planning.budget_decision(budget)).extra_seconds for p in profiles],
+                }
+                for budget in budgets
+            }
+        return self._profiles[compiled]
+
+    def bandwidth(self, setup: choose.StoreSetup) -> float:
+        """The store's measured write-and-read bandwidth, B/s (a store of its own, made for the probe)."""
+        if setup.label not in self._bandwidths:
+            with setup.make(self.params, self.folder) as probe:
+                self._bandwidths[setup.label] = planning.store_bandwidth(probe, self.device)
+            self.notes.setdefault("store_gbps", {})[setup.label] = self._bandwidths[setup.label] / 1e9
+        return self._bandwidths[setup.label]
+
+
+def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False) -> list[choose.Variant]:
+    """The planned policies ``entries`` on each store of ``setups``: each policy's plan from the
+    blocks' profile and the store's bandwidth (within ``planner_budget`` of what keep saves, for
+    those with a budget). ``compiled``: the policies run on compiled blocks, so the profile is of
+    the compiled blocks (with their ``planner_budgets`` alternatives) and the budget a fraction of
+    what compiled keep saves. The plans go into the notes (``plans_compiled`` for compiled blocks)."""
+    profiles, keep_seconds, fixed = profiler.blocks(compiled)
     budget = int(params["planner_budget"] * (sum(p.saved_bytes for p in profiles) + fixed))
     suffix = "_compiled" if compiled else ""
-    notes["profile" + suffix] = {
-        "keep_step_seconds": keep_seconds,
-        "saved_bytes": [p.saved_bytes for p in profiles],
-        "input_bytes": [p.input_bytes for p in profiles],
-        "forward_seconds": [p.forward_seconds for p in profiles],
-        "bytes_saved_outside_layers": fixed,
-        "planner_budget_bytes": budget,
-    }
+    profiler.notes["profile" + suffix]["planner_budget_bytes"] = budget
     out = []
     for setup in setups:
-        with setup.make(params, folder) as probe:
-            bandwidth = planning.store_bandwidth(probe, device)
+        bandwidth = profiler.bandwidth(setup)
         plans = {
             entry.name: entry.planner(
                 profiles, bandwidth, keep_seconds, keep_last=params["keep_last"], budget_bytes=budget, fixed_bytes=fixed
             )
             for entry in entries
         }
-        notes.setdefault("plans" + suffix, {})[setup.label] = {"bandwidth_gbps": bandwidth / 1e9} | {
+        profiler.notes.setdefault("plans" + suffix, {})[setup.label] = {"bandwidth_gbps": bandwidth / 1e9} | {
             name: list(plan.decisions) for name, plan in plans.items()
         }
         out += [choose.Variant(entry, setup, plans[entry.name]) for entry in entries]
+    return out
+
+
+def _bounds(params, profiler: Profiler, offloading: list[choose.Variant]) -> dict[str, float]:
+    """Per offload_all variant, the activation-peak reduction its store's bandwidth allows at no time
+    overhead (systems/ssdtrain/bound.py), from the eager blocks' profile; recorded in the notes."""
+    if not offloading:
+        return {}
+    profiles, _, _ = profiler.blocks()
+    out = {}
+    for variant in offloading:
+        found = bound_of_profile(profiles, profiler.bandwidth(variant.store), keep_last=params["keep_last"])
+        out[variant.label] = found.activation_bytes
+        profiler.notes.setdefault("bounds", {})[variant.store.label] = {
+            "activation_bytes": found.activation_bytes,
+            "read_limited": found.read_limited,
+        }
     return out
 
 

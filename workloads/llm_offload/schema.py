@@ -30,6 +30,9 @@ the host on a GPU count as written and read, every save again, parameters includ
 moves nothing). The planned policies (``offload_adaptive``: SSDTrain's rule; ``planner``: keep,
 offload or recompute per layer within a budget) record their plan's predictions as the metrics
 ``predicted_time`` and ``predicted_activation_bytes`` (repetition 0), beside the measured ones.
+``offload_all`` records ``bound_activation_bytes`` (repetition 0): the largest activation-peak
+reduction its store's measured bandwidth allows at no time overhead (systems/ssdtrain/bound.py),
+beside the reduction it measured.
 Part ``memory_bound`` records, per policy, ``fits`` for each micro-batch its search tried under
 the cap ``memory_cap_gib``, and at the largest that fit the timed steps (``time`` per optimizer
 step of ``global_batch`` sequences) and ``tokens_per_second``.
@@ -64,6 +67,7 @@ SCHEMA = Schema(
         "min_bytes": int,  # the offloading policies: saved tensors smaller than this are kept
         "layers_offloaded": int,  # offload_adaptive, planner: layers the plan offloads...
         "layers_recomputed": int,  # ...and recomputes (the rest are kept)
+        "layers_budgeted": int,  # planned_compiled: ...and runs under an activation memory budget
         "planned_gbps": float,  # the store bandwidth the plan was made for, measured just before (GB/s)
         "budget_fraction": float,  # planner: the activation budget, a fraction of what keep saves
         "compiled": bool,  # the blocks ran compiled by torch.compile (reference: compiled_keep); empty: eager
@@ -83,5 +87,6 @@ SCHEMA = Schema(
         "tokens_per_second": "tokens/s",  # memory_bound: at the policy's largest micro-batch under the cap
         "predicted_time": "s",  # the plan's predicted step time (systems/ssdtrain/planning.py)
         "predicted_activation_bytes": "B",  # ...and activation bytes when forward ends
+        "bound_activation_bytes": "B",  # offload_all: the most its store could free at no time overhead
     },
 )

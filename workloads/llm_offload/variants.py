@@ -90,6 +90,12 @@ class Variant:
     def role(self) -> str:
         return self.policy.role
 
+    @property
+    def exact(self) -> bool:
+        """Whether its step is bit-identical to its reference: a plan that runs blocks under an
+        activation memory budget recomputes inside the compiled backward, as torch_budget does."""
+        return self.policy.exact and (self.plan is None or not self.plan.budgeted)
+
     def columns(self, params: Mapping) -> dict:
         """The configuration columns of its rows: policy, store and setting, the offloader's knobs
         where it offloads, the plan's counts where it is planned."""
@@ -102,6 +108,7 @@ class Variant:
             columns |= {
                 "layers_offloaded": self.plan.count(OFFLOAD),
                 "layers_recomputed": self.plan.count(RECOMPUTE),
+                "layers_budgeted": self.plan.budgeted,
                 "planned_gbps": self.plan.bandwidth / 1e9,
                 "budget_fraction": params["planner_budget"] if self.plan.budget_bytes is not None else None,
             }
