@@ -647,6 +647,50 @@ def test_memory_bound_refuses_a_bad_cap_and_micro_batches_that_do_not_divide(scr
         run_with()
 
 
+def test_memory_bound_plans_per_micro_batch_within_the_caps_room(scratch):
+    """The planner under the cap: one plan per micro-batch, from the profile at the check's
+    micro-batch scaled, each the fastest whose predicted bytes fit 0.8 of the room the model's state
+    leaves; every distinct plan checked bit-identical to keep before the search; at its largest
+    micro-batch the plan's prediction recorded beside what the step held."""
+    from workloads.llm_offload.memory_bound import GIB
+
+    params = MEMORY_BOUND | {"compare": ["recompute", "offload_all", "planner"], "planned_stores": ["host"]}
+    rows = Rows()
+    notes = parts.memory_bound(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    largest = {label: search["largest"] for label, search in notes["searches"].items()}
+    assert largest["planner_host"] >= largest["offload_all_host"] > largest["keep"]
+    plans = notes["models"]["llama-tiny"]["plans"]["planner_host"]
+    state = 4 * notes["models"]["llama-tiny"]["parameters"] * 4
+    assert plans["room_bytes"] == int(0.8 * (params["memory_cap_gib"] * GIB - state))
+    decisions = [tuple(plans[str(micro)]) for micro in params["micro_batches"]]
+    assert decisions[0] != decisions[-1]  # a larger micro-batch needs a plan that holds less
+    values = {(r["variant"], r["metric"]): r["value"] for r in rows if "metric" in r}
+    held = values[("planner_host", "activation_bytes")]
+    predicted = values[("planner_host", "predicted_activation_bytes")]
+    assert predicted <= plans["room_bytes"] and abs(predicted - held) <= 0.2 * held
+    timed = next(r for r in rows if r["variant"] == "planner_host" and "metric" not in r)
+    offloaded = decisions[params["micro_batches"].index(largest["planner_host"])].count("offload")
+    assert timed["config"]["layers_offloaded"] == offloaded
+
+
+def test_the_part_records_offload_alls_bound_from_its_profile_and_store(scratch):
+    """Part policies writes, beside offload_all's measured rows, the activation-peak reduction its
+    store's measured bandwidth allows at no time overhead: the bound of the recorded profile."""
+    from systems.ssdtrain.bound import offload_bound
+
+    params = ONE_MODEL | {"stores": ["host"], "compare": ["offload_all"]}
+    rows = Rows()
+    notes = parts.policies(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    model_notes = notes["models"]["llama-tiny"]
+    profile, gbps = model_notes["profile"], model_notes["store_gbps"]["host"]
+    forward = profile["forward_seconds"]
+    expected = offload_bound(profile["saved_bytes"], forward, [2 * f for f in forward], gbps * 1e9)
+    bounds = [r for r in rows if r.get("metric") == "bound_activation_bytes"]
+    assert [(r["variant"], r["repetition"]) for r in bounds] == [("offload_all_host", 0)]
+    assert bounds[0]["value"] == pytest.approx(expected.activation_bytes)
+    assert 0 < bounds[0]["value"] <= sum(profile["saved_bytes"][:-1])
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_cap_is_the_allocators_and_is_lifted_afterwards(scratch):
     """On a GPU the cap is enforced by the allocator: keep runs out of memory at the larger

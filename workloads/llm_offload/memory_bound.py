@@ -20,6 +20,15 @@ policies count them) stay under it. The search is the same either way; only ``fi
 
 The search assumes that a micro-batch that fits makes every smaller one fit (memory grows with the
 micro-batch), so it halves the candidates at each try: about log2 of their count tries per policy.
+
+Every peer runs here where the parameters ask for it, so that the claim's numbers come out of one
+part: recompute, offloading, the eager planner, and where ``compiled`` is set compiled keep,
+torch's activation memory budget at each of ``budgets`` (the best of them is torch's number) and
+the planner over compiled blocks. A planned policy is planned per micro-batch: the blocks are
+profiled once at the check's micro-batch and the profile scaled to each candidate (bytes and
+seconds grow with the micro-batch), and each plan is the fastest predicted one whose activation
+bytes fit ``planner_headroom`` of what the cap leaves after the model's state (the rest for the
+step's temporaries). Every distinct plan is checked against its reference before anything is timed.
 """
 
 from __future__ import annotations
@@ -35,15 +44,17 @@ import torch
 
 from harness.errors import UserError
 from harness.timing import measure
-from systems.ssdtrain import Unavailable
+from systems.ssdtrain import Unavailable, planning
 from workloads.llm.cost import training_flops
 from workloads.llm.data import batches
 from workloads.llm.layers import blocks
 from workloads.llm.models import build
 from workloads.llm_offload import variants as choose
-from workloads.llm_offload.checking import check_identical, deterministic, one_step
+from workloads.llm_offload.checking import check_close, check_identical, deterministic, one_step
+from workloads.llm_offload.profiling import Profiler
 
 GIB = 1 << 30
+HEADROOM = 0.8  # planner_headroom's default: the share of the cap's room for activations a plan may fill
 
 
 @dataclass
@@ -127,20 +138,40 @@ def runs_out_of_memory(step: Callable[[], object]) -> bool:
     frames hold its tensors) is given back before this returns."""
     try:
         step()
-    except torch.cuda.OutOfMemoryError:
-        pass  # the exception, and the frames that hold the step's tensors, go when this clause ends
+    except Exception as err:  # noqa: BLE001 - only running out of memory is an answer; the rest re-raised
+        if not _is_out_of_memory(err):
+            raise
+        # the exception, and the frames that hold the step's tensors, go when this clause ends
     else:
         return False
     free()
     return True
 
 
+def _is_out_of_memory(err: BaseException | None) -> bool:
+    """Whether ``err`` is running out of device memory, or an error raised because of it (a compile
+    that ran out while tuning its kernels for a new micro-batch wraps it in a compiler error)."""
+    while err is not None:
+        if isinstance(err, torch.cuda.OutOfMemoryError):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row, model_spec, **_):
     """The part (see the module). ``add_row`` writes one metric row (parts._add); ``model_spec``
     reads the model entry (parts._model_spec)."""
     notes = {"skipped": {}, "models": {}, "memory_cap_gib": params["memory_cap_gib"], "searches": {}}
-    chosen = choose.policies(params, device, notes, plans=False)
-    runs = choose.variants(chosen, choose.store_setups(params, device, notes, scratch_dir), params)
+    chosen = choose.policies(params, device, notes)
+    setups = choose.store_setups(params, device, notes, scratch_dir)
+    compiled_setups = choose.planned_setups(params, setups, notes, key="compiled_stores")
+    runs = choose.variants(chosen, setups, params, compiled_setups)
+    planned = [
+        (entry, choose.planned_setups(params, setups, notes))
+        for entry in chosen
+        if entry.planner and not entry.compiled
+    ]
+    planned += [(entry, compiled_setups) for entry in chosen if entry.planner and entry.compiled]
     dataset, shape = model_spec(params["model"])
     global_batch, candidates = params["global_batch"], sorted(params["micro_batches"])
     for micro in candidates:
@@ -171,9 +202,18 @@ def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row
             "memory_cap_gib": float(params["memory_cap_gib"]),
             "dtype": str(built.dtype).removeprefix("torch."),
         }
+        if planned:
+            layers = [block for _, block in blocks(model)]
+            batch = next(
+                batches(dataclasses.replace(shape, micro_batch=checked_rows), seed=params["seed"], device=device)
+            )
+            profiler = Profiler(params, model, layers, batch, device, scratch_dir, notes["models"][dataset])
+            room = params.get("planner_headroom", HEADROOM) * (cap.cap_bytes - cap.state_bytes)
+            for entry, where in planned:
+                runs += _scheduled(entry, where, profiler, params, checked_rows, candidates, int(room))
         # The checks come before the optimizer's state: they hold keep's gradients and a policy's
         # (copies, compared), as much memory as the moments would take.
-        checked = _checked(runs, model, shape, params, checked_rows, device, scratch_dir, notes)
+        checked = _checked(runs, model, shape, params, checked_rows, device, scratch_dir, notes, built.dtype)
         try:
             optimizer = _optimizer_with_its_state(model, device)
         except torch.cuda.OutOfMemoryError:
@@ -184,7 +224,7 @@ def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row
         trials = Trials(model, optimizer, shape, params, cap, device, repeat, warmup)
         try:
             for variant, policy in checked:
-                search = largest_fitting(candidates, functools.partial(trials.fits, policy))
+                search = largest_fitting(candidates, functools.partial(trials.fits, variant, policy))
                 tried = {str(micro): fit for micro, fit in search.tried.items()}
                 notes["searches"][variant.label] = {"tried": tried, "largest": search.largest}
                 failed = trials.record(variant, policy, search, writer, dataset, base, add_row)
@@ -197,9 +237,77 @@ def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row
     return notes
 
 
-def _checked(runs, model, shape, params, rows, device, folder, notes) -> list:
-    """Each variant built and its step on ``rows`` sequences checked bit-identical to keep's, under
-    the cap (a variant whose check does not fit is skipped, with a note)."""
+@dataclass
+class Scheduled(choose.Variant):
+    """A planned variant with a plan per micro-batch (``plans``): :meth:`at` puts the plan of a
+    micro-batch in place, on the variant (its columns) and on its built policy."""
+
+    plans: dict[int, planning.Plan] = field(default_factory=dict)
+
+    def at(self, micro: int, policy=None) -> None:
+        self.plan = self.plans[micro]
+        if policy is not None:
+            policy.setting.plan = self.plan  # the planned policies read their plan at every step
+
+    def distinct(self) -> list[int]:
+        """One micro-batch per distinct plan (the smallest that has it)."""
+        seen, out = set(), []
+        for micro, plan in sorted(self.plans.items()):
+            if plan.decisions not in seen:
+                seen.add(plan.decisions)
+                out.append(micro)
+        return out
+
+
+def scaled(profiles, keep_seconds: float, fixed: int, factor: float):
+    """A profile taken at one micro-batch, as it would be at ``factor`` times it: bytes and seconds
+    grow with the sequences."""
+    grow = [
+        dataclasses.replace(
+            p,
+            saved_bytes=round(p.saved_bytes * factor),
+            input_bytes=round(p.input_bytes * factor),
+            forward_seconds=p.forward_seconds * factor,
+            alternatives=tuple(
+                dataclasses.replace(
+                    a, saved_bytes=round(a.saved_bytes * factor), extra_seconds=a.extra_seconds * factor
+                )
+                for a in p.alternatives
+            ),
+        )
+        for p in profiles
+    ]
+    return grow, keep_seconds * factor, round(fixed * factor)
+
+
+def _scheduled(entry, setups, profiler, params, rows: int, candidates: list[int], room: int) -> list[Scheduled]:
+    """The planned policy ``entry`` on each store of ``setups``, with a plan per candidate
+    micro-batch made from the profile at ``rows`` sequences, scaled, within ``room`` bytes."""
+    profiles, keep_seconds, fixed = profiler.blocks(entry.compiled)
+    out = []
+    for setup in setups:
+        bandwidth = profiler.bandwidth(setup)
+        plans = {}
+        for micro in candidates:
+            at = scaled(profiles, keep_seconds, fixed, micro / rows)
+            plans[micro] = entry.planner(
+                at[0], bandwidth, at[1], keep_last=params["keep_last"], budget_bytes=room, fixed_bytes=at[2]
+            )
+        variant = Scheduled(entry, setup, plans=plans)
+        variant.at(candidates[0])
+        profiler.notes.setdefault("plans", {})[variant.label] = {
+            str(micro): list(plan.decisions) for micro, plan in plans.items()
+        } | {"room_bytes": room, "bandwidth_gbps": bandwidth / 1e9}
+        out.append(variant)
+    return out
+
+
+def _checked(runs, model, shape, params, rows, device, folder, notes, dtype) -> list:
+    """Each variant built and its step on ``rows`` sequences checked against its reference (keep's
+    step bit for bit; compiled keep within the tolerance of keep; a policy on compiled blocks against
+    compiled keep, bit for bit or, where it recomputes inside the compiled backward, within the
+    tolerance), every distinct plan of a planned variant, under the cap (a variant whose check does
+    not fit is skipped, with a note)."""
     layers = [block for _, block in blocks(model)]
     batch = next(batches(dataclasses.replace(shape, micro_batch=rows), seed=params["seed"], device=device))
     results = {}
@@ -215,19 +323,30 @@ def _checked(runs, model, shape, params, rows, device, folder, notes) -> list:
         )
     checked = []
     for variant in runs:
+        compiled = variant.policy.compiled and variant.policy.name != choose.COMPILED_REFERENCE
+        if compiled and choose.COMPILED_REFERENCE not in results:
+            notes["skipped"][variant.label] = "its reference, compiled keep, did not run or fit"
+            continue
         try:
             policy = variant.build(model, layers, params, folder)
         except Unavailable as err:
             notes["skipped"][variant.label] = str(err)
             continue
         try:
-            if runs_out_of_memory(functools.partial(check, variant.label, policy)):
+            fitted = True
+            for micro in variant.distinct() if isinstance(variant, Scheduled) else [None]:
+                if micro is not None:
+                    variant.at(micro, policy)
+                if runs_out_of_memory(functools.partial(check, variant.label, policy)):
+                    fitted = False
+                    break
+                _compare(variant, results, dtype, notes, micro)
+            if not fitted:
                 notes["skipped"][variant.label] = f"its checked step on {rows} sequences does not fit under the cap"
                 policy.reset()
                 policy.close()
                 variant.close()
                 continue
-            check_identical(f"{variant.label} under the memory cap", results[None], results.pop(variant.label))
         except BaseException:
             policy.close()
             variant.close()
@@ -237,6 +356,24 @@ def _checked(runs, model, shape, params, rows, device, folder, notes) -> list:
     results.clear()
     free()
     return checked
+
+
+def _compare(variant, results: dict, dtype, notes: dict, micro: int | None) -> None:
+    """``results[variant.label]`` against its reference (see :func:`_checked`); compiled keep's step
+    is kept as the reference of the compiled policies."""
+    label = variant.label if micro is None else f"{variant.label} (the plan of micro-batch {micro})"
+    result = results.pop(variant.label)
+    if variant.policy.name == choose.COMPILED_REFERENCE:
+        deviation = check_close(label, results[None], result, dtype)
+        notes.setdefault("deviation_from_keep", {})[label] = deviation
+        results[choose.COMPILED_REFERENCE] = result
+    elif variant.policy.compiled and not variant.exact:
+        deviation = check_close(label, results[choose.COMPILED_REFERENCE], result, dtype, "compiled keep")
+        notes.setdefault("deviation_from_compiled_keep", {})[label] = deviation
+    elif variant.policy.compiled:
+        check_identical(f"{label} under the memory cap", results[choose.COMPILED_REFERENCE], result, "compiled keep")
+    else:
+        check_identical(f"{label} under the memory cap", results[None], result)
 
 
 def _optimizer_with_its_state(model, device: str) -> torch.optim.Optimizer:
@@ -279,8 +416,11 @@ class Trials:
 
         return train_step
 
-    def fits(self, policy, micro: int) -> bool:
-        """Whether ``policy``'s optimizer step at micro-batch ``micro`` runs under the cap."""
+    def fits(self, variant, policy, micro: int) -> bool:
+        """Whether ``policy``'s optimizer step at micro-batch ``micro`` runs under the cap (a planned
+        variant's with its plan for that micro-batch)."""
+        if isinstance(variant, Scheduled):
+            variant.at(micro, policy)
         policy.history.clear()
         step = self._train_step(policy, micro)
         if runs_out_of_memory(step):
@@ -297,6 +437,8 @@ class Trials:
         tokens per second and the activation bytes a micro-step held. Returns why nothing was timed
         where the timed steps ran out of memory after their probe fit (None otherwise)."""
         for micro, fit in search.tried.items():
+            if isinstance(variant, Scheduled):
+                variant.at(micro, policy)
             config = base | {"micro_batch": micro} | variant.columns(self.params)
             add_row(writer, dataset, variant, config, "fits", int(fit), 0)
             if not fit:  # as part micro_batches records it, where the claims look for it
@@ -304,6 +446,8 @@ class Trials:
         if search.largest is None:
             return None
         micro = search.largest
+        if isinstance(variant, Scheduled):
+            variant.at(micro, policy)
         step = self._train_step(policy, micro)
         policy.history.clear()
         timed = {}
@@ -322,6 +466,9 @@ class Trials:
         flops = training_flops(dataclasses.replace(self.shape, micro_batch=micro)) * micro_steps
         writer.add_measurement(m, role=variant.role, variant=variant.label, config=config, flops=flops, dataset=dataset)
         row = functools.partial(add_row, writer, dataset, variant, config)
+        if variant.plan is not None:  # scaled from the check's micro-batch: per micro-step
+            row("predicted_time", variant.plan.predicted_seconds, 0)
+            row("predicted_activation_bytes", variant.plan.predicted_activation_bytes, 0)
         first_timed = len(history) - len(m.seconds) * micro_steps  # the warm-up steps come first
         for rep, seconds in enumerate(m.seconds):
             row("tokens_per_second", base["global_batch"] * self.shape.sequence / seconds, rep)

@@ -110,7 +110,7 @@ class Variant:
                 "layers_recomputed": self.plan.count(RECOMPUTE),
                 "layers_budgeted": self.plan.budgeted,
                 "planned_gbps": self.plan.bandwidth / 1e9,
-                "budget_fraction": params["planner_budget"] if self.plan.budget_bytes is not None else None,
+                "budget_fraction": params.get("planner_budget") if self.plan.budget_bytes is not None else None,
             }
         return columns
 

@@ -1,0 +1,67 @@
+"""What a part measures to plan and to bound: the blocks' profiles and the stores' bandwidths, each
+once per model (systems/ssdtrain/planning.py, bound.py)."""
+
+from __future__ import annotations
+
+from systems.ssdtrain import planning
+from systems.ssdtrain.policies import CompiledBlocks
+from workloads.llm_offload import variants as choose
+
+
+class Profiler:
+    """One model's profiles for plans and bounds, each measured once and recorded in ``notes``:
+    the blocks' (eager, or compiled: what their compiled forwards save and how long they run, and
+    at each of ``planner_budgets``) and the stores' bandwidths. ``batch``: the step profiled."""
+
+    def __init__(self, params, model, layers, batch, device, folder, notes: dict):
+        self.params, self.model, self.layers, self.batch = params, model, layers, batch
+        self.device, self.folder, self.notes = device, folder, notes
+        self._profiles: dict[bool, tuple] = {}
+        self._bandwidths: dict[str, float] = {}
+
+    def _step(self):
+        self.model.zero_grad(set_to_none=True)
+        self.model(**self.batch).loss.backward()
+
+    def _profile(self, budget=None, compiled=False):
+        within = CompiledBlocks(self.layers, budget).installed if compiled else None
+        measured = planning.profile(self.model, self.layers, self._step, self.device, within=within)
+        self.model.zero_grad(set_to_none=True)
+        return measured
+
+    def blocks(self, compiled: bool = False) -> tuple[list[planning.LayerProfile], float, int]:
+        """The blocks' profiles, the kept step's seconds and the bytes saved outside the blocks. On
+        compiled blocks the warm-up compiles what compiled keep then reuses, and each budget of
+        ``planner_budgets`` adds one profile (one compile, whatever the number of blocks)."""
+        if compiled not in self._profiles:
+            profiles, seconds, fixed = self._profile(compiled=compiled)
+            budgets = self.params.get("planner_budgets", []) if compiled else []
+            at_budgets = {}
+            for budget in budgets:
+                at, at_seconds, _ = self._profile(budget, compiled=True)
+                at_budgets[budget] = (at, at_seconds)
+            profiles = planning.with_budgets(profiles, seconds, at_budgets)
+            self._profiles[compiled] = (profiles, seconds, fixed)
+            self.notes["profile" + ("_compiled" if compiled else "")] = {
+                "keep_step_seconds": seconds,
+                "saved_bytes": [p.saved_bytes for p in profiles],
+                "input_bytes": [p.input_bytes for p in profiles],
+                "forward_seconds": [p.forward_seconds for p in profiles],
+                "bytes_saved_outside_layers": fixed,
+            } | {
+                f"at_budget_{budget:g}": {
+                    "step_seconds": at_budgets[budget][1],
+                    "saved_bytes": [p.saved_bytes for p in at_budgets[budget][0]],
+                    "extra_seconds": [p.alternative(planning.budget_decision(budget)).extra_seconds for p in profiles],
+                }
+                for budget in budgets
+            }
+        return self._profiles[compiled]
+
+    def bandwidth(self, setup: choose.StoreSetup) -> float:
+        """The store's measured write-and-read bandwidth, B/s (a store of its own, made for the probe)."""
+        if setup.label not in self._bandwidths:
+            with setup.make(self.params, self.folder) as probe:
+                self._bandwidths[setup.label] = planning.store_bandwidth(probe, self.device)
+            self.notes.setdefault("store_gbps", {})[setup.label] = self._bandwidths[setup.label] / 1e9
+        return self._bandwidths[setup.label]
