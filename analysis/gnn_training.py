@@ -12,9 +12,12 @@
 # # Minibatch GNN training: where each epoch's time goes
 #
 # Epoch time of each feeding pipeline (`workloads.gnn_training`), its breakdown, the speedup
-# over the faster of the CPU baselines (`cpu_gather`, and `cpu_gather_workers` where it ran) and the
-# CPU cost, per dataset and model. Epoch times are medians
-# of the timed epochs; bars span the interquartile range.
+# over the faster of the CPU baselines (`cpu_gather`, and `cpu_gather_workers` where it ran), the
+# CPU cost and the GPU memory each keeps, per part (one graph) and model. Epoch times are medians
+# of the timed epochs. A run is one measuring process: the committed results and each re-run at
+# the same commit (`results/<machine>/gnn_training/reruns/<run>/`); every ratio is taken within a
+# run and quoted with its range over the runs, and an ordering is stated only where every run
+# agrees (`analysis/doc_tables/gnn_training.py`, which the doc's tables share).
 
 # %% tags=["parameters"]
 machine = "local"
@@ -24,175 +27,305 @@ summary = "paper_figs/local/gnn_training-cpu.md"
 results = {}  # topic -> its results files, passed by the workflow
 
 # %%
+import re
 from pathlib import Path
 
-from analysis.common import load_results, machine_label, summarize
+from analysis.common import load_results, machine_label, same_code_reruns, summarize
+from analysis.doc_tables.gnn_training import (
+    BASELINE,
+    COMMITTED,
+    GROUP,
+    at_largest_cpu_budget,
+    epoch_medians,
+    ordering,
+    per_group,
+    quoted,
+    ratios,
+    with_runs,
+)
 from workloads.gnn.pipelines import PIPELINES, ROLE
 from workloads.gnn_training.schema import SCHEMA
 
 frame, provenance = load_results(results["gnn_training"], SCHEMA)
-KEYS = ["dataset", "model", "layers", "fanouts", "variant", "nodes", "edges"]
-epoch = summarize(frame, "epoch_time", KEYS)
+rerun_files, other_code = same_code_reruns(results.get("gnn_training_reruns", []), results["gnn_training"])
+reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else None
+# The headline numbers at each part's largest CPU budget; every budget in the supporting figure.
+by_budget = frame
+every_run = at_largest_cpu_budget(with_runs(frame, reruns))
+frame = every_run[every_run.run == COMMITTED]
+RUNS = [COMMITTED] + sorted(set(every_run.run) - {COMMITTED})
+KEYS = [*GROUP, "variant"]
+epoch = summarize(frame, "epoch_time", KEYS)  # the committed run's, for times, phases and costs
 cpu = summarize(frame, "cpu_time", KEYS)
-phases = summarize(frame, "phase_time", KEYS + ["phase"])
+phases = summarize(frame, "phase_time", [*KEYS, "phase"])
 acc = summarize(frame, "accuracy", KEYS)
-# Tables and panels below are per dataset name: one graph size per name, or they would mix sizes.
-sizes = epoch.groupby("dataset")[["nodes", "edges"]].nunique()
-if (sizes > 1).any(axis=None):
-    raise ValueError(
-        f"results of one dataset at several graph sizes: {list(sizes[(sizes > 1).any(axis=1)].index)}; "
-        "render them from separate results folders"
-    )
-print(machine_label(provenance))
+medians = epoch_medians(every_run)
 CPU_BASELINES = [p for p in PIPELINES if ROLE[p] == "baseline"]
+# Each pipeline's speedup over the faster CPU baseline and its epoch against all_in_gpu's, per
+# group: the committed run's first, then each re-run's.
+speedup = {v: per_group(ratios(medians, v, BASELINE)) for v in set(medians.variant)}
+vs_bound = {v: per_group(ratios(medians, "all_in_gpu", v)) for v in set(medians.variant)}  # v's epoch / all_in_gpu's
+# What each part's notes say about GPU memory: {part: notes}.
+NOTES = {record.get("part"): record for record in provenance}
+print(machine_label(provenance))
+print(f"runs: {', '.join(RUNS)}")
+for f in other_code:
+    print(f"left out (measured at other code than the committed run): {f}")
 
 
-def fastest_baseline(rows):
-    """The faster CPU baseline's row among ``rows`` (one group's medians), or None."""
-    found = rows[rows.variant.isin(CPU_BASELINES)]
-    return None if found.empty else found.loc[found["median"].idxmin()]
+def select(rows, key):
+    """The rows of one group (a tuple of GROUP's values)."""
+    mask = True
+    for column, value in zip(GROUP, key):
+        mask = mask & (rows[column] == value)
+    return rows[mask]
+
+
+def budgets_of(part) -> list[float]:
+    return [float(b) for b in NOTES.get(part, {}).get("gpu_memory_budget_gib", [])]
+
+
+def not_run_resident(part) -> dict[str, float]:
+    """GiB resident of the pipelines a part did not run because they fit no GPU budget (from the
+    notes' reasons, which give the resident size first)."""
+    found = {}
+    for name, why in NOTES.get(part, {}).get("skipped_pipelines", {}).items():
+        size = re.search(r"([0-9.]+) GiB resident", why)
+        if "does not fit any GPU memory budget" in why and size:
+            found[name] = float(size[1])
+    return found
+
+
+def smallest_fitting_budget(key, variant) -> float | None:
+    """The smallest budget ``variant`` fits in group ``key`` (resident data and peak), None for none."""
+    rows = select(frame[(frame.metric == "fits_gpu_budget") & (frame.variant == variant)], key)
+    fitting = sorted(rows[rows.value == 1].gpu_memory_budget)
+    return fitting[0] if fitting else None
+
+
+GROUPS = sorted({tuple(k) for k in epoch[GROUP].itertuples(index=False)}, key=lambda k: (k[6], k[2] != "sage", k[3]))
 
 
 # %% [markdown]
 # ## Key numbers
 
+
 # %%
+def memory_cells(key, variant) -> str:
+    rows = select(frame[frame.variant == variant], key)
+    resident = rows[rows.metric == "gpu_resident_bytes"].value
+    peak = rows[rows.metric == "peak_gpu_memory"].value
+    if resident.empty:
+        return " |  |  | "
+    fits = smallest_fitting_budget(key, variant)
+    return f" | {resident.max() / 2**30:.2f} | {peak.max() / 2**30:.2f} | {'none' if fits is None else f'{fits:g}'}"
+
+
 lines = [
     f"# GNN training on `{machine}` at scale `{scale}`",
     "",
     machine_label(provenance),
     "",
+    f"Runs: {len(RUNS)} ({', '.join(RUNS)}); ratios are the committed run's, the range over every run in brackets.",
+    "",
     "| dataset (nodes, edges) | model | pipeline | epoch s | x fastest CPU baseline | x all_in_gpu | CPU core-s/epoch "
-    "| val acc |",
-    "|---|---|---|---|---|---|---|---|",
+    "| val acc | GPU resident GiB | GPU peak GiB | smallest budget fitting, GiB |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
-for (dataset, model, layers, fanouts), g in epoch.groupby(["dataset", "model", "layers", "fanouts"]):
-    fastest = fastest_baseline(g)
-    top = g[g.variant == "all_in_gpu"]["median"]
+for key in GROUPS:
+    part, dataset, model, layers, fanouts, nodes, edges = key
+    g = select(epoch, key)
     for variant in [v for v in PIPELINES if v in set(g.variant)]:
         row = g[g.variant == variant].iloc[0]
-        c = cpu[(cpu.dataset == dataset) & (cpu.model == model) & (cpu.fanouts == fanouts) & (cpu.variant == variant)][
-            "median"
-        ]
-        a = acc[(acc.dataset == dataset) & (acc.model == model) & (acc.fanouts == fanouts) & (acc.variant == variant)][
-            "median"
-        ]
-        speedup = f"{fastest['median'] / row['median']:.2f}" if fastest is not None else ""
-        vs_top = f"{row['median'] / top.iloc[0]:.2f}" if not top.empty else ""
+        c = select(cpu, key)
+        a = select(acc, key)
+        spd = quoted(speedup[variant][key]) if key in speedup.get(variant, {}) else ""
+        top = quoted(vs_bound[variant][key]) if key in vs_bound.get(variant, {}) else ""
         lines.append(
-            f"| {dataset} ({row.nodes:,}, {row.edges:,}) | {model} {layers}L {fanouts} | {variant} | "
-            f"{row['median']:.3f} | {speedup} | {vs_top} | {c.iloc[0]:.2f} | {a.iloc[0]:.3f} |"
+            f"| {dataset} ({nodes:,}, {edges:,}) | {model} {layers}L {fanouts} | {variant} | {row['median']:.3f} "
+            f"| {spd} | {top} | {c[c.variant == variant]['median'].iloc[0]:.2f} "
+            f"| {a[a.variant == variant]['median'].iloc[0]:.3f}{memory_cells(key, variant)} |"
         )
 lines += [
     "",
     "x fastest CPU baseline: the epoch time of the faster of "
     + " and ".join(f"`{b}`" for b in CPU_BASELINES)
-    + " (those that ran) over the pipeline's, per dataset and model.",
+    + " (those that ran) over the pipeline's, per dataset and model; x all_in_gpu: the pipeline's epoch over "
+    "all_in_gpu's (below 1: faster). Smallest budget: of the configured GPU memory budgets, the smallest that "
+    "holds the pipeline's resident data and its peak.",
+    "",
+    "## Orderings (stated only where every run agrees)",
+    "",
+    "| dataset | model | comparison | verdict |",
+    "|---|---|---|---|",
 ]
+PAIRS = [("zero_copy_overlap", "zero_copy"), ("zero_copy_overlap", "all_in_gpu"), ("zero_copy", BASELINE)]
+for key in GROUPS:
+    for faster, slower in PAIRS:
+        found = per_group(ratios(medians, faster, slower)).get(key)
+        if found:
+            lines.append(
+                f"| {key[1]} | {key[2]} {key[3]}L | {faster} vs {slower} | {ordering(found, faster, slower)} |"
+            )
+# GPU memory budgets, from the notes: which pipelines remain at each budget, and why the others do not.
+for part, notes in sorted(NOTES.items()):
+    budgets = budgets_of(part)
+    if not budgets:
+        continue
+    lines += ["", f"## GPU memory budgets, part {part}", ""]
+    misses = notes.get("does_not_fit", {})
+    ran = sorted(set(frame[frame.part == part].variant), key=PIPELINES.index)
+    for budget in budgets:
+        missed = misses.get(f"{budget:g} GiB", {})
+        out = {case.split(", ")[0] for case in missed}
+        remain = [v for v in ran if v not in out]
+        lines.append(f"- {budget:g} GiB: remain {', '.join(remain) or 'none'}")
+        lines += [f"  - not {case}: {why}" for case, why in sorted(missed.items())]
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 
 # %% [markdown]
-# ## Figure: the training speedup per dataset, where the epoch goes, and the CPU it costs
+# ## Figure: speedup per run, the epoch against all_in_gpu, where the epoch goes, the CPU it costs, GPU memory
 #
-# One group per dataset (and model, where several ran), one bar per pipeline in its colour. The
+# One group per part (and model, where several ran), one bar per pipeline in its colour. Ratio
+# panels: the bar is the committed run, a dot each run, the whisker the range over the runs. The
 # phases (sampling, feature gathering and transfer, training) were timed in separate epochs with
 # a device sync between them, which adds time; the split is drawn as their shares of the epoch
-# time measured without syncs, so a stack is exactly as tall as the epoch.
+# time measured without syncs, so a stack is exactly as tall as the epoch. GPU memory: what each
+# pipeline keeps resident (hatched: not run, over every budget), its peak, and the smallest
+# configured budget it fits.
 
 # %%
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from analysis import style
 
-runs = sorted(
-    set(zip(epoch.dataset, epoch.model, epoch.layers, epoch.fanouts)),
-    key=lambda r: epoch[epoch.dataset == r[0]].edges.iloc[0],
-)
-# Phases in greys (a colour is a pipeline's): the bar's outline says whose epoch it is.
-PHASE_COLOURS = {"sample": "#ffffff", "gather": "#737373", "train": "#d9d9d9"}
+PHASE_COLOURS = {"sample": "#ffffff", "gather": "#737373", "train": "#d9d9d9"}  # greys: a colour is a pipeline's
 PHASE_HATCHES = {"sample": "...", "gather": "", "train": ""}
 PHASE_NAMES = {"sample": "sampling", "gather": "feature gather + transfer", "train": "training"}
-variants = [v for v in PIPELINES if v in set(epoch.variant)]
-fig, (ax_speed, ax_time, ax_cpu) = style.panels(3, cols=3, width=6.2, height=4.2)
+NEVER_RUN = {name for k in GROUPS for name in not_run_resident(k[0])}  # over every GPU budget: drawn hatched
+variants = [v for v in PIPELINES if v in set(epoch.variant) | NEVER_RUN]
+has_bound = any(vs_bound.get(v) for v in variants if v != "all_in_gpu")
+has_memory = "gpu_resident_bytes" in set(frame.metric) or any(not_run_resident(k[0]) for k in GROUPS)
+has_fits = "fits_gpu_budget" in set(frame.metric)
+names = ["speed"] + (["bound"] if has_bound else []) + ["time", "cost"]
+names += (["memory"] if has_memory else []) + (["fits"] if has_fits else [])
+fig, axes = style.panels(len(names), cols=3, width=6.2, height=4.2)
+ax = dict(zip(names, axes))
 bar = 0.8 / len(variants)
-short = {d: d.removeprefix("ogbn-") for d, *_ in runs}
-run_labels = [short[d] if len(runs) == len(short) else f"{short[d]}\n{m}, {n} layers" for d, m, n, _ in runs]
-for i, (dataset, model, _layers, fanouts) in enumerate(runs):
-    sel = lambda d: d[(d.dataset == dataset) & (d.model == model) & (d.fanouts == fanouts)]  # noqa: E731
-    e, p, c = sel(epoch), sel(phases), sel(cpu)
-    fastest = fastest_baseline(e)
-    base = e.iloc[0:0]["median"] if fastest is None else e[e.variant == fastest.variant]["median"]
+several_models = len({k[2:5] for k in GROUPS}) > 1
+labels = []
+for _part, dataset, model, layers, _fanouts, nodes, _edges in GROUPS:
+    size = f"{nodes / 1e6:.1f} M" if nodes >= 1e6 else f"{nodes / 1e3:.0f} K"
+    text = f"{dataset.removeprefix('ogbn-')}\n{size} nodes"
+    labels.append(text + (f"\n{model} {layers}L" if several_models else ""))
+
+
+def ratio_bars(axis, x, values, color, label):
+    """The committed run's bar, each run's dot, the whisker over the runs' range."""
+    axis.bar(x, values[0], bar, color=color, label=label)
+    if len(values) > 1:
+        axis.errorbar(
+            x,
+            values[0],
+            yerr=[[values[0] - min(values)], [max(values) - values[0]]],
+            color="#333333",
+            capsize=2,
+            elinewidth=0.8,
+            fmt="none",
+        )
+        axis.plot([x] * len(values), values, "o", color="#333333", markersize=2.5, label="_run")
+    axis.annotate(f"{values[0]:.2f}", (x, max(values)), xytext=(0, 3), textcoords="offset points", ha="center",
+                  fontsize=6.5, rotation=90)  # fmt: skip
+
+
+for i, key in enumerate(GROUPS):
+    e, p, c = select(epoch, key), select(phases, key), select(cpu, key)
+    budgets = budgets_of(key[0])
+    skipped = not_run_resident(key[0])
     for j, variant in enumerate(variants):
         x = i + (j - (len(variants) - 1) / 2) * bar
+        colour = style.color(variant)
+        if key in speedup.get(variant, {}):
+            ratio_bars(ax["speed"], x, speedup[variant][key], colour, style.readable(variant))
+        if has_bound and variant != "all_in_gpu" and key in vs_bound.get(variant, {}):
+            ratio_bars(ax["bound"], x, vs_bound[variant][key], colour, style.readable(variant))
+        if has_memory and variant in skipped:  # never run: its resident data, from the notes
+            ax["memory"].bar(x, skipped[variant], bar, color="white", edgecolor=colour, hatch="//", linewidth=1.2)
+        if has_fits and variant in skipped:
+            ax["fits"].bar(x, len(budgets) + 1, bar, color="white", edgecolor=colour, hatch="//", linewidth=1.2)
         row = e[e.variant == variant]
         if row.empty:
             continue
         median, q25, q75 = row[["median", "q25", "q75"]].iloc[0]
-        if not base.empty:
-            speedup = base.iloc[0] / median
-            ax_speed.bar(x, speedup, bar, color=style.color(variant), label=style.readable(variant))
-            # The range: the faster baseline's median over this pipeline's quartiles (epochs of one process).
-            ax_speed.errorbar(
-                x,
-                speedup,
-                yerr=[[speedup - base.iloc[0] / q75], [base.iloc[0] / q25 - speedup]],
-                color="#333333",
-                capsize=2,
-                elinewidth=0.8,
-                fmt="none",
-            )
-            ax_speed.annotate(
-                f"{speedup:.2f}",
-                (x, speedup),
-                xytext=(0, 3),
-                textcoords="offset points",
-                ha="center",
-                fontsize=6.5,
-                rotation=90,
-            )
         shares = {ph: p[(p.variant == variant) & (p.phase == ph)]["median"].sum() for ph in PHASE_COLOURS}
-        total = sum(shares.values())
-        bottom = 0.0
+        total, bottom = sum(shares.values()), 0.0
         for ph, value in shares.items():
             height = median * value / total if total else 0.0
-            ax_time.bar(
-                x,
-                height,
-                bar,
-                bottom=bottom,
-                color=PHASE_COLOURS[ph],
-                hatch=PHASE_HATCHES[ph],
-                edgecolor=style.color(variant),
-                linewidth=1.5,
-            )
+            ax["time"].bar(x, height, bar, bottom=bottom, color=PHASE_COLOURS[ph], hatch=PHASE_HATCHES[ph],
+                           edgecolor=colour, linewidth=1.5)  # fmt: skip
             bottom += height
-        ax_time.errorbar(
-            x, median, yerr=[[median - q25], [q75 - median]], color="#333333", capsize=2, elinewidth=0.8, fmt="none"
-        )
-        ax_cpu.bar(x, c[c.variant == variant]["median"].iloc[0], bar, color=style.color(variant))
-for ax in (ax_speed, ax_time, ax_cpu):
-    ax.set_xticks(range(len(runs)), run_labels)
-    ax.grid(axis="x", visible=False)
-style.reference_line(ax_speed, 1.0, "faster CPU baseline", kind="parity")
-style.reference_line(ax_speed, 1.6, "paper: up to 1.6x", kind="target")
-ax_speed.margins(y=0.15)
-ax_speed.set(
-    ylabel="speedup over the faster CPU baseline",
-    title="Epoch-time speedup per dataset\n(whiskers: interquartile range)",
-)
-ax_time.set(
-    ylabel="epoch time (s)", title="Where an epoch goes: phase shares of the epoch\n(bar outline: the pipeline)"
-)
-ax_cpu.set(ylabel="CPU time per epoch (core-seconds)", title="CPU cost per epoch")
-entries = style.collect_legend([ax_speed])
+        ax["time"].errorbar(x, median, yerr=[[median - q25], [q75 - median]], color="#333333", capsize=2,
+                            elinewidth=0.8, fmt="none")  # fmt: skip
+        ax["cost"].bar(x, c[c.variant == variant]["median"].iloc[0], bar, color=colour)
+        mine = select(frame[frame.variant == variant], key)
+        resident = mine[mine.metric == "gpu_resident_bytes"].value
+        if has_memory and not resident.empty:
+            ax["memory"].bar(x, resident.max() / 2**30, bar, color=colour)
+            peak = mine[mine.metric == "peak_gpu_memory"].value
+            if not peak.empty:
+                ax["memory"].plot(x, peak.max() / 2**30, "_", color="#333333", markersize=7, markeredgewidth=1.5)
+        if has_fits and budgets and not mine[mine.metric == "fits_gpu_budget"].empty:
+            fits = smallest_fitting_budget(key, variant)
+            height = len(budgets) + 1 if fits is None else budgets.index(fits) + 1
+            ax["fits"].bar(x, height, bar, color=colour if fits is not None else "white", edgecolor=colour,
+                           hatch="" if fits is not None else "//", linewidth=1.2)  # fmt: skip
+for axis in axes:
+    axis.set_xticks(range(len(GROUPS)), labels)
+    axis.grid(axis="x", visible=False)
+style.reference_line(ax["speed"], 1.0, "faster CPU baseline", kind="parity")
+style.reference_line(ax["speed"], 1.6, "paper: up to 1.6x", kind="target")
+ax["speed"].margins(y=0.15)
+runs_note = f"bar: committed run; dots, whisker: {len(RUNS)} runs" if len(RUNS) > 1 else "one run"
+ax["speed"].set(ylabel="speedup over the faster CPU baseline", title=f"Epoch-time speedup\n({runs_note})")
+if has_bound:
+    style.reference_line(ax["bound"], 1.0, "all_in_gpu", kind="parity")
+    style.reference_line(ax["bound"], 1.15, "target: 1.15x", kind="target")
+    ax["bound"].margins(y=0.15)
+    ax["bound"].set(
+        ylabel="epoch time / all_in_gpu's", title=f"Epoch against all-in-GPU (below 1: faster)\n({runs_note})"
+    )
+ax["time"].set(ylabel="epoch time (s)", title="Where an epoch goes (committed run)\n(bar outline: the pipeline)")
+ax["cost"].set(ylabel="CPU time per epoch (core-seconds)", title="CPU cost per epoch (committed run)")
+all_budgets = sorted({b for k in GROUPS for b in budgets_of(k[0])})
+if has_memory:
+    for budget in all_budgets:
+        style.reference_line(ax["memory"], budget, f"{budget:g} GiB budget", kind="ceiling")
+    ax["memory"].set(ylabel="GPU memory (GiB)", title="Resident on the GPU (bar) and peak (tick)\nhatched: not run")
+if has_fits:
+    ax["fits"].set_yticks(range(1, len(all_budgets) + 2), [f"{b:g} GiB" for b in all_budgets] + ["none"])
+    ax["fits"].set(
+        ylabel="smallest GPU budget it fits",
+        title="Smallest GPU memory budget each fits\n(resident and peak; hatched: none)",
+    )
+entries = style.collect_legend([ax["speed"]])
 entries |= {
-    f"phase: {PHASE_NAMES[ph]}": Patch(facecolor=c, hatch=PHASE_HATCHES[ph], edgecolor="#333333")
-    for ph, c in PHASE_COLOURS.items()
+    f"phase: {PHASE_NAMES[ph]}": Patch(facecolor=colour, hatch=PHASE_HATCHES[ph], edgecolor="#333333")
+    for ph, colour in PHASE_COLOURS.items()
 }
-style.legend_below(fig, entries, columns=4)
-what = {(m, layers, f) for _, m, layers, f in runs}
+entries |= {
+    f"{style.readable(v)}: not run (over every GPU budget)": Patch(
+        facecolor="white", edgecolor=style.color(v), hatch="//"
+    )
+    for v in variants
+    if v in NEVER_RUN
+}
+if len(RUNS) > 1:
+    entries["one run"] = Line2D([], [], marker="o", color="#333333", linestyle="", markersize=3)
+style.legend_below(fig, entries, columns=5)
+what = {(m, layers, f) for _, _, m, layers, f, *_ in GROUPS}
 setup = "; ".join(f"{m}, {layers} layers, fan-out {f}" for m, layers, f in sorted(what))
 style.title(
     fig,
@@ -200,3 +333,28 @@ style.title(
     machine_label(provenance),
 )
 style.save(fig, figure)
+
+# %% [markdown]
+# ## Supporting figure: epoch time against the CPU budget
+#
+# Where a part was measured at several CPU budgets (`cpu_budgets`), each pipeline's epoch time
+# against the cores it ran on, one panel per group (committed run).
+
+# %%
+budgeted = by_budget[by_budget.metric == "epoch_time"].dropna(subset=["cpu_budget"])
+by_cores = summarize(budgeted, "epoch_time", [*KEYS, "cpu_budget"])
+multi = [k for k in GROUPS if select(by_cores, k).cpu_budget.nunique() > 1]
+for chunk, start in enumerate(range(0, len(multi), style.MAX_PANELS), 1):
+    shown = multi[start : start + style.MAX_PANELS]
+    fig, axes = style.panels(len(shown), cols=3, width=4.6, height=3.4)
+    for axis, key in zip(axes, shown):
+        rows = select(by_cores, key)
+        for variant in [v for v in PIPELINES if v in set(rows.variant)]:
+            line = rows[rows.variant == variant].sort_values("cpu_budget")
+            colour, dash = style.style(variant)
+            axis.plot(line.cpu_budget, line["median"], marker="o", color=colour, linestyle=dash,
+                      label=style.readable(variant))  # fmt: skip
+        axis.set(xlabel="CPU budget (cores)", ylabel="epoch time (s)", title=f"{key[1]}, {key[2]} {key[3]} layers")
+    style.legend_below(fig, style.collect_legend(axes), columns=4)
+    style.title(fig, "Epoch time against the cores each pipeline may use", machine_label(provenance))
+    style.save(fig, figure, "cpu_budgets" if len(multi) <= style.MAX_PANELS else f"cpu_budgets_{chunk}")
