@@ -223,3 +223,19 @@ def test_a_range_over_processes_collapses_when_it_rounds_to_one_number(values, e
     from analysis.doc_tables import relational_gnn
 
     assert relational_gnn.span(values) == expected
+
+
+# --- gnn_training ---------------------------------------------------------------------------------
+
+
+def test_gnn_training_doc_tables_are_rendered_and_its_speedups_generated():
+    from analysis.doc_tables import gnn_training  # noqa: F401  (registers its tables)
+
+    doc = REPO_ROOT / "docs" / "gnn_training.md"
+    placed = {block.name: block.body for block in blocks.blocks(doc.read_text(), str(doc))}
+    assert {"gnn_training-h200", "gnn_training-h200-targets", "gnn_training-h200-cost"} <= set(placed)
+    for name, body in placed.items():
+        assert body == doc_tables.render(name), (
+            f"docs/gnn_training.md: {name} differs; run python -m analysis.doc_tables"
+        )
+    assert not speedups_outside_blocks(doc.read_text())
