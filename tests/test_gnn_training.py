@@ -518,7 +518,13 @@ def test_a_pipeline_over_every_gpu_budget_is_not_run_and_the_notes_say_why(array
         "models": [{"name": "sage", "layers": 2, "fanouts": [10, 25]}],
     }
     notes = train.run_dataset(
-        "products", {}, ResultsWriter(SCHEMA, scale="tiny"), shared=shared, repeat=1, warmup=0, device="cuda"
+        "products",
+        {"scale_factor": 0.001},
+        ResultsWriter(SCHEMA, scale="tiny"),
+        shared=shared,
+        repeat=1,
+        warmup=0,
+        device="cuda",
     )
     assert "all_in_gpu" not in ran and set(ran) == set(PIPELINES) - {"all_in_gpu"}
     assert caps and set(caps) == {512 / 2**20}  # every run capped at the largest budget
