@@ -713,6 +713,64 @@ def test_on_a_gpu_the_cap_is_the_allocators_and_is_lifted_afterwards(scratch):
     del big
 
 
+@pytest.mark.full
+def test_memory_bound_compares_the_compiled_peers_under_the_emulated_cap(scratch):
+    """With compiled set: compiled keep (checked within the tolerance of keep), torch's budget
+    (within the tolerance of compiled keep) and the planner over compiled blocks, free to run a
+    block under the budget, each searched; what a budget frees buys a larger micro-batch than
+    compiled keep's, and the planner's plans say which blocks it runs under the budget."""
+    params = MEMORY_BOUND | {
+        "compare": ["torch_budget", "planned_compiled"],
+        "compiled": True,
+        "budgets": [0.2],
+        "planner_budgets": [0.2],
+        "compiled_stores": ["host"],
+    }
+    rows = Rows()
+    notes = parts.memory_bound(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    largest = {label: search["largest"] for label, search in notes["searches"].items()}
+    assert set(largest) == {"keep", "compiled_keep", "torch_budget_0.2", "planned_compiled_host"}
+    assert largest["torch_budget_0.2"] >= largest["compiled_keep"] >= largest["keep"]
+    assert largest["planned_compiled_host"] >= largest["compiled_keep"]
+    assert "compiled_keep" in notes["deviation_from_keep"]
+    plans = notes["models"]["llama-tiny"]["plans"]["planned_compiled_host"]
+    assert {d for micro in params["micro_batches"] for d in plans[str(micro)]} <= {
+        "keep",
+        "offload",
+        "recompute",
+        "budget_0.2",
+    }
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_memory_bound_runs_every_peer_under_the_cap(scratch):
+    """Compiled keep, torch's budgets, the eager planner and the planner over compiled blocks (with a
+    budget to choose) each get a search under the allocator's cap, checked first against their
+    references; the cap is lifted afterwards."""
+    params = MEMORY_BOUND | {
+        "model": {"family": "llama", "preset": "tiny", "sequence": 512},
+        "global_batch": 64,
+        "micro_batches": [1, 4, 16, 64],
+        "min_bytes": 1 << 16,
+        "memory_cap_gib": 0.25,
+        "compare": ["recompute", "offload_all", "planner", "torch_budget", "planned_compiled"],
+        "compiled": True,
+        "budgets": [0.5],
+        "planner_budgets": [0.5],
+        "planned_stores": ["host"],
+        "compiled_stores": ["host"],
+    }
+    rows = Rows()
+    notes = parts.memory_bound(params, rows, repeat=1, warmup=0, device="cuda", scratch_dir=scratch)
+    searched = set(notes["searches"])
+    assert searched == {
+        "keep", "recompute", "offload_all_host", "compiled_keep", "torch_budget_0.5", "planner_host",
+        "planned_compiled_host",
+    }, notes["skipped"]  # fmt: skip
+    assert all(search["largest"] is not None for search in notes["searches"].values())
+    assert notes["searches"]["planner_host"]["largest"] >= notes["searches"]["keep"]["largest"]
+
+
 # --- the notebook ----------------------------------------------------------------------------------
 
 

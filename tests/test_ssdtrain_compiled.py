@@ -405,15 +405,18 @@ def test_the_part_plans_over_compiled_blocks_and_checks_the_plan_against_compile
         "planned_stores": ["host"],
         "compiled_stores": ["host"],
         "compare": ["planner", "planned_compiled"],
+        "planner_budgets": [0.2],
     }
     rows = Rows()
     notes = parts.policies(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
     timed = {row["variant"]: row["config"] for row in rows if "metric" not in row}
     assert list(timed) == ["keep", "compiled_keep", "planner_host", "planned_compiled_host"]
     config = timed["planned_compiled_host"]
-    assert config["compiled"] and config["budget_fraction"] == 0.5
+    assert config["compiled"] and config["budget_fraction"] == 0.5 and "layers_budgeted" in config
     model_notes = notes["models"]["llama-tiny"]
     eager, compiled = model_notes["profile"], model_notes["profile_compiled"]
+    at_budget = compiled["at_budget_0.2"]  # the compiled blocks profiled at the planner's budget too
+    assert all(0 < a < k for a, k in zip(at_budget["saved_bytes"], compiled["saved_bytes"], strict=True))
     assert sum(compiled["saved_bytes"]) < sum(eager["saved_bytes"])
     assert model_notes["plans_compiled"]["host"]["planned_compiled"] != ["keep"] * len(compiled["saved_bytes"])
     values = {(r["variant"], r["metric"]): r["value"] for r in rows if "metric" in r}
@@ -454,3 +457,51 @@ def test_on_a_gpu_a_plan_over_compiled_blocks_matches_compiled_keep_and_holds_le
             policy.close()
     check_identical("planned_compiled", results["compiled_keep"], results["planned_compiled"], "compiled keep")
     assert held["planned_compiled"] < held["compiled_keep"]
+
+
+@pytest.mark.full
+def test_a_plan_with_budgeted_blocks_compiles_once_per_budget_and_holds_what_it_predicts(monkeypatch):
+    """The planner's fourth choice: a block compiled under an activation memory budget. Profiling
+    the blocks at a budget compiles as often as profiling them kept (once for both blocks, not once
+    per block); a plan that mixes that budget with kept blocks then compiles nothing new; its step
+    is within the tolerance of compiled keep and holds what the plan predicted (the budget's saved
+    bytes as profiled), less than compiled keep."""
+    import torch._inductor.compile_fx as inductor
+
+    from systems.ssdtrain import planning
+
+    torch._dynamo.reset()  # no code compiled by an earlier test is reused: every compile is counted
+    compiles = []
+    real = inductor.compile_fx
+    monkeypatch.setattr(inductor, "compile_fx", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    model, batch = tiny_qwen3(seed=3), batch_of(seed=4, rows=2, tokens=19)
+    layers = list(model.model.layers)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+
+    profiles, seconds, fixed = planning.profile(model, layers, step, "cpu", within=CompiledBlocks(layers).installed)
+    kept_compiles = len(compiles)
+    at, at_seconds, _ = planning.profile(model, layers, step, "cpu", within=CompiledBlocks(layers, 0.2).installed)
+    assert len(compiles) == 2 * kept_compiles > 0
+    profiles = planning.with_budgets(profiles, seconds, {0.2: (at, at_seconds)})
+    assert all(p.alternatives[0].saved_bytes == a.saved_bytes < p.saved_bytes for p, a in zip(profiles, at))
+    keep_policy = POLICIES["compiled_keep"].build(model, min_bytes=0)
+    reference = one_step(model, batch, keep_policy)
+    kept = keep_policy.history[-1]["activation_bytes"]
+    keep_policy.close()
+    with HostStore() as store:
+        for decisions in [("budget_0.2", "keep"), ("keep", "budget_0.2"), ("budget_0.2", "budget_0.2")]:
+            before = len(compiles)
+            plan = planning.predict(profiles, decisions, 1e12, seconds, fixed_bytes=fixed)
+            policy = POLICIES["planned_compiled"].build(model, store=store, plan=plan, min_bytes=0)
+            result = one_step(model, batch, policy)
+            policy.close()
+            assert len(compiles) == before, decisions  # the budget's compiled code is reused
+            check_close(f"planned_compiled {decisions}", reference, result, torch.float32, "compiled keep")
+            held = policy.history[-1]["activation_bytes"]
+            assert held == plan.predicted_activation_bytes < kept, decisions
+    # The part's variant of such a plan is checked within the tolerance, not bit for bit.
+    variant = choose.Variant(POLICIES["planned_compiled"], None, plan)
+    assert not variant.exact and variant.columns({"keep_last": 1, "min_bytes": 0})["layers_budgeted"] == 2
