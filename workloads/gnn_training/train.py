@@ -46,6 +46,9 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     started = time.perf_counter()
     if "scale_factor" not in params and not params.get("published_dir"):
         raise UserError(f"part {part} has no block at this scale in config/gnn_training.yaml (its scale_factor)")
+    unknown = sorted(set(params.get("pipelines") or ()) - set(PIPELINES))
+    if unknown:  # refused before the graph is made (minutes at full size)
+        raise UserError(f"part {part}: unknown pipelines {unknown}; the registry has {', '.join(PIPELINES)}")
     spec, dataset, arrays = load_graph(DATASET_OF_PART[part], params, shared["graph_seed"])
     in_memory = bool(params.get("features_in_memory"))
     # A table generated in shared memory is used where it lies (pinned there by zero-copy).
@@ -57,9 +60,6 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     pipelines = [p for p in PIPELINES if device == "cuda" or not PIPELINE_KINDS[p].needs_gpu]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
     if params.get("pipelines"):  # this graph's own list (a large graph measures a few, in time)
-        unknown = sorted(set(params["pipelines"]) - set(PIPELINES))
-        if unknown:
-            raise UserError(f"part {part}: unknown pipelines {unknown}; the registry has {', '.join(PIPELINES)}")
         for name in [p for p in pipelines if p not in params["pipelines"]]:
             pipelines.remove(name)
             skipped[name] = f"not in the {part} part's pipelines at this scale"
