@@ -112,13 +112,26 @@ def _stopped_by_sigterm():
     """SIGTERM (``timeout``, a cancelled job) stops the part at the next Python step, so that the
     rows it measured so far are written rather than lost with the process; the exit stays non-zero."""
 
+    stopping = False
+
     def stop(signum, frame):
-        raise _CutShort
+        nonlocal stopping
+        if signum == signal.SIGTERM:
+            stopping = True
+            # Raised inside a finalizer or a weakref callback, the exception is printed and
+            # dropped ("Exception ignored in ...") and the part runs on: raise it again each
+            # second until it lands where it stops the part.
+            signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
+        if stopping:
+            raise _CutShort
 
     previous = signal.signal(signal.SIGTERM, stop)
+    previous_alarm = signal.signal(signal.SIGALRM, stop)
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_alarm)
         signal.signal(signal.SIGTERM, previous)
 
 

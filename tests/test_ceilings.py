@@ -149,3 +149,31 @@ def test_a_part_stopped_by_sigterm_keeps_its_rows_marked_cut_short(tmp_path, mon
     assert len(load([out], SCHEMA)) > 0
     assert "SIGTERM" in load_provenance(out)["cut_short"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+
+
+def test_a_sigterm_that_lands_in_a_finalizer_still_stops_the_part(tmp_path, monkeypatch):
+    """Python prints and drops an exception raised inside a finalizer: the first stop is lost
+    there, and the part must still stop (raised again each second) with its rows written."""
+    from harness.topic import Topic
+
+    real = Topic.measure_function
+
+    class KillsWhenCollected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside __del__
+
+    def then_sigterm_in_a_finalizer(self, name):
+        def part(params, writer, **kwargs):
+            real(self, name)(params, writer, **kwargs)
+            KillsWhenCollected()  # collected at once: the SIGTERM's exception is dropped
+            for _ in range(200):
+                time.sleep(0.05)
+            raise AssertionError("SIGTERM did not stop the part")
+
+        return part
+
+    monkeypatch.setattr(Topic, "measure_function", then_sigterm_in_a_finalizer)
+    with pytest.raises(SystemExit, match="stopped by SIGTERM"):
+        _run(tmp_path, HOST_PROBES[0])
+    assert "SIGTERM" in load_provenance(tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv")["cut_short"]
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

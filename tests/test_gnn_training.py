@@ -168,8 +168,9 @@ def test_prefetch_thread_hands_over_exactly_the_batches_in_order(arrays, workers
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["all_in_gpu", "uva_sampling"])
 def test_gpu_sampling_pipelines_wait_once_per_batch_and_hand_over_the_baselines_batches(arrays, name):
-    """Sampled ahead on a side stream: the only waits for the GPU are the prefetch thread's, one
-    per batch (the sampler reading its sizes back); training's thread waits for none."""
+    """Sampled ahead on a side stream: the waits for the GPU are the prefetch thread's, one per
+    batch (the sampler reading its sizes back), and one when the epoch ends (the handover
+    drained); training's thread waits for none inside the epoch."""
     import warnings
 
     graph = Graph(arrays, "cuda")
@@ -186,7 +187,9 @@ def test_gpu_sampling_pipelines_wait_once_per_batch_and_hand_over_the_baselines_
             torch.cuda.set_sync_debug_mode("default")
     waits = [w for w in caught if "synchroniz" in str(w.message)]
     where = sorted({f"{w.filename}:{w.lineno}" for w in waits})
-    assert len(got) == len(expected) > 2 and len(waits) == len(got), f"{len(waits)} waits at {where}"
+    per_batch = [w for w in waits if w.filename.endswith("sampler.py")]
+    assert len(got) == len(expected) > 2 and len(per_batch) == len(got), f"{len(waits)} waits at {where}"
+    assert len(waits) - len(per_batch) <= 1, f"{len(waits)} waits at {where}"  # the epoch's end
     for a, (x, edge_index, y) in zip(expected, got):
         assert torch.equal(a.x, x) and torch.equal(a.edge_index, edge_index) and torch.equal(a.y, y)
     pipeline.close()
