@@ -36,6 +36,7 @@ from matplotlib import ticker
 
 from analysis.common import load_results, machine_label, summarize
 from systems.ssdtrain import POLICIES, STORES, planning
+from systems.ssdtrain.bound import bound_of_profile
 from workloads.llm import cost
 from workloads.llm.models import spec
 from workloads.llm_offload.schema import SCHEMA
@@ -268,6 +269,59 @@ if model_rows:
     ]
     lines += [f"| {d} | {v} | {g} | {p_:.4f} | {m:.4f} |" for d, v, g, p_, m in model_rows]
 
+# The offloading bound (systems/ssdtrain/bound.py): the activation-peak reduction each store's
+# bandwidth allows at no time overhead, beside what offload_all freed. From the part's rows where
+# it wrote them; otherwise from the run's recorded profile and the store's bandwidth (emulated:
+# nominal; real: the probe), as the part computes it.
+BOUNDS = {}  # dataset -> [(variant, bound bytes)]
+recorded_bounds = summarize(frame, "bound_activation_bytes", KEYS)
+for dataset in sorted(set(step.dataset)):
+    record = next((r["models"][dataset] for r in provenance if r.get("models", {}).get(dataset, {}).get("profile")), {})
+    prof = record.get("profile")
+    for _, r in step[(step.dataset == dataset) & (step.policy == ALL_OFFLOADED)].iterrows():
+        written_row = recorded_bounds[(recorded_bounds.dataset == dataset) & (recorded_bounds.variant == r.variant)]
+        if not written_row.empty:
+            BOUNDS.setdefault(dataset, []).append((r.variant, written_row["median"].iloc[0]))
+            continue
+        probed = record.get("store_gbps", {}).get(r.store) or record.get("plans", {}).get(r.store, {}).get(
+            "bandwidth_gbps"
+        )
+        gbps = float(r.emulated_gbps) if pd.notna(r.emulated_gbps) else probed
+        if prof is None or gbps is None:
+            continue
+        rows = frame[(frame.dataset == dataset) & (frame.variant == r.variant)]
+        keep_last = int(rows.keep_last.dropna().iloc[0]) if rows.keep_last.notna().any() else 1
+        layers = [
+            planning.LayerProfile(*v) for v in zip(prof["saved_bytes"], prof["input_bytes"], prof["forward_seconds"])
+        ]
+        BOUNDS.setdefault(dataset, []).append(
+            (r.variant, bound_of_profile(layers, gbps * 1e9, keep_last).activation_bytes)
+        )
+if BOUNDS:
+    lines += [
+        "",
+        "## The offloading bound: what a store's bandwidth could free at no time overhead (systems/ssdtrain/bound.py)",
+        "",
+        "The bytes a store of the measured bandwidth could write while forward runs and read back while backward "
+        "runs, from the profile (per-block saved bytes and forward times, backward twice forward): the largest "
+        "activation-peak reduction at keep's step time. Beside it, offload_all's measured reduction of "
+        f"{memory_metric} below keep's, and its step time over keep's.",
+        "",
+        "| model | variant | bound GiB | measured reduction GiB | step time x keep |",
+        "|---|---|---|---|---|",
+    ]
+    for dataset, found in BOUNDS.items():
+        keep_held = memory[(memory.dataset == dataset) & (memory.variant == "keep")]["median"]
+        keep_t = step[(step.dataset == dataset) & (step.variant == "keep")]["median"]
+        for variant, bound_bytes in found:
+            held_now = memory[(memory.dataset == dataset) & (memory.variant == variant)]["median"]
+            t = step[(step.dataset == dataset) & (step.variant == variant)]["median"]
+            reduction = (
+                f"{(keep_held.iloc[0] - held_now.iloc[0]) / 2**30:.2f}" if len(keep_held) and len(held_now) else ""
+            )
+            slower = f"{t.iloc[0] / keep_t.iloc[0]:.3f}" if len(keep_t) and len(t) else ""
+            lines.append(f"| {dataset} | {label(variant)} | {bound_bytes / 2**30:.2f} | {reduction} | {slower} |")
+
 # Separate processes: each ratio to keep computed within its process, then the range over processes.
 processes = {"the committed run": frame} | {name: rows for name, rows in reruns.groupby("process")}
 if len(processes) > 1:
@@ -474,6 +528,7 @@ def rok_panel(ax, dataset) -> None:
     if len(edge) > 1:
         xs, ys = zip(*edge)
         ax.step(xs, ys, where="post", color=FRONTIER, linewidth=5, alpha=0.3, zorder=1)
+    bound_line(ax, dataset)
     times = step[step.dataset == dataset]["median"]
     wide = times.max() / times.min() > 4  # a log axis only where the times span a wide range
     ax.set(
@@ -488,6 +543,20 @@ def rok_panel(ax, dataset) -> None:
     else:  # a close range of times: room around the points, not an axis from zero that flattens them
         low, high = times.min(), times.max()
         ax.set_ylim(low - 0.15 * (high - low) - 0.02 * low, high + 0.15 * (high - low) + 0.02 * high)
+
+
+def bound_line(ax, dataset) -> None:
+    """The offloading bound at keep's step time: from keep's memory down by the most any measured
+    store could free at no time overhead, a tick where each store's bound ends."""
+    keep_t = step[(step.dataset == dataset) & (step.variant == "keep")]["median"]
+    keep_held = memory[(memory.dataset == dataset) & (memory.variant == "keep")]["median"]
+    if not BOUNDS.get(dataset) or keep_t.empty or keep_held.empty:
+        return
+    x0, y = keep_held.iloc[0] / 2**30, keep_t.iloc[0]
+    ends = [(x0 - b / 2**30, variant) for variant, b in BOUNDS[dataset]]
+    colour = style.color(ALL_OFFLOADED)
+    ax.plot([min(x for x, _ in ends), x0], [y, y], color=colour, linestyle="--", linewidth=1.2, zorder=2)
+    ax.plot([x for x, _ in ends], [y] * len(ends), "|", color=colour, markersize=12, markeredgewidth=1.5, zorder=2)
 
 
 def rok_legend(fig, datasets) -> None:
@@ -513,6 +582,10 @@ def rok_legend(fig, datasets) -> None:
                 [], [], color=policy_colour(variant), marker=store_marker(variant), linestyle="none"
             )
     entries["frontier: nothing both smaller and faster"] = Line2D([], [], color=FRONTIER, linewidth=5, alpha=0.3)
+    if any(BOUNDS.get(d) for d in datasets):
+        entries["bound: freed at keep's time by a store's bandwidth (|: each store)"] = Line2D(
+            [], [], color=style.color(ALL_OFFLOADED), linestyle="--", linewidth=1.2, marker="|", markersize=10
+        )
     if not reruns[reruns.dataset.isin(datasets)].empty:
         entries["hollow: another process"] = Line2D([], [], color="#555555", marker="o", mfc="none", linestyle="none")
     style.legend_below(fig, entries, columns=5)
