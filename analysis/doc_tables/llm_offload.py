@@ -1,0 +1,194 @@
+"""The activation offloading doc's tables: each policy's step time and activation peak over keep's,
+per process where the part was run in several, from the committed results of the H200."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.common import summarize
+from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
+from systems.ssdtrain import POLICIES, STORES
+
+MACHINE, SCALE, TOPIC = "h200", "h200", "llm_offload"
+KEYS = ["dataset", "variant", "role", "policy", "store", "emulated_gbps"]
+ROLE_ORDER = ("baseline", "peer", "optimized")
+GIB = 2**30
+
+
+def process_files(part: str) -> list[Path]:
+    """The committed file of ``part`` and the same part's reruns (other processes), committed first."""
+    committed = results_files(MACHINE, TOPIC, [part], SCALE)[0]
+    folder = REPO_ROOT / "results" / MACHINE / TOPIC / "reruns"
+    return [committed, *sorted(folder.glob(f"*/{part}-{SCALE}.csv"))]
+
+
+def ratios(frame, metric: str) -> pd.Series:
+    """Each variant's median ``metric`` over keep's, per model, within the frame's one process."""
+    medians = summarize(frame, metric, KEYS).set_index(["dataset", "variant"])["median"]
+    keep = medians.xs("keep", level="variant")
+    return medians / keep.reindex(medians.index.get_level_values("dataset")).to_numpy()
+
+
+def per_process(files: Sequence[Path], metric: str) -> pd.DataFrame:
+    """:func:`ratios` of every file (one process each), a column per process."""
+    return pd.concat({str(f): ratios(load([f], TOPIC), metric) for f in files}, axis=1)
+
+
+def span(values, digits: int = 3) -> str:
+    """``a–b`` over processes, or one number where they round alike; empty where none measured."""
+    values = [v for v in values if v == v]
+    if not values:
+        return ""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def store_text(row) -> str:
+    if pd.notna(row.emulated_gbps) and row.emulated_gbps != "":
+        return f"{float(row.emulated_gbps):g} GB/s (emulated)"
+    return str(row.store)
+
+
+def variant_label(row) -> str:
+    """The policy, then its store: ``offload_all, 55 GB/s (emulated)``."""
+    return row.policy if pd.isna(row.store) or row.store == "" else f"{row.policy}, {store_text(row)}"
+
+
+def _rank(registry, name) -> tuple:
+    names = registry.names()
+    return (names.index(name), "") if name in names else (len(names), str(name))
+
+
+def order(setups: pd.DataFrame) -> list[str]:
+    """Variants by role (baselines, peers, the technique), then as the registries list them."""
+
+    def key(variant):
+        v = setups.loc[variant]
+        role = ROLE_ORDER.index(v.role) if v.role in ROLE_ORDER else len(ROLE_ORDER)
+        has_store = pd.notna(v.store) and v.store != ""
+        gbps = float(v.emulated_gbps) if pd.notna(v.emulated_gbps) and v.emulated_gbps != "" else -1.0
+        return (
+            variant != "keep",
+            role,
+            _rank(POLICIES, v.policy),
+            _rank(STORES, v.store) if has_store else (-1, ""),
+            gbps,
+        )
+
+    return sorted(setups.index, key=key)
+
+
+def _setups(frame) -> pd.DataFrame:
+    return frame.drop_duplicates("variant").set_index("variant")[["role", "policy", "store", "emulated_gbps"]]
+
+
+@table("llm_offload-h200-policies", topic=TOPIC)
+def policies() -> Table:
+    """Part policies on the headline model: ratios to keep over every process, achieved write GB/s."""
+    files = process_files("policies")
+    committed = load(files[:1], TOPIC)
+    (dataset,) = set(committed.dataset)
+    time, peak = per_process(files, "time").loc[dataset], per_process(files, "activation_peak").loc[dataset]
+    keep_time = summarize(committed, "time", KEYS).set_index("variant")["median"]["keep"]
+    keep_rate = summarize(committed, "flop_rate", KEYS).set_index("variant")["median"]["keep"]
+    keep_peak = summarize(committed, "activation_peak", KEYS).set_index("variant")["median"]["keep"]
+    written = summarize(committed, "bytes_written", KEYS).set_index("variant")["median"]
+    writing = summarize(committed, "write_seconds", KEYS).set_index("variant")["median"]
+    setups = _setups(committed)
+    lines = ["| variant | step time x keep | activation peak x keep | achieved write GB/s |", "|---|---|---|---|"]
+    for variant in order(setups):
+        if variant == "keep":
+            lines.append(f"| keep ({keep_time:.3f} s, {keep_rate:.0f} TFLOP/s) | 1 | 1 ({keep_peak / GIB:.2f} GiB) | |")
+            continue
+        gbps = written.get(variant, 0) / writing[variant] / 1e9 if writing.get(variant, 0) > 0 else None
+        achieved = f"{gbps:.2f}" if gbps is not None and written.get(variant, 0) > 0 else ""
+        digits = 2 if time.loc[variant].max() > 2 else 3  # slow variants to two places
+        lines.append(
+            f"| {variant_label(setups.loc[variant])} | {span(time.loc[variant], digits)} | {span(peak.loc[variant])} "
+            f"| {achieved} |"
+        )
+    note = (
+        f"{dataset}: medians of the timed steps; each ratio taken within one process, the range over "
+        f"{len(files)} processes (the committed run and its reruns). Achieved write GB/s: the committed run's "
+        "bytes written over the time the store had a write in flight."
+    )
+    return Table(lines, files, note=note)
+
+
+# Part models: the columns of the comparison per model (the host store and the baselines).
+MODEL_COLUMNS = (
+    ("offload_all host", "offload_all_host"),
+    ("planner host", "planner_host"),
+    ("recompute", "recompute"),
+    ("torchtune", "torchtune_offload"),
+)
+
+
+@table("llm_offload-h200-models", topic=TOPIC)
+def models() -> Table:
+    """Part models (one process): each model's keep step and each column's time and peak over keep's."""
+    files = results_files(MACHINE, TOPIC, ["models"], SCALE)
+    frame = load(files, TOPIC)
+    time, peak = ratios(frame, "time"), ratios(frame, "activation_peak")
+    keep_time = summarize(frame, "time", KEYS).set_index(["dataset", "variant"])["median"]
+    header = " | ".join(f"{name}: time, peak x keep" for name, _ in MODEL_COLUMNS)
+    lines = [f"| model | keep s | {header} |", "|---" * (2 + len(MODEL_COLUMNS)) + "|"]
+    for dataset in sorted(set(frame.dataset), key=lambda d: (d.startswith("llama"), d)):
+        cells = []
+        for _, variant in MODEL_COLUMNS:
+            key = (dataset, variant)
+            cells.append(f"{time[key]:.2f}, {peak[key]:.2f}" if key in time.index else "")
+        lines.append(f"| {dataset} | {keep_time[(dataset, 'keep')]:.3f} | " + " | ".join(cells) + " |")
+    note = "One process; medians of the timed steps; the activation peak above weights, gradients and AdamW's state."
+    return Table(lines, files, note=note)
+
+
+# Part shapes: the columns, a variant each.
+SHAPE_COLUMNS = (
+    ("recompute", "recompute"),
+    ("DeepSpeed CPU checkpointing", "deepspeed_offload"),
+    ("offload_all, host", "offload_all_host"),
+    ("offload_all, 55 GB/s emulated", "offload_all_emulated_55gbps"),
+    ("planner, host", "planner_host"),
+)
+
+
+@table("llm_offload-h200-shapes", topic=TOPIC)
+def shapes() -> Table:
+    """Part shapes: keep's step, rate and peak, and each column's ratios to keep over every process."""
+    files = process_files("shapes")
+    committed = load(files[:1], TOPIC)
+    time, peak = per_process(files, "time"), per_process(files, "activation_peak")
+    medians = {
+        metric: summarize(committed, metric, KEYS).set_index(["dataset", "variant"])["median"]
+        for metric in ("time", "flop_rate", "activation_peak")
+    }
+    shapes_of = committed.drop_duplicates("dataset").set_index("dataset")
+    recomputed = committed[committed.variant == "planner_host"].drop_duplicates("dataset").set_index("dataset")
+    header = " | ".join(f"{name}: time, peak x keep" for name, _ in SHAPE_COLUMNS)
+    lines = [f"| shape | keep: step, TFLOP/s, activation peak | {header} |", "|---" * (2 + len(SHAPE_COLUMNS)) + "|"]
+    for dataset in sorted(shapes_of.index, key=lambda d: int(shapes_of.loc[d].hidden)):
+        s = shapes_of.loc[dataset]
+        keep = (dataset, "keep")
+        cells = [
+            f"{medians['time'][keep]:.3f} s, {medians['flop_rate'][keep]:.0f}, "
+            f"{medians['activation_peak'][keep] / GIB:.1f} GiB"
+        ]
+        for _, variant in SHAPE_COLUMNS:
+            key = (dataset, variant)
+            if key not in time.index:
+                cells.append("")
+                continue
+            cell = f"{span(time.loc[key])}, {span(peak.loc[key])}"
+            if variant == "planner_host" and dataset in recomputed.index:
+                cell += f" ({int(float(recomputed.loc[dataset].layers_recomputed))} of {int(s.layers)} recomputed)"
+            cells.append(cell)
+        lines.append(f"| {int(s.hidden)}x{int(s.layers)} | " + " | ".join(cells) + " |")
+    note = (
+        f"Sequence 1024, micro-batch 16; each ratio taken within one process, the range over {len(files)} processes "
+        "(the committed run and its reruns); keep's figures from the committed run."
+    )
+    return Table(lines, files, note=note)
