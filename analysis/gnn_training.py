@@ -212,7 +212,7 @@ has_memory = "gpu_resident_bytes" in set(frame.metric) or any(not_run_resident(k
 has_fits = "fits_gpu_budget" in set(frame.metric)
 names = ["speed"] + (["bound"] if has_bound else []) + ["time", "cost"]
 names += (["memory"] if has_memory else []) + (["fits"] if has_fits else [])
-fig, axes = style.panels(len(names), cols=3, width=6.2, height=4.2)
+fig, axes = style.panels(len(names), cols=2 if len(names) == 4 else 3, width=6.2, height=4.2)  # 4: a 2x2 grid
 ax = dict(zip(names, axes))
 bar = 0.8 / len(variants)
 several_models = len({k[2:5] for k in GROUPS}) > 1

@@ -47,6 +47,9 @@ GNN_TRAINING_VARIANTS = {  # workloads/gnn_training: where features live and how
     "uva_sampling": ("#e6550d", "-."),
     "zero_copy": GATHER_VARIANTS["vectorized"],  # the same zero-copy kernel as the gather's
     "zero_copy_overlap": ("#31a354", "-"),
+    "cpu_gather_workers": ("#737373", "--"),  # the CPU baseline with loader workers: a grey by cpu_gather
+    "hot_cache": GATHER_VARIANTS["hot_cache"],
+    "hot_cache_oracle": ("#b5cf6b", ":"),  # the hot cache filled by an oracle: an ideal, lighter
 }
 OFFLOAD_POLICIES = {  # systems/ssdtrain POLICIES: colour by policy, the store is the marker
     "keep": ("#000000", "-"),
@@ -114,6 +117,8 @@ READABLE = {
     "vectorized_kernel": "vectorized kernel alone",
     "sorted": "zero-copy, sorted",
     "hot_cache": "zero-copy + hot cache",
+    "hot_cache_oracle": "zero-copy + oracle hot cache (ideal)",
+    "cpu_gather_workers": "CPU gather in loader workers",
     "split": "zero-copy, split",
     "default": "UnifiedTensor[idx]",
     "uva_sampling": "UVA sampling",
