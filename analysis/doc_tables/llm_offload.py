@@ -192,3 +192,62 @@ def shapes() -> Table:
         "(the committed run and its reruns); keep's figures from the committed run."
     )
     return Table(lines, files, note=note)
+
+
+def bound_rows(file: Path) -> list[tuple[str, str, float, float, float]]:
+    """Per offload_all run of ``file`` whose store's bandwidth is known (emulated: nominal; real: the
+    probe its plans used): model, variant label, the bound from the recorded profile
+    (systems/ssdtrain/bound.py), the measured activation-peak reduction below keep's, and the step
+    time over keep's."""
+    from harness.results import load_provenance
+    from systems.ssdtrain.bound import bound_of_profile
+    from systems.ssdtrain.planning import LayerProfile
+
+    frame, record = load([file], TOPIC), load_provenance(file)
+    peak = summarize(frame, "activation_peak", KEYS).set_index(["dataset", "variant"])["median"]
+    time = ratios(frame, "time")
+    out = []
+    for dataset, model in sorted(record["models"].items()):
+        profile = model.get("profile")
+        if profile is None:
+            continue
+        layers = [
+            LayerProfile(*v) for v in zip(profile["saved_bytes"], profile["input_bytes"], profile["forward_seconds"])
+        ]
+        runs = frame[(frame.dataset == dataset) & (frame.policy == "offload_all")].drop_duplicates("variant")
+        for row in runs.itertuples():
+            emulated = pd.notna(row.emulated_gbps) and row.emulated_gbps != ""
+            probed = model.get("store_gbps", {}).get(row.store) or model.get("plans", {}).get(row.store, {}).get(
+                "bandwidth_gbps"
+            )
+            gbps = float(row.emulated_gbps) if emulated else probed
+            if gbps is None:
+                continue
+            keep_last = int(float(row.keep_last)) if pd.notna(row.keep_last) and row.keep_last != "" else 1
+            bound = bound_of_profile(layers, gbps * 1e9, keep_last).activation_bytes
+            reduction = peak[(dataset, "keep")] - peak[(dataset, row.variant)]
+            out.append((dataset, variant_label(row), bound, reduction, time[(dataset, row.variant)]))
+    return out
+
+
+@table("llm_offload-h200-bound", topic=TOPIC)
+def bound() -> Table:
+    """The offloading bound beside offload_all's measured reduction, parts policies and shapes."""
+    files = results_files(MACHINE, TOPIC, ["policies", "shapes"], SCALE)
+    lines = [
+        "| model | offload_all to | bound GiB | measured reduction GiB | share of the bound | step time x keep |",
+        "|---|---|---|---|---|---|",
+    ]
+    for file in files:
+        for dataset, label, bound_bytes, reduction, slower in bound_rows(file):
+            share = f"{reduction / bound_bytes:.2f}" if bound_bytes > 0 else ""
+            store = label.removeprefix("offload_all, ")
+            lines.append(
+                f"| {dataset} | {store} | {bound_bytes / GIB:.2f} | {reduction / GIB:.2f} | {share} | {slower:.3f} |"
+            )
+    note = (
+        "The committed runs (one process each): the bound from each run's recorded profile and the store's "
+        "bandwidth (emulated: nominal; host memory and files: the probe the plans used), backward taken as twice "
+        "forward; the measured reduction is keep's activation peak less offload_all's."
+    )
+    return Table(lines, files, note=note)
