@@ -246,3 +246,30 @@ def test_gnn_training_doc_tables_are_rendered_and_its_speedups_generated():
             f"docs/gnn_training.md: {name} differs; run python -m analysis.doc_tables"
         )
     assert not speedups_outside_blocks(doc.read_text())
+
+
+# --- the activation offloading renderers' reductions ----------------------------------------------
+
+
+@pytest.mark.parametrize("values, expected", [([1.0004, 0.9996], "1.000"), ([1.171, 1.197], "1.171–1.197"), ([], "")])
+def test_llm_offload_spans_collapse_when_they_round_alike(values, expected):
+    from analysis.doc_tables import llm_offload
+
+    assert llm_offload.span(values) == expected
+
+
+def test_llm_offload_ratios_are_taken_within_each_process():
+    import pandas as pd
+
+    from analysis.doc_tables import llm_offload
+
+    files = llm_offload.process_files("policies")
+    assert files[0] == doc_tables.results_files("h200", "llm_offload", ["policies"], "h200")[0] and len(files) > 1
+    ratios = llm_offload.per_process(files, "time")
+    assert (ratios.xs("keep", level="variant") == 1).all().all()
+    for file in files:  # each column: that process's median over that process's keep
+        frame = doc_tables.load([file], "llm_offload")
+        medians = frame[frame.metric == "time"].groupby("variant").value.median()
+        expected = (medians / medians["keep"]).rename_axis("variant")
+        got = ratios[str(file)].droplevel("dataset")
+        pd.testing.assert_series_equal(got.sort_index(), expected.sort_index(), check_names=False)
