@@ -337,3 +337,25 @@ def test_the_shapes_part_generates_the_named_shapes_and_measures_them():
         ("odd-shape", "segment_mm", 301),
         ("odd-shape", "dense", 301),
     }
+
+
+@pytest.mark.parametrize("threshold, timed_calls", [(1e-9, 2), (1e9, 4)])
+def test_a_form_slower_than_slow_call_is_timed_fewer_times_and_noted(threshold, timed_calls):
+    """Over the threshold every form (here all, at 1 ns) gets slow_call's repetitions and a note;
+    under it (1e9 s) the scale's own, and no note."""
+    params = layers(
+        modes=["inference", "training"],
+        leave_out=only("segment_mm", "dense"),
+        slow_call={"seconds": threshold, "repeat": 2, "warmup": 0},
+    )
+    writer = parts_writer()
+    notes = parts.knowledge_graphs(params, writer, repeat=4, warmup=1, device="cpu")
+    counts = {}
+    for row in writer.rows:
+        if row["metric"] == "time":
+            counts[row["variant"], row["mode"]] = counts.get((row["variant"], row["mode"]), 0) + 1
+    assert set(counts) == {(v, m) for v in ("segment_mm", "dense") for m in ("inference", "training")}
+    assert set(counts.values()) == {timed_calls}
+    noted = notes.get("fewer_repetitions", {})
+    assert len(noted) == (4 if timed_calls == 2 else 0)
+    assert all("timed 2 times after 0 warm-up calls, not 4 after 1" in why for why in noted.values())

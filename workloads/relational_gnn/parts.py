@@ -316,18 +316,24 @@ def _time_form(
         row = config | {"mode": mode} | _columns(form, element_type)
         if mode == GRAPHED:
             timed = dict(repeat=repeat, warmup=warmup, device=device)
-            _graphed_training(layer, x, target, weights, form, row, dataset, writer, notes, **timed)
+            _graphed_training(layer, x, target, weights, form, row, dataset, params, writer, notes, **timed)
             continue
         try:
             # untimed: makes the gradients and the optimizer's state (and compiles for training)
             _, first = _first_call(lambda: step(layer, mode), device)
+            if params.get("slow_call"):  # a second untimed call: the first may have compiled
+                _, one_call = _first_call(lambda: step(layer, mode), device)
+                calls = _calls_for(
+                    one_call, repeat, warmup, params, notes, f"{model.name} {form.name} on {dataset}, {mode}"
+                )
+            else:
+                calls = {"repeat": repeat, "warmup": warmup}
             before = torch.cuda.memory_allocated() if device == "cuda" else 0
             held_before = cuda_graphs.held_bytes(graph) if device == "cuda" else 0
             m = measure(
                 lambda: step(layer, mode),
                 device=device,
-                repeat=repeat,
-                warmup=warmup,
+                **calls,
                 track_memory=device == "cuda",
                 desc=f"{dataset} {model.name} {dim} {form.name} {mode}",
             )
@@ -370,7 +376,7 @@ def _time_form(
             )
 
 
-def _graphed_training(layer, x, target, weights, form, row, dataset, writer, notes, *, repeat, warmup, device):
+def _graphed_training(layer, x, target, weights, form, row, dataset, params, writer, notes, *, repeat, warmup, device):
     """The training step captured whole as one CUDA graph (harness/graphed_step.py) and replayed:
     each form's step with the host taken out, as a user whose step is host-bound would run it.
     Checked before timing: a replay's loss equals the eager loss of the same weights. Capture time
@@ -392,8 +398,7 @@ def _graphed_training(layer, x, target, weights, form, row, dataset, writer, not
         replay, capture_time = _first_call(lambda: capture_step(step), device)
         with torch.no_grad():
             want = F.mse_loss(layer(x), target)
-        replay()  # rewrites the captured step's own loss tensor, last["loss"]
-        torch.cuda.synchronize()
+        _, one_replay = _first_call(replay, device)  # rewrites the captured step's own loss tensor, last["loss"]
     except NotCapturable as err:
         notes["skipped"][where] = f"its training step cannot be captured: {err}"
         return
@@ -405,7 +410,8 @@ def _graphed_training(layer, x, target, weights, form, row, dataset, writer, not
             raise FormsDisagree(
                 f"{where}: a replay's loss {float(last['loss']):.6g} is not the eager {float(want):.6g}"
             )
-        m = measure(replay, device=device, repeat=repeat, warmup=warmup, desc=where)
+        calls = _calls_for(one_replay, repeat, warmup, params, notes, where)
+        m = measure(replay, device=device, desc=where, **calls)
     finally:
         # The graph's private pool holds the whole step's intermediates (gigabytes on the large
         # graphs): give it back before the next form is captured.
@@ -422,6 +428,19 @@ def _graphed_training(layer, x, target, weights, form, row, dataset, writer, not
         config=row,
         dataset=dataset,
     )
+
+
+def _calls_for(first_seconds: float, repeat: int, warmup: int, params, notes, where: str) -> dict:
+    """The timed and warm-up calls for a form whose first call took ``first_seconds``: the
+    scale's own, or ``slow_call``'s fewer for a call slower than its threshold (noted)."""
+    slow = params.get("slow_call")
+    if not slow or first_seconds <= slow["seconds"]:
+        return {"repeat": repeat, "warmup": warmup}
+    notes.setdefault("fewer_repetitions", {})[where] = (
+        f"its first call took {first_seconds:.2f} s (over {slow['seconds']} s): timed {slow['repeat']} times after "
+        f"{slow['warmup']} warm-up calls, not {repeat} after {warmup}"
+    )
+    return {"repeat": min(slow["repeat"], repeat), "warmup": min(slow["warmup"], warmup)}
 
 
 def _give_back_gpu_memory(device: str) -> None:
