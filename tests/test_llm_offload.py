@@ -835,4 +835,6 @@ def test_the_notebook_shows_each_policys_largest_micro_batch_under_the_cap(tmp_p
     assert "| llama-tiny | 0.0031 | keep | 2 | 4 |" in table
     assert "| llama-tiny | 0.0031 | recompute | 8 | none tried |" in table
     assert "| llama-tiny | 0.0031 | offload_all, host | 4 | 8 |" in table
+    assert "llama-tiny: the fastest SSDTrain configuration, offload_all, host, reaches" in table
+    assert "x the tokens/s of recompute" in table
     assert "under a 0.0031 GiB cap" in (tmp_path / "nb-training.text.json").read_text()  # the panel
