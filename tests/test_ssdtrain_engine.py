@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import weakref
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -616,3 +617,60 @@ def test_training_on_the_generated_corpus_converges_identically_with_offloading(
     mixed = [planning.OFFLOAD, planning.KEEP]  # the tiny Llama's two blocks
     assert torch.equal(losses_of(lambda i: mixed[i]), keep)
     assert not list(disk.iterdir())
+
+
+class HeldStore(HostStore):
+    """A host store whose puts end when the test says: each put's bytes are copied at once, but its
+    future completes only in :meth:`land` (as a slow disk's write would, much later)."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiting = {}  # store key -> the future the cache holds
+
+    def put(self, key, tensor):
+        super().put(key, tensor).result()  # the copy is done; the write "lands" later
+        self.waiting[key] = held = Future()
+        return held
+
+    def land(self, keys) -> None:
+        for key in list(keys):
+            self.waiting.pop(key).set_result(None)
+
+
+def test_an_offloaded_tensors_memory_goes_when_its_write_lands_not_when_forward_ends():
+    """Block 0's saved storages stay alive while their writes are in flight and are freed the
+    moment they land, while forward is still running (checked in the pre-hook of block 2); block 1's,
+    whose writes have not landed, are still held; the step stays bit-identical to keep's."""
+    torch.manual_seed(0)
+    model = MLPStack(dim=48, layers=4)
+    x, y = torch.randn(37, 16), torch.randn(37, 1)
+    reference = model(x, y)
+    reference.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    store = HeldStore()
+    offloader = Offloader(model, store, policy="offload_all", keep_last=1, min_bytes=0)
+    seen = {}
+
+    def in_block_two(module, args):
+        entries = {layer: list(offloader.cache._by_layer.get(layer, {}).values()) for layer in (0, 1)}
+        assert entries[0] and entries[1]
+        seen["held before"] = [not e.ref.expired() for e in entries[0]]
+        store.land(e.store_key for e in entries[0])
+        seen["freed after"] = [e.ref.expired() for e in entries[0]]
+        seen["block 1 held"] = [not e.ref.expired() for e in entries[1]]
+
+    hook = model.layers[2].register_forward_pre_hook(in_block_two)
+    try:
+        with offloader:
+            loss = model(x, y)
+            store.land(list(store.waiting))
+            loss.backward()
+    finally:
+        hook.remove()
+        store.close()
+    assert seen["held before"] and all(seen["held before"])
+    assert all(seen["freed after"])  # gone at once, two blocks before forward ends
+    assert all(seen["block 1 held"])
+    assert torch.equal(loss, reference)
+    assert all(torch.equal(p.grad, want[n]) for n, p in model.named_parameters())
