@@ -659,7 +659,7 @@ def test_memory_bound_plans_per_micro_batch_within_the_caps_room(scratch):
     notes = parts.memory_bound(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
     largest = {label: search["largest"] for label, search in notes["searches"].items()}
     assert largest["planner_host"] >= largest["offload_all_host"] > largest["keep"]
-    plans = notes["models"]["llama-tiny"]["plans"]["planner_host"]
+    plans = notes["models"]["llama-tiny"]["planning"]["plans"]["planner_host"]
     state = 4 * notes["models"]["llama-tiny"]["parameters"] * 4
     assert plans["room_bytes"] == int(0.8 * (params["memory_cap_gib"] * GIB - state))
     decisions = [tuple(plans[str(micro)]) for micro in params["micro_batches"]]
@@ -733,7 +733,7 @@ def test_memory_bound_compares_the_compiled_peers_under_the_emulated_cap(scratch
     assert largest["torch_budget_0.2"] >= largest["compiled_keep"] >= largest["keep"]
     assert largest["planned_compiled_host"] >= largest["compiled_keep"]
     assert "compiled_keep" in notes["deviation_from_keep"]
-    plans = notes["models"]["llama-tiny"]["plans"]["planned_compiled_host"]
+    plans = notes["models"]["llama-tiny"]["planning"]["plans"]["planned_compiled_host"]
     assert {d for micro in params["micro_batches"] for d in plans[str(micro)]} <= {
         "keep",
         "offload",

@@ -207,10 +207,20 @@ def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row
             batch = next(
                 batches(dataclasses.replace(shape, micro_batch=checked_rows), seed=params["seed"], device=device)
             )
-            profiler = Profiler(params, model, layers, batch, device, scratch_dir, notes["models"][dataset])
+            # Apart from the other parts' "profile": this one is at the check's micro-batch, scaled per plan.
+            planning_notes = notes["models"][dataset]["planning"] = {"profiled_micro_batch": checked_rows}
+            profiler = Profiler(params, model, layers, batch, device, scratch_dir, planning_notes)
             room = params.get("planner_headroom", HEADROOM) * (cap.cap_bytes - cap.state_bytes)
             for entry, where in planned:
-                runs += _scheduled(entry, where, profiler, params, checked_rows, candidates, int(room))
+                try:
+                    runs += _scheduled(entry, where, profiler, params, checked_rows, candidates, int(room))
+                except Exception as err:
+                    if not _is_out_of_memory(err):
+                        raise
+                    raise UserError(
+                        f"the planners' profile on {checked_rows} sequences does not fit under memory_cap_gib "
+                        f"{params['memory_cap_gib']}: raise the cap or lower check_micro_batch"
+                    ) from None
         # The checks come before the optimizer's state: they hold keep's gradients and a policy's
         # (copies, compared), as much memory as the moments would take.
         checked = _checked(runs, model, shape, params, checked_rows, device, scratch_dir, notes, built.dtype)
