@@ -32,7 +32,7 @@ from harness.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # The topics with renderers: each module registers its tables when imported.
-TOPIC_MODULES = ("ceilings", "feature_gather", "gnn_multi_gpu", "gnn_training", "relational_gnn")
+TOPIC_MODULES = ("ceilings", "feature_gather", "gnn_multi_gpu", "gnn_training", "llm_offload", "relational_gnn")
 
 
 @dataclass(frozen=True)
