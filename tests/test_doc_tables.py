@@ -26,6 +26,7 @@ GENERATED_DOCS = [
     "gnn_multi_gpu.md",
     "gnn_training.md",
     "hector.md",
+    "llm_offload.md",
     "relational_gnn.md",
 ]
 # Renderers that read many large files (seconds each): the complete tier checks them.
@@ -273,3 +274,133 @@ def test_llm_offload_ratios_are_taken_within_each_process():
         expected = (medians / medians["keep"]).rename_axis("variant")
         got = ratios[str(file)].droplevel("dataset")
         pd.testing.assert_series_equal(got.sort_index(), expected.sort_index(), check_names=False)
+
+
+def _raw_medians(file, metric):
+    """Per (model, variant) median of ``metric`` in one results file, read without the suite's loader."""
+    import pandas as pd
+
+    frame = pd.read_csv(file)
+    return frame[frame.metric == metric].groupby(["dataset", "variant"]).value.median()
+
+
+def test_llm_offload_speedups_are_the_other_policys_time_over_the_policys_within_each_process():
+    from analysis.doc_tables import llm_offload
+
+    files = llm_offload.process_files("policies")
+    time = llm_offload.per_process(files, "time")
+    (dataset,) = set(time.index.get_level_values("dataset"))
+    found = llm_offload.speedups(time, dataset, "offload_all_host", "torchtune_offload")
+    expected = []
+    for file in files:
+        medians = _raw_medians(file, "time").loc[dataset]
+        expected.append(medians["torchtune_offload"] / medians["offload_all_host"])
+    assert found == pytest.approx(expected, rel=1e-12) and len(found) == len(files) > 1
+    assert llm_offload.speedups(time, dataset, "offload_all_host", "nosuch") == []
+
+
+def test_llm_offload_a_comparison_measured_nowhere_is_refused():
+    from analysis.doc_tables import llm_offload
+
+    with pytest.raises(ValueError, match="keep against nosuch is measured on no model of part shapes"):
+        llm_offload.versus("shapes", [("keep", "nosuch")])
+
+
+@pytest.mark.parametrize(
+    "values, expected", [([0.1234], "12%"), ([0.021, 0.04], "2–4%"), ([0.449, 0.451], "45%"), ([0.0, 0.004], "0%")]
+)
+def test_llm_offload_percent_ranges_collapse_when_they_round_alike(values, expected):
+    from analysis.doc_tables import llm_offload
+
+    assert llm_offload.percent(values) == expected
+
+
+def test_llm_offload_best_cut_is_the_largest_worst_process_cut_within_the_overhead_in_every_process():
+    import pandas as pd
+
+    from analysis.doc_tables import llm_offload
+
+    rng = random.Random(3)
+    processes = ["one.csv", "two.csv", "three.csv"]
+    within = llm_offload.OVERHEAD - 0.01
+    times = {
+        "keep": [1.0] * 3,
+        "fast_small_cut": [rng.uniform(1.0, within) for _ in processes],
+        "fast_big_cut_once": [rng.uniform(1.0, within) for _ in processes],
+        "slow_in_one_process": [1.01, llm_offload.OVERHEAD + 0.02, 1.0],
+        "baseline_cut": [1.0] * 3,
+    }
+    peaks = {
+        "keep": [1.0] * 3,
+        "fast_small_cut": [0.80, 0.82, 0.81],  # worst process: 18% cut
+        "fast_big_cut_once": [0.50, 0.85, 0.60],  # worst process: 15% cut
+        "slow_in_one_process": [0.30] * 3,
+        "baseline_cut": [0.20] * 3,
+    }
+    roles = {v: ("baseline" if v in ("keep", "baseline_cut") else "optimized") for v in times}
+    setups = pd.DataFrame({"role": roles})
+    frame = lambda values: pd.DataFrame(values, index=processes).T  # noqa: E731
+    variant, cuts, found_times = llm_offload.best_cut(frame(times), frame(peaks), setups)
+    assert variant == "fast_small_cut"
+    assert cuts == pytest.approx([0.20, 0.18, 0.19]) and found_times == times["fast_small_cut"]
+    slow = {v: [llm_offload.OVERHEAD + 0.1] * 3 for v in times}
+    assert llm_offload.best_cut(frame(slow), frame(peaks), setups) is None
+
+
+def test_llm_offload_targets_turn_met_when_the_thresholds_are_lowered(monkeypatch):
+    from analysis.doc_tables import llm_offload
+
+    def rows(body, target):
+        lines = body.splitlines()
+        start = next(i for i, line in enumerate(lines) if target in line)
+        return [line for line in lines[start + 1 :] if line.startswith("| ") and "**" not in line][:4]
+
+    body = llm_offload.targets()
+    as_committed = "\n".join(body.lines)
+    assert all(r.endswith("| no |") for r in rows(as_committed, "activation peak"))
+    assert all(r.endswith("| no |") for r in rows(as_committed, "planner ≥"))
+    monkeypatch.setattr(llm_offload, "PEAK_CUT", 0.10)
+    monkeypatch.setattr(llm_offload, "PLANNER_GAIN", 1.0)
+    monkeypatch.setattr(llm_offload, "EQUAL_PEAK", 2.0)
+    lowered = "\n".join(llm_offload.targets().lines)
+    peak_rows, planner_rows = rows(lowered, "activation peak"), rows(lowered, "planner ≥")
+    # micro-batch 4: a 12% cut within the overhead; the planner ahead of recompute in every process there
+    assert peak_rows[0].startswith("| 8192x4, micro-batch 4 |") and peak_rows[0].endswith("| yes |")
+    assert sum(r.endswith("| yes |") for r in peak_rows) == 1
+    assert planner_rows[0].startswith("| 8192x4, micro-batch 4 |") and planner_rows[0].endswith("| yes |")
+    assert [r for r in planner_rows if r.startswith("| 16384x2")][0].endswith("| no |")  # 0.995: not ahead
+
+
+def test_llm_offload_exact_checks_count_every_timed_ssdtrain_variant():
+    import pandas as pd
+
+    from analysis.doc_tables import llm_offload
+
+    files = [llm_offload.process_files(part)[0] for part in ("policies", "shapes")]
+    files += doc_tables.results_files("h200", "llm_offload", ["models"], "h200")
+    pairs = set()
+    for file in files:
+        raw = pd.read_csv(file)
+        pairs |= set(map(tuple, raw[raw.role == "optimized"][["dataset", "variant"]].drop_duplicates().values))
+    frames = [doc_tables.load([f], "llm_offload") for f in files]
+    assert llm_offload.checked_exactly(frames) == (len(pairs), len({d for d, _ in pairs}))
+    no_optimized = [frame[frame.role != "optimized"] for frame in frames]
+    assert llm_offload.checked_exactly(no_optimized) == (0, 0)
+
+
+def test_llm_offload_cpu_table_is_each_models_median_over_keeps():
+    from analysis.doc_tables import llm_offload
+
+    files = doc_tables.results_files("local", "llm_offload", ["policies", "models"], "cpu")
+    body = llm_offload.cpu()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in body.lines[2:]}
+    assert len(rows) >= 4
+    for file in files:
+        time, kept = _raw_medians(file, "time"), _raw_medians(file, "activation_bytes")
+        for dataset in set(time.index.get_level_values(0)):
+            cell = rows[dataset][2 + [v for _, v in llm_offload.CPU_COLUMNS].index("offload_all_host")]
+            expected = (
+                f"{time[(dataset, 'offload_all_host')] / time[(dataset, 'keep')]:.2f}, "
+                f"{kept[(dataset, 'offload_all_host')] / kept[(dataset, 'keep')]:.2f}"
+            )
+            assert cell.strip(" |") == expected
