@@ -355,8 +355,7 @@ def test_llm_offload_targets_turn_met_when_the_thresholds_are_lowered(monkeypatc
         start = next(i for i, line in enumerate(lines) if target in line)
         return [line for line in lines[start + 1 :] if line.startswith("| ") and "**" not in line][:4]
 
-    body = llm_offload.targets()
-    as_committed = "\n".join(body.lines)
+    as_committed = "\n".join(llm_offload.targets().lines)
     assert all(r.endswith("| no |") for r in rows(as_committed, "activation peak"))
     assert all(r.endswith("| no |") for r in rows(as_committed, "planner ≥"))
     monkeypatch.setattr(llm_offload, "PEAK_CUT", 0.10)
