@@ -15,6 +15,10 @@ with ``_`` is imported when the registry is first read, or a module of your own 
                        worker processes sample and gather rows and labels, a pin-memory thread
                        pins the batches, and the copy of the next batch overlaps training (the
                        strong CPU baseline). Runs without a GPU too (the copy is then a no-op).
+``pyg_neighbor_loader``
+                       PyG's own ``NeighborLoader`` (its sampler, its workers) over the suite's
+                       graph; registered only where pyg-lib or torch-sparse imports, otherwise
+                       listed in ``UNAVAILABLE_PIPELINES`` with why.
 ``zero_copy``          CPU sampling; the GPU gathers the rows from the feature table pinned in
                        place (PyTorch-Direct's UnifiedTensor).
 ``zero_copy_overlap``  as ``zero_copy``, but a background thread prepares the next batches (on
@@ -536,8 +540,12 @@ class Pipeline:
         return batch
 
 
+# Pipelines whose module could not register them here (a package they need is missing): {name: why}.
+UNAVAILABLE_PIPELINES: dict[str, str] = {}
+
 # The suite's pipelines, imported in the order figures list them (the registry keeps it).
-from workloads.gnn.pipelines import cpu_gather, cpu_gather_workers, zero_copy, gpu_sampling, hot_cache  # noqa: E402,F401,I001
+from workloads.gnn.pipelines import cpu_gather, cpu_gather_workers, pyg_neighbor_loader  # noqa: E402,F401,I001
+from workloads.gnn.pipelines import zero_copy, gpu_sampling, hot_cache  # noqa: E402,F401,I001
 
 PIPELINES = PIPELINE_KINDS.names()
 GPU_PIPELINES = tuple(k.name for k in PIPELINE_KINDS if k.needs_gpu)
