@@ -98,8 +98,9 @@ def make_loader(pipeline: Pipeline) -> None:
         pin_memory=pipeline.device.type == "cuda",
         persistent_workers=workers > 0,
     )
-    # The pipeline's loader: close() stops its workers (a loader worker's error ends the epoch).
-    pipeline._loader = loader
+    pipeline.neighbor_loader = loader  # its batches (PyG Data, with n_id) for a test to read
+    # The pipeline's worker loader, where it has workers: close() stops them (worker_pids() lists them).
+    pipeline._loader = loader if workers else None
     in_suite_order = pipeline.batches  # validation: the suite's batches, gathered in the process
 
     def batches(epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
