@@ -48,6 +48,7 @@ GNN_TRAINING_VARIANTS = {  # workloads/gnn_training: where features live and how
     "zero_copy": GATHER_VARIANTS["vectorized"],  # the same zero-copy kernel as the gather's
     "zero_copy_overlap": ("#31a354", "-"),
     "cpu_gather_workers": ("#737373", "--"),  # the CPU baseline with loader workers: a grey by cpu_gather
+    "pyg_neighbor_loader": ("#bdbdbd", "-."),  # PyG's own loader: a lighter grey of the CPU baselines
     "hot_cache": GATHER_VARIANTS["hot_cache"],
     "hot_cache_oracle": ("#b5cf6b", ":"),  # the hot cache filled by an oracle: an ideal, lighter
 }
@@ -119,6 +120,7 @@ READABLE = {
     "hot_cache": "zero-copy + hot cache",
     "hot_cache_oracle": "zero-copy + oracle hot cache (ideal)",
     "cpu_gather_workers": "CPU gather in loader workers",
+    "pyg_neighbor_loader": "PyG NeighborLoader",
     "split": "zero-copy, split",
     "default": "UnifiedTensor[idx]",
     "uva_sampling": "UVA sampling",

@@ -25,7 +25,16 @@ from harness.timing import PhaseClock
 from workloads.gnn.epoch import accuracy, timed_epochs, train_epoch
 from workloads.gnn.gpu_memory import GraphSizes, allocator_cap, budgets_missed, parse_budgets, resident_bytes
 from workloads.gnn.models import build
-from workloads.gnn.pipelines import GPU_PIPELINES, PIPELINE_KINDS, PIPELINES, ROLE, Graph, Pipeline, workers_of
+from workloads.gnn.pipelines import (
+    GPU_PIPELINES,
+    PIPELINE_KINDS,
+    PIPELINES,
+    ROLE,
+    UNAVAILABLE_PIPELINES,
+    Graph,
+    Pipeline,
+    workers_of,
+)
 from workloads.gnn.worker_split import (
     budget_cores,
     candidate_splits,
@@ -37,6 +46,9 @@ from workloads.graphs.datasets import load_graph
 from workloads.graphs.spec import SHORT_NAMES
 
 LOADER_PIPELINE = "cpu_gather_workers"
+# PyG's own loader: its workers' split is picked like cpu_gather_workers', one thread per worker
+# (PyG's workers run one torch thread).
+PYG_LOADER_PIPELINE = "pyg_neighbor_loader"
 # The dataset each part trains on: one per short name, and papers100M-like at full size in host
 # memory (its feature table generated where zero-copy reads it, never on disk).
 DATASET_OF_PART = SHORT_NAMES | {"papers_full": SHORT_NAMES["papers"]}
@@ -46,7 +58,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     started = time.perf_counter()
     if "scale_factor" not in params and not params.get("published_dir"):
         raise UserError(f"part {part} has no block at this scale in config/gnn_training.yaml (its scale_factor)")
-    unknown = sorted(set(params.get("pipelines") or ()) - set(PIPELINES))
+    unknown = sorted(set(params.get("pipelines") or ()) - set(PIPELINES) - set(UNAVAILABLE_PIPELINES))
     if unknown:  # refused before the graph is made (minutes at full size)
         raise UserError(f"part {part}: unknown pipelines {unknown}; the registry has {', '.join(PIPELINES)}")
     spec, dataset, arrays = load_graph(DATASET_OF_PART[part], params, shared["graph_seed"])
@@ -59,6 +71,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     )
     pipelines = [p for p in PIPELINES if device == "cuda" or not PIPELINE_KINDS[p].needs_gpu]
     skipped = {} if device == "cuda" else {p: "no GPU on this machine" for p in GPU_PIPELINES}
+    skipped |= UNAVAILABLE_PIPELINES  # a package they need is not installed here: why, in a line
     if params.get("pipelines"):  # this graph's own list (a large graph measures a few, in time)
         for name in [p for p in pipelines if p not in params["pipelines"]]:
             pipelines.remove(name)
@@ -148,9 +161,10 @@ def train_case(
         )
 
     model, split = make_model(), None
-    if name == LOADER_PIPELINE:
+    if name in (LOADER_PIPELINE, PYG_LOADER_PIPELINE):
         loader = shared["loader_workers"]
-        candidates = candidate_splits(cores, loader["workers"], loader["threads_per_worker"])
+        threads = loader["threads_per_worker"] if name == LOADER_PIPELINE else [1]
+        candidates = candidate_splits(cores, loader["workers"], threads)
         (workers, threads_per_worker), timings = pick_split(
             make_pipeline, model, cores, candidates, shared["learning_rate"]
         )
