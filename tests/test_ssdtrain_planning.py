@@ -8,6 +8,7 @@ import torch
 from harness.errors import UserError
 from systems.ssdtrain import HostStore, planning
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, LayerProfile
+from systems.ssdtrain.stores._base import StoreCorrupted
 from workloads.llm.data import batches
 from workloads.llm.layers import blocks
 from workloads.llm.models import build, spec
@@ -140,6 +141,21 @@ def test_store_bandwidth_is_measured_and_checked():
     with HostStore() as store:
         rate = planning.store_bandwidth(store, "cpu", nbytes=1 << 20, repeat=2)
         assert rate > 0 and len(store) == 0  # the probe frees what it stored
+
+
+class FlippingStore(HostStore):
+    """A host store that flips one bit of every tensor it gives back."""
+
+    def get(self, key, out):
+        future = super().get(key, out)
+        future.result()
+        out.view(-1)[out.numel() // 3] ^= 0x04
+        return future
+
+
+def test_store_bandwidth_refuses_a_store_that_changes_bytes():
+    with FlippingStore() as store, pytest.raises(StoreCorrupted, match="FlippingStore returned other bytes"):
+        planning.store_bandwidth(store, "cpu", nbytes=(1 << 20) + 7, repeat=1)
 
 
 class KeywordBlock(torch.nn.Module):

@@ -47,6 +47,7 @@ from harness import timing
 from harness.errors import UserError
 from systems.ssdtrain.engine import Offloader
 from systems.ssdtrain.recompute import tensors_in
+from systems.ssdtrain.stores._base import StoreCorrupted
 from systems.ssdtrain.stores.host import HostStore
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
@@ -422,5 +423,5 @@ def store_bandwidth(store, device, nbytes: int = 64 << 20, repeat: int = 3) -> f
         if round_:
             rates.append(2 * nbytes / seconds)
     if not torch.equal(out, tensor):
-        raise RuntimeError("the store returned other bytes than it was given")
+        raise StoreCorrupted(f"{type(store).__name__} returned other bytes than it was given in a {nbytes}-byte round trip")
     return statistics.median(rates)

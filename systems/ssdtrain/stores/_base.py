@@ -26,6 +26,10 @@ from systems.ssdtrain.streams import ready_event
 WRITE, READ = "write", "read"
 
 
+class StoreCorrupted(AssertionError):
+    """A store gave back other bytes than it was given: the store is wrong, nothing it holds can be trusted."""
+
+
 @dataclass(frozen=True)
 class StoreCounters:
     """What a store has moved since it opened; subtract two snapshots for an interval."""
