@@ -390,7 +390,7 @@ def test_llm_offload_exact_checks_count_every_timed_ssdtrain_variant():
 def test_llm_offload_cpu_table_is_each_models_median_over_keeps():
     from analysis.doc_tables import llm_offload
 
-    files = doc_tables.results_files("local", "llm_offload", ["policies", "models"], "cpu")
+    files = doc_tables.results_files("cpu-2core", "llm_offload", ["policies", "models"], "cpu")
     body = llm_offload.cpu()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in body.lines[2:]}
     assert len(rows) >= 4

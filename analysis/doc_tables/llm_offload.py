@@ -447,7 +447,7 @@ CPU_COLUMNS = (
 @table("llm_offload-cpu", topic=TOPIC)
 def cpu() -> Table:
     """Parts policies and models at the cpu scale (one process each): time and activation bytes over keep's."""
-    files = results_files("local", TOPIC, ["policies", "models"], "cpu")
+    files = results_files("cpu-2core", TOPIC, ["policies", "models"], "cpu")
     lines = per_model(load(files, TOPIC), CPU_COLUMNS, "activation_bytes", "bytes")
     note = (
         "One process per part on 2 CPU cores; medians of the timed steps; the activation bytes are those kept "
