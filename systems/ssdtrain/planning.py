@@ -423,5 +423,7 @@ def store_bandwidth(store, device, nbytes: int = 64 << 20, repeat: int = 3) -> f
         if round_:
             rates.append(2 * nbytes / seconds)
     if not torch.equal(out, tensor):
-        raise StoreCorrupted(f"{type(store).__name__} returned other bytes than it was given in a {nbytes}-byte round trip")
+        raise StoreCorrupted(
+            f"{type(store).__name__} returned other bytes than it was given in a {nbytes}-byte round trip"
+        )
     return statistics.median(rates)
