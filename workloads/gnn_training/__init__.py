@@ -18,4 +18,6 @@ TOPIC = Topic(
     # papers_full: papers100M-like with its feature table generated in host memory (GPU machines:
     # on a CPU it would be the papers part again, a few rows larger).
     parts=(*(Part(name) for name in SHORT_NAMES), Part("papers_full", cpu=False)),
+    # PyG's NeighborLoader samples with whichever of these is built (pyg_neighbor_loader).
+    packages=("pyg-lib", "torch-sparse", "torch-scatter", "scipy"),
 )
