@@ -403,3 +403,26 @@ def test_llm_offload_cpu_table_is_each_models_median_over_keeps():
                 f"{kept[(dataset, 'offload_all_host')] / kept[(dataset, 'keep')]:.2f}"
             )
             assert cell.strip(" |") == expected
+
+
+def test_gnn_training_cpu_table_is_each_pipelines_median_epoch_and_its_ratio_to_cpu_gather():
+    import pandas as pd
+
+    from analysis.doc_tables import gnn_training
+
+    body = gnn_training.epochs_cpu()
+    cells = {}
+    for line in body.lines[2:]:
+        graph, pipeline, _, epoch, ratio = (c.strip() for c in line.strip("|").split("|"))
+        cells[(graph.split(" (")[0], graph.rsplit(", ", 1)[1], pipeline)] = (float(epoch), float(ratio))
+    seen = 0
+    for file in doc_tables.results_files("cpu-2core", "gnn_training", gnn_training.CPU_PARTS, "cpu"):
+        frame = pd.read_csv(file)
+        epochs = frame[frame.metric == "epoch_time"].groupby(["dataset", "model", "variant"]).value.median()
+        for (dataset, model, variant), median in epochs.items():
+            label = "GAT 2" if model == "gat" else "SAGE 2"
+            epoch, ratio = cells[(dataset.removeprefix("ogbn-"), label, variant)]
+            assert epoch == pytest.approx(median, abs=5e-4)
+            assert ratio == pytest.approx(median / epochs[(dataset, model, "cpu_gather")], abs=5e-3)
+            seen += 1
+    assert seen == len(cells) and "pyg_neighbor_loader" in {k[2] for k in cells}

@@ -16,6 +16,7 @@ import pandas as pd
 
 from analysis.common import same_code_reruns
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
+from harness.results import load_provenance
 
 # One group: a part's graph and a model (a part is one graph size: papers and papers_full share a name).
 GROUP = ["part", "dataset", "model", "layers", "fanouts", "nodes", "edges"]
@@ -243,5 +244,55 @@ def cost_h200() -> Table:
         "CPU core-seconds per epoch (median of the timed epochs of the committed run): the training process and its "
         "sampling workers together. Validation accuracy after the timed and the instrumented epochs, over the "
         "pipelines."
+    )
+    return Table(lines, files, note=note)
+
+
+# --- the CPU baselines on a 2-core machine ---------------------------------------------------------
+
+CPU_MACHINE = "cpu-2core"
+CPU_PARTS = ("products", "reddit", "papers")
+
+
+def _split(rows: pd.DataFrame) -> str:
+    """How a pipeline's cores were shared: loader workers x their threads + training threads."""
+    first = rows.iloc[0]
+    if pd.isna(first.threads_per_worker) or not first.sampler_workers:
+        return f"{int(first.train_threads)} training threads"
+    return (
+        f"{int(first.sampler_workers)} worker x {int(first.threads_per_worker)} + {int(first.train_threads)} training"
+    )
+
+
+@table("gnn_training-cpu", topic="gnn_training")
+def epochs_cpu() -> Table:
+    """Epoch seconds of the CPU pipelines on a 2-core machine (one process per part), how each
+    shared the cores, and each one's epoch over cpu_gather's."""
+    files = results_files(CPU_MACHINE, "gnn_training", CPU_PARTS, "cpu")
+    frame = load(files, "gnn_training")
+    rows = frame[frame.metric == "epoch_time"]
+    lines = ["| graph, model | pipeline | cores | epoch s | x cpu_gather |", "|---|---|---|---|---|"]
+    order = {p: i for i, p in enumerate(CPU_PARTS)}
+    groups = sorted(rows.groupby(GROUP, dropna=False), key=lambda g: (order[g[0][0]], g[0][2] != "sage", g[0][3]))
+    for key, group in groups:
+        medians = group.groupby("variant")["value"].median()
+        for variant, pipeline_rows in sorted(group.groupby("variant"), key=lambda v: v[0] != "cpu_gather"):
+            ratio = medians[variant] / medians["cpu_gather"]
+            lines.append(
+                f"| {_label(key)} | {variant} | {_split(pipeline_rows)} | {medians[variant]:.3f} | {ratio:.2f} |"
+            )
+    epochs = sorted(set(rows.groupby([*GROUP, "variant"], dropna=False).size()))
+    backends = sorted(
+        {
+            f"{name} {version}"
+            for file in files
+            for name, version in load_provenance(file).get("packages", {}).items()
+            if name in ("pyg-lib", "torch-sparse")
+        }
+    )
+    note = (
+        f"Epoch seconds: medians of {'/'.join(map(str, epochs))} timed epochs, one process per part, all of the "
+        f"machine's 2 cores for every pipeline; PyG's sampling backend: {', '.join(backends) or 'none installed'}. "
+        "x cpu_gather: the pipeline's epoch over cpu_gather's, above 1 slower."
     )
     return Table(lines, files, note=note)
