@@ -25,7 +25,7 @@ export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
 export CUPY_CACHE_DIR := $(CURDIR)/.cache/cupy
 
-MAKE_TARGETS = setup reproduce figures report test test-all lint
+MAKE_TARGETS = setup reproduce figures report doc_tables test test-all lint
 .PHONY: $(MAKE_TARGETS)
 
 ifeq ($(wildcard envs/requirements-$(ENV).txt),)
@@ -57,6 +57,9 @@ figures: setup
 
 report: setup
 	$(VENV)/bin/snakemake --report report.html figures $(SNAKEMAKE_ARGS)
+
+doc_tables: setup
+	$(VENV)/bin/snakemake --cores 1 doc_tables $(SNAKEMAKE_ARGS)
 
 test: setup
 	$(VENV)/bin/python -m pytest -m "not full" $(PYTEST_XDIST) --durations=15 $(PYTEST_ARGS)
