@@ -241,6 +241,19 @@ def test_sampler_refuses_bad_configuration(graph):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1, -3]), batch=0)
     with pytest.raises(ValueError, match="1-D tensor of node ids"):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1.0]), batch=0)
+    with pytest.raises(ValueError, match="got torch.bool"):  # not node ids 1 and 0
+        NeighborSampler(*graph, [10]).sample(torch.tensor([True, False]), batch=0)
+
+
+def test_gpu_memory_budgets_are_distinct_and_ascending():
+    from harness.errors import UserError
+    from workloads.gnn.gpu_memory import parse_budgets
+
+    assert parse_budgets([80, 16, 16.0, 24]) == [16.0, 24.0, 80.0]
+    assert parse_budgets(None) == []
+    for bad in ([0], [True], "16", [-1.5]):
+        with pytest.raises(UserError, match="positive sizes in GiB"):
+            parse_budgets(bad)
 
 
 def test_dgl_comparison_is_skipped_with_a_reason():

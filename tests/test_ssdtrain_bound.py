@@ -86,6 +86,12 @@ def test_bad_profiles_are_refused_in_one_line():
         offload_bound([1], [1.0], [1.0], 0.0)
     with pytest.raises(UserError, match="negative"):
         offload_bound([-1], [1.0], [1.0], 1.0)
+    with pytest.raises(UserError, match="finite"):
+        offload_bound([1], [float("nan")], [1.0], 1.0)
+    with pytest.raises(UserError, match="positive"):
+        offload_bound([1], [1.0], [1.0], float("nan"))
+    with pytest.raises(UserError, match="keep_last"):
+        offload_bound([1], [1.0], [1.0], 1.0, keep_last=0.5)
     with pytest.raises(UserError, match="keep_last"):
         offload_bound([1], [1.0], [1.0], 1.0, keep_last=2)
     with pytest.raises(UserError, match="per block"):

@@ -108,7 +108,7 @@ class NeighborSampler:
         """The seeds as int64 on the sampler's device, refused unless distinct node ids. Seeds on
         the host (as the pipelines pass them) are checked there and copied without blocking;
         seeds already on the GPU are checked there, which waits for it."""
-        if seeds.dim() != 1 or seeds.is_floating_point() or seeds.is_complex():
+        if seeds.dim() != 1 or seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise ValueError(f"seeds must be a 1-D tensor of node ids, got {seeds.dtype} of shape {tuple(seeds.shape)}")
         seeds = seeds.to(torch.int64)
         if seeds.numel() and not 0 <= int(seeds.min()) <= int(seeds.max()) < self.num_nodes:
@@ -116,8 +116,8 @@ class NeighborSampler:
             raise IndexError(f"seed node {int(bad)} is out of range for a graph of {self.num_nodes} nodes")
         if seeds.unique().numel() != seeds.numel():
             raise ValueError("seed nodes of a batch must be distinct")
-        if seeds.device == self.device:
-            return seeds
+        if seeds.device.type == self.device.type:  # "cuda:0" is the sampler's "cuda": no copy, no pinning
+            return seeds.to(self.device)
         return (seeds.pin_memory() if self.device.type == "cuda" else seeds).to(self.device, non_blocking=True)
 
     def bounds(self, batch_size: int) -> list[int]:

@@ -25,6 +25,7 @@ is what a store of that bandwidth could buy at no time overhead, set beside what
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,11 +82,11 @@ def offload_bound(
             f"one saved size, forward and backward time per block expected, got {n}, {len(forward_seconds)} and "
             f"{len(backward_seconds)}"
         )
-    if not (write_bandwidth > 0 and read_bandwidth > 0):
+    if not (0 < write_bandwidth < math.inf and 0 < read_bandwidth < math.inf):
         raise UserError(f"the store's bandwidths must be positive, got {write_bandwidth!r} and {read_bandwidth!r} B/s")
-    if any(v < 0 for v in [*saved_bytes, *forward_seconds, *backward_seconds]):
-        raise UserError("saved bytes and times must not be negative")
-    if not 0 <= keep_last <= n:
+    if not all(0 <= v < math.inf for v in [*saved_bytes, *forward_seconds, *backward_seconds]):  # NaN too
+        raise UserError("saved bytes and times must be finite and not negative")
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or not 0 <= keep_last <= n:
         raise UserError(f"keep_last must be between 0 and {n}, got {keep_last}")
     written = written_by_forward_end(saved_bytes, forward_seconds, write_bandwidth, keep_last)
     best, below, read_limited = sum(written), 0.0, False

@@ -71,13 +71,13 @@ def resident_bytes(pipeline: str, sizes: GraphSizes, options: dict | None = None
 
 
 def parse_budgets(budgets) -> list[float]:
-    """The configured budgets in GiB, ascending ([] for none)."""
+    """The configured budgets in GiB, ascending and distinct ([] for none)."""
     budgets = budgets or []
     if not isinstance(budgets, list) or any(
         isinstance(b, bool) or not isinstance(b, int | float) or b <= 0 for b in budgets
     ):
         raise UserError(f"gpu_memory_budget_gib must be a list of positive sizes in GiB, got {budgets!r}")
-    return sorted(float(b) for b in budgets)
+    return sorted({float(b) for b in budgets})
 
 
 def over_budget(held: dict[str, int], budget_gib: float, peak: int | None = None) -> str | None:

@@ -110,7 +110,8 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
                         held=held, memory_budgets=memory_budgets,
                     )  # fmt: skip
             except torch.OutOfMemoryError as error:  # over the cap: recorded, and the next case runs
-                why = f"out of GPU memory under the {cap:g} GiB cap: {str(error).splitlines()[0]}"
+                under = f" under the {cap:g} GiB cap" if cap is not None else ""
+                why = f"out of GPU memory{under}: {str(error).splitlines()[0]}"
                 for budget in memory_budgets:
                     not_fitting(budget, case, why)
                 report(f"{dataset} {model_name} {name}: {why}")
