@@ -8,7 +8,7 @@ import torch
 from harness.errors import UserError
 from systems.ssdtrain import HostStore, planning
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, LayerProfile
-from systems.ssdtrain.stores._base import StoreCorrupted
+from systems.ssdtrain.stores import StoreCorrupted
 from workloads.llm.data import batches
 from workloads.llm.layers import blocks
 from workloads.llm.models import build, spec

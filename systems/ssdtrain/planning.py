@@ -47,7 +47,7 @@ from harness import timing
 from harness.errors import UserError
 from systems.ssdtrain.engine import Offloader
 from systems.ssdtrain.recompute import tensors_in
-from systems.ssdtrain.stores._base import StoreCorrupted
+from systems.ssdtrain.stores import StoreCorrupted
 from systems.ssdtrain.stores.host import HostStore
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"

@@ -45,10 +45,6 @@ from workloads.gnn.worker_split import (
 from workloads.graphs.datasets import load_graph
 from workloads.graphs.spec import SHORT_NAMES
 
-LOADER_PIPELINE = "cpu_gather_workers"
-# PyG's own loader: its workers' split is picked like cpu_gather_workers', one thread per worker
-# (PyG's workers run one torch thread).
-PYG_LOADER_PIPELINE = "pyg_neighbor_loader"
 # The dataset each part trains on: one per short name, and papers100M-like at full size in host
 # memory (its feature table generated where zero-copy reads it, never on disk).
 DATASET_OF_PART = SHORT_NAMES | {"papers_full": SHORT_NAMES["papers"]}
@@ -162,9 +158,10 @@ def train_case(
         )
 
     model, split = make_model(), None
-    if name in (LOADER_PIPELINE, PYG_LOADER_PIPELINE):
+    swept_threads = PIPELINE_KINDS[name].swept_worker_threads
+    if swept_threads is not None:
         loader = shared["loader_workers"]
-        threads = loader["threads_per_worker"] if name == LOADER_PIPELINE else [1]
+        threads = list(swept_threads) or loader["threads_per_worker"]
         candidates = candidate_splits(cores, loader["workers"], threads)
         (workers, threads_per_worker), timings = pick_split(
             make_pipeline, model, cores, candidates, shared["learning_rate"]

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.registry import Entry, Registry
-from systems.ssdtrain.stores._base import READ, WRITE, Store, StoreCounters
+from systems.ssdtrain.stores._base import READ, WRITE, Store, StoreCorrupted, StoreCounters
 
-__all__ = ["READ", "STORES", "WRITE", "Store", "StoreCounters", "StoreEntry", "register"]
+__all__ = ["READ", "STORES", "WRITE", "Store", "StoreCorrupted", "StoreCounters", "StoreEntry", "register"]
 
 
 def one_setting(params: Mapping) -> list[dict]:

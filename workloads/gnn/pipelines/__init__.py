@@ -97,6 +97,9 @@ class PipelineKind(Entry):
     # What it keeps in GPU memory beyond what its sampling place implies, from the graph's sizes
     # (a workloads.gnn.gpu_memory.GraphSizes) and its options: {what: bytes}.
     resident: Callable[[object, dict], dict[str, int]] | None = None
+    # A loader whose workers' split within a CPU budget is swept per case (loader_workers in the
+    # config): None: not swept; (): the config's threads per worker; else these threads per worker.
+    swept_worker_threads: tuple[int, ...] | None = None
 
     def __post_init__(self):
         super().__post_init__()

@@ -59,6 +59,7 @@ register(
         "baseline",
         label="CPU gather in loader workers",
         worker_gathers=True,
+        swept_worker_threads=(),  # the config's threads per worker
         gather=copy_rows,
         prepare=make_copy_stream,
         batches=copy_ahead,

@@ -136,6 +136,7 @@ if (_missing := backend_missing()) is None:
             "baseline",
             label="PyG NeighborLoader",
             gather=gather_in_process,  # the validation batches' rows (the suite's sampler)
+            swept_worker_threads=(1,),  # PyG's workers run one torch thread each
             prepare=make_loader,
             notes="PyG's NeighborLoader (pyg-lib or torch-sparse) in loader workers, pinned, copied non-blocking",
         )
