@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import faulthandler
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def _stopped_by_sigterm():
             # dropped ("Exception ignored in ...") and the part runs on: raise it again each
             # second until it lands where it stops the part.
             signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
-        if stopping:
+        if stopping and not _unwinding_from_cut_short():
             raise _CutShort
 
     previous = signal.signal(signal.SIGTERM, stop)
@@ -133,6 +134,17 @@ def _stopped_by_sigterm():
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_alarm)
         signal.signal(signal.SIGTERM, previous)
+
+
+def _unwinding_from_cut_short() -> bool:
+    """Whether the stop already landed and the part's own ``finally``/``__exit__`` clean-up is
+    running (closing files, joining workers): raising again there would cut the clean-up short."""
+    error = sys.exc_info()[1]
+    while error is not None:
+        if isinstance(error, _CutShort):
+            return True
+        error = error.__context__
+    return False
 
 
 def main(argv=None) -> None:

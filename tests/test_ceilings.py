@@ -177,3 +177,31 @@ def test_a_sigterm_that_lands_in_a_finalizer_still_stops_the_part(tmp_path, monk
         _run(tmp_path, HOST_PROBES[0])
     assert "SIGTERM" in load_provenance(tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv")["cut_short"]
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_part_s_clean_up_after_sigterm_is_not_cut_short(tmp_path, monkeypatch):
+    """Once the stop has landed, the part's own clean-up (joining workers, closing a store) runs to
+    its end even when it takes longer than the one-second re-raise."""
+    from harness.topic import Topic
+
+    real = Topic.measure_function
+    cleaned = []
+
+    def cleans_up_slowly(self, name):
+        def part(params, writer, **kwargs):
+            real(self, name)(params, writer, **kwargs)
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+            finally:
+                for step in range(5):  # 2.5 s: two re-raise ticks fall inside it
+                    time.sleep(0.5)
+                    cleaned.append(step)
+
+        return part
+
+    monkeypatch.setattr(Topic, "measure_function", cleans_up_slowly)
+    with pytest.raises(SystemExit, match="stopped by SIGTERM"):
+        _run(tmp_path, HOST_PROBES[0])
+    assert cleaned == [0, 1, 2, 3, 4]
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
