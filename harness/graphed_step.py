@@ -16,6 +16,7 @@ data-dependent shapes). One that does cannot be captured: :class:`NotCapturable`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 
@@ -38,22 +39,46 @@ def capture_step(step: Callable[[], object], warmup: int = 3) -> Callable[[], No
             step()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
+    graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
     failure = None
     try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             step()
     except Exception as err:  # torch's, CuPy's and the driver's errors alike
         failure = f"{type(err).__name__}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}"
     if failure is not None:
         # Raised outside the handler, unchained: a traceback that kept this frame alive would keep
         # the failed capture's memory pool with it.
+        release_failed_capture(graph, pool)
         del graph
         torch.cuda.synchronize()
         _end_random_number_capture()
         torch.cuda.empty_cache()
         raise NotCapturable(failure)
     return graph.replay
+
+
+def release_failed_capture(graph, pool) -> None:
+    """Undo what a capture that never ended left in torch's allocator.
+
+    A capture invalidated by a call that waits for the GPU fails in ``cudaStreamEndCapture``,
+    before torch stops routing allocations to the capture's pool, and the graph then never gives
+    that pool back. While the allocator believes a capture is under way it no longer returns its
+    cache to the GPU when an allocation fails, so the process runs out of memory with most of it
+    cached and unused. ``pool`` is the handle the capture was given (``torch.cuda.graph(pool=)``).
+    A capture that ended (an error raised inside it, a step that ran to the end) needs none of this:
+    its graph gives its pool back when it is deleted."""
+    import torch
+
+    try:
+        graph.pool()  # raises unless the capture ended
+        return
+    except RuntimeError:
+        pass
+    device = torch.cuda.current_device()
+    with contextlib.suppress(RuntimeError):  # it ended the routing itself before it failed
+        torch._C._cuda_endAllocateToPool(device, pool)
+    torch._C._cuda_releasePool(device, pool)
 
 
 def _end_random_number_capture() -> None:

@@ -95,3 +95,28 @@ def test_a_hector_layer_trains_alike_captured_whole_and_eager(name):
     captured = _trainer(captured_weights, x, target, forward=run(captured_weights))
     eager = _trainer(eager_weights, x, target, forward=run(eager_weights))
     _replays_match_eager_steps(captured, eager, captured_weights, eager_weights, tol=1e-4)
+
+
+@pytest.mark.gpu
+def test_after_a_step_that_waits_the_allocator_still_gives_its_cache_back():
+    """A capture that a read-back invalidated must not leave torch's allocator recording to its
+    pool: while it believes a capture is under way it keeps its cache when an allocation fails, and
+    a request larger than any cached block then runs out of memory with most of the GPU cached."""
+    x = torch.randn(1000, device="cuda")
+    with pytest.raises(NotCapturable):
+        capture_step(lambda: x.sum().item(), warmup=1)
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    chunk = 1 << 30
+    cached = [torch.empty(chunk, dtype=torch.uint8, device="cuda") for _ in range(int(free * 0.6) // chunk)]
+    del cached  # freed into the cache, not to the GPU: 60% of the free memory in 1 GiB blocks
+    assert torch.cuda.memory_reserved() >= free * 0.5
+    big = torch.empty(int(free * 0.6), dtype=torch.uint8, device="cuda")  # needs that cache back
+    assert big.numel() == int(free * 0.6)
+    del big
+    torch.cuda.empty_cache()
+    # and a step that can be captured still captures and replays
+    y = torch.zeros(3, device="cuda")
+    replay = capture_step(lambda: y.add_(1), warmup=1)
+    replay()
+    assert y.tolist() == [2.0, 2.0, 2.0]

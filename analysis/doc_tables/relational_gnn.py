@@ -31,8 +31,8 @@ EXACT, WIDTH = "float32", 64
 KEY = ["model", "mode", "dataset"]
 # The headline's graphs: the part measured in several processes with every peer (dense and compiled).
 HEADLINE_PART = "datasets"
-# The one process that captured the whole training step (other code than the committed files).
-GRAPHED_RUN, GRAPHED_MODE = "run4", "training_graphed"
+# The parts that capture the whole training step, and that mode.
+GRAPHED_PARTS, GRAPHED_MODE = ("knowledge_graphs", "datasets"), "training_graphed"
 
 
 def process_files(part: str) -> list[Path]:
@@ -195,31 +195,35 @@ def headline() -> Table:
 
 @table("hector-h200-captured_step", topic=TOPIC)
 def captured_step() -> Table:
-    files = results_files(MACHINE, TOPIC, [HEADLINE_PART], SCALE, rerun=GRAPHED_RUN)
-    times = medians(files)
+    """Per graph of the captured parts: both medians (the middle process's) and the speedup's range."""
+    times, files = _every_process(GRAPHED_PARTS)
     times = times[times["mode"] == GRAPHED_MODE]
     if times.empty:
-        raise ValueError(f"{files[0]}: no rows of mode {GRAPHED_MODE}")
-    found = speedups(times).droplevel("source")
-    graphs = [g for g in graphs_by_size(times) if g in set(found.index.get_level_values("dataset"))]
-    models = [m for m in MODELS if _measured(found, m)]
-    lines = ["| graph | " + " | ".join(MODELS[m] for m in models) + " |", "|---|" + "---|" * len(models)]
+        raise ValueError(f"{', '.join(map(str, files))}: no rows of mode {GRAPHED_MODE}")
+    found = speedups(times).reset_index()
+    graphs = [g for g in graphs_by_size(times) if g in set(found.dataset)]
+    models = [m for m in MODELS if m in set(found.model)]
+    processes = found.groupby("dataset")["source"].nunique()
+    lines = ["| graph (processes) | " + " | ".join(MODELS[m] for m in models) + " |", "|---|" + "---|" * len(models)]
     for graph in graphs:
         cells = []
         for model in models:
-            key = (model, GRAPHED_MODE, graph)
-            if key not in found.index:
+            rows = found[(found.model == model) & (found.dataset == graph)]
+            if rows.empty:
                 cells.append("")
                 continue
-            row = found.loc[key]
-            cells.append(f"{row.ours * 1e3:.3f} vs {row['median'] * 1e3:.3f} (`{row.variant}`): {row.speedup:.2f}x")
-        lines.append(f"| {graph} | " + " | ".join(cells) + " |")
+            peers = "/".join(f"`{v}`" for v in sorted(rows.variant.unique()))
+            cells.append(
+                f"{rows.ours.median() * 1e3:.3f} vs {rows['median'].median() * 1e3:.3f} ({peers}): {span(rows.speedup)}"
+            )
+        lines.append(f"| {graph} ({processes[graph]}) | " + " | ".join(cells) + " |")
     host = _host_share(files, found)
     note = (
         f"Training step captured whole (`{GRAPHED_MODE}`), ms: `{HECTOR}` against the fastest captured baseline or "
-        "peer, float32, width 64, medians of one process; a blank cell: one side was not measured (out of memory, "
-        f"or not capturable). The host's share of a step (median `cpu_time` of a replay): {host[HECTOR]} ms for "
-        f"`{HECTOR}`, {host['peers']} ms for the peers above."
+        "peer, float32, width 64; times are the median over processes of each process's median, the speedup its "
+        "range over the processes (in brackets, how many); a blank cell: one side was not measured (out of memory, "
+        f"or not capturable). The host's share of a step (median `cpu_time` of a replay, every process): "
+        f"{host[HECTOR]} ms for `{HECTOR}`, {host['peers']} ms for the peers above."
     )
     return Table(lines, files, note=note)
 
@@ -228,9 +232,10 @@ def _host_share(files, found) -> dict[str, str]:
     """The range of the median ``cpu_time`` per captured step of ``HECTOR`` and of the competitors in ``found``."""
     frame = load(files, TOPIC)
     frame = frame[(frame.precision == EXACT) & (frame.out_dim == WIDTH) & (frame["mode"] == GRAPHED_MODE)]
-    cpu = summarize(frame, "cpu_time", ["variant", *KEY]).set_index(["variant", *KEY])["median"]
-    peers = [cpu[(row.variant, *key)] for key, row in found.iterrows()]
-    ours = [cpu[(HECTOR, *key)] for key in found.index]
+    cpu = summarize(frame, "cpu_time", ["source", "variant", *KEY]).set_index(["source", "variant", *KEY])["median"]
+    keys = [(row.source, row.model, row["mode"], row.dataset) for _, row in found.iterrows()]
+    peers = [cpu[(key[0], row.variant, *key[1:])] for key, (_, row) in zip(keys, found.iterrows(), strict=True)]
+    ours = [cpu[(key[0], HECTOR, *key[1:])] for key in keys]
     return {HECTOR: span([v * 1e3 for v in ours], 3, ""), "peers": span([v * 1e3 for v in peers], 3, "")}
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from harness.graphed_step import release_failed_capture
 from systems.hector import codegen, lower
 
 # HECTOR_CUDA_GRAPHS=0 launches every plan directly (to compare, or where graphs misbehave).
@@ -97,11 +98,12 @@ def _capture(plan, graph, tensors: dict[str, torch.Tensor], widths: dict, tensor
     # Outside the capture: records the launches for these (16-byte aligned) buffers, so the
     # captured call only replays them.
     codegen.run(plan, graph, static, widths, tensor_cores)
-    cuda_graph = torch.cuda.CUDAGraph()
+    cuda_graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
     try:
-        with torch.cuda.graph(cuda_graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(cuda_graph, pool=pool, capture_error_mode="thread_local"):
             outputs = codegen.run(plan, graph, static, widths, tensor_cores)
     except Exception:  # torch's and CuPy's errors both: the direct launches then say what is wrong
+        release_failed_capture(cuda_graph, pool)
         return None
     return _Capture(cuda_graph, list(static.values()), outputs)
 
