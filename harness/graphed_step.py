@@ -11,7 +11,9 @@ the step for every form alike, so what is left to compare is the GPU work.
 The step must read and write only tensors that live across calls (parameters, their gradients
 kept allocated with ``zero_grad(set_to_none=False)``, an optimizer built with
 ``capturable=True``, fixed inputs) and must never wait for the GPU (no ``.item()``, no
-data-dependent shapes). One that does cannot be captured: :class:`NotCapturable` says why.
+data-dependent shapes). One that does cannot be captured: :class:`NotCapturable` says why. A
+step that runs out of memory while it is captured raises ``torch.cuda.OutOfMemoryError``, as it
+would eagerly.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ def capture_step(step: Callable[[], object], warmup: int = 3) -> Callable[[], No
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
-    failure = None
+    failure, out_of_memory = None, False
     try:
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             step()
     except Exception as err:  # torch's, CuPy's and the driver's errors alike
         failure = f"{type(err).__name__}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}"
+        out_of_memory = isinstance(err, torch.cuda.OutOfMemoryError)
     if failure is not None:
         # Raised outside the handler, unchained: a traceback that kept this frame alive would keep
         # the failed capture's memory pool with it.
@@ -54,6 +57,8 @@ def capture_step(step: Callable[[], object], warmup: int = 3) -> Callable[[], No
         torch.cuda.synchronize()
         _end_random_number_capture()
         torch.cuda.empty_cache()
+        if out_of_memory:  # the step does not fit, captured or not: a size, not a refusal
+            raise torch.cuda.OutOfMemoryError(failure.split(": ", 1)[1])
         raise NotCapturable(failure)
     return graph.replay
 

@@ -120,3 +120,19 @@ def test_after_a_step_that_waits_the_allocator_still_gives_its_cache_back():
     replay = capture_step(lambda: y.add_(1), warmup=1)
     replay()
     assert y.tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.gpu
+def test_a_step_that_runs_out_of_memory_while_captured_says_so_as_eager_would():
+    """Out of memory is a size (the part records an out_of_memory row), not a refusal to capture."""
+    _, total = torch.cuda.mem_get_info()
+
+    def step():  # the warm-up calls allocate nothing; the captured one more than the GPU has
+        if torch.cuda.is_current_stream_capturing():
+            torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="Tried to allocate"):
+        capture_step(step, warmup=1)
+    y = torch.zeros(2, device="cuda")
+    capture_step(lambda: y.add_(1), warmup=1)()
+    assert y.tolist() == [2.0, 2.0]

@@ -177,3 +177,7 @@ def test_segment_products_read_the_sizes_once_and_again_after_an_in_place_change
     torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 4, 4, 11]))
     offsets[1:3] = torch.tensor([2, 9])
     torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 2, 9, 11]))
+    offsets.set_(torch.tensor([0, 1, 5, 11]))  # a new storage, the version counter untouched by it
+    torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 1, 5, 11]))
+    offsets.data = torch.tensor([0, 6, 7, 11])
+    torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 6, 7, 11]))

@@ -269,3 +269,12 @@ def test_with_budgets_shares_the_backward_change_by_forward_time():
     assert faster.extra_seconds == 0.0
     with pytest.raises(ValueError, match="layers"):
         planning.with_budgets(kept, 10.0, {0.5: (at_half[:1], 12.0)})
+
+
+def test_budgets_six_digits_cannot_tell_apart_get_distinct_decisions():
+    from systems.ssdtrain.planning import budget_decision, number_text
+
+    assert budget_decision(0.5) == "budget_0.5" and budget_decision(1.0) == "budget_1"
+    assert budget_decision(0.1234567) != budget_decision(0.1234568)
+    assert float(budget_decision(0.1234567).removeprefix("budget_")) == 0.1234567
+    assert number_text(1234567) == "1234567" and number_text(True) == "True"

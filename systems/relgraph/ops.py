@@ -32,22 +32,25 @@ def segment_products(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Te
     return torch.cat([segment @ w for segment, w in zip(rows.split(sizes), weight.unbind(0), strict=True)])
 
 
-# id(offsets) -> (a weak reference to it, its version counter, its segments' lengths on the host).
-# Keyed by id, not by the tensor: a tensor's == is elementwise, so it cannot be a dictionary key.
-_sizes_read: dict[int, tuple[weakref.ref, int, list[int]]] = {}
+# id(offsets) -> (a weak reference to it, what identifies its contents, its segments' lengths on
+# the host). Keyed by id, not by the tensor: a tensor's == is elementwise, so it cannot be a key.
+_sizes_read: dict[int, tuple[weakref.ref, tuple, list[int]]] = {}
 
 
 def _segment_sizes(offsets: torch.Tensor) -> list[int]:
-    """The segments' lengths, read to the host once per offsets tensor (again only if it is
-    changed in place), as a careful user keeps them: a graph's segments do not change between
-    steps, and a step that reads nothing back from the GPU can be captured as a CUDA graph."""
+    """The segments' lengths, read to the host once per offsets tensor (again if torch changes it
+    in place, or its storage is swapped: ``.data =``, ``set_``), as a careful user keeps them: a
+    graph's segments do not change between steps, and a step that reads nothing back from the GPU
+    can be captured as a CUDA graph. Writes torch cannot see (through ``.numpy()``, or to
+    ``.data``, which has a version counter of its own) are not seen here either."""
     if offsets.is_inference():  # no version counter to tell an in-place change by: read each time
         return offsets.diff().tolist()
     key = id(offsets)
+    state = (offsets._version, offsets.data_ptr(), offsets.storage_offset(), tuple(offsets.shape), offsets.stride())
     known = _sizes_read.get(key)
-    if known is None or known[0]() is not offsets or known[1] != offsets._version:
+    if known is None or known[0]() is not offsets or known[1] != state:
         gone = weakref.ref(offsets, lambda _: _sizes_read.pop(key, None))
-        known = (gone, offsets._version, offsets.diff().tolist())
+        known = (gone, state, offsets.diff().tolist())
         _sizes_read[key] = known
     return known[2]
 

@@ -71,7 +71,16 @@ class Alternative:
 
 def budget_decision(budget: float) -> str:
     """The plan's decision for a layer compiled under activation memory budget ``budget``."""
-    return f"budget_{budget:g}"
+    return f"budget_{number_text(budget)}"
+
+
+def number_text(value: float) -> str:
+    """The shortest text that names ``value`` exactly (``0.5``, ``1``, ``0.1234567``): names built
+    from numbers must not merge two settings that six significant digits cannot tell apart."""
+    if isinstance(value, bool | int):
+        return str(value)
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class Profiler:
                 "forward_seconds": [p.forward_seconds for p in profiles],
                 "bytes_saved_outside_layers": fixed,
             } | {
-                f"at_budget_{budget:g}": {
+                f"at_budget_{planning.number_text(budget)}": {
                     "step_seconds": at_budgets[budget][1],
                     "saved_bytes": [p.saved_bytes for p in at_budgets[budget][0]],
                     "extra_seconds": [p.alternative(planning.budget_decision(budget)).extra_seconds for p in profiles],

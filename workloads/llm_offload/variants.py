@@ -35,7 +35,7 @@ from typing import Any
 from harness.errors import UserError
 from harness.registry import ENTRY_ROLES
 from systems.ssdtrain import POLICIES, STORES, Policy, PolicyEntry, Store, StoreEntry
-from systems.ssdtrain.planning import OFFLOAD, RECOMPUTE, Plan
+from systems.ssdtrain.planning import OFFLOAD, RECOMPUTE, Plan, number_text
 from systems.ssdtrain.stores import one_setting
 
 ALL = "all"
@@ -44,7 +44,7 @@ COMPILED_REFERENCE = "compiled_keep"  # ...every policy on compiled blocks, agai
 
 
 def _text(value) -> str:
-    return f"{value:g}" if isinstance(value, int | float) else str(value)
+    return number_text(value) if isinstance(value, int | float) else str(value)
 
 
 @dataclass(frozen=True)
