@@ -733,6 +733,9 @@ def test_memory_bound_compares_the_compiled_peers_under_the_emulated_cap(scratch
     assert largest["torch_budget_0.2"] >= largest["compiled_keep"] >= largest["keep"]
     assert largest["planned_compiled_host"] >= largest["compiled_keep"]
     assert "compiled_keep" in notes["deviation_from_keep"]
+    # its plans fill the room the cap leaves, not planner_budget of keep's bytes: no fraction recorded
+    planned = [r for r in rows if r.get("variant") == "planned_compiled_host"]
+    assert planned and all(r["config"].get("budget_fraction") is None for r in planned)
     plans = notes["models"]["llama-tiny"]["planning"]["plans"]["planned_compiled_host"]
     assert {d for micro in params["micro_batches"] for d in plans[str(micro)]} <= {
         "keep",

@@ -290,6 +290,13 @@ def scaled(profiles, keep_seconds: float, fixed: int, factor: float):
     return grow, keep_seconds * factor, round(fixed * factor)
 
 
+def _columns(variant, params) -> dict:
+    """The variant's columns, but no ``budget_fraction``: this part's plans fill ``planner_headroom``
+    of the room the cap leaves (``room_bytes`` in the notes), not ``planner_budget`` of keep's bytes."""
+    columns = variant.columns(params)
+    return columns | {"budget_fraction": None} if "budget_fraction" in columns else columns
+
+
 def _scheduled(entry, setups, profiler, params, rows: int, candidates: list[int], room: int) -> list[Scheduled]:
     """The planned policy ``entry`` on each store of ``setups``, with a plan per candidate
     micro-batch made from the profile at ``rows`` sequences, scaled, within ``room`` bytes."""
@@ -449,7 +456,7 @@ class Trials:
         for micro, fit in search.tried.items():
             if isinstance(variant, Scheduled):
                 variant.at(micro, policy)
-            config = base | {"micro_batch": micro} | variant.columns(self.params)
+            config = base | {"micro_batch": micro} | _columns(variant, self.params)
             add_row(writer, dataset, variant, config, "fits", int(fit), 0)
             if not fit:  # as part micro_batches records it, where the claims look for it
                 add_row(writer, dataset, variant, config, "out_of_memory", 1, 0)
@@ -471,7 +478,7 @@ class Trials:
             return f"its timed steps at micro-batch {micro} ran out of memory (its probe step fit)"
         m, history = timed["m"], list(policy.history)
         free()
-        config = base | {"micro_batch": micro} | variant.columns(self.params)
+        config = base | {"micro_batch": micro} | _columns(variant, self.params)
         micro_steps = base["global_batch"] // micro
         flops = training_flops(dataclasses.replace(self.shape, micro_batch=micro)) * micro_steps
         writer.add_measurement(m, role=variant.role, variant=variant.label, config=config, flops=flops, dataset=dataset)
