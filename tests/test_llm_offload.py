@@ -725,6 +725,7 @@ def test_memory_bound_compares_the_compiled_peers_under_the_emulated_cap(scratch
         "budgets": [0.2],
         "planner_budgets": [0.2],
         "compiled_stores": ["host"],
+        "planner_budget": 0.5,  # the other parts' setting, which these plans do not use
     }
     rows = Rows()
     notes = parts.memory_bound(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
