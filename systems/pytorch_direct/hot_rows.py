@@ -19,11 +19,22 @@ from collections.abc import Iterable
 import torch
 
 
+def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
+    """``ids`` (any shape) as a flat int64 host tensor, refused unless it holds integers: a float
+    id would be truncated and a boolean mask read as the ids 0 and 1, both without a word."""
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        kind = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise TypeError(f"{what} must be a tensor of integer row ids, got {kind}")
+    return ids.to("cpu", torch.int64).reshape(-1)
+
+
 def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tensor:
     """How many times each row is read in ``id_batches`` (int64 counts in host memory)."""
+    if num_rows < 0:
+        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
     counts = torch.zeros(num_rows, dtype=torch.int64)
     for ids in id_batches:
-        ids = ids.to("cpu", torch.int64)
+        ids = _row_ids(ids, "a batch")
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < num_rows:
             raise IndexError(f"a batch reads rows {int(ids.min())}..{int(ids.max())} of a table of {num_rows}")
         counts += torch.bincount(ids, minlength=num_rows)
@@ -42,6 +53,11 @@ def hottest_rows(counts: torch.Tensor, capacity: int) -> torch.Tensor:
 
 def hit_rate(counts: torch.Tensor, rows: torch.Tensor) -> float:
     """The share of the counted reads that a cache of ``rows`` serves."""
+    # Checked, not indexed blindly: a negative row would wrap around to the last rows, and a row
+    # named twice would count its reads twice (a cache holds it once).
+    rows = _row_ids(rows, "rows").unique()
+    if rows.numel() and not 0 <= int(rows[0]) <= int(rows[-1]) < counts.numel():
+        raise IndexError(f"rows {int(rows[0])}..{int(rows[-1])} outside counts of {counts.numel()} rows")
     total = int(counts.sum())
     return int(counts[rows].sum()) / total if total else 0.0
 
@@ -53,7 +69,7 @@ class HotRows:
     def __init__(self, table: torch.Tensor, rows: torch.Tensor, device: str | torch.device):
         if table.dim() != 2:
             raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
-        rows = rows.to("cpu", torch.int64)
+        rows = _row_ids(rows, "rows")
         if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < table.shape[0]:
             raise IndexError(f"cached rows {int(rows.min())}..{int(rows.max())} outside a table of {table.shape[0]}")
         if rows.unique().numel() != rows.numel():

@@ -55,6 +55,8 @@ def check_arguments(indptr, indices, seeds, fanout, rng_seed) -> None:
             raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} of shape {tuple(t.shape)}")
     if not 1 <= fanout <= MAX_FANOUT:
         raise ValueError(f"fanout must be between 1 and {MAX_FANOUT}, got {fanout}")
+    if indptr.numel() == 0:
+        raise ValueError("indptr must hold at least one entry (a graph of n nodes has n + 1)")
     if not 0 <= rng_seed < 2**63:
         raise ValueError(f"rng_seed must be in [0, 2^63), got {rng_seed}")
     if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= indptr.numel() - 1):
@@ -168,6 +170,10 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
 
 def _address(t: torch.Tensor) -> int:
     """Device-visible address: GPU memory as is, pinned host memory through unified addressing."""
+    if not t.is_contiguous():
+        # The kernels read t[i] at the address plus i elements; a copy of a pinned CSR would not
+        # be pinned, so the caller makes it dense once.
+        raise ValueError("a CSR for GPU sampling must be contiguous (make it so once with .contiguous())")
     if t.is_cuda:
         return t.data_ptr()
     if not t.is_pinned():
@@ -178,6 +184,7 @@ def _address(t: torch.Tensor) -> int:
 @sample_neighbors.register_kernel("cuda")
 def _(indptr, indices, seeds, fanout, replace, rng_seed):
     check_arguments(indptr, indices, seeds, fanout, rng_seed)
+    seeds = seeds.contiguous()  # the kernels read seeds[i] by plain offsets (ids[::2] is a view)
     n = seeds.numel()
     counts = torch.empty(n, dtype=torch.int64, device=seeds.device)
     if n == 0:

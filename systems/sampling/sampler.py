@@ -81,12 +81,21 @@ class NeighborSampler:
         if not fanouts or any(not isinstance(k, int) or not 1 <= k <= MAX_FANOUT for k in fanouts):
             raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {fanouts}")
         self.fanouts, self.replace, self.place, self.seed = list(fanouts), replace, place, seed
+        for name, t in (("indptr", indptr), ("indices", indices)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(
+                    f"{name} must be a torch tensor (torch.from_numpy for an array), got {type(t).__name__}"
+                )
         self.device = torch.device("cpu" if place == "cpu" else "cuda")
-        if place == "cuda":
-            indptr, indices = indptr.to(self.device), indices.to(self.device)
-        elif place == "uva":
+        if place == "uva":
             if not (indptr.is_pinned() and indices.is_pinned()):
                 raise ValueError("place='uva' needs the CSR in pinned host memory (UnifiedTensor or pin_memory())")
+            if not (indptr.is_contiguous() and indices.is_contiguous()):
+                raise ValueError("place='uva' needs a contiguous CSR (a dense copy would not be pinned)")
+        else:
+            # The kernels read the CSR by plain offsets: a view (indptr[::2], a column of a
+            # larger array) is made dense once here rather than refused at the first batch.
+            indptr, indices = indptr.to(self.device).contiguous(), indices.to(self.device).contiguous()
         self.indptr, self.indices = indptr, indices
         self.num_nodes = indptr.numel() - 1
         _check_csr(indptr, indices)
@@ -108,6 +117,8 @@ class NeighborSampler:
         """The seeds as int64 on the sampler's device, refused unless distinct node ids. Seeds on
         the host (as the pipelines pass them) are checked there and copied without blocking;
         seeds already on the GPU are checked there, which waits for it."""
+        if not isinstance(seeds, torch.Tensor):
+            raise TypeError(f"seeds must be a 1-D tensor of node ids, got {type(seeds).__name__}")
         if seeds.dim() != 1 or seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise ValueError(f"seeds must be a 1-D tensor of node ids, got {seeds.dtype} of shape {tuple(seeds.shape)}")
         seeds = seeds.to(torch.int64)

@@ -65,6 +65,9 @@ def _(table, rows):
 
 def launch_read_rows(table: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, max_blocks: int | None = None) -> None:
     """Launch the kernel without checks (the caller guarantees valid pinned table and indices)."""
+    # The kernel reads rows[i] at rows.data_ptr() + 8 * i: a strided or expanded view (ids[::2])
+    # must become a dense copy first, or other memory is read as row ids (past the checked ones).
+    rows = rows.contiguous()
     num_rows, row_bytes = rows.shape[0], table.shape[1]
     if num_rows == 0:
         return
