@@ -15,7 +15,9 @@ accumulate); on a CPU it is the reference, in float32.
 A call's tensors (features, weights, the gradient) hold one type: float32, or bfloat16, which the
 generated kernels store in bf16 and compute in float32 (systems/hector/codegen.py), and which the
 reference computes in float32 on the bf16 values; the results are in the tensors' type. Mixed
-types are refused in one line naming the tensors of each.
+types are refused in one line naming the tensors of each. Off CUDA the reference also takes
+float64 (computed in float64) and float16 (computed as bf16 is). A layer is differentiable once:
+differentiating its gradients is refused.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Layer:
     """``program`` as an operator; its tensors are given by name when called."""
 
     def __init__(self, program: Program, tensor_cores: bool = False):
+        if len(program.outputs) != 1:  # the ops return one output and take one output's gradient
+            raise UserError(f"a Layer runs a program of one output; {program.name} returns {len(program.outputs)}")
         self.program = program
         self.names = [leaf.name for leaf in leaves(program)]
         digest = hashlib.sha256(str(program).encode()).hexdigest()[:12]
@@ -75,8 +79,15 @@ class Layer:
                 + (f"; missing {', '.join(sorted(missing))}" if missing else "")
                 + (f"; unknown {', '.join(sorted(extra))}" if extra else "")
             )
-        handle = register_graph(graph)
+        if not isinstance(graph, RelGraph):
+            raise TypeError(
+                f"{self.program.name}: graph must be a RelGraph (RelGraph.build), not {type(graph).__name__}"
+            )
         given = [tensors[name] for name in self.names]
+        for name, t in zip(self.names, given, strict=True):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{self.program.name}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        handle = register_graph(graph)
         if torch.is_grad_enabled() and any(t.requires_grad for t in given):
             if torch.compiler.is_compiling():
                 return self.forward_op(handle, given)[0]
@@ -108,6 +119,8 @@ def element_type(tensors: dict[str, torch.Tensor], tensor_cores: bool = False, g
         listed = "; ".join(f"{', '.join(names)} {_short(dtype)}" for dtype, names in fewest_first)
         raise UserError(f"Hector takes tensors of one type (features and weights alike), got {listed}")
     dtype = next(iter(by_type), torch.float32)
+    if not dtype.is_floating_point:  # an integer layer would come back in float32 (the graph's data is)
+        raise UserError(f"Hector takes floating-point tensors, got {_short(dtype)} ones ({', '.join(by_type[dtype])})")
     if tensor_cores and dtype == torch.bfloat16:
         raise UserError("the TF32 variant multiplies float32 tensors, got bfloat16 ones (the plain layer takes them)")
     if generated and dtype not in codegen.ELEMENT_TYPES:
@@ -130,7 +143,29 @@ class _Ops:
 
     def gradients(self, graph: int, tensors, grad: torch.Tensor | None, saved, output_shape) -> list[torch.Tensor]:
         grad = grad.contiguous() if grad is not None else tensors[0].new_zeros(output_shape)
-        return self.backward(graph, list(tensors), grad, list(saved))
+        if not torch.is_grad_enabled():
+            return self.backward(graph, list(tensors), grad, list(saved))
+        # A backward that builds a graph (create_graph=True): the backward op has no derivative of
+        # its own, and torch would differentiate through it as if it had, giving wrong second
+        # derivatives. Its gradients are computed as constants and refuse to be differentiated.
+        with torch.no_grad():
+            grads = self.backward(graph, list(tensors), grad, list(saved))
+        if not any(t.requires_grad for t in (*tensors, *saved, grad)):
+            return grads
+        return list(_FirstOrderOnly.apply(len(grads), *grads, *tensors, *saved, grad))
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The first ``count`` tensors (gradients) as they are, tied to the rest (what they were
+    computed from), so that differentiating them by any of those is refused in one line."""
+
+    @staticmethod
+    def forward(ctx, count: int, *tensors: torch.Tensor):
+        return tuple(g.clone() for g in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise UserError("Hector's layers are differentiable once: a gradient of their gradients is not computed")
 
 
 class _Training(torch.autograd.Function):
@@ -143,6 +178,7 @@ class _Training(torch.autograd.Function):
     def forward(ctx, ops: _Ops, graph: int, *tensors: torch.Tensor) -> torch.Tensor:
         output, *saved = ops.forward(graph, list(tensors))
         ctx.ops, ctx.graph, ctx.count, ctx.output_shape = ops, graph, len(tensors), output.shape
+        ctx.graph_object = _graph(graph)  # the handle is valid while the graph lives: until the backward
         ctx.save_for_backward(*tensors, *saved)
         return output
 
@@ -166,10 +202,12 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
         return bound if grad is None else bound | {"grad:0": grad}
 
     def on_cpu(prog, graph, bound, given):
-        if element_type(bound, tensor_cores, generated=False) == torch.bfloat16:
-            # float32 arithmetic on the bf16 values, the results rounded to bf16
+        dtype = element_type(bound, tensor_cores, generated=False)
+        if dtype in (torch.bfloat16, torch.float16):
+            # float32 arithmetic on the 16-bit values, the results rounded to their type (the graph's
+            # float32 data would otherwise promote a float16 layer's results to float32)
             wide = reference.run(prog, _graph(graph), {name: t.float() for name, t in bound.items()})
-            return _distinct([t.to(torch.bfloat16) for t in wide], given)
+            return _distinct([t.to(dtype) for t in wide], given)
         return _distinct(reference.run(prog, _graph(graph), bound), given)
 
     def on_gpu(prog, graph, bound, given):
@@ -221,6 +259,7 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
 
     def setup_context(ctx, inputs, output):
         ctx.graph, tensors = inputs
+        ctx.graph_object = _graph(ctx.graph)  # the handle is valid while the graph lives: until the backward
         ctx.count, ctx.output_shape = len(tensors), output[0].shape
         ctx.save_for_backward(*tensors, *output[1:])
 

@@ -40,10 +40,13 @@ def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> 
     pairs = Pairs(graph) if any(v.domain == "pair" for v in program.values) else None
     results = {id(v): _bind(v, tensors, graph, widths, pairs) for v in program.values if v.op in ("input", "weight")}
     _check_heads(program, widths)
+    # The graph's data and constants in float64 where the tensors are: in float32 they would make
+    # a float64 run only as exact as a float32 one.
+    exact = torch.float64 if any(t.dtype == torch.float64 for t in tensors.values()) else torch.float32
     for value in program.values:
         if id(value) not in results:
             args = [results[id(a)] for a in value.args]
-            results[id(value)] = _evaluate(value, args, graph, pairs, widths)
+            results[id(value)] = _evaluate(value, args, graph, pairs, widths, exact)
     return [results[id(o)] for o in program.outputs]
 
 
@@ -84,14 +87,14 @@ def output_width(program: Program, graph: RelGraph, tensors: dict[str, torch.Ten
     return width if isinstance(width, int) else bind_widths(program, graph, tensors)[width]
 
 
-def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths) -> torch.Tensor:
+def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths, exact=torch.float32) -> torch.Tensor:
     op, domain = value.op, value.domain
     if op == "graph_data":
-        return graph_data(graph, value.name)
+        return graph_data(graph, value.name, exact)
     if op == "const":
         symbol = value.attr("rsqrt")
         number = value.attr("value") if symbol is None else _width(symbol, widths) ** -0.5
-        return torch.tensor([[number]], dtype=torch.float32, device=graph.src.device)
+        return torch.tensor([[number]], dtype=exact, device=graph.src.device)
     if op == "broadcast":
         return args[0].unsqueeze(0)
     if op == "gather":
@@ -164,6 +167,8 @@ def _evaluate_backward(value: Value, args, graph: RelGraph, pairs: Pairs | None)
         types = _type_ids(value.attr("by"), source, graph, pairs)
         order = torch.sort(types, stable=True).indices
         sizes = torch.bincount(types, minlength=_type_count(value.attr("by"), graph)).tolist()
+        if not sizes:  # a graph of no relations (or node types): no products to stack
+            return rows.new_zeros(0, rows.shape[1], g.shape[1])
         pieces = zip(rows.index_select(0, order).split(sizes), g.index_select(0, order).split(sizes), strict=True)
         return torch.stack([r.T @ d for r, d in pieces])
     if op == "outer":
@@ -203,6 +208,8 @@ def _type_count(by: str, graph: RelGraph) -> int:
 def typed_products(rows: torch.Tensor, weight: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
     """``rows[i] @ weight[types[i]]`` for every row: rows sorted by type once, the baselines' one
     product per type's segment (systems/relgraph/ops.py), and back to row order."""
+    if weight.shape[0] == 0:  # no types, so no rows: an empty product, still tied to both operands
+        return rows @ weight.sum(0)
     order = torch.sort(types, stable=True).indices
     products = segment_products(rows.index_select(0, order), weight, segment_offsets(types, weight.shape[0]))
     return products.new_empty(products.shape).index_copy(0, order, products)

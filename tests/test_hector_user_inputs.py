@@ -1,0 +1,273 @@
+"""Hector's layer as a new user calls it on a graph and a model of their own (CPU): RelGraphs built
+from edge lists of any integer type, views, empty graphs, unused relations and isolated nodes; a
+model in the language with per-edge inputs, heads, softmax, mean and max; each call checked
+forward and backward against plain torch written here, in float64 at tight tolerances, and in
+float16 and bfloat16 against float32. Inputs the layer cannot take are refused in one line."""
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from harness.errors import UserError
+from systems.hector import op, passes
+from systems.hector.lang import model
+from systems.relgraph.graph import RelGraph
+
+PASS_SETS = [(), ("reorder",), ("compact",), ("reorder", "compact")]
+HEADS = 2
+
+
+@model
+def gated_attention(m):
+    """Per-relation messages gated by edge features, two-head attention, plus a mean and a max."""
+    x, attr = m.input("x", "in"), m.edge_input("attr", "d")
+    W = m.weight("W", ("in", "out"), per="relation")
+    source = m.src(x) @ W[m.relation]
+    gate = m.sigmoid(attr @ m.weight("We", ("d", "out")))
+    score = m.leaky_relu(m.dot(source * gate, m.weight("a", ("out",)), heads=HEADS), 0.2)
+    return m.sum_into_dst(m.edge_softmax(score) * source) + m.mean_into_dst(source) + m.max_into_dst(m.tanh(source))
+
+
+@model
+def scaled_rgcn(m):
+    """Graph data (norm, degrees) and constants (a literal, 1 / sqrt(in)) in the arithmetic."""
+    x = m.input("x", "in")
+    W = m.weight("W", ("in", "out"), per="relation")
+    message = m.src(x) @ W[m.relation] * m.graph_data("norm")
+    return m.sum_into_dst(message) * 0.1 + m.mean_into_src(m.dst(x) @ W[m.relation]) * m.rsqrt("in", x)
+
+
+@model
+def max_both_ways(m):
+    """A per-relation bias added to each edge's row, its maxima into both ends."""
+    e = m.edge_input("e", "w") + m.each_edge(m.weight("b", ("w",), per="relation")[m.relation])
+    return m.max_into_dst(e) + m.max_into_src(e)
+
+
+def scatter_max(rows: torch.Tensor, ends: torch.Tensor, nodes: int) -> torch.Tensor:
+    """Each node's maximum row, 0 where it has none. Started from -inf: torch's amax with
+    include_self=False still gives a share of a tied gradient to the (zero) starting value."""
+    start = rows.new_full((nodes, rows.shape[1]), -torch.inf)
+    top = start.scatter_reduce(0, ends.unsqueeze(1).expand_as(rows), rows, "amax")
+    return torch.where(top.isinf(), torch.zeros_like(top), top)
+
+
+def plain_gated_attention(g: RelGraph, x, attr, W, We, a):
+    n, out = g.num_nodes, W.shape[2]
+    source = torch.bmm(x[g.src].unsqueeze(1), W[g.etype]).squeeze(1)
+    gate = torch.sigmoid(attr @ We)
+    score = F.leaky_relu((source * gate * a).reshape(-1, HEADS, out // HEADS).sum(2), 0.2)
+    top = score.new_full((n, HEADS), -torch.inf).scatter_reduce(0, g.dst[:, None].expand_as(score), score, "amax")
+    exp = (score - top[g.dst]).exp()
+    attention = exp / exp.new_zeros(n, HEADS).index_add(0, g.dst, exp)[g.dst]
+    summed = x.new_zeros(n, out).index_add(0, g.dst, attention.repeat_interleave(out // HEADS, 1) * source)
+    degree = torch.bincount(g.dst, minlength=n).clamp(min=1).to(x.dtype).unsqueeze(1)
+    mean = x.new_zeros(n, out).index_add(0, g.dst, source) / degree
+    return summed + mean + scatter_max(torch.tanh(source), g.dst, n)
+
+
+def plain_scaled_rgcn(g: RelGraph, x, W):
+    n, r = g.num_nodes, g.num_relations
+    key = g.dst * r + g.etype
+    count = x.new_zeros(n * r).index_add(0, key, x.new_ones(g.edges))[key].unsqueeze(1)
+    forward = torch.bmm(x[g.src].unsqueeze(1), W[g.etype]).squeeze(1) / count
+    backward = torch.bmm(x[g.dst].unsqueeze(1), W[g.etype]).squeeze(1)
+    degree = torch.bincount(g.src, minlength=n).clamp(min=1).to(x.dtype).unsqueeze(1)
+    mean = x.new_zeros(n, W.shape[2]).index_add(0, g.src, backward) / degree
+    return x.new_zeros(n, W.shape[2]).index_add(0, g.dst, forward) * 0.1 + mean * x.shape[1] ** -0.5
+
+
+def edges(seed: int, nodes=11, count=45, relations=5, used=3):
+    """Random edges over ``nodes`` - 1 nodes (the last is isolated) and ``used`` of ``relations``
+    relations, the first edges repeated (ties for a max, pairs of several edges)."""
+    g = torch.Generator().manual_seed(seed)
+    src, dst = (torch.randint(0, nodes - 1, (count,), generator=g) for _ in range(2))
+    etype = torch.randint(0, used, (count,), generator=g)
+    return [torch.cat([t, t[:8]]) for t in (src, dst, etype)], nodes, relations
+
+
+def attention_tensors(g: RelGraph, dtype=torch.float64, seed=1, width=(5, 6, 3)):
+    i, o, d = width
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"x": (g.num_nodes, i), "attr": (g.edges, d), "W": (g.num_relations, i, o), "We": (d, o), "a": (o,)}
+    return {k: torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).requires_grad_() for k, s in shapes.items()}
+
+
+def assert_matches(layer, plain, g, tensors, tol, upstream_seed=9):
+    out, want = layer(g, **tensors), plain(g, **tensors)
+    assert out.dtype == want.dtype
+    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(upstream_seed), dtype=out.dtype)
+    got = torch.autograd.grad(out, list(tensors.values()), upstream)
+    expected = torch.autograd.grad(want, list(tensors.values()), upstream)
+    for name, a, b in zip(tensors, got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda s, name=name: f"{name}: {s}")
+
+
+@pytest.mark.parametrize("applied", PASS_SETS, ids=lambda p: "+".join(p) or "none")
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-11), (torch.float32, 2e-5)])
+def test_a_users_attention_layer_matches_plain_torch_forward_and_backward(applied, dtype, tol):
+    (src, dst, etype), nodes, relations = edges(seed=0)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    layer = op.Layer(passes.optimize(gated_attention(), *applied))
+    assert_matches(layer, plain_gated_attention, g, attention_tensors(g, dtype), tol)
+
+
+def id_forms(src, dst, etype):
+    """The same edge lists as int32 and uint8 numpy arrays, strided and offset views, and lists."""
+    wide = torch.stack([src, dst, etype]).repeat_interleave(2, 1)  # every id twice: [::2] is a strided view
+    yield "int32", (src.int(), dst.int(), etype.int())
+    yield "numpy", (src.numpy().astype(np.uint8), dst.numpy().astype(np.int16), etype.numpy())
+    yield "views", (wide[0, ::2], wide[1, 1::2], wide.T[::2, 2])
+    yield "lists", (src.tolist(), dst.tolist(), etype.tolist())
+
+
+@pytest.mark.parametrize("form", ["int32", "numpy", "views", "lists"])
+def test_ids_of_any_integer_type_or_layout_build_the_same_graph_and_layer(form):
+    (src, dst, etype), nodes, relations = edges(seed=2)
+    ids = dict(id_forms(src, dst, etype))[form]
+    g = RelGraph.build(*ids, nodes, relations)
+    assert g.src.dtype == torch.int64 and torch.equal(g.src, src) and torch.equal(g.etype, etype)
+    assert_matches(op.Layer(gated_attention()), plain_gated_attention, g, attention_tensors(g), 1e-11)
+
+
+def test_a_float64_call_is_exact_to_float64_where_the_model_reads_graph_data_and_constants():
+    """norm, degrees, literals and 1 / sqrt(width) in float64, not rounded to float32 first."""
+    (src, dst, etype), nodes, relations = edges(seed=3)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    gen = torch.Generator().manual_seed(4)
+    tensors = {
+        "x": torch.randn(nodes, 5, generator=gen, dtype=torch.float64).requires_grad_(),
+        "W": torch.randn(relations, 5, 4, generator=gen, dtype=torch.float64).requires_grad_(),
+    }
+    for applied in PASS_SETS:
+        assert_matches(op.Layer(passes.optimize(scaled_rgcn(), *applied)), plain_scaled_rgcn, g, tensors, 1e-13)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_tensors_give_results_and_gradients_of_their_type_close_to_float32(dtype):
+    (src, dst, etype), nodes, relations = edges(seed=5)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    tensors = attention_tensors(g, dtype)
+    wide = {k: v.detach().float().requires_grad_() for k, v in tensors.items()}
+    out = op.Layer(gated_attention())(g, **tensors)
+    want = plain_gated_attention(g, **wide)
+    assert out.dtype == dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    torch.testing.assert_close(out.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    got = torch.autograd.grad(out, list(tensors.values()), upstream.to(dtype))
+    expected = torch.autograd.grad(want, list(wide.values()), upstream)
+    for name, a, b in zip(tensors, got, expected, strict=True):
+        assert a.dtype == dtype, name
+        torch.testing.assert_close(a.float(), b, rtol=tol, atol=tol * b.abs().max().item(), msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_tensors_that_are_not_floating_point_are_refused_naming_the_type(dtype):
+    (src, dst, etype), nodes, relations = edges(seed=6)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    tensors = {k: (v.detach() * 4).to(dtype) for k, v in attention_tensors(g).items()}
+    with pytest.raises(UserError, match=f"floating-point tensors, got {str(dtype).removeprefix('torch.')}"):
+        op.Layer(gated_attention())(g, **tensors)
+
+
+def test_a_tensor_or_graph_of_another_kind_is_refused_naming_the_argument():
+    (src, dst, etype), nodes, relations = edges(seed=7)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    tensors = {k: v.detach() for k, v in attention_tensors(g).items()}
+    layer = op.Layer(gated_attention())
+    with pytest.raises(TypeError, match="a must be a torch.Tensor, got ndarray"):
+        layer(g, **tensors | {"a": tensors["a"].numpy()})
+    with pytest.raises(TypeError, match="W must be a torch.Tensor, got list"):
+        layer(g, **tensors | {"W": tensors["W"].tolist()})
+    with pytest.raises(TypeError, match="graph must be a RelGraph"):
+        layer((src, dst, etype), **tensors)
+
+
+def test_a_program_of_two_outputs_is_refused_when_the_layer_is_made():
+    @model
+    def two_ways(m):
+        x = m.input("x", "in")
+        W = m.weight("W", ("in", "out"), per="relation")
+        return m.sum_into_dst(m.src(x) @ W[m.relation]), m.sum_into_src(m.dst(x) @ W[m.relation])
+
+    with pytest.raises(UserError, match="one output; two_ways returns 2"):
+        op.Layer(two_ways())
+
+
+def test_a_gradient_of_the_gradient_is_refused_on_both_routes_and_first_order_stays_right():
+    """create_graph=True: the first-order gradients are still right, and differentiating them
+    again raises instead of returning a second derivative that misses the backward's own terms."""
+    (src, dst, etype), nodes, relations = edges(seed=8)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    layer = op.Layer(gated_attention())
+    tensors = attention_tensors(g)
+    want = torch.autograd.grad(plain_gated_attention(g, **tensors).square().sum(), tensors["x"])[0]
+    given = [tensors[n] for n in layer.names]
+    for route in (lambda: layer(g, **tensors), lambda: layer.forward_op(op.register_graph(g), given)[0]):
+        dx = torch.autograd.grad(route().square().sum(), tensors["x"], create_graph=True)[0]
+        torch.testing.assert_close(dx, want, rtol=1e-11, atol=1e-11)
+        with pytest.raises(UserError, match="differentiable once"):
+            torch.autograd.grad(dx.square().sum() + tensors["W"].sum(), tensors["W"])
+
+
+def test_a_graph_the_caller_drops_before_the_backward_is_kept_for_it():
+    """A step that builds its (sampled) graph, runs the layer and returns the loss: the graph is
+    gone from the caller by the backward."""
+    (src, dst, etype), nodes, relations = edges(seed=10)
+    tensors = attention_tensors(RelGraph.build(src, dst, etype, nodes, relations))
+    layer = op.Layer(gated_attention())
+
+    def loss():
+        return layer(RelGraph.build(src, dst, etype, nodes, relations), **tensors).square().sum()
+
+    got = loss()
+    gc.collect()
+    got = torch.autograd.grad(got, list(tensors.values()))
+    want = plain_gated_attention(RelGraph.build(src, dst, etype, nodes, relations), **tensors).square().sum()
+    for a, b in zip(got, torch.autograd.grad(want, list(tensors.values())), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("nodes, relations", [(6, 3), (6, 0), (0, 2)])
+def test_a_graph_without_edges_gives_zeros_and_zero_gradients(nodes, relations):
+    g = RelGraph.build([], [], [], nodes, relations)
+    for applied in PASS_SETS:
+        tensors = attention_tensors(g)
+        out = op.Layer(passes.optimize(gated_attention(), *applied))(g, **tensors)
+        assert out.shape == (nodes, 6) and not out.any()
+        (out.sum() + sum(t.sum() for t in tensors.values())).backward()  # every leaf gets a gradient of ones
+        for name, t in tensors.items():
+            assert torch.equal(t.grad, torch.ones_like(t)), name
+
+
+def test_a_max_over_tied_edges_splits_the_gradient_evenly_between_them():
+    (src, dst, etype), nodes, relations = edges(seed=11)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    gen = torch.Generator().manual_seed(12)
+    e = torch.randn(g.edges, 4, generator=gen, dtype=torch.float64).relu().requires_grad_()  # ties at 0
+    b = torch.zeros(relations, 4, dtype=torch.float64, requires_grad=True)
+    out = op.Layer(max_both_ways())(g, e=e, b=b)
+    rows = e + b[g.etype]
+    want = scatter_max(rows, g.dst, nodes) + scatter_max(rows, g.src, nodes)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    upstream = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    for a, w in zip(torch.autograd.grad(out, [e, b], upstream), torch.autograd.grad(want, [e, b], upstream)):
+        torch.testing.assert_close(a, w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_the_ops_pass_torch_opcheck(dtype):
+    (src, dst, etype), nodes, relations = edges(seed=13)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    layer = op.Layer(passes.optimize(gated_attention(), "reorder", "compact"))
+    handle, tensors = op.register_graph(g), attention_tensors(g, dtype)
+    given = [tensors[n] for n in layer.names]
+    torch.library.opcheck(layer.forward_op, (handle, given))
+    torch.library.opcheck(layer.inference_op, (handle, [t.detach() for t in given]))
+    out, *saved = layer.forward_op(handle, [t.detach() for t in given])
+    torch.library.opcheck(layer.backward_op, (handle, [t.detach() for t in given], torch.randn_like(out), saved))
