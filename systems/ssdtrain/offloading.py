@@ -188,7 +188,11 @@ class Offloading:
         bandwidth = self.bandwidth
         if bandwidth is None:
             probe = min(max(max(p.saved_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's bytes
-            bandwidth = planning.store_bandwidth(self.store, _device(self.model), nbytes=probe)
+            # The probe's random bytes must not draw from the model's generators: dropout after the
+            # plan would draw other masks than training without offloading.
+            device = _device(self.model)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                bandwidth = planning.store_bandwidth(self.store, device, nbytes=probe)
         # Every candidate's predicted time shares this term; it sets the plan's predicted_seconds only.
         keep_seconds = (1 + 2) * sum(p.forward_seconds for p in profiles)
         keep_last = min(self.keep_last, len(profiles))
@@ -239,16 +243,25 @@ def offload(
 def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     if layers is None:
         return find_layers(model)
+    if isinstance(layers, nn.Module) and not isinstance(layers, nn.ModuleList | nn.Sequential):
+        raise UserError(f"layers must be a list of blocks; got one {type(layers).__name__} (pass [block])")
     layers = list(layers)
     inside = {id(m) for m in model.modules()}
     if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
         raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
+    # A block listed twice would be numbered twice (and checkpointed twice): one block, one index.
+    twice = next((layer for i, layer in enumerate(layers) if any(layer is other for other in layers[:i])), None)
+    if twice is not None:
+        raise UserError(f"layers lists the same {type(twice).__name__} twice: list each block once")
     return layers
 
 
 def _check_policy(policy, store: Store | None, blocks: int):
     """``policy`` checked against the store it was given and the model's block count."""
     if isinstance(policy, Plan):
+        wrong = [d for d in policy.decisions if d not in DECISIONS]
+        if wrong:  # any other word would silently keep the block
+            raise UserError(f"the plan decides {wrong[0]!r} for a block; decisions are one of {DECISIONS}")
         if len(policy.decisions) != blocks:
             raise UserError(f"the plan has {len(policy.decisions)} decisions for the model's {blocks} blocks")
         if OFFLOAD in policy.decisions and store is None:

@@ -1,0 +1,435 @@
+"""``systems.ssdtrain.offload`` applied as a new user would, to models the suite does not ship: an
+MLP of repeated blocks with dropout, a tiny transformer of ``nn.TransformerEncoderLayer``, blocks
+called with keyword arguments, tied weights and one block applied three times, blocks that return
+tuples, a small ResNet with BatchNorm. Every policy must give the losses, gradients and model state
+(BatchNorm's running statistics included) of a plain run, bit for bit, over gradient accumulation
+inside one ``with`` block and under CPU bf16 autocast; file stores leave no file behind; bad
+arguments are refused in one line."""
+
+import contextlib
+import os
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_ssdtrain_stores import real_disk_folder
+from torch import nn
+
+from harness.errors import UserError
+from systems.ssdtrain import DirectFileStore, HostStore, offload
+from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, Plan
+
+STEPS, MICRO_BATCHES = 2, 2
+
+
+# -- models ---------------------------------------------------------------------------------------
+class MLPBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(3 * dim, dim)
+        self.drop = nn.Dropout(0.2)  # draws from the global generator: a stray draw changes the masks
+
+    def forward(self, x):
+        return x + self.drop(self.down(F.gelu(self.up(self.norm(x)))))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int = 24, blocks: int = 4):
+        super().__init__()
+        self.inp, self.out = nn.Linear(7, dim), nn.Linear(dim, 3)
+        self.blocks = nn.Sequential(*[MLPBlock(dim) for _ in range(blocks)])
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.out(self.blocks(self.inp(x))), y)
+
+
+class Transformer(nn.Module):
+    """nn.TransformerEncoder (train mode: the slow path, dropout 0.1) under a causal mask."""
+
+    def __init__(self, dim: int = 32, blocks: int = 3):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(50, dim), nn.Linear(dim, 50)
+        layer = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.1, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+
+    def forward(self, ids, y):
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+        h = self.enc(self.emb(ids), mask=mask, is_causal=True)
+        return F.cross_entropy(self.head(h).flatten(0, 1), y.flatten())
+
+
+class KeywordBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.lin, self.gate = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x, *, scale, mask=None, bias=None):
+        h = torch.tanh(self.lin(x)) * torch.sigmoid(self.gate(x)) * scale
+        if mask is not None:
+            h = h * mask
+        return x + (h if bias is None else h + bias)
+
+
+class Keywords(nn.Module):
+    def __init__(self, dim: int = 20, blocks: int = 3):
+        super().__init__()
+        self.layers = nn.ModuleList(KeywordBlock(dim) for _ in range(blocks))
+        self.bias = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x):
+        mask = (x > -0.5).float()
+        for layer in self.layers:
+            x = layer(x, scale=torch.full((1,), 0.7), mask=mask, bias=self.bias)
+        return x.square().mean()
+
+
+class Tied(nn.Module):
+    """The head tied to the embedding, and one block applied three times (ALBERT's sharing)."""
+
+    def __init__(self, dim: int = 24):
+        super().__init__()
+        self.emb, shared = nn.Embedding(40, dim), MLPBlock(dim)
+        self.blocks = nn.ModuleList([shared, shared, shared])
+        self.head = nn.Linear(dim, 40, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids, y):
+        h = self.emb(ids)
+        for block in self.blocks:
+            h = block(h)
+        return F.cross_entropy(self.head(h).flatten(0, 1), y.flatten())
+
+
+class TupleBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.a, self.b = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x, aux):
+        h = torch.relu(self.a(x))
+        return x + self.b(h), aux + h.pow(2).mean(), "a note"
+
+
+class Tuples(nn.Module):
+    def __init__(self, dim: int = 16, blocks: int = 4):
+        super().__init__()
+        self.layers = nn.ModuleList(TupleBlock(dim) for _ in range(blocks))
+
+    def forward(self, x):
+        aux = x.new_zeros(())
+        for layer in self.layers:
+            x, aux, _ = layer(x, aux)
+        return x.abs().mean() + 0.1 * aux
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inp: int, out: int, stride: int):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(inp, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out)
+        self.c2, self.b2 = nn.Conv2d(out, out, 3, 1, 1, bias=False), nn.BatchNorm2d(out)
+        same = stride == 1 and inp == out
+        self.skip = (
+            nn.Identity() if same else nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+        )
+
+    def forward(self, x):
+        return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))) + self.skip(x))
+
+
+class ResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.fc = nn.Conv2d(3, 6, 3, padding=1), nn.Linear(12, 4)
+        self.stages = nn.Sequential(
+            BasicBlock(6, 6, 1), BasicBlock(6, 6, 1), BasicBlock(6, 12, 2), BasicBlock(12, 12, 1)
+        )
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc(self.stages(self.stem(x)).mean((2, 3))), y)
+
+
+MODELS = {
+    "mlp": MLP,
+    "transformer": Transformer,
+    "keywords": Keywords,
+    "tied": Tied,
+    "tuples": Tuples,
+    "resnet": ResNet,
+}
+BLOCKS = {"mlp": 4, "transformer": 3, "keywords": 3, "tied": 1, "tuples": 4, "resnet": 4}
+
+
+def batch(name: str, i: int) -> tuple:
+    """Micro-batch ``i`` of model ``name``: random, odd sizes."""
+    g = torch.Generator().manual_seed(100 + i)
+    if name == "mlp":
+        return torch.randn(5, 7, generator=g), torch.randint(0, 3, (5,), generator=g)
+    if name == "transformer":
+        return torch.randint(0, 50, (3, 9), generator=g), torch.randint(0, 50, (3, 9), generator=g)
+    if name == "tied":
+        return torch.randint(0, 40, (3, 7), generator=g), torch.randint(0, 40, (3, 7), generator=g)
+    if name == "resnet":
+        return torch.randn(3, 3, 9, 11, generator=g), torch.randint(0, 4, (3,), generator=g)
+    return (torch.randn(6, 20 if name == "keywords" else 16, generator=g),)
+
+
+def train(name: str, session=None, autocast: bool = False):
+    """Losses, gradients per optimizer step and the final state (buffers included) of STEPS SGD
+    steps of MICRO_BATCHES micro-batches, all inside one ``session(model)`` block (or none)."""
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, grads = [], []
+    block = session(model) if session else contextlib.nullcontext()
+    with block:
+        for step in range(STEPS):
+            optimizer.zero_grad()
+            for micro in range(MICRO_BATCHES):
+                with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+                    loss = model(*batch(name, step * MICRO_BATCHES + micro))
+                loss.backward()
+                losses.append(loss.detach().clone())
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            optimizer.step()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return (losses, grads, state), block, model
+
+
+def assert_identical(got, want):
+    for i, (a, b) in enumerate(zip(got[0], want[0], strict=True)):
+        assert torch.equal(a, b), f"loss differs at micro-batch {i}"
+    for step, (a, b) in enumerate(zip(got[1], want[1], strict=True)):
+        for name in b:
+            assert torch.equal(a[name], b[name]), f"gradient of {name} differs at step {step}"
+    for name in want[2]:
+        assert torch.equal(got[2][name], want[2][name]), f"{name} differs after training"
+
+
+_references = {}
+
+
+def reference(name: str, autocast: bool = False):
+    if (name, autocast) not in _references:
+        _references[name, autocast] = train(name, autocast=autocast)[0]
+    return _references[name, autocast]
+
+
+def policy_args(policy: str, blocks: int, store=None) -> dict:
+    """offload()'s arguments for ``policy``. offload_adaptive measures the store's bandwidth (a probe
+    of random bytes, which must leave the model's dropout masks alone); the planner is given a slow
+    store, so that it recomputes."""
+    if policy in ("keep", "recompute", "save_on_cpu"):
+        return {"policy": policy}
+    args = {"store": store or HostStore(), "min_bytes": 0}
+    if policy == "plan":
+        return args | {"policy": Plan(tuple((OFFLOAD, RECOMPUTE, KEEP)[i % 3] for i in range(blocks)), 0.0, 0, 0.0)}
+    if policy == "planner":
+        return args | {"policy": "planner", "budget": 0.5, "bandwidth": 1e3}
+    return args | {"policy": policy, "keep_last": 0}
+
+
+POLICIES = ["keep", "recompute", "save_on_cpu", "offload_all", "offload_adaptive", "planner", "plan"]
+
+
+def check(name: str, policy: str, autocast: bool = False):
+    sessions = []
+
+    def session(model):
+        sessions.append(offload(model, **policy_args(policy, BLOCKS[name])))
+        return sessions[-1]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, _, _ = train(name, session, autocast)
+    assert_identical(got, reference(name, autocast))
+    if policy in ("offload_all", "plan"):
+        assert sessions[0].stats.total.offloaded_tensors > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_policy_on_user_models_matches_a_plain_run_bit_for_bit(name, policy):
+    check(name, policy)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name", ["transformer", pytest.param("resnet", marks=pytest.mark.full)])
+def test_every_policy_under_cpu_bf16_autocast_matches_a_plain_run(name, policy):
+    check(name, policy, autocast=True)
+
+
+# -- what a recomputation must leave as it was ------------------------------------------------------
+def test_recomputing_a_batchnorm_block_updates_its_running_statistics_once():
+    """The recomputation in backward runs BatchNorm's forward again: its running mean, variance and
+    batch count must still be those of one forward per micro-batch."""
+    want = reference("resnet")[2]
+    got = train("resnet", lambda model: offload(model, policy="recompute"))[0][2]
+    block = "stages.0.b1"
+    assert (
+        int(got[f"{block}.num_batches_tracked"]) == int(want[f"{block}.num_batches_tracked"]) == STEPS * MICRO_BATCHES
+    )
+    assert torch.equal(got[f"{block}.running_mean"], want[f"{block}.running_mean"])
+    assert torch.equal(got[f"{block}.running_var"], want[f"{block}.running_var"])
+
+
+class CountingBlock(MLPBlock):
+    """A block that counts its forwards in a buffer it assigns anew each time (not in place)."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        self.seen = self.seen + x.shape[0]
+        return super().forward(x)
+
+
+def test_recomputing_a_block_that_assigns_its_buffers_counts_each_forward_once():
+    def run(session=None):
+        torch.manual_seed(0)
+        model = MLP()
+        model.blocks = nn.Sequential(*[CountingBlock(24) for _ in range(3)])
+        with session(model) if session else contextlib.nullcontext():
+            for i in range(3):
+                model(*batch("mlp", i)).backward()
+        return [int(block.seen) for block in model.blocks], [p.grad for p in model.parameters()]
+
+    want_seen, want_grads = run()
+    seen, grads = run(lambda model: offload(model, policy="recompute"))
+    assert seen == want_seen == [15, 15, 15]
+    assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+
+
+def test_a_forward_the_user_put_on_a_block_is_back_after_recomputing_it():
+    """A wrapper installed as the block's instance ``forward`` (as accelerate's hooks are) keeps
+    running after the ``with`` block that recomputed the block."""
+    torch.manual_seed(0)
+    model = MLP()
+    block, calls = model.blocks[1], []
+    inner = block.forward
+
+    def wrapped(x):
+        calls.append(x.shape)
+        return inner(x)
+
+    block.forward = wrapped
+    with offload(model, policy="recompute"):
+        model(*batch("mlp", 0)).backward()
+    assert len(calls) == 2  # forward and recomputation
+    model(*batch("mlp", 1))
+    assert len(calls) == 3 and vars(block)["forward"] is wrapped
+
+
+def test_a_recompute_block_inside_another_restores_both():
+    torch.manual_seed(0)
+    model = MLP()
+    with offload(model, policy="recompute"), offload(model, policy="recompute"):
+        model(*batch("mlp", 0)).backward()
+    assert all("forward" not in vars(block) for block in model.blocks)
+
+
+def test_planning_from_a_measured_bandwidth_leaves_dropout_alone():
+    """offload_adaptive without ``bandwidth=`` measures the store with random bytes; dropout after
+    the plan must draw the masks a plain run draws."""
+    want = reference("transformer")
+    for policy in ("offload_adaptive", "planner"):
+        args = {"store": HostStore(), "policy": policy, "min_bytes": 0} | (
+            {"budget": 0.5} if policy == "planner" else {}
+        )
+        got, session, _ = train("transformer", lambda model, args=args: offload(model, **args))
+        assert session.plan is not None
+        assert_identical(got, want)
+
+
+# -- file stores ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["offload_all", "offload_adaptive", "planner", "plan"])
+def test_a_file_store_in_a_temporary_folder_matches_and_leaves_no_file(tmp_path, policy):
+    with real_disk_folder(tmp_path) as folder:
+        before = set(os.listdir(folder))
+        with DirectFileStore(folder, threads=2, block_bytes=64 << 10) as store:
+            args = policy_args(policy, BLOCKS["transformer"], store) | {"always_read_back": True}
+            if policy == "planner":
+                args["bandwidth"] = 1e12  # a fast store: the planner offloads
+            got, session, _ = train("transformer", lambda model: offload(model, **args))
+            assert session.stats.store.bytes_written > 0 and session.stats.store.bytes_read > 0
+            assert len(store) == 0 and list(store.directory.iterdir()) == []
+        assert_identical(got, reference("transformer"))
+        assert set(os.listdir(folder)) == before
+
+
+def test_an_error_inside_the_block_leaves_no_file(tmp_path):
+    with real_disk_folder(tmp_path) as folder, DirectFileStore(folder, threads=2, block_bytes=64 << 10) as store:
+        torch.manual_seed(0)
+        model = Transformer()
+        with pytest.raises(KeyError), offload(model, store=store, min_bytes=0, keep_last=0):
+            loss = model(*batch("transformer", 0))  # holds what forward saved
+            assert list(store.directory.iterdir()), "nothing was written: the test would test nothing"
+            raise KeyError("stop")
+        assert list(store.directory.iterdir()) == []
+        del loss
+    assert not list(folder.glob("ssdtrain-*"))
+
+
+def test_policies_without_a_store_make_no_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for policy in ("keep", "recompute", "save_on_cpu"):
+        train("mlp", lambda model, policy=policy: offload(model, policy=policy))
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- bad arguments --------------------------------------------------------------------------------
+def one_line(error, message: str) -> None:
+    assert re.search(message, str(error.value)), str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_bad_arguments_are_one_clear_line(tmp_path):
+    torch.manual_seed(0)
+    model = MLP()
+    cases = [
+        (lambda: offload(model, policy="offload-all", store=HostStore()), r"unknown policy 'offload-all': choose one"),
+        (lambda: offload(model, policy=None), "unknown policy None"),
+        (lambda: DirectFileStore(tmp_path / "missing"), "missing does not exist: pass an existing folder"),
+        (lambda: offload(nn.functional.relu, policy="keep"), "takes an nn.Module, got function"),
+        (lambda: offload(model, policy="keep", layers=[]), "layers must be a non-empty list"),
+        (lambda: offload(nn.Linear(3, 3), policy="keep"), "no list of repeated blocks"),
+        (lambda: offload(model, store=str(tmp_path)), "store must be a systems.ssdtrain Store"),
+    ]
+    for call, message in cases:
+        with pytest.raises(UserError) as error:
+            call()
+        one_line(error, message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_block_listed_twice_is_refused():
+    torch.manual_seed(0)
+    model = MLP()
+    blocks = list(model.blocks)
+    for policy, store in (("recompute", None), ("offload_all", HostStore())):
+        with pytest.raises(UserError) as error:
+            offload(model, policy=policy, store=store, layers=[*blocks, blocks[0]])
+        one_line(error, "the same MLPBlock twice")
+    assert all("forward" not in vars(block) for block in blocks)
+
+
+def test_one_block_instead_of_a_list_is_refused():
+    torch.manual_seed(0)
+    model = MLP()
+    with pytest.raises(UserError) as error:
+        offload(model, policy="keep", layers=model.blocks[0])
+    one_line(error, r"a list of blocks; got one MLPBlock \(pass \[block\]\)")
+    session = offload(model, policy="keep", layers=model.blocks)  # a Sequential of the blocks is a list
+    assert session.layers == list(model.blocks)
+
+
+def test_a_plan_with_an_unknown_decision_is_refused():
+    """A misspelt decision would otherwise keep its block, silently."""
+    torch.manual_seed(0)
+    model = MLP()
+    with pytest.raises(UserError) as error:
+        offload(model, store=HostStore(), policy=Plan((KEEP, "offlaod", KEEP, KEEP), 0.0, 0, 0.0))
+    one_line(error, "the plan decides 'offlaod' for a block")
