@@ -628,9 +628,7 @@ def speedup_panel(ax, mode, with_geomean: bool = True) -> None:
                         fmt="none",
                     )
             elif out_of_memory(model, mode, d, [HEADLINE]) or out_of_memory(model, mode, d, COMPETITORS):
-                timed = ((main.model == model) & (main["mode"] == mode) & (main.dataset == d)).pipe(
-                    lambda at: set(main[at].variant)
-                )
+                timed = set(main[(main.model == model) & (main["mode"] == mode) & (main.dataset == d)].variant)
                 if out_of_memory(model, mode, d, [HEADLINE]):
                     why = "OOM (Hector)"
                 elif HEADLINE not in timed:  # no row either way: its capture failed (the doc says why)

@@ -42,13 +42,13 @@ def capture_step(step: Callable[[], object], warmup: int = 3) -> Callable[[], No
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
-    failure, out_of_memory = None, False
+    failure, message, out_of_memory = None, "", False
     try:
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             step()
     except Exception as err:  # torch's, CuPy's and the driver's errors alike
-        failure = f"{type(err).__name__}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}"
-        out_of_memory = isinstance(err, torch.cuda.OutOfMemoryError)
+        message = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        failure, out_of_memory = f"{type(err).__name__}: {message}", isinstance(err, torch.cuda.OutOfMemoryError)
     if failure is not None:
         # Raised outside the handler, unchained: a traceback that kept this frame alive would keep
         # the failed capture's memory pool with it.
@@ -58,7 +58,7 @@ def capture_step(step: Callable[[], object], warmup: int = 3) -> Callable[[], No
         _end_random_number_capture()
         torch.cuda.empty_cache()
         if out_of_memory:  # the step does not fit, captured or not: a size, not a refusal
-            raise torch.cuda.OutOfMemoryError(failure.split(": ", 1)[1])
+            raise torch.cuda.OutOfMemoryError(message)
         raise NotCapturable(failure)
     return graph.replay
 

@@ -250,7 +250,8 @@ def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
         raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
     # A block listed twice would be numbered twice (and checkpointed twice): one block, one index.
-    twice = next((layer for i, layer in enumerate(layers) if any(layer is other for other in layers[:i])), None)
+    seen: set[int] = set()
+    twice = next((layer for layer in layers if id(layer) in seen or seen.add(id(layer))), None)
     if twice is not None:
         raise UserError(f"layers lists the same {type(twice).__name__} twice: list each block once")
     return layers
