@@ -1,4 +1,7 @@
-"""Rewrite (or check) the generated tables of docs/: ``python -m analysis.doc_tables [--check] [DOC ...]``."""
+"""Rewrite (or check) the generated tables of docs/: ``python -m analysis.doc_tables [--check] [DOC ...]``.
+
+``--check`` also lists the numbers quoted in the docs' prose that their sources do not support
+(analysis/doc_tables/quoted.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import functools
 import sys
 from pathlib import Path
 
-from analysis.doc_tables import REPO_ROOT, blocks, render
+from analysis.doc_tables import REPO_ROOT, blocks, quoted, render
 from harness.errors import UserError, exit_on_user_error
 
 
@@ -19,7 +22,9 @@ def docs_with_blocks() -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("docs", nargs="*", type=Path, help="docs to refresh (default: every doc with a block)")
-    parser.add_argument("--check", action="store_true", help="change nothing; list stale blocks and exit 1 if any")
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; list stale blocks and unsupported numbers, exit 1 if any"
+    )
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.docs if not p.exists()]
     if missing:
@@ -38,8 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print("generated tables that differ from their results (run python -m analysis.doc_tables):", file=sys.stderr)
         print("\n".join(stale), file=sys.stderr)
-        return 1
-    return 0
+    unsupported = []
+    if args.check:
+        for doc in args.docs or [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+            unsupported += [f"{doc}: {found}" for found in quoted.problems(doc.read_text())]
+    if unsupported:
+        print("numbers in the docs' prose that their sources do not support:", file=sys.stderr)
+        print("\n".join(unsupported), file=sys.stderr)
+    return 1 if stale or unsupported else 0
 
 
 if __name__ == "__main__":
