@@ -162,6 +162,7 @@ def _python_path() -> str:
 NOT_DATA_PARALLEL = {
     "uva_sampling": "single-GPU only here: every rank would pin a private copy of the CSR",
     "cpu_gather_workers": "single-GPU only here: its loader workers need a CPU budget per rank",
+    "pyg_neighbor_loader": "single-GPU only here: PyG's loader workers need a CPU budget per rank",
     "hot_cache": "single-GPU only here: every rank would fill a cache of its own",
     "hot_cache_oracle": "single-GPU only here: every rank would fill a cache of its own",
 }
