@@ -26,7 +26,7 @@ results = {}  # topic -> its results files, passed by the workflow
 # %%
 from pathlib import Path
 
-from analysis.common import errorbars, load_results, machine_label, summarize
+from analysis.common import load_results, machine_label, summarize
 from workloads.ceilings.schema import SCHEMA
 
 frame, provenance = load_results(results["ceilings"], SCHEMA)
@@ -101,11 +101,13 @@ print("\n".join(lines))
 # %% [markdown]
 # ## Figure
 #
-# The headline: PCIe copies, zero-copy reads, the GPU's memory and matrix multiply against its
-# datasheet (where the suite knows the GPU), the disk and host memory copies. Supporting figure:
-# contiguous zero-copy reads and reads by host allocation (`-zero_copy`).
+# The headline: PCIe copies, the GPU's memory and matrix multiply against its datasheet (where the
+# suite knows the GPU), zero-copy reads by row and table size, the disk and host memory copies.
+# Supporting figure: contiguous zero-copy reads and reads by host allocation (`-zero_copy`).
 
 # %%
+from matplotlib.lines import Line2D
+
 from analysis import style
 
 # Datasheet peaks per GPU (NVIDIA's H200 datasheet, SXM form, dense math; the NVL card has the same
@@ -117,21 +119,131 @@ VENDOR_PEAKS = {
 gpu_names = [g["name"] for record in provenance for g in record["machine"]["gpus"]]
 peaks = next((v for k, v in VENDOR_PEAKS.items() for name in gpu_names if k in name), {})
 allocations = sorted(set(uva_all.host_memory)) if "uva_read" in probes else []
+
+# Colours here mean sizes, thread counts and copy directions, never a gather variant: none of them
+# is a colour of style.VARIANT_STYLE. Ordered quantities (row size, threads) take a dark-to-light
+# ramp, so that their order reads off the colour; the marker repeats the row size for lines that
+# coincide.
+SIZE_RAMP = ["#35306f", "#3c4f8a", "#2a788e", "#1f9f88", "#63c05a", "#b5de2b"]
+SIZE_MARKERS = ["o", "s", "^", "D", "v", "P"]
+THREAD_RAMP = ["#b5de2b", "#1f9f88", "#35306f"]  # few threads light, many dark
+DISK_LOOKS = {"write": ("-", "o"), "overwrite": ("--", "s"), "read": (":", "^")}
+DIRECTION_COLOURS = {"h2d": "#7570b3", "d2h": "#cd853f"}
+MEMORY_LOOKS = {"pinned": ("-", "o", "full"), "pageable": ("--", "s", "none")}  # line, marker, fill
+ALLOCATION_LOOKS = {"pinned": ("-", "o"), "registered": ("--", "s"), "registered_thp": (":", "^")}
+ALLOCATION_WORDS = {
+    "pinned": "driver-pinned (cudaHostAlloc)",
+    "registered": "registered (cudaHostRegister)",
+    "registered_thp": "registered, 2 MiB huge pages",
+}
+BAR_COLOUR = "#4f6d7a"
+row_sizes = sorted(set(uva_all.granularity_bytes)) if "uva_read" in probes else []
+
+
+def size_look(row_bytes):
+    """(colour, marker) of a row size: its place among the measured row sizes."""
+    i = row_sizes.index(row_bytes) if row_bytes in row_sizes else len(row_sizes)
+    return SIZE_RAMP[i % len(SIZE_RAMP)], SIZE_MARKERS[i % len(SIZE_MARKERS)]
+
+
+def curve(ax, data, x, label, color, linestyle="-", marker="o", fill="full"):
+    """Medians against ``x`` with interquartile bars."""
+    data = data.sort_values(x)
+    ax.errorbar(
+        data[x],
+        data["median"],
+        yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
+        label=label,
+        color=color,
+        linestyle=linestyle,
+        marker=marker,
+        markersize=4,
+        fillstyle=fill,
+        capsize=2,
+    )
+
+
+def legend_under(ax, columns=3, handles=None, title=None) -> None:
+    """The panel's legend under its x label, so that no legend widens a column; ``title`` (a note
+    on the lines, e.g. which coincide) heads it."""
+    kwargs = {"handles": handles} if handles else {}
+    ax.legend(
+        **kwargs,
+        fontsize=7,
+        title=title or None,
+        title_fontsize=7,
+        ncol=columns,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        frameon=False,
+    )
+
+
+def coinciding(curves: dict, tolerance=0.03) -> list[list]:
+    """Groups (two or more) of ``curves`` (label -> Series over the same x) that agree within
+    ``tolerance`` at every x: lines drawn on top of each other, which the panel says in words."""
+    groups = []
+    for label, values in curves.items():
+        for group in groups:
+            first = curves[group[0]]
+            if ((values - first).abs() <= tolerance * first.abs()).all():
+                group.append(label)
+                break
+        else:
+            groups.append([label])
+    return [g for g in groups if len(g) > 1]
+
+
+def note(ax, text, y=0.45) -> None:
+    """A line of words inside the panel, where its lines leave room."""
+    ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va="center", fontsize=7.5, color="#444444")
+
+
+def coinciding_words(curves: dict, unit="GB/s") -> str:
+    """Words for the lines of ``curves`` drawn on top of each other, or "" where none are."""
+    words = []
+    for group in coinciding(curves):
+        level = sum(curves[g].median() for g in group) / len(group)
+        names = f"all {len(group)} lines" if len(group) == len(curves) else ", ".join(group[:-1]) + f" and {group[-1]}"
+        words.append(f"{names} lie on top of each other (about {level:.0f} {unit})")
+    return "\n".join(words)
+
+
+def allocation_words(data) -> str:
+    """How far apart the host allocations' reads are, at their widest (same row and table size)."""
+    spread = data.groupby(["granularity_bytes", "table_bytes"])["median"].agg(lambda m: m.max() / m.min() - 1)
+    if len(set(data.host_memory)) < 2 or spread.empty:
+        return ""
+    return f"the {len(set(data.host_memory))} allocations differ by at most {100 * spread.max():.0f}%"
+
+
+def row_size_curves(ax, data) -> dict:
+    """One line per row size over table size; returns label -> medians for ``coinciding_words``."""
+    curves = {}
+    for g, d in data.groupby("granularity_bytes"):
+        d = d.assign(gib=d.table_bytes / GiB)
+        colour, marker = size_look(g)
+        curve(ax, d, "gib", f"{g} B rows", colour, marker=marker)
+        curves[f"{g} B"] = d.set_index("gib")["median"].sort_index()
+    return curves
+
+
 panels = [
     p
     for p in (
         "pcie_copy",
+        "device",
         "uva_read:random",
         "uva_read:sorted",
         "uva_read:contiguous",
-        "uva_alloc",
-        "device",
+        "uva_alloc:random",
+        "uva_alloc:sorted",
         "hbm_copy",
         "matmul",
         "disk",
         "host_memcpy",
     )
-    if p.split(":")[0] in probes or (p == "uva_alloc" and len(allocations) > 1) or p == "device"
+    if p.split(":")[0] in probes or (p.startswith("uva_alloc") and len(allocations) > 1) or p == "device"
 ]
 pinned_h2d = None
 if "pcie_copy" in probes:
@@ -140,57 +252,75 @@ if "pcie_copy" in probes:
     pinned_h2d = pc[(pc.variant == "h2d") & (pc.host_memory == "pinned") & (pc.size_bytes == largest)]["median"].iloc[0]
 
 
+def pinned_copy_line(ax) -> None:
+    if pinned_h2d is not None:
+        style.reference_line(ax, pinned_h2d, "pinned\nH2D copy", "ceiling")
+
+
+def bars(ax, labels, data, scale=1.0) -> None:
+    ax.bar(
+        labels,
+        data["median"] / scale,
+        yerr=[(data["median"] - data.q25) / scale, (data.q75 - data["median"]) / scale],
+        capsize=3,
+        color=BAR_COLOUR,
+    )
+
+
 def draw(ax, panel) -> None:
     probe, _, order = panel.partition(":")
     if probe == "pcie_copy":
         for (variant, memory), d in pc.groupby(["variant", "host_memory"]):
-            errorbars(
-                ax,
-                d.assign(mib=d.size_bytes / MiB),
-                "mib",
-                f"{variant}, {memory}",
-                linestyle="-" if memory == "pinned" else ":",
-            )
+            linestyle, marker, fill = MEMORY_LOOKS.get(memory, ("-.", "D", "full"))
+            colour = DIRECTION_COLOURS.get(variant, "#444444")
+            curve(ax, d.assign(mib=d.size_bytes / MiB), "mib", f"{variant}, {memory}", colour, linestyle, marker, fill)
         if peaks.get("pcie"):
-            ax.axhline(
-                peaks["pcie"], color="#444444", linestyle=":", label=f"PCIe 5.0 x16 peak ({peaks['pcie']:g} GB/s)"
-            )
-        ax.set(xscale="log", xlabel="transfer size (MiB)", ylabel="bandwidth (GB/s)", title="PCIe copies (cudaMemcpy)")
-    elif probe == "uva_read":
-        d_all = bw[(bw.part == "uva_read") & (bw.variant == order)]
-        for g, d in d_all.groupby("granularity_bytes"):
-            errorbars(ax, d.assign(gib=d.table_bytes / GiB), "gib", f"{g} B rows")
-        if pinned_h2d is not None:
-            ax.axhline(pinned_h2d, color="grey", linestyle="--", linewidth=1, label="pinned H2D copy")
+            style.reference_line(ax, peaks["pcie"], f"PCIe 5.0 x16\npeak, {peaks['pcie']:g} GB/s", "ceiling")
         ax.set(
             xscale="log",
-            xlabel="table size (GiB, pinned host memory)",
+            xlabel="transfer size (MiB, log scale)",
+            ylabel="bandwidth (GB/s)",
+            ylim=(0, None),
+            title="PCIe copies (cudaMemcpy; h2d: host to device)",
+        )
+        legend_under(ax, columns=4)
+    elif probe == "uva_read":
+        curves = row_size_curves(ax, bw[(bw.part == "uva_read") & (bw.variant == order)])
+        pinned_copy_line(ax)
+        ax.set(
+            xscale="log",
+            xlabel="table size (GiB, log scale; driver-pinned host memory)",
             ylabel="bandwidth (GB/s)",
             title=f"GPU zero-copy reads, {order} rows",
             ylim=(0, None),
         )
+        legend_under(ax, title=coinciding_words(curves))
     elif probe == "uva_alloc":
-        for (allocation, order), d in uva_all[uva_all.variant.isin(["random", "sorted"])].groupby(
-            ["host_memory", "variant"]
+        # Colour is the row size as in the other zero-copy panels; line and marker the allocation.
+        d_all = uva_all[uva_all.variant == order]
+        shown = [g for g in (512, 2048) if (d_all.granularity_bytes == g).any()]
+        for (allocation, g), d in d_all[d_all.granularity_bytes.isin(shown)].groupby(
+            ["host_memory", "granularity_bytes"]
         ):
-            for g, dash in ((512, "-"), (2048, "--")):
-                dg = d[d.granularity_bytes == g]
-                if not dg.empty:
-                    errorbars(
-                        ax,
-                        dg.assign(gib=dg.table_bytes / GiB),
-                        "gib",
-                        f"{allocation}, {order}, {g} B",
-                        linestyle=dash if order == "random" else ":",
-                    )
+            linestyle, marker = ALLOCATION_LOOKS.get(allocation, ("-.", "D"))
+            curve(ax, d.assign(gib=d.table_bytes / GiB), "gib", None, size_look(g)[0], linestyle, marker, "none")
+        pinned_copy_line(ax)
+        note(ax, allocation_words(d_all[d_all.granularity_bytes.isin(shown)]), y=0.08)
         ax.set(
             xscale="log",
-            xlabel="table size (GiB)",
+            xlabel="table size (GiB, log scale)",
             ylabel="bandwidth (GB/s)",
             ylim=(0, None),
-            title="Zero-copy reads by host allocation\n(solid 512 B random, dashed 2 KiB random, dotted sorted)",
+            title=f"Zero-copy reads by host allocation, {order} rows",
         )
-        ax.legend(fontsize=6, ncol=1, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        handles = [Line2D([], [], color=size_look(g)[0], linewidth=3, label=f"{g} B rows") for g in shown]
+        handles += [
+            Line2D([], [], color="#444444", linestyle=ALLOCATION_LOOKS.get(a, ("-.", "D"))[0],
+                   marker=ALLOCATION_LOOKS.get(a, ("-.", "D"))[1], fillstyle="none",
+                   label=ALLOCATION_WORDS.get(a, a))
+            for a in allocations
+        ]  # fmt: skip
+        legend_under(ax, columns=2, handles=handles)
     elif probe == "device" and peaks:
         # The GPU's own ceilings as shares of the datasheet's: one bar each, the value beside it.
         shown = []
@@ -200,7 +330,7 @@ def draw(ax, panel) -> None:
             if r.variant in peaks:
                 shown.append((f"matmul {r.variant}, n={r.matrix_dim}", r.median, peaks[r.variant], "TFLOP/s"))
         for i, (_text, value, peak, unit) in enumerate(shown):
-            ax.barh(i, value / peak, color="#4d4d4d")
+            ax.barh(i, value / peak, color=BAR_COLOUR)
             ax.annotate(
                 f"{value:.3g} of {peak:g} {unit}",
                 (value / peak, i),
@@ -212,6 +342,16 @@ def draw(ax, panel) -> None:
         ax.set_yticks(range(len(shown)), [t for t, *_ in shown])
         ax.invert_yaxis()
         ax.axvline(1.0, color="#444444", linestyle=":", linewidth=1)
+        ax.annotate(
+            "datasheet peak",
+            (1.0, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -2),
+            textcoords="offset points",
+            va="top",
+            fontsize=7.5,
+            color="#444444",
+        )
         ax.set(
             xlim=(0, 1.45),
             xlabel=f"share of the datasheet peak ({peaks['source']})",
@@ -220,49 +360,44 @@ def draw(ax, panel) -> None:
         ax.grid(axis="y", visible=False)
     elif probe == "hbm_copy":
         d = bw[bw.part == "hbm_copy"]
-        ax.bar(
-            [f"{s / MiB:.0f} MiB" for s in d.size_bytes],
-            d["median"] / 1e3,
-            yerr=[(d["median"] - d.q25) / 1e3, (d.q75 - d["median"]) / 1e3],
-            capsize=3,
-        )
+        bars(ax, [f"{s / MiB:.0f} MiB" for s in d.size_bytes], d, scale=1e3)
         ax.set(ylabel="TB/s (bytes read + written)", title="HBM device-to-device copy")
     elif probe == "matmul":
-        ax.bar(
-            [f"{r.variant}\n({r.device}, n={r.matrix_dim})" for r in rate.itertuples()],
-            rate["median"],
-            yerr=[rate["median"] - rate.q25, rate.q75 - rate["median"]],
-            capsize=3,
-        )
+        bars(ax, [f"{r.variant}\n({r.device}, n={r.matrix_dim})" for r in rate.itertuples()], rate)
         ax.set(ylabel="TFLOP/s", title="Dense matrix multiply (random inputs)")
     elif probe == "disk":
         d_all = bw[bw.part == "disk"]
+        thread_counts = sorted(set(d_all.threads))
+        colours = dict(zip(thread_counts, THREAD_RAMP[-len(thread_counts) :] if len(thread_counts) <= 3 else SIZE_RAMP))
         for (variant, threads), d in d_all.groupby(["variant", "threads"]):
-            errorbars(
-                ax,
-                d.assign(mib=d.block_bytes / MiB),
-                "mib",
-                f"{variant}, {threads} thr",
-                linestyle={"write": "-", "overwrite": "--", "read": ":"}[variant],
-            )
+            linestyle, marker = DISK_LOOKS.get(variant, ("-.", "D"))
+            curve(ax, d.assign(mib=d.block_bytes / MiB), "mib", None, colours[threads], linestyle, marker)
         ax.set(
             xscale="log",
-            xlabel="request size (MiB)",
+            xlabel="request size (MiB, log scale)",
             ylabel="bandwidth (GB/s)",
             ylim=(0, None),
             title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)",
         )
-        ax.legend(fontsize=6.5, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+        # The legend names the two encodings apart: colour the threads, line and marker the operation.
+        handles = [
+            Line2D([], [], color=colours[t], linewidth=3, label=f"{t} thread{'s' if t != 1 else ''}")
+            for t in thread_counts
+        ]
+        handles += [
+            Line2D([], [], color="#444444", linestyle=ls, marker=m, label=v)
+            for v, (ls, m) in DISK_LOOKS.items()
+            if v in set(d_all.variant)
+        ]
+        legend_under(ax, columns=3, handles=handles)
     elif probe == "host_memcpy":
         d = bw[bw.part == "host_memcpy"].sort_values("threads")
-        ax.bar([str(t) for t in d.threads], d["median"], yerr=[d["median"] - d.q25, d.q75 - d["median"]], capsize=3)
+        bars(ax, [str(t) for t in d.threads], d)
         ax.set(
-            xlabel="threads",
+            xlabel="CPU threads",
             ylabel="bandwidth (GB/s, bytes read + written)",
             title=f"Host memcpy ({d.size_bytes.max() / MiB:.0f} MiB)",
         )
-    if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the panel, off the data
 
 
 def include(panel) -> bool:
@@ -272,14 +407,15 @@ def include(panel) -> bool:
 
 
 panels = [p for p in panels if include(p)]
-SUPPORTING = {"uva_read:contiguous", "uva_alloc"}
+SUPPORTING = {"uva_read:contiguous", "uva_alloc:random", "uva_alloc:sorted"}
 for chosen, what in (
     ([p for p in panels if p not in SUPPORTING], None),
     ([p for p in panels if p in SUPPORTING], "zero_copy"),
 ):
     if not chosen:
         continue
-    fig, axes = style.panels(len(chosen), cols=2, width=6.6, height=3.9)
+    cols = 3 if len(chosen) == 3 else 2  # three panels in a row, not two above one
+    fig, axes = style.panels(len(chosen), cols=cols, width=6.6 if cols == 2 else 5.2, height=4.4)
     for ax, panel in zip(axes, chosen):
         draw(ax, panel)
     style.title(

@@ -380,25 +380,35 @@ print("\n".join(lines))
 # ## Figure: the headline comparison, bandwidth by row size and by table size
 #
 # The technique's kernels, the CPU-gather baseline, stock torch's zero-copy, the dispatched path
-# and the all-in-GPU bound are drawn bold; every other variant thin. Supporting figures: the
-# skewed (Zipf) reads (`-skewed`), and batch size, CPU threads, thread caps and locality (`-knobs`).
+# and the all-in-GPU bound are drawn bold; every other variant thin and light. Supporting figures:
+# the skewed (Zipf) reads (`-skewed`), and batch size, CPU threads, bf16 rows, thread caps and
+# locality (`-knobs`).
 
 # %%
+import textwrap
+
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from analysis import style
 
 MEASURED = machine_label(provenance)
 EMPHASISED = {"cpu_gather", "torch_uva", *KERNELS, "default", "all_in_gpu"}
-ROW_LOOKS = {128: ("-", "o"), 512: ("--", "s"), 2048: (":", "^")}  # row size: line style and marker
+# A colour is a variant's, its line style too (style.VARIANT_STYLE); where one panel shows several
+# row sizes, the marker tells them apart. The random-read ceiling is a wide band in a colour no
+# variant has, so that it never reads as a variant's line.
+ROW_MARKERS = {128: "o", 512: "s", 2048: "^"}
+CEILING_BAND = "#c9b99a"
+INK = "#444444"  # words and legend keys that are not a variant's
 
 
-def row_look(row_bytes):
-    return ROW_LOOKS.get(int(row_bytes), ("-.", "D"))
+def row_marker(row_bytes):
+    return ROW_MARKERS.get(int(row_bytes), "D")
 
 
-def draw_variant(ax, data, x, variant, label, linestyle=None):
-    """Medians with interquartile bars; the headline's variants bold, the others thin."""
+def draw_variant(ax, data, x, variant, label, linestyle=None, marker=None, hollow=False):
+    """Medians with interquartile bars; the headline's variants bold, the others thin and light.
+    ``marker`` set: the panel tells row sizes apart by it, so every line's markers show."""
     bold = variant in EMPHASISED
     data = data.sort_values(x)
     ax.errorbar(
@@ -409,155 +419,251 @@ def draw_variant(ax, data, x, variant, label, linestyle=None):
         color=style.color(variant),
         linestyle=linestyle or style.style(variant)[1],
         linewidth=2.2 if bold else 1.0,
-        alpha=1.0 if bold else 0.65,
-        marker="o",
-        markersize=4 if bold else 2.5,
+        alpha=1.0 if bold else 0.55,
+        marker=marker or "o",
+        markersize=5 if marker else (4 if bold or hollow else 2.5),
+        fillstyle="none" if hollow else "full",
         capsize=2,
         zorder=3 if bold else 2,
     )
 
 
+def margin_label(ax, y, text, color=INK) -> None:
+    """Words in the margin right of the panel at height ``y``, as style.reference_line writes them."""
+    ax.annotate(
+        text,
+        (1.0, y),
+        xycoords=("axes fraction", "data"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        ha="left",
+        va="center",
+        fontsize=7.5,
+        color=color,
+        annotation_clip=False,
+    )
+
+
 def ceiling_lines(ax, row_bytes=None):
+    """The pinned copy as a labelled reference line; at one row size, the random-read ceiling by
+    table size as a labelled band."""
     if pinned_copy is not None:
-        ax.axhline(pinned_copy, color="#444444", linestyle="--", linewidth=1, label="pinned copy (ceiling)")
+        style.reference_line(ax, pinned_copy, "pinned copy", "ceiling")
     c = random_read_ceiling(row_bytes) if row_bytes else None
     if c is not None:
-        ax.plot(
-            c.table_bytes / GiB, c["median"], color="#444444", linestyle=":", linewidth=1.5, label="random-read ceiling"
-        )
+        x = c.table_bytes / GiB
+        ax.plot(x, c["median"], color=CEILING_BAND, linewidth=7, alpha=0.6, solid_capstyle="round", zorder=1)
+        margin_label(ax, c["median"].iloc[-1], "random-read ceiling", "#8a7651")
+
+
+def log_ticks(ax, axis="y") -> None:
+    """A log axis with ticks at 1, 2 and 5 of each decade, written as plain numbers."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
+def measured_ticks(ax, values, unit="") -> None:
+    """Ticks of a log x axis at the measured values (table sizes, row sizes), in plain numbers."""
+    values = sorted(set(float(v) for v in values))
+    ax.xaxis.set_major_locator(FixedLocator(values))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}{unit}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def note_below(ax, text) -> None:
+    """Words under the panel's x label, where they cover no line."""
+    ax.text(0.5, -0.2, text, transform=ax.transAxes, ha="center", va="top", fontsize=7.5, color=INK)
+
+
+def note_coinciding(ax, curves: dict, tolerance=0.06) -> None:
+    """Say under the panel which three or more lines (label -> medians over the same x) lie within
+    ``tolerance`` of each other at every x: drawn on top of each other, they are not told apart."""
+    groups = []
+    for label, values in curves.items():
+        for group in groups:
+            first = curves[group[0]]
+            common = first.index.intersection(values.index)
+            if len(common) and ((values[common] - first[common]).abs() <= tolerance * first[common]).all():
+                group.append(label)
+                break
+        else:
+            groups.append([label])
+    crowded = [g for g in groups if len(g) >= 3]
+    if crowded:
+        lines = [f"on top of each other (within {100 * tolerance:.0f}%): " + "; ".join(g) for g in crowded]
+        note_below(ax, "\n".join(textwrap.fill(line, 80, break_on_hyphens=False) for line in lines))
 
 
 # The Zipf panels leave out, to stay legible, the variants whose skewed curves the uniform panels
 # already tell (the unsorted kernel steps, unsorted stock torch, the dispatched path, WholeGraph);
 # every other variant, a new one included, is drawn. Hot-first layouts are drawn for the variants
-# whose point is that layout (sorted reads, the hot-row cache).
+# whose point is that layout (sorted reads, the hot-row cache), dashed with hollow markers.
 SKEWED_PANELS_LEAVE_OUT = {"naive", "aligned", "vectorized", "default", "torch_uva", "wholegraph"}
 HOT_FIRST_SHOWN = {"sorted", "hot_cache"}
 
 
+def draw_row_sizes(ax, dtype) -> None:
+    """Bandwidth by row size, one dtype (the bf16 rows are a panel of the knobs figure)."""
+    data = medians("row_sizes")
+    data = data[data.dtype == dtype]
+    for variant in ordered(data.variant):
+        if not is_diagnostic(variant):  # a kernel timed alone: in the tables, not among the paths
+            draw_variant(ax, data[data.variant == variant], "row_bytes", variant, style.readable(variant))
+    ceiling_lines(ax)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="row size (bytes, log scale)",
+        ylabel="bandwidth (GB/s, log scale)",
+        title=f"By row size, {dtype} rows ({size_label(data.table_bytes.max())} table, uniform rows)",
+    )
+    log_ticks(ax)
+    low, high = data.row_bytes.min(), data.row_bytes.max()
+    measured_ticks(ax, [1 << k for k in range(16) if low <= 1 << k <= high])  # the powers of two
+
+
+def draw_table_sizes(ax, dist, row_bytes) -> None:
+    data = medians("table_sizes")
+    d_all = data[data.row_bytes == row_bytes]
+    if dist == "uniform":
+        d_all = d_all[d_all.distribution == "uniform"]
+        shown = [(v, "uniform") for v in ordered(d_all.variant) if not is_diagnostic(v)]
+    else:
+        zipf = sorted(x for x in set(d_all.distribution) if x.startswith("zipf") and "hot_first" not in x)[0]
+        on_zipf = ordered(d_all[d_all.distribution == zipf].variant)
+        shown = [(v, zipf) for v in on_zipf if v not in SKEWED_PANELS_LEAVE_OUT and not is_diagnostic(v)]
+        shown += [(v, f"{zipf}-hot_first") for v in on_zipf if v in HOT_FIRST_SHOWN]
+    curves = {}
+    for variant, distribution in shown:
+        d = d_all[(d_all.variant == variant) & (d_all.distribution == distribution)]
+        if not d.empty:
+            hot = distribution.endswith("hot_first")
+            label = style.readable(variant) + (", hot rows first" if hot else "")
+            d = d.assign(gib=d.table_bytes / GiB)
+            draw_variant(ax, d, "gib", variant, label, "--" if hot else None, hollow=hot)
+            curves[label] = d.set_index("gib")["median"]
+    ceiling_lines(ax, row_bytes if dist == "uniform" else None)
+    if dist != "uniform":
+        note_coinciding(ax, curves)
+    ax.set(
+        xscale="log",
+        xlabel="table size (GiB, log scale)",
+        ylabel="bandwidth (GB/s)",
+        ylim=(0, None),
+        title=f"{row_bytes}-byte rows, {'uniform' if dist == 'uniform' else 'Zipf-skewed'} reads",
+    )
+    measured_ticks(ax, d_all.table_bytes / GiB)
+
+
+def draw_batch_sizes(ax) -> None:
+    data = medians("batch_sizes")
+    for variant in ordered(data.variant):
+        draw_variant(ax, data[data.variant == variant], "batch_rows", variant, style.readable(variant))
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="rows per gather (log scale)",
+        ylabel="bandwidth (GB/s, log scale)",
+        title=f"By batch size ({int(data.row_bytes.iloc[0])}-byte rows, {size_label(data.table_bytes.max())} table)",
+    )
+    log_ticks(ax)
+
+
+def draw_by_row_size(ax, part) -> None:
+    """CPU threads or locality windows: one line per variant and row size, the row size the marker."""
+    data = medians(part)
+    x = "threads" if part == "cpu_threads" else "kib"
+    data = data.assign(kib=data.window_bytes / 1024) if part == "locality" else data
+    for variant in ordered(data.variant):
+        for row_bytes, d in data[data.variant == variant].groupby("row_bytes"):
+            draw_variant(ax, d, x, variant, style.readable(variant), marker=row_marker(row_bytes))
+    if part == "cpu_threads":
+        ax.set(xlabel=style.axis_label("threads"), ylabel="bandwidth (GB/s)", ylim=(0, None))
+        ax.set_title("CPU gathers by thread count")
+        ax.set_xticks(sorted(set(data.threads)))
+    else:
+        union = (data.windows * data.window_bytes).iloc[0] / MiB
+        ax.set(
+            xscale="log",
+            xlabel="window size (KiB, log scale)",
+            ylabel="bandwidth (GB/s)",
+            ylim=(0, None),
+            title=f"The same {union:.0f} MiB of rows in windows\n"
+            f"spread over a {size_label(data.table_bytes.max())} table",
+        )
+
+
+def draw_thread_cap(ax) -> None:
+    # Variants measured with a cap (max_threads recorded; 0: none) are curves over the cap, the
+    # row size their marker; the others (no cap to set) are levels, labelled beside the panel.
+    data = medians("thread_cap")
+    capped = ordered(data[data.max_threads.notna()].variant)
+    uncapped = ordered(data[data.max_threads.isna()].variant)
+    for row_bytes, d in data.groupby("row_bytes"):
+        for variant in uncapped:
+            v = d[d.variant == variant]
+            if not v.empty:
+                level = v["median"].iloc[0]
+                ax.axhline(level, color=style.color(variant), linestyle=":", linewidth=1.2, label="_ref")
+                margin_label(ax, level, f"{style.readable(variant)},\n{row_bytes}-byte rows\n(no cap to set)",
+                             style.color(variant))  # fmt: skip
+        for variant in capped:
+            v = d[d.variant == variant]
+            draw_variant(ax, v[v.max_threads > 0], "max_threads", variant, style.readable(variant),
+                         marker=row_marker(row_bytes))  # fmt: skip
+    ax.set(
+        xscale="log",
+        xlabel="cap on the gather's GPU threads (log scale)",
+        ylabel="bandwidth (GB/s)",
+        ylim=(0, None),
+        title=f"Capped GPU threads: {', '.join(map(style.readable, capped))}",
+    )
+    measured_ticks(ax, data.max_threads[data.max_threads > 0].dropna())
+
+
 def draw(ax, panel) -> None:
     part, _, rest = panel.partition(":")
-    data = medians(part)
     if part == "row_sizes":
-        for variant in ordered(data.variant):
-            for dtype, linestyle in (("fp32", None), ("bf16", ":")):
-                d = data[(data.variant == variant) & (data.dtype == dtype)]
-                if not d.empty:
-                    draw_variant(
-                        ax, d, "row_bytes", variant, style.readable(variant) if dtype == "fp32" else None, linestyle
-                    )
-        ceiling_lines(ax)
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="row size (bytes; dotted: bf16 rows)",
-            ylabel="bandwidth (GB/s, log scale)",
-            title=f"By row size ({size_label(data.table_bytes.max())} table, uniform rows)",
-        )
+        draw_row_sizes(ax, rest or "fp32")
     elif part == "table_sizes":
         dist, row_bytes = rest.split(":")
-        row_bytes = int(row_bytes)
-        d_all = data[data.row_bytes == row_bytes]
-        if dist == "uniform":
-            d_all = d_all[d_all.distribution == "uniform"]
-            shown = [(v, "uniform") for v in ordered(d_all.variant) if not is_diagnostic(v)]
-        else:
-            zipf = sorted(x for x in set(d_all.distribution) if x.startswith("zipf") and "hot_first" not in x)[0]
-            on_zipf = ordered(d_all[d_all.distribution == zipf].variant)
-            shown = [(v, zipf) for v in on_zipf if v not in SKEWED_PANELS_LEAVE_OUT and not is_diagnostic(v)]
-            shown += [(v, f"{zipf}-hot_first") for v in on_zipf if v in HOT_FIRST_SHOWN]
-        for variant, distribution in shown:
-            d = d_all[(d_all.variant == variant) & (d_all.distribution == distribution)]
-            if not d.empty:
-                hot = distribution.endswith("hot_first")
-                draw_variant(
-                    ax,
-                    d.assign(gib=d.table_bytes / GiB),
-                    "gib",
-                    variant,
-                    style.readable(variant) + (", hot rows first" if hot else ""),
-                    ":" if hot else None,
-                )
-        ceiling_lines(ax, row_bytes if dist == "uniform" else None)
-        ax.set(
-            xscale="log",
-            xlabel=style.axis_label("table_bytes"),
-            ylabel="bandwidth (GB/s)",
-            ylim=(0, None),
-            title=f"{row_bytes}-byte rows, {'uniform' if dist == 'uniform' else 'Zipf-skewed'} reads",
-        )
+        draw_table_sizes(ax, dist, int(row_bytes))
     elif part == "batch_sizes":
-        for variant in ordered(data.variant):
-            draw_variant(ax, data[data.variant == variant], "batch_rows", variant, style.readable(variant))
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel=style.axis_label("batch_rows"),
-            ylabel="bandwidth (GB/s, log scale)",
-            title=f"By batch size\n({int(data.row_bytes.iloc[0])}-byte rows, "
-            f"{size_label(data.table_bytes.max())} table)",
-        )
+        draw_batch_sizes(ax)
     elif part in ("cpu_threads", "locality"):
-        x = "threads" if part == "cpu_threads" else "kib"
-        data = data.assign(kib=data.window_bytes / 1024) if part == "locality" else data
-        for (variant, row_bytes), d in data.groupby(["variant", "row_bytes"]):
-            draw_variant(ax, d, x, variant, style.readable(variant), row_look(row_bytes)[0])
-        if part == "cpu_threads":
-            ax.set(
-                xlabel=style.axis_label("threads"),
-                ylabel="bandwidth (GB/s)",
-                ylim=(0, None),
-                title="CPU gathers by thread count",
-            )
-        else:
-            union = (data.windows * data.window_bytes).iloc[0] / MiB
-            ax.set(
-                xscale="log",
-                xlabel=style.axis_label("window_bytes"),
-                ylabel="bandwidth (GB/s)",
-                ylim=(0, None),
-                title=f"The same {union:.0f} MiB of rows in windows\n"
-                f"spread over a {size_label(data.table_bytes.max())} table",
-            )
+        draw_by_row_size(ax, part)
     elif part == "thread_cap":
-        # Variants measured with a cap (max_threads recorded; 0: none) are curves over the cap;
-        # the others (no cap to set) and the uncapped rate are levels, labelled in the legend.
-        capped = ordered(data[data.max_threads.notna()].variant)
-        uncapped = ordered(data[data.max_threads.isna()].variant)
-        for row_bytes, d in data.groupby("row_bytes"):
-            linestyle = row_look(row_bytes)[0]
-            for variant in uncapped:
-                v = d[d.variant == variant]
-                if not v.empty:
-                    ax.axhline(
-                        v["median"].iloc[0],
-                        color=style.color(variant),
-                        linestyle=linestyle,
-                        linewidth=1,
-                        label=f"{style.readable(variant)} (no cap to set)",
-                    )
-            for variant in capped:
-                v = d[d.variant == variant]
-                draw_variant(ax, v[v.max_threads > 0], "max_threads", variant, style.readable(variant), linestyle)
-        ax.set(
-            xscale="log",
-            xlabel=style.axis_label("max_threads"),
-            ylabel="bandwidth (GB/s)",
-            ylim=(0, None),
-            title=f"{', '.join(map(style.readable, capped))} with capped threads",
-        )
+        draw_thread_cap(ax)
+
+
+def grid(count: int) -> list[list[int]]:
+    """Panel places on a 6-column grid: no empty cell (five panels: three above two)."""
+    rows = {1: [1], 2: [2], 3: [3], 4: [2, 2], 5: [3, 2], 6: [3, 3]}[count]
+    layout, first = [], 0
+    for n in rows:
+        layout.append([first + i for i in range(n) for _ in range(6 // n)])
+        first += n
+    return layout
 
 
 def gather_figure(panels, heading, what=None, row_sizes_legend=False) -> None:
-    fig, axes = style.panels(len(panels), cols=2, width=6.0, height=4.2)
+    layout = grid(len(panels))
+    width = {1: 6.5, 2: 12.5, 3: 16.0}[max(len(set(row)) for row in layout)]
+    fig, named = style.mosaic([[str(i) for i in row] for row in layout], width=width, height=4.3 * len(layout))
+    axes = [named[str(i)] for i in range(len(panels))]
     for ax, panel in zip(axes, panels):
         draw(ax, panel)
     entries = style.collect_legend(axes)
     order = {style.readable(v): i for i, v in enumerate(VARIANTS)}
-    entries = dict(sorted(entries.items(), key=lambda item: order.get(item[0].split(",")[0], len(order))))
+    entries = dict(sorted(entries.items(), key=lambda item: order.get(item[0].split(", hot")[0], len(order))))
     if row_sizes_legend:
-        rows = sorted({int(r) for r in frame[frame.part.isin(["cpu_threads", "thread_cap", "locality"])].row_bytes})
-        entries |= {f"{r}-byte rows": Line2D([], [], color="#555555", linestyle=row_look(r)[0]) for r in rows}
+        shown = frame[frame.part.isin(["cpu_threads", "thread_cap", "locality"])]
+        entries |= {
+            f"{r}-byte rows": Line2D([], [], color=INK, marker=row_marker(r), linestyle="none")
+            for r in sorted({int(r) for r in shown.row_bytes})
+        }
     style.legend_below(fig, entries, columns=5)
     style.title(fig, heading, MEASURED)
     style.save(fig, figure, what)
@@ -569,9 +675,13 @@ what = (
     else "CPU feature gathering (no GPU here: rows gathered into host memory, no transfer)"
 )
 ts_rows = sorted(set(medians("table_sizes").row_bytes)) if "table_sizes" in parts else []
-headline = (["row_sizes"] if "row_sizes" in parts else []) + [f"table_sizes:uniform:{r}" for r in ts_rows]
+dtypes = set(frame[frame.part == "row_sizes"].dtype)
+headline = (["row_sizes:fp32"] if "fp32" in dtypes else []) + [f"table_sizes:uniform:{r}" for r in ts_rows]
 skewed = [f"table_sizes:zipf:{r}" for r in ts_rows]
-knobs = [p for p in ("batch_sizes", "cpu_threads", "thread_cap", "locality") if p in parts]
+knobs = [
+    p for p in ("batch_sizes", "cpu_threads", "row_sizes:bf16", "thread_cap", "locality") if p.split(":")[0] in parts
+]
+knobs = [p for p in knobs if p != "row_sizes:bf16" or "bf16" in dtypes]
 groups = [(headline[:6], None), (skewed[:6], "skewed"), (knobs, "knobs")]
 if not headline:  # no headline parts: the first group with panels is the figure
     groups = [g for g in groups if g[0]]
@@ -580,7 +690,7 @@ for panels, name in groups:
     if panels:
         heading = {
             None: f"{what}: bandwidth of each path, by row size and table size (bold: the headline comparison)",
-            "skewed": f"{what}: Zipf-skewed reads",
-            "knobs": f"{what}: batch size, CPU threads, thread caps, locality",
+            "skewed": f"{what}: Zipf-skewed reads (dashed, hollow markers: hot rows stored first)",
+            "knobs": f"{what}: batch size, CPU threads, bf16 rows, thread caps, locality (marker: row size)",
         }[name]
         gather_figure(panels, heading, name, row_sizes_legend=name == "knobs")

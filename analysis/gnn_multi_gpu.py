@@ -25,6 +25,7 @@ summary = "paper_figs/local/gnn_multi_gpu-cpu.md"
 results = {}  # topic -> its results files, passed by the workflow
 
 # %%
+from collections import Counter
 from pathlib import Path
 
 from analysis.common import load_results, machine_label, summarize
@@ -46,7 +47,19 @@ def efficiency(row) -> float:
 
 
 epoch["efficiency"] = epoch.apply(efficiency, axis=1)
-print(machine_label(provenance))
+
+
+def measured_label(provenance) -> str:
+    """Where and when it was measured, each kind of GPU named once with its count ("2x NVIDIA H200
+    (driver ...)"), not once per GPU."""
+    label = machine_label(provenance)
+    gpus = [f"{g['name']} (driver {g['driver']})" for g in provenance[0]["machine"]["gpus"]]
+    counted = ", ".join(f"{n}x {gpu}" if n > 1 else gpu for gpu, n in Counter(gpus).items())
+    return label.replace(", ".join(gpus), counted, 1) if gpus else label
+
+
+MEASURED = measured_label(provenance)
+print(MEASURED)
 
 # %% [markdown]
 # ## Key numbers
@@ -55,7 +68,7 @@ print(machine_label(provenance))
 lines = [
     f"# Multi-GPU GNN training on `{machine}` at scale `{scale}`",
     "",
-    machine_label(provenance),
+    MEASURED,
     "",
     "| dataset | model | pipeline | ranks | epoch s | scaling efficiency | per-rank GB/s | CPU core-s/epoch "
     "| val acc |",
@@ -88,16 +101,23 @@ print("\n".join(lines))
 # %% [markdown]
 # ## Figure: epoch time, scaling efficiency and per-rank feature bandwidth against the ranks
 #
-# On a machine that measured one world size there is nothing to scale: the figure shows each
-# pipeline's epoch time and per-rank bandwidth at that size as bars, and says so in its title.
+# On a machine that measured one world size there is nothing to scale: the figure is one compact
+# panel per graph and model, each pipeline's epoch time at that size as a bar with its per-rank
+# feature bandwidth written beside it, and its title says that no scaling was measured there.
 
 # %%
 from analysis import style
 
-MEASURED = machine_label(provenance)
 runs = sorted(set(zip(epoch.dataset, epoch.model, epoch.layers, epoch.fanouts)))
 worlds_all = sorted(set(epoch.world_size))
-device = "GPUs" if (epoch.device == "cuda").all() else "CPU processes"
+on_gpus = (epoch.device == "cuda").all()
+device = "GPUs" if on_gpus else "CPU processes"
+
+
+def ranks_text(count: int) -> str:
+    """The count with its unit: 1 GPU, 2 GPUs, 1 CPU process, ..."""
+    one = "GPU" if on_gpus else "CPU process"
+    return f"{count} {one if count == 1 else device}"
 
 
 def run_title(dataset, model, layers, fanouts) -> str:
@@ -108,6 +128,7 @@ def scaling_figure(chunk, what) -> None:
     with_bw = not per_rank.empty
     cols = 3 if with_bw else 2
     fig, axes = style.panels(cols * len(chunk), cols=cols, width=4.8, height=3.6)
+    ranks = f"ranks ({device}), log scale"
     for i, (dataset, model, layers, fanouts) in enumerate(chunk):
         ax_time, ax_eff = axes[cols * i : cols * i + 2]
         ax_bw = axes[cols * i + 2] if with_bw else None
@@ -138,18 +159,16 @@ def scaling_figure(chunk, what) -> None:
                     capsize=2,
                 )
         style.reference_line(ax_eff, 1.0, "linear", kind="parity")
-        ax_time.set(
-            xlabel=f"ranks ({device})", ylabel="epoch time (s)", title=run_title(dataset, model, layers, fanouts)
-        )
+        ax_time.set(xlabel=ranks, ylabel="epoch time (s)", title=run_title(dataset, model, layers, fanouts))
         ax_eff.set(
-            xlabel=f"ranks ({device})",
+            xlabel=ranks,
             ylabel="scaling efficiency, T(1) / (N T(N))",
             ylim=(0, 1.2),
             title="Scaling efficiency",
         )
         if ax_bw is not None:
             ax_bw.set(
-                xlabel=f"ranks ({device})",
+                xlabel=ranks,
                 ylabel="feature bandwidth per rank (GB/s)",
                 ylim=(0, None),
                 title="Feature bytes per rank per second",
@@ -160,43 +179,48 @@ def scaling_figure(chunk, what) -> None:
             ax.set_xlim(worlds_all[0] / 1.3, worlds_all[-1] * 1.3)
             ax.minorticks_off()
     style.legend_below(fig, style.collect_legend(axes), columns=5)
+    sizes = f"{worlds_all[0]} to {ranks_text(worlds_all[-1])}"
     style.title(
         fig,
-        f"Data-parallel GNN training on machine {machine}, one shared feature table in host memory (synthetic graph)",
+        f"Data-parallel GNN training on {sizes}, every rank reading one shared feature table in host memory "
+        "(synthetic graph)",
         MEASURED,
     )
     style.save(fig, figure, what)
 
 
+def bandwidth_note(variant, bandwidth) -> str:
+    """What is written beside a pipeline's bar: its per-rank feature bandwidth, where it moved any."""
+    if bandwidth is not None:
+        return f"{bandwidth:.1f} GB/s of features per rank"
+    return "features held on the GPU" if variant == "all_in_gpu" else ""
+
+
 def one_size_figure() -> None:
-    """One world size: bars per pipeline, the baseline other machines scale from."""
-    with_bw = not per_rank.empty
-    fig, axes = style.panels(2 if with_bw else 1, cols=2, width=5.5, height=3.8)
-    tables = [(axes[0], epoch, "epoch time (s)", "Epoch time")]
-    if with_bw:
-        tables.append((axes[1], per_rank, "feature bandwidth per rank (GB/s)", "Feature bytes per rank per second"))
-    for ax, table, ylabel, heading in tables:
-        variants = [v for v in PIPELINES if v in set(table.variant)]
-        bar = 0.8 / max(len(variants), 1)
-        for i, run in enumerate(runs):
-            sel = table[(table.dataset == run[0]) & (table.model == run[1]) & (table.fanouts == run[3])]
-            for j, variant in enumerate(variants):
-                r = sel[sel.variant == variant]
-                if r.empty:
-                    continue
-                m, q25, q75 = r[["median", "q25", "q75"]].iloc[0]
-                x = i + (j - (len(variants) - 1) / 2) * bar
-                ax.bar(x, m, bar, color=style.color(variant), label=style.readable(variant))
-                ax.errorbar(x, m, yerr=[[m - q25], [q75 - m]], color="#333333", capsize=2, fmt="none")
-        ax.set_xticks(range(len(runs)), [run_title(*r).replace(", ", "\n", 1) for r in runs])
-        ax.set(ylabel=ylabel, title=heading)
-        ax.grid(axis="x", visible=False)
-    style.legend_below(fig, style.collect_legend(axes), columns=5)
+    """One world size: per graph and model, a bar per pipeline, the size other machines scale from."""
+    variants = [v for v in PIPELINES if v in set(epoch.variant)]
+    fig, axes = style.panels(len(runs), cols=1, width=7.0, height=0.45 * len(variants) + 1.4)
+    for ax, run in zip(axes, runs):
+        mine = lambda d: d[(d.dataset == run[0]) & (d.model == run[1]) & (d.fanouts == run[3])]  # noqa: E731
+        times, bandwidths = mine(epoch), mine(per_rank)
+        shown = [v for v in variants if v in set(times.variant)]
+        for y, variant in enumerate(shown):
+            m, q25, q75 = times[times.variant == variant][["median", "q25", "q75"]].iloc[0]
+            ax.barh(y, m, 0.7, color=style.color(variant))
+            ax.errorbar(m, y, xerr=[[m - q25], [q75 - m]], color="#333333", capsize=2, fmt="none")
+            b = bandwidths[bandwidths.variant == variant]["median"]
+            note = bandwidth_note(variant, None if b.empty else b.iloc[0])
+            ax.annotate(f"{m:.2f} s" + (f"; {note}" if note else ""), (q75, y), xytext=(6, 0),
+                        textcoords="offset points", va="center", fontsize=7.5)  # fmt: skip
+        ax.set_yticks(range(len(shown)), [style.readable(v) for v in shown])
+        ax.invert_yaxis()  # the registry's order, top to bottom
+        ax.set_xlim(0, times["q75"].max() * 1.9)  # room for the notes right of the bars
+        ax.set(xlabel="epoch time (s)", title=run_title(*run) + " (whiskers: interquartile range)")
+        ax.grid(axis="y", visible=False)
     style.title(
         fig,
-        f"Data-parallel GNN training on machine {machine}, "
-        f"{worlds_all[0]} {device[:-1] if worlds_all[0] == 1 else device}: one world size, "
-        "no scaling measured here (whiskers: interquartile range)",
+        f"GNN training on {ranks_text(worlds_all[0])} from a feature table in host memory: "
+        "one world size, so no scaling was measured on this machine",
         MEASURED,
     )
     style.save(fig, figure)

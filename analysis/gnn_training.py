@@ -186,25 +186,33 @@ Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 
 # %% [markdown]
-# ## Figure: speedup per run, the epoch against all_in_gpu, where the epoch goes, the CPU it costs, GPU memory
+# ## Figure: speedup per run, the epoch against all-in-GPU, where the epoch goes, the CPU it costs, GPU memory
 #
 # One group per part (and model, where several ran), one bar per pipeline in its colour. Ratio
-# panels: the bar is the committed run, a dot each run, the whisker the range over the runs. The
-# phases (sampling, feature gathering and transfer, training) were timed in separate epochs with
-# a device sync between them, which adds time; the split is drawn as their shares of the epoch
-# time measured without syncs, so a stack is exactly as tall as the epoch. GPU memory: what each
-# pipeline keeps resident (hatched: not run, over every budget), its peak, and the smallest
-# configured budget it fits.
+# panels: the bar is the committed run with its value written up from its foot; where re-runs
+# exist, a dot each run and the whisker the range over the runs. The phases (sampling, feature
+# gathering and transfer, training) were timed in separate epochs with a device sync between
+# them, which adds time; the split is drawn as their shares of the epoch time measured without
+# syncs, so a stack is exactly as tall as the epoch. A phase is told by its pattern, never by a
+# colour, so that a colour always means a pipeline. GPU memory: what each pipeline keeps resident
+# (hatched: not run, over every budget), its peak, and the smallest configured budget it fits.
 
 # %%
+from matplotlib.colors import to_rgb
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from analysis import style
 
-PHASE_COLOURS = {"sample": "#ffffff", "gather": "#737373", "train": "#d9d9d9"}  # greys: a colour is a pipeline's
-PHASE_HATCHES = {"sample": "...", "gather": "", "train": ""}
-PHASE_NAMES = {"sample": "sampling", "gather": "feature gather + transfer", "train": "training"}
+# Phases bottom to top. Each segment is drawn in the pipeline's own colour; the phase is the
+# pattern: white with dots in that colour, the colour with white stripes, the colour alone.
+PHASES = {
+    "sample": ("sampling (dotted)", "dots"),
+    "gather": ("feature gather + transfer (striped)", "stripes"),
+    "train": ("training (solid)", "solid"),
+}
+NEUTRAL = "#444444"  # the phase legend's swatches: the colour of the reference lines, no pipeline's
+SHORT_NAMES = {"papers100M": "papers"}  # "papers100M-like" runs into its neighbour's label
 NEVER_RUN = {name for k in GROUPS for name in not_run_resident(k[0])}  # over every GPU budget: drawn hatched
 variants = [v for v in PIPELINES if v in set(epoch.variant) | NEVER_RUN]
 has_bound = any(vs_bound.get(v) for v in variants if v != "all_in_gpu")
@@ -212,19 +220,50 @@ has_memory = "gpu_resident_bytes" in set(frame.metric) or any(not_run_resident(k
 has_fits = "fits_gpu_budget" in set(frame.metric)
 names = ["speed"] + (["bound"] if has_bound else []) + ["time", "cost"]
 names += (["memory"] if has_memory else []) + (["fits"] if has_fits else [])
-fig, axes = style.panels(len(names), cols=2 if len(names) == 4 else 3, width=6.2, height=4.2)  # 4: a 2x2 grid
-ax = dict(zip(names, axes))
+
+
+def grid(names: list[str]) -> list[list[str]]:
+    """Rows of two panels (three for five or six); where a row would have a gap, the epoch
+    breakdown, the panel with the most bars, takes the spare cells at the end."""
+    cols = 2 if len(names) <= 4 else 3
+    spare = -len(names) % cols
+    cells = [n for n in names if n != "time" or not spare] + ["time"] * (1 + spare if spare else 0)
+    return [cells[i : i + cols] for i in range(0, len(cells), cols)]
+
+
+layout = grid(names)
+fig, ax = style.mosaic(layout, width=6.2 * len(layout[0]), height=4.2 * len(layout))
+axes = [ax[n] for n in names]
 bar = 0.8 / len(variants)
 several_models = len({k[2:5] for k in GROUPS}) > 1
 labels = []
 for _part, dataset, model, layers, _fanouts, nodes, _edges in GROUPS:
     size = f"{nodes / 1e6:.1f} M" if nodes >= 1e6 else f"{nodes / 1e3:.0f} K"
-    text = f"{dataset.removeprefix('ogbn-')}\n{size} nodes"
-    labels.append(text + (f"\n{model} {layers}L" if several_models else ""))
+    name = dataset.removeprefix("ogbn-")
+    for long, short in SHORT_NAMES.items():
+        name = name.replace(long, short)
+    labels.append(f"{name}\n{size} nodes" + (f"\n{model} {layers}L" if several_models else ""))
+
+
+def phase_look(look: str, colour: str) -> dict:
+    """Fill, hatch and hatch colour of a phase drawn in ``colour``."""
+    dots = look == "dots"
+    return {
+        "facecolor": "white" if dots else colour,
+        "hatch": {"dots": "....", "stripes": "////", "solid": ""}[look],
+        "hatchcolor": colour if dots else "white",
+    }
+
+
+def phase_segment(axis, x, bottom, height, phase, colour) -> None:
+    axis.bar(x, height, bar, bottom=bottom, edgecolor="none", linewidth=0, **phase_look(PHASES[phase][1], colour))
+
+
+VALUES = []  # (panel, x, committed value, bar colour): written once the panel's scale is known
 
 
 def ratio_bars(axis, x, values, color, label):
-    """The committed run's bar, each run's dot, the whisker over the runs' range."""
+    """The committed run's bar; where re-runs exist, each run's dot and the whisker over their range."""
     axis.bar(x, values[0], bar, color=color, label=label)
     if len(values) > 1:
         axis.errorbar(
@@ -237,8 +276,18 @@ def ratio_bars(axis, x, values, color, label):
             fmt="none",
         )
         axis.plot([x] * len(values), values, "o", color="#333333", markersize=2.5, label="_run")
-    axis.annotate(f"{values[0]:.2f}", (x, max(values)), xytext=(0, 3), textcoords="offset points", ha="center",
-                  fontsize=6.5, rotation=90)  # fmt: skip
+    VALUES.append((axis, x, values[0], color))
+
+
+def write_values() -> None:
+    """Each ratio written up its bar from the foot, inside it, where no line and no neighbour's
+    label is (white on a dark bar); above a bar too short to hold it."""
+    for axis, x, value, colour in VALUES:
+        inside = value > 0.15 * axis.get_ylim()[1]
+        dark = sum(c * w for c, w in zip(to_rgb(colour), (0.299, 0.587, 0.114))) < 0.55
+        axis.annotate(f"{value:.2f}", (x, 0 if inside else value), xytext=(0, 3), textcoords="offset points",
+                      ha="center", va="bottom", fontsize=6.5, rotation=90,
+                      color="white" if inside and dark else "black")  # fmt: skip
 
 
 for i, key in enumerate(GROUPS):
@@ -260,13 +309,13 @@ for i, key in enumerate(GROUPS):
         if row.empty:
             continue
         median, q25, q75 = row[["median", "q25", "q75"]].iloc[0]
-        shares = {ph: p[(p.variant == variant) & (p.phase == ph)]["median"].sum() for ph in PHASE_COLOURS}
+        shares = {ph: p[(p.variant == variant) & (p.phase == ph)]["median"].sum() for ph in PHASES}
         total, bottom = sum(shares.values()), 0.0
         for ph, value in shares.items():
             height = median * value / total if total else 0.0
-            ax["time"].bar(x, height, bar, bottom=bottom, color=PHASE_COLOURS[ph], hatch=PHASE_HATCHES[ph],
-                           edgecolor=colour, linewidth=1.5)  # fmt: skip
+            phase_segment(ax["time"], x, bottom, height, ph, colour)
             bottom += height
+        ax["time"].bar(x, median, bar, fill=False, edgecolor=colour, linewidth=1)  # the stack's outline
         ax["time"].errorbar(x, median, yerr=[[median - q25], [q75 - median]], color="#333333", capsize=2,
                             elinewidth=0.8, fmt="none")  # fmt: skip
         ax["cost"].bar(x, c[c.variant == variant]["median"].iloc[0], bar, color=colour)
@@ -291,13 +340,19 @@ ax["speed"].margins(y=0.15)
 runs_note = f"bar: committed run; dots, whisker: {len(RUNS)} runs" if len(RUNS) > 1 else "one run"
 ax["speed"].set(ylabel="speedup over the faster CPU baseline", title=f"Epoch-time speedup\n({runs_note})")
 if has_bound:
-    style.reference_line(ax["bound"], 1.0, "all_in_gpu", kind="parity")
+    bound_name = style.readable("all_in_gpu")
+    style.reference_line(ax["bound"], 1.0, bound_name, kind="parity")
     style.reference_line(ax["bound"], 1.15, "target: 1.15x", kind="target")
     ax["bound"].margins(y=0.15)
     ax["bound"].set(
-        ylabel="epoch time / all_in_gpu's", title=f"Epoch against all-in-GPU (below 1: faster)\n({runs_note})"
+        ylabel=f"epoch time relative to {bound_name}",
+        title=f"Epoch against all in GPU (below 1: faster)\n({runs_note})",
     )
-ax["time"].set(ylabel="epoch time (s)", title="Where an epoch goes (committed run)\n(bar outline: the pipeline)")
+write_values()
+ax["time"].set(
+    ylabel="epoch time (s)",
+    title="Where an epoch goes (committed run)\nbottom to top: sampling, feature gather + transfer, training",
+)
 ax["cost"].set(ylabel="CPU time per epoch (core-seconds)", title="CPU cost per epoch (committed run)")
 all_budgets = sorted({b for k in GROUPS for b in budgets_of(k[0])})
 if has_memory:
@@ -311,10 +366,7 @@ if has_fits:
         title="Smallest GPU memory budget each fits\n(resident and peak; hatched: none)",
     )
 entries = style.collect_legend([ax["speed"]])
-entries |= {
-    f"phase: {PHASE_NAMES[ph]}": Patch(facecolor=colour, hatch=PHASE_HATCHES[ph], edgecolor="#333333")
-    for ph, colour in PHASE_COLOURS.items()
-}
+entries |= {f"phase: {text}": Patch(edgecolor=NEUTRAL, **phase_look(look, NEUTRAL)) for text, look in PHASES.values()}
 entries |= {
     f"{style.readable(v)}: not run (over every GPU budget)": Patch(
         facecolor="white", edgecolor=style.color(v), hatch="//"
@@ -324,7 +376,7 @@ entries |= {
 }
 if len(RUNS) > 1:
     entries["one run"] = Line2D([], [], marker="o", color="#333333", linestyle="", markersize=3)
-style.legend_below(fig, entries, columns=5)
+style.legend_below(fig, entries, columns=4)
 what = {(m, layers, f) for _, _, m, layers, f, *_ in GROUPS}
 setup = "; ".join(f"{m}, {layers} layers, fan-out {f}" for m, layers, f in sorted(what))
 style.title(

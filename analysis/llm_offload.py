@@ -454,12 +454,16 @@ print("\n".join(lines))
 # ## Figure: activation memory against step time, per model
 # The headline: for each model of parts `policies` and `shapes`, every policy's activation peak
 # against its step time (colour: the policy; marker: the store), each policy's points joined, and
-# the frontier of all of them (no point both smaller and faster). Supporting figures: the same
-# view for the models of part `models` (`-models`); ratios to keep per model and the bandwidth
-# what-if (`-ratios`); the micro-batch sweep and the convergence curves (`-training`).
+# the frontier of all of them (no point both smaller and faster) haloed. Points whose markers or
+# whiskers would cover each other are set side by side, so that none hides another. Supporting
+# figures: the same view for the models of part `models` (`-models`); ratios to keep per model
+# (`-ratios`); the bandwidth what-if (`-bandwidth`); the micro-batch sweep and the convergence
+# curves (`-training`).
 
 # %%
 from matplotlib.lines import Line2D
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from analysis import style
 
@@ -469,7 +473,16 @@ MEMORY_AXIS = {
     "activation_bytes": "activations held on the device (GiB)",
 }[memory_metric]
 STORE_HATCHES = {"host": "", "file": "//", "kvikio": "xx", "emulated": ".."}
-FRONTIER = "#7f7f7f"
+# Colours that mean no variant, each far from every colour of style.VARIANT_STYLE, so that a colour
+# in these figures names one policy only: the frontier's halo, the ranges over processes, and in the
+# bandwidth what-if the models' needed lines and the stores' lines (an emulated SSD is host memory
+# throttled: host memory's colour, dotted; a store no registry knows gets UNKNOWN_STORE).
+FRONTIER = "#ffee00"
+RANGE = "#000080"
+NEEDED = "#404000"
+STORE_LINE = {"host": "#ff00ff", "file": "#0015ff", "kvikio": "#9500ff"}
+UNKNOWN_STORE = "#0080ff"
+SIDE_BY_SIDE = 9  # points between the centres of markers set side by side
 
 
 def policy_colour(variant: str) -> str:
@@ -485,10 +498,23 @@ def store_marker(variant: str) -> str:
     return style.STORE_MARKERS.get(store_of(variant), "P")
 
 
-def plain_numbers(axis):
-    """Tick labels of a log axis as plain numbers (0.2, 0.5, 2), not powers of ten."""
+def log_ticks(axis, low: float, high: float) -> None:
+    """Ticks a reader can read on a log axis from ``low`` to ``high``, written as plain numbers:
+    decades over more than three, 1-2-5 over a wide range, 1-2-3-5-7 over a middling one, evenly
+    spaced round numbers over a narrow one (where a log axis alone would label only its one power of ten)."""
+    if high / low >= 1e3:
+        locator = ticker.LogLocator(subs=(1.0,))
+    elif high / low >= 8:
+        locator = ticker.LogLocator(subs=(1.0, 2.0, 5.0))
+    elif high / low >= 2.5:
+        locator = ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0, 7.0))
+    else:
+        locator = ticker.FixedLocator(
+            [v for v in ticker.MaxNLocator(8, steps=[1, 2, 5, 10]).tick_values(low, high) if v > 0]
+        )
+    axis.set_major_locator(locator)
+    axis.set_minor_locator(ticker.NullLocator())
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
 
 
 def frontier(points):
@@ -501,80 +527,199 @@ def frontier(points):
     return kept
 
 
-def rok_panel(ax, dataset) -> None:
-    """Step time against activation memory for every policy and store of ``dataset``."""
-    points, by_policy = [], {}
+def rok_points(dataset) -> list[dict]:
+    """Every variant of ``dataset`` measured for both step time and memory, in the legend's order:
+    its median memory (GiB), median step time and quartiles (s), and each other process's medians."""
+    points = []
     for variant in ORDER:
         t = step[(step.dataset == dataset) & (step.variant == variant)]
         mem = memory[(memory.dataset == dataset) & (memory.variant == variant)]
         if t.empty or mem.empty:
             continue
-        x, y = mem["median"].iloc[0] / 2**30, t["median"].iloc[0]
-        points.append((x, y))
-        by_policy.setdefault(setups.loc[variant].policy, []).append((x, y))
+        others = [
+            (rows[rows.metric == memory_metric].value.median() / 2**30, rows[rows.metric == "time"].value.median())
+            for _, rows in reruns[(reruns.dataset == dataset) & (reruns.variant == variant)].groupby("process")
+        ]
+        points.append(
+            {
+                "variant": variant,
+                "x": mem["median"].iloc[0] / 2**30,
+                "y": t["median"].iloc[0],
+                "low": t["q25"].iloc[0],
+                "high": t["q75"].iloc[0],
+                "others": others,
+                "dx": 0.0,  # set by set_apart
+            }
+        )
+    return points
+
+
+def spans_widely(points) -> bool:
+    """Whether the step times span a range a linear axis would flatten (the fast ones in one line)."""
+    times = [p["y"] for p in points]
+    return max(times) / min(times) > 4
+
+
+def rok_axes(ax, dataset, points, log: bool) -> None:
+    """Scales, limits and words of a panel: whiskers and other processes inside it; one scale for
+    every panel of a figure."""
+    xs = [p["x"] for p in points] + [x for p in points for x, _ in p["others"]]
+    ys = [y for p in points for y in (p["low"], p["high"], *(y for _, y in p["others"]))]
+    low, high = min(ys), max(ys)
+    if log:
+        ax.set_yscale("log")
+        pad = max(1.04, (high / low) ** 0.08)  # room for the markers, more over a wide range
+        ax.set_ylim(low / pad, high * pad)
+        log_ticks(ax.yaxis, *ax.get_ylim())
+    else:  # a close range of times: room around the points, not an axis from zero that flattens them
+        pad = 0.08 * (high - low) + 0.01 * high
+        ax.set_ylim(low - pad, high + pad)
+    ax.set_xlim(0, 1.1 * max(xs))
+    ax.set(
+        xlabel=MEMORY_AXIS,
+        ylabel="step time (s, log scale)" if log else "step time (s)",
+        title=style.llm_model_label(dataset),
+    )
+
+
+def set_apart(ax, points) -> None:
+    """Sets side by side points of the same memory whose markers or whiskers would overlap (``dx``,
+    in GiB): a point whose memory no other shares keeps its place, and so does the first of each
+    memory in the legend's order; each other takes the nearest free place, SIDE_BY_SIDE points to
+    the right or left, so that the shared memory stays in the middle. Needs the panel's final size."""
+    to_px = ax.transData.transform
+    step_px = SIDE_BY_SIDE * ax.figure.dpi / 72
+    gib_per_px = (ax.get_xlim()[1] - ax.get_xlim()[0]) / ax.bbox.width
+    same = 0.003 * ax.get_xlim()[1]  # memories closer than this are one memory
+    first_of = {}
+    for p in points:
+        first_of.setdefault(next((m for m in first_of if abs(m - p["x"]) < same), p["x"]), p["variant"])
+    settled = set(first_of.values())
+    placed = []  # (x, lowest y, highest y) in pixels
+    for p in sorted(points, key=lambda p: p["variant"] not in settled):  # the settled first, in order
+        x, y = to_px((p["x"], p["y"]))
+        bottom, top = sorted([to_px((p["x"], p["low"]))[1], to_px((p["x"], p["high"]))[1]])
+        bottom, top = min(bottom, y - step_px / 2), max(top, y + step_px / 2)
+        for k in (0,) if p["variant"] in settled else (0, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5):
+            free = all(abs(x + k * step_px - px) > step_px - 0.5 or top < b or bottom > t for px, b, t in placed)
+            if free:
+                break
+        placed.append((x + k * step_px, bottom, top))
+        p["dx"] = k * step_px * gib_per_px
+
+
+def obstacles_of(ax, points, extra=()) -> list:
+    """Boxes (pixels) of what a label must not cover: markers, whiskers and ``extra`` boxes."""
+    to_px = ax.transData.transform
+    pt = ax.figure.dpi / 72
+    boxes = list(extra)
+    for p in points:
+        x, y = to_px((p["x"] + p["dx"], p["y"]))
+        boxes.append(Bbox.from_extents(x - 4 * pt, y - 4 * pt, x + 4 * pt, y + 4 * pt))
+        low, high = sorted([to_px((0, p["low"]))[1], to_px((0, p["high"]))[1]])
+        boxes.append(Bbox.from_extents(x - 2 * pt, low, x + 2 * pt, high))
+        for ox, oy in p["others"]:
+            cx, cy = to_px((ox + p["dx"], oy))
+            boxes.append(Bbox.from_extents(cx - 5 * pt, cy - 5 * pt, cx + 5 * pt, cy + 5 * pt))
+    return boxes
+
+
+# Where a label may go, in points from its point: beside it, then above or below, then further out
+# (joined to its point by a thin line).
+LABEL_PLACES = [(5, 0), (-5, 0), (0, 6), (0, -6), (6, 6), (6, -6), (-6, 6), (-6, -6)] + [
+    (dx * r, dy * r)
+    for r in (2, 3, 4)
+    for dx, dy in [(6, 0), (-6, 0), (0, 6), (0, -6), (5, 5), (5, -5), (-5, 5), (-5, -5)]
+]
+
+
+def place_labels(ax, labels, obstacles) -> None:
+    """Writes each (x, y, text, colour) of ``labels`` at the first of LABEL_PLACES where it stays in
+    the panel and covers no obstacle and no label written before (the last place if none is free)."""
+    renderer = ax.figure.canvas.get_renderer()
+    taken = list(obstacles)
+    for x, y, text, colour in labels:
+        for i, (dx, dy) in enumerate(LABEL_PLACES):
+            far = abs(dx) > 6 or abs(dy) > 6
+            note = ax.annotate(
+                text,
+                (x, y),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                va="bottom" if dy > 0 else "top" if dy < 0 else "center",
+                fontsize=6.5,
+                color=colour,
+                zorder=4,
+                arrowprops=dict(arrowstyle="-", color=colour, linewidth=0.5, shrinkA=0, shrinkB=4) if far else None,
+            )
+            note.set_in_layout(False)
+            note.update_positions(renderer)
+            box = Text.get_window_extent(note, renderer)  # the words, not the leader
+            inside = ax.bbox.contains(box.x0, box.y0) and ax.bbox.contains(box.x1, box.y1)
+            if (inside and not any(box.overlaps(t) for t in taken)) or i == len(LABEL_PLACES) - 1:
+                taken.append(box)
+                break
+            note.remove()
+
+
+def rok_draw(ax, dataset, points) -> None:
+    """The panel's points (side by side where they would overlap), each policy's points joined, the
+    frontier's halos, the offloading bound and the emulated stores' bandwidths. Needs the panel's
+    final size."""
+    set_apart(ax, points)
+    labels, by_policy = [], {}
+    for p in points:
+        variant, x = p["variant"], p["x"] + p["dx"]
+        colour, marker = policy_colour(variant), store_marker(variant)
         ax.errorbar(
             [x],
-            [y],
-            yerr=[[y - t["q25"].iloc[0]], [t["q75"].iloc[0] - y]],
-            fmt=store_marker(variant),
-            color=policy_colour(variant),
+            [p["y"]],
+            yerr=[[p["y"] - p["low"]], [p["high"] - p["y"]]],
+            fmt=marker,
+            color=colour,
             markersize=6,
             capsize=2,
             zorder=3,
         )
+        for ox, oy in p["others"]:
+            ax.plot([ox + p["dx"]], [oy], marker, mfc="none", color=colour, markersize=8, alpha=0.7, zorder=3)
+        by_policy.setdefault(setups.loc[variant].policy, []).append((p["x"], p["y"], x))
         gbps = setups.loc[variant].emulated_gbps
         if pd.notna(gbps):
-            ax.annotate(
-                f"{gbps:g}",
-                (x, y),
-                xytext=(5, -2),
-                textcoords="offset points",
-                fontsize=6.5,
-                color=policy_colour(variant),
-            )
-        for _, rows in reruns[(reruns.dataset == dataset) & (reruns.variant == variant)].groupby("process"):
-            rx = rows[rows.metric == memory_metric].value.median() / 2**30
-            ry = rows[rows.metric == "time"].value.median()
-            ax.plot(
-                [rx], [ry], store_marker(variant), mfc="none", color=policy_colour(variant), markersize=8, alpha=0.7
-            )
+            labels.append((x, p["y"], f"{gbps:g}", colour))
+    # Each policy's points joined in the order of memory, where they are drawn; not two of the same
+    # memory (set side by side, their join would slant as if memory differed).
+    same = 0.005 * ax.get_xlim()[1]
     for policy, xy in by_policy.items():
-        if len(xy) > 1:
-            xs, ys = zip(*sorted(xy))
-            ax.plot(xs, ys, color=style.color(policy), linewidth=0.8, alpha=0.6, zorder=2)
-    edge = frontier(points)
-    if len(edge) > 1:
-        xs, ys = zip(*edge)
-        ax.step(xs, ys, where="post", color=FRONTIER, linewidth=5, alpha=0.3, zorder=1)
-    bound_line(ax, dataset)
-    times = step[step.dataset == dataset]["median"]
-    wide = times.max() / times.min() > 4  # a log axis only where the times span a wide range
-    ax.set(
-        xlabel=MEMORY_AXIS,
-        ylabel="step time (s" + (", log scale)" if wide else ")"),
-        yscale="log" if wide else "linear",
-        title=style.llm_model_label(dataset),
-    )
-    ax.set_xlim(left=0, right=1.08 * ax.get_xlim()[1])
-    if wide:
-        plain_numbers(ax.yaxis)
-    else:  # a close range of times: room around the points, not an axis from zero that flattens them
-        low, high = times.min(), times.max()
-        ax.set_ylim(low - 0.15 * (high - low) - 0.02 * low, high + 0.15 * (high - low) + 0.02 * high)
+        ordered = sorted(xy)
+        for (x0, y0, at0), (x1, y1, at1) in zip(ordered, ordered[1:]):
+            if x1 - x0 > same:
+                ax.plot([at0, at1], [y0, y1], color=style.color(policy), linewidth=0.8, alpha=0.6, zorder=2)
+    on_edge = set(frontier([(p["x"], p["y"]) for p in points]))
+    for p in points:
+        if (p["x"], p["y"]) in on_edge:
+            ax.plot([p["x"] + p["dx"]], [p["y"]], "o", color=FRONTIER, markersize=15, mec="none", zorder=1.5)
+    bound = bound_line(ax, dataset)
+    place_labels(ax, labels, obstacles_of(ax, points, [bound] if bound else []))
 
 
-def bound_line(ax, dataset) -> None:
+def bound_line(ax, dataset):
     """The offloading bound at keep's step time: from keep's memory down by the most any measured
-    store could free at no time overhead, a tick where each store's bound ends."""
+    store could free at no time overhead, a tick where each store's bound ends. Returns its box in
+    pixels (None where there is no bound)."""
     keep_t = step[(step.dataset == dataset) & (step.variant == "keep")]["median"]
     keep_held = memory[(memory.dataset == dataset) & (memory.variant == "keep")]["median"]
     if not BOUNDS.get(dataset) or keep_t.empty or keep_held.empty:
-        return
+        return None
     x0, y = keep_held.iloc[0] / 2**30, keep_t.iloc[0]
     ends = [(x0 - b / 2**30, variant) for variant, b in BOUNDS[dataset]]
     colour = style.color(ALL_OFFLOADED)
     ax.plot([min(x for x, _ in ends), x0], [y, y], color=colour, linestyle="--", linewidth=1.2, zorder=2)
     ax.plot([x for x, _ in ends], [y] * len(ends), "|", color=colour, markersize=12, markeredgewidth=1.5, zorder=2)
+    (left, middle), (right, _) = ax.transData.transform([(min(x for x, _ in ends), y), (x0, y)])
+    half = 6 * ax.figure.dpi / 72  # the ticks' half height
+    return Bbox.from_extents(left, middle - half, right, middle + half)
 
 
 def rok_legend(fig, datasets) -> None:
@@ -599,11 +744,16 @@ def rok_legend(fig, datasets) -> None:
             entries[label(variant)] = Line2D(
                 [], [], color=policy_colour(variant), marker=store_marker(variant), linestyle="none"
             )
-    entries["frontier: nothing both smaller and faster"] = Line2D([], [], color=FRONTIER, linewidth=5, alpha=0.3)
+    entries["halo: on the frontier (no point both smaller and faster)"] = Line2D(
+        [], [], color=FRONTIER, marker="o", markersize=11, mec="none", linestyle="none"
+    )
     if any(BOUNDS.get(d) for d in datasets):
-        entries["bound: freed at keep's time by a store's bandwidth (|: each store)"] = Line2D(
+        entries["bound: memory a store's bandwidth frees at keep all's time (|: each store)"] = Line2D(
             [], [], color=style.color(ALL_OFFLOADED), linestyle="--", linewidth=1.2, marker="|", markersize=10
         )
+    entries["side by side: points that would cover each other (the same memory)"] = Line2D(
+        [], [], color="#555555", marker=r"$\leftrightarrow$", markersize=11, linestyle="none"
+    )
     if not reruns[reruns.dataset.isin(datasets)].empty:
         entries["hollow: another process"] = Line2D([], [], color="#555555", marker="o", mfc="none", linestyle="none")
     style.legend_below(fig, entries, columns=5)
@@ -611,10 +761,15 @@ def rok_legend(fig, datasets) -> None:
 
 def rok_figure(datasets, heading, what=None) -> None:
     fig, axes = style.panels(len(datasets), cols=2, width=6.0, height=4.2)
-    for ax, dataset in zip(axes, datasets):
-        rok_panel(ax, dataset)
+    point_sets = [rok_points(dataset) for dataset in datasets]
+    log = any(spans_widely(points) for points in point_sets)  # one time scale for every panel
+    for ax, dataset, points in zip(axes, datasets, point_sets):
+        rok_axes(ax, dataset, points, log)
     rok_legend(fig, datasets)
     style.title(fig, heading, MEASURED)
+    fig.draw_without_rendering()  # the panels' final sizes, which setting points apart is measured in
+    for ax, dataset, points in zip(axes, datasets, point_sets):
+        rok_draw(ax, dataset, points)
     style.save(fig, figure, what)
 
 
@@ -627,15 +782,27 @@ rok_datasets = [
     ).itertuples()
 ] or sorted(set(step.dataset))
 other_datasets = [d for d in sorted(set(step.dataset)) if d not in rok_datasets]
-HEADING = "Activation offloading: activation memory against step time; lower left wins" + (
-    "" if "torch_budget" in set(setups.policy) else " (torch's activation-memory budget not measured)"
-)
+VIEW = "activation memory against step time; lower left wins"
+NOT_MEASURED = "" if "torch_budget" in set(setups.policy) else " (torch's activation-memory budget not measured)"
+
+
+def families_of(datasets) -> str:
+    """ "BERT, GPT-2 and T5": the model families of ``datasets`` in words."""
+    names = sorted({style.llm_model_label(d, short=True).split(" ")[0] for d in datasets})
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 for first in range(0, len(rok_datasets), 6):
-    rok_figure(rok_datasets[first : first + 6], HEADING, None if first == 0 else f"more_{first // 6}")
-for first in range(0, len(other_datasets), 6):
     rok_figure(
-        other_datasets[first : first + 6],
-        HEADING + ": other model families",
+        rok_datasets[first : first + 6],
+        f"Activation offloading: {VIEW}{NOT_MEASURED}",
+        None if first == 0 else f"more_{first // 6}",
+    )
+for first in range(0, len(other_datasets), 6):
+    shown = other_datasets[first : first + 6]
+    rok_figure(
+        shown,
+        f"Activation offloading on {families_of(shown)}: {VIEW}{NOT_MEASURED}",
         "models" if first == 0 else f"models_{first // 6 + 1}",
     )
 
@@ -657,16 +824,28 @@ def variant_label(variant: str) -> str:
     return f"{style.readable(v.policy)}, {store}"
 
 
+# Each ratio to keep within each process (the committed run and every re-run), one column a process:
+# a bar's range where its model was measured in more than one.
+process_ratios = {
+    metric: pd.concat({name: ratios_to_keep(rows, metric) for name, rows in processes.items()}, axis=1)
+    for metric in ("time", memory_metric)
+}
 fig, axes = style.panels(2, cols=2, width=6.5, height=4.2)
-for ax, table, what in ((axes[0], step, "step time"), (axes[1], memory, MEMORY_AXIS.split(" (")[0].split(" on ")[0])):
+ranged = False
+for ax, table, metric, what in (
+    (axes[0], step, "time", "step time"),
+    (axes[1], memory, memory_metric, MEMORY_AXIS.split(" (")[0].split(" on ")[0]),
+):
     width = 0.8 / max(len(shared), 1)
+    tops, bottoms = [1.0], [1.0]
     for j, variant in enumerate(shared):
+        centres = np.arange(len(models)) + (j - (len(shared) - 1) / 2) * width
         values = []
         for dataset in models:
             both = table[table.dataset == dataset].set_index("variant")["median"]
             values.append(both[variant] / both["keep"])
         ax.bar(
-            np.arange(len(models)) + (j - (len(shared) - 1) / 2) * width,
+            centres,
             values,
             width,
             color=policy_colour(variant),
@@ -675,78 +854,172 @@ for ax, table, what in ((axes[0], step, "step time"), (axes[1], memory, MEMORY_A
             linewidth=0,
             label=variant_label(variant),
         )
+        tops += values
+        bottoms += values
+        for centre, value, dataset in zip(centres, values, models):
+            over = (
+                process_ratios[metric].loc[(dataset, variant)].dropna()
+                if (dataset, variant) in process_ratios[metric].index
+                else pd.Series(dtype=float)
+            )
+            if len(over) > 1:
+                ax.errorbar(
+                    [centre],
+                    [value],
+                    yerr=[[value - over.min()], [over.max() - value]],
+                    fmt="none",
+                    color=RANGE,
+                    capsize=2,
+                    elinewidth=1,
+                    zorder=3,
+                )
+                tops.append(over.max())
+                bottoms.append(over.min())
+                ranged = True
     style.reference_line(ax, 1.0, "keep all", kind="parity")
     ax.set_xticks(range(len(models)), [style.llm_model_label(m, short=True).split(",")[0] for m in models])
-    ax.set(ylabel=f"{what}, relative to keep all", title=f"{what.capitalize()} per model, relative to keep all")
-    if what == "step time":
+    ax.set(title=f"{what.capitalize()} per model, relative to keep all")
+    if metric == "time":  # ratios from below 1 to many times: a log axis, ticks wherever bars end
         ax.set_yscale("log")
-        plain_numbers(ax.yaxis)
+        ax.set_ylim(min(bottoms) / 1.1, max(tops) * 1.25)
+        log_ticks(ax.yaxis, *ax.get_ylim())
+        ax.set_ylabel(f"{what} relative to keep all (log scale)")
+    else:
+        ax.set_ylim(0, max(tops) * 1.08)
+        ax.set_ylabel(f"{what} relative to keep all")
     ax.grid(axis="x", visible=False)
-style.legend_below(fig, style.collect_legend(axes), columns=4)
+entries = style.collect_legend(axes)
+counted = len(processes)
+if ranged:
+    entries[f"range over {counted} processes, where a model was re-run (bar: the committed run)"] = Line2D(
+        [], [], color=RANGE, marker="_", markersize=6, linewidth=1
+    )
+style.legend_below(fig, entries, columns=4)
 shapes = sorted({style.llm_model_label(m).split(", ", 3)[-1] for m in models})
+unranged = "" if ranged else "; one process per model"
 style.title(
-    fig, f"Activation offloading: step time and memory relative to keep all per model ({'; '.join(shapes)})", MEASURED
+    fig,
+    f"Activation offloading: step time and memory relative to keep all per model ({'; '.join(shapes)}{unranged})",
+    MEASURED,
 )
 style.save(fig, figure, "ratios")
 
+
 # What-if: the write bandwidth that hides a block's offload inside its own forward, for a GPU of
-# any speed (SSDTrain's criterion), against the bandwidths the stores reached here.
-fig, (ax,) = style.panels(1, width=8.0, height=5.0)
+# any speed (SSDTrain's criterion), against the bandwidths the stores reached here. A block's
+# needed bandwidth is its saved bytes over its forward time, its FLOPs over the rate: proportional
+# to the rate, a straight line on log axes, one per model (models of the same bytes per FLOP share
+# one). Lines are named in the margin, labels pushed apart where lines run close.
+def margin_labels(ax, items, gap: float = 12.0) -> None:
+    """Writes each (y, text, colour) of ``items`` right of the panel at its line's height, moved
+    apart to ``gap`` points where lines run closer, a short leader to its line. Needs the panel's
+    final height."""
+    if not items:
+        return
+    pt = ax.figure.dpi / 72
+    items = sorted(items, key=lambda item: item[0])
+    heights = [ax.transData.transform((1, y))[1] for y, _, _ in items]
+    placed = list(heights)
+    for i in range(1, len(placed)):
+        placed[i] = max(placed[i], placed[i - 1] + gap * pt)
+    overshoot = (placed[-1] - heights[-1]) / 2  # centre the pushed stack on the lines it names
+    placed = [h - overshoot for h in placed]
+    for i in range(len(placed) - 2, -1, -1):
+        placed[i] = min(placed[i], placed[i + 1] - gap * pt)
+    for (y, text, colour), height, at in zip(items, heights, placed):
+        ax.annotate(
+            text,
+            (1.0, y),
+            xycoords=("axes fraction", "data"),
+            xytext=(14, (at - height) / pt),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=7.5,
+            color=colour,
+            annotation_clip=False,
+            arrowprops=dict(arrowstyle="-", color=colour, linewidth=0.6, shrinkA=1, shrinkB=0),
+        )
+
+
+def grouped_by_bytes_per_flop(datasets) -> list[tuple[float, list[str]]]:
+    """(largest saved bytes per forward FLOP of a block, the models with it): models within 1 %
+    of each other share one line."""
+    groups = []
+    for per, dataset in sorted((max(b / f for b, f in zip(*block_costs_of(d))), d) for d in datasets):
+        if groups and per <= groups[-1][0] * 1.01:
+            groups[-1][1].append(dataset)
+        else:
+            groups.append((per, [dataset]))
+    return groups
+
+
+def models_text(datasets, sequence: str) -> str:
+    """ "BERT 256x4 and GPT-2 256x4, batch 4": short names, a shared batch said once, and the
+    words ``sequence`` (", seq 256", said in the title where every model shares it) left out."""
+    names = [style.llm_model_label(d, short=True).replace(sequence, "").split(", ", 1) for d in datasets]
+    if len({tuple(n[1:]) for n in names}) == 1:
+        return " and ".join(n[0] for n in names) + "".join(f", {n}" for n in names[0][1:])
+    return "; ".join(", ".join(n) for n in names)
+
+
+fig, (ax,) = style.panels(1, width=9.5, height=5.0)
 keep_rates = rate[rate.variant == "keep"]["median"] * 1e12
-low = min(10e12, keep_rates.min() / 3) if not keep_rates.empty else 10e12  # reach down to the measured rates
-speeds = np.logspace(np.log10(low), np.log10(2e15), 60)
-dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1))]
-for i, dataset in enumerate(sorted(set(step.dataset))):
-    saved, flops = block_costs_of(dataset)
-
-    def needed(flop_rate, saved=saved, flops=flops):  # GB/s that writes each block within its forward
-        return max(b / (f / flop_rate) for b, f in zip(saved, flops)) / 1e9
-
-    ax.plot(
-        speeds / 1e12,
-        [needed(F) for F in speeds],
-        color="black",
-        linestyle=dashes[i % len(dashes)],
-        linewidth=1,
-        label=f"needed: {style.llm_model_label(dataset, short=True)}",
-    )
-    keep_rate = rate[(rate.dataset == dataset) & (rate.variant == "keep")]["median"]
-    if not keep_rate.empty:
-        here = keep_rate.iloc[0] * 1e12
-        ax.plot([here / 1e12], [needed(here)], "o", color="black", markersize=4)
-emulated_seen = sorted(set(step.emulated_gbps.dropna()))
-STORE_LINE = {"host": "#7f7f7f", "file": "#d95f02", "kvikio": "#e7298a"}
+# Three decades: from well below the slowest rate measured to ten times the fastest.
+low, high = (keep_rates.min() / 30, keep_rates.max() * 10) if not keep_rates.empty else (10e12, 2e15)
+speeds = np.array([low, high])
+names = []  # (height at the right edge, text, colour): named in the margin
+lengths = set(frame.drop_duplicates("dataset").sequence.dropna().astype(int))
+sequence = f", seq {lengths.pop()}" if len(lengths) == 1 else "\n"  # "\n": in no model's name
+entries = {
+    "needed by a model (named at right)": Line2D([], [], color=NEEDED, linewidth=1.1),
+    "keep all's measured throughput": Line2D([], [], color=style.color("keep"), marker="o", markersize=4, ls=""),
+}
+for per, datasets in grouped_by_bytes_per_flop(sorted(set(step.dataset))):
+    ax.plot(speeds / 1e12, per * speeds / 1e9, color=NEEDED, linewidth=1.1)
+    names.append((per * high / 1e9, models_text(datasets, sequence), NEEDED))
+    for dataset in datasets:
+        keep_rate = rate[(rate.dataset == dataset) & (rate.variant == "keep")]["median"]
+        if not keep_rate.empty:
+            here = keep_rate.iloc[0] * 1e12
+            ax.plot([here / 1e12], [per * here / 1e9], "o", color=style.color("keep"), markersize=4, zorder=3)
 for variant in ORDER:
     if setups.loc[variant].policy != ALL_OFFLOADED:
         continue
     sel = lambda d: d[d.variant == variant]["median"]  # noqa: E731
     w, ws = sel(written).sum(), sel(write_seconds).sum()
     nominal = setups.loc[variant].emulated_gbps
-    if pd.notna(nominal):
-        shade = style.EMULATED_RAMP[min(emulated_seen.index(nominal), len(style.EMULATED_RAMP) - 1)]
-        ax.axhline(nominal, color=shade, linestyle=":", linewidth=1.6, label=f"emulated SSD, {nominal:g} GB/s")
+    if pd.notna(nominal):  # drawn over a store's solid line where the two meet
+        ax.axhline(nominal, color=STORE_LINE["host"], linestyle=":", linewidth=1.4, zorder=2.5)
+        names.append((nominal, f"emulated SSD, {nominal:g} GB/s", STORE_LINE["host"]))
+        entries["emulated SSD (host memory throttled), nominal"] = Line2D(
+            [], [], color=STORE_LINE["host"], linestyle=":", linewidth=1.4
+        )
     elif ws > 0:
         store = setups.loc[variant].store
-        ax.axhline(
-            w / ws / 1e9,
-            color=STORE_LINE.get(store, style.color(store)),
-            linestyle="-",
-            linewidth=1.4,
-            label=f"{style.readable(store)}, achieved here",
-        )
+        colour = STORE_LINE.get(store, UNKNOWN_STORE)
+        ax.axhline(w / ws / 1e9, color=colour, linestyle="-", linewidth=2.4, alpha=0.8, zorder=2)
+        names.append((w / ws / 1e9, f"{style.readable(store)}, {w / ws / 1e9:.3g} GB/s achieved", colour))
+        entries[f"{style.readable(store)}, achieved"] = Line2D([], [], color=colour, linewidth=2.4, alpha=0.8)
 ax.set(
     xscale="log",
     yscale="log",
-    xlim=(speeds[0] / 1e12, speeds[-1] / 1e12),
-    xlabel="compute throughput (model TFLOP/s; dots: keep all, measured here)",
-    ylabel="write bandwidth (GB/s)",
-    title="Write bandwidth that hides every block's offload in its own forward (black),\n"
-    "against the stores here (coloured): a store above a model's line hides its writes",
+    xlim=(low / 1e12, high / 1e12),
+    xlabel="compute throughput of the GPU (model TFLOP/s, log scale)",
+    ylabel="write bandwidth (GB/s, log scale)",
+    title="Needed write bandwidth against the stores here"
+    + (f" (sequences of {sequence.split()[-1]} tokens)" if sequence.startswith(",") else "")
+    + ":\na store's line above a model's at a GPU's throughput hides that model's writes inside its forward",
 )
-style.legend_below(fig, style.collect_legend([ax]), columns=3)
+log_ticks(ax.xaxis, *ax.get_xlim())
+log_ticks(ax.yaxis, *ax.get_ylim())
+style.legend_below(fig, entries, columns=3)
 style.title(fig, "Activation offloading: the write bandwidth an offload needs, for a GPU of any speed", MEASURED)
+fig.draw_without_rendering()  # the panel's final height, which the margin's labels are spaced in
+margin_labels(ax, names)
 style.save(fig, figure, "bandwidth")
 
+dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1))]
 training_panels = (2 if not sweep.empty else 0) + (1 if not capped.empty else 0) + (1 if not curves.empty else 0)
 if training_panels:
     fig, axes = style.panels(training_panels, cols=3, width=5.0, height=3.8)
@@ -805,6 +1078,7 @@ if training_panels:
         )
     if not curves.empty:
         ax = next(cells)
+        elsewhere = set(sweep.variant) | set(capped.variant)  # a variant of the loss curves alone is said so
         for i, variant in enumerate(v for v in ORDER if v in set(curves.variant)):
             g = curves[curves.variant == variant].sort_values("repetition")
             look = (
@@ -812,7 +1086,8 @@ if training_panels:
                 if variant == "keep"
                 else dict(linewidth=1.2, linestyle=dashes[i % len(dashes)])
             )
-            ax.plot(g.repetition + 1, g.value, color=policy_colour(variant), label=variant_label(variant), **look)
+            text = variant_label(variant) + ("" if variant in elsewhere else " (loss panel only)")
+            ax.plot(g.repetition + 1, g.value, color=policy_colour(variant), label=text, **look)
         for value, text in (
             (convergence_notes.get("uniform_loss"), "uniform guessing"),
             (convergence_notes.get("entropy_rate"), "entropy rate (floor)"),
@@ -824,8 +1099,12 @@ if training_panels:
             ylabel="training loss (nats)",
             ylim=(0, None),
             title=f"{style.llm_model_label(curves.dataset.iloc[0], short=True)} on the generated corpus:\n"
-            + ("every policy's loss equal to keep's at every step" if curves.variant.nunique() > 1 else "keep only"),
+            + (
+                "every policy's loss equal to keep all's at every step (the lines coincide)"
+                if curves.variant.nunique() > 1
+                else "keep only"
+            ),
         )
     style.legend_below(fig, style.collect_legend(axes), columns=5)
-    style.title(fig, "Activation offloading in training: micro-batch size and convergence", MEASURED)
+    style.title(fig, "Activation offloading in training: micro-batch size and convergence (one process each)", MEASURED)
     style.save(fig, figure, "training")

@@ -535,6 +535,13 @@ if not allocated.empty:
         cells = " | ".join(f"{by.get(c, 0):,.1f}" for c in CLASSES[:4] + ["other"])
         lines.append(f"| {model} | {mode} | {form} | {cells} | {by.sum():,.1f} |")
 skipped = {k: v for record in provenance for k, v in record.get("skipped", {}).items()}
+cut_short = sorted({record.get("part", "?") for record in provenance if record.get("cut_short")})
+if cut_short:
+    lines += [
+        "",
+        f"Cut short (stopped before every form was measured; a form missing on their graphs was not measured): "
+        f"{', '.join(cut_short)}.",
+    ]
 if skipped:
     lines += ["", "Not attempted:", ""] + [f"- {where}: {why}" for where, why in sorted(skipped.items())]
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
@@ -546,11 +553,13 @@ print("\n".join(lines[:40]))
 #
 # The headline figure: the speedup of `hector_best` over the fastest competitor per graph (a bar
 # from 1, so a slowdown points down), one hatch per model, the range over the processes that
-# measured the graph, the geomean over the dataset-shaped graphs, and OOM where a side ran out of
-# memory. Below it the ablation. Supporting figures: every form's time per graph (`-times`), its
+# measured the graph, the geomean over the dataset-shaped graphs, an x where a competitor ran out
+# of memory, and under each panel the graphs and models measured but not compared, with why.
+# Below it the ablation. Supporting figures: every form's time per graph (`-times`), its
 # intermediate memory (`-memory`) and the time by kind of work on the largest graph (`-kinds`).
 
 # %%
+from matplotlib import patheffects
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
@@ -571,12 +580,68 @@ PAPER_GEOMEAN = {
 }
 
 PAPER_COLOUR = "#01a9b8"  # the paper's numbers: a hue no form has
-OOM_COLOUR = "#b2182b"
+# Marks that mean no form are black or grey, never a form's colour: out of memory, not measured,
+# and the range over the processes (outlined in white, so that it shows on a dark bar too).
+MARK_COLOUR = "#222222"
+OUTLINE = [patheffects.withStroke(linewidth=2.8, foreground="white")]
 
 
 def out_of_memory(model, mode, dataset, variants) -> bool:
     rows = oom[(oom.model == model) & (oom["mode"] == mode) & (oom.dataset == dataset) & (oom.in_dim == width)]
     return rows.variant.isin(variants).any()
+
+
+def foot_mark(ax, xs, what: str) -> None:
+    """A mark at the foot of the panel at ``xs``: ``what`` "oom" (an x: ran out of memory) or
+    "absent" (an open square: not measured)."""
+    look = {"oom": dict(marker="x", mew=1.5), "absent": dict(marker="s", fillstyle="none", mew=0.9)}[what]
+    ax.plot(
+        xs,
+        [0.03] * len(xs),
+        linestyle="none",
+        color=MARK_COLOUR,
+        markersize=4.5,
+        label=f"_{what}",
+        transform=ax.get_xaxis_transform(),
+        clip_on=False,
+        **look,
+    )
+
+
+FOOT_MARKS = {
+    "oom": ("x at the foot: ran out of GPU memory", dict(marker="x", mew=1.5)),
+    "absent": ("open square at the foot: not measured", dict(marker="s", fillstyle="none", mew=0.9)),
+}
+
+
+def foot_entries(axes) -> dict:
+    """Legend entries of the foot marks drawn in ``axes``, only those that appear."""
+    drawn = {line.get_label()[1:] for ax in axes for line in ax.lines}
+    return {
+        text: Line2D([], [], color=MARK_COLOUR, linestyle="none", markersize=5, **look)
+        for what, (text, look) in FOOT_MARKS.items()
+        if what in drawn
+    }
+
+
+def range_whisker(ax, x, value, low, high) -> None:
+    """A whisker from ``low`` to ``high`` at ``x``, outlined so it shows on any bar."""
+    drawn = ax.errorbar(
+        x, value, yerr=[[value - low], [high - value]], color=MARK_COLOUR, capsize=2.5, elinewidth=1.1, fmt="none"
+    )
+    for artist in (*drawn.lines[1], *drawn.lines[2]):
+        artist.set_path_effects(OUTLINE)
+
+
+def plain_log_ticks(ax, suffix: str = "") -> None:
+    """Log-scale y ticks as plain numbers (0.2, 0.5, 1, 2, ...), enough to read and no more: steps
+    of 1-2-5, with 3 too where the axis spans less than two decades, decades alone past three."""
+    low, high = ax.get_ylim()
+    decades = np.log10(high / low)
+    subs = (1.0,) if decades > 3.2 else (1.0, 2.0, 5.0) if decades > 1.6 else (1.0, 2.0, 3.0, 5.0)
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=30))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: (f"{v:,.0f}" if v >= 1 else f"{v:g}") + suffix))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 CAPTURED = "training_graphed"  # the mode whose whole training step is captured as one CUDA graph
@@ -587,110 +652,119 @@ MODE_TITLES = {
 }
 
 
+def why_not_compared(model, mode, dataset) -> str | None:
+    """Why ``model`` on ``dataset`` has no headline speedup in ``mode`` although a form of it was
+    measured there; None where it has one, or where nothing of it was measured there."""
+    if (model, mode, dataset) in headline:
+        return None
+    at = (frame.model == model) & (frame["mode"] == mode) & (frame.dataset == dataset) & (frame.in_dim == width)
+    if not at.any():
+        return None
+    if out_of_memory(model, mode, dataset, [HEADLINE]):
+        return "Hector ran out of memory"
+    timed = set(main[(main.model == model) & (main["mode"] == mode) & (main.dataset == dataset)].variant)
+    if HEADLINE not in timed:
+        return "Hector not measured (the summary's notes say why)"
+    if out_of_memory(model, mode, dataset, COMPETITORS):
+        return "every competitor ran out of memory"
+    return "no competitor measured"
+
+
+def not_compared_note(mode) -> str:
+    """One line naming each graph and model of ``mode`` with no comparison, grouped by why."""
+    by_reason = {}
+    for d in GRAPHS:
+        for m in MODELS:
+            reason = why_not_compared(m, mode, d)
+            if reason:
+                by_reason.setdefault(reason, {}).setdefault(d, []).append(style.readable(m))
+    return "; ".join(
+        "not compared, " + reason + ": " + ", ".join(f"{d} ({', '.join(models)})" for d, models in graphs.items())
+        for reason, graphs in by_reason.items()
+    )
+
+
 def speedup_panel(ax, mode, with_geomean: bool = True) -> None:
-    """hector_best's speedup per graph (bars from 1, log scale), a hatch per model, the range over
-    processes, OOM marks, then the geomean over the dataset-shaped graphs with the paper's targets
-    (``with_geomean``: where every dataset-shaped graph was measured in this mode)."""
-    graphs = [d for d in GRAPHS if any(k[1] == mode and k[2] == d for k in headline) or not oom.empty]
-    graphs = [d for d in graphs if any((m, mode, d) in headline or out_of_memory(m, mode, d, FORMS) for m in MODELS)]
+    """The headline's speedup per graph (bars from 1, log scale), a hatch per model, the range over
+    processes, an x where a competitor ran out of memory, then the geomean over the dataset-shaped
+    graphs with the paper's targets (``with_geomean``). Graphs with no comparison are left out and
+    named under the panel, as are the models missing from a graph that is shown."""
+    graphs = [d for d in GRAPHS if any((m, mode, d) in headline for m in MODELS)]
+    models = [m for m in MODELS if any((m, mode, d) in headline for d in graphs)]
     shaped = [d for d in graphs if d in DATASET_SHAPED] if with_geomean else []
-    slots = graphs + (["geomean"] if shaped else [])
-    bar = 0.8 / len(MODELS)
+    bar = 0.8 / len(models)
     colour = style.color(HEADLINE)
-    for j, model in enumerate(MODELS):
-        offset = (j - (len(MODELS) - 1) / 2) * bar
+    labels_at = []  # (x, height) of each geomean's label, to make room above them
+    for j, model in enumerate(models):
+        offset = (j - (len(models) - 1) / 2) * bar
         for i, d in enumerate(graphs):
             key = (model, mode, d)
-            if key in headline:
-                seen = measured_in(headline_by_process, key)
-                ax.bar(
-                    i + offset,
-                    seen[0] - 1,
-                    bar,
-                    bottom=1,
-                    color=colour,
-                    hatch=HATCH[model],
-                    edgecolor="white",
-                    linewidth=0,
-                )
-                gone = [v for v in COMPETITORS if out_of_memory(model, mode, d, [v])]
-                if gone:  # a competitor that ran out of memory is no part of the fastest
-                    ax.plot(i + offset, 0.02, "x", color=OOM_COLOUR, markersize=5, mew=1.5,
-                            transform=ax.get_xaxis_transform(), clip_on=False)  # fmt: skip
-                if len(seen) > 1:
-                    ax.errorbar(
-                        i + offset,
-                        seen[0],
-                        yerr=[[seen[0] - min(seen)], [max(seen) - seen[0]]],
-                        color="#e08214",
-                        capsize=2,
-                        elinewidth=1.2,
-                        fmt="none",
-                    )
-            elif out_of_memory(model, mode, d, [HEADLINE]) or out_of_memory(model, mode, d, COMPETITORS):
-                timed = set(main[(main.model == model) & (main["mode"] == mode) & (main.dataset == d)].variant)
-                if out_of_memory(model, mode, d, [HEADLINE]):
-                    why = "OOM (Hector)"
-                elif HEADLINE not in timed:  # no row either way: its capture failed (the doc says why)
-                    why = "Hector not measured"
-                else:
-                    why = "OOM (peers)"
-                ax.text(
-                    i + offset,
-                    1.04,
-                    why,
-                    rotation=90,
-                    ha="center",
-                    va="bottom",
-                    fontsize=6.5,
-                    color=OOM_COLOUR,
-                )
-        keys = [(model, mode, d) for d in shaped if (model, mode, d) in headline]
-        if keys:
-            each = geomeans(headline_by_process, keys)
-            x = len(graphs) + offset
-            ax.bar(x, each[0] - 1, bar, bottom=1, color=colour, hatch=HATCH[model], edgecolor="white", linewidth=0)
-            ax.annotate(
-                f"{each[0]:.2f}x",
-                (x, max(each[0], 1)),
-                xytext=(0, 3),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                rotation=90,
-                fontsize=7,
+            if key not in headline:
+                continue
+            seen = measured_in(headline_by_process, key)
+            ax.bar(
+                i + offset, seen[0] - 1, bar, bottom=1, color=colour, hatch=HATCH[model], edgecolor="white", linewidth=0
             )
-            if len(each) > 1:
-                ax.errorbar(
-                    x,
-                    each[0],
-                    yerr=[[each[0] - min(each)], [max(each) - each[0]]],
-                    color="#e08214",
-                    capsize=2,
-                    elinewidth=1.2,
-                    fmt="none",
-                )
-            if (model, mode) in PAPER_GEOMEAN:
-                target = PAPER_GEOMEAN[(model, mode)]
-                ax.plot(x, target, marker="_", markersize=12, mew=2.5, color=PAPER_COLOUR, linestyle="none")
+            if out_of_memory(model, mode, d, COMPETITORS):  # no part of the fastest competitor
+                foot_mark(ax, [i + offset], "oom")
+            if len(seen) > 1:
+                range_whisker(ax, i + offset, seen[0], min(seen), max(seen))
+    # The geomean: wider bars after a rule, so that each value fits above its own bar.
+    geomean_models = [m for m in models if any((m, mode, d) in headline for d in shaped)]
+    wide = 0.6
+    start = len(graphs) - 0.5 + 0.35
+    for j, model in enumerate(geomean_models):
+        keys = [(model, mode, d) for d in shaped if (model, mode, d) in headline]
+        each = geomeans(headline_by_process, keys)
+        x = start + (j + 0.5) * wide
+        ax.bar(x, each[0] - 1, wide, bottom=1, color=colour, hatch=HATCH[model], edgecolor="white", linewidth=0)
+        if len(each) > 1:
+            range_whisker(ax, x, each[0], min(each), max(each))
+        top = max(each)
+        if (model, mode) in PAPER_GEOMEAN:
+            target = PAPER_GEOMEAN[(model, mode)]
+            ax.plot(x, target, marker="_", markersize=13, mew=2.5, color=PAPER_COLOUR, linestyle="none")
+            if top <= target < 1.4 * top:  # the label goes above the target's tick, not through it
+                top = target
+        ax.annotate(
+            f"{each[0]:.2f}x",
+            (x, max(top, 1)),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7.5,
+        )
+        labels_at.append(max(top, 1))
     ax.set_yscale("log")
+    if labels_at:  # room for the labels above the highest of them
+        ax.set_ylim(top=max(ax.get_ylim()[1], 1.4 * max(labels_at)))
     style.reference_line(ax, 1.0, "parity", kind="parity")
-    ax.set_xticks(
-        range(len(slots)),
-        [s if s != "geomean" else "geomean\n(dataset-shaped)" for s in slots],
-        rotation=30,
-        ha="right",
-    )
-    if shaped:
+    # A graph measured for one model of several says so under its name.
+    names = []
+    for d in graphs:
+        present = [m for m in models if (m, mode, d) in headline]
+        names.append(f"{d} ({style.readable(present[0])} only)" if len(present) == 1 < len(models) else d)
+    ticks, names = list(range(len(graphs))), names
+    if geomean_models:
+        ticks.append(start + wide * len(geomean_models) / 2)
+        names.append("geomean\n(dataset-shaped)")
         ax.axvline(len(graphs) - 0.5, color="#888888", linewidth=0.8)
-    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
-    ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x" if f"{v:.0e}"[0] in "25" else ""))
+    ax.set_xticks(ticks, names, rotation=30, ha="right")
+    if geomean_models:
+        last = ax.get_xticklabels()[-1]
+        last.set(rotation=0, ha="center")
+    plain_log_ticks(ax, "x")
+    right = start + wide * len(geomean_models) + 0.3 if geomean_models else len(graphs) - 0.4
     ax.set(
         ylabel="speedup over the fastest competitor\n(log scale)",
-        xlim=(-0.6, len(slots) - 0.4),
-        title=f"{MODE_TITLES.get(mode, mode)}: {style.readable(HEADLINE)} ({HEADLINE}, fixed before timing), "
-        f"one layer, width {width}",
+        xlim=(-0.6, right),
+        title=f"{MODE_TITLES.get(mode, mode)}: {style.readable(HEADLINE)} (fixed before timing), one layer, "
+        f"width {width}",
     )
+    note = not_compared_note(mode)
+    if note:
+        ax.set_xlabel(note, fontsize=7.5)
     ax.grid(axis="x", visible=False)
 
 
@@ -720,15 +794,7 @@ def ablation_panel(ax, mode) -> None:
                 linewidth=0,
                 label=style.readable(variant),
             )
-            ax.errorbar(
-                x,
-                value,
-                yerr=[[value - ratio.min()], [ratio.max() - value]],
-                color="#333333",
-                capsize=2,
-                elinewidth=0.8,
-                fmt="none",
-            )
+            range_whisker(ax, x, value, ratio.min(), ratio.max())
     style.reference_line(ax, 1.0, "no passes", kind="parity")
     ax.set_xticks(range(len(models)), [style.readable(m) for m in models])
     ax.set(
@@ -739,6 +805,13 @@ def ablation_panel(ax, mode) -> None:
     ax.grid(axis="x", visible=False)
 
 
+def model_entries(models) -> dict:
+    return {
+        style.readable(m): Patch(facecolor=style.color(HEADLINE), hatch=HATCH[m], edgecolor="white") for m in models
+    }
+
+
+RANGE_ENTRY = Line2D([], [], color=MARK_COLOUR, marker="|", linestyle="none", markersize=9, mew=1.2)
 headline_drawn = bool(OPTIMIZED and headline and on_gpu)
 if headline_drawn:
     modes = [m for m in ("inference", "training") if any(k[1] == m for k in headline)]
@@ -751,17 +824,15 @@ if headline_drawn:
         speedup_panel(ax[f"speedup {m}"], m)
         if has_ablation:
             ablation_panel(ax[f"ablation {m}"], m)
-    entries = {
-        style.readable(m): Patch(facecolor=style.color(HEADLINE), hatch=HATCH[m], edgecolor="white") for m in MODELS
-    }
-    entries["range over the processes"] = Line2D([], [], color="#e08214", marker="|", linestyle="none", markersize=8)
+    entries = model_entries(MODELS)
+    entries["range over the processes (ablation: worst and best graph)"] = RANGE_ENTRY
     entries["paper's geomean (earlier version)"] = Line2D(
         [], [], color=PAPER_COLOUR, marker="_", markersize=12, mew=2.5, linestyle="none"
     )
-    if any(out_of_memory(*k, COMPETITORS) for k in headline):
-        entries["x at the foot: a competitor ran out of memory"] = Line2D(
-            [], [], color=OOM_COLOUR, marker="x", mew=1.5, linestyle="none"
-        )
+    entries |= {
+        text.replace("ran out", "a competitor ran out"): handle
+        for text, handle in foot_entries([ax[f"speedup {m}"] for m in modes]).items()
+    }
     if has_ablation:
         entries |= style.collect_legend([ax[f"ablation {modes[0]}"]])
     style.legend_below(fig, entries, columns=6)
@@ -775,14 +846,13 @@ if headline_drawn:
 # The captured step apart: measured on fewer graphs than the eager modes (some captures do not
 # fit or cannot be made), so no geomean, and the competitors are the captured forms.
 if headline_drawn and any(k[1] == CAPTURED for k in headline):
-    fig, ax = style.mosaic([["captured"]], width=15, height=4.6)
+    fig, ax = style.mosaic([["captured"]], width=15, height=4.8)
     speedup_panel(ax["captured"], CAPTURED, with_geomean=False)
-    entries = {
-        style.readable(m): Patch(facecolor=style.color(HEADLINE), hatch=HATCH[m], edgecolor="white")
-        for m in MODELS
-        if any(k[0] == m and k[1] == CAPTURED for k in headline)
+    entries = model_entries([m for m in MODELS if any(k[0] == m and k[1] == CAPTURED for k in headline)])
+    entries["range over the processes"] = RANGE_ENTRY
+    entries |= {
+        text.replace("ran out", "a competitor ran out"): h for text, h in foot_entries([ax["captured"]]).items()
     }
-    entries["range over the processes"] = Line2D([], [], color="#e08214", marker="|", linestyle="none", markersize=8)
     style.legend_below(fig, entries, columns=6)
     style.title(
         fig,
@@ -793,44 +863,84 @@ if headline_drawn and any(k[1] == CAPTURED for k in headline):
 
 
 # %% [markdown]
-# ## Supporting figures: every form's time and memory per graph, and time by kind of work
+# ## Supporting figures: each form's time and memory per graph, and time by kind of work
+#
+# Per graph the best competitor without torch.compile, the best compiled one (each drawn in its
+# own form's colour), then each of Hector's variants: a point at the median with the
+# interquartile range. The other competitors are in the summary's table of every form.
 
 
 # %%
+def is_compiled(variant) -> bool:
+    return bool(getattr(REGISTRY[variant], "compiles", "")) if variant in REGISTRY else False
+
+
+COMPETING = [v for v in FORMS if ROLE[v] in COMPETITOR_ROLES]
+SLOT_GROUPS = {
+    "eager": [v for v in COMPETING if not is_compiled(v)],
+    "compiled": [v for v in COMPETING if is_compiled(v)],
+}
+OURS = [v for v in FORMS if ROLE[v] not in COMPETITOR_ROLES]  # Hector's variants, each its own slot
+
+
+def slot_value(sel, d, forms):
+    """The row of the smallest median among ``forms`` on graph ``d``, or None."""
+    rows = sel[(sel.dataset == d) & sel.variant.isin(forms)]
+    return rows.loc[rows["median"].idxmin()] if not rows.empty else None
+
+
 def per_form_panel(ax, table, model, mode, unit) -> None:
-    """Every form of ``model`` per graph, bars on a log scale, an x at the foot where a form ran out of memory."""
-    forms = [f for f in FORMS if ((frame.model == model) & (frame.variant == f)).any()]
+    """On each graph: the best eager and the best compiled competitor, then each of Hector's
+    variants, a point at the median with the interquartile range (log scale); an x at the foot
+    where the slot ran out of memory, an open square where it was not measured."""
     sel = table[(table.model == model) & (table["mode"] == mode) & (table.in_dim == width)]
-    graphs = [d for d in GRAPHS if (sel.dataset == d).any() or out_of_memory(model, mode, d, forms)]
-    bar = 0.85 / max(len(forms), 1)
-    for j, form in enumerate(forms):
-        xs = np.arange(len(graphs)) + (j - (len(forms) - 1) / 2) * bar
-        values = [sel[(sel.dataset == d) & (sel.variant == form)]["median"] for d in graphs]
-        ax.bar(
-            xs,
-            [v.iloc[0] * unit if not v.empty else np.nan for v in values],
-            bar,
-            color=style.color(form),
-            label=style.readable(form),
-            linestyle=style.style(form)[1],
-            edgecolor="none",
-        )
-        gone = [x for x, d in zip(xs, graphs) if out_of_memory(model, mode, d, [form])]
-        if gone:
-            ax.plot(
-                gone,
-                [0.02] * len(gone),
-                "x",
-                color=style.color(form),
-                markersize=5,
-                mew=1.5,
-                transform=ax.get_xaxis_transform(),
-                clip_on=False,
+    at = oom[(oom.model == model) & (oom["mode"] == mode) & (oom.in_dim == width)]
+    present = set(sel.variant) | set(at.variant)
+    slots = [forms for forms in SLOT_GROUPS.values() if present & set(forms)]
+    slots += [[v] for v in OURS if v in present]
+    graphs = [d for d in GRAPHS if (sel.dataset == d).any() or (at.dataset == d).any()]
+    step = 0.84 / len(slots)
+    for j, forms in enumerate(slots):
+        offset = (j - (len(slots) - 1) / 2) * step
+        gone, absent = [], []
+        for i, d in enumerate(graphs):
+            r = slot_value(sel, d, forms)
+            if r is None:
+                (gone if out_of_memory(model, mode, d, forms) else absent).append(i + offset)
+                continue
+            ax.errorbar(
+                i + offset,
+                r["median"] * unit,
+                yerr=[[(r["median"] - r.q25) * unit], [(r.q75 - r["median"]) * unit]],
+                fmt="o",
+                markersize=4.2,
+                color=style.color(r.variant),
+                markeredgecolor="#333333",
+                markeredgewidth=0.4,
+                elinewidth=1,
+                capsize=0,
+                label=style.readable(r.variant),
             )
+        for what, xs in (("oom", gone), ("absent", absent)):
+            if xs:
+                foot_mark(ax, xs, what)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(graphs)), graphs, rotation=35, ha="right", fontsize=7)
+    plain_log_ticks(ax)
+    ax.set_xticks(range(len(graphs)), graphs, rotation=25, ha="right", fontsize=7.5)
+    ax.set_xticks(np.arange(len(graphs) - 1) + 0.5, minor=True)  # a rule between graphs
+    ax.tick_params(axis="x", which="minor", length=0)
+    ax.grid(axis="x", which="major", visible=False)
+    ax.grid(axis="x", which="minor", visible=True, color="#cccccc", linewidth=0.8, alpha=1)
+    ax.set_xlim(-0.5, len(graphs) - 0.5)
     ax.set_title(f"{style.readable(model)}, {mode}, width {width}")
-    ax.grid(axis="x", visible=False)
+
+
+def slot_words(best: str) -> str:
+    """The slots of each graph, left to right, in words (``best``: "fastest" or "leanest")."""
+    words = [f"the {best} competitor without torch.compile"] if SLOT_GROUPS["eager"] else []
+    words += [f"the {best} compiled one"] if SLOT_GROUPS["compiled"] else []
+    colour = " (each in its form's colour)" if words else ""
+    return ", ".join(words) + colour + (", then each of Hector's variants" if OURS else "")
 
 
 panels_of = [
@@ -839,57 +949,87 @@ panels_of = [
     for mode in ("inference", "training")
     if ((time.model == m) & (time["mode"] == mode)).any()
 ]
-for what, table, ylabel, unit in (
-    ("times", time, "time per call (ms, log scale)", 1e3),
-    ("memory", memory, "intermediate memory (MiB, log scale)", 1 / 2**20),
+PER_FIGURE = 4  # two models, each mode a full-width panel: room for every slot on every graph
+for what, table, ylabel, unit, best in (
+    ("times", time, "time per call (ms, log scale)", 1e3, "fastest"),
+    ("memory", memory, "intermediate memory (MiB, log scale)", 1 / 2**20, "leanest"),
 ):
     if table.empty:
         continue
-    for first in range(0, len(panels_of), 6):
-        chunk = panels_of[first : first + 6]
-        fig, axes = style.panels(len(chunk), cols=2, width=7.5, height=3.4)
+    for first in range(0, len(panels_of), PER_FIGURE):
+        chunk = panels_of[first : first + PER_FIGURE]
+        fig, axes = style.panels(len(chunk), cols=1, width=15, height=2.9)
         for ax, (model, mode) in zip(axes, chunk):
             per_form_panel(ax, table, model, mode, unit)
             ax.set_ylabel(ylabel)
-        entries = style.collect_legend(axes)
-        entries["x at the foot: out of memory"] = Line2D([], [], color="#333333", marker="x", linestyle="none")
-        style.legend_below(fig, entries, columns=8)
-        part = "" if len(panels_of) <= 6 else f"_{first // 6 + 1}"
+        order = {style.readable(v): i for i, v in enumerate(FORMS)}  # the legend in the registry's order
+        entries = dict(sorted(style.collect_legend(axes).items(), key=lambda item: order.get(item[0], len(order))))
+        entries |= foot_entries(axes)
+        style.legend_below(
+            fig,
+            entries,
+            columns=7,
+            title=f"on each graph, left to right: {slot_words(best)}; whiskers: interquartile range",
+        )
+        part = "" if len(panels_of) <= PER_FIGURE else f"_{first // PER_FIGURE + 1}"
         # Without Hector's generated kernels there is no headline: every form's times are the figure.
         name = None if not headline_drawn and what == "times" and first == 0 else what + part
         style.title(
             fig,
-            f"Every form's {'time per call' if what == 'times' else 'intermediate memory'} per graph, "
-            "graphs by edge count",
+            f"Each form's {'time per call' if what == 'times' else 'intermediate memory'} per graph, "
+            f"graphs by edge count: the {best} competitors and Hector's variants",
             MEASURED,
         )
         style.save(fig, figure, name)
 
 # Time by kind of work on the largest graph: one stacked bar per form and mode, shares of the call.
+# Kinds of work are no forms: colours no form has (analysis/style.py's variants), muted so that
+# they read as a different key from the forms' bright ones.
 KIND_COLORS = {
-    "gemm": "#1f77b4",
-    "aggregation": "#9467bd",
-    "gather_scatter": "#d62728",
-    "elementwise": "#bcbd22",
-    "generated": "#40004b",
-    "other": "#d9d9d9",
+    "gemm": "#88ccee",
+    "aggregation": "#999933",
+    "gather_scatter": "#cc6677",
+    "elementwise": "#f0e442",
+    "generated": "#332288",
+    "other": "#dddddd",
 }
 models = [m for m in MODELS if not shares.empty and (shares.model == m).any()]
 if models:
+    rank = {v: i for i, v in enumerate(FORMS)}
     fig, axes = style.panels(min(len(models), 6), cols=3, width=5.6, height=0.17 * 2 * len(FORMS) + 1.2)
     for ax, model in zip(axes, models):
         rows = shares[shares.model == model]
-        bars = sorted({(mode, form) for mode, form in zip(rows["mode"], rows.variant)})
+        # Inference then training, the forms in the registry's order (competitors, then Hector's
+        # variants from no passes to all passes).
+        pairs = {(mode, form) for mode, form in zip(rows["mode"], rows.variant)}
+        bars = sorted(pairs, key=lambda p: (p[0] != "inference", p[0], rank.get(p[1], len(rank)), p[1]))
         left = np.zeros(len(bars))
+        totals = np.array([rows[(rows["mode"] == mode) & (rows.variant == form)].value.sum() for mode, form in bars])
         for kind in CLASSES:
-            values = np.array(
-                [
-                    rows[(rows["mode"] == mode) & (rows.variant == form) & (rows.kernel_class == kind)].value.sum()
-                    / rows[(rows["mode"] == mode) & (rows.variant == form)].value.sum()
-                    for mode, form in bars
-                ]
+            values = (
+                np.array(
+                    [
+                        rows[(rows["mode"] == mode) & (rows.variant == form) & (rows.kernel_class == kind)].value.sum()
+                        for mode, form in bars
+                    ]
+                )
+                / totals
             )
             ax.barh(range(len(bars)), values, left=left, color=KIND_COLORS[kind], label=kind.replace("_", "/"))
+            if kind == "generated":  # a sliver at most: its share written beside the bar
+                for y, share in enumerate(values):
+                    if share > 0:
+                        percent = f"{100 * share:.1f}%" if share >= 5e-4 else "<0.1%"
+                        ax.annotate(
+                            f"generated {percent}",
+                            (1.0, y),
+                            xytext=(3, 0),
+                            textcoords="offset points",
+                            va="center",
+                            fontsize=6.5,
+                            color=KIND_COLORS[kind],
+                            annotation_clip=False,
+                        )
             left += values
         ax.set_yticks(range(len(bars)), [f"{style.readable(form)}, {mode}" for mode, form in bars], fontsize=7)
         ax.invert_yaxis()

@@ -37,7 +37,7 @@ GATHER_VARIANTS = {  # systems/pytorch_direct/gather_variants: baselines in grey
     "vectorized": ("#1f77b4", "-"),
     "vectorized_kernel": ("#8c564b", ":"),
     "sorted": ("#2ca02c", "-"),
-    "hot_cache": ("#6b8e23", "-"),
+    "hot_cache": ("#008080", "-"),  # teal: far from sorted's green, which it is drawn beside
     "split": ("#17becf", "-"),
     "default": ("#f4a582", "-"),  # UnifiedTensor[idx]: the measured dispatch of the paths above
 }
@@ -50,7 +50,7 @@ GNN_TRAINING_VARIANTS = {  # workloads/gnn_training: where features live and how
     "cpu_gather_workers": ("#737373", "--"),  # the CPU baseline with loader workers: a grey by cpu_gather
     "pyg_neighbor_loader": ("#bdbdbd", "-."),  # PyG's own loader: a lighter grey of the CPU baselines
     "hot_cache": GATHER_VARIANTS["hot_cache"],
-    "hot_cache_oracle": ("#b5cf6b", ":"),  # the hot cache filled by an oracle: an ideal, lighter
+    "hot_cache_oracle": ("#7fbfbf", ":"),  # the hot cache filled by an oracle: an ideal, lighter
 }
 OFFLOAD_POLICIES = {  # systems/ssdtrain POLICIES: colour by policy, the store is the marker
     "keep": ("#000000", "-"),
