@@ -75,6 +75,8 @@ def test_a_source_reads_the_committed_results_and_names_a_missing_row():
     assert "no row of results/" in missing
     [no_file] = quoted.problems("1 s<!-- = median('h200/no_such_topic/part') -->")
     assert "no results file" in no_file
+    [local] = quoted.problems("1 s<!-- = median('local/relational_gnn/datasets-cpu') -->")
+    assert "not committed" in local  # results/local/ is ignored by git: a fresh clone has none
 
 
 def test_a_numeric_filter_matches_a_column_read_as_floats():

@@ -108,7 +108,12 @@ def agrees(number: str, value, approximate: bool) -> bool:
 # --- what a source may read --------------------------------------------------------------------
 
 
+UNCOMMITTED = "local"  # results/local/: this machine's own runs, ignored by git, so no doc may quote them
+
+
 def _results_path(path: str) -> Path:
+    if Path(path).parts[:1] == (UNCOMMITTED,):
+        raise LookupError(f"results/{path} is this machine's own run, not committed: quote a committed machine's")
     full = REPO_ROOT / "results" / (path if path.endswith(".csv") else f"{path}.csv")
     if not full.exists():
         raise LookupError(f"no results file results/{path}")
