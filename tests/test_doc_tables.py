@@ -426,3 +426,17 @@ def test_gnn_training_cpu_table_is_each_pipelines_median_epoch_and_its_ratio_to_
             assert ratio == pytest.approx(median / epochs[(dataset, model, "cpu_gather")], abs=5e-3)
             seen += 1
     assert seen == len(cells) and "pyg_neighbor_loader" in {k[2] for k in cells}
+
+
+def test_the_captured_geomean_is_taken_per_process_and_left_blank_for_a_model_missing_a_graph():
+    import pandas as pd
+
+    from analysis.doc_tables import relational_gnn as rg
+
+    rows = []
+    for source, factor in (("results/x/datasets-h200.csv", 1.0), ("results/x/reruns/run2/datasets-h200.csv", 2.0)):
+        rows += [dict(source=source, model="rgcn", dataset=g, speedup=s * factor) for g, s in (("a", 2.0), ("b", 8.0))]
+        rows += [dict(source=source, model="hgt", dataset="a", speedup=3.0)]  # never measured on b
+    rows.append(dict(source="results/x/knowledge_graphs-h200.csv", model="rgcn", dataset="k", speedup=0.1))
+    row = rg._captured_geomean_row(pd.DataFrame(rows), ["rgcn", "hgt"])
+    assert row == "| geomean over the `datasets` graphs (2) | 4.00–8.00x |  |"  # sqrt(2*8), sqrt(4*16); no k

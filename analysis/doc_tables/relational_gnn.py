@@ -217,15 +217,31 @@ def captured_step() -> Table:
                 f"{rows.ours.median() * 1e3:.3f} vs {rows['median'].median() * 1e3:.3f} ({peers}): {span(rows.speedup)}"
             )
         lines.append(f"| {graph} ({processes[graph]}) | " + " | ".join(cells) + " |")
+    lines.append(_captured_geomean_row(found, models))
     host = _host_share(files, found)
     note = (
         f"Training step captured whole (`{GRAPHED_MODE}`), ms: `{HECTOR}` against the fastest captured baseline or "
         "peer, float32, width 64; times are the median over processes of each process's median, the speedup its "
         "range over the processes (in brackets, how many); a blank cell: one side was not measured (out of memory, "
-        f"or not capturable). The host's share of a step (median `cpu_time` of a replay, every process): "
+        f"or not capturable); the last row: each process's geomean over the `{HEADLINE_PART}` graphs, its range over "
+        f"the processes. The host's share of a step (median `cpu_time` of a replay, every process): "
         f"{host[HECTOR]} ms for `{HECTOR}`, {host['peers']} ms for the peers above."
     )
     return Table(lines, files, note=note)
+
+
+def _captured_geomean_row(found, models) -> str:
+    """Each process's geomean over the headline part's graphs, as the range over processes (blank for a model
+    that some process did not measure on every one of them: a geomean over fewer graphs is another number)."""
+    headline = found[found.source.map(lambda s: Path(s).name.startswith(f"{HEADLINE_PART}-"))]
+    graphs = set(headline.dataset)
+    cells = []
+    for model in models:
+        rows = headline[headline.model == model]
+        complete = rows.groupby("source")["dataset"].agg(set).eq(graphs).all()
+        cells.append(span(rows.groupby("source")["speedup"].agg(geomean)) if len(rows) and complete else "")
+    count = headline.source.nunique()
+    return f"| geomean over the `{HEADLINE_PART}` graphs ({count}) | " + " | ".join(cells) + " |"
 
 
 def _host_share(files, found) -> dict[str, str]:
