@@ -143,6 +143,8 @@ def profile_keep_seconds(dataset: str) -> float | None:
 def ratios_to_keep(rows, metric: str):
     """Per (dataset, variant): the median of ``metric`` over the median of keep's, in one process."""
     medians = rows[rows.metric == metric].groupby(["dataset", "variant"]).value.median()
+    if "keep" not in medians.index.get_level_values("variant"):
+        raise ValueError(f"no {metric} of keep in this process: every ratio is taken against keep's")
     keep = medians.xs("keep", level="variant")
     return medians.div(keep, level="dataset")
 
@@ -557,12 +559,14 @@ def rok_points(dataset) -> list[dict]:
 def spans_widely(points) -> bool:
     """Whether the step times span a range a linear axis would flatten (the fast ones in one line)."""
     times = [p["y"] for p in points]
-    return max(times) / min(times) > 4
+    return bool(times) and max(times) / min(times) > 4
 
 
 def rok_axes(ax, dataset, points, log: bool) -> None:
     """Scales, limits and words of a panel: whiskers and other processes inside it; one scale for
     every panel of a figure."""
+    if not points:  # step times but no memory rows: the panel stays empty and save() refuses it by name
+        return
     xs = [p["x"] for p in points] + [x for p in points for x, _ in p["others"]]
     ys = [y for p in points for y in (p["low"], p["high"], *(y for _, y in p["others"]))]
     low, high = min(ys), max(ys)

@@ -665,8 +665,8 @@ def why_not_compared(model, mode, dataset) -> str | None:
     timed = set(main[(main.model == model) & (main["mode"] == mode) & (main.dataset == dataset)].variant)
     if HEADLINE not in timed:
         return "Hector not measured (the summary's notes say why)"
-    if out_of_memory(model, mode, dataset, COMPETITORS):
-        return "every competitor ran out of memory"
+    if out_of_memory(model, mode, dataset, COMPETITORS):  # some ran out of memory; the rest were not measured
+        return "no competitor measured (some ran out of memory)"
     return "no competitor measured"
 
 
@@ -899,6 +899,8 @@ def per_form_panel(ax, table, model, mode, unit) -> None:
     slots = [forms for forms in SLOT_GROUPS.values() if present & set(forms)]
     slots += [[v] for v in OURS if v in present]
     graphs = [d for d in GRAPHS if (sel.dataset == d).any() or (at.dataset == d).any()]
+    if not slots:  # nothing of this model and mode at this width: the panel stays empty and save() refuses it
+        return
     step = 0.84 / len(slots)
     for j, forms in enumerate(slots):
         offset = (j - (len(slots) - 1) / 2) * step

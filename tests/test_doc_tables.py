@@ -439,4 +439,6 @@ def test_the_captured_geomean_is_taken_per_process_and_left_blank_for_a_model_mi
         rows += [dict(source=source, model="hgt", dataset="a", speedup=3.0)]  # never measured on b
     rows.append(dict(source="results/x/knowledge_graphs-h200.csv", model="rgcn", dataset="k", speedup=0.1))
     row = rg._captured_geomean_row(pd.DataFrame(rows), ["rgcn", "hgt"])
-    assert row == "| geomean over the `datasets` graphs (2) | 4.00–8.00x |  |"  # sqrt(2*8), sqrt(4*16); no k
+    assert row == "| geomean over the 2 `datasets` graphs (2) | 4.00–8.00x |  |"  # sqrt(2*8), sqrt(4*16); no k
+    one_process_short = pd.DataFrame([r for r in rows if not (r["model"] == "rgcn" and "run2" in r["source"])])
+    assert rg._captured_geomean_row(one_process_short, ["rgcn"]).endswith("|  |")  # run2 measured no rgcn

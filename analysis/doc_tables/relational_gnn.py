@@ -234,14 +234,14 @@ def _captured_geomean_row(found, models) -> str:
     """Each process's geomean over the headline part's graphs, as the range over processes (blank for a model
     that some process did not measure on every one of them: a geomean over fewer graphs is another number)."""
     headline = found[found.source.map(lambda s: Path(s).name.startswith(f"{HEADLINE_PART}-"))]
-    graphs = set(headline.dataset)
+    graphs, sources = set(headline.dataset), set(headline.source)
     cells = []
     for model in models:
         rows = headline[headline.model == model]
-        complete = rows.groupby("source")["dataset"].agg(set).eq(graphs).all()
+        seen = rows.groupby("source")["dataset"].agg(set)
+        complete = set(seen.index) == sources and seen.eq(graphs).all()
         cells.append(span(rows.groupby("source")["speedup"].agg(geomean)) if len(rows) and complete else "")
-    count = headline.source.nunique()
-    return f"| geomean over the `{HEADLINE_PART}` graphs ({count}) | " + " | ".join(cells) + " |"
+    return f"| geomean over the {len(graphs)} `{HEADLINE_PART}` graphs ({len(sources)}) | " + " | ".join(cells) + " |"
 
 
 def _host_share(files, found) -> dict[str, str]:
