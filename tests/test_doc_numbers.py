@@ -47,6 +47,7 @@ def test_tables_code_and_ordinary_counts_are_not_quoted_numbers():
         ("0.7 s", "~ 0.76", True),
         ("0.7 s", "~ 0.8", False),  # more than 10% away
         ("12 %", "given: the paper, table 3", True),
+        ("5 GiB", "= rows('h200/ceilings/pcie_copy-h200').repetition.max() - 4", True),  # a numpy integer
         ("12 %", "= float('nan')", False),  # builtins are not reachable: the source fails
         ("12 %", "= 12 if 1 else", False),  # a broken expression
         ("12 %", "maybe 12", False),  # not a source's form

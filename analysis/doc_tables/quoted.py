@@ -21,7 +21,7 @@ ends of a range (the smallest and largest of some values), and the units
 ``KiB``, ``MiB``, ``GiB`` (powers of two) and ``GB`` (10**9).
 
 :func:`problems` lists every number that lacks a source, whose source fails, or whose source
-disagrees with it; ``tests/test_doc_tables.py`` runs it over the README and every doc.
+disagrees with it; ``tests/test_doc_numbers.py`` runs it over the README and every doc.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import numbers
 import re
 import statistics
 from dataclasses import dataclass
@@ -94,7 +95,8 @@ def agrees(number: str, value, approximate: bool) -> bool:
     """Whether ``value`` (a number, or a pair for a range) is ``number`` as written."""
     shown = shown_values(number)
     values = list(value) if isinstance(value, (tuple, list)) else [value]
-    if len(values) != len(shown) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+    real = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values)  # numpy scalars too
+    if len(values) != len(shown) or not real or not all(math.isfinite(v) for v in values):
         return False
     for (written, decimals), actual in zip(shown, values):
         if approximate:
