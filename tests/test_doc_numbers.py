@@ -89,6 +89,20 @@ def test_a_numeric_filter_matches_a_column_read_as_floats():
     assert quoted.values(path, "bandwidth", table_bytes=2**30, **where) != as_int
 
 
+def test_a_median_over_several_measurements_is_refused_unless_taken_on_purpose():
+    path = "h200/ceilings/uva_read-h200"
+    where = dict(variant="random", host_memory="pinned", table_bytes=2**30)  # every row size matches
+    with pytest.raises(LookupError, match="differ in granularity_bytes"):
+        quoted.median(path, "bandwidth", **where)
+    [mixed] = quoted.problems(
+        f"50 GB/s<!-- = median({path!r}, 'bandwidth', variant='random', host_memory='pinned') -->"
+    )
+    assert "several measurements" in mixed
+    every = quoted.all_values(path, "bandwidth", **where)
+    one = quoted.values(path, "bandwidth", granularity_bytes=128, **where)
+    assert len(every) > len(one) >= 3 and set(one) <= set(every)
+
+
 def test_a_source_may_restate_a_constant_of_the_code():
     assert quoted.problems("256 MiB<!-- = const('harness.errors:__name__') and 256 -->") == []
     with pytest.raises(AttributeError):

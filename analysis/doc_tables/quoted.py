@@ -15,7 +15,9 @@ does not show::
 
 A number written the same way twice in one doc needs its source once. EXPR is a Python
 expression over the names in :data:`NAMES`: ``median``, ``values`` and ``rows`` read a committed
-results file (a path under ``results/``, ``.csv`` optional) filtered by column values,
+results file (a path under ``results/``, ``.csv`` optional) filtered by column values (``median`` and
+``values`` refuse rows of more than one measurement; ``all_values`` takes them all, for a source
+that adds them up or takes their largest),
 ``provenance`` its provenance record, ``const`` a constant of the suite's code, ``span`` the
 ends of a range (the smallest and largest of some values), and the units
 ``KiB``, ``MiB``, ``GiB`` (powers of two) and ``GB`` (10**9).
@@ -147,8 +149,27 @@ def rows(path: str, **where):
     return frame
 
 
+# Columns in which the repetitions of one measurement differ; rows that differ in any other column
+# are different measurements, and a median over them would mix configurations.
+REPEATED_IN = ("value", "repetition", "source")
+
+
 def values(path: str, metric: str = "time", **where) -> list[float]:
-    """The ``value`` column of the rows of ``metric`` matching ``where`` (one per repetition)."""
+    """The ``value`` column of the rows of ``metric`` matching ``where`` (one per repetition), refused
+    when those rows are more than one measurement (a filter is missing)."""
+    found = rows(path, metric=metric, **where)
+    varying = [c for c in found.columns if c not in REPEATED_IN and found[c].nunique(dropna=False) > 1]
+    if varying:
+        raise LookupError(
+            f"the rows of results/{path} with {dict(metric=metric, **where)} are several measurements: "
+            f"they differ in {', '.join(varying)} (filter on them, or aggregate rows() explicitly)"
+        )
+    return [float(v) for v in found["value"]]
+
+
+def all_values(path: str, metric: str = "time", **where) -> list[float]:
+    """The ``value`` of every row of ``metric`` matching ``where``, over several measurements when they
+    match (kernel classes to add up, graphs to take the largest of): the aggregate is the source's own."""
     return [float(v) for v in rows(path, metric=metric, **where)["value"]]
 
 
@@ -178,6 +199,7 @@ def const(name: str):
 NAMES = {
     "rows": rows,
     "values": values,
+    "all_values": all_values,
     "median": median,
     "provenance": provenance,
     "const": const,
