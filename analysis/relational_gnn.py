@@ -945,6 +945,11 @@ def slot_words(best: str) -> str:
     return ", ".join(words) + colour + (", then each of Hector's variants" if OURS else "")
 
 
+def competitors_line(best: str) -> str:
+    """Every competitor the slots choose from, so a form that is never the fastest is still seen to be compared."""
+    return f"\nthe {best} competitor chosen among: {', '.join(map(style.readable, COMPETING))}" if COMPETING else ""
+
+
 panels_of = [
     (m, mode)
     for m in MODELS
@@ -971,7 +976,8 @@ for what, table, ylabel, unit, best in (
             fig,
             entries,
             columns=7,
-            title=f"on each graph, left to right: {slot_words(best)}; whiskers: interquartile range",
+            title=f"on each graph, left to right: {slot_words(best)}; whiskers: interquartile range"
+            + competitors_line(best),
         )
         part = "" if len(panels_of) <= PER_FIGURE else f"_{first // PER_FIGURE + 1}"
         # Without Hector's generated kernels there is no headline: every form's times are the figure.

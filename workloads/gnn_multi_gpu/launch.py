@@ -20,6 +20,7 @@ from harness import machine, resources
 from harness.errors import UserError
 from harness.progress import report
 from workloads.gnn.pipelines import GPU_PIPELINES
+from workloads.gnn.pipelines import PIPELINES as SINGLE_GPU_PIPELINES
 from workloads.gnn_multi_gpu import NVLS_OFF
 from workloads.graphs import store
 from workloads.graphs.datasets import cached_graph
@@ -159,12 +160,17 @@ def _python_path() -> str:
 
 
 # Single-GPU pipelines that the data-parallel comparison leaves out, and why.
+# Only the registered ones: PyG's loader registers only where its sampling backend imports.
 NOT_DATA_PARALLEL = {
-    "uva_sampling": "single-GPU only here: every rank would pin a private copy of the CSR",
-    "cpu_gather_workers": "single-GPU only here: its loader workers need a CPU budget per rank",
-    "pyg_neighbor_loader": "single-GPU only here: PyG's loader workers need a CPU budget per rank",
-    "hot_cache": "single-GPU only here: every rank would fill a cache of its own",
-    "hot_cache_oracle": "single-GPU only here: every rank would fill a cache of its own",
+    name: why
+    for name, why in {
+        "uva_sampling": "single-GPU only here: every rank would pin a private copy of the CSR",
+        "cpu_gather_workers": "single-GPU only here: its loader workers need a CPU budget per rank",
+        "pyg_neighbor_loader": "single-GPU only here: PyG's loader workers need a CPU budget per rank",
+        "hot_cache": "single-GPU only here: every rank would fill a cache of its own",
+        "hot_cache_oracle": "single-GPU only here: every rank would fill a cache of its own",
+    }.items()
+    if name in SINGLE_GPU_PIPELINES
 }
 
 
