@@ -428,22 +428,6 @@ def draw_variant(ax, data, x, variant, label, linestyle=None, marker=None, hollo
     )
 
 
-def margin_label(ax, y, text, color=INK) -> None:
-    """Words in the margin right of the panel at height ``y``, as style.reference_line writes them."""
-    ax.annotate(
-        text,
-        (1.0, y),
-        xycoords=("axes fraction", "data"),
-        xytext=(4, 0),
-        textcoords="offset points",
-        ha="left",
-        va="center",
-        fontsize=7.5,
-        color=color,
-        annotation_clip=False,
-    )
-
-
 def ceiling_lines(ax, row_bytes=None):
     """The pinned copy as a labelled reference line; at one row size, the random-read ceiling by
     table size as a labelled band."""
@@ -453,7 +437,7 @@ def ceiling_lines(ax, row_bytes=None):
     if c is not None:
         x = c.table_bytes / GiB
         ax.plot(x, c["median"], color=CEILING_BAND, linewidth=7, alpha=0.6, solid_capstyle="round", zorder=1)
-        margin_label(ax, c["median"].iloc[-1], "random-read ceiling", "#8a7651")
+        style.margin_label(ax, c["median"].iloc[-1], "random-read ceiling", "#8a7651")
 
 
 def log_ticks(ax, axis="y") -> None:
@@ -607,8 +591,8 @@ def draw_thread_cap(ax) -> None:
             if not v.empty:
                 level = v["median"].iloc[0]
                 ax.axhline(level, color=style.color(variant), linestyle=":", linewidth=1.2, label="_ref")
-                margin_label(ax, level, f"{style.readable(variant)},\n{row_bytes}-byte rows\n(no cap to set)",
-                             style.color(variant))  # fmt: skip
+                words = f"{style.readable(variant)},\n{row_bytes}-byte rows\n(no cap to set)"
+                style.margin_label(ax, level, words, style.color(variant))
         for variant in capped:
             v = d[d.variant == variant]
             draw_variant(ax, v[v.max_threads > 0], "max_threads", variant, style.readable(variant),

@@ -327,6 +327,11 @@ def reference_line(ax, y: float, text: str, kind: str = "target") -> None:
     level). The label sits in the margin right of the panel, where no data is."""
     linestyle = {"target": "--", "ceiling": ":", "parity": "-"}[kind]
     ax.axhline(y, color="#444444", linestyle=linestyle, linewidth=1, zorder=1.5, label="_ref")
+    margin_label(ax, y, text)
+
+
+def margin_label(ax, y: float, text: str, color: str = "#444444") -> None:
+    """Words in the margin right of the panel at height ``y`` (data units), where no data is."""
     ax.annotate(
         text,
         (1.0, y),
@@ -336,7 +341,7 @@ def reference_line(ax, y: float, text: str, kind: str = "target") -> None:
         ha="left",
         va="center",
         fontsize=7.5,
-        color="#444444",
+        color=color,
         annotation_clip=False,
     )
 
