@@ -18,7 +18,7 @@ from systems.ssdtrain import POLICIES, STORES, HostStore
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget, inductor_backend
 from workloads.llm_offload import parts
 from workloads.llm_offload import variants as choose
-from workloads.llm_offload.checking import NotBitIdentical, check_close, check_identical, one_step
+from workloads.llm_offload.checking import NotBitIdentical, check_close, check_identical, one_step, rounding_spread
 
 
 def tiny_qwen3(seed=0):
@@ -150,6 +150,24 @@ def test_check_close_passes_rounding_and_catches_a_change():
         check_close("nan", reference, (torch.tensor(float("nan")), grads), torch.bfloat16)
     with pytest.raises(NotBitIdentical, match="missing or extra"):
         check_close("fewer", reference, (torch.tensor(2.5), {"w": grads["w"]}), torch.float32)
+
+
+def test_check_close_allows_twice_the_spread_between_eager_kernels_and_no_more():
+    """Where keep's own step moves between two eager kernels (math and fused attention) by more
+    than the tolerance, a compiled step may differ by twice that, per gradient, and by no more."""
+    torch.manual_seed(4)
+    grads = {"w": torch.randn(6, 3), "b": torch.randn(9)[::2]}  # a strided view
+    reference = (torch.tensor(1.25), grads)
+    changed = (torch.tensor(1.25), grads | {"b": grads["b"] * 1.01})
+    assert check_close("compiled", reference, changed, torch.float32, spread={"b": 0.006}) == pytest.approx(0.01, rel=1e-5)
+    with pytest.raises(NotBitIdentical, match=r"b differs from keep's by 0.01 .*above the 0.008 allowed \(2 x keep's"):
+        check_close("compiled", reference, changed, torch.float32, spread={"b": 0.004})
+    with pytest.raises(NotBitIdentical, match="b differs"):  # another gradient's spread does not cover b
+        check_close("compiled", reference, changed, torch.float32, spread={"w": 0.5})
+    with pytest.raises(NotBitIdentical, match="loss differs"):
+        check_close("nan", reference, (torch.tensor(float("nan")), grads), torch.bfloat16, spread={"loss": 1.0})
+    model = torch.nn.Linear(3, 2)
+    assert rounding_spread(model, {}, reference, "cpu") == {}  # a CPU runs the same kernels twice
 
 
 # -- compiling: full ----------------------------------------------------------------------------

@@ -88,6 +88,10 @@ def _union_and_gaps(intervals: list[tuple[float, float]]) -> tuple[float, float,
     return covered, max(e for _, e in intervals) - intervals[0][0], longest_gap
 
 
+def _ns(microseconds: float) -> int:
+    return round(microseconds * 1e3)
+
+
 def summarize_step(events: list[dict], step: str) -> dict[str, float]:
     """One step's numbers (milliseconds and counts) from a Chrome trace's events (``traceEvents``
     of ``torch.profiler``'s export): the step is the annotation named ``step``; host calls count
@@ -106,13 +110,17 @@ def summarize_step(events: list[dict], step: str) -> dict[str, float]:
     kernels = [e for e in gpu if e["cat"] == KERNEL]
     copies = [e for e in gpu if e["cat"] in COPIES]
     waits = [e for e in host if e["name"] in HOST_WAITS]
-    busy, span, largest_gap = _union_and_gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    # In whole nanoseconds (the trace's resolution): float microseconds since the epoch round
+    # differently in a start + duration than in a duration, so the union could exceed the sum.
+    busy, span, largest_gap = (
+        t / 1e3 for t in _union_and_gaps([(_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])) for e in gpu])
+    )
     return {
         "wall_ms": (end - begin) / 1e3,
-        "kernel_ms": sum(e["dur"] for e in kernels) / 1e3,
+        "kernel_ms": sum(_ns(e["dur"]) for e in kernels) / 1e6,
         "kernels": len(kernels),
         "launches": sum(e["name"] in LAUNCHES for e in host),
-        "memcpy_ms": sum(e["dur"] for e in copies) / 1e3,
+        "memcpy_ms": sum(_ns(e["dur"]) for e in copies) / 1e6,
         "memcpys": len(copies),
         "gpu_busy_ms": busy / 1e3,
         "gpu_idle_ms": (span - busy) / 1e3,

@@ -11,13 +11,16 @@ from workloads.llm_offload import variants as choose
 class Profiler:
     """One model's profiles for plans and bounds, each measured once and recorded in ``notes``:
     the blocks' (eager, or compiled: what their compiled forwards save and how long they run, and
-    at each of ``planner_budgets``) and the stores' bandwidths. ``batch``: the step profiled."""
+    at each of ``planner_budgets``) and the stores' bandwidths. ``batch``: the step profiled;
+    ``bandwidths``: stores' bandwidths measured already (:func:`store_bandwidths`), by label."""
 
-    def __init__(self, params, model, layers, batch, device, folder, notes: dict):
+    def __init__(self, params, model, layers, batch, device, folder, notes: dict, bandwidths=None):
         self.params, self.model, self.layers, self.batch = params, model, layers, batch
         self.device, self.folder, self.notes = device, folder, notes
         self._profiles: dict[bool, tuple] = {}
         self._bandwidths: dict[str, float] = {}
+        for label, measured in (bandwidths or {}).items():
+            self._record(label, measured)
 
     def _step(self):
         self.model.zero_grad(set_to_none=True)
@@ -61,7 +64,20 @@ class Profiler:
     def bandwidth(self, setup: choose.StoreSetup) -> float:
         """The store's measured write-and-read bandwidth, B/s (a store of its own, made for the probe)."""
         if setup.label not in self._bandwidths:
-            with setup.make(self.params, self.folder) as probe:
-                self._bandwidths[setup.label] = planning.store_bandwidth(probe, self.device)
-            self.notes.setdefault("store_gbps", {})[setup.label] = self._bandwidths[setup.label] / 1e9
+            self._record(setup.label, store_bandwidths([setup], self.params, self.folder, self.device)[setup.label])
         return self._bandwidths[setup.label]
+
+    def _record(self, label: str, measured: float) -> None:
+        self._bandwidths[label] = measured
+        self.notes.setdefault("store_gbps", {})[label] = measured / 1e9
+
+
+def store_bandwidths(setups, params, folder, device) -> dict[str, float]:
+    """Each store's measured write-and-read bandwidth, B/s, by label (a store of its own, made for
+    the probe, which moves a 64 MiB tensor: measure before a memory cap that a probe would count against)."""
+    measured = {}
+    for setup in setups:
+        if setup.label not in measured:
+            with setup.make(params, folder) as probe:
+                measured[setup.label] = planning.store_bandwidth(probe, device)
+    return measured
