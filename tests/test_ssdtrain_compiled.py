@@ -152,6 +152,29 @@ def test_check_close_passes_rounding_and_catches_a_change():
         check_close("fewer", reference, (torch.tensor(2.5), {"w": grads["w"]}), torch.float32)
 
 
+def test_relative_difference_in_pieces_is_the_whole_norm(monkeypatch):
+    """The difference is summed piece by piece (no float64 copy of a whole gradient): the same
+    number as the norms of the whole tensors, on a strided view, and infinite for a NaN anywhere."""
+    from workloads.llm_offload import checking
+
+    monkeypatch.setattr(checking, "PIECE", 7)
+    torch.manual_seed(5)
+    reference = torch.randn(11, 13, dtype=torch.float64)[:, ::2]
+    value = reference + 1e-3 * torch.randn_like(reference)
+    want = (torch.linalg.vector_norm(value - reference) / torch.linalg.vector_norm(reference)).item()
+    assert checking.relative_difference(value.bfloat16().float(), reference.float()) == pytest.approx(
+        (torch.linalg.vector_norm(value.bfloat16().double() - reference.float().double())
+         / torch.linalg.vector_norm(reference.float().double())).item(), rel=1e-12
+    )  # fmt: skip
+    assert checking.relative_difference(value, reference) == pytest.approx(want, rel=1e-12)
+    poisoned = value.clone()
+    poisoned[-1, -1] = float("nan")  # in the last piece
+    assert checking.relative_difference(poisoned, reference) == float("inf")
+    assert checking.relative_difference(torch.ones(3), torch.zeros(3)) == pytest.approx(3**0.5)
+    with pytest.raises(NotBitIdentical, match="shape"):
+        checking.relative_difference(torch.ones(3), torch.ones(4))
+
+
 def test_check_close_allows_twice_the_spread_between_eager_kernels_and_no_more():
     """Where keep's own step moves between two eager kernels (math and fused attention) by more
     than the tolerance, a compiled step may differ by twice that, per gradient, and by no more."""

@@ -18,6 +18,7 @@ recomputes in the compiled backward).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 import torch
@@ -85,14 +86,26 @@ def check_identical(name: str, reference, result, reference_name: str = "keep") 
         )
 
 
+# Elements per piece of relative_difference: float64 copies of a piece, not of a whole gradient (an
+# embedding's can be gigabytes, under a memory cap that the step itself nearly fills).
+PIECE = 1 << 22
+
+
 def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
     """||value - reference|| / ||reference|| in float64 (the absolute difference where the
     reference is all zeros); infinite where either is not finite."""
-    value, reference = value.double(), reference.double()
-    if not (torch.isfinite(value).all() and torch.isfinite(reference).all()):
-        return float("inf")
-    scale = torch.linalg.vector_norm(reference).item()
-    difference = torch.linalg.vector_norm(value - reference).item()
+    if value.shape != reference.shape:
+        raise NotBitIdentical(f"a tensor of shape {tuple(value.shape)} against one of {tuple(reference.shape)}")
+    value, reference = value.reshape(-1), reference.reshape(-1)
+    squares, difference_squares = 0.0, 0.0
+    for start in range(0, value.numel(), PIECE):
+        piece, reference_piece = value[start : start + PIECE].double(), reference[start : start + PIECE].double()
+        if not (torch.isfinite(piece).all() and torch.isfinite(reference_piece).all()):
+            return float("inf")
+        squares += torch.dot(reference_piece, reference_piece).item()
+        difference = piece - reference_piece
+        difference_squares += torch.dot(difference, difference).item()
+    scale, difference = math.sqrt(squares), math.sqrt(difference_squares)
     return difference / scale if scale > 0 else difference
 
 
