@@ -9,9 +9,13 @@
 # re-packed after every part, so what finished comes back even if a later part is cut short).
 # Set SUITE_GIT_COMMIT / SUITE_GIT_DIRTY to the commit you copied to the machine: they win over a
 # .git copied along, which can be stale. SUITE_SKIP_TESTS=1 measures only; SUITE_PARTS="a b"
-# measures only those parts. Under `timeout`, a part cut short keeps the rows it measured.
+# measures only those parts; SUITE_RUN=N (N > 1) writes a re-run, as its own process, to
+# results/MACHINE/TOPIC/reruns/runN/ (docs/measuring_on_a_gpu.md). Under `timeout`, a part cut
+# short keeps the rows it measured.
 set -uo pipefail
 machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}; shift 3
+run=${SUITE_RUN:-1}
+case $run in ''|*[!0-9]*) echo "SUITE_RUN must be a whole number, not '$run'" >&2; exit 2;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 SUITE_NO_PROGRESS=${SUITE_NO_PROGRESS:-1} CUPY_CACHE_DIR=$PWD/.cache/cupy
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -27,10 +31,12 @@ status=0
 trap 'tar czf "$out/results-$machine.tgz" "results/$machine"; exit 124' TERM
 for topic in "$@"; do
   parts=${SUITE_PARTS:-$(python3 -m workloads "$topic" --list-parts)} || { status=1; continue; }
+  folder=results/$machine/$topic
+  [ "$run" -gt 1 ] && folder=$folder/reruns/run$run
   for part in $parts; do
     start=$(date +%s)
     python3 -m workloads "$topic" --part "$part" --scale "$scale" \
-        --out "results/$machine/$topic/$part-$scale.csv" 2>&1 | tee -a "$out/run.log" | tail -3 || status=1
+        --out "$folder/$part-$scale.csv" 2>&1 | tee -a "$out/run.log" | tail -3 || status=1
     echo "$topic/$part: $(( $(date +%s) - start )) s" | tee -a "$out/run.log"
     tar czf "$out/results-$machine.tgz" "results/$machine"
   done
