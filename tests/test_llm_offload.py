@@ -746,6 +746,33 @@ def test_memory_bound_compares_the_compiled_peers_under_the_emulated_cap(scratch
     }
 
 
+def test_memory_bound_skips_a_peer_off_its_reference_and_stops_on_its_own(scratch, monkeypatch):
+    """A peer whose checked step is off its reference (compiled keep here, made to fail) is noted
+    and left out with what depends on it, the other policies searched; the suite's own policy off
+    its reference stops the part."""
+    from workloads.llm_offload import memory_bound
+    from workloads.llm_offload.checking import NotBitIdentical
+
+    def failing(name, *args, **kwargs):
+        raise NotBitIdentical(f"{name}: q_proj.weight differs from keep's by 0.5")
+
+    monkeypatch.setattr(memory_bound, "check_close", failing)
+    params = MEMORY_BOUND | {"compare": ["recompute", "torch_budget"], "compiled": True, "budgets": [0.2]}
+    notes = parts.memory_bound(params, Rows(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    assert set(notes["searches"]) == {"keep", "recompute"}
+    assert "off its reference: compiled_keep: q_proj.weight differs" in notes["skipped"]["compiled_keep"]
+    assert "did not run, fit or pass its check" in notes["skipped"]["torch_budget_0.2"]
+
+    def wrong(name, *args, **kwargs):
+        raise NotBitIdentical(f"{name}: a gradient differs")
+
+    monkeypatch.setattr(memory_bound, "check_identical", wrong)
+    with pytest.raises(NotBitIdentical, match="under the memory cap: a gradient differs"):
+        parts.memory_bound(
+            MEMORY_BOUND | {"compare": ["offload_all"]}, Rows(), repeat=1, warmup=0, device="cpu", scratch_dir=scratch
+        )
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_memory_bound_runs_every_peer_under_the_cap(scratch):
     """Compiled keep, torch's budgets, the eager planner and the planner over compiled blocks (with a
