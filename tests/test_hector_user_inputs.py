@@ -271,3 +271,78 @@ def test_the_ops_pass_torch_opcheck(dtype):
     torch.library.opcheck(layer.inference_op, (handle, [t.detach() for t in given]))
     out, *saved = layer.forward_op(handle, [t.detach() for t in given])
     torch.library.opcheck(layer.backward_op, (handle, [t.detach() for t in given], torch.randn_like(out), saved))
+
+
+def test_a_relation_typed_product_of_node_values_is_refused_while_tracing():
+    """A node has no relation: ``x @ W[m.relation]`` on node rows would multiply node i by the weight
+    of edge i's relation (a number where there are as many edges as nodes, an IndexError elsewhere)."""
+    from systems.hector.lang import ModelError
+
+    def node_rows(m):
+        x = m.input("x", "in")
+        return m.sum_into_dst(m.src(x @ m.weight("W", ("in", "out"), per="relation")[m.relation]))
+
+    with pytest.raises(ModelError, match=r"W\[m.relation\] applies to edge values"):
+        model(node_rows)()
+
+
+@pytest.mark.parametrize("name", ["grad:0", "saved:0", "x y", ""])
+def test_a_name_that_is_not_an_identifier_is_refused_while_tracing(name):
+    """Tensors are passed by name: "grad:0" and "saved:0" are the operator's own (a layer given its
+    own x under that name got another tensor's gradient), and a name with a space cannot be a keyword."""
+    from systems.hector.lang import ModelError
+
+    def squared(m):
+        x = m.input(name, "in")
+        return x * x
+
+    with pytest.raises(ModelError, match="is not a Python identifier"):
+        model(squared)()
+
+
+def test_a_graph_keeps_its_ids_when_the_callers_buffers_change():
+    """RelGraph.build copies the ids (tensor, numpy or list): editing the caller's edge buffer
+    afterwards, as a loop reusing it for the next batch would, changes neither the graph nor its
+    layer's result."""
+    rng = np.random.default_rng(7)
+    edges = torch.from_numpy(rng.integers(0, 9, size=(2, 29)))
+    etype = np.asarray(rng.integers(0, 3, size=29))
+    graph = RelGraph.build(edges[0], edges[1][::1], etype, num_nodes=9, num_relations=3)
+    x, W = torch.randn(9, 4, dtype=torch.float64), torch.randn(3, 4, 5, dtype=torch.float64)
+    layer = op.Layer(scatter_model())
+    before = layer(graph, x=x, W=W).clone()
+    src0, dst0, etype0 = edges[0].clone(), edges[1].clone(), etype.copy()
+    edges.random_(0, 9)  # the caller's buffers, reused
+    etype[:] = rng.integers(0, 3, size=29)
+    assert torch.equal(graph.src.cpu(), src0) and torch.equal(graph.dst.cpu(), dst0)
+    assert torch.equal(graph.etype.cpu(), torch.from_numpy(etype0))
+    torch.testing.assert_close(layer(graph, x=x, W=W), before, rtol=0, atol=0)
+
+
+@model
+def scatter_model(m):
+    x = m.input("x", "in")
+    return m.sum_into_dst(m.src(x) @ m.weight("W", ("in", "out"), per="relation")[m.relation] * m.graph_data("norm"))
+
+
+def test_numpy_numbers_are_constants_and_a_bool_is_refused_in_arithmetic():
+    """A numpy scalar (np.float32(2), np.int64(3)) is a number like 2.0 or 3; True in arithmetic
+    is a mistake (Python would read it as 1), refused while tracing."""
+    from systems.hector.lang import ModelError
+
+    def scaled(factor):
+        def program(m):
+            x = m.input("x", "in")
+            return m.sum_into_dst(m.src(x) * factor)
+
+        program.__name__ = "scaled"
+        return model(program)()
+
+    graph = RelGraph.build([0, 1, 2, 2], [1, 2, 0, 0], [0, 0, 0, 0], num_nodes=3, num_relations=1)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    plain = op.Layer(scaled(2.0))(graph, x=x)
+    for factor in (np.float32(2.0), np.int64(2)):
+        torch.testing.assert_close(op.Layer(scaled(factor))(graph, x=x), plain, rtol=0, atol=0)
+    for factor in (True, np.bool_(False)):
+        with pytest.raises(ModelError, match="cannot use a bool"):
+            scaled(factor)

@@ -78,6 +78,27 @@ def test_gather_names_an_out_of_range_or_negative_index(bad):
         gather(table, idx)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_a_table_that_requires_grad_gets_the_gradient_of_plain_indexing(index_dtype):
+    """A learnable table (an embedding kept in host memory): the gathered rows' gradient summed
+    into the table's rows, repeated rows added, as ``table[idx]`` gives it; opcheck's autograd
+    checks pass."""
+    table = random_table(13, 5, torch.float64, seed=21).requires_grad_()
+    idx = random_ids(13, 40, seed=22).to(index_dtype)[::2]  # a strided view, with repeats
+    weights = torch.randn(20, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(23))
+    (gather(table, idx) * weights).sum().backward()
+    want = torch.zeros(13, 5, dtype=torch.float64).index_add_(0, idx.long(), weights)
+    torch.testing.assert_close(table.grad, want, rtol=0, atol=1e-12)
+    torch.library.opcheck(gather, (table.detach().requires_grad_(), idx))
+
+
+def test_a_table_of_rows_without_features_gives_empty_rows_and_still_checks_the_ids():
+    table = torch.randn(5, 0)
+    assert gather(table, torch.tensor([1, 4, 4])).shape == (3, 0)
+    with pytest.raises(IndexError, match="index 5 is out of range for a table of 5 rows"):
+        gather(table, torch.tensor([1, 5]))
+
+
 def test_gather_with_a_cache_larger_than_the_table_or_empty_gives_the_plain_rows():
     table = random_table(30, 4, torch.float32, seed=7)
     idx = random_ids(30, 200, seed=8)

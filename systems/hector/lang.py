@@ -31,6 +31,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from harness.errors import UserError
 from systems.hector.ir import Program, Value
 
@@ -223,6 +225,9 @@ class Builder:
 
     # Helpers
     def _leaf(self, value: Value) -> Value:
+        if not (isinstance(value.name, str) and value.name.isidentifier()):
+            # tensors are passed by name, as keywords; names like "grad:0" are the operator's own
+            raise ModelError(f"the name {value.name!r} is not a Python identifier: tensors are passed by name")
         if value.name in self._names:
             raise ModelError(f"the name {value.name!r} is used twice")
         self._names[value.name] = value
@@ -263,7 +268,9 @@ class Builder:
 
     def _as_rows(self, operand, like: Expr) -> Expr:
         """An operand of an elementwise op as rows of ``like``'s domain."""
-        if isinstance(operand, int | float):
+        if isinstance(operand, bool | np.bool_):  # an int to Python, surely a mistake in arithmetic
+            raise ModelError(f"cannot use a bool ({operand}) in a model's arithmetic: write 1.0 or 0.0")
+        if isinstance(operand, int | float | np.integer | np.floating):  # numpy scalars are numbers too
             return self._op("const", (), like.value.domain, 1, frozenset(), (("value", float(operand)),))
         if isinstance(operand, Selected):
             return self.each_node(operand) if operand.by == "node_type" else self.each_edge(operand)
@@ -305,6 +312,10 @@ class Builder:
             raise ModelError(f"@ of width {e.value.width} by weight {weight.name} of shape {weight.shape}")
         if by == "node_type" and e.value.domain != "node":
             raise ModelError(f"{weight.name}[m.node_type] applies to node values; gather after the product")
+        if by == "etype" and e.value.domain == "node":
+            raise ModelError(
+                f"{weight.name}[m.relation] applies to edge values (m.src(x), m.dst(x)): a node has no relation"
+            )
         if by is None:
             return self._op("matmul", (e.value, weight), e.value.domain, weight.shape[1], e.value.depends)
         depends = e.value.depends | ({"etype"} if by == "etype" else set())

@@ -18,7 +18,9 @@ reference). Options (each one an ablation step of the benchmark):
 * ``max_threads``: cap on the threads the gather uses (0: enough to fill the GPU), so that it
   can run beside training kernels.
 
-An index outside the table raises ``IndexError`` naming the value; the kernel never reads it.
+An index outside the table raises ``IndexError`` naming the value; the kernel never reads it. A
+table that requires grad gets the gradient of ``table[idx]``: the rows' gradients summed into its
+rows, on the table's device.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def _check(table: torch.Tensor, idx: torch.Tensor, kernel: str, slots, cache) ->
         raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
     if table.device.type != "cpu":
         raise ValueError(f"table must be in host memory, got a tensor on {table.device}")
-    if table.stride(1) != 1 or (table.shape[0] > 1 and table.stride(0) != table.shape[1]):
+    dense = table.stride(1) == 1 and (table.shape[0] <= 1 or table.stride(0) == table.shape[1])
+    if table.shape[1] and not dense:  # rows of no features have no layout to get wrong
         raise ValueError("table rows must be contiguous and densely packed")
     if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES:
         raise ValueError(f"idx must be a 1-D int32 or int64 tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
@@ -94,6 +97,25 @@ def _(table, idx, kernel="vectorized", sort=False, dedup=False, max_threads=0, s
     return table.new_empty((idx.shape[0], table.shape[1]), device=idx.device)
 
 
+def _setup_context(ctx, inputs, output) -> None:
+    table, idx = inputs[0], inputs[1]
+    ctx.save_for_backward(idx)
+    ctx.table = (table.shape, table.dtype, table.device)
+
+
+def _backward(ctx, grad):
+    """A table that requires grad gets the rows' gradients summed into its rows (on the table's
+    device, as ``table[idx]`` would give them); the index and the options get none."""
+    (idx,) = ctx.saved_tensors
+    shape, dtype, device = ctx.table
+    grad_table = torch.zeros(shape, dtype=dtype, device=device)
+    grad_table.index_add_(0, idx.to(device=device, dtype=torch.int64), grad.to(device=device, dtype=dtype))
+    return grad_table, None, None, None, None, None, None, None
+
+
+gather.register_autograd(_backward, setup_context=_setup_context)
+
+
 @gather.register_kernel("cuda")
 def _(table, idx, kernel="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
     _check(table, idx, kernel, slots, cache)
@@ -101,6 +123,11 @@ def _(table, idx, kernel="vectorized", sort=False, dedup=False, max_threads=0, s
         raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
     options = dict(kernel=kernel, max_threads=max_threads, slots=slots, cache=cache)
     out = torch.empty((idx.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
+    if table.shape[1] == 0:  # no bytes to read: only the bounds are checked
+        bad = idx[(idx < 0) | (idx >= table.shape[0])]
+        if bad.numel():
+            _raise_out_of_range(int(bad[0]), table.shape[0])
+        return out
     if dedup:
         unique, inverse = torch.unique(idx, sorted=True, return_inverse=True)
         rows = torch.empty((unique.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)

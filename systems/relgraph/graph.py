@@ -122,8 +122,10 @@ class RelGraph:
 
 
 def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
-    """``ids`` as int64 on ``device``, refused in one line unless they are integers: a float id
-    truncated or a bool read as 0/1 would build another graph without a word."""
+    """A copy of ``ids`` as int64 on ``device``, refused in one line unless they are integers: a
+    float id truncated or a bool read as 0/1 would build another graph without a word. A copy, as
+    the graph's segments and norms are derived once: a caller's later edit of its own buffer (the
+    next batch's edges) must not reach the graph's ids and leave the rest stale."""
     if not isinstance(ids, torch.Tensor):
         array = np.asarray(ids)
         if array.size == 0:  # [] is float64 to numpy: an empty list has no wrong dtype
@@ -132,10 +134,10 @@ def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
             raise UserError(f"{name} must hold integer ids, got {array.dtype}")
         if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
             raise UserError(f"{name} holds ids past int64's range (largest {array.max()})")
-        ids = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
-    elif ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        return torch.from_numpy(np.array(array, dtype=np.int64, order="C", copy=True)).to(device)
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise UserError(f"{name} must hold integer ids, got {ids.dtype}")
-    return ids.to(device=device, dtype=torch.int64)
+    return ids.to(device=device, dtype=torch.int64, copy=True)
 
 
 def segment_offsets(ids: torch.Tensor, count: int) -> torch.Tensor:

@@ -18,9 +18,13 @@ the tensor's device, and every handle becomes a view of it. With ``always_read_b
 forwarding: backward first waits for the put, so every entry it uses is read back from the store
 in every step, whatever the timing (a check that the stored bytes are right relies on that).
 Autograd drops a handle once backward has used it; with the last handle the entry frees its
-memory and the store's copy. A tensor modified in place after it was saved (autograd does not
-check that when saved-tensor hooks are active) makes its unpack raise, as autograd would without
-hooks.
+memory and the store's copy. Autograd does not check in-place changes of saved tensors when
+saved-tensor hooks are active, so the cache checks them while it holds the tensor: a change made
+before its put has ended makes its unpack raise, as autograd would without hooks. After that the
+tensor is let go (holding it would keep the memory offloading frees), a later change goes unseen,
+and backward uses the bytes as they were saved: the values the forward computed with. So whether
+such a change raises depends on how fast the store writes (a host store on a CPU writes within
+``put``); the gradient is right either way.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ class Offloader:
         elif not callable(policy):
             raise UserError(f"policy must be a name or a callable decide(layer_index), got {policy!r}")
         for name, value in (("min_bytes", min_bytes), ("keep_last", keep_last), ("prefetch", prefetch)):
-            if not isinstance(value, int) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"{name} must be a non-negative integer, got {value!r}")
         self.model, self.store, self.decide = model, store, policy
         self.min_bytes, self.keep_last, self.prefetch = min_bytes, keep_last, prefetch
