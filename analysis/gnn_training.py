@@ -43,7 +43,7 @@ from analysis.doc_tables.gnn_training import (
     ratios,
     with_runs,
 )
-from workloads.gnn.pipelines import PIPELINES, ROLE
+from workloads.gnn.pipelines import in_order
 from workloads.gnn_training.schema import SCHEMA
 
 frame, provenance = load_results(results["gnn_training"], SCHEMA)
@@ -60,7 +60,7 @@ cpu = summarize(frame, "cpu_time", KEYS)
 phases = summarize(frame, "phase_time", [*KEYS, "phase"])
 acc = summarize(frame, "accuracy", KEYS)
 medians = epoch_medians(every_run)
-CPU_BASELINES = [p for p in PIPELINES if ROLE[p] == "baseline"]
+CPU_BASELINES = in_order(every_run[every_run.role == "baseline"].variant)  # those the results hold
 # Each pipeline's speedup over the faster CPU baseline and its epoch against all_in_gpu's, per
 # group: the committed run's first, then each re-run's.
 speedup = {v: per_group(ratios(medians, v, BASELINE)) for v in set(medians.variant)}
@@ -135,7 +135,7 @@ lines = [
 for key in GROUPS:
     part, dataset, model, layers, fanouts, nodes, edges = key
     g = select(epoch, key)
-    for variant in [v for v in PIPELINES if v in set(g.variant)]:
+    for variant in in_order(g.variant):
         row = g[g.variant == variant].iloc[0]
         c = select(cpu, key)
         a = select(acc, key)
@@ -174,7 +174,7 @@ for part, notes in sorted(NOTES.items()):
         continue
     lines += ["", f"## GPU memory budgets, part {part}", ""]
     misses = notes.get("does_not_fit", {})
-    ran = sorted(set(frame[frame.part == part].variant), key=PIPELINES.index)
+    ran = in_order(frame[frame.part == part].variant)
     for budget in budgets:
         missed = misses.get(f"{budget:g} GiB", {})
         out = {case.split(", ")[0] for case in missed}
@@ -214,7 +214,7 @@ PHASES = {
 NEUTRAL = "#444444"  # the phase legend's swatches: the colour of the reference lines, no pipeline's
 SHORT_NAMES = {"papers100M": "papers"}  # "papers100M-like" runs into its neighbour's label
 NEVER_RUN = {name for k in GROUPS for name in not_run_resident(k[0])}  # over every GPU budget: drawn hatched
-variants = [v for v in PIPELINES if v in set(epoch.variant) | NEVER_RUN]
+variants = in_order(set(epoch.variant) | NEVER_RUN)
 has_bound = any(vs_bound.get(v) for v in variants if v != "all_in_gpu")
 has_memory = "gpu_resident_bytes" in set(frame.metric) or any(not_run_resident(k[0]) for k in GROUPS)
 has_fits = "fits_gpu_budget" in set(frame.metric)
@@ -401,7 +401,7 @@ for chunk, start in enumerate(range(0, len(multi), style.MAX_PANELS), 1):
     fig, axes = style.panels(len(shown), cols=3, width=4.6, height=3.4)
     for axis, key in zip(axes, shown):
         rows = select(by_cores, key)
-        for variant in [v for v in PIPELINES if v in set(rows.variant)]:
+        for variant in in_order(rows.variant):
             line = rows[rows.variant == variant].sort_values("cpu_budget")
             colour, dash = style.style(variant)
             axis.plot(line.cpu_budget, line["median"], marker="o", color=colour, linestyle=dash,

@@ -921,3 +921,14 @@ def test_gpu_papers_full_part_pins_the_table_generated_in_memory(tmp_path):
     torch.testing.assert_close(
         torch.tensor(first.values), torch.full((len(first),), first["cpu_gather"], dtype=torch.float64), rtol=1e-3, atol=1e-3
     )
+
+
+def test_pipelines_are_listed_in_one_order_whatever_this_machine_can_run():
+    """Rows measured where PyG's sampling backend is installed are listed in the same place on a
+    machine without it (the registry there lacks the pipeline); a plugin's pipeline comes last."""
+    from workloads.gnn.pipelines import ORDER, PIPELINES, in_order
+
+    assert set(PIPELINES) <= set(ORDER) and "pyg_neighbor_loader" in ORDER
+    assert ORDER.index("cpu_gather_workers") < ORDER.index("pyg_neighbor_loader") < ORDER.index("zero_copy")
+    shown = in_order(["zero_copy", "my_loader", "pyg_neighbor_loader", "cpu_gather", "a_loader", "zero_copy"])
+    assert shown == ["cpu_gather", "pyg_neighbor_loader", "zero_copy", "a_loader", "my_loader"]

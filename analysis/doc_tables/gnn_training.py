@@ -133,9 +133,9 @@ def epochs_h200() -> Table:
     frame = load(committed, "gnn_training")
     frame = at_largest_cpu_budget(with_runs(frame, load(reruns, "gnn_training") if reruns else None))
     medians = epoch_medians(frame)
-    from workloads.gnn.pipelines import PIPELINES
+    from workloads.gnn.pipelines import in_order
 
-    shown = [p for p in PIPELINES if p in set(medians.variant)]
+    shown = in_order(medians.variant)
     speed = per_group(ratios(medians, "zero_copy_overlap", BASELINE))
     bound = per_group(ratios(medians, "zero_copy_overlap", "all_in_gpu"))
     lines = [
@@ -224,11 +224,11 @@ def cost_h200() -> Table:
     """CPU core-seconds per epoch and validation accuracy per pipeline (committed run)."""
     frame, files = _frame_h200()
     first = frame[frame.run == COMMITTED]
-    from workloads.gnn.pipelines import PIPELINES
+    from workloads.gnn.pipelines import in_order
 
     cpu = first[first.metric == "cpu_time"].groupby([*GROUP, "variant"], dropna=False)["value"].median()
     acc = first[first.metric == "accuracy"].groupby([*GROUP, "variant"], dropna=False)["value"].median()
-    shown = [p for p in PIPELINES if p in set(first.variant)]
+    shown = in_order(first.variant)
     lines = [
         "| graph, model | " + " | ".join(f"{p} core-s" for p in shown) + " | validation accuracy |",
         "|---|" + "---|" * (len(shown) + 1),

@@ -112,8 +112,27 @@ class PipelineKind(Entry):
 PIPELINE_KINDS: Registry[PipelineKind] = Registry("pipeline", __name__)
 
 
+# Every pipeline the suite has, in the order figures list them, those this machine cannot run too:
+# a table rendered here lists the rows measured elsewhere in the same places.
+ORDER: list[str] = []
+
+
 def register(kind: PipelineKind) -> PipelineKind:
+    ORDER.append(kind.name)
     return PIPELINE_KINDS.register(kind)
+
+
+def unavailable(name: str, why: str) -> None:
+    """A pipeline of the suite that cannot be registered here (a package it needs is missing)."""
+    ORDER.append(name)
+    UNAVAILABLE_PIPELINES[name] = why
+
+
+def in_order(names) -> list[str]:
+    """``names`` (pipelines of some results) in the suite's order; any the suite does not know (a
+    plugin's) after them, by name."""
+    names = set(names)
+    return [n for n in ORDER if n in names] + sorted(names - set(ORDER))
 
 
 def workers_of(pipeline: str, sampler_workers: int, cores: int | None = None) -> int:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import torch
 
-from workloads.gnn.pipelines import UNAVAILABLE_PIPELINES, Minibatch, Pipeline, PipelineKind, epoch_seeds, register
+from workloads.gnn.pipelines import Minibatch, Pipeline, PipelineKind, epoch_seeds, register, unavailable
 from workloads.gnn.pipelines.cpu_gather import gather_in_process
 
 NAME = "pyg_neighbor_loader"
@@ -142,4 +142,4 @@ if (_missing := backend_missing()) is None:
         )
     )
 else:
-    UNAVAILABLE_PIPELINES[NAME] = _missing
+    unavailable(NAME, _missing)
