@@ -26,7 +26,7 @@ results = {}  # topic -> its results files, passed by the workflow
 # %%
 from pathlib import Path
 
-from analysis.common import load_results, machine_label, summarize
+from analysis.common import errorbars, load_results, machine_label, summarize
 from workloads.ceilings.schema import SCHEMA
 
 frame, provenance = load_results(results["ceilings"], SCHEMA)
@@ -146,23 +146,6 @@ def size_look(row_bytes):
     return SIZE_RAMP[i % len(SIZE_RAMP)], SIZE_MARKERS[i % len(SIZE_MARKERS)]
 
 
-def curve(ax, data, x, label, color, linestyle="-", marker="o", fill="full"):
-    """Medians against ``x`` with interquartile bars."""
-    data = data.sort_values(x)
-    ax.errorbar(
-        data[x],
-        data["median"],
-        yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
-        label=label,
-        color=color,
-        linestyle=linestyle,
-        marker=marker,
-        markersize=4,
-        fillstyle=fill,
-        capsize=2,
-    )
-
-
 def legend_under(ax, columns=3, handles=None, title=None) -> None:
     """The panel's legend under its x label, so that no legend widens a column; ``title`` (a note
     on the lines, e.g. which coincide) heads it."""
@@ -223,7 +206,7 @@ def row_size_curves(ax, data) -> dict:
     for g, d in data.groupby("granularity_bytes"):
         d = d.assign(gib=d.table_bytes / GiB)
         colour, marker = size_look(g)
-        curve(ax, d, "gib", f"{g} B rows", colour, marker=marker)
+        errorbars(ax, d, "gib", f"{g} B rows", colour, marker=marker, markersize=4)
         curves[f"{g} B"] = d.set_index("gib")["median"].sort_index()
     return curves
 
@@ -273,7 +256,8 @@ def draw(ax, panel) -> None:
         for (variant, memory), d in pc.groupby(["variant", "host_memory"]):
             linestyle, marker, fill = MEMORY_LOOKS.get(memory, ("-.", "D", "full"))
             colour = DIRECTION_COLOURS.get(variant, "#444444")
-            curve(ax, d.assign(mib=d.size_bytes / MiB), "mib", f"{variant}, {memory}", colour, linestyle, marker, fill)
+            d = d.assign(mib=d.size_bytes / MiB)
+            errorbars(ax, d, "mib", f"{variant}, {memory}", colour, linestyle, marker, markersize=4, fillstyle=fill)
         if peaks.get("pcie"):
             style.reference_line(ax, peaks["pcie"], f"PCIe 5.0 x16\npeak, {peaks['pcie']:g} GB/s", "ceiling")
         ax.set(
@@ -303,7 +287,8 @@ def draw(ax, panel) -> None:
             ["host_memory", "granularity_bytes"]
         ):
             linestyle, marker = ALLOCATION_LOOKS.get(allocation, ("-.", "D"))
-            curve(ax, d.assign(gib=d.table_bytes / GiB), "gib", None, size_look(g)[0], linestyle, marker, "none")
+            d = d.assign(gib=d.table_bytes / GiB)
+            errorbars(ax, d, "gib", None, size_look(g)[0], linestyle, marker, markersize=4, fillstyle="none")
         pinned_copy_line(ax)
         note(ax, allocation_words(d_all[d_all.granularity_bytes.isin(shown)]), y=0.08)
         ax.set(
@@ -371,7 +356,8 @@ def draw(ax, panel) -> None:
         colours = dict(zip(thread_counts, THREAD_RAMP[-len(thread_counts) :] if len(thread_counts) <= 3 else SIZE_RAMP))
         for (variant, threads), d in d_all.groupby(["variant", "threads"]):
             linestyle, marker = DISK_LOOKS.get(variant, ("-.", "D"))
-            curve(ax, d.assign(mib=d.block_bytes / MiB), "mib", None, colours[threads], linestyle, marker)
+            d = d.assign(mib=d.block_bytes / MiB)
+            errorbars(ax, d, "mib", None, colours[threads], linestyle, marker, markersize=4)
         ax.set(
             xscale="log",
             xlabel="request size (MiB, log scale)",

@@ -69,8 +69,11 @@ def panel_grid(count: int, width: float, height: float, cols: int = 4):
     return fig, axes[:count]
 
 
-def errorbars(ax, data: pd.DataFrame, x: str, label, color=None, linestyle="-") -> None:
-    """Medians against ``x`` with interquartile bars (columns from :func:`summarize`)."""
+def errorbars(
+    ax, data: pd.DataFrame, x: str, label, color=None, linestyle="-", marker="o", markersize=3, fillstyle="full", **look
+) -> None:
+    """Medians against ``x`` with interquartile bars (columns from :func:`summarize`); ``look``:
+    more of the line's properties (``linewidth``, ``alpha``, ``zorder``)."""
     data = data.sort_values(x)
     ax.errorbar(
         data[x],
@@ -79,9 +82,11 @@ def errorbars(ax, data: pd.DataFrame, x: str, label, color=None, linestyle="-") 
         label=label,
         color=color,
         linestyle=linestyle,
-        marker="o",
-        markersize=3,
+        marker=marker,
+        markersize=markersize,
+        fillstyle=fillstyle,
         capsize=2,
+        **look,
     )
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import load_results, machine_label, summarize
+from analysis.common import errorbars, load_results, machine_label, summarize
 from harness.registry import COMPETITOR_ROLES, ENTRY_ROLES
 from systems.pytorch_direct import dispatch
 from systems.pytorch_direct.gather_variants import GATHER_VARIANTS
@@ -385,10 +385,11 @@ print("\n".join(lines))
 # locality (`-knobs`).
 
 # %%
+import math
 import textwrap
 
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from analysis import style
 
@@ -400,6 +401,8 @@ EMPHASISED = {"cpu_gather", "torch_uva", *KERNELS, "default", "all_in_gpu"}
 ROW_MARKERS = {128: "o", 512: "s", 2048: "^"}
 CEILING_BAND = "#c9b99a"
 INK = "#444444"  # words and legend keys that are not a variant's
+# Bandwidths on a log axis: ticks at 1, 2 and 5 of every decade, however many the axis spans.
+ONE_TWO_FIVE = ((math.inf, (1, 2, 5)),)
 
 
 def row_marker(row_bytes):
@@ -410,20 +413,18 @@ def draw_variant(ax, data, x, variant, label, linestyle=None, marker=None, hollo
     """Medians with interquartile bars; the headline's variants bold, the others thin and light.
     ``marker`` set: the panel tells row sizes apart by it, so every line's markers show."""
     bold = variant in EMPHASISED
-    data = data.sort_values(x)
-    ax.errorbar(
-        data[x],
-        data["median"],
-        yerr=[data["median"] - data["q25"], data["q75"] - data["median"]],
-        label=label,
-        color=style.color(variant),
-        linestyle=linestyle or style.style(variant)[1],
-        linewidth=2.2 if bold else 1.0,
-        alpha=1.0 if bold else 0.55,
+    errorbars(
+        ax,
+        data,
+        x,
+        label,
+        style.color(variant),
+        linestyle or style.style(variant)[1],
         marker=marker or "o",
         markersize=5 if marker else (4 if bold or hollow else 2.5),
         fillstyle="none" if hollow else "full",
-        capsize=2,
+        linewidth=2.2 if bold else 1.0,
+        alpha=1.0 if bold else 0.55,
         zorder=3 if bold else 2,
     )
 
@@ -438,14 +439,6 @@ def ceiling_lines(ax, row_bytes=None):
         x = c.table_bytes / GiB
         ax.plot(x, c["median"], color=CEILING_BAND, linewidth=7, alpha=0.6, solid_capstyle="round", zorder=1)
         style.margin_label(ax, c["median"].iloc[-1], "random-read ceiling", "#8a7651")
-
-
-def log_ticks(ax, axis="y") -> None:
-    """A log axis with ticks at 1, 2 and 5 of each decade, written as plain numbers."""
-    target = ax.yaxis if axis == "y" else ax.xaxis
-    target.set_major_locator(LogLocator(subs=(1, 2, 5)))
-    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    target.set_minor_formatter(NullFormatter())
 
 
 def measured_ticks(ax, values, unit="") -> None:
@@ -488,22 +481,24 @@ SKEWED_PANELS_LEAVE_OUT = {"naive", "aligned", "vectorized", "default", "torch_u
 HOT_FIRST_SHOWN = {"sorted", "hot_cache"}
 
 
+def draw_log_log(ax, data, x, xlabel, title, ceilings=False) -> None:
+    """Bandwidth of each variant of ``data`` against ``x``, both axes log scale; ``ceilings``:
+    with the pinned copy's line."""
+    for variant in ordered(data.variant):
+        draw_variant(ax, data[data.variant == variant], x, variant, style.readable(variant))
+    if ceilings:
+        ceiling_lines(ax)
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="bandwidth (GB/s, log scale)", title=title)
+    style.log_ticks(ax.yaxis, steps=ONE_TWO_FIVE, minor=True)
+
+
 def draw_row_sizes(ax, dtype) -> None:
     """Bandwidth by row size, one dtype (the bf16 rows are a panel of the knobs figure)."""
     data = medians("row_sizes")
     data = data[data.dtype == dtype]
-    for variant in ordered(data.variant):
-        if not is_diagnostic(variant):  # a kernel timed alone: in the tables, not among the paths
-            draw_variant(ax, data[data.variant == variant], "row_bytes", variant, style.readable(variant))
-    ceiling_lines(ax)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="row size (bytes, log scale)",
-        ylabel="bandwidth (GB/s, log scale)",
-        title=f"By row size, {dtype} rows ({size_label(data.table_bytes.max())} table, uniform rows)",
-    )
-    log_ticks(ax)
+    paths = data[~data.variant.map(is_diagnostic)]  # a kernel timed alone: in the tables, not among the paths
+    title = f"By row size, {dtype} rows ({size_label(data.table_bytes.max())} table, uniform rows)"
+    draw_log_log(ax, paths, "row_bytes", "row size (bytes, log scale)", title, ceilings=True)
     low, high = data.row_bytes.min(), data.row_bytes.max()
     measured_ticks(ax, [1 << k for k in range(16) if low <= 1 << k <= high])  # the powers of two
 
@@ -543,16 +538,8 @@ def draw_table_sizes(ax, dist, row_bytes) -> None:
 
 def draw_batch_sizes(ax) -> None:
     data = medians("batch_sizes")
-    for variant in ordered(data.variant):
-        draw_variant(ax, data[data.variant == variant], "batch_rows", variant, style.readable(variant))
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="rows per gather (log scale)",
-        ylabel="bandwidth (GB/s, log scale)",
-        title=f"By batch size ({int(data.row_bytes.iloc[0])}-byte rows, {size_label(data.table_bytes.max())} table)",
-    )
-    log_ticks(ax)
+    title = f"By batch size ({int(data.row_bytes.iloc[0])}-byte rows, {size_label(data.table_bytes.max())} table)"
+    draw_log_log(ax, data, "batch_rows", "rows per gather (log scale)", title)
 
 
 def draw_by_row_size(ax, part) -> None:

@@ -148,9 +148,13 @@ for key in GROUPS:
         )
 lines += [
     "",
-    "x fastest CPU baseline: the epoch time of the faster of "
-    + " and ".join(f"`{b}`" for b in CPU_BASELINES)
-    + " (those that ran) over the pipeline's, per dataset and model; x all_in_gpu: the pipeline's epoch over "
+    "x fastest CPU baseline: the epoch time of "
+    + (
+        f"the faster of {' and '.join(f'`{b}`' for b in CPU_BASELINES)} (those that ran)"
+        if len(CPU_BASELINES) > 1
+        else "the only CPU baseline measured, " + "".join(f"`{b}`" for b in CPU_BASELINES) + ","
+    )
+    + " over the pipeline's, per dataset and model; x all_in_gpu: the pipeline's epoch over "
     "all_in_gpu's (below 1: faster). Smallest budget: of the configured GPU memory budgets, the smallest that "
     "holds the pipeline's resident data and its peak.",
     "",

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib import ticker
 
 from analysis.common import load_results, machine_label, summarize
 from systems.ssdtrain import POLICIES, STORES, planning
@@ -500,25 +499,6 @@ def store_marker(variant: str) -> str:
     return style.STORE_MARKERS.get(store_of(variant), "P")
 
 
-def log_ticks(axis, low: float, high: float) -> None:
-    """Ticks a reader can read on a log axis from ``low`` to ``high``, written as plain numbers:
-    decades over more than three, 1-2-5 over a wide range, 1-2-3-5-7 over a middling one, evenly
-    spaced round numbers over a narrow one (where a log axis alone would label only its one power of ten)."""
-    if high / low >= 1e3:
-        locator = ticker.LogLocator(subs=(1.0,))
-    elif high / low >= 8:
-        locator = ticker.LogLocator(subs=(1.0, 2.0, 5.0))
-    elif high / low >= 2.5:
-        locator = ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0, 7.0))
-    else:
-        locator = ticker.FixedLocator(
-            [v for v in ticker.MaxNLocator(8, steps=[1, 2, 5, 10]).tick_values(low, high) if v > 0]
-        )
-    axis.set_major_locator(locator)
-    axis.set_minor_locator(ticker.NullLocator())
-    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-
-
 def frontier(points):
     """The points no other point beats on both memory and time, by memory."""
     kept, best = [], float("inf")
@@ -574,7 +554,7 @@ def rok_axes(ax, dataset, points, log: bool) -> None:
         ax.set_yscale("log")
         pad = max(1.04, (high / low) ** 0.08)  # room for the markers, more over a wide range
         ax.set_ylim(low / pad, high * pad)
-        log_ticks(ax.yaxis, *ax.get_ylim())
+        style.log_ticks(ax.yaxis)
     else:  # a close range of times: room around the points, not an axis from zero that flattens them
         pad = 0.08 * (high - low) + 0.01 * high
         ax.set_ylim(low - pad, high + pad)
@@ -886,7 +866,7 @@ for ax, table, metric, what in (
     if metric == "time":  # ratios from below 1 to many times: a log axis, ticks wherever bars end
         ax.set_yscale("log")
         ax.set_ylim(min(bottoms) / 1.1, max(tops) * 1.25)
-        log_ticks(ax.yaxis, *ax.get_ylim())
+        style.log_ticks(ax.yaxis)
         ax.set_ylabel(f"{what} relative to keep all (log scale)")
     else:
         ax.set_ylim(0, max(tops) * 1.08)
@@ -914,38 +894,6 @@ style.save(fig, figure, "ratios")
 # needed bandwidth is its saved bytes over its forward time, its FLOPs over the rate: proportional
 # to the rate, a straight line on log axes, one per model (models of the same bytes per FLOP share
 # one). Lines are named in the margin, labels pushed apart where lines run close.
-def margin_labels(ax, items, gap: float = 12.0) -> None:
-    """Writes each (y, text, colour) of ``items`` right of the panel at its line's height, moved
-    apart to ``gap`` points where lines run closer, a short leader to its line. Needs the panel's
-    final height."""
-    if not items:
-        return
-    pt = ax.figure.dpi / 72
-    items = sorted(items, key=lambda item: item[0])
-    heights = [ax.transData.transform((1, y))[1] for y, _, _ in items]
-    placed = list(heights)
-    for i in range(1, len(placed)):
-        placed[i] = max(placed[i], placed[i - 1] + gap * pt)
-    overshoot = (placed[-1] - heights[-1]) / 2  # centre the pushed stack on the lines it names
-    placed = [h - overshoot for h in placed]
-    for i in range(len(placed) - 2, -1, -1):
-        placed[i] = min(placed[i], placed[i + 1] - gap * pt)
-    for (y, text, colour), height, at in zip(items, heights, placed):
-        ax.annotate(
-            text,
-            (1.0, y),
-            xycoords=("axes fraction", "data"),
-            xytext=(14, (at - height) / pt),
-            textcoords="offset points",
-            ha="left",
-            va="center",
-            fontsize=7.5,
-            color=colour,
-            annotation_clip=False,
-            arrowprops=dict(arrowstyle="-", color=colour, linewidth=0.6, shrinkA=1, shrinkB=0),
-        )
-
-
 def grouped_by_bytes_per_flop(datasets) -> list[tuple[float, list[str]]]:
     """(largest saved bytes per forward FLOP of a block, the models with it): models within 1 %
     of each other share one line."""
@@ -1015,12 +963,12 @@ ax.set(
     + (f" (sequences of {sequence.split()[-1]} tokens)" if sequence.startswith(",") else "")
     + ":\na store's line above a model's at a GPU's throughput hides that model's writes inside its forward",
 )
-log_ticks(ax.xaxis, *ax.get_xlim())
-log_ticks(ax.yaxis, *ax.get_ylim())
+style.log_ticks(ax.xaxis)
+style.log_ticks(ax.yaxis)
 style.legend_below(fig, entries, columns=3)
 style.title(fig, "Activation offloading: the write bandwidth an offload needs, for a GPU of any speed", MEASURED)
 fig.draw_without_rendering()  # the panel's final height, which the margin's labels are spaced in
-margin_labels(ax, names)
+style.margin_labels(ax, names)
 style.save(fig, figure, "bandwidth")
 
 dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1))]

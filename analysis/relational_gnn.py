@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib import ticker
 
 from analysis.common import load_results, machine_label, same_code_reruns, summarize
 from harness.registry import COMPETITOR_ROLES, ENTRY_ROLES
@@ -633,15 +632,9 @@ def range_whisker(ax, x, value, low, high) -> None:
         artist.set_path_effects(OUTLINE)
 
 
-def plain_log_ticks(ax, suffix: str = "") -> None:
-    """Log-scale y ticks as plain numbers (0.2, 0.5, 1, 2, ...), enough to read and no more: steps
-    of 1-2-5, with 3 too where the axis spans less than two decades, decades alone past three."""
-    low, high = ax.get_ylim()
-    decades = np.log10(high / low)
-    subs = (1.0,) if decades > 3.2 else (1.0, 2.0, 5.0) if decades > 1.6 else (1.0, 2.0, 3.0, 5.0)
-    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=30))
-    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: (f"{v:,.0f}" if v >= 1 else f"{v:g}") + suffix))
-    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+# Log-scale y ticks (style.log_ticks), enough to read and no more: steps of 1-2-5, with 3 too where
+# the axis spans less than 1.6 decades, decades alone past 3.2.
+LOG_TICK_STEPS = ((1.6, (1, 2, 3, 5)), (3.2, (1, 2, 5)))
 
 
 CAPTURED = "training_graphed"  # the mode whose whole training step is captured as one CUDA graph
@@ -754,7 +747,7 @@ def speedup_panel(ax, mode, with_geomean: bool = True) -> None:
     if geomean_models:
         last = ax.get_xticklabels()[-1]
         last.set(rotation=0, ha="center")
-    plain_log_ticks(ax, "x")
+    style.log_ticks(ax.yaxis, steps=LOG_TICK_STEPS, minor=True, grouped=True, suffix="x")
     right = start + wide * len(geomean_models) + 0.3 if geomean_models else len(graphs) - 0.4
     ax.set(
         ylabel="speedup over the fastest competitor\n(log scale)",
@@ -927,7 +920,7 @@ def per_form_panel(ax, table, model, mode, unit) -> None:
             if xs:
                 foot_mark(ax, xs, what)
     ax.set_yscale("log")
-    plain_log_ticks(ax)
+    style.log_ticks(ax.yaxis, steps=LOG_TICK_STEPS, minor=True, grouped=True)
     ax.set_xticks(range(len(graphs)), graphs, rotation=25, ha="right", fontsize=7.5)
     ax.set_xticks(np.arange(len(graphs) - 1) + 0.5, minor=True)  # a rule between graphs
     ax.tick_params(axis="x", which="minor", length=0)

@@ -4,13 +4,15 @@ A variant keeps one colour in every panel of every topic (``VARIANT_STYLE``, key
 registries give it); models of a relational GNN differ by marker and hatch, never by colour, so a
 colour always means a form. Titles and labels are plain words with units (``readable``,
 ``llm_model_label``, ``axis_label``); legends sit off the data (``legend_below``); re-runs show as
-ranges (``ranges``); targets and ceilings are labelled lines (``reference_line``); and a figure
-with an empty panel is refused when it is saved (``save``), as is a figure of more than
-``MAX_PANELS`` panels.
+ranges (``ranges``); targets and ceilings are labelled lines (``reference_line``); words naming
+a line sit in the margin beside it (``margin_label``, ``margin_labels``); log axes are ticked in
+plain numbers (``log_ticks``); and a figure with an empty panel is refused when it is saved
+(``save``), as is a figure of more than ``MAX_PANELS`` panels.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from pathlib import Path
@@ -330,20 +332,76 @@ def reference_line(ax, y: float, text: str, kind: str = "target") -> None:
     margin_label(ax, y, text)
 
 
-def margin_label(ax, y: float, text: str, color: str = "#444444") -> None:
-    """Words in the margin right of the panel at height ``y`` (data units), where no data is."""
+def margin_label(ax, y: float, text: str, color: str = "#444444", shift: float = 0.0, leader: bool = False) -> None:
+    """Words in the margin right of the panel at height ``y`` (data units), where no data is;
+    ``shift`` points higher (negative: lower), with a short leader line to ``y`` where ``leader``."""
     ax.annotate(
         text,
         (1.0, y),
         xycoords=("axes fraction", "data"),
-        xytext=(4, 0),
+        xytext=(14 if leader else 4, shift),  # a leader needs room to show
         textcoords="offset points",
         ha="left",
         va="center",
         fontsize=7.5,
         color=color,
         annotation_clip=False,
+        arrowprops=dict(arrowstyle="-", color=color, linewidth=0.6, shrinkA=1, shrinkB=0) if leader else None,
     )
+
+
+def margin_labels(ax, items, gap: float = 12.0) -> None:
+    """Writes each (y, text, colour) of ``items`` right of the panel at its line's height, moved
+    apart to ``gap`` points where lines run closer, a short leader to its line. Needs the panel's
+    final height (``fig.draw_without_rendering()`` first)."""
+    if not items:
+        return
+    pt = ax.figure.dpi / 72
+    items = sorted(items, key=lambda item: item[0])
+    heights = [ax.transData.transform((1, y))[1] for y, _, _ in items]
+    placed = list(heights)
+    for i in range(1, len(placed)):
+        placed[i] = max(placed[i], placed[i - 1] + gap * pt)
+    overshoot = (placed[-1] - heights[-1]) / 2  # centre the pushed stack on the lines it names
+    placed = [h - overshoot for h in placed]
+    for i in range(len(placed) - 2, -1, -1):
+        placed[i] = min(placed[i], placed[i + 1] - gap * pt)
+    for (y, text, colour), height, at in zip(items, heights, placed):
+        margin_label(ax, y, text, colour, shift=(at - height) / pt, leader=True)
+
+
+# Which multiples of each power of ten a log axis is ticked at (``log_ticks``), by the decades it
+# spans: (under this many decades, these multiples), narrowest first; an axis wider than every
+# entry is ticked at the powers of ten alone. None: evenly spaced round numbers, for an axis so
+# narrow that multiples of its powers of ten would give it one tick or none.
+LOG_STEPS = ((0.4, None), (0.9, (1, 2, 3, 5, 7)), (3.0, (1, 2, 5)))
+
+
+def log_ticks(axis, steps=LOG_STEPS, minor: bool = False, grouped: bool = False, suffix: str = "") -> None:
+    """Ticks a reader can read on the log-scale ``axis`` (``ax.xaxis`` or ``ax.yaxis``), picked by
+    ``steps`` for the decades its limits span now (set them first), written as plain numbers
+    ("0.5", "20", "1000"; ``grouped``: "1,000") followed by ``suffix``; ``minor``: unlabelled
+    minor ticks kept between them."""
+    from matplotlib import ticker
+
+    low, high = axis.get_view_interval()
+    decades = abs(math.log10(high / low))
+    subs = next((subs for widest, subs in steps if decades < widest), (1,))
+    if subs is None:
+        round_numbers = ticker.MaxNLocator(8, steps=[1, 2, 5, 10]).tick_values(low, high)
+        axis.set_major_locator(ticker.FixedLocator([v for v in round_numbers if v > 0]))
+    else:
+        # numticks: every decade in range keeps its ticks. Left to itself, matplotlib thins out the
+        # decades of a long range to fit the axis, and a locator of several multiples then draws none.
+        axis.set_major_locator(ticker.LogLocator(subs=subs, numticks=30))
+
+    def plain(value, _position) -> str:
+        return (f"{value:,.0f}" if grouped and value >= 1 else f"{value:g}") + suffix
+
+    axis.set_major_formatter(ticker.FuncFormatter(plain))
+    axis.set_minor_formatter(ticker.NullFormatter())
+    if not minor:
+        axis.set_minor_locator(ticker.NullLocator())
 
 
 def empty_panels(fig) -> list[str]:

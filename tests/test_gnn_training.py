@@ -919,7 +919,10 @@ def test_gpu_papers_full_part_pins_the_table_generated_in_memory(tmp_path):
     assert pcie["zero_copy"] == pcie["cpu_gather"] > 0
     first = frame[(frame.metric == "loss") & (frame.repetition == 0)].groupby("variant").value.first()
     torch.testing.assert_close(
-        torch.tensor(first.values), torch.full((len(first),), first["cpu_gather"], dtype=torch.float64), rtol=1e-3, atol=1e-3
+        torch.tensor(first.values),
+        torch.full((len(first),), first["cpu_gather"], dtype=torch.float64),
+        rtol=1e-3,
+        atol=1e-3,
     )
 
 

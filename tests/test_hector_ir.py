@@ -326,7 +326,10 @@ def test_a_layer_called_wrongly_says_how():
     graph = awkward_graph()
     layer = op.Layer(rgcn_layer())
     weights = MODELS["rgcn"].bind(RGCNWeights(graph.num_relations, 4, 4))
-    with pytest.raises(UserError, match=r"rgcn_layer takes x, root, bias, W; missing x; it does not read y \(misspelled, or declared but unused\)"):
+    with pytest.raises(
+        UserError,
+        match=r"rgcn_layer takes x, root, bias, W; missing x; it does not read y \(misspelled, or declared but",
+    ):
         layer(graph, y=torch.randn(graph.num_nodes, 4), **weights)
     with pytest.raises(UserError, match="graph handle 12345 is not registered"):
         layer.forward_op(12345, [torch.randn(graph.num_nodes, 4), *weights.values()])

@@ -240,7 +240,10 @@ def test_bad_arguments_are_one_line():
         (dict(policy="planner", store=HostStore()), "needs budget="),
         (dict(policy="offload_all", store=HostStore(), layers=[nn.Linear(2, 2)]), "the model's own submodules"),
         (dict(policy="offload_all", store=HostStore(), min_bytes=-1), "min_bytes must be a non-negative"),
-        (dict(policy="offload_all", store=HostStore(), keep_last=True), "keep_last must be a non-negative integer, got True"),
+        (
+            dict(policy="offload_all", store=HostStore(), keep_last=True),
+            "keep_last must be a non-negative integer, got True",
+        ),
         (dict(policy="offload_all", store=object()), "must be a systems.ssdtrain Store"),
     ]
     for args, message in cases:

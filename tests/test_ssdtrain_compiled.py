@@ -182,7 +182,9 @@ def test_check_close_allows_twice_the_spread_between_eager_kernels_and_no_more()
     grads = {"w": torch.randn(6, 3), "b": torch.randn(9)[::2]}  # a strided view
     reference = (torch.tensor(1.25), grads)
     changed = (torch.tensor(1.25), grads | {"b": grads["b"] * 1.01})
-    assert check_close("compiled", reference, changed, torch.float32, spread={"b": 0.006}) == pytest.approx(0.01, rel=1e-5)
+    assert check_close("compiled", reference, changed, torch.float32, spread={"b": 0.006}) == pytest.approx(
+        0.01, rel=1e-5
+    )
     with pytest.raises(NotBitIdentical, match=r"b differs from keep's by 0.01 .*above the 0.008 allowed \(2 x keep's"):
         check_close("compiled", reference, changed, torch.float32, spread={"b": 0.004})
     with pytest.raises(NotBitIdentical, match="b differs"):  # another gradient's spread does not cover b

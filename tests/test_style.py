@@ -1,13 +1,21 @@
 """The suite's one look (analysis/style.py): every registered variant has its own colour within its
-registry, ids read as plain words, and a figure with an empty panel or too many panels is refused."""
+registry, ids read as plain words, a figure with an empty panel or too many panels is refused, log
+axes are ticked in plain numbers and labels in the margin never overlap; and the notebooks' shared
+medians-with-bars plot (analysis/common.py)."""
+
+import math
 
 import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
+from matplotlib.text import Text
 
 from analysis import style
+from analysis.common import errorbars
 from harness.errors import UserError
 from systems.pytorch_direct.gather_variants import GATHER_VARIANTS
 from systems.rgnn.forms import FORMS
@@ -91,3 +99,83 @@ def test_supporting_figures_are_named_beside_the_figure_even_under_a_temporary_n
     assert style.supporting_path(temporary, "times_1") == tmp_path / ".topic-h200-times_1.tmp123.png"
     with pytest.raises(UserError):
         style.supporting_path(tmp_path / "topic-h200.png", "Bad Name")
+
+
+def log_axis_ticks(low, high, **options) -> tuple[list, list[str], int]:
+    """The major ticks within ``low`` to ``high`` of a log y axis ticked by style.log_ticks, their
+    labels, and how many minor ticks it has."""
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    style.log_ticks(ax.yaxis, **options)
+    fig.draw_without_rendering()
+    shown = [t for t in ax.yaxis.get_major_ticks() if low <= t.get_loc() <= high]
+    minor = len(ax.yaxis.get_minorticklocs())
+    plt.close(fig)
+    return [t.get_loc() for t in shown], [t.label1.get_text() for t in shown], minor
+
+
+@pytest.mark.parametrize(
+    "low, high, ticks",
+    [
+        (0.55, 0.78, [0.55, 0.6, 0.65, 0.7, 0.75]),  # under 0.4 decades: evenly spaced round numbers
+        (0.17, 0.79, [0.2, 0.3, 0.5, 0.7]),  # under 0.9: 1-2-3-5-7
+        (0.137, 5.59, [0.2, 0.5, 1, 2, 5]),  # under 3: 1-2-5
+        (0.775, 3120, [1, 10, 100, 1000]),  # wider: the powers of ten
+        (1e-3, 1e12, [10.0**k for k in range(-3, 13)]),  # every decade, none thinned out
+    ],
+)
+def test_a_log_axis_is_ticked_by_the_decades_it_spans_in_plain_numbers(low, high, ticks):
+    shown, labels, minor = log_axis_ticks(low, high)
+    assert shown == pytest.approx(ticks)
+    assert labels == [f"{t:g}" for t in ticks]
+    assert minor == 0
+
+
+def test_log_ticks_take_a_callers_steps_minor_ticks_and_grouped_numbers():
+    every_decade_one_two_five = ((math.inf, (1, 2, 5)),)
+    shown, labels, minor = log_axis_ticks(0.74, 2000, steps=every_decade_one_two_five, minor=True)
+    assert shown == pytest.approx([1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000])
+    assert labels[-2:] == ["1000", "2000"]
+    assert minor > 0  # drawn, unlabelled
+    steps = ((1.6, (1, 2, 3, 5)), (3.2, (1, 2, 5)))
+    assert log_axis_ticks(0.7, 18, steps=steps, suffix="x")[1] == ["1x", "2x", "3x", "5x", "10x"]
+    assert log_axis_ticks(0.5, 20000, steps=steps, grouped=True)[1] == ["1", "10", "100", "1,000", "10,000"]
+
+
+def test_margin_labels_of_lines_running_close_are_set_apart_and_never_overlap():
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [0, 100])
+    ax.set_ylim(0, 100)
+    fig.draw_without_rendering()  # the panel's final height, which the labels are spaced in
+    crowded = [(50.0, "first line", "#000000"), (50.5, "second line", "#d62728"), (51.0, "third", "#1f77b4")]
+    style.margin_labels(ax, [*crowded, (90.0, "far from the others", "#2ca02c")])
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    labels = {text.get_text(): text for text in ax.texts}
+    boxes = {name: Text.get_window_extent(text, renderer) for name, text in labels.items()}  # the words alone
+    names = list(boxes)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not boxes[a].overlaps(boxes[b]), f"{a!r} overlaps {b!r}"
+    # The pushed labels keep the lines' order, and a label with room stays at its line's height.
+    middles = [(boxes[name].y0 + boxes[name].y1) / 2 for name in ("first line", "second line", "third")]
+    assert middles == sorted(middles)
+    far = boxes["far from the others"]
+    assert (far.y0 + far.y1) / 2 == pytest.approx(ax.transData.transform((0, 90.0))[1], abs=1.0)
+    plt.close(fig)
+
+
+def test_errorbars_draw_medians_by_x_with_interquartile_bars_in_the_look_asked_for():
+    data = pd.DataFrame({"x": [4, 1, 2], "median": [3.0, 1.0, 2.0], "q25": [2.5, 0.5, 1.5], "q75": [4.0, 1.5, 2.5]})
+    fig, ax = plt.subplots()
+    errorbars(ax, data, "x", "plain")
+    errorbars(ax, data, "x", "hollow", marker="s", markersize=4, fillstyle="none", linewidth=2.2, alpha=0.55)
+    plain, hollow = (container.lines[0] for container in ax.containers)
+    assert list(plain.get_xdata()) == [1, 2, 4] and list(plain.get_ydata()) == [1.0, 2.0, 3.0]
+    assert (plain.get_marker(), plain.get_markersize(), plain.get_fillstyle()) == ("o", 3, "full")
+    assert (hollow.get_marker(), hollow.get_markersize(), hollow.get_fillstyle()) == ("s", 4, "none")
+    assert (hollow.get_linewidth(), hollow.get_alpha()) == (2.2, 0.55)
+    bars = ax.containers[0].lines[2][0].get_segments()
+    assert [(s[0][1], s[1][1]) for s in bars] == [(0.5, 1.5), (1.5, 2.5), (2.5, 4.0)]
+    plt.close(fig)

@@ -77,7 +77,11 @@ class Layer:
             raise UserError(
                 f"{self.program.name} takes {', '.join(self.names)}"
                 + (f"; missing {', '.join(sorted(missing))}" if missing else "")
-                + (f"; it does not read {', '.join(sorted(extra))} (misspelled, or declared but unused)" if extra else "")
+                + (
+                    f"; it does not read {', '.join(sorted(extra))} (misspelled, or declared but unused)"
+                    if extra
+                    else ""
+                )
             )
         if not isinstance(graph, RelGraph):
             raise TypeError(

@@ -8,11 +8,12 @@ differ in their last bits; the timed steps run the fast kernels.
 Compiled blocks (torch.compile) fuse and reorder their arithmetic, so they round differently from
 eager blocks: compiled keep is checked against keep within :data:`TOLERANCE` (:func:`check_close`),
 or within :data:`SPREAD_FACTOR` times the distance between two valid eager steps of the same model
-where that is larger (:func:`rounding_spread`: in bfloat16 the gradients of a query projection move
-by several percent between SDPA's math and fused attention), and the policies on compiled blocks against compiled keep: bit for bit where they run the same
-compiled code (offloading changes where a saved tensor waits, not what is computed), within the
-tolerance where they compute differently (torch's rematerialization under a memory budget
-recomputes in the compiled backward).
+where that is larger (:func:`rounding_spread`; in bfloat16 on a large Llama a query projection's
+gradient differed between compiled and eager blocks by more than the fixed tolerance), and the
+policies on compiled blocks against compiled keep: bit for bit where they run the same compiled
+code (offloading changes where a saved tensor waits, not what is computed), within the tolerance
+where they compute differently (torch's rematerialization under a memory budget recomputes in the
+compiled backward).
 """
 
 from __future__ import annotations
