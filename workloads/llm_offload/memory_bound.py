@@ -395,10 +395,9 @@ def _checked(runs, model, shape, params, rows, device, folder, notes, dtype) -> 
             raise
         checked.append((variant, policy))
     if failed_peer is not None:  # keep must still give the reference before anything is searched
-        fresh = {}
         with deterministic(device):
-            fresh["keep"] = one_step(model, batch)
-        check_identical(f"keep after {failed_peer} failed its check", results[None], fresh["keep"])
+            again = one_step(model, batch)
+        check_identical(f"keep after {failed_peer} failed its check", results[None], again)
     model.zero_grad(set_to_none=True)
     results.clear()
     free()
