@@ -741,7 +741,9 @@ def speedup_panel(ax, mode, with_geomean: bool = True) -> None:
     ticks, names = list(range(len(graphs))), names
     if geomean_models:
         ticks.append(start + wide * len(geomean_models) / 2)
-        names.append("geomean\n(dataset-shaped)")
+        counts = sorted({sum((m, mode, d) in headline for d in shaped) for m in geomean_models})
+        of = "/".join(str(c) for c in counts) + (" (by model)" if len(counts) > 1 else "")
+        names.append(f"geomean over {of}\ndataset-shaped graphs")
         ax.axvline(len(graphs) - 0.5, color="#888888", linewidth=0.8)
     ax.set_xticks(ticks, names, rotation=30, ha="right")
     if geomean_models:
