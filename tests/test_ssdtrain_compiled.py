@@ -175,6 +175,40 @@ def test_relative_difference_in_pieces_is_the_whole_norm(monkeypatch):
         checking.relative_difference(torch.ones(3), torch.ones(4))
 
 
+def test_equal_in_pieces_finds_one_changed_element_anywhere(monkeypatch):
+    """Bit equality piece by piece (no temporary the size of a whole gradient): one element changed
+    in any piece, a strided view, another dtype or shape all differ; equal tensors, empty included, do not."""
+    from workloads.llm_offload import checking
+
+    monkeypatch.setattr(checking, "PIECE", 7)
+    torch.manual_seed(6)
+    reference = torch.randn(9, 10)[:, 1::3]  # strided, with an offset: 27 elements, 4 pieces
+    assert checking.equal(reference.clone(), reference)
+    assert checking.equal(torch.empty(0, 3), torch.empty(0, 3))
+    for index in [(0, 0), (3, 1), (8, 2)]:  # first, a middle and the last piece
+        changed = reference.clone()
+        changed[index] = torch.nextafter(changed[index], torch.tensor(float("inf")))
+        assert not checking.equal(changed, reference)
+    assert not checking.equal(reference.double(), reference.double().float().double() + 1e-12)
+    assert not checking.equal(reference.double(), reference)
+    assert not checking.equal(reference.reshape(-1), reference)
+    nan = reference.clone()
+    nan[4, 0] = float("nan")
+    assert not checking.equal(nan, nan.clone())  # as torch.equal: NaN is equal to nothing
+
+
+def test_one_step_takes_the_gradients_from_the_model():
+    """The step's gradients are handed over, not copied (a check under a memory cap cannot hold
+    another set): the model is left without gradients, and the next step starts from none."""
+    model, batch = tiny_qwen3(seed=8), batch_of(seed=8)
+    loss, grads = one_step(model, batch)
+    assert all(parameter.grad is None for parameter in model.parameters())
+    again_loss, again = one_step(model, batch)
+    assert torch.equal(loss, again_loss) and grads.keys() == again.keys()
+    assert all(torch.equal(grads[name], again[name]) for name in grads)  # not accumulated into
+    assert all(grads[name].data_ptr() != again[name].data_ptr() for name in grads)
+
+
 def test_check_close_allows_twice_the_spread_between_eager_kernels_and_no_more():
     """Where keep's own step moves between two eager kernels (math and fused attention) by more
     than the tolerance, a compiled step may differ by twice that, per gradient, and by no more."""

@@ -12,8 +12,8 @@ Every form's output is checked against the ``segment_mm`` form's before any is t
 - ``large_datasets`` and (GPU machines only) ``largest_datasets``: the same for the large ones,
   each in a job of its own;
 - ``width_sweep`` (GPU machines only): the same graphs as ``datasets`` at other widths;
-- ``shapes`` (GPU machines only): generated heterographs of shapes the config names, none of them
-  a dataset's;
+- ``shapes`` and ``large_shapes`` (GPU machines only): generated heterographs of shapes the config
+  names, none of them a dataset's (the larger ones in a job of their own);
 - ``bfloat16_datasets`` (GPU machines only): the ``datasets`` graphs on bfloat16 features and
   weights, every form that computes in bfloat16;
 - ``gemm_template`` (GPU machines only): Hector's GEMM template against stock torch on equal
@@ -40,6 +40,7 @@ TOPIC = Topic(
         Part("largest_datasets", gpus=1, cpu=False),
         Part("width_sweep", gpus=1, cpu=False),
         Part("shapes", gpus=1, cpu=False),
+        Part("large_shapes", gpus=1, cpu=False),
         Part("bfloat16_datasets", gpus=1, cpu=False),
         Part("gemm_template", gpus=1, cpu=False),
     ),

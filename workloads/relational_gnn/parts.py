@@ -1,6 +1,6 @@
 """The measuring functions of the relational_gnn topic: ``knowledge_graphs``, ``datasets``,
-``large_datasets``, ``width_sweep``, ``shapes`` (graphs of shapes the config names) and
-``gemm_template`` (in gemm.py).
+``large_datasets``, ``width_sweep``, ``shapes`` and ``large_shapes`` (graphs of shapes the config
+names) and ``gemm_template`` (in gemm.py).
 
 The models are those of the registry systems/rgnn/models named in ``models``; the forms are those
 of the registry systems/rgnn/forms that compute each model (PyG's layers, the dense form and the
@@ -141,6 +141,12 @@ def shapes(params, writer, *, repeat, warmup, device, **_):
     return notes
 
 
+def large_shapes(params, writer, **kwargs):
+    """The same as :func:`shapes` for larger shapes, in a job of their own (on the H200 the compiles
+    of a fresh machine took the five shapes past one device call)."""
+    return shapes(params, writer, **kwargs)
+
+
 def large_datasets(params, writer, **kwargs):
     """The same as :func:`datasets` for the large graphs, in a job of their own (on a GPU machine
     they take most of the time, and a job that is cut short loses only its own graphs)."""
@@ -262,6 +268,10 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         _check(out, reference, _tolerance(form, element_type), f"{where}: differs from {model.reference}")
         del out
         checked.append((form, layer, first_inference))
+        # Each check starts from the same memory, as each timing does: a small tensor allocated into
+        # the cached block of a form's gathered per-edge weights would keep that block from the next
+        # form's equally large gather (allocations of ~73 GiB on biokg-like).
+        _give_back_gpu_memory(device)
     del reference
     # On a GPU the fused Adam (one launch for all parameters): the for-each one launches several
     # kernels a parameter from Python, host time that on a small graph outweighs the layer itself,
