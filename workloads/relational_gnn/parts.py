@@ -1,7 +1,6 @@
 """The measuring functions of the relational_gnn topic: ``knowledge_graphs`` and
-``more_knowledge_graphs``, ``datasets``,
-``large_datasets``, ``width_sweep``, ``shapes`` and ``large_shapes`` (graphs of shapes the config
-names) and ``gemm_template`` (in gemm.py).
+``more_knowledge_graphs``, ``datasets``, ``large_datasets``, ``width_sweep``, ``shapes`` and
+``large_shapes`` (graphs of shapes the config names) and ``gemm_template`` (in gemm.py).
 
 The models are those of the registry systems/rgnn/models named in ``models``; the forms are those
 of the registry systems/rgnn/forms that compute each model (PyG's layers, the dense form and the
@@ -275,9 +274,9 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         _check(out, reference, _tolerance(form, element_type), f"{where}: differs from {model.reference}")
         del out
         checked.append((form, layer, first_inference))
-        # Each check starts from the same memory, as each timing does: a small tensor allocated into
-        # the cached block of a form's gathered per-edge weights would keep that block from the next
-        # form's equally large gather (allocations of ~73 GiB on biokg-like).
+        # Each check starts from the same memory, as each timing does: what one form's check leaves in
+        # the allocator's cache must not decide whether the next form's gather fits (two checks ran out
+        # of memory gathering 73 and 87 GiB of per-edge weights right after another form's such gather).
         _give_back_gpu_memory(device)
     del reference
     # On a GPU the fused Adam (one launch for all parameters): the for-each one launches several
