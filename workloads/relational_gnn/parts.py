@@ -276,7 +276,7 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         checked.append((form, layer, first_inference))
         # Each check starts from the same memory, as each timing does: what one form's check leaves in
         # the allocator's cache must not decide whether the next form's gather fits (two checks ran out
-        # of memory gathering 73 and 87 GiB of per-edge weights right after another form's such gather).
+        # of memory gathering 73 and 87 GiB of per-edge weights where an earlier run had fit them).
         _give_back_gpu_memory(device)
     del reference
     # On a GPU the fused Adam (one launch for all parameters): the for-each one launches several
