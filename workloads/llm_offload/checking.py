@@ -97,15 +97,18 @@ def check_identical(name: str, reference, result, reference_name: str = "keep") 
 PIECE = 1 << 22
 
 
+def _pieces(value: torch.Tensor, reference: torch.Tensor):
+    """Matching flat pieces of two tensors of one shape, :data:`PIECE` elements at a time."""
+    value, reference = value.reshape(-1), reference.reshape(-1)
+    for start in range(0, value.numel(), PIECE):
+        yield value[start : start + PIECE], reference[start : start + PIECE]
+
+
 def equal(value: torch.Tensor, reference: torch.Tensor) -> bool:
     """``torch.equal`` (same shape, dtype and every element), compared piece by piece."""
     if value.shape != reference.shape or value.dtype != reference.dtype or value.device != reference.device:
         return False
-    value, reference = value.reshape(-1), reference.reshape(-1)
-    return all(
-        torch.equal(value[start : start + PIECE], reference[start : start + PIECE])
-        for start in range(0, value.numel(), PIECE)
-    )
+    return all(torch.equal(piece, reference_piece) for piece, reference_piece in _pieces(value, reference))
 
 
 def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
@@ -113,10 +116,9 @@ def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
     reference is all zeros); infinite where either is not finite."""
     if value.shape != reference.shape:
         raise NotBitIdentical(f"a tensor of shape {tuple(value.shape)} against one of {tuple(reference.shape)}")
-    value, reference = value.reshape(-1), reference.reshape(-1)
     squares, difference_squares = 0.0, 0.0
-    for start in range(0, value.numel(), PIECE):
-        piece, reference_piece = value[start : start + PIECE].double(), reference[start : start + PIECE].double()
+    for piece, reference_piece in _pieces(value, reference):
+        piece, reference_piece = piece.double(), reference_piece.double()
         if not (torch.isfinite(piece).all() and torch.isfinite(reference_piece).all()):
             return float("inf")
         squares += torch.dot(reference_piece, reference_piece).item()
