@@ -185,6 +185,9 @@ def test_equal_in_pieces_finds_one_changed_element_anywhere(monkeypatch):
     reference = torch.randn(9, 10)[:, 1::3]  # strided, with an offset: 27 elements, 4 pieces
     assert checking.equal(reference.clone(), reference)
     assert checking.equal(torch.empty(0, 3), torch.empty(0, 3))
+    row = torch.randn(1, 9)
+    assert checking.equal(row.expand(5, 9), row.repeat(5, 1))  # an expanded view: 45 elements, 7 pieces
+    assert not checking.equal(row.expand(5, 9), torch.cat([row.repeat(4, 1), row + 1]))
     for index in [(0, 0), (3, 1), (8, 2)]:  # first, a middle and the last piece
         changed = reference.clone()
         changed[index] = torch.nextafter(changed[index], torch.tensor(float("inf")))
