@@ -113,7 +113,7 @@ class Folder:
 
     def processes(self, topic: str, parts: list[str]) -> tuple[dict[str, pd.DataFrame], list[Path], list[Path]]:
         """The rows of ``parts`` by process (the committed run first, then each re-run folder
-        measured at the committed run's commit), the committed files missing, and the re-runs
+        of the committed run's code), the committed files missing, and the re-runs
         left out because they measured other code."""
         present = [self.committed(topic, p) for p in parts if self.committed(topic, p).exists()]
         missing = [self.committed(topic, p) for p in parts if not self.committed(topic, p).exists()]

@@ -21,13 +21,23 @@ def load_results(files: list[str], schema) -> tuple[pd.DataFrame, list[dict]]:
     return frame, [load_provenance(f) for f in files]
 
 
+def same_code(one: dict, other: dict) -> bool:
+    """Whether two provenance records measured the same code: their digests of the measured code
+    agree (``harness.provenance.code_digest``), or, where either record has none, their commits do."""
+    digests = [record.get("code", {}).get("digest") for record in (one, other)]
+    if None not in digests:
+        return digests[0] == digests[1]
+    return one["git"]["commit"] == other["git"]["commit"]
+
+
 def same_code_reruns(rerun_files: list[str], committed_files: list[str]) -> tuple[list[str], list[str]]:
-    """The rerun files (other processes of a part) measured at the commit of the committed file of
-    the same part, and the others: a process of other code says nothing of this code's spread."""
-    commit_of = {Path(f).name: load_provenance(f)["git"]["commit"] for f in committed_files}
+    """The rerun files (other processes of a part) that measured the same code as the committed
+    file of the same part, and the others: a process of other code says nothing of this code's spread."""
+    committed = {Path(f).name: load_provenance(f) for f in committed_files}
     kept, other = [], []
     for f in rerun_files:
-        (kept if load_provenance(f)["git"]["commit"] == commit_of.get(Path(f).name) else other).append(f)
+        match = committed.get(Path(f).name)
+        (kept if match is not None and same_code(load_provenance(f), match) else other).append(f)
     return kept, other
 
 

@@ -14,8 +14,8 @@
 # Epoch time of each feeding pipeline (`workloads.gnn_training`), its breakdown, the speedup
 # over the faster of the CPU baselines (`cpu_gather`, and `cpu_gather_workers` where it ran), the
 # CPU cost and the GPU memory each keeps, per part (one graph) and model. Epoch times are medians
-# of the timed epochs. A run is one measuring process: the committed results and each re-run at
-# the same commit (`results/<machine>/gnn_training/reruns/<run>/`); every ratio is taken within a
+# of the timed epochs. A run is one measuring process: the committed results and each re-run of
+# the same code (`results/<machine>/gnn_training/reruns/<run>/`); every ratio is taken within a
 # run and quoted with its range over the runs, and an ordering is stated only where every run
 # agrees (`analysis/doc_tables/gnn_training.py`, which the doc's tables share).
 

@@ -55,8 +55,8 @@ def complete(rows):
 
 frame, provenance = load_results(results["relational_gnn"], SCHEMA)
 frame = complete(frame)
-# Other processes of some parts (results/<machine>/relational_gnn/reruns/*/) at the committed
-# run's commit: the speedups below are also given as their range over every process that measured them.
+# Other processes of some parts (results/<machine>/relational_gnn/reruns/*/) of the committed
+# run's code: the speedups below are also given as their range over every process that measured them.
 rerun_files, other_code = same_code_reruns(results.get("relational_gnn_reruns", []), results["relational_gnn"])
 reruns = complete(load_results(rerun_files, SCHEMA)[0]) if rerun_files else frame.iloc[0:0]
 gemm_frame = frame[frame.model == "gemm"]  # part gemm_template: the GEMM template alone

@@ -8,10 +8,12 @@ SUITE_GIT_DIRTY.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import importlib.metadata
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from harness import machine
@@ -35,10 +37,10 @@ TRACKED_PACKAGES = (
 )
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, cwd: Path = REPO_ROOT) -> str | None:
     try:
         return subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=True
         ).stdout.strip()
     except (subprocess.SubprocessError, OSError):
         return None
@@ -59,6 +61,66 @@ def git_state() -> dict:
         status = _git("status", "--porcelain", "--untracked-files=no")
         return {"commit": commit, "dirty": bool(status), "source": "git"}
     return {"commit": "unknown", "dirty": None, "source": "unavailable"}
+
+
+# The folders whose files decide a measurement: the harness, the systems, the workloads and their
+# parameters. Runs whose digests of these agree measured the same code whatever their commits say
+# (a commit that touches only docs, analysis or figures moves the hash, not the code).
+MEASURED_CODE = ("config", "harness", "systems", "workloads")
+
+
+def _is_code(relative: Path) -> bool:
+    """Not a cache or a build leftover: no hidden, ``__pycache__`` or ``*.egg-info`` folder on the
+    path, not compiled Python."""
+    folders_ok = all(not (p.startswith(".") or p == "__pycache__" or p.endswith(".egg-info")) for p in relative.parts)
+    return folders_ok and relative.suffix not in (".pyc", ".pyo")
+
+
+def _digest(files: Iterable[tuple[str, bytes]]) -> str:
+    total = hashlib.sha256()
+    for path, data in sorted(files):
+        total.update(path.encode() + b"\0" + hashlib.sha256(data).digest())
+    return total.hexdigest()
+
+
+def code_digest(root: Path = REPO_ROOT) -> str:
+    """sha256 of the measured code as it is on disk: every file under MEASURED_CODE, by its path
+    and contents. It names what ran even where the tree was dirty or copied without its git."""
+    files = []
+    for folder in MEASURED_CODE:
+        for path in sorted((root / folder).rglob("*")):
+            relative = path.relative_to(root)
+            if path.is_file() and _is_code(relative):
+                files.append((relative.as_posix(), path.read_bytes()))
+    return _digest(files)
+
+
+def code_digest_at(commit: str, root: Path = REPO_ROOT) -> str | None:
+    """:func:`code_digest` of ``commit``'s tree, read from the git repository at ``root``; None
+    where git or the commit is missing (a copy without history, a shallow clone)."""
+    listing = _git("ls-tree", "-r", "-z", "--full-tree", commit, "--", *MEASURED_CODE, cwd=root)
+    if listing is None:
+        return None
+    entries = [line.split("\t", 1) for line in listing.split("\0") if line]
+    paths = [(path, meta.split()[2]) for meta, path in entries if meta.split()[1] == "blob" and _is_code(Path(path))]
+    try:
+        blobs = subprocess.run(
+            ["git", "cat-file", "--batch"],
+            cwd=root,
+            input="".join(f"{sha}\n" for _, sha in paths).encode(),
+            capture_output=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    files, at = [], 0
+    for path, _ in paths:  # each answer: "<sha> blob <size>\n<contents>\n"
+        header_end = blobs.index(b"\n", at)
+        size = int(blobs[at:header_end].split()[2])
+        files.append((path, blobs[header_end + 1 : header_end + 1 + size]))
+        at = header_end + 1 + size + 1
+    return _digest(files)
 
 
 def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
@@ -96,6 +158,7 @@ def collect(scale: str, packages: tuple[str, ...] = (), **extra) -> dict:
         "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "scale": scale,
         "git": git_state(),
+        "code": {"digest": code_digest(), "folders": list(MEASURED_CODE), "source": "the files on disk"},
         "machine": machine.describe().as_dict(),
         "cuda": cuda_state(),
         "python": sys.version.split()[0],

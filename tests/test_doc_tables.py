@@ -187,13 +187,28 @@ def test_docs_with_blocks_are_the_ones_the_command_refreshes():
 def test_relational_gnn_processes_are_the_committed_run_and_its_same_code_reruns():
     from analysis.doc_tables import relational_gnn
 
-    committed = doc_tables.results_files("h200", "relational_gnn", ["datasets"], "h200")[0]
-    files = relational_gnn.process_files("datasets")
-    assert files[0] == committed
-    commit = load_provenance(committed)["git"]["commit"]
-    assert all(load_provenance(f)["git"]["commit"] == commit for f in files)
-    other = [f for f in committed.parent.glob("reruns/*/datasets-h200.csv") if f not in files]
-    assert all(load_provenance(f)["git"]["commit"] != commit for f in other)
+    for part in ("datasets", "more_knowledge_graphs"):  # the second's processes span two commits of one code
+        committed = doc_tables.results_files("h200", "relational_gnn", [part], "h200")[0]
+        files = relational_gnn.process_files(part)
+        assert files[0] == committed and len(files) >= 2
+        digest = load_provenance(committed)["code"]["digest"]
+        assert all(load_provenance(f)["code"]["digest"] == digest for f in files)
+        other = [f for f in committed.parent.glob(f"reruns/*/{part}-h200.csv") if f not in files]
+        assert all(load_provenance(f)["code"]["digest"] != digest for f in other)
+    commits = {load_provenance(f)["git"]["commit"] for f in relational_gnn.process_files("more_knowledge_graphs")}
+    assert len(commits) == 2
+
+
+def test_same_code_is_the_same_digest_or_without_one_the_same_commit():
+    from analysis.common import same_code
+
+    def record(commit, digest=None):
+        return {"git": {"commit": commit}} | ({"code": {"digest": digest}} if digest else {})
+
+    assert same_code(record("a", "d1"), record("b", "d1"))  # docs-only commits apart
+    assert not same_code(record("a", "d1"), record("a", "d2"))  # a dirty tree at one commit
+    assert same_code(record("a"), record("a", "d1")) and not same_code(record("a"), record("b", "d1"))
+    assert same_code(record("a"), record("a")) and not same_code(record("a"), record("b"))
 
 
 def test_a_speedup_is_hectors_time_against_the_fastest_competitor_of_its_own_process():

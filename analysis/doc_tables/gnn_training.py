@@ -1,7 +1,7 @@
 """GNN training's measured tables, and the per-run reduction the notebook shares with them.
 
 A run is one measuring process: the committed results file of a part, or one of its re-runs
-(``results/<machine>/gnn_training/reruns/<run>/``) made at the same commit. A ratio (a speedup,
+(``results/<machine>/gnn_training/reruns/<run>/``) of the same code. A ratio (a speedup,
 an epoch against all_in_gpu) is taken within a run, from that run's median epochs, and quoted as
 its committed value with the range over every run; an ordering (one pipeline faster than another)
 is stated only where it holds in every run.
@@ -109,7 +109,7 @@ def quoted(values: Sequence[float], digits: int = 2) -> str:
 
 
 def committed_and_reruns(machine: str = MACHINE, scale: str = SCALE) -> tuple[list[Path], list[Path]]:
-    """The committed files of the parts measured on ``machine``, and their re-runs at the same commit."""
+    """The committed files of the parts measured on ``machine``, and their re-runs of the same code."""
     folder = REPO_ROOT / "results" / machine / "gnn_training"
     parts = [p for p in PARTS if (folder / f"{p}-{scale}.csv").exists()]
     committed = results_files(machine, "gnn_training", parts, scale)
@@ -161,7 +161,7 @@ def epochs_h200() -> Table:
     note = (
         "Epoch seconds: medians of the timed epochs of the committed run. Ratios are taken within each run "
         f"({runs} run{'s' if runs > 1 else ''}: the committed files"
-        + (" and their re-runs at the same commit" if runs > 1 else "")
+        + (" and their re-runs of the same code" if runs > 1 else "")
         + "), the committed run's first, the range over the runs in brackets; an ordering is stated only where "
         "it holds in every run. Overlap speedup: the faster CPU baseline's epoch over zero_copy_overlap's."
     )

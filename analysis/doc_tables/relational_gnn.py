@@ -4,8 +4,9 @@ it (per graph, and as the headline geomean), the step captured whole, and the GE
 Competitors are the forms of role baseline or peer, in float32 (TF32 off); times are medians of
 the timed calls, one layer at width 64. A speedup is taken within one process (its median of
 ``hector_best`` against its fastest competitor) and given as the range over the processes that
-measured it at the committed file's commit: ``reruns/*/`` of other code say nothing of this
-code's spread and are left out (``analysis.common.same_code_reruns``).
+measured the same code as the committed file (the digest of the measured code in their provenance,
+or their commit): ``reruns/*/`` of other code say nothing of this code's spread and are left out
+(``analysis.common.same_code_reruns``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ KEY = ["model", "mode", "dataset"]
 # The headline's graphs: the part measured in several processes with every peer (dense and compiled).
 HEADLINE_PART = "datasets"
 # The parts that capture the whole training step, and that mode.
-GRAPHED_PARTS, GRAPHED_MODE = ("knowledge_graphs", "more_knowledge_graphs", "datasets"), "training_graphed"
+GRAPHED_PARTS, GRAPHED_MODE = ("knowledge_graphs", "more_knowledge_graphs", "shapes", "datasets"), "training_graphed"
+# The graphs no dataset of the suite has (the unseen-shapes target).
+SHAPE_PARTS = ("shapes",)
 
 
 def process_files(part: str) -> list[Path]:
-    """The committed file of ``part``, then its re-runs at the same commit (each its own process)."""
+    """The committed file of ``part``, then its re-runs of the same code (each its own process)."""
     committed = results_files(MACHINE, TOPIC, [part], SCALE)
     reruns = sorted((REPO_ROOT / "results" / MACHINE / TOPIC).glob(f"reruns/*/{part}-{SCALE}.csv"))
     same, _ = same_code_reruns([str(f) for f in reruns], [str(f) for f in committed])
@@ -146,7 +149,7 @@ def hector_speedup() -> Table:
             lines.append(f"| {label} | {mode} | " + " | ".join(cells) + " |")
     note = (
         f"`{HECTOR}`'s speed over the fastest baseline or peer (their time over its, both medians of one process), "
-        "float32, width 64: the range over the processes that measured the graph at one commit (their number in "
+        "float32, width 64: the range over the processes that measured the graph with the same code (their number in "
         "brackets); –: not measured."
     )
     return Table(lines, files, note=note)
@@ -271,7 +274,7 @@ def _segments(shape) -> str:
 @table("hector-h200-gemm_template", topic=TOPIC)
 def gemm_template() -> Table:
     """Times of the committed process; the template's speed over its yardstick in every process of
-    that commit, a goal met only where every process meets it."""
+    the same code, a goal met only where every process meets it."""
     files = process_files("gemm_template")
     frame = load(files, TOPIC)
     times = summarize(frame, "time", ["source", "dataset", "precision", "variant"])
@@ -342,35 +345,35 @@ def ablation() -> Table:
 
 @table("hector-h200-shapes", topic=TOPIC)
 def unseen_shapes() -> Table:
-    files = results_files(MACHINE, TOPIC, ["shapes"], SCALE)
+    files = [f for part in SHAPE_PARTS for f in process_files(part)]
     times = medians(files)
-    found = speedups(times).droplevel("source")
+    found = speedups(times)
+    by_key = found.groupby(KEY)["speedup"].agg(list)
+    processes = found.reset_index().groupby("dataset")["source"].nunique()
     sizes = load(files, TOPIC).drop_duplicates("dataset").set_index("dataset")
-    models = [m for m in MODELS if _measured(found, m)]
+    models = [m for m in MODELS if m in set(by_key.index.get_level_values("model"))]
     lines = [
-        "| shape | nodes | edges | relations | mode | " + " | ".join(MODELS[m] for m in models) + " |",
-        "|---|---|---|---|---|" + "---|" * len(models),
+        "| shape | nodes | edges | relations | processes | mode | " + " | ".join(MODELS[m] for m in models) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(models),
     ]
     for shape in graphs_by_size(times):
         size = sizes.loc[shape]
         for mode in MODES:
-            cells = [
-                f"{found.loc[key, 'speedup']:.2f}x" if key in found.index else "–"
-                for key in ((m, mode, shape) for m in models)
-            ]
+            cells = [span(by_key[key]) if key in by_key.index else "–" for key in ((m, mode, shape) for m in models)]
             lines.append(
-                f"| {shape} | {size.nodes:,} | {size.edges:,} | {size.relations} | {mode} | " + " | ".join(cells) + " |"
+                f"| {shape} | {size.nodes:,} | {size.edges:,} | {size.relations} | {processes.get(shape, 0)} "
+                f"| {mode} | " + " | ".join(cells) + " |"
             )
     note = (
-        f"`{HECTOR}` over the fastest baseline or peer, float32, width 64, medians of one process; –: not measured "
-        "(the process was cut short)."
+        f"`{HECTOR}` over the fastest baseline or peer (their time over its, both medians of one process), float32, "
+        "width 64: the range over the processes that measured the same code; –: not measured."
     )
     return Table(lines, files, note=note)
 
 
 @table("relational_gnn-h200-process_spread", topic=TOPIC)
 def process_spread() -> Table:
-    """How far one form's median moves between processes of one commit, per graph."""
+    """How far one form's median moves between processes of the same code, per graph."""
     times, files = _every_process(tuple(p for p in PARTS if len(process_files(p)) > 1))
     moved = times.groupby(["variant", *KEY])["median"].agg(["min", "max", "count"])
     moved = moved[moved["count"] > 1]
@@ -387,6 +390,7 @@ def process_spread() -> Table:
             f"| {ratio.quantile(0.9):.2f}x | {ratio.max():.2f}x |"
         )
     note = (
-        "A form's slowest median over its fastest across the processes of one commit (every form, float32, width 64)."
+        "A form's slowest median over its fastest across the processes of the same code "
+        "(every form, float32, width 64)."
     )
     return Table(lines, files, note=note)
