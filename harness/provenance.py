@@ -67,13 +67,16 @@ def git_state() -> dict:
 # parameters. Runs whose digests of these agree measured the same code whatever their commits say
 # (a commit that touches only docs, analysis or figures moves the hash, not the code).
 MEASURED_CODE = ("config", "harness", "systems", "workloads")
+# This file writes the records and decides no number: a change to what a record holds must not make
+# every earlier run count as other code.
+RECORD_WRITER = "harness/provenance.py"
 
 
 def _is_code(relative: Path) -> bool:
-    """Not a cache or a build leftover: no hidden, ``__pycache__`` or ``*.egg-info`` folder on the
-    path, not compiled Python."""
+    """Measured code: not this record writer, not a cache or a build leftover (no hidden,
+    ``__pycache__`` or ``*.egg-info`` folder on the path, not compiled Python)."""
     folders_ok = all(not (p.startswith(".") or p == "__pycache__" or p.endswith(".egg-info")) for p in relative.parts)
-    return folders_ok and relative.suffix not in (".pyc", ".pyo")
+    return folders_ok and relative.suffix not in (".pyc", ".pyo") and relative.as_posix() != RECORD_WRITER
 
 
 def _digest(files: Iterable[tuple[str, bytes]]) -> str:

@@ -66,7 +66,8 @@ def test_the_code_digest_moves_with_the_measured_code_and_nothing_else(tmp_path)
     _tree(tmp_path, {"docs/a.md": b"prose", "analysis/fig.py": b"x = 1", "README.md": b"hi"})
     _tree(tmp_path, {"systems/__pycache__/m.cpython-311.pyc": b"\x00", "harness/timing.pyc": b"\x01"})
     _tree(tmp_path, {"workloads/.pytest_cache/v": b"1", "systems/x.egg-info/PKG-INFO": b"1"})
-    assert provenance.code_digest(tmp_path) == first  # docs, analysis and caches are not measured code
+    _tree(tmp_path, {provenance.RECORD_WRITER: b"# what a record holds"})
+    assert provenance.code_digest(tmp_path) == first  # docs, analysis, caches and the record writer decide no number
     for change in (
         {"harness/timing.py": b"def f():\n    return 2\n"},  # one byte
         {"workloads/new.py": b""},  # a new, empty file

@@ -4,7 +4,8 @@
     python tools/add_code_digest.py --check results/h200    # only say what would change
 
 A run records ``code.digest`` (``harness.provenance.code_digest``): a sha256 of the files under
-``config/``, ``harness/``, ``systems/`` and ``workloads/`` as they were on disk. Re-runs of a part
+``config/``, ``harness/``, ``systems/`` and ``workloads/`` as they were on disk (all but the
+record writer, ``harness/provenance.py``). Re-runs of a part
 are read beside its committed run when the digests agree, so processes measured at different
 commits of the same code count together. An older record has only its commit; where that commit
 was clean (``git.dirty`` false) its tree in git is the code that ran, and this tool computes the
