@@ -72,6 +72,12 @@ MEASURED_CODE = ("config", "harness", "systems", "workloads")
 RECORD_WRITER = "harness/provenance.py"
 
 
+# A symbolic link is hashed as this tag and its target's name, so that a link and a file holding the
+# same name differ; git stores a link as a blob of that name under this mode.
+LINK_TAG = b"symbolic link\0"
+GIT_LINK_MODE = "120000"
+
+
 def _is_code(relative: Path) -> bool:
     """Measured code: not this record writer, not a cache or a build leftover (no hidden,
     ``__pycache__`` or ``*.egg-info`` folder on the path, not compiled Python)."""
@@ -88,29 +94,38 @@ def _digest(files: Iterable[tuple[str, bytes]]) -> str:
 
 def code_digest(root: Path = REPO_ROOT) -> str:
     """sha256 of the measured code as it is on disk: every file under MEASURED_CODE, by its path
-    and contents. It names what ran even where the tree was dirty or copied without its git."""
+    and contents. It names what ran even where the tree was dirty or copied without its git. A
+    symbolic link counts as its target's name, as git stores it, and is not followed."""
     files = []
     for folder in MEASURED_CODE:
-        for path in sorted((root / folder).rglob("*")):
-            relative = path.relative_to(root)
-            if path.is_file() and _is_code(relative):
-                files.append((relative.as_posix(), path.read_bytes()))
+        for parent, folders, names in os.walk(root / folder):  # does not descend into linked folders
+            for name in names + [f for f in folders if (Path(parent) / f).is_symlink()]:
+                path = Path(parent) / name
+                relative = path.relative_to(root)
+                if not _is_code(relative):
+                    continue
+                if path.is_symlink():
+                    files.append((relative.as_posix(), LINK_TAG + os.readlink(path).encode()))
+                elif path.is_file():
+                    files.append((relative.as_posix(), path.read_bytes()))
     return _digest(files)
 
 
 def code_digest_at(commit: str, root: Path = REPO_ROOT) -> str | None:
     """:func:`code_digest` of ``commit``'s tree, read from the git repository at ``root``; None
-    where git or the commit is missing (a copy without history, a shallow clone)."""
+    where git, the commit or one of its files is missing (a copy without history, a shallow or a
+    partial clone)."""
     listing = _git("ls-tree", "-r", "-z", "--full-tree", commit, "--", *MEASURED_CODE, cwd=root)
     if listing is None:
         return None
     entries = [line.split("\t", 1) for line in listing.split("\0") if line]
-    paths = [(path, meta.split()[2]) for meta, path in entries if meta.split()[1] == "blob" and _is_code(Path(path))]
+    paths = [(path, meta.split()) for meta, path in entries]  # meta: "<mode> <type> <sha>"
+    paths = [(path, mode, sha) for path, (mode, kind, sha) in paths if kind == "blob" and _is_code(Path(path))]
     try:
         blobs = subprocess.run(
             ["git", "cat-file", "--batch"],
             cwd=root,
-            input="".join(f"{sha}\n" for _, sha in paths).encode(),
+            input="".join(f"{sha}\n" for *_, sha in paths).encode(),
             capture_output=True,
             timeout=60,
             check=True,
@@ -118,10 +133,14 @@ def code_digest_at(commit: str, root: Path = REPO_ROOT) -> str | None:
     except (subprocess.SubprocessError, OSError):
         return None
     files, at = [], 0
-    for path, _ in paths:  # each answer: "<sha> blob <size>\n<contents>\n"
+    for path, mode, _ in paths:  # each answer: "<sha> blob <size>\n<contents>\n", or "<sha> missing\n"
         header_end = blobs.index(b"\n", at)
-        size = int(blobs[at:header_end].split()[2])
-        files.append((path, blobs[header_end + 1 : header_end + 1 + size]))
+        header = blobs[at:header_end].split()
+        if len(header) != 3:
+            return None
+        size = int(header[2])
+        data = blobs[header_end + 1 : header_end + 1 + size]
+        files.append((path, LINK_TAG + data if mode == GIT_LINK_MODE else data))
         at = header_end + 1 + size + 1
     return _digest(files)
 

@@ -114,6 +114,44 @@ def test_the_digest_of_a_commits_tree_equals_the_digest_of_its_checkout(tmp_path
     assert provenance.code_digest_at("HEAD", tmp_path / "docs") == provenance.code_digest(tmp_path)  # from a subfolder
 
 
+def test_a_link_counts_as_its_targets_name_on_disk_and_in_git(tmp_path):
+    import os
+    import shutil
+
+    import pytest
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    _tree(tmp_path, {**CODE, "shared/big.py": b"x = 1\n", "shared/lib/m.py": b"y = 2\n"})
+    os.symlink("../shared/big.py", tmp_path / "systems/linked.py")
+    os.symlink("../shared/lib", tmp_path / "systems/lib")  # a linked folder: its name counts, not its files
+    on_disk = provenance.code_digest(tmp_path)
+    _git_repo(tmp_path)
+    assert provenance.code_digest_at("HEAD", tmp_path) == on_disk
+    (tmp_path / "shared/lib/m.py").write_bytes(b"y = 3\n")
+    assert provenance.code_digest(tmp_path) == on_disk  # the link is not followed
+    (tmp_path / "systems/linked.py").unlink()
+    (tmp_path / "systems/linked.py").write_bytes(b"../shared/big.py")
+    assert provenance.code_digest(tmp_path) != on_disk  # a file holding the name is not the link
+
+
+def test_the_digest_of_a_commit_missing_a_file_is_none_not_a_crash(tmp_path):
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    _tree(tmp_path, CODE)
+    _git_repo(tmp_path)
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD:harness/timing.py"], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (tmp_path / ".git/objects" / sha[:2] / sha[2:]).unlink()  # as in a partial clone
+    assert provenance.code_digest_at("HEAD", tmp_path) is None
+
+
 def test_a_record_carries_the_digest_of_the_code_on_disk():
     record = provenance.collect("tiny")
     assert record["code"]["digest"] == provenance.code_digest()
