@@ -22,8 +22,8 @@ def load_results(files: list[str], schema) -> tuple[pd.DataFrame, list[dict]]:
 
 
 def same_code(one: dict, other: dict) -> bool:
-    """Whether two provenance records measured the same code: their digests of the measured code
-    agree (``harness.provenance.code_digest``), or, where either record has none, their commits do."""
+    """Whether two provenance records measured the same code: their digests of their topic's code
+    agree (``harness.code_digest``), or, where either record has none, their commits do."""
     digests = [(record.get("code") or {}).get("digest") for record in (one, other)]
     if None not in digests:
         return digests[0] == digests[1]

@@ -1,6 +1,6 @@
 """Provenance records say which code, machine, software, date and scale produced a number."""
 
-from harness import machine, provenance
+from harness import code_digest, machine, provenance
 
 
 def test_record_has_every_field_a_reader_needs():
@@ -51,6 +51,10 @@ def _tree(root, files):
         path.write_bytes(data)
 
 
+def _all(root):
+    return code_digest.digest(code_digest.files_on_disk(root))
+
+
 CODE = {
     "config/topic.yaml": b"repeat: 3\n",
     "harness/timing.py": b"def f():\n    return 1\n",
@@ -61,23 +65,113 @@ CODE = {
 
 def test_the_code_digest_moves_with_the_measured_code_and_nothing_else(tmp_path):
     _tree(tmp_path, CODE)
-    first = provenance.code_digest(tmp_path)
-    assert len(first) == 64 and first == provenance.code_digest(tmp_path)
+    first = _all(tmp_path)
+    assert len(first) == 64 and first == _all(tmp_path)
     _tree(tmp_path, {"docs/a.md": b"prose", "analysis/fig.py": b"x = 1", "README.md": b"hi"})
     _tree(tmp_path, {"systems/__pycache__/m.cpython-311.pyc": b"\x00", "harness/timing.pyc": b"\x01"})
     _tree(tmp_path, {"workloads/.pytest_cache/v": b"1", "systems/x.egg-info/PKG-INFO": b"1"})
-    _tree(tmp_path, {provenance.RECORD_WRITER: b"# what a record holds"})
-    assert provenance.code_digest(tmp_path) == first  # docs, analysis, caches and the record writer decide no number
+    _tree(tmp_path, {writer: b"# what a record holds" for writer in code_digest.RECORD_WRITERS})
+    assert _all(tmp_path) == first  # docs, analysis, caches and the record writers decide no number
     for change in (
         {"harness/timing.py": b"def f():\n    return 2\n"},  # one byte
         {"workloads/new.py": b""},  # a new, empty file
         {"config/topic.yaml": b"repeat: 3\n", "config/other.yaml": b"repeat: 3\n"},
     ):
         _tree(tmp_path, change)
-        assert provenance.code_digest(tmp_path) != first
-        first = provenance.code_digest(tmp_path)
+        assert _all(tmp_path) != first
+        first = _all(tmp_path)
     (tmp_path / "workloads/new.py").rename(tmp_path / "workloads/renamed.py")
-    assert provenance.code_digest(tmp_path) != first  # the path counts, not only the bytes
+    assert _all(tmp_path) != first  # the path counts, not only the bytes
+
+
+# A suite of two topics: "mine" uses a kernel package through an import inside a function and a
+# registry that names its package in a string; "theirs" uses a package of its own.
+SUITE = {
+    "config/config.yaml": b"scale: tiny\n",
+    "config/mine.yaml": b"repeat: 3\n",
+    "config/theirs.yaml": b"repeat: 5\n",
+    "config/claims.yaml": b"claims: []\n",
+    "harness/__init__.py": b"",
+    "harness/timing.py": b"def f():\n    return 1\n",
+    "workloads/__init__.py": b"",
+    "workloads/__main__.py": b"from harness import timing\n",
+    "workloads/mine/__init__.py": b"from workloads.mine import schema\nTOPIC = 'mine'\n",
+    "workloads/mine/schema.py": b"SCHEMA = {}\n",
+    "workloads/mine/parts.py": b"def part():\n    import systems.fast.op as op\n    return op.run()\n",
+    "workloads/theirs/__init__.py": b"TOPIC = 'theirs'\n",
+    "workloads/theirs/parts.py": b"import systems.slow.op\n",
+    "systems/__init__.py": b"",
+    "systems/fast/__init__.py": b"",
+    "systems/fast/op.py": b"FORMS = Registry('systems.fast.forms')\ndef run():\n    return 1\n",
+    "systems/fast/kernels/k.cu": b"__global__ void k() {}\n",
+    "systems/fast/forms/__init__.py": b"",
+    "systems/fast/forms/one.py": b"ONE = 1\n",
+    "systems/fast/tests_only/__init__.py": b"",  # a sub-package nothing names
+    "systems/fast/tests_only/t.py": b"T = 1\n",
+    "systems/slow/__init__.py": b"",
+    "systems/slow/op.py": b"def run():\n    return 2\n",
+}
+
+
+def test_a_topics_digest_follows_its_imports_and_nothing_else(tmp_path):
+    _tree(tmp_path, SUITE)
+    mine = lambda: code_digest.digest(code_digest.files_on_disk(tmp_path), "mine")  # noqa: E731
+    first = mine()
+    files = code_digest.topic_files(code_digest.files_on_disk(tmp_path), "mine")
+    assert "systems/fast/op.py" in files and "systems/fast/kernels/k.cu" in files and "config/mine.yaml" in files
+    assert "workloads/theirs/__init__.py" in files  # read to find the topics
+    for other in (
+        {"workloads/theirs/parts.py": b"import systems.slow.op  # changed\n"},
+        {"systems/slow/op.py": b"def run():\n    return 3\n"},
+        {"config/theirs.yaml": b"repeat: 7\n", "config/claims.yaml": b"claims: [x]\n"},
+        {"systems/fast/tests_only/t.py": b"T = 2\n"},  # a sub-package no module names
+        {"systems/unused.py": b"X = 1\n"},
+    ):
+        _tree(tmp_path, other)
+        assert mine() == first, other
+    for own in (
+        {"systems/fast/op.py": b"FORMS = Registry('systems.fast.forms')\ndef run():\n    return 9\n"},  # lazy import
+        {"systems/fast/kernels/k.cu": b"__global__ void k() { }\n"},  # a kernel beside a module
+        {"systems/fast/forms/two.py": b"TWO = 2\n"},  # a registry's package, named in a string
+        {"systems/fast/__init__.py": b"# on the path\n"},
+        {"workloads/mine/schema.py": b"SCHEMA = {'a': 1}\n"},
+        {"workloads/theirs/__init__.py": b"TOPIC = 'theirs'  # declared\n"},
+        {"harness/new.py": b""},
+        {"config/mine.yaml": b"repeat: 4\n"},
+        {"config/config.yaml": b"scale: test\n"},
+    ):
+        _tree(tmp_path, own)
+        assert mine() != first, own
+        first = mine()
+    try:
+        code_digest.topic_files(code_digest.files_on_disk(tmp_path), "nobody")
+    except ValueError as err:
+        assert "no topic 'nobody'" in str(err)
+    else:
+        raise AssertionError("an unknown topic was accepted")
+
+
+def test_relative_imports_resolve_from_the_modules_own_package(tmp_path):
+    suite = dict(SUITE)
+    suite["workloads/mine/parts.py"] = b"from . import schema\nfrom ..theirs import parts\n"
+    suite["workloads/theirs/parts.py"] = b"from ...systems.slow import op\n"
+    _tree(tmp_path, suite)
+    files = code_digest.topic_files(code_digest.files_on_disk(tmp_path), "mine")
+    assert {"workloads/theirs/parts.py", "systems/slow/op.py"} <= files
+    assert "systems/fast/op.py" not in files
+
+
+def test_the_suites_own_topics_cover_what_their_parts_import():
+    from harness.topic import discover
+
+    files = code_digest.files_on_disk(provenance.REPO_ROOT)
+    for topic in discover():
+        scope = code_digest.topic_files(files, topic)
+        assert f"workloads/{topic}/parts.py" in scope and "harness/entry.py" in scope
+        assert not any(p.startswith("analysis/") for p in scope) and "config/claims.yaml" not in scope
+    assert "systems/hector/kernels/gemm.cu" in code_digest.topic_files(files, "relational_gnn")
+    assert not any(p.startswith("systems/hector/") for p in code_digest.topic_files(files, "llm_offload"))
+    assert not any(p.startswith("systems/ssdtrain/") for p in code_digest.topic_files(files, "relational_gnn"))
 
 
 def _git_repo(root):
@@ -92,70 +186,68 @@ def _git_repo(root):
     return git
 
 
-def test_the_digest_of_a_commits_tree_equals_the_digest_of_its_checkout(tmp_path):
+def _needs_git():
     import shutil
 
-    if shutil.which("git") is None:
-        import pytest
+    import pytest
 
+    if shutil.which("git") is None:
         pytest.skip("git is not installed")
-    _tree(tmp_path, {**CODE, "docs/a.md": b"prose"})
+
+
+def test_the_files_of_a_commits_tree_are_the_files_of_its_checkout(tmp_path):
+    _needs_git()
+    _tree(tmp_path, {**SUITE, "docs/a.md": b"prose"})
     git = _git_repo(tmp_path)
-    on_disk = provenance.code_digest(tmp_path)
-    assert provenance.code_digest_at("HEAD", tmp_path) == on_disk
-    _tree(tmp_path, {"systems/kernels/k.cu": b"changed"})  # uncommitted: the checkout moves, the commit does not
-    assert provenance.code_digest(tmp_path) != on_disk
-    assert provenance.code_digest_at("HEAD", tmp_path) == on_disk
+    on_disk = code_digest.files_on_disk(tmp_path)
+    assert code_digest.files_at("HEAD", tmp_path) == on_disk
+    _tree(tmp_path, {"systems/fast/kernels/k.cu": b"changed"})  # uncommitted: the checkout moves, the commit not
+    assert code_digest.files_on_disk(tmp_path) != on_disk
+    assert code_digest.files_at("HEAD", tmp_path) == on_disk
     git("add", "-A")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "kernel")
-    assert provenance.code_digest_at("HEAD", tmp_path) == provenance.code_digest(tmp_path)
-    assert provenance.code_digest_at("HEAD~1", tmp_path) == on_disk
-    assert provenance.code_digest_at("0" * 40, tmp_path) is None  # not in the history
-    assert provenance.code_digest_at("HEAD", tmp_path / "docs") == provenance.code_digest(tmp_path)  # from a subfolder
+    assert code_digest.files_at("HEAD", tmp_path) == code_digest.files_on_disk(tmp_path)
+    assert code_digest.files_at("HEAD~1", tmp_path) == on_disk
+    assert code_digest.files_at("0" * 40, tmp_path) is None  # not in the history
+    assert code_digest.files_at("HEAD", tmp_path / "docs") == code_digest.files_on_disk(tmp_path)  # a subfolder
 
 
 def test_a_link_counts_as_its_targets_name_on_disk_and_in_git(tmp_path):
     import os
-    import shutil
 
-    import pytest
-
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
+    _needs_git()
     _tree(tmp_path, {**CODE, "shared/big.py": b"x = 1\n", "shared/lib/m.py": b"y = 2\n"})
     os.symlink("../shared/big.py", tmp_path / "systems/linked.py")
     os.symlink("../shared/lib", tmp_path / "systems/lib")  # a linked folder: its name counts, not its files
-    on_disk = provenance.code_digest(tmp_path)
+    on_disk = _all(tmp_path)
     _git_repo(tmp_path)
-    assert provenance.code_digest_at("HEAD", tmp_path) == on_disk
+    assert code_digest.digest(code_digest.files_at("HEAD", tmp_path)) == on_disk
     (tmp_path / "shared/lib/m.py").write_bytes(b"y = 3\n")
-    assert provenance.code_digest(tmp_path) == on_disk  # the link is not followed
+    assert _all(tmp_path) == on_disk  # the link is not followed
     (tmp_path / "systems/linked.py").unlink()
     (tmp_path / "systems/linked.py").write_bytes(b"../shared/big.py")
-    assert provenance.code_digest(tmp_path) != on_disk  # a file holding the name is not the link
+    assert _all(tmp_path) != on_disk  # a file holding the name is not the link
 
 
-def test_the_digest_of_a_commit_missing_a_file_is_none_not_a_crash(tmp_path):
-    import shutil
+def test_the_files_of_a_commit_missing_one_are_none_not_a_crash(tmp_path):
     import subprocess
 
-    import pytest
-
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
+    _needs_git()
     _tree(tmp_path, CODE)
     _git_repo(tmp_path)
     sha = subprocess.run(
         ["git", "rev-parse", "HEAD:harness/timing.py"], cwd=tmp_path, capture_output=True, text=True, check=True
     ).stdout.strip()
     (tmp_path / ".git/objects" / sha[:2] / sha[2:]).unlink()  # as in a partial clone
-    assert provenance.code_digest_at("HEAD", tmp_path) is None
+    assert code_digest.files_at("HEAD", tmp_path) is None
 
 
-def test_a_record_carries_the_digest_of_the_code_on_disk():
-    record = provenance.collect("tiny")
-    assert record["code"]["digest"] == provenance.code_digest()
-    assert record["code"]["folders"] == list(provenance.MEASURED_CODE)
+def test_a_record_carries_the_digest_of_its_topics_code_on_disk():
+    record = provenance.collect("tiny", topic="relational_gnn")
+    files = code_digest.files_on_disk(provenance.REPO_ROOT)
+    assert record["code"]["digest"] == code_digest.digest(files, "relational_gnn")
+    assert record["code"]["topic"] == "relational_gnn" and record["code"]["files"] > 20
+    assert provenance.collect("tiny", topic="demo")["code"]["digest"] == code_digest.digest(files)  # not a topic
 
 
 def test_older_records_get_the_digest_of_their_clean_commit_and_nothing_else(tmp_path, capsys):
@@ -166,19 +258,22 @@ def test_older_records_get_the_digest_of_their_clean_commit_and_nothing_else(tmp
     import pytest
 
     head = provenance._git("rev-parse", "HEAD")
-    if head is None or provenance.code_digest_at(head) is None:
+    files = code_digest.files_at(head, provenance.REPO_ROOT) if head else None
+    if files is None:
         pytest.skip("this copy has no git history")
     sys.path.insert(0, str(provenance.REPO_ROOT / "tools"))
     try:
         import add_code_digest
     finally:
         sys.path.pop(0)
+    older = {"digest": "of every measured folder", "folders": ["config"], "source": add_code_digest.FROM_GIT}
     records = {
-        "clean": {"git": {"commit": head, "dirty": False}},
-        "dirty": {"git": {"commit": head, "dirty": True}},
-        "unsaid": {"git": {"commit": head, "dirty": None}},
-        "gone": {"git": {"commit": "f" * 40, "dirty": False}},
-        "has": {"git": {"commit": head, "dirty": False}, "code": {"digest": "kept"}},
+        "clean": {"git": {"commit": head, "dirty": False}, "topic": "llm_offload"},
+        "folders": {"git": {"commit": head, "dirty": False}, "topic": "relational_gnn", "code": older},
+        "dirty": {"git": {"commit": head, "dirty": True}, "topic": "llm_offload"},
+        "unsaid": {"git": {"commit": head, "dirty": None}, "topic": "llm_offload"},
+        "gone": {"git": {"commit": "f" * 40, "dirty": False}, "topic": "llm_offload"},
+        "has": {"git": {"commit": head, "dirty": False}, "code": {"digest": "kept", "topic": "llm_offload"}},
     }
     for name, record in records.items():
         (tmp_path / "sub").mkdir(exist_ok=True)
@@ -187,10 +282,11 @@ def test_older_records_get_the_digest_of_their_clean_commit_and_nothing_else(tmp
     assert "code" not in json.loads((tmp_path / "sub/clean-h200.provenance.json").read_text())  # --check writes nothing
     assert add_code_digest.main([str(tmp_path)]) == 0
     read = {n: json.loads((tmp_path / f"sub/{n}-h200.provenance.json").read_text()) for n in records}
-    assert read["clean"]["code"]["digest"] == provenance.code_digest_at(head)
+    assert read["clean"]["code"]["digest"] == code_digest.digest(files, "llm_offload")
     assert read["clean"]["code"]["source"] == add_code_digest.FROM_GIT
+    assert read["folders"]["code"]["digest"] == code_digest.digest(files, "relational_gnn")  # recomputed
     assert all("code" not in read[n] for n in ("dirty", "unsaid", "gone"))
-    assert read["has"]["code"] == {"digest": "kept"}
+    assert read["has"]["code"] == {"digest": "kept", "topic": "llm_offload"}
     said = capsys.readouterr().out
     assert "dirty or its state unknown" in said and "not in this clone's git history" in said
     with pytest.raises(SystemExit):

@@ -14,6 +14,7 @@ on one worker where the installed pytest and xdist honour groups, so no worker w
 lock. The interrupted run and the load test make copies of their own and run beside them.
 """
 
+import json
 import os
 import re
 import shutil
@@ -99,6 +100,11 @@ def reproduce_measures_renders_and_is_then_up_to_date(workdir):
     figure = workdir / "paper_figs" / "local" / "ceilings-tiny.png"
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| matmul fp32 |" in (workdir / "paper_figs" / "local" / "ceilings-tiny.md").read_text()
+    records = sorted((workdir / "results" / "local").rglob("*-tiny.provenance.json"))
+    assert len(records) >= 10
+    for record in records:  # every suite module a part loaded is among its topic's files
+        code = json.loads(record.read_text())["code"]
+        assert code["topic"] and code.get("loaded_outside_scope", []) == [], record
     again = snakemake(workdir, "reproduce", "--config", "scale=tiny", "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
 

@@ -1,16 +1,16 @@
-"""Add the measured code's digest to provenance records written before runs recorded it.
+"""Give provenance records written without a digest of their topic's code one, from git.
 
     python tools/add_code_digest.py results/h200            # every record under the folder
     python tools/add_code_digest.py --check results/h200    # only say what would change
 
-A run records ``code.digest`` (``harness.provenance.code_digest``): a sha256 of the files under
-``config/``, ``harness/``, ``systems/`` and ``workloads/`` as they were on disk (all but the
-record writer, ``harness/provenance.py``). Re-runs of a part
-are read beside its committed run when the digests agree, so processes measured at different
-commits of the same code count together. An older record has only its commit; where that commit
-was clean (``git.dirty`` false) its tree in git is the code that ran, and this tool computes the
-same digest from it, marked ``"source": "the commit's tree in git, added after the run"``. A dirty
-or unknown tree is left as it is: what ran there cannot be recovered.
+A run records ``code.digest`` (``harness.code_digest``): a sha256 of the files its topic's parts
+can run (the harness, the topic's package and config, and what they import), as they were on disk.
+Re-runs of a part are read beside its committed run when the digests agree, so processes measured
+at different commits of the same code count together. A record without that digest (older runs,
+or runs whose digest covered every measured folder rather than its topic's files) has its commit;
+where that commit was clean (``git.dirty`` false) its tree in git is the code that ran, and this
+tool computes the same digest from it, marked ``"source": "the commit's tree in git, added after
+the run"``. A dirty or unknown tree is left as it is: what ran there cannot be recovered.
 """
 
 from __future__ import annotations
@@ -20,22 +20,29 @@ import json
 import sys
 from pathlib import Path
 
-from harness.provenance import MEASURED_CODE, code_digest_at
+from harness import code_digest
+from harness.provenance import REPO_ROOT
 
 FROM_GIT = "the commit's tree in git, added after the run"
 
 
 def add_digest(record: dict) -> str:
-    """Give ``record`` its code digest where it can be recovered; says what was done."""
-    if "code" in record:
+    """Give ``record`` the digest of its topic's code where it can be recovered; says what was done."""
+    if "topic" in (record.get("code") or {}):
         return "has one"
     git = record.get("git", {})
     if git.get("dirty") is not False:
         return "left: the tree was dirty or its state unknown"
-    digest = code_digest_at(git.get("commit", ""))
-    if digest is None:
+    files = code_digest.files_at(git.get("commit", ""), REPO_ROOT)
+    if files is None:
         return f"left: commit {git.get('commit', '?')[:8]} is not in this clone's git history"
-    record["code"] = {"digest": digest, "folders": list(MEASURED_CODE), "source": FROM_GIT}
+    topic = record.get("topic")
+    try:
+        scope = code_digest.topic_files(files, topic) if topic else set(files)
+    except ValueError as err:
+        return f"left: {err}"
+    digest = code_digest.digest({p: files[p] for p in scope})
+    record["code"] = {"digest": digest, "topic": topic, "files": len(scope), "source": FROM_GIT}
     return "added"
 
 
