@@ -41,6 +41,21 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
         Pipeline("zero_copy", Graph(arrays, "cpu"), [5], 64, seed=0)
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: {"features": a["features"][:-3]}, r"features has \d+ rows for a graph of \d+ nodes"),
+        (lambda a: {"labels": a["labels"][:-1]}, r"labels has \d+ rows for a graph of \d+ nodes"),
+        (lambda a: {"train_idx": a["train_idx"][:0]}, "train_idx is empty"),
+        (lambda a: {"train_idx": a["train_idx"] + len(a["labels"])}, "train_idx holds node ids .* outside"),
+        (lambda a: {"val_idx": a["val_idx"] - len(a["labels"])}, "val_idx holds node ids .* outside"),
+    ],
+)
+def test_a_graph_refuses_tables_and_splits_that_do_not_fit_its_nodes(arrays, change, message):
+    with pytest.raises(ValueError, match=message):
+        Graph(dict(arrays) | change(arrays), "cpu")
+
+
 def test_cpu_pipeline_batches_cover_the_training_nodes_with_their_rows(arrays):
     graph = Graph(arrays, "cpu")
     pipeline = Pipeline("cpu_gather", graph, [5, 5], 100, seed=3)

@@ -92,7 +92,7 @@ def test_reference_is_plain_indexing_with_duplicates_and_any_order(dtype, index_
     idx = torch.randint(0, 500, (2000,), dtype=index_dtype)
     for kernel in KERNELS:
         for order in ORDERS:
-            assert same_bytes(gather(table, idx, kernel=kernel, **order), table[idx.long()])
+            assert same_bytes(gather(table, idx, loads=kernel, **order), table[idx.long()])
 
 
 @pytest.mark.parametrize("view, index_dtype", each_value_once(list(INDEX_VIEWS), INDEX_DTYPES))
@@ -102,7 +102,7 @@ def test_reference_reads_strided_offset_expanded_and_empty_index_views(view, ind
     before = idx.clone()
     for kernel in KERNELS:
         for order in ORDERS:
-            assert same_bytes(gather(table, idx, kernel=kernel, **order), expected_rows(table, idx))
+            assert same_bytes(gather(table, idx, loads=kernel, **order), expected_rows(table, idx))
     assert torch.equal(idx, before)
 
 
@@ -130,7 +130,7 @@ def test_reference_names_an_out_of_range_index(bad):
         ((torch.ones(10, 4)[:, ::2], torch.tensor([1])), {}, "contiguous"),
         ((torch.ones(10, 4), torch.tensor([1.0])), {}, "int32 or int64"),
         ((torch.ones(10, 4), torch.tensor([[1]])), {}, "1-D"),
-        ((torch.ones(10, 4), torch.tensor([1])), {"kernel": "fast"}, "kernel must be one of"),
+        ((torch.ones(10, 4), torch.tensor([1])), {"loads": "fast"}, "loads must be one of"),
         ((torch.ones(10, 4), torch.tensor([1])), {"slots": torch.full((10,), -1, dtype=torch.int32)}, "go together"),
         (
             (torch.ones(10, 4), torch.tensor([1])),
@@ -166,8 +166,8 @@ def test_launch_refuses_an_out_it_cannot_fill_row_by_row(out, message):
 def test_reference_passes_opcheck():
     table = random_table(64, 9, torch.float32, seed=2)
     idx = torch.randint(0, 64, (100,))
-    torch.library.opcheck(gather, (table, idx), {"kernel": "aligned", "dedup": True})
-    torch.library.opcheck(gather, (table, idx), {"kernel": "naive", "sort": True, "max_threads": 64})
+    torch.library.opcheck(gather, (table, idx), {"loads": "aligned", "dedup": True})
+    torch.library.opcheck(gather, (table, idx), {"loads": "naive", "sort": True, "max_threads": 64})
 
 
 def test_word_width_is_the_widest_that_every_address_allows():
@@ -178,6 +178,35 @@ def test_word_width_is_the_widest_that_every_address_allows():
     assert word_bytes("vectorized", 4, 512, 0x1008, 0x2000) == 8
     assert word_bytes("naive", 4, 512, 0x1000, 0x2000) == 4
     assert word_bytes("aligned", 1, 512, 0x1000, 0x2000) == 1
+    assert word_bytes("vectorized", 4, 512, 0x1000, 0x2000, 0x3004) == 4  # a hot-row cache at an odd offset
+
+
+def test_a_function_calling_the_op_compiles_with_inductor():
+    # An op argument named "kernel" clashed with inductor's fallback (FallbackKernel.create(kernel, ...)).
+    table = random_table(40, 7, torch.float32, seed=3).requires_grad_()
+    idx = torch.tensor([3, 0, 39, 3, 11], dtype=torch.int32)
+    compiled = torch.compile(lambda t, i: gather(t, i, loads="aligned") * 2.0, backend="inductor", fullgraph=True)
+    try:
+        out = compiled(table, idx)
+    except Exception as err:  # noqa: BLE001 - only a missing C compiler may excuse it
+        if "compiler" in str(err).lower() and "not found" in str(err).lower():
+            pytest.skip(f"inductor cannot build here: {err}")
+        raise
+    assert torch.equal(out, table.detach()[idx.long()] * 2.0)
+    out.sum().backward()
+    expected = torch.zeros(40, 7).index_add_(0, idx.long(), torch.full((5, 7), 2.0))
+    assert torch.equal(table.grad, expected)
+
+
+def test_forward_mode_differentiation_is_refused_not_zero():
+    from torch.autograd import forward_ad
+
+    table, idx = random_table(12, 5, torch.float32, seed=4), torch.tensor([1, 7, 7])
+    with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+        torch.func.jvp(lambda t: gather(t, idx), (table,), (torch.ones_like(table),))
+    with forward_ad.dual_level(), pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+        gather(forward_ad.make_dual(table, torch.ones_like(table)), idx)
+    assert torch.equal(gather(table, idx), table[idx])  # and outside a transform it runs as before
 
 
 @pytest.mark.parametrize(
@@ -407,7 +436,7 @@ def test_gpu_out_of_range_index_raises_and_is_never_read(bad):
     for kernel in KERNELS:
         for order in ORDERS:
             with pytest.raises(IndexError, match=f"index {bad} is out of range for a table of 5000 rows"):
-                gather(table, idx, kernel=kernel, **order)
+                gather(table, idx, loads=kernel, **order)
     out = poisoned_like((1000, 16), torch.float32)
     bounds_check = launch_gather(table, idx, out, check=False)
     with pytest.raises(IndexError, match=f"index {bad} is out of range"):
@@ -422,7 +451,7 @@ def test_every_kernel_and_option_reads_index_views(view, kernel, option, poisone
     for index_dtype in INDEX_DTYPES:
         idx = index_view(view, 1200, index_dtype, "cuda", seed=23)
         before = idx.clone()
-        rows = gather(table, idx, kernel=kernel, **options)
+        rows = gather(table, idx, loads=kernel, **options)
         assert same_bytes(rows.cpu(), expected_rows(table, idx))
         assert torch.equal(idx, before)  # only read
 
@@ -451,12 +480,12 @@ def test_gpu_reads_only_the_ids_inside_the_view():
     for kernel in KERNELS:
         for order in ORDERS:
             for idx in (ids[::3], broadcast):
-                assert same_bytes(gather(table, idx, kernel=kernel, **order).cpu(), expected_rows(table, idx))
+                assert same_bytes(gather(table, idx, loads=kernel, **order).cpu(), expected_rows(table, idx))
     ids[3 * 250] = -7  # position 250 of ids[::3]
     for kernel in KERNELS:
         for order in ORDERS:
             with pytest.raises(IndexError, match="index -7 is out of range for a table of 5000 rows"):
-                gather(table, ids[::3], kernel=kernel, **order)
+                gather(table, ids[::3], loads=kernel, **order)
 
 
 @pytest.mark.gpu

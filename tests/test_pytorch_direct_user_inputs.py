@@ -270,7 +270,8 @@ def test_uva_sampler_refuses_a_csr_view(monkeypatch):
         ([1, 2, 3, 4], [0, 1, 2, 0], "start at 0"),
         ([0, 1, 2, 4], [0, 1, 2, 3], r"node ids in \[0, 3\)"),
         ([0, 1, 2, 4], [0, 1, -1, 2], r"node ids in \[0, 3\)"),
-        ([], [], "start at 0"),
+        ([], [], "no nodes"),
+        ([0], [], "no nodes"),
     ],
 )
 def test_a_sampler_refuses_an_inconsistent_csr(indptr, indices, message):
@@ -287,9 +288,27 @@ def test_a_sampler_refuses_int32_and_numpy_csrs_and_non_tensor_seeds_by_name():
     sampler = NeighborSampler(indptr, indices, [2])
     with pytest.raises(TypeError, match="seeds must be a 1-D tensor of node ids, got list"):
         sampler.sample([1, 2], batch=0)
-    for fanouts in ([0], [-2], [65]):
+    for fanouts in ([0], [-2], [65], [2.0], [True], "22", []):
         with pytest.raises(ValueError, match="fanouts must be"):
             NeighborSampler(indptr, indices, fanouts)
+
+
+def test_a_sampler_takes_numpy_and_torch_integer_fanouts_as_plain_ones():
+    indptr, indices = random_csr(30, 5, seed=22)
+    seeds = torch.tensor([4, 0, 17])
+    plain = NeighborSampler(indptr, indices, [3, 2], seed=5).sample(seeds, batch=2)
+    for fanouts in ([np.int64(3), np.int32(2)], (3, torch.tensor(2))):
+        other = NeighborSampler(indptr, indices, fanouts, seed=5)
+        assert other.fanouts == [3, 2] and all(type(k) is int for k in other.fanouts)
+        sub = other.sample(seeds, batch=2)
+        assert torch.equal(sub.n_id, plain.n_id) and torch.equal(sub.edge_index, plain.edge_index)
+
+
+def test_hot_rows_refuse_a_negative_id_on_the_cpu_instead_of_counting_the_last_row():
+    hot = HotRows(torch.randn(6, 3), torch.tensor([5]), "cpu")
+    assert int(hot.misses(torch.tensor([5, 0, 5]))) == 1
+    with pytest.raises(IndexError, match="id -1 is negative"):
+        hot.misses(torch.tensor([5, -1]))
 
 
 def test_the_op_samples_duplicate_and_strided_seeds_like_their_dense_copy():

@@ -86,5 +86,8 @@ class HotRows:
 
     def misses(self, idx: torch.Tensor) -> torch.Tensor:
         """How many of ``idx`` (on the cache's device) are not cached: a 0-d tensor, so the count
-        on a GPU does not wait for it."""
+        on a GPU does not wait for it. On the CPU a negative id is refused (on a GPU it would cost a
+        wait; the sampler's ids are never negative)."""
+        if idx.device.type == "cpu" and idx.numel() and int(idx.min()) < 0:
+            raise IndexError(f"id {int(idx.min())} is negative: ids are rows of the table, from 0")
         return (self.slots[idx] < 0).sum()

@@ -6,7 +6,7 @@ CPU tensor of any dtype, pinned (in place through :class:`UnifiedTensor`, or ``p
 contiguous before the kernel reads it), on the GPU (CPU ``idx`` with a CPU table runs the
 reference). Options (each one an ablation step of the benchmark):
 
-* ``kernel``: ``"naive"`` (each lane loads one element, wherever the row starts), ``"aligned"``
+* ``loads``: ``"naive"`` (each lane loads one element, wherever the row starts), ``"aligned"``
   (the warp's reads start on the 128-byte line holding the row, lanes outside it masked), or
   ``"vectorized"`` (aligned, and 16-byte loads wherever row size and addresses allow).
 * ``sort``: gather the rows in ascending index order (neighbouring rows share address
@@ -20,7 +20,9 @@ reference). Options (each one an ablation step of the benchmark):
 
 An index outside the table raises ``IndexError`` naming the value; the kernel never reads it. A
 table that requires grad gets the gradient of ``table[idx]``: the rows' gradients summed into its
-rows, on the table's device.
+rows, on the table's device. Forward-mode differentiation (``torch.func.jvp``) is refused: torch
+gives a custom op no forward rule. (The option is ``loads``, not ``kernel``: inductor's fallback
+for a custom op takes ``kernel`` as its own argument, and an op with one cannot be compiled.)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.autograd import forward_ad
 
 from systems import nvrtc
 
@@ -40,9 +43,16 @@ KERNELS = ("naive", "aligned", "vectorized")
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _check(table: torch.Tensor, idx: torch.Tensor, kernel: str, slots, cache) -> None:
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache) -> None:
+    if forward_ad._current_level >= 0:
+        # torch gives a custom op no forward-mode rule: under jvp its tangent would come out zero
+        # (or missing) without an error, so the op refuses to run there at all.
+        raise NotImplementedError(
+            "pytorch_direct::gather has no forward-mode derivative (torch.func.jvp, forward_ad): "
+            "gather outside the transform, or use table[idx]"
+        )
+    if loads not in KERNELS:
+        raise ValueError(f"loads must be one of {KERNELS}, got {loads!r}")
     if table.dim() != 2:
         raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
     if table.device.type != "cpu":
@@ -77,7 +87,7 @@ def _raise_out_of_range(value: int, rows: int) -> None:
 def gather(
     table: torch.Tensor,
     idx: torch.Tensor,
-    kernel: str = "vectorized",
+    loads: str = "vectorized",
     sort: bool = False,
     dedup: bool = False,
     max_threads: int = 0,
@@ -85,7 +95,7 @@ def gather(
     cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CPU reference: ``table[idx]`` with the same checks (options do not change the result)."""
-    _check(table, idx, kernel, slots, cache)
+    _check(table, idx, loads, slots, cache)
     bad = idx[(idx < 0) | (idx >= table.shape[0])]
     if bad.numel():
         _raise_out_of_range(int(bad[0]), table.shape[0])
@@ -93,7 +103,7 @@ def gather(
 
 
 @gather.register_fake
-def _(table, idx, kernel="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
+def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
     return table.new_empty((idx.shape[0], table.shape[1]), device=idx.device)
 
 
@@ -117,11 +127,11 @@ gather.register_autograd(_backward, setup_context=_setup_context)
 
 
 @gather.register_kernel("cuda")
-def _(table, idx, kernel="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
-    _check(table, idx, kernel, slots, cache)
+def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
+    _check(table, idx, loads, slots, cache)
     if not table.is_pinned():
         raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
-    options = dict(kernel=kernel, max_threads=max_threads, slots=slots, cache=cache)
+    options = dict(kernel=loads, max_threads=max_threads, slots=slots, cache=cache)
     out = torch.empty((idx.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
     if table.shape[1] == 0:  # no bytes to read: only the bounds are checked
         bad = idx[(idx < 0) | (idx >= table.shape[0])]
@@ -156,12 +166,15 @@ def launch_sorted_gather(table, idx, out, *, check: bool = True, **options) -> B
     return bounds_check
 
 
-def word_bytes(kernel: str, element_size: int, row_bytes: int, table_address: int, out_address: int) -> int:
+def word_bytes(kernel: str, element_size: int, row_bytes: int, *addresses: int) -> int:
     """Bytes each lane loads at a time: the element size, or for ``vectorized`` the widest power
-    of two up to 16 that divides the row size and both base addresses."""
+    of two up to 16 that divides the row size and every base address the kernel reads or writes
+    rows at (the table, the output and, with hot rows, the cache)."""
     if kernel != "vectorized":
         return element_size
-    alignment = row_bytes | table_address | out_address | 16
+    alignment = row_bytes | 16
+    for address in addresses:
+        alignment |= address
     return alignment & -alignment  # lowest set bit
 
 
@@ -190,7 +203,8 @@ def launch_gather(
     row_bytes = table.shape[1] * table.element_size()
     mode = "cached" if slots is not None else ("plain" if kernel == "naive" else "aligned")
     table_address = nvrtc.device_pointer_of_pinned(table)
-    word = word_bytes(kernel, table.element_size(), row_bytes, table_address, out.data_ptr())
+    addresses = (table_address, out.data_ptr()) + ((cache.data_ptr(),) if cache is not None else ())
+    word = word_bytes(kernel, table.element_size(), row_bytes, *addresses)
     name = f"gather_{mode}_w{word}_{'i32' if idx.dtype == torch.int32 else 'i64'}"
     bad_pos = torch.full((1,), n, dtype=torch.int64, device=idx.device)
     # A warp per row and, uncapped, a block for every eight rows: blocks start in index order and

@@ -91,8 +91,8 @@ class UnifiedTensor:
     and ``cuda_alias()`` the whole table as a CUDA tensor over the same memory.
 
     ``path``: ``"auto"`` (the measured dispatch table; the suite's kernel where this GPU has none)
-    or one of ``dispatch.PATHS``. Kernel options (``kernel``, ``dedup``, ``max_threads``, see
-    ``ops.gather``) choose the suite's kernel: with ``"auto"`` they pick ``"kernel"``."""
+    or one of ``dispatch.PATHS``. Kernel options (``kernel``: ``ops.gather``'s ``loads``;
+    ``dedup``, ``max_threads``) choose the suite's kernel: with ``"auto"`` they pick ``"kernel"``."""
 
     def __init__(
         self,
@@ -119,7 +119,7 @@ class UnifiedTensor:
                 "so pin the tensor that owns the memory (or pass view.clone())"
             )
         self.options = {
-            k: v for k, v in (("kernel", kernel), ("dedup", dedup), ("max_threads", max_threads)) if v is not None
+            k: v for k, v in (("loads", kernel), ("dedup", dedup), ("max_threads", max_threads)) if v is not None
         }
         self._choice = self._check_path(path)  # "auto" is resolved on first use (it asks the GPU's name)
         cudart = _cudart()

@@ -21,6 +21,7 @@ output and run it on fake tensors, where any read of device data would fail.
 from __future__ import annotations
 
 import ctypes
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -52,12 +53,25 @@ class SlottedSubgraph:
     batch_size: int
 
 
+def _integer(value) -> int | None:
+    """``value`` as a Python int where it is an integer of any kind (numpy's included), else None;
+    a bool is not a fan-out."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _check_csr(indptr: torch.Tensor, indices: torch.Tensor) -> None:
     """Refuse a CSR the kernels would read out of bounds with (one pass, when a sampler is made)."""
     if indptr.dtype != torch.int64 or indices.dtype != torch.int64 or indptr.dim() != 1 or indices.dim() != 1:
         raise ValueError("indptr and indices must be 1-D int64 tensors")
     n = indptr.numel() - 1
-    if n < 1 or int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel() or bool((indptr[1:] < indptr[:-1]).any()):
+    if n < 1:
+        raise ValueError(f"the graph has no nodes (indptr has {indptr.numel()} entries): give one per node, plus one")
+    if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel() or bool((indptr[1:] < indptr[:-1]).any()):
         raise ValueError("indptr must start at 0, never decrease and end at the number of indices")
     if indices.numel() and not 0 <= int(indices.min()) <= int(indices.max()) < n:
         raise ValueError(
@@ -78,8 +92,9 @@ class NeighborSampler:
     ):
         if place not in PLACES:
             raise ValueError(f"place must be one of {PLACES}, got {place!r}")
-        if not fanouts or any(not isinstance(k, int) or not 1 <= k <= MAX_FANOUT for k in fanouts):
-            raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {fanouts}")
+        given, fanouts = fanouts, [_integer(k) for k in fanouts] if isinstance(fanouts, list | tuple) else None
+        if not fanouts or any(k is None or not 1 <= k <= MAX_FANOUT for k in fanouts):
+            raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {given!r}")
         self.fanouts, self.replace, self.place, self.seed = list(fanouts), replace, place, seed
         for name, t in (("indptr", indptr), ("indices", indices)):
             if not isinstance(t, torch.Tensor):

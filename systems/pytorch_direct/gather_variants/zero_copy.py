@@ -20,11 +20,11 @@ PYTORCH_DIRECT = "PyTorch-Direct"
 
 
 def kernel_gather(kernel: str, *, sort: bool = False, cached: bool = False):
-    """A variant's make: ``ops.gather`` with ``kernel``, optionally sorted and reading hot rows
-    from the batch's GPU cache."""
+    """A variant's make: ``ops.gather`` with ``kernel`` (its ``loads``), optionally sorted and
+    reading hot rows from the batch's GPU cache."""
 
     def make(b: Batch, *, max_threads: int = 0):
-        options = dict(kernel=kernel, sort=sort, max_threads=max_threads)
+        options = dict(loads=kernel, sort=sort, max_threads=max_threads)
         if cached:
             options.update(slots=b.slots, cache=b.cache)
 

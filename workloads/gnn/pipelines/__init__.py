@@ -173,6 +173,22 @@ class Graph:
         self.val_idx = torch.from_numpy(arrays["val_idx"])
         self.device = device
         self._unified = None
+        self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Refuse tables that do not cover the graph's nodes, in one line, before any batch reads
+        past them (a short feature table would otherwise surface as an index error mid-epoch)."""
+        nodes = self.indptr.numel() - 1
+        for name, table in (("features", self.features), ("labels", self.labels)):
+            if table.shape[0] != nodes:
+                raise ValueError(f"{name} has {table.shape[0]} rows for a graph of {nodes} nodes: give one per node")
+        if not self.train_idx.numel():
+            raise ValueError("train_idx is empty: there is nothing to train on")
+        for name, ids in (("train_idx", self.train_idx), ("val_idx", self.val_idx)):
+            if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < nodes:
+                raise ValueError(
+                    f"{name} holds node ids {int(ids.min())}..{int(ids.max())}, outside the graph's {nodes} nodes"
+                )
 
     def unified_features(self):
         if self._unified is None:
