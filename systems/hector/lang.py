@@ -336,17 +336,33 @@ def broadcast_width(wa, wb):
     return None
 
 
+def _check_rsqrt_widths(program: Program, builder: Builder) -> None:
+    """``m.rsqrt(width)`` names a width some input or weight declares (its size is known only
+    from the tensors given for them)."""
+    declared = set()
+    for leaf in builder._names.values():
+        declared.update(w for w in (leaf.width, *leaf.shape) if isinstance(w, str))
+    for value in program.values:
+        width = value.attr("rsqrt")
+        if isinstance(width, str) and width not in declared:
+            known = ", ".join(sorted(declared)) or "none"
+            raise ModelError(f"rsqrt of width {width!r}: no input or weight has that width (widths: {known})")
+
+
 def model(fn: Callable) -> Callable[[], Program]:
     """Trace ``fn(m)`` into a :class:`Program` named after it; calling the result traces anew, so
     each caller gets a program of its own to run passes on."""
 
     def trace() -> Program:
-        out = fn(Builder())
+        builder = Builder()
+        out = fn(builder)
         outputs = out if isinstance(out, tuple) else (out,)
         for o in outputs:
             if not isinstance(o, Expr) or o.value.domain != "node":
                 raise ModelError(f"{fn.__name__} must return node values")
-        return Program(fn.__name__, [o.value for o in outputs])
+        program = Program(fn.__name__, [o.value for o in outputs])
+        _check_rsqrt_widths(program, builder)
+        return program
 
     trace.__name__ = fn.__name__
     trace.__doc__ = fn.__doc__

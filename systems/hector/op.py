@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -71,7 +72,7 @@ class Layer:
         self.ops = _ops[self.op_name]
         self.forward_op, self.backward_op, self.inference_op = self.ops.forward, self.ops.backward, self.ops.inference
 
-    def __call__(self, graph: RelGraph, **tensors: torch.Tensor) -> torch.Tensor:
+    def __call__(self, graph: RelGraph, /, **tensors: torch.Tensor) -> torch.Tensor:
         missing, extra = set(self.names) - set(tensors), set(tensors) - set(self.names)
         if missing or extra:
             raise UserError(
@@ -193,6 +194,20 @@ class _Training(torch.autograd.Function):
         return None, None, *grads
 
 
+def _outside_autocast(device_type: str, run: Callable) -> Callable:
+    """``run`` with the caller's autocast turned off: the op computes in its inputs' type, as its
+    kernels do. Under autocast the torch arithmetic of the CPU backend (and the host steps of a
+    plan) would otherwise run in bfloat16 and save values of mixed types for the backward."""
+
+    def without(*args):
+        if not torch.is_autocast_enabled(device_type):  # the common case costs one query
+            return run(*args)
+        with torch.autocast(device_type, enabled=False):
+            return run(*args)
+
+    return without
+
+
 def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool) -> _Ops:
     """Three ops: the forward returns the output and the forward values the backward op reads, so
     a training step computes the forward once (autodiff.split); the inference op runs the
@@ -236,8 +251,8 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
     def define(name: str, schema: str, run, fake):
         """``run(backend, graph, *args)`` on every device, the kernels on CUDA; returns the op."""
         _lib.define(f"{name}{schema}")
-        _lib.impl(name, lambda *args: run(on_cpu, *args), "CompositeExplicitAutograd")
-        _lib.impl(name, lambda *args: run(on_gpu, *args), "CUDA")
+        _lib.impl(name, _outside_autocast("cpu", lambda *args: run(on_cpu, *args)), "CompositeExplicitAutograd")
+        _lib.impl(name, _outside_autocast("cuda", lambda *args: run(on_gpu, *args)), "CUDA")
         torch.library.register_fake(f"hector::{name}", fake, lib=_lib)
         return getattr(torch.ops.hector, name).default
 

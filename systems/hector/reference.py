@@ -68,17 +68,22 @@ def _check_heads(program: Program, widths: dict[str, tuple[int, str]]) -> None:
 
     for value in program.values:
         if value.op == "dot" and value.attr("heads", 1) > 1:
-            pairs = [(size(value.args[0].width), value.attr("heads"))]
+            wide, heads, what = size(value.args[0].width), value.attr("heads"), f"width {value.args[0].width!r}"
         elif value.op in ("add", "sub", "mul", "div", "equal"):
-            wa, wb = (size(arg.width) for arg in value.args)
-            pairs = [(max(wa, wb), min(wa, wb))] if None not in (wa, wb) else []
+            # A literal width (a head count) broadcasts over the named one, whose binding must be a
+            # multiple of it: the result takes the named width (lang.broadcast_width), never the
+            # literal, even where the name is bound to less.
+            literal = [arg.width for arg in value.args if isinstance(arg.width, int)]
+            named = [arg.width for arg in value.args if not isinstance(arg.width, int)]
+            if len(literal) != 1 or len(named) != 1:
+                continue
+            wide, heads, what = size(named[0]), literal[0], f"width {named[0]!r}"
         else:
             continue
-        for wide, heads in pairs:
-            if wide is not None and heads is not None and heads > 1 and wide % heads:
-                raise BindingError(
-                    f"{value.op}: width {wide} is not a multiple of {heads} (heads are blocks of equal width)"
-                )
+        if wide is not None and heads > 1 and wide % heads:
+            raise BindingError(
+                f"{value.op}: {what} is {wide} here, not a multiple of {heads} (heads are blocks of equal width)"
+            )
 
 
 def output_width(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> int:
