@@ -231,7 +231,7 @@ def test_bad_programs_are_refused_by_name():
                 m.src(m.input("x", "in")) @ m.weight("W", ("out", "out"), per="relation")[m.relation]
             )
         )
-    with pytest.raises(ModelError, match="add of a node value and a edge value"):
+    with pytest.raises(ModelError, match="add of a node value and an edge value"):
         trace(lambda m: m.input("x", "in") + m.src(m.input("y", "in")))
     with pytest.raises(ModelError, match="weight W is per relation, not per node_type"):
         trace(lambda m: m.input("x", "in") @ m.weight("W", ("in", "in"), per="relation")[m.node_type])

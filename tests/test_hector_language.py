@@ -291,7 +291,7 @@ def test_bad_uses_of_the_new_features_are_refused_by_name():
     def trace(body):
         return model(body)()
 
-    with pytest.raises(ModelError, match="max_into_dst takes a edge value, got node"):
+    with pytest.raises(ModelError, match="max_into_dst takes an edge value, got node"):
         trace(lambda m: m.max_into_dst(m.input("x", "in")))
     with pytest.raises(ModelError, match="dot's heads must be a positive integer, got 0"):
         trace(lambda m: m.dot(m.input("x", "in"), m.input("y", "in"), heads=0))
@@ -495,3 +495,19 @@ def test_rsqrt_of_a_width_nothing_declares_is_refused_when_traced():
 
     with pytest.raises(ModelError, match="rsqrt of width 'dim': no input or weight has that width \\(widths: in\\)"):
         scaled()
+
+
+def test_negation_is_a_subtraction_and_a_power_is_refused_by_name():
+    @model
+    def negated(m):
+        x = m.input("x", "in")
+        return m.sum_into_dst(-(m.src(x) @ m.weight("W", ("in", "out"), per="relation")[m.relation]))
+
+    graph = small_graph()
+    t = tensors_for("rgcn", graph, dtype=torch.float64)
+    expected = -torch.zeros(graph.num_nodes, t["W"].shape[2], dtype=torch.float64).index_add_(
+        0, graph.dst.long(), torch.bmm(t["x"][graph.src].unsqueeze(1), t["W"][graph.etype]).squeeze(1)
+    )
+    assert torch.allclose(reference.run(negated(), graph, {"x": t["x"], "W": t["W"]})[0], expected, atol=1e-12)
+    with pytest.raises(ModelError, match="the language has no power"):
+        model(lambda m: m.input("x", "in") ** 2)()

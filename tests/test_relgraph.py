@@ -181,3 +181,9 @@ def test_segment_products_read_the_sizes_once_and_again_after_an_in_place_change
     torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 1, 5, 11]))
     offsets.data = torch.tensor([0, 6, 7, 11])
     torch.testing.assert_close(segment_products(rows, weight, offsets), per_segment([0, 6, 7, 11]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a CUDA GPU")
+def test_a_gpu_asked_for_on_a_machine_without_one_is_refused_in_words():
+    with pytest.raises(UserError, match="device cuda asked for, but this machine has no CUDA GPU"):
+        RelGraph.build([0], [1], [0], num_nodes=3, num_relations=2, device="cuda")

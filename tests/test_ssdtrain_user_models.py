@@ -433,3 +433,178 @@ def test_a_plan_with_an_unknown_decision_is_refused():
     with pytest.raises(UserError) as error:
         offload(model, store=HostStore(), policy=Plan((KEEP, "offlaod", KEEP, KEEP), 0.0, 0, 0.0))
     one_line(error, "the plan decides 'offlaod' for a block")
+
+
+# -- what a second look found ----------------------------------------------------------------------
+class SpectralBlock(nn.Module):
+    """Spectral normalization updates its power-iteration vector in place, then uses it: a
+    recomputation from the updated vector would compute another weight."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.lin = nn.utils.parametrizations.spectral_norm(nn.Linear(dim, dim))
+
+    def forward(self, x):
+        return x + torch.tanh(self.lin(x))
+
+
+class ConjugateBlock(nn.Module):
+    """Saves a lazy conjugate view (x.conj()) and a lazy negative one (x.conj().imag) for backward."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(dim, dtype=torch.complex64))
+
+    def forward(self, x):
+        z = x * self.w
+        return x + z * z.conj() + torch.sin(z.conj().imag) * self.w
+
+
+class DebugBlock(nn.Module):
+    """Keyword arguments named like torch.utils.checkpoint's own (debug, context_fn)."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x, *, debug=False, context_fn=None):
+        h = torch.tanh(self.lin(x))
+        return x + (3 * h if debug else h) + (0 if context_fn is None else context_fn)
+
+
+class Stack(nn.Module):
+    def __init__(self, block, blocks: int = 3, **kwargs):
+        super().__init__()
+        self.blocks, self.kwargs = nn.ModuleList(block() for _ in range(blocks)), kwargs
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x, **self.kwargs)
+        return x.real.square().sum() if x.is_complex() else x.square().sum()
+
+
+SECOND_LOOK = {
+    "spectral": lambda: Stack(SpectralBlock),
+    "conjugate": lambda: Stack(ConjugateBlock),
+    "debug": lambda: Stack(DebugBlock, debug=True, context_fn=0.5),
+}
+
+
+def second_look_run(name: str, **policy):
+    torch.manual_seed(0)
+    model = SECOND_LOOK[name]()
+    g = torch.Generator().manual_seed(3)
+    dtype = torch.complex64 if name == "conjugate" else torch.float32
+    x = torch.randn(5, 16, generator=g, dtype=dtype)
+    with offload(model, **policy) if policy else contextlib.nullcontext():
+        for _ in range(2):  # two steps: the buffers move between them
+            loss = model(x)
+            loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}, dict(model.named_buffers())
+
+
+@pytest.mark.parametrize(
+    "name, policy",
+    [
+        ("spectral", {"policy": "recompute"}),
+        ("debug", {"policy": "recompute"}),
+        ("conjugate", {"policy": "offload_all", "store": HostStore(), "min_bytes": 0, "keep_last": 0}),
+        ("conjugate", {"policy": "recompute"}),
+    ],
+)
+def test_blocks_that_update_their_buffers_take_checkpoints_words_or_save_lazy_views_match(name, policy):
+    want, got = second_look_run(name), second_look_run(name, **policy)
+    assert torch.equal(got[0], want[0])
+    for key in want[1]:
+        assert torch.equal(got[1][key], want[1][key]), key
+    for key in want[2]:
+        assert torch.equal(got[2][key], want[2][key]), key
+
+
+def test_a_recomputed_block_whose_buffer_another_forward_changed_is_refused():
+    class Sometimes(nn.Module):  # changes its buffer only when asked, after reading it
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("scale", torch.ones(4))
+
+        def forward(self, x, bump=False):
+            out = self.lin(x) * self.scale
+            if bump:
+                self.scale.mul_(2)
+            return out
+
+    model = nn.Sequential(Sometimes(), Sometimes())
+    block = model[0]
+    with offload(model, policy="recompute"):
+        first = block(torch.randn(3, 4))  # leaves the buffer as it found it
+        block(torch.randn(3, 4), bump=True)  # another forward changes it
+        with pytest.raises(RuntimeError, match="buffer scale of a recomputed Sometimes changed"):
+            first.sum().backward()
+
+
+@pytest.mark.parametrize("policy", ["offload_adaptive", "planner"])
+def test_a_planned_policy_entered_once_per_step_plans_after_the_first(policy):
+    torch.manual_seed(0)
+    model = MLP()
+    session = offload(model, **policy_args(policy, BLOCKS["mlp"]) | {"bandwidth": 1e9, "keep_last": 0})
+    offloaded = []
+    for step in range(3):
+        with session:
+            model(*batch("mlp", step)).backward()
+        offloaded.append(session.stats.total.offloaded_bytes)
+    assert session.decisions is not None and OFFLOAD in session.decisions
+    assert offloaded[0] == 0 and offloaded[1] > 0 and offloaded[2] == offloaded[1]
+
+
+def test_a_block_around_a_whole_loop_does_not_grow_with_it(monkeypatch):
+    from systems.ssdtrain import cache, stats
+
+    monkeypatch.setattr(stats, "PRUNE_AT", 8)
+    monkeypatch.setattr(cache, "PRUNE_AT", 8)
+    torch.manual_seed(0)
+    model = MLP()
+    session = offload(model, store=HostStore(), min_bytes=0, keep_last=0)
+    with session:
+        sizes = []
+        for step in range(30):
+            model(*batch("mlp", step)).backward()
+            sizes.append((len(session.stats._seen), len(session.offloader.cache._transfers)))
+    assert max(seen for seen, _ in sizes[10:]) <= 4 * max(seen for seen, _ in sizes[:3]) + 8
+    assert max(transfers for _, transfers in sizes[10:]) <= 4 * max(transfers for _, transfers in sizes[:3]) + 8
+
+
+def test_blocks_are_composite_modules_before_lists_of_single_operators():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tables = nn.ModuleList(nn.Embedding(4000, 32) for _ in range(2))  # most parameters
+            self.layers = nn.ModuleList(MLPBlock(32) for _ in range(3))
+
+    from systems.ssdtrain.layers import find_layers
+
+    model = Model()
+    assert find_layers(model) == list(model.layers)
+    heads = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))  # no composite block: the operators it is
+    assert find_layers(heads) == list(heads)
+
+
+def test_arguments_that_do_not_apply_or_are_out_of_range_are_refused():
+    torch.manual_seed(0)
+    model = MLP()
+    store = HostStore()
+    cases = [
+        (lambda: offload(model, policy="offload_all", store=store, budget=0.5), "budget= is the planner's"),
+        (lambda: offload(model, policy="planner", store=store, budget=True), "needs budget="),
+        (lambda: offload(model, policy="planner", store=store, budget=0.5, bandwidth=True), "bandwidth must be"),
+        (lambda: offload(model, policy="planner", store=store, budget=0.5, bandwidth=float("inf")), "bandwidth must"),
+        (lambda: offload(model, policy="offload_all", store=store, bandwidth=1e9), "bandwidth= is for the planned"),
+        (lambda: offload(model, policy="save_on_cpu", keep_last=-1), "keep_last must be a non-negative integer"),
+        (lambda: offload(model, policy="save_on_cpu", min_bytes=-5), "min_bytes must be a non-negative integer"),
+        (lambda: offload(model, policy="keep", prefetch=True), "prefetch must be a non-negative integer"),
+        (lambda: offload(model, policy="keep", layers=[model.blocks[0], model.blocks[0].up]), "lies inside another"),
+    ]
+    for call, message in cases:
+        with pytest.raises(UserError) as error:
+            call()
+        one_line(error, message)

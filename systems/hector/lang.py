@@ -94,6 +94,12 @@ class Expr:
     def __rtruediv__(self, other):
         return self.builder._binary("div", other, self)
 
+    def __neg__(self):
+        return self.builder._binary("sub", 0.0, self)
+
+    def __pow__(self, other):
+        raise ModelError("the language has no power: write x * x, or m.exp / m.tanh / m.sigmoid")
+
     def __getitem__(self, index):
         if self.value.domain != "weight" or not isinstance(index, _Index):
             raise ModelError("only a weight can be indexed, and only by m.relation or m.node_type")
@@ -239,11 +245,11 @@ class Builder:
     def _need(self, e, domain, what):
         if not isinstance(e, Expr) or e.value.domain != domain:
             got = e.value.domain if isinstance(e, Expr) else type(e).__name__
-            raise ModelError(f"{what} takes a {domain} value, got {got}")
+            raise ModelError(f"{what} takes {_a(domain)} value, got {got}")
 
     def _same(self, a, b, what):
         if a.value.domain != b.value.domain:
-            raise ModelError(f"{what} of a {a.value.domain} value and a {b.value.domain} value")
+            raise ModelError(f"{what} of {_a(a.value.domain)} value and {_a(b.value.domain)} value")
 
     def _reduce(self, e: Expr, how: str, end: str) -> Expr:
         """Edge rows reduced into nodes by ``end``: a sum; a mean is the sum over the node's edge
@@ -320,6 +326,10 @@ class Builder:
             return self._op("matmul", (e.value, weight), e.value.domain, weight.shape[1], e.value.depends)
         depends = e.value.depends | ({"etype"} if by == "etype" else set())
         return self._op("typed_matmul", (e.value, weight), e.value.domain, weight.shape[1], depends, (("by", by),))
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
 def broadcast_width(wa, wb):

@@ -46,6 +46,8 @@ class RelGraph:
             if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
                 raise UserError(f"{name} must be a non-negative integer, got {count!r}")
         device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"device {device} asked for, but this machine has no CUDA GPU (torch sees none)")
         src, dst, etype = (_ids(name, a, device) for name, a in (("src", src), ("dst", dst), ("etype", etype)))
         node_type = (
             torch.zeros(num_nodes, dtype=torch.int64, device=device)

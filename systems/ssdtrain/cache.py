@@ -43,6 +43,7 @@ from systems.ssdtrain.stores import Store
 # Store keys are never reused in a process: a free deferred until its transfer ends cannot meet a
 # later tensor under the same key, even when several caches share a store.
 _store_keys = itertools.count()
+PRUNE_AT = 4096  # transfers remembered before the finished ones are let go
 
 
 class StorageKey(NamedTuple):
@@ -123,10 +124,19 @@ class TensorCache:
         self._lock = threading.RLock()
         self._index: dict[StorageKey, Entry] = {}
         self._by_layer: dict[int, dict[int, Entry]] = {}
-        self._transfers: list[Future] = []  # every put and get started since the last reset
+        self._transfers: list[Future] = []  # every put and get started since the last reset, unfinished
+        self._prune_at = PRUNE_AT
         self.error: BaseException | None = None  # the first failed transfer, for the engine to raise
         # Reads back started by prefetch, and by an unpack that found nothing on its way (a stall).
         self.prefetched_loads = self.demand_loads = 0
+
+    def _track(self, transfer: Future) -> None:
+        """Remember a transfer for :meth:`reset`; finished ones are let go now and then, so a block
+        around a whole training loop does not grow with it (their errors are in ``error``)."""
+        self._transfers.append(transfer)
+        if len(self._transfers) >= self._prune_at:
+            self._transfers = [t for t in self._transfers if not t.done()]
+            self._prune_at = max(PRUNE_AT, 2 * len(self._transfers))
 
     def start_step(self) -> None:
         """Forget the last step's error and counts."""
@@ -158,7 +168,7 @@ class TensorCache:
             handle = Handle(self, entry, tensor)
             if new:
                 entry.put = self.store.put(entry.store_key, entry.memory)
-                self._transfers.append(entry.put)
+                self._track(entry.put)
         if new:
             entry.put.add_done_callback(lambda future: self._written(entry, future))
         return handle, new
@@ -217,7 +227,7 @@ class TensorCache:
         if entry.load is None:
             out = torch.empty(entry.nbytes, dtype=torch.uint8, device=entry.device)
             entry.load = (self.store.get(entry.store_key, out), out)
-            self._transfers.append(entry.load[0])
+            self._track(entry.load[0])
             # The callback must not hold ``out``: the future (and its callbacks) lives in
             # _transfers until the step ends, and the read-back bytes must go with their entry.
             entry.load[0].add_done_callback(functools.partial(self._loaded, entry))

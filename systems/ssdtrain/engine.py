@@ -79,12 +79,15 @@ class _Kept:
 
 def _has_storage_identity(tensor: torch.Tensor) -> bool:
     """A plain dense tensor with a storage of its own; subclasses, sparse, nested, quantized and
-    meta tensors are kept as they are."""
+    meta tensors are kept as they are, and so are lazy conjugate and negative views (``x.conj()``,
+    ``x.conj().imag``), whose bit a view rebuilt from the stored bytes would not carry."""
     return (
         type(tensor) in (torch.Tensor, nn.Parameter)
         and tensor.layout == torch.strided
         and not tensor.is_nested
         and not tensor.is_quantized
+        and not tensor.is_conj()
+        and not tensor.is_neg()
         and tensor.device.type != "meta"
     )
 

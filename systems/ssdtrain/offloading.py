@@ -21,13 +21,14 @@ the model's repeated class; or pass ``layers=[...]``):
 - ``"offload_adaptive"``: SSDTrain's adaptive rule: the leading blocks whose writes end by the end
   of forward are offloaded, the rest kept. ``"planner"``: keep, offload or recompute per block,
   the fastest predicted step whose activation bytes fit ``budget`` (a fraction of what keep
-  holds). Both are planned (planning.py) from a profile of the block's first forward and backward,
-  which keeps everything, and the store's bandwidth (measured then, unless ``bandwidth`` gives it in
-  B/s); the plan applies from the next forward on and is kept for later blocks (``session.plan``).
+  holds). Both are planned (planning.py) from a profile of the first forward and backward, which
+  keeps everything, and the store's bandwidth (measured then, unless ``bandwidth`` gives it in
+  B/s); the plan applies from the next forward on, in this block or, where the block ended after
+  that step (a block entered once per step), in the next one, and is kept (``session.plan``).
 - a ``planning.Plan``: its decisions, one per block, applied as they are (``keep_last`` does not
   apply: the plan was made with it).
-- a callable ``decide(block_index) -> "keep" | "offload" | "recompute"``, asked once per block when
-  the block is entered.
+- a callable ``decide(block_index) -> "keep" | "offload" | "recompute"``, asked for every block
+  of the model each time the ``with`` block is entered; its answers hold until that block ends.
 
 A model whose blocks Hugging Face already checkpoints (``gradient_checkpointing_enable``) is not
 checkpointed again; an offloading policy offloads what its checkpoints save, the blocks' inputs.
@@ -38,6 +39,7 @@ says so in one warning.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 
 import torch
@@ -86,12 +88,19 @@ class Offloading:
         self.model = model
         self.layers = _blocks(model, layers)
         self.policy, self.store = _check_policy(policy, store, len(self.layers)), store
-        if self.policy == "planner" and not (isinstance(budget, int | float) and 0 < budget <= 1):
+        if self.policy == "planner" and not (_is_number(budget) and 0 < budget <= 1):
             raise UserError(
                 f"policy planner needs budget=, the fraction of keep's activation bytes to fit (0-1]; got {budget!r}"
             )
-        if bandwidth is not None and not (isinstance(bandwidth, int | float) and bandwidth > 0):
+        if budget is not None and self.policy != "planner":
+            raise UserError(f"budget= is the planner's; policy {_name(self.policy)} does not take it")
+        if bandwidth is not None and not (_is_number(bandwidth) and 0 < bandwidth < math.inf):
             raise UserError(f"bandwidth must be the store's speed in B/s, a positive number; got {bandwidth!r}")
+        if bandwidth is not None and self.policy not in PLANNED:
+            raise UserError(f"bandwidth= is for the planned policies; policy {_name(self.policy)} does not take it")
+        for name, value in (("keep_last", keep_last), ("min_bytes", min_bytes), ("prefetch", prefetch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"{name} must be a non-negative integer, got {value!r}")
         self.keep_last, self.budget, self.bandwidth = keep_last, budget, bandwidth
         self.plan: Plan | None = self.policy if isinstance(self.policy, Plan) else None
         self.decisions: list[str] | None = list(self.plan.decisions) if self.plan else None
@@ -183,6 +192,14 @@ class Offloading:
         hook = self.model.register_forward_pre_hook(plan_before_forward)
         stack.callback(hook.remove)
 
+        def plan_at_exit(exc_type, exc, tb) -> bool:
+            # A block entered once per step ends after the profiled step: plan now, for the next block.
+            if exc_type is None and self.decisions is None and self.offloader.backwards:
+                self._make_plan(timer)
+            return False
+
+        stack.push(plan_at_exit)
+
     def _make_plan(self, timer: planning.LayerTimer) -> None:
         profiles, fixed = planning.profiles_of(self.offloader.stats, timer, len(self.layers))
         bandwidth = self.bandwidth
@@ -249,6 +266,14 @@ def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     inside = {id(m) for m in model.modules()}
     if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
         raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
+    # A block inside another would be numbered, and recomputed, twice over: blocks are disjoint.
+    for layer in layers:
+        outer = next((o for o in layers if o is not layer and any(m is layer for m in o.modules())), None)
+        if outer is not None:
+            raise UserError(
+                f"layers lists a {type(layer).__name__} that lies inside another listed {type(outer).__name__}: "
+                "list blocks that do not contain each other"
+            )
     # A block listed twice would be numbered twice (and checkpointed twice): one block, one index.
     seen: set[int] = set()
     twice = next((layer for layer in layers if id(layer) in seen or seen.add(id(layer))), None)
@@ -278,6 +303,14 @@ def _check_policy(policy, store: Store | None, blocks: int):
     if not offloads and store is not None:
         raise UserError(f"policy {policy} offloads nothing: it takes no store")
     return policy
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _name(policy) -> str:
+    return policy if isinstance(policy, str) else type(policy).__name__
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -2,10 +2,16 @@
 
 ``checkpointed(layers)`` wraps each block's forward in ``torch.utils.checkpoint`` (non-reentrant)
 for the duration of a step, so autograd keeps only each block's inputs and runs the block again
-when backward reaches it. The recomputation updates copies of the block's buffers, dropped after
-it: the forward already updated them (BatchNorm's running statistics and batch count), and a second
-update would leave the model in another state than training without recomputation. Another
-library's checkpointing (DeepSpeed's, which keeps the inputs on the host) is given as
+when backward reaches it. The block's keyword arguments are bound to its forward, never handed to
+the checkpoint function, which takes some names (``debug``, ``context_fn``...) as its own.
+
+The recomputation starts from the buffers as the forward found them and updates copies of them,
+dropped after it. A forward that changes a buffer and then reads it (spectral normalization's power
+iteration) must be replayed from the values it read, or the recomputed activations, and the
+gradients, differ from training without recomputation; and the first forward has already made its
+updates (BatchNorm's running statistics), which a second one must not repeat. So each forward of a
+block with buffers copies them first and keeps the copies of those it changed until backward.
+Another library's checkpointing (DeepSpeed's, which keeps the inputs on the host) is given as
 ``checkpoint``, a function with ``torch.utils.checkpoint``'s signature.
 """
 
@@ -53,7 +59,7 @@ def checkpointed(
     before = [vars(layer).get("forward") for layer in layers]
     for layer in layers:
         # An instance attribute shadows the class's forward; nn.Module.__call__ finds it.
-        layer.forward = functools.partial(checkpoint, _buffers_kept(layer, layer.forward))
+        layer.forward = _recomputed(layer, layer.forward, checkpoint)
     try:
         yield
     finally:
@@ -66,27 +72,52 @@ def checkpointed(
             hook.remove()
 
 
-def _buffers_kept(layer: nn.Module, forward: Callable) -> Callable:
-    """``forward``, which when run again in backward (the recomputation) updates copies of the
-    block's buffers instead of the buffers: the first forward has updated them already. Swapped, not
-    copied back: an in-place copy would change tensors autograd may hold (a reentrant checkpoint
-    saves the recomputation's buffers through the saved-tensor hooks, which check versions). A block
-    without buffers (a transformer layer) keeps its bound forward: nothing to protect."""
-    if not any(True for _ in layer.buffers()):
-        return forward
+def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Callable:
+    """``forward`` run through ``checkpoint``, its keyword arguments bound, its recomputation run
+    from the buffers as this forward found them, on copies (see the module's docstring). A block
+    without buffers (a transformer layer) has nothing to copy."""
+    with_buffers = any(True for _ in layer.buffers())
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
-        if torch._C._current_graph_task_id() == -1:
-            return forward(*args, **kwargs)
-        # The buffers as they are now: the first forward may have assigned new tensors.
-        owned = [(m, name, b) for m in layer.modules() for name, b in m._buffers.items() if b is not None]
-        for module, name, buffer in owned:
-            module._buffers[name] = buffer.clone()
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            for module, name, buffer in owned:
-                module._buffers[name] = buffer
+        found = _buffers_of(layer) if with_buffers else []
+        copies = [buffer.clone() for _, _, buffer in found]
+        versions = [buffer._version for _, _, buffer in found]
+
+        @functools.wraps(forward)  # the block's forward, its keyword arguments bound: ``__wrapped__`` names it
+        def body(*inputs):
+            if not (with_buffers and _in_backward()):
+                return forward(*inputs, **kwargs)
+            # The recomputation: from what the forward found, on copies (it may run more than once).
+            now = _buffers_of(layer)
+            for (module, name, buffer), copy, version in zip(found, copies, versions, strict=True):
+                if copy is buffer and (module._buffers.get(name) is not buffer or buffer._version != version):
+                    raise RuntimeError(
+                        f"buffer {name} of a recomputed {type(layer).__name__} changed between its forward and "
+                        "its recomputation (another forward of the block changed it): the recomputation "
+                        "cannot replay it; keep or offload this block"
+                    )
+                module._buffers[name] = copy.clone()
+            try:
+                return forward(*inputs, **kwargs)
+            finally:
+                for module, name, buffer in now:
+                    module._buffers[name] = buffer
+
+        out = checkpoint(body, *args)
+        # Only the copies of buffers this forward changed are needed (an unchanged one is its own
+        # copy, made again at the recomputation): the others are let go now.
+        for i, (module, name, buffer) in enumerate(found):
+            if module._buffers.get(name) is buffer and buffer._version == versions[i]:
+                copies[i] = buffer
+        return out
 
     return run
+
+
+def _buffers_of(layer: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    return [(m, name, b) for m in layer.modules() for name, b in m._buffers.items() if b is not None]
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1

@@ -40,6 +40,9 @@ class LayerStats:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"kept_bytes": self.kept_bytes}
 
 
+PRUNE_AT = 4096  # storages counted before the references of freed ones are let go
+
+
 class StepStats:
     """One step's ``LayerStats`` by layer index (None: saved outside the model's layers); set when
     the step ends: what the store moved (``store``) and how reads back started."""
@@ -52,8 +55,12 @@ class StepStats:
         self.prefetched_loads = self.demand_loads = 0
         # Per layer, the largest saved tensor that is no parameter (what ``min_bytes`` is set against).
         self.largest: dict[int | None, int] = {}
-        # Weak references to every storage counted: they keep the keys unique (cache.py).
+        # Weak references to every storage counted: they keep the keys unique (cache.py). Those of
+        # freed storages are let go now and then, so a block around a whole training loop does not
+        # grow with it (a freed storage's key cannot come back while its reference is held, and a
+        # new storage at its address is a new key once it is let go).
         self._seen: dict[StorageKey, StorageWeakRef] = {}
+        self._prune_at = PRUNE_AT
 
     def record(
         self,
@@ -79,6 +86,9 @@ class StepStats:
         storage_bytes = tensor.untyped_storage().nbytes()
         if key[0] not in self._seen:
             self._seen[key[0]] = key[1]
+            if len(self._seen) >= self._prune_at:
+                self._seen = {k: ref for k, ref in self._seen.items() if not ref.expired()}
+                self._prune_at = max(PRUNE_AT, 2 * len(self._seen))
             stats.unique_tensors += 1
             stats.unique_bytes += storage_bytes
             stats.parameter_bytes += storage_bytes if parameter else 0
