@@ -23,7 +23,12 @@ def load_results(files: list[str], schema) -> tuple[pd.DataFrame, list[dict]]:
 
 def same_code(one: dict, other: dict) -> bool:
     """Whether two provenance records measured the same code: their digests of their topic's code
-    agree (``harness.code_digest``), or, where either record has none, their commits do."""
+    agree (``harness.code_digest``), or, where either record has none, their commits do. A record
+    whose digest does not name all that ran (it loaded suite modules outside its topic's files, or
+    they changed during the run) is the same code as no other."""
+    incomplete = ("loaded_outside_scope", "changed_during_run")
+    if any(key in (record.get("code") or {}) for record in (one, other) for key in incomplete):
+        return False
     digests = [(record.get("code") or {}).get("digest") for record in (one, other)]
     if None not in digests:
         return digests[0] == digests[1]

@@ -8,10 +8,11 @@ A topic's digest covers the files its parts can run, found from the source itsel
   ``workloads/*/__init__.py`` (the runner reads them all to find the topics), and the config
   files ``config/config.yaml`` and ``config/<topic>.yaml``;
 * then, followed from each module through every ``import`` (at any depth, inside functions
-  too) and every suite module named in a string (a registry names its package so): the
-  module, the ``__init__`` of each package on its path, every module of a package named as a
-  whole (a registry imports them all), and the files beside each module that are not Python
-  (kernel sources, tables), with the folders of them that are not packages.
+  too) and every dotted suite module name written in a string (``importlib.import_module``'s
+  argument): the module and the ``__init__`` of each package on its path; for a package that
+  declares a registry (``Registry(...)`` in its ``__init__``, which imports every module and
+  sub-package of it when read: harness.registry), all of them; and the files beside each module
+  that are not Python (kernel sources, tables), with the folders of them that are not packages.
 
 A change to another topic's code, to the docs, the analysis or the figures moves no digest of this
 topic. The same files read from a commit's tree in git give the same digest, so an older record
@@ -52,7 +53,7 @@ def topic_files(files: Mapping[str, bytes], topic: str) -> set[str]:
     """The paths of ``files`` that ``topic``'s parts can run (the module docstring says how)."""
     if not any(path.startswith(f"workloads/{topic}/") for path in files):
         raise ValueError(f"no topic {topic!r}: there is no workloads/{topic}/ in the measured code")
-    modules = _modules(files)
+    modules = _modules(files)  # module name -> path
     roots = [p for p in files if p.startswith(("harness/", f"workloads/{topic}/"))]
     roots += [p for p in files if re.fullmatch(r"workloads/(\w+/__init__|__main__)\.py", p)]
     scope = {p for p in (f"config/{topic}.yaml", "config/config.yaml") if p in files}
@@ -67,8 +68,12 @@ def topic_files(files: Mapping[str, bytes], topic: str) -> set[str]:
         folder = PurePosixPath(path).parent
         todo += _beside(files, folder)
         todo += [p for p in _package_inits(folder) if p in files]
-        for name in _named_modules(files[path], _package_of(path)):
-            todo += _resolve(name, modules, files)
+        tree = _parse(files[path])
+        if path.endswith("/__init__.py") and _declares_registry(tree):
+            todo += _package_contents(files, folder)
+        for name in _named_modules(tree, _package_of(path)):
+            if name in modules:
+                todo.append(modules[name])
     return scope
 
 
@@ -150,15 +155,19 @@ def _package_of(path: str) -> list[str]:
     return list(PurePosixPath(path).parent.parts)
 
 
-def _named_modules(source: bytes, package: list[str]) -> set[str]:
-    """Every suite module ``source`` imports or names in a string; a file that does not parse
-    names nothing (it cannot have run either)."""
+def _parse(source: bytes) -> ast.Module | None:
+    """The module's syntax tree; None for a file that does not parse (it cannot have run either)."""
     try:
-        tree = ast.parse(source)
+        return ast.parse(source)
     except (SyntaxError, ValueError):
-        return set()
+        return None
+
+
+def _named_modules(tree: ast.Module | None, package: list[str]) -> set[str]:
+    """Every suite module ``tree`` imports or names in a string: for ``from a.b import c``, both
+    ``a.b`` and ``a.b.c`` (c may be a module); a package stands for its ``__init__``."""
     names = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -173,15 +182,26 @@ def _named_modules(source: bytes, package: list[str]) -> set[str]:
     return {name for name in names if name.startswith(SUITE_PACKAGES)}
 
 
-def _resolve(name: str, modules: Mapping[str, str], files: Mapping[str, bytes]) -> list[str]:
-    """The files that importing ``name`` runs: the module, or a package with every module in it."""
-    path = modules.get(name)
-    if path is None:
-        return []
-    if not path.endswith("/__init__.py"):
-        return [path]
-    folder = PurePosixPath(path).parent
-    return [p for p in files if PurePosixPath(p).parent == folder and p.endswith(".py")]
+def _declares_registry(tree: ast.Module | None) -> bool:
+    """Whether the module calls ``Registry(...)`` (harness.registry): reading it imports its package."""
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Name) and func.id == "Registry") or (
+                isinstance(func, ast.Attribute) and func.attr == "Registry"
+            ):
+                return True
+    return False
+
+
+def _package_contents(files: Mapping[str, bytes], folder: PurePosixPath) -> list[str]:
+    """Every module of the package in ``folder`` and the ``__init__`` of each sub-package."""
+    found = []
+    for path in files:
+        p = PurePosixPath(path)
+        if path.endswith(".py") and (p.parent == folder or (p.name == "__init__.py" and p.parent.parent == folder)):
+            found.append(path)
+    return found
 
 
 def _package_inits(folder: PurePosixPath) -> list[str]:

@@ -89,11 +89,18 @@ def cuda_state() -> dict:
     return state
 
 
+# The measured code as it was when this process started (this module is imported before any part
+# runs): a record says so where it changed during the run, since the digest is taken at its end.
+_FILES_AT_START = code_digest.files_on_disk(REPO_ROOT)
+
+
 def code_record(topic: str | None, root: Path = REPO_ROOT) -> dict:
     """The digest of the code this process measured (harness.code_digest): the topic's files as
-    they are on disk. Suite modules this process loaded that the topic's files leave out are listed
-    (none, where code_digest follows the imports right; a test runs every part and says so), not
-    hashed: the digest stays what git gives for a clean commit."""
+    they are on disk. Listed beside it, where there are any: suite modules this process loaded that
+    the topic's files leave out (none, where code_digest follows the imports right), files of the
+    topic that changed while the process ran, and the plugins named in SUITE_PLUGINS. A record with
+    either list counts as the same code as no other (analysis.common.same_code): its digest does not
+    name all that ran."""
     files = code_digest.files_on_disk(root)
     try:
         scope = code_digest.topic_files(files, topic) if topic else set(files)
@@ -110,7 +117,15 @@ def code_record(topic: str | None, root: Path = REPO_ROOT) -> dict:
         "files": len(scope),
         "source": "the files on disk",
     }
-    return record | ({"loaded_outside_scope": sorted(loaded)} if loaded else {})
+    start = _FILES_AT_START if root == REPO_ROOT else files
+    changed = sorted(p for p in scope | set(start) if p in scope and start.get(p) != files.get(p))
+    plugins = os.environ.get("SUITE_PLUGINS", "").strip()
+    return (
+        record
+        | ({"loaded_outside_scope": sorted(loaded)} if loaded else {})
+        | ({"changed_during_run": changed} if changed else {})
+        | ({"plugins": plugins} if plugins else {})
+    )
 
 
 def _suite_file(file: str | None, root: Path) -> str | None:

@@ -210,6 +210,9 @@ def test_same_code_is_the_same_digest_or_without_one_the_same_commit():
     assert same_code(record("a"), record("a", "d1")) and not same_code(record("a"), record("b", "d1"))
     assert same_code(record("a"), record("a")) and not same_code(record("a"), record("b"))
     assert same_code(record("a") | {"code": None}, record("a", "d1"))  # a record that could not take a digest
+    for incomplete in ("loaded_outside_scope", "changed_during_run"):  # its digest does not name all that ran
+        partial = {"git": {"commit": "a"}, "code": {"digest": "d1", incomplete: ["systems/x.py"]}}
+        assert not same_code(partial, record("a", "d1")) and not same_code(record("a", "d1"), partial)
 
 
 def test_a_speedup_is_hectors_time_against_the_fastest_competitor_of_its_own_process():

@@ -1,5 +1,9 @@
 """Provenance records say which code, machine, software, date and scale produced a number."""
 
+from pathlib import Path
+
+import pytest
+
 from harness import code_digest, machine, provenance
 
 
@@ -84,8 +88,9 @@ def test_the_code_digest_moves_with_the_measured_code_and_nothing_else(tmp_path)
     assert _all(tmp_path) != first  # the path counts, not only the bytes
 
 
-# A suite of two topics: "mine" uses a kernel package through an import inside a function and a
-# registry that names its package in a string; "theirs" uses a package of its own.
+# A suite of two topics: "mine" uses a kernel package through an import inside a function, a
+# registry (which imports every module of its package) and a module named in a string; "theirs"
+# uses a package of its own.
 SUITE = {
     "config/config.yaml": b"scale: tiny\n",
     "config/mine.yaml": b"repeat: 3\n",
@@ -97,14 +102,19 @@ SUITE = {
     "workloads/__main__.py": b"from harness import timing\n",
     "workloads/mine/__init__.py": b"from workloads.mine import schema\nTOPIC = 'mine'\n",
     "workloads/mine/schema.py": b"SCHEMA = {}\n",
-    "workloads/mine/parts.py": b"def part():\n    import systems.fast.op as op\n    return op.run()\n",
+    "workloads/mine/parts.py": (
+        b"def part():\n    import systems.fast.op as op\n    import systems.fast.loader\n    return op.run()\n"
+    ),
     "workloads/theirs/__init__.py": b"TOPIC = 'theirs'\n",
     "workloads/theirs/parts.py": b"import systems.slow.op\n",
     "systems/__init__.py": b"",
     "systems/fast/__init__.py": b"",
-    "systems/fast/op.py": b"FORMS = Registry('systems.fast.forms')\ndef run():\n    return 1\n",
+    "systems/fast/op.py": b"from systems.fast.forms import FORMS\ndef run():\n    return 1\n",
+    "systems/fast/loader.py": b"import importlib\nM = importlib.import_module('systems.fast.extra')\n",
+    "systems/fast/extra.py": b"E = 1\n",
+    "systems/fast/unused.py": b"U = 1\n",  # beside the used modules, imported by none
     "systems/fast/kernels/k.cu": b"__global__ void k() {}\n",
-    "systems/fast/forms/__init__.py": b"",
+    "systems/fast/forms/__init__.py": b"FORMS = Registry('form', __name__)\n",
     "systems/fast/forms/one.py": b"ONE = 1\n",
     "systems/fast/tests_only/__init__.py": b"",  # a sub-package nothing names
     "systems/fast/tests_only/t.py": b"T = 1\n",
@@ -125,14 +135,17 @@ def test_a_topics_digest_follows_its_imports_and_nothing_else(tmp_path):
         {"systems/slow/op.py": b"def run():\n    return 3\n"},
         {"config/theirs.yaml": b"repeat: 7\n", "config/claims.yaml": b"claims: [x]\n"},
         {"systems/fast/tests_only/t.py": b"T = 2\n"},  # a sub-package no module names
+        {"systems/fast/unused.py": b"U = 2\n"},  # a module beside used ones, imported by none
         {"systems/unused.py": b"X = 1\n"},
     ):
         _tree(tmp_path, other)
         assert mine() == first, other
     for own in (
-        {"systems/fast/op.py": b"FORMS = Registry('systems.fast.forms')\ndef run():\n    return 9\n"},  # lazy import
+        {"systems/fast/op.py": b"from systems.fast.forms import FORMS\ndef run():\n    return 9\n"},  # lazy import
         {"systems/fast/kernels/k.cu": b"__global__ void k() { }\n"},  # a kernel beside a module
-        {"systems/fast/forms/two.py": b"TWO = 2\n"},  # a registry's package, named in a string
+        {"systems/fast/forms/two.py": b"TWO = 2\n"},  # a new module of a registry's package
+        {"systems/fast/forms/sub/__init__.py": b"S = 1\n"},  # and a sub-package of it
+        {"systems/fast/extra.py": b"E = 2\n"},  # a module named in a string
         {"systems/fast/__init__.py": b"# on the path\n"},
         {"workloads/mine/schema.py": b"SCHEMA = {'a': 1}\n"},
         {"workloads/theirs/__init__.py": b"TOPIC = 'theirs'  # declared\n"},
@@ -298,3 +311,45 @@ def test_older_records_get_the_digest_of_their_clean_commit_and_nothing_else(tmp
         text=True,
     )
     assert done.returncode == 0 and "clean" not in done.stdout  # a record that has one is not touched again
+
+
+def test_a_record_says_what_changed_during_its_run_and_which_plugins_it_loaded(monkeypatch):
+    start = dict(provenance._FILES_AT_START)
+    start["harness/timing.py"] = b"# the file as it was when the run began\n"
+    monkeypatch.setattr(provenance, "_FILES_AT_START", start)
+    monkeypatch.setenv("SUITE_PLUGINS", "my_variants")
+    code = provenance.collect("tiny", topic="relational_gnn")["code"]
+    assert code["changed_during_run"] == ["harness/timing.py"] and code["plugins"] == "my_variants"
+
+
+@pytest.mark.full  # a fresh process per topic: about two minutes on two cores
+def test_the_modules_a_topics_parts_and_registries_load_are_its_files():
+    """Each topic's parts, with every registry they can read loaded, in a fresh process: every suite
+    module loaded is among the files its digest covers (the workflow test runs the CPU parts too)."""
+    import json
+    import subprocess
+    import sys
+
+    from harness.topic import discover
+
+    probe = (
+        "import importlib, json, sys\n"
+        "from harness.registry import Registry\n"
+        "importlib.import_module(f'workloads.{sys.argv[1]}.parts')\n"
+        "for module in list(sys.modules.values()):\n"
+        "    for value in list(vars(module).values()):\n"
+        "        if isinstance(value, Registry):\n"
+        "            list(value)\n"
+        "print(json.dumps(sorted({m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)})))\n"
+    )
+    files = code_digest.files_on_disk(provenance.REPO_ROOT)
+    root = provenance.REPO_ROOT.resolve()
+    for topic in discover():
+        done = subprocess.run(
+            [sys.executable, "-c", probe, topic], cwd=root, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        loaded = {Path(f).resolve() for f in json.loads(done.stdout.splitlines()[-1])}
+        suite = {p.relative_to(root).as_posix() for p in loaded if p.is_relative_to(root)}
+        outside = {p for p in suite if p in files} - code_digest.topic_files(files, topic)
+        assert not outside, (topic, sorted(outside))

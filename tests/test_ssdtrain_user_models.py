@@ -435,7 +435,7 @@ def test_a_plan_with_an_unknown_decision_is_refused():
     one_line(error, "the plan decides 'offlaod' for a block")
 
 
-# -- what a second look found ----------------------------------------------------------------------
+# -- buffers updated in place, checkpoint's own keywords, lazy views ------------------------------
 class SpectralBlock(nn.Module):
     """Spectral normalization updates its power-iteration vector in place, then uses it: a
     recomputation from the updated vector would compute another weight."""
@@ -483,16 +483,16 @@ class Stack(nn.Module):
         return x.real.square().sum() if x.is_complex() else x.square().sum()
 
 
-SECOND_LOOK = {
+BLOCK_CASES = {
     "spectral": lambda: Stack(SpectralBlock),
     "conjugate": lambda: Stack(ConjugateBlock),
     "debug": lambda: Stack(DebugBlock, debug=True, context_fn=0.5),
 }
 
 
-def second_look_run(name: str, **policy):
+def run_stack(name: str, **policy):
     torch.manual_seed(0)
-    model = SECOND_LOOK[name]()
+    model = BLOCK_CASES[name]()
     g = torch.Generator().manual_seed(3)
     dtype = torch.complex64 if name == "conjugate" else torch.float32
     x = torch.randn(5, 16, generator=g, dtype=dtype)
@@ -512,13 +512,56 @@ def second_look_run(name: str, **policy):
         ("conjugate", {"policy": "recompute"}),
     ],
 )
-def test_blocks_that_update_their_buffers_take_checkpoints_words_or_save_lazy_views_match(name, policy):
-    want, got = second_look_run(name), second_look_run(name, **policy)
+def test_stacks_of_awkward_blocks_match_a_plain_run(name, policy):
+    """Spectral normalization (a buffer updated in place, then read), keywords named like
+    checkpoint's own, and saved lazy conjugate views."""
+    want, got = run_stack(name), run_stack(name, **policy)
     assert torch.equal(got[0], want[0])
     for key in want[1]:
         assert torch.equal(got[1][key], want[1][key]), key
     for key in want[2]:
         assert torch.equal(got[2][key], want[2][key]), key
+
+
+def test_a_buffer_two_submodules_share_stays_one_tensor_in_the_recomputation():
+    class Counter(nn.Module):  # bumps the shared buffer in place
+        def __init__(self, shared):
+            super().__init__()
+            self.register_buffer("state", shared)
+
+        def forward(self, x):
+            self.state.add_(1.0)
+            return x
+
+    class Reader(nn.Module):  # reads it after the bump
+        def __init__(self, shared):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("state", shared)
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x) * self.state)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            shared = torch.linspace(0.5, 2.0, 4)
+            self.counter, self.reader = Counter(shared), Reader(shared)
+
+        def forward(self, x):
+            return x + self.reader(self.counter(x))
+
+    def run(policy):
+        torch.manual_seed(0)
+        model = nn.Sequential(Block(), Block())
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+        with offload(model, policy=policy) if policy else contextlib.nullcontext():
+            model(x).square().sum().backward()
+        return [p.grad for p in model.parameters()], list(model.buffers())
+
+    (want, want_buffers), (got, got_buffers) = run(None), run("recompute")
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(got_buffers, want_buffers, strict=True))
 
 
 def test_a_recomputed_block_whose_buffer_another_forward_changed_is_refused():
@@ -587,6 +630,15 @@ def test_blocks_are_composite_modules_before_lists_of_single_operators():
     assert find_layers(model) == list(model.layers)
     heads = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))  # no composite block: the operators it is
     assert find_layers(heads) == list(heads)
+
+    class Wrapped(nn.Module):  # composite wrappers of no parameters beside the layers that hold them
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+            self.acts = nn.ModuleList(nn.Sequential(nn.GELU(), nn.Dropout(0.1)) for _ in range(4))
+
+    wrapped = Wrapped()
+    assert find_layers(wrapped) == list(wrapped.layers)
 
 
 def test_arguments_that_do_not_apply_or_are_out_of_range_are_refused():

@@ -44,12 +44,13 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache) -> None:
-    if forward_ad._current_level >= 0:
+    if getattr(forward_ad, "_current_level", -1) >= 0:
         # torch gives a custom op no forward-mode rule: under jvp its tangent would come out zero
-        # (or missing) without an error, so the op refuses to run there at all.
+        # (or missing) without an error. The kernel cannot tell a dual input from a plain one under
+        # torch.func.jvp, so it refuses to run while any forward-mode level is open.
         raise NotImplementedError(
-            "pytorch_direct::gather has no forward-mode derivative (torch.func.jvp, forward_ad): "
-            "gather outside the transform, or use table[idx]"
+            "pytorch_direct::gather has no forward-mode derivative: it does not run under torch.func.jvp "
+            "or inside forward_ad.dual_level(); gather outside them, or use table[idx]"
         )
     if loads not in KERNELS:
         raise ValueError(f"loads must be one of {KERNELS}, got {loads!r}")

@@ -91,8 +91,8 @@ class UnifiedTensor:
     and ``cuda_alias()`` the whole table as a CUDA tensor over the same memory.
 
     ``path``: ``"auto"`` (the measured dispatch table; the suite's kernel where this GPU has none)
-    or one of ``dispatch.PATHS``. Kernel options (``kernel``: ``ops.gather``'s ``loads``;
-    ``dedup``, ``max_threads``) choose the suite's kernel: with ``"auto"`` they pick ``"kernel"``."""
+    or one of ``dispatch.PATHS``. Options of the suite's kernel (``kernel``, passed to ``ops.gather``
+    as ``loads``; ``dedup``, ``max_threads``) make ``"auto"`` choose the path ``"kernel"``."""
 
     def __init__(
         self,

@@ -228,7 +228,7 @@ class TensorCache:
             out = torch.empty(entry.nbytes, dtype=torch.uint8, device=entry.device)
             entry.load = (self.store.get(entry.store_key, out), out)
             self._track(entry.load[0])
-            # The callback must not hold ``out``: the future (and its callbacks) lives in
+            # The callback must not hold ``out``: the future (and its callbacks) may live in
             # _transfers until the step ends, and the read-back bytes must go with their entry.
             entry.load[0].add_done_callback(functools.partial(self._loaded, entry))
         return entry.load

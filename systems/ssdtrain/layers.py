@@ -7,8 +7,9 @@ and decoder blocks), a ResNet's ``BasicBlock``s (two in each of ``layer1`` to ``
 class whose blocks hold the most parameters is taken, and every block of it, in the order the
 model lists its modules (the order forward runs them in these models); other repeated classes
 (heads, experts inside a layer, the convolutions of a downsampling path) hold fewer. A block is
-made of modules: a list of single operators (embedding tables, output heads) is taken only where
-the model has no list of composite blocks, however many parameters the operators hold.
+made of modules: among the classes that hold parameters, a list of single operators (embedding
+tables, output heads) is taken only where the model has no list of composite blocks, however
+many parameters the operators hold.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
             "of one class); pass the blocks explicitly (layers=[...])"
         )
 
-    def size(cls: type) -> tuple[bool, int, int]:
+    def size(cls: type) -> tuple[bool, bool, int, int]:
+        parameters = sum(p.numel() for block in blocks[cls] for p in block.parameters())
         composite = any(True for block in blocks[cls] for _ in block.children())
-        return composite, sum(p.numel() for block in blocks[cls] for p in block.parameters()), len(blocks[cls])
+        return parameters > 0, composite, parameters, len(blocks[cls])
 
     chosen = blocks[max(blocks, key=size)]
     unique = list({id(block): block for block in chosen}.values())  # a block listed twice is one block

@@ -28,7 +28,7 @@ the model's repeated class; or pass ``layers=[...]``):
 - a ``planning.Plan``: its decisions, one per block, applied as they are (``keep_last`` does not
   apply: the plan was made with it).
 - a callable ``decide(block_index) -> "keep" | "offload" | "recompute"``, asked for every block
-  of the model each time the ``with`` block is entered; its answers hold until that block ends.
+  of the model when the ``with`` block is first entered; its answers hold from then on.
 
 A model whose blocks Hugging Face already checkpoints (``gradient_checkpointing_enable``) is not
 checkpointed again; an offloading policy offloads what its checkpoints save, the blocks' inputs.

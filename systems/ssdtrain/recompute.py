@@ -81,8 +81,9 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
     @functools.wraps(forward)
     def run(*args, **kwargs):
         found = _buffers_of(layer) if with_buffers else []
-        copies = [buffer.clone() for _, _, buffer in found]
-        versions = [buffer._version for _, _, buffer in found]
+        # One copy per tensor: a buffer two submodules share must stay one tensor in the replay.
+        copies = {id(buffer): buffer.clone() for _, _, buffer in found}
+        versions = {id(buffer): buffer._version for _, _, buffer in found}
 
         @functools.wraps(forward)  # the block's forward, its keyword arguments bound: ``__wrapped__`` names it
         def body(*inputs):
@@ -90,14 +91,18 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
                 return forward(*inputs, **kwargs)
             # The recomputation: from what the forward found, on copies (it may run more than once).
             now = _buffers_of(layer)
-            for (module, name, buffer), copy, version in zip(found, copies, versions, strict=True):
-                if copy is buffer and (module._buffers.get(name) is not buffer or buffer._version != version):
+            replay = {}
+            for module, name, buffer in found:
+                copy = copies[id(buffer)]
+                if copy is buffer and (
+                    module._buffers.get(name) is not buffer or buffer._version != versions[id(buffer)]
+                ):
                     raise RuntimeError(
                         f"buffer {name} of a recomputed {type(layer).__name__} changed between its forward and "
                         "its recomputation (another forward of the block changed it): the recomputation "
                         "cannot replay it; keep or offload this block"
                     )
-                module._buffers[name] = copy.clone()
+                module._buffers[name] = replay.setdefault(id(buffer), copy.clone())
             try:
                 return forward(*inputs, **kwargs)
             finally:
@@ -107,9 +112,9 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
         out = checkpoint(body, *args)
         # Only the copies of buffers this forward changed are needed (an unchanged one is its own
         # copy, made again at the recomputation): the others are let go now.
-        for i, (module, name, buffer) in enumerate(found):
-            if module._buffers.get(name) is buffer and buffer._version == versions[i]:
-                copies[i] = buffer
+        for module, name, buffer in found:
+            if module._buffers.get(name) is buffer and buffer._version == versions[id(buffer)]:
+                copies[id(buffer)] = buffer
         return out
 
     return run
