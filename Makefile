@@ -84,7 +84,9 @@ lint: setup
 # `make ceilings` runs `snakemake --cores all ceilings`. A name that is neither lists both kinds.
 .DEFAULT:
 	@$(MAKE) --no-print-directory setup
-	@targets="$$($(VENV)/bin/snakemake --list-target-rules 2>/dev/null | cut -d' ' -f1)"; \
+	@err="$$(mktemp)"; listing="$$($(VENV)/bin/snakemake --list-target-rules 2>"$$err")" || { \
+		echo "make $@: the workflow does not load:" >&2; tail -3 "$$err" >&2; rm -f "$$err"; exit 2; }; \
+	rm -f "$$err"; targets="$$(printf '%s\n' "$$listing" | cut -d' ' -f1)"; \
 	if printf '%s\n' $$targets | grep -qxF -- '$@'; then \
 		$(VENV)/bin/snakemake --cores all $@ $(SNAKEMAKE_ARGS); \
 	else \

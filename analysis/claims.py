@@ -104,6 +104,11 @@ class Folder:
     def reruns(self, topic: str, part: str) -> list[Path]:
         return sorted((self.root / topic / "reruns").glob(f"run*/{part}-{self.scale}.csv"))
 
+    @staticmethod
+    def _whole(path: Path) -> bool:
+        """The file exists and its part ran to the end (not ``cut_short``)."""
+        return path.exists() and not load_provenance(path).get("cut_short")
+
     def load(self, topic: str, path: Path) -> pd.DataFrame:
         """One results file of ``topic``, validated against its schema (each file read once)."""
         if path not in self._loaded:
@@ -115,11 +120,12 @@ class Folder:
         """The rows of ``parts`` by process (the committed run first, then each re-run folder
         of the committed run's code), the committed files missing, and the re-runs
         left out because they measured other code."""
-        present = [self.committed(topic, p) for p in parts if self.committed(topic, p).exists()]
-        missing = [self.committed(topic, p) for p in parts if not self.committed(topic, p).exists()]
+        # A part stopped before it ended counts as missing: its rows are not the whole part.
+        present = [self.committed(topic, p) for p in parts if self._whole(self.committed(topic, p))]
+        missing = [self.committed(topic, p) for p in parts if not self._whole(self.committed(topic, p))]
         if not present:
             return {}, missing, []
-        reruns = [f for p in parts for f in self.reruns(topic, p)]
+        reruns = [f for p in parts for f in self.reruns(topic, p) if self._whole(f)]
         kept, other = same_code_reruns([str(f) for f in reruns], [str(f) for f in present])
         by_process = {COMMITTED: pd.concat([self.load(topic, f) for f in present], ignore_index=True)}
         for f in map(Path, kept):
@@ -427,7 +433,10 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
     except NotMeasured as err:
         return Outcome(NOT_MEASURED, "", str(err))
     if missing:
-        outcome.value += f" (without {', '.join(f.name for f in missing)}: no such file)"
+        reasons = {"no such file": [f.name for f in missing if not f.exists()], "cut short": []}
+        reasons["cut short"] = [f.name for f in missing if f.exists()]
+        why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items() if names)
+        outcome.value += f" (without {why})"
     if other_code:
         outcome.value += f" ({len(other_code)} re-run file(s) of other code left out)"
     return outcome

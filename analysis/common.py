@@ -10,13 +10,14 @@ from harness.errors import UserError
 from harness.results import load, load_provenance
 
 
-def load_results(files: list[str], schema) -> tuple[pd.DataFrame, list[dict]]:
+def load_results(files: list[str], schema, *, cut_short: bool = False) -> tuple[pd.DataFrame, list[dict]]:
     """The results files the workflow passed for one topic (``results[topic]``), validated, with
-    their provenance; a ``part`` column names the file each row came from."""
+    their provenance; a ``part`` column names the file each row came from. ``cut_short``: the
+    caller labels parts stopped before they ended (refused otherwise)."""
     if not files:
         raise UserError(f"no results files were passed for topic {schema.topic}")
     files = [Path(f) for f in files]
-    frame = load(files, schema)
+    frame = load(files, schema, cut_short=cut_short)
     frame["part"] = frame["source"].map(lambda s: Path(s).stem.rsplit("-", 1)[0])
     return frame, [load_provenance(f) for f in files]
 

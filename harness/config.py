@@ -34,15 +34,33 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<": merged keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path, what: str = "config file"):
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
     except FileNotFoundError:
         raise ConfigError(f"{what} {_relative(path)} does not exist") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{what} {_relative(path)} cannot be read: {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{what} {_relative(path)} is not valid YAML: {str(err).splitlines()[0]}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{what} {_relative(path)} is not valid YAML{where}: {problem}") from None
 
 
 @functools.lru_cache(maxsize=1)
@@ -57,12 +75,23 @@ def _registry():
     )
 
 
-def _check(document, schema_path: Path, where: str, key_prefix: str = "") -> None:
-    """Refuse ``document`` in one line naming the first offending key, if it breaks the schema."""
+@functools.lru_cache(maxsize=1)
+def _strict_validator():
+    """JSON Schema's validator with one change: an integer is an int, never a float such as 3.0
+    (which the standard counts as an integer, and which a measuring part would then refuse)."""
     import jsonschema
 
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    )
+    return jsonschema.validators.extend(base, type_checker=checker)
+
+
+def _check(document, schema_path: Path, where: str, key_prefix: str = "") -> None:
+    """Refuse ``document`` in one line naming the first offending key, if it breaks the schema."""
     schema = _read_yaml(schema_path, "schema")
-    validator = jsonschema.Draft202012Validator(schema, registry=_registry())
+    validator = _strict_validator()(schema, registry=_registry())
     errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import os
 import signal
 import sys
 import time
@@ -55,6 +56,11 @@ def measure(
         raise NeedsGpuError(
             f"{topic.name} part '{part.name}' needs {need} and this machine has {gpus} that torch can use"
         )
+    if out.stem != f"{part.name}-{scale_name}":  # what the reader takes the part and the scale from
+        raise UserError(f"--out must be named {part.name}-{scale_name}.csv (part-scale), got {out.name}")
+    # Where the results and the scratch files go is checked before measuring, not after.
+    _writable_folder(out.parent, "--out's folder")
+    _writable_folder(scratch_dir or Path(cfg["scratch_dir"]), "the scratch folder")
     writer = ResultsWriter(topic.schema, scale=scale_name)
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
     started = time.perf_counter()
@@ -82,6 +88,7 @@ def measure(
         provenance.collect(
             scale_name,
             packages=topic.packages,
+            this_process=True,  # this process ran the part and nothing else
             topic=topic.name,
             part=part.name,
             parameters=part_params,
@@ -96,6 +103,19 @@ def measure(
             f"{out}, marked cut_short in its provenance"
         )
     return len(writer.rows)
+
+
+def _writable_folder(folder: Path, what: str) -> None:
+    """Refuse, in one line, a folder that cannot be made or written to: a file on its path, or a
+    nearest existing folder this process may not write. Nothing is made here: a part refused later
+    leaves no empty folder behind."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{what} {folder} cannot be made: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {folder} cannot be written to: {existing} is not writable")
 
 
 CUT_SHORT_NOTE = (

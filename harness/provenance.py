@@ -94,13 +94,14 @@ def cuda_state() -> dict:
 _FILES_AT_START = code_digest.files_on_disk(REPO_ROOT)
 
 
-def code_record(topic: str | None, root: Path = REPO_ROOT) -> dict:
+def code_record(topic: str | None, root: Path = REPO_ROOT, *, this_process: bool = False) -> dict:
     """The digest of the code this process measured (harness.code_digest): the topic's files as
     they are on disk. Listed beside it, where there are any: suite modules this process loaded that
     the topic's files leave out (none, where code_digest follows the imports right), files of the
     topic that changed while the process ran, and the plugins named in SUITE_PLUGINS. A record with
     either list counts as the same code as no other (analysis.common.same_code): its digest does not
-    name all that ran."""
+    name all that ran. The lists are made only for ``this_process``: a process that ran the part
+    and nothing else (``python -m workloads``), whose loaded modules are the part's."""
     files = code_digest.files_on_disk(root)
     try:
         scope = code_digest.topic_files(files, topic) if topic else set(files)
@@ -108,7 +109,7 @@ def code_record(topic: str | None, root: Path = REPO_ROOT) -> dict:
         topic, scope = None, set(files)
     loaded = {
         path
-        for module in list(sys.modules.values())
+        for module in (list(sys.modules.values()) if this_process else [])
         if (path := _suite_file(getattr(module, "__file__", None), root)) in files and path not in scope
     }
     record = {
@@ -117,8 +118,8 @@ def code_record(topic: str | None, root: Path = REPO_ROOT) -> dict:
         "files": len(scope),
         "source": "the files on disk",
     }
-    start = _FILES_AT_START if root == REPO_ROOT else files
-    changed = sorted(p for p in scope | set(start) if p in scope and start.get(p) != files.get(p))
+    start = _FILES_AT_START if this_process and root == REPO_ROOT else files
+    changed = sorted(p for p in scope if start.get(p) != files.get(p))
     plugins = os.environ.get("SUITE_PLUGINS", "").strip()
     return (
         record
@@ -137,14 +138,15 @@ def _suite_file(file: str | None, root: Path) -> str | None:
         return None
 
 
-def collect(scale: str, packages: tuple[str, ...] = (), **extra) -> dict:
+def collect(scale: str, packages: tuple[str, ...] = (), *, this_process: bool = False, **extra) -> dict:
     """Everything needed to say where, when and how a number was measured; ``packages``: the
-    libraries besides TRACKED_PACKAGES whose versions can change this topic's numbers."""
+    libraries besides TRACKED_PACKAGES whose versions can change this topic's numbers;
+    ``this_process``: the record is of the process that ran the part alone (see code_record)."""
     return {
         "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "scale": scale,
         "git": git_state(),
-        "code": code_record(extra.get("topic")),
+        "code": code_record(extra.get("topic"), this_process=this_process),
         "machine": machine.describe().as_dict(),
         "cuda": cuda_state(),
         "python": sys.version.split()[0],

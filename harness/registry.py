@@ -131,5 +131,7 @@ def load_plugins() -> None:
     for name in filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))):
         try:
             importlib.import_module(name)
-        except ImportError as err:
-            raise UserError(f"{PLUGINS_ENV} names module {name!r}, which does not import: {err}") from err
+        except Exception as err:  # noqa: BLE001 - whatever a plugin raises, the user gets one line naming it
+            raise UserError(
+                f"{PLUGINS_ENV} names module {name!r}, which does not import: {type(err).__name__}: {err}"
+            ) from err

@@ -149,6 +149,8 @@ class ResultsWriter:
             raise ValueError(f"metric {metric!r} must be recorded in {expected}, not {unit!r}")
         if not math.isfinite(value):
             raise ValueError(f"{role}/{variant}: {metric} is not finite ({value})")
+        if value < 0:  # times, bytes, rates, ratios and counts: a negative one is a broken measurement
+            raise ValueError(f"{role}/{variant}: {metric} is negative ({value})")
         self.rows.append(
             {
                 "workload": self.schema.topic,
@@ -272,6 +274,10 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
         raise ResultsFormatError(f"{where}: repetition {row['repetition']} is negative")
     if not math.isfinite(row["value"]):
         raise ResultsFormatError(f"{where}: value {raw['value']!r} is not finite")
+    if row["value"] < 0:
+        raise ResultsFormatError(
+            f"{where}: value {raw['value']!r} is negative (every metric is a time, size, rate or count)"
+        )
     row["metric"], row["unit"] = raw["metric"], raw["unit"]
     units = schema.units
     if units.get(row["metric"]) != row["unit"]:
@@ -290,11 +296,17 @@ def _scale_of(path: Path) -> str:
     return stem.rsplit("-", 1)[1]
 
 
-def read_rows(path: Path | str, schema: Schema) -> list[dict]:
-    """Read one results file, refusing it with the file and line named if it breaks the schema."""
+def read_rows(path: Path | str, schema: Schema, *, cut_short: bool = False) -> list[dict]:
+    """Read one results file, refusing it with the file and line named if it breaks the schema.
+    A part stopped before it ended (``cut_short`` in its provenance) holds only some of its rows:
+    refused unless the caller says it labels such a part (``cut_short=True``)."""
     path = Path(path)
     scale = _scale_of(path)
     provenance = load_provenance(path)
+    if provenance.get("cut_short") and not cut_short:
+        raise ResultsFormatError(
+            f"{path}: the part was stopped before it ended, so these rows are not the whole part; measure it again"
+        )
     if provenance.get("scale") != scale:
         raise ResultsFormatError(
             f"{path}: its provenance record says scale {provenance.get('scale')!r}, its name says {scale!r}"
@@ -334,8 +346,9 @@ def read_rows(path: Path | str, schema: Schema) -> list[dict]:
     return rows
 
 
-def load(paths: Iterable[Path | str], schema: Schema):
-    """Load and validate results files into one pandas DataFrame (with a 'source' column)."""
+def load(paths: Iterable[Path | str], schema: Schema, *, cut_short: bool = False):
+    """Load and validate results files into one pandas DataFrame (with a 'source' column);
+    ``cut_short``: accept parts stopped before they ended (see :func:`read_rows`)."""
     import pandas as pd
 
     frames, seen = [], set()
@@ -343,7 +356,7 @@ def load(paths: Iterable[Path | str], schema: Schema):
         if Path(path).resolve() in seen:
             raise ResultsFormatError(f"{path}: given twice")
         seen.add(Path(path).resolve())
-        rows = read_rows(path, schema)
+        rows = read_rows(path, schema, cut_short=cut_short)
         frame = pd.DataFrame(rows)
         frame["source"] = str(path)
         frames.append(frame)

@@ -157,7 +157,7 @@ def test_each_new_entry_is_measured_checked_and_shown_and_no_file_changes(tmp_pa
         assert files[path].count(good) == 1
         (root / path).write_text(files[path].replace(good, bad))
         part, error = new.refusal
-        out = tmp_path / f"{new.topic}-broken.csv"
+        out = tmp_path / f"{part}-tiny.csv"
         argv = ["-m", "workloads", new.topic, "--part", part, "--scale", "tiny", "--out", str(out)]
         result = run(root, argv)
         assert result.returncode != 0 and re.search(error, result.stdout + result.stderr), result.stderr[-2000:]

@@ -183,6 +183,20 @@ def test_missing_file_and_unmatched_filter_are_not_measured(tmp_path, machine):
     assert verdict_of(rows["no_rows"]) == claims.NOT_MEASURED and "match model=hgt" in rows["no_rows"]
 
 
+def test_a_part_cut_short_counts_as_missing_and_is_named(tmp_path, machine):
+    import json
+
+    rng = np.random.default_rng(13)
+    root = tmp_path / "results" / "m"
+    cut = write_part(root, "relational_gnn", "large_datasets", layer_rows(random_times(rng, 9.0)))
+    record = cut.with_suffix(".provenance.json")
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"cut_short": "stopped by SIGTERM"}))
+    g = reference_geomean(machine, list(COMPETITORS))  # the whole part alone: the cut one adds nothing
+    row = render(tmp_path, [claim("both", holds=1e3, partly=1.0, parts=["datasets", "large_datasets"])])["both"]
+    assert f"{g:.2f}x (geomean over 3 groups)" in row
+    assert "(without large_datasets-test.csv: cut short)" in row.replace(f"-{SCALE}.csv", "-test.csv")
+
+
 def test_a_guard_out_of_bounds_lowers_holds_to_partly(tmp_path):
     """Activation peak cut by half, at a random step-time overhead above the guard's bound."""
     rng = np.random.default_rng(3)

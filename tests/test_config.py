@@ -84,9 +84,26 @@ def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(suite_config.ConfigError, match="does not exist"):
         suite_config.load(tmp_path / "none.yaml")
     broken = tmp_path / "broken.yaml"
-    broken.write_text("scale: [unclosed\n")
-    with pytest.raises(suite_config.ConfigError, match="not valid YAML"):
+    broken.write_text("scale: tiny\nmachine: [unclosed\n")
+    with pytest.raises(suite_config.ConfigError, match=r"not valid YAML \(line 3, column 1\)"):
         suite_config.load(broken)
+
+
+def test_a_key_given_twice_is_refused_and_a_merge_may_still_override(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("scale: tiny\nmatmul: {dim: 128}\nmatmul: {dim: 64}\n")
+    with pytest.raises(suite_config.ConfigError, match=r"\(line 3, column 1\): key 'matmul' is given twice"):
+        suite_config._read_yaml(twice)
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {dim: 128, repeat: 3}\nsmall:\n  <<: *b\n  dim: 64\n")
+    assert suite_config._read_yaml(merged)["small"] == {"dim": 64, "repeat": 3}
+
+
+def test_an_integer_written_as_a_float_is_refused(cfg):
+    bad = copy.deepcopy(cfg)
+    bad["topics"]["ceilings"]["tiny"]["repeat"] = 3.0
+    with pytest.raises(suite_config.ConfigError, match="key 'tiny/repeat': 3.0 is not of type 'integer'"):
+        suite_config.validate(bad)
 
 
 def test_a_topic_without_a_block_for_the_scale_is_named(cfg):

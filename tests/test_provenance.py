@@ -318,8 +318,9 @@ def test_a_record_says_what_changed_during_its_run_and_which_plugins_it_loaded(m
     start["harness/timing.py"] = b"# the file as it was when the run began\n"
     monkeypatch.setattr(provenance, "_FILES_AT_START", start)
     monkeypatch.setenv("SUITE_PLUGINS", "my_variants")
-    code = provenance.collect("tiny", topic="relational_gnn")["code"]
+    code = provenance.collect("tiny", topic="relational_gnn", this_process=True)["code"]
     assert code["changed_during_run"] == ["harness/timing.py"] and code["plugins"] == "my_variants"
+    assert "changed_during_run" not in provenance.collect("tiny", topic="relational_gnn")["code"]  # not a part's
 
 
 @pytest.mark.full  # a fresh process per topic: about two minutes on two cores

@@ -74,6 +74,14 @@ def test_plugins_named_in_the_environment_register_and_a_bad_one_is_one_line(mon
         reg.names()
 
 
+def test_a_plugin_that_fails_on_import_is_one_line_naming_it(monkeypatch, tmp_path):
+    (tmp_path / "boom_plugin_xyz.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SUITE_PLUGINS", "boom_plugin_xyz")
+    with pytest.raises(UserError, match="'boom_plugin_xyz', which does not import: RuntimeError: boom at import"):
+        load_plugins()
+
+
 def test_an_unseen_variant_gets_the_same_colour_every_time_and_known_ones_keep_theirs():
     assert style.color("cpu_gather") == style.VARIANT_STYLE["cpu_gather"][0]
     new = style.style("my_new_store_variant")

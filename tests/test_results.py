@@ -70,6 +70,8 @@ def test_writer_refuses_unknown_columns_wrong_types_and_nan():
         writer.add(role="probe", variant="v", config={"size_bytes": True}, metric="time", value=1.0, unit="s")
     with pytest.raises(ValueError, match="not finite"):
         writer.add(role="probe", variant="v", config={}, metric="time", value=math.nan, unit="s")
+    with pytest.raises(ValueError, match=r"time is negative \(-0.5\)"):
+        writer.add(role="probe", variant="v", config={}, metric="time", value=-0.5, unit="s")
 
 
 def test_writer_refuses_to_write_nothing(tmp_path):
@@ -83,6 +85,7 @@ def test_writer_refuses_to_write_nothing(tmp_path):
     [
         (lambda cells: cells.__setitem__(5, "lots"), r"demo-cpu.csv:3: column 'size_bytes': 'lots' is not an integer"),
         (lambda cells: cells.__setitem__(-2, "nan"), r"demo-cpu.csv:3: value 'nan' is not finite"),
+        (lambda cells: cells.__setitem__(-2, "-1.25"), r"demo-cpu.csv:3: value '-1.25' is negative"),
         (lambda cells: cells.__setitem__(-4, "-1"), r"demo-cpu.csv:3: repetition -1 is negative"),
         (lambda cells: cells.__setitem__(0, "other"), r"demo-cpu.csv:3: workload 'other' does not belong"),
         (lambda cells: cells.__setitem__(2, ""), r"demo-cpu.csv:3: column 'role' is empty"),
@@ -197,3 +200,12 @@ def test_a_role_outside_the_vocabulary_is_refused(tmp_path):
         ResultsWriter(SCHEMA, scale="cpu").add(
             role="pytorch_direct", variant="v", config={}, metric="time", value=1.0, unit="s"
         )
+
+
+def test_a_part_cut_short_is_read_only_where_the_caller_labels_it(tmp_path):
+    path, _ = _write(tmp_path)
+    record = provenance_path(path)
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"cut_short": "stopped by SIGTERM"}))
+    with pytest.raises(ResultsFormatError, match="stopped before it ended, so these rows are not the whole part"):
+        read_rows(path, SCHEMA)
+    assert read_rows(path, SCHEMA, cut_short=True)
