@@ -27,8 +27,11 @@ FROM_GIT = "the commit's tree in git, added after the run"
 
 
 def add_digest(record: dict) -> str:
-    """Give ``record`` the digest of its topic's code where it can be recovered; says what was done."""
-    if "topic" in (record.get("code") or {}):
+    """Give ``record`` the digest of its topic's code where it can be recovered; says what was done.
+    A digest a run took of its files on disk is kept; one this tool added is computed again (the
+    rules of what a topic's code is may have changed since), and rewritten where it differs."""
+    code = record.get("code") or {}
+    if "topic" in code and code.get("source") != FROM_GIT:
         return "has one"
     git = record.get("git", {})
     if git.get("dirty") is not False:
@@ -42,8 +45,11 @@ def add_digest(record: dict) -> str:
     except ValueError as err:
         return f"left: {err}"
     digest = code_digest.digest({p: files[p] for p in scope})
-    record["code"] = {"digest": digest, "topic": topic, "files": len(scope), "source": FROM_GIT}
-    return "added"
+    new = {"digest": digest, "topic": topic, "files": len(scope), "source": FROM_GIT}
+    if code == new:
+        return "has one"
+    record["code"] = new
+    return "added" if code.get("source") != FROM_GIT else "computed again"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in sorted(folder.rglob("*.provenance.json")):
             record = json.loads(path.read_text())
             outcome = add_digest(record)
-            if outcome == "added" and not args.check:
+            if outcome in ("added", "computed again") and not args.check:
                 path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
             if outcome != "has one":
                 print(f"{path}: {outcome}")
