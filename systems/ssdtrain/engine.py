@@ -188,7 +188,7 @@ class Offloader:
 
     # -- layers --------------------------------------------------------------------------------
     def _enter_layer(self, index: int, module, args) -> None:
-        if self._backward_since_forward and not _in_backward():
+        if self._backward_since_forward and not in_backward():
             # A new forward (the next micro-batch): the policy decides again, so a plan made
             # meanwhile applies from this forward on.
             self._decisions.clear()
@@ -240,7 +240,7 @@ class Offloader:
             and layer is not None
             and self._decisions[layer] == OFFLOAD
             # Saved while backward runs (a reentrant checkpoint recomputing its block): needed at once.
-            and not _in_backward()
+            and not in_backward()
             and tensor.numel() * tensor.element_size() >= max(self.min_bytes, 1)
             # A storage this step already keeps is held anyway: a copy in the store frees nothing.
             and (not self.stats.has(key[0]) or self.cache.holds(key[0]))
@@ -312,5 +312,5 @@ class Offloader:
         warnings.warn(f"SSDTrain offloaded nothing in this forward: {why}", stacklevel=3)
 
 
-def _in_backward() -> bool:
+def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1

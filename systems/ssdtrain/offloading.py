@@ -47,7 +47,7 @@ from torch import nn
 
 from harness.errors import UserError
 from systems.ssdtrain import planning
-from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader
+from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, in_backward
 from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan
 from systems.ssdtrain.recompute import checkpointed
@@ -183,7 +183,7 @@ class Offloading:
         stack.callback(timer.remove)
 
         def plan_before_forward(module, args):
-            if self.decisions is None and self.offloader.backwards and not _in_backward():
+            if self.decisions is None and self.offloader.backwards and not in_backward():
                 timer.remove()
                 hook.remove()
                 self._make_plan(timer)
@@ -316,7 +316,3 @@ def _name(policy) -> str:
 def _device(model: nn.Module) -> torch.device:
     tensor = next(model.parameters(), None)
     return tensor.device if tensor is not None else torch.device("cpu")
-
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from systems.ssdtrain.engine import in_backward
+
 TORCH_CHECKPOINT = functools.partial(torch_checkpoint, use_reentrant=False)
 
 
@@ -87,7 +89,7 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
 
         @functools.wraps(forward)  # the block's forward, its keyword arguments bound: ``__wrapped__`` names it
         def body(*inputs):
-            if not (with_buffers and _in_backward()):
+            if not (with_buffers and in_backward()):
                 return forward(*inputs, **kwargs)
             # The recomputation: from what the forward found, on copies (it may run more than once).
             now = _buffers_of(layer)
@@ -122,7 +124,3 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
 
 def _buffers_of(layer: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
     return [(m, name, b) for m in layer.modules() for name, b in m._buffers.items() if b is not None]
-
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
