@@ -59,6 +59,7 @@ def measure(
     if out.stem != f"{part.name}-{scale_name}":  # what the reader takes the part and the scale from
         raise UserError(f"--out must be named {part.name}-{scale_name}.csv (part-scale), got {out.name}")
     # Where the results and the scratch files go is checked before measuring, not after.
+    provenance.git_state()  # a malformed SUITE_GIT_* is refused now, not when the rows are written
     _writable_folder(out.parent, "--out's folder")
     _writable_folder(scratch_dir or Path(cfg["scratch_dir"]), "the scratch folder")
     writer = ResultsWriter(topic.schema, scale=scale_name)
@@ -78,11 +79,12 @@ def measure(
                 )
                 or {}
             )
-        cut_short = False
-    except _CutShort:
+        stopped_by = None
+    except (_CutShort, KeyboardInterrupt) as stop:
+        stopped_by = "SIGTERM" if isinstance(stop, _CutShort) else "Ctrl-C (SIGINT)"
         if not writer.rows:
-            raise SystemExit(f"{topic.name}/{part.name}: stopped by SIGTERM before any row was measured") from None
-        notes, cut_short = {"cut_short": CUT_SHORT_NOTE}, True
+            raise SystemExit(f"{topic.name}/{part.name}: stopped by {stopped_by} before any row was measured") from None
+        notes = {"cut_short": f"stopped by {stopped_by} {CUT_SHORT_NOTE}"}
     writer.write(
         out,
         provenance.collect(
@@ -97,9 +99,9 @@ def measure(
             **notes,
         ),
     )
-    if cut_short:
+    if stopped_by:
         raise SystemExit(
-            f"{topic.name}/{part.name}: stopped by SIGTERM; the {len(writer.rows)} rows measured before it are in "
+            f"{topic.name}/{part.name}: stopped by {stopped_by}; the {len(writer.rows)} rows measured before it are in "
             f"{out}, marked cut_short in its provenance"
         )
     return len(writer.rows)
@@ -118,9 +120,9 @@ def _writable_folder(folder: Path, what: str) -> None:
         raise UserError(f"{what} {folder} cannot be written to: {existing} is not writable")
 
 
+# follows "stopped by SIGTERM" (a time limit, a cancelled job) or "stopped by Ctrl-C (SIGINT)"
 CUT_SHORT_NOTE = (
-    "stopped by SIGTERM (a time limit or a cancelled job): only the rows measured before it are here, "
-    "and the part's own notes are missing"
+    "before it ended: only the rows measured before the stop are here, and the part's own notes are missing"
 )
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from harness import code_digest, machine
+from harness.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +45,17 @@ def _git(*args: str, cwd: Path = REPO_ROOT) -> str | None:
         return None
 
 
+_DIRTY_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": None}
+
+
+def _dirty_from_environment() -> bool | None:
+    """SUITE_GIT_DIRTY as a bool; None where it is not set (not said)."""
+    word = os.environ.get("SUITE_GIT_DIRTY", "")
+    if word.strip().lower() not in _DIRTY_WORDS:
+        raise UserError(f"SUITE_GIT_DIRTY must be 1 or 0 (or true/false, yes/no), not {word!r}")
+    return _DIRTY_WORDS[word.strip().lower()]
+
+
 def git_state() -> dict:
     """The commit measured. SUITE_GIT_COMMIT, when set, wins over git: whoever copied the tree to
     the measuring machine knows what they sent, while a .git copied along with it can be stale
@@ -51,7 +63,7 @@ def git_state() -> dict:
     if "SUITE_GIT_COMMIT" in os.environ:
         return {
             "commit": os.environ["SUITE_GIT_COMMIT"],
-            "dirty": {"1": True, "0": False}.get(os.environ.get("SUITE_GIT_DIRTY", ""), None),  # None: not said
+            "dirty": _dirty_from_environment(),
             "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)",
         }
     commit = _git("rev-parse", "HEAD")

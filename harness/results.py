@@ -128,6 +128,7 @@ class ResultsWriter:
         self.schema = schema
         self.scale = scale
         self.rows: list[dict] = []
+        self._keys: set[tuple] = set()
 
     def add(
         self,
@@ -151,20 +152,28 @@ class ResultsWriter:
             raise ValueError(f"{role}/{variant}: {metric} is not finite ({value})")
         if value < 0:  # times, bytes, rates, ratios and counts: a negative one is a broken measurement
             raise ValueError(f"{role}/{variant}: {metric} is negative ({value})")
-        self.rows.append(
-            {
-                "workload": self.schema.topic,
-                "dataset": dataset,
-                "role": role,
-                "variant": variant,
-                "scale": self.scale,
-                **{name: config.get(name) for name in self.schema.config},
-                "repetition": repetition,
-                "metric": metric,
-                "value": value,
-                "unit": unit,
-            }
-        )
+        row = {
+            "workload": self.schema.topic,
+            "dataset": dataset,
+            "role": role,
+            "variant": variant,
+            "scale": self.scale,
+            **{name: config.get(name) for name in self.schema.config},
+            "repetition": repetition,
+            "metric": metric,
+            "value": value,
+            "unit": unit,
+        }
+        # The readers refuse a file holding one measurement twice: refuse it here, when it is made
+        # (a config list naming an entry twice, say), not after the part has run.
+        key = tuple(str(row[c]) for c in self.schema.columns if c != "value")
+        if key in self._keys:
+            shown = ", ".join(f"{c}={row[c]}" for c in self.schema.columns if c not in ("value", "workload", "scale"))
+            raise ResultsFormatError(
+                f"the same measurement was recorded twice ({shown}): is an entry of the config listed twice?"
+            )
+        self._keys.add(key)
+        self.rows.append(row)
 
     def add_measurement(
         self,

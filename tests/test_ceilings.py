@@ -8,7 +8,7 @@ import pytest
 
 from harness.entry import main as entry
 from harness.resources import block_device_counters
-from harness.results import load, load_provenance
+from harness.results import ResultsFormatError, load, load_provenance
 from workloads.ceilings import TOPIC
 from workloads.ceilings.schema import SCHEMA
 
@@ -163,6 +163,33 @@ def test_a_part_stopped_by_sigterm_keeps_its_rows_marked_cut_short(tmp_path, mon
     assert len(load([out], SCHEMA, cut_short=True)) > 0
     assert "SIGTERM" in load_provenance(out)["cut_short"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+
+
+def test_a_part_stopped_by_ctrl_c_keeps_its_rows_marked_cut_short(tmp_path, monkeypatch):
+    """Ctrl-C mid-part, as SIGTERM: the rows measured so far are written, labelled incomplete, and
+    the exit is a failure that names the stop."""
+    from harness.topic import Topic
+
+    real = Topic.measure_function
+
+    def then_ctrl_c(self, name):
+        def part(params, writer, **kwargs):
+            real(self, name)(params, writer, **kwargs)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)
+            raise AssertionError("Ctrl-C did not stop the part")
+
+        return part
+
+    monkeypatch.setattr(Topic, "measure_function", then_ctrl_c)
+    with pytest.raises(SystemExit, match=r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it"):
+        _run(tmp_path, HOST_PROBES[0])
+    out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
+    rows = load([out], SCHEMA, cut_short=True)
+    assert len(rows) > 0
+    with pytest.raises(ResultsFormatError, match="stopped before it ended"):
+        load([out], SCHEMA)  # a reader that does not label a part cut short refuses it
+    assert load_provenance(out)["cut_short"].startswith("stopped by Ctrl-C (SIGINT) before it ended")
 
 
 def test_a_sigterm_that_lands_in_a_finalizer_still_stops_the_part(tmp_path, monkeypatch):

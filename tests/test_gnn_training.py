@@ -728,6 +728,16 @@ def test_the_papers_full_part_trains_on_its_graph_in_memory_with_its_pipelines(m
         )
     with pytest.raises(UserError, match="has no block at this scale"):
         train.run_dataset("papers_full", {}, writer, shared=shared, repeat=1, warmup=0, device="cpu")
+    made.clear()
+    three_fanouts = {"models": [{"name": "sage", "layers": 2, "fanouts": [10, 25, 5]}]}
+    with pytest.raises(UserError, match="papers_full: a 2-layer sage needs one fan-out per layer, got fan-outs"):
+        train.run_dataset(
+            "papers_full", params | three_fanouts, writer, shared=shared, repeat=1, warmup=0, device="cpu"
+        )
+    with pytest.raises(UserError, match="model must be one of"):
+        train.run_dataset("papers_full", params, writer, shared=shared | {"models": [{"name": "gcn", "layers": 1,
+                          "fanouts": [5]}]}, repeat=1, warmup=0, device="cpu")  # fmt: skip
+    assert made == []  # refused before any graph was made
 
 
 # --- the notebook and the doc table on hand-made runs: each run's ratio, the range, orderings, memory ---

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from harness import code_digest, machine, provenance
+from harness.errors import UserError
 
 
 def test_record_has_every_field_a_reader_needs():
@@ -28,6 +29,12 @@ def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch)
         "dirty": True,
         "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)",
     }
+    for word, dirty in (("yes", True), ("False", False), (" 0", False)):
+        monkeypatch.setenv("SUITE_GIT_DIRTY", word)
+        assert provenance.git_state()["dirty"] is dirty
+    monkeypatch.setenv("SUITE_GIT_DIRTY", "maybe")
+    with pytest.raises(UserError, match="SUITE_GIT_DIRTY must be 1 or 0 .*not 'maybe'"):
+        provenance.git_state()
     monkeypatch.delenv("SUITE_GIT_DIRTY")
     assert provenance.git_state()["dirty"] is None  # not said is not clean
     monkeypatch.delenv("SUITE_GIT_COMMIT")

@@ -109,6 +109,25 @@ def test_gather_with_a_cache_larger_than_the_table_or_empty_gives_the_plain_rows
         assert torch.equal(gather(table, idx, slots=hot.slots, cache=hot.cache), table[idx])
 
 
+@CUDA
+@pytest.mark.parametrize("cache_offset", [0, 1, 2, 3])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gather_on_the_gpu_with_a_cache_view_off_the_vector_alignment_gives_the_plain_rows(cache_offset, index_dtype):
+    """A cache whose rows start 4, 8 or 12 bytes past a 16-byte boundary (a view of a larger
+    buffer): the vectorized kernel must narrow its loads for the cache as for the table and the
+    output, or it reads misaligned words (a CUDA error) or other rows."""
+    table = random_table(301, 12, torch.float32, seed=30).pin_memory()  # 48-byte rows: 16-byte loads
+    idx = random_ids(301, 700, seed=31).to(index_dtype)
+    hot = HotRows(table, hottest_rows(count_rows([idx], 301), 40), "cuda")
+    buffer = torch.full((hot.cache.numel() + cache_offset,), float("nan"), device="cuda")
+    cache = buffer[cache_offset:].view_as(hot.cache)
+    cache.copy_(hot.cache)
+    assert cache.data_ptr() % 16 == 4 * cache_offset
+    out = gather(table, idx.cuda(), slots=hot.slots, cache=cache)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), plain_rows(table, idx))
+
+
 # --- hot rows: counting, choosing, caching --------------------------------------------------------
 
 

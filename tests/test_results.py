@@ -74,6 +74,19 @@ def test_writer_refuses_unknown_columns_wrong_types_and_nan():
         writer.add(role="probe", variant="v", config={}, metric="time", value=-0.5, unit="s")
 
 
+def test_writer_refuses_the_same_measurement_twice_when_it_is_added():
+    """What every reader would refuse (one configuration, repetition and metric twice) is refused
+    when the part adds it, naming the configuration, not after the part has run."""
+    writer = ResultsWriter(SCHEMA, scale="cpu")
+    config = {"size_bytes": 4096, "ratio": 0.5, "kind": "a", "flag": True}
+    writer.add(role="probe", variant="v", config=config, metric="time", value=0.3, unit="s")
+    writer.add(role="probe", variant="v", config=config, metric="time", value=0.3, unit="s", repetition=1)
+    writer.add(role="probe", variant="v", config=config | {"kind": "b"}, metric="time", value=0.3, unit="s")
+    with pytest.raises(ResultsFormatError, match="recorded twice .*kind=a.*listed twice"):
+        writer.add(role="probe", variant="v", config=dict(config), metric="time", value=0.7, unit="s")
+    assert len(writer.rows) == 3
+
+
 def test_writer_refuses_to_write_nothing(tmp_path):
     with pytest.raises(ValueError, match="no rows"):
         ResultsWriter(SCHEMA, scale="cpu").write(tmp_path / "x.csv", {})

@@ -15,7 +15,7 @@
 set -uo pipefail
 machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}; shift 3
 run=${SUITE_RUN:-1}
-case $run in ''|*[!0-9]*) echo "SUITE_RUN must be a whole number, not '$run'" >&2; exit 2;; esac
+case $run in ''|0*|*[!0-9]*) echo "SUITE_RUN must be a whole number from 1 (1: the committed run), not '$run'" >&2; exit 2;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 SUITE_NO_PROGRESS=${SUITE_NO_PROGRESS:-1} CUPY_CACHE_DIR=$PWD/.cache/cupy
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

@@ -47,12 +47,17 @@ class GAT(nn.Module):
         return x
 
 
-def build(
-    name: str, in_dim: int, hidden: int, classes: int, layers: int, fanouts: list[int], dropout: float = 0.5
-) -> nn.Module:
-    """The model ``name`` with ``layers`` layers; sampling must have one fan-out per layer."""
+def check(name: str, layers: int, fanouts: list[int]) -> None:
+    """Refuse a model that :func:`build` could not make: callers check before a long set-up."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
     if layers < 1 or len(fanouts) != layers:
         raise ValueError(f"a {layers}-layer {name} needs one fan-out per layer, got fan-outs {list(fanouts)}")
+
+
+def build(
+    name: str, in_dim: int, hidden: int, classes: int, layers: int, fanouts: list[int], dropout: float = 0.5
+) -> nn.Module:
+    """The model ``name`` with ``layers`` layers; sampling must have one fan-out per layer."""
+    check(name, layers, fanouts)
     return (GraphSAGE if name == "sage" else GAT)(in_dim, hidden, classes, layers, dropout=dropout)

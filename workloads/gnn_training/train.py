@@ -25,6 +25,7 @@ from harness.timing import PhaseClock
 from workloads.gnn.epoch import accuracy, timed_epochs, train_epoch
 from workloads.gnn.gpu_memory import GraphSizes, allocator_cap, budgets_missed, parse_budgets, resident_bytes
 from workloads.gnn.models import build
+from workloads.gnn.models import check as check_model
 from workloads.gnn.pipelines import (
     GPU_PIPELINES,
     PIPELINE_KINDS,
@@ -57,6 +58,11 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     unknown = sorted(set(params.get("pipelines") or ()) - set(PIPELINES) - set(UNAVAILABLE_PIPELINES))
     if unknown:  # refused before the graph is made (minutes at full size)
         raise UserError(f"part {part}: unknown pipelines {unknown}; the registry has {', '.join(PIPELINES)}")
+    for model_spec in params.get("models", shared["models"]):  # also before the graph is made
+        try:
+            check_model(model_spec["name"], model_spec["layers"], model_spec["fanouts"])
+        except ValueError as error:
+            raise UserError(f"part {part}: {error}") from None
     spec, dataset, arrays = load_graph(DATASET_OF_PART[part], params, shared["graph_seed"])
     in_memory = bool(params.get("features_in_memory"))
     # A table generated in shared memory is used where it lies (pinned there by zero-copy).
