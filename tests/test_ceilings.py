@@ -182,8 +182,13 @@ def test_a_part_stopped_by_ctrl_c_keeps_its_rows_marked_cut_short(tmp_path, monk
         return part
 
     monkeypatch.setattr(Topic, "measure_function", then_ctrl_c)
-    with pytest.raises(SystemExit, match=r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it"):
-        _run(tmp_path, HOST_PROBES[0])
+    # Python's own Ctrl-C handler, as in a terminal (a pytest-xdist worker ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit, match=r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it"):
+            _run(tmp_path, HOST_PROBES[0])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
     rows = load([out], SCHEMA, cut_short=True)
     assert len(rows) > 0
