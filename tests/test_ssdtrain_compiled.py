@@ -175,6 +175,25 @@ def test_relative_difference_in_pieces_is_the_whole_norm(monkeypatch):
         checking.relative_difference(torch.ones(3), torch.ones(4))
 
 
+@pytest.mark.parametrize("shape", [(9, 10), (4, 3, 5), (2, 3, 4, 2), (40,), ()])
+def test_pieces_of_a_strided_tensor_are_cut_before_they_are_copied(monkeypatch, shape):
+    """Every piece holds at most PIECE elements, also of a transposed (non-contiguous) tensor,
+    and the pieces of two layouts of one tensor line up and cover it in order."""
+    from workloads.llm_offload import checking
+
+    monkeypatch.setattr(checking, "PIECE", 7)
+    torch.manual_seed(7)
+    contiguous = torch.randn(shape)
+    transposed = contiguous.mT.contiguous().mT if contiguous.dim() >= 2 else contiguous
+    assert contiguous.dim() < 2 or not transposed.is_contiguous()
+    pieces = list(checking._pieces(transposed, contiguous))
+    assert all(a.numel() <= 7 and torch.equal(a, b) for a, b in pieces)
+    for piece, _ in pieces:  # a view of the tensor itself, or a copy of one piece, never of the whole
+        storage = piece.untyped_storage()
+        assert storage.data_ptr() == transposed.untyped_storage().data_ptr() or storage.nbytes() <= 7 * 4
+    assert torch.equal(torch.cat([a for a, _ in pieces]), contiguous.reshape(-1))
+
+
 def test_equal_in_pieces_finds_one_changed_element_anywhere(monkeypatch):
     """Bit equality piece by piece (no temporary the size of a whole gradient): one element changed
     in any piece, a strided view, another dtype or shape all differ; equal tensors, empty included, do not."""

@@ -98,10 +98,22 @@ PIECE = 1 << 22
 
 
 def _pieces(value: torch.Tensor, reference: torch.Tensor):
-    """Matching flat pieces of two tensors of one shape, :data:`PIECE` elements at a time."""
-    value, reference = value.reshape(-1), reference.reshape(-1)
-    for start in range(0, value.numel(), PIECE):
-        yield value[start : start + PIECE], reference[start : start + PIECE]
+    """Matching flat pieces of two tensors of one shape, at most :data:`PIECE` elements each. The
+    pieces are cut along the leading dimension before flattening, so a strided tensor is copied a
+    piece at a time, never whole (``reshape(-1)`` of a non-contiguous gradient would copy it all)."""
+    if value.numel() <= PIECE or value.dim() <= 1:  # flattening copies at most one piece, or nothing
+        value, reference = value.reshape(-1), reference.reshape(-1)
+        for start in range(0, value.numel(), PIECE):
+            yield value[start : start + PIECE], reference[start : start + PIECE]
+        return
+    row = value[0].numel()
+    if row > PIECE:  # one row is more than a piece: cut each row on its own
+        for index in range(value.shape[0]):
+            yield from _pieces(value[index], reference[index])
+        return
+    rows = PIECE // row
+    for start in range(0, value.shape[0], rows):
+        yield value[start : start + rows].reshape(-1), reference[start : start + rows].reshape(-1)
 
 
 def equal(value: torch.Tensor, reference: torch.Tensor) -> bool:
