@@ -187,7 +187,7 @@ def test_docs_with_blocks_are_the_ones_the_command_refreshes():
 def test_relational_gnn_processes_are_the_committed_run_and_its_same_code_reruns():
     from analysis.doc_tables import relational_gnn
 
-    for part in ("datasets", "more_knowledge_graphs"):  # the second's processes span two commits of one code
+    for part in ("datasets", "more_knowledge_graphs", "gemm_template"):
         committed = doc_tables.results_files("h200", "relational_gnn", [part], "h200")[0]
         files = relational_gnn.process_files(part)
         assert files[0] == committed and len(files) >= 2
@@ -195,8 +195,8 @@ def test_relational_gnn_processes_are_the_committed_run_and_its_same_code_reruns
         assert all(load_provenance(f)["code"]["digest"] == digest for f in files)
         other = [f for f in committed.parent.glob(f"reruns/*/{part}-h200.csv") if f not in files]
         assert all(load_provenance(f)["code"]["digest"] != digest for f in other)
-    commits = {load_provenance(f)["git"]["commit"] for f in relational_gnn.process_files("more_knowledge_graphs")}
-    assert len(commits) == 2
+    # processes of one code at two commits (docs-only apart) count together: the digests decide
+    # (test_same_code_is_the_same_digest_or_without_one_the_same_commit)
 
 
 def test_same_code_is_the_same_digest_or_without_one_the_same_commit():
