@@ -660,3 +660,39 @@ def test_arguments_that_do_not_apply_or_are_out_of_range_are_refused():
         with pytest.raises(UserError) as error:
             call()
         one_line(error, message)
+
+
+@pytest.mark.parametrize("policy", ["recompute", "planner"])
+def test_a_hugging_face_encoder_decoder_with_its_key_value_cache_on_is_recomputed_as_a_plain_run(policy):
+    """T5 with ``use_cache`` on (its default): a recomputed decoder block would find the cache its
+    forward filled and save other tensors (torch's CheckpointError). The cache is turned off inside
+    the block, with a warning, as Hugging Face's own checkpointing does, and back on after it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(
+        vocab_size=61, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_decoder_layers=3, num_heads=4,
+        dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, use_cache=True,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    source, target = torch.randint(1, 61, (2, 11), generator=g), torch.randint(1, 61, (2, 6), generator=g)
+
+    def steps(wrap):
+        torch.manual_seed(0)
+        model = transformers.T5ForConditionalGeneration(config).train()
+        losses = []
+        with wrap(model):
+            for _ in range(3):  # the planner profiles the first step and recomputes from the second
+                loss = model(input_ids=source, labels=target).loss
+                loss.backward()
+                losses.append(loss.detach())
+        caches = [m.config.use_cache for m in model.modules() if hasattr(m, "config")]
+        return losses, {n: p.grad for n, p in model.named_parameters()}, caches
+
+    plain_losses, plain_grads, plain_caches = steps(lambda model: contextlib.nullcontext())
+    assert True in plain_caches  # the decoder's own copy of the config has the cache on
+    # a slow store: the planner recomputes every block
+    options = {"budget": 0.05, "bandwidth": 1e3, "store": HostStore()} if policy == "planner" else {}
+    with pytest.warns(UserWarning, match="use_cache is off inside the offload"):
+        losses, grads, caches = steps(lambda model: offload(model, policy=policy, **options))
+    assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses, strict=True))
+    assert all(torch.equal(plain_grads[n], grads[n]) for n in plain_grads)
+    assert caches == plain_caches  # each config as it was, after the block

@@ -32,6 +32,8 @@ the model's repeated class; or pass ``layers=[...]``):
 
 A model whose blocks Hugging Face already checkpoints (``gradient_checkpointing_enable``) is not
 checkpointed again; an offloading policy offloads what its checkpoints save, the blocks' inputs.
+Where blocks are recomputed, a Hugging Face model's key-value cache (``use_cache``) is off inside
+the block, with a warning, as under Hugging Face's own checkpointing.
 A block that offloads nothing while its policy offloads (``min_bytes`` above every saved tensor)
 says so in one warning.
 """
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -173,6 +176,8 @@ class Offloading:
             for layer, decision in zip(self.layers, self.decisions)
             if decision == RECOMPUTE and not getattr(layer, "gradient_checkpointing", False)
         ]
+        if blocks:
+            _no_key_value_cache(self.model, stack)
         stack.enter_context(checkpointed(blocks))
 
     # -- planned policies ----------------------------------------------------------------------
@@ -219,6 +224,29 @@ class Offloading:
             budget = int(self.budget * (sum(p.saved_bytes for p in profiles) + fixed))
             self.plan = planning.plan(profiles, bandwidth, keep_seconds, budget, keep_last, fixed_bytes=fixed)
         self.decisions = list(self.plan.decisions)
+
+
+def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
+    """Turn a Hugging Face model's key-value cache off while blocks are recomputed, as its own
+    gradient checkpointing does in training: a recomputed block would find the cache its forward
+    filled (T5's cross-attention then skips work, and the recomputation saves other tensors than
+    the forward did). The cache only serves generation; losses and gradients do not change."""
+    if not model.training:
+        return
+    # Each sub-model may hold its own copy of the config (T5's decoder does).
+    configs = {
+        id(c): c for m in model.modules() if getattr(c := getattr(m, "config", None), "use_cache", False) is True
+    }
+    if not configs:
+        return
+    warnings.warn(
+        f"{type(model).__name__}: use_cache is off inside the offload() block, as blocks are recomputed "
+        "(a recomputed block cannot reuse the key-value cache its forward filled)",
+        stacklevel=4,
+    )
+    for config in configs.values():
+        config.use_cache = False
+        stack.callback(setattr, config, "use_cache", True)
 
 
 def offload(
