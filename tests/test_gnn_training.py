@@ -5,6 +5,7 @@ import os
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,6 +40,9 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
         Pipeline("magic", Graph(arrays, "cpu"), [5], 64, seed=0)
     with pytest.raises(ValueError, match="needs a GPU"):
         Pipeline("zero_copy", Graph(arrays, "cpu"), [5], 64, seed=0)
+    for batch_size in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="batch_size must be a whole number of seed nodes >= 1"):
+            Pipeline("cpu_gather", Graph(arrays, "cpu"), [5], batch_size, seed=0)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +53,11 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
         (lambda a: {"train_idx": a["train_idx"][:0]}, "train_idx is empty"),
         (lambda a: {"train_idx": a["train_idx"] + len(a["labels"])}, "train_idx holds node ids .* outside"),
         (lambda a: {"val_idx": a["val_idx"] - len(a["labels"])}, "val_idx holds node ids .* outside"),
+        (
+            lambda a: {"train_idx": np.concatenate([a["train_idx"], a["train_idx"][5:6]])},
+            "train_idx names node .* more",
+        ),
+        (lambda a: {"val_idx": np.concatenate([a["val_idx"][3:4], a["val_idx"]])}, "val_idx names node .* more than"),
     ],
 )
 def test_a_graph_refuses_tables_and_splits_that_do_not_fit_its_nodes(arrays, change, message):

@@ -4,6 +4,7 @@ out-of-range ids, inconsistent CSRs. Every result is held to plain torch indexin
 properties checked here (every sampled edge exists, min(degree, fan-out) distinct neighbours)."""
 
 import ctypes
+import re
 from collections import Counter
 
 import numpy as np
@@ -160,6 +161,43 @@ def test_hit_rate_counts_each_cached_row_once_and_refuses_rows_outside_the_count
         hit_rate(counts, torch.tensor([12]))
     with pytest.raises(TypeError, match="integer row ids"):
         hit_rate(counts, counts > 4)  # a mask, not row ids
+
+
+@pytest.mark.parametrize(
+    "counts", [torch.tensor([1.5, 1.5]), torch.tensor([0.6, 0.4]), torch.tensor([True, False]), torch.ones(2, 2)]
+)
+def test_counts_that_are_not_integer_reads_per_row_are_refused(counts):
+    # Without the check 1.5 + 1.5 reads counted as 1 of 2 (0.33 instead of 0.5), 0.6 as 0 reads,
+    # and a 2-D tensor was sorted row by row.
+    with pytest.raises(TypeError, match="counts must be a 1-D tensor of integer reads per row"):
+        hit_rate(counts, torch.tensor([0]))
+    with pytest.raises(TypeError, match="counts must be a 1-D tensor of integer reads per row"):
+        hottest_rows(counts, 1)
+
+
+def test_misses_counts_uncached_ids_and_refuses_ids_that_are_not_rows():
+    table = random_table(10, 3, torch.float32, seed=20)
+    hot = HotRows(table, torch.tensor([2, 7]), "cpu")
+    assert int(hot.misses(torch.tensor([2, 3, 7, 9, 9], dtype=torch.int32))) == 3
+    assert int(hot.misses(torch.tensor([], dtype=torch.int64))) == 0
+    for ids, error, message in [
+        (torch.tensor([True, False]), TypeError, "integer row ids, got torch.bool"),
+        (torch.tensor([1.0, 2.0]), TypeError, "integer row ids, got torch.float32"),
+        (torch.tensor([3, 10]), IndexError, "id 10 is out of range for a table of 10 rows"),
+        (torch.tensor([-1]), IndexError, "id -1 is negative"),
+    ]:
+        with pytest.raises(error, match=re.escape(message)):
+            hot.misses(ids)
+
+
+def test_gather_of_meta_tensors_gives_a_meta_result_of_the_right_shape():
+    """Shape inference on meta tensors: never rows of uninitialised memory on a real device."""
+    for table, idx in [
+        (torch.empty(5, 3, device="meta"), torch.tensor([1, 2])),
+        (torch.empty(5, 3), torch.empty(4, dtype=torch.int64, device="meta")),
+    ]:
+        out = gather(table, idx)
+        assert out.device.type == "meta" and out.shape == (idx.shape[0], 3)
 
 
 @pytest.mark.parametrize("rows", [torch.tensor([1.9, 4.0]), torch.tensor([True, False, True])])

@@ -41,11 +41,22 @@ def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tenso
     return counts
 
 
+def _check_counts(counts: torch.Tensor) -> None:
+    """Counts are reads per row, as :func:`count_rows` gives them: a 1-D tensor of integers (float
+    weights would be truncated to whole reads, and a 2-D tensor sorted row by row)."""
+    if not isinstance(counts, torch.Tensor) or counts.dim() != 1 or counts.is_floating_point() or counts.is_complex():
+        kind = f"{counts.dtype} of shape {tuple(counts.shape)}" if isinstance(counts, torch.Tensor) else type(counts)
+        raise TypeError(f"counts must be a 1-D tensor of integer reads per row (count_rows), got {kind}")
+    if counts.dtype == torch.bool:
+        raise TypeError("counts must be a 1-D tensor of integer reads per row (count_rows), got torch.bool")
+
+
 def hottest_rows(counts: torch.Tensor, capacity: int) -> torch.Tensor:
     """The ``capacity`` most read rows, most read first; rows never read are left out, and equal
     counts go to the lower row id."""
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0 rows, got {capacity}")
+    _check_counts(counts)
     # A stable sort keeps equal counts in row order.
     order = torch.sort(counts, descending=True, stable=True).indices
     return order[: min(capacity, int((counts > 0).sum()))]
@@ -55,6 +66,7 @@ def hit_rate(counts: torch.Tensor, rows: torch.Tensor) -> float:
     """The share of the counted reads that a cache of ``rows`` serves."""
     # Checked, not indexed blindly: a negative row would wrap around to the last rows, and a row
     # named twice would count its reads twice (a cache holds it once).
+    _check_counts(counts)
     rows = _row_ids(rows, "rows").unique()
     if rows.numel() and not 0 <= int(rows[0]) <= int(rows[-1]) < counts.numel():
         raise IndexError(f"rows {int(rows[0])}..{int(rows[-1])} outside counts of {counts.numel()} rows")
@@ -88,6 +100,13 @@ class HotRows:
         """How many of ``idx`` (on the cache's device) are not cached: a 0-d tensor, so the count
         on a GPU does not wait for it. On the CPU a negative id is refused (on a GPU it would cost a
         wait; the sampler's ids are never negative)."""
-        if idx.device.type == "cpu" and idx.numel() and int(idx.min()) < 0:
-            raise IndexError(f"id {int(idx.min())} is negative: ids are rows of the table, from 0")
+        if not isinstance(idx, torch.Tensor) or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+            kind = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise TypeError(f"idx must be a tensor of integer row ids, got {kind}")
+        if idx.device.type == "cpu" and idx.numel():
+            low, high = int(idx.min()), int(idx.max())
+            if low < 0:
+                raise IndexError(f"id {low} is negative: ids are rows of the table, from 0")
+            if high >= self.slots.numel():
+                raise IndexError(f"id {high} is out of range for a table of {self.slots.numel()} rows")
         return (self.slots[idx] < 0).sum()

@@ -21,8 +21,10 @@ reference). Options (each one an ablation step of the benchmark):
 An index outside the table raises ``IndexError`` naming the value; the kernel never reads it. A
 table that requires grad gets the gradient of ``table[idx]``: the rows' gradients summed into its
 rows, on the table's device. Forward-mode differentiation (``torch.func.jvp``) is refused: torch
-gives a custom op no forward rule. (The option is ``loads``, not ``kernel``: inductor's fallback
-for a custom op takes ``kernel`` as its own argument, and an op with one cannot be compiled.)
+gives a custom op no forward rule. ``torch.func.grad`` and ``vjp`` do not run through it either
+(torch's own error, about ``setup_context``): take gradients with ``torch.autograd``. (The
+option is ``loads``, not ``kernel``: inductor's fallback for a custom op takes ``kernel`` as its
+own argument, and an op with one cannot be compiled.)
 """
 
 from __future__ import annotations
@@ -105,7 +107,10 @@ def gather(
 
 @gather.register_fake
 def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
-    return table.new_empty((idx.shape[0], table.shape[1]), device=idx.device)
+    # Tracing (fake tensors): the rows land on the device of idx. Real meta tensors run this too
+    # (the Meta key wins): their result is meta, never uninitialised memory on a real device.
+    meta = table.device.type == "meta" or idx.device.type == "meta"
+    return table.new_empty((idx.shape[0], table.shape[1]), device="meta" if meta else idx.device)
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -189,6 +189,9 @@ class Graph:
                 raise ValueError(
                     f"{name} holds node ids {int(ids.min())}..{int(ids.max())}, outside the graph's {nodes} nodes"
                 )
+            values, counts = ids.unique(return_counts=True)
+            if bool((counts > 1).any()):  # a batch's seeds must be distinct: refused here, not mid-epoch
+                raise ValueError(f"{name} names node {int(values[counts > 1][0])} more than once")
 
     def unified_features(self):
         if self._unified is None:
@@ -362,6 +365,8 @@ class Pipeline:
         unknown = set(self.options) - set(kind.options)
         if unknown:
             raise ValueError(f"pipeline {name!r} takes the options {list(kind.options)}, not {sorted(unknown)}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
         self.name, self.graph, self.batch_size, self.seed = name, graph, batch_size, seed
         if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
             raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
