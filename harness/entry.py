@@ -66,7 +66,7 @@ def measure(
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
     started = time.perf_counter()
     try:
-        with _stopped_by_sigterm():
+        with _stopped_by_signal():
             notes = (
                 topic.measure_function(part.name)(
                     part_params,
@@ -80,31 +80,49 @@ def measure(
                 or {}
             )
         stopped_by = None
-    except (_CutShort, KeyboardInterrupt) as stop:
-        stopped_by = "SIGTERM" if isinstance(stop, _CutShort) else "Ctrl-C (SIGINT)"
+    except _CutShort as stop:
+        stopped_by = stop.by
         if not writer.rows:
             raise SystemExit(f"{topic.name}/{part.name}: stopped by {stopped_by} before any row was measured") from None
         notes = {"cut_short": f"stopped by {stopped_by} {CUT_SHORT_NOTE}"}
-    writer.write(
-        out,
-        provenance.collect(
-            scale_name,
-            packages=topic.packages,
-            this_process=True,  # this process ran the part and nothing else
-            topic=topic.name,
-            part=part.name,
-            parameters=part_params,
-            # the whole part, set-up and checks included: what a reproduce run spends on it
-            part_wall_s=round(time.perf_counter() - started, 1),
-            **notes,
-        ),
-    )
+    # The record and the rows are two files: a stop between them would pair this run's record with
+    # an earlier run's rows. Signals wait until both are written.
+    with _signals_held():
+        writer.write(
+            out,
+            provenance.collect(
+                scale_name,
+                packages=topic.packages,
+                this_process=True,  # this process ran the part and nothing else
+                topic=topic.name,
+                part=part.name,
+                parameters=part_params,
+                # the whole part, set-up and checks included: what a reproduce run spends on it
+                part_wall_s=round(time.perf_counter() - started, 1),
+                **notes,
+            ),
+        )
     if stopped_by:
-        raise SystemExit(
+        message = (
             f"{topic.name}/{part.name}: stopped by {stopped_by}; the {len(writer.rows)} rows measured before it are in "
             f"{out}, marked cut_short in its provenance"
         )
+        if stopped_by == SIGINT_STOP:
+            print(message, file=sys.stderr)
+            _end_as_interrupted()
+        raise SystemExit(message)
     return len(writer.rows)
+
+
+def _end_as_interrupted() -> None:
+    """End as an interrupted program does, killed by SIGINT: a shell loop running one part after
+    another then stops too (bash goes on when a child it waits for exits with a status, as if it
+    had handled the Ctrl-C itself)."""
+    sys.stderr.flush()
+    sys.stdout.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    raise KeyboardInterrupt  # where SIGINT is blocked in this thread, or ignored by the OS
 
 
 def _writable_folder(folder: Path, what: str) -> None:
@@ -124,38 +142,61 @@ def _writable_folder(folder: Path, what: str) -> None:
 CUT_SHORT_NOTE = (
     "before it ended: only the rows measured before the stop are here, and the part's own notes are missing"
 )
+SIGINT_STOP = "Ctrl-C (SIGINT)"
 
 
 class _CutShort(BaseException):  # not an Exception: a part's own error handling must not swallow it
-    pass
+    def __init__(self, by: str):
+        super().__init__(by)
+        self.by = by  # what stopped the part, as the record says it
 
 
 @contextlib.contextmanager
-def _stopped_by_sigterm():
-    """SIGTERM (``timeout``, a cancelled job) stops the part at the next Python step, so that the
-    rows it measured so far are written rather than lost with the process; the exit stays non-zero."""
+def _stopped_by_signal():
+    """SIGTERM (``timeout``, a cancelled job) or Ctrl-C stops the part at the next Python step, so
+    that the rows it measured so far are written rather than lost with the process; the exit
+    stays a failure."""
 
-    stopping = False
+    stopping = None
 
     def stop(signum, frame):
         nonlocal stopping
-        if signum == signal.SIGTERM:
-            stopping = True
+        if signum != signal.SIGALRM and stopping is None:
+            stopping = "SIGTERM" if signum == signal.SIGTERM else SIGINT_STOP
             # Raised inside a finalizer or a weakref callback, the exception is printed and
             # dropped ("Exception ignored in ...") and the part runs on: raise it again each
             # second until it lands where it stops the part.
             signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
         if stopping and not _unwinding_from_cut_short():
-            raise _CutShort
+            raise _CutShort(stopping)
 
-    previous = signal.signal(signal.SIGTERM, stop)
-    previous_alarm = signal.signal(signal.SIGALRM, stop)
+    # A process started to ignore Ctrl-C (a background job of a shell, nohup) goes on ignoring it.
+    numbers = [signal.SIGTERM, signal.SIGALRM]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        numbers.append(signal.SIGINT)
+    previous = {number: signal.signal(number, stop) for number in numbers}
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous_alarm)
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM wait until the block ends, then arrive as sent. (Taken by a handler, not
+    blocked: a thread's signal mask leaves the signal to the process's other threads.)"""
+    arrived = []
+    numbers = [n for n in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(n) is not signal.SIG_IGN]
+    previous = {number: signal.signal(number, lambda signum, frame: arrived.append(signum)) for number in numbers}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in dict.fromkeys(arrived):
+            os.kill(os.getpid(), number)
 
 
 def _unwinding_from_cut_short() -> bool:

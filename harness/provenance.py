@@ -60,10 +60,11 @@ def git_state() -> dict:
     """The commit measured. SUITE_GIT_COMMIT, when set, wins over git: whoever copied the tree to
     the measuring machine knows what they sent, while a .git copied along with it can be stale
     (the H200 copies carried the session's first commit, whatever was sent later)."""
+    dirty = _dirty_from_environment()  # refused when malformed, whether or not a commit is named
     if "SUITE_GIT_COMMIT" in os.environ:
         return {
             "commit": os.environ["SUITE_GIT_COMMIT"],
-            "dirty": _dirty_from_environment(),
+            "dirty": dirty,
             "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)",
         }
     commit = _git("rev-parse", "HEAD")

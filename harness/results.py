@@ -165,15 +165,19 @@ class ResultsWriter:
             "unit": unit,
         }
         # The readers refuse a file holding one measurement twice: refuse it here, when it is made
-        # (a config list naming an entry twice, say), not after the part has run.
-        key = tuple(str(row[c]) for c in self.schema.columns if c != "value")
+        # (two config entries that come to the same setting, say), not after the part has run.
+        key = self._key(row)
         if key in self._keys:
             shown = ", ".join(f"{c}={row[c]}" for c in self.schema.columns if c not in ("value", "workload", "scale"))
             raise ResultsFormatError(
-                f"the same measurement was recorded twice ({shown}): is an entry of the config listed twice?"
+                f"the same measurement was recorded twice ({shown}): do two entries of the config come to one setting?"
             )
         self._keys.add(key)
         self.rows.append(row)
+
+    def _key(self, row: dict) -> tuple:
+        """What makes a row one measurement, as the file will hold it (None and "" are one cell)."""
+        return tuple(_format_cell(row[c]) for c in self.schema.columns if c != "value")
 
     def add_measurement(
         self,
@@ -192,6 +196,8 @@ class ResultsWriter:
         try:
             self._add_measurement(m, role, variant, config, bytes_moved, flops, dataset)
         except BaseException:
+            for row in self.rows[start:]:
+                self._keys.discard(self._key(row))
             del self.rows[start:]
             raise
 

@@ -1,8 +1,12 @@
 """The ceilings probes at the tiny scale, through their entry point, into validated results."""
 
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,7 @@ from harness.results import ResultsFormatError, load, load_provenance
 from workloads.ceilings import TOPIC
 from workloads.ceilings.schema import SCHEMA
 
+ROOT = Path(__file__).resolve().parents[1]
 HOST_PROBES = [p.name for p in TOPIC.parts_on(0)]
 GPU_PROBES = [p.name for p in TOPIC.parts if not p.cpu]
 
@@ -165,36 +170,79 @@ def test_a_part_stopped_by_sigterm_keeps_its_rows_marked_cut_short(tmp_path, mon
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
 
 
-def test_a_part_stopped_by_ctrl_c_keeps_its_rows_marked_cut_short(tmp_path, monkeypatch):
-    """Ctrl-C mid-part, as SIGTERM: the rows measured so far are written, labelled incomplete, and
-    the exit is a failure that names the stop."""
-    from harness.topic import Topic
+CTRL_C_PART = """
+import os, signal, sys, time
+from harness.entry import main
+from harness.topic import Topic
 
-    real = Topic.measure_function
+real = Topic.measure_function
 
-    def then_ctrl_c(self, name):
-        def part(params, writer, **kwargs):
-            real(self, name)(params, writer, **kwargs)
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(10)
-            raise AssertionError("Ctrl-C did not stop the part")
+def then_ctrl_c(self, name):
+    def part(params, writer, **kwargs):
+        real(self, name)(params, writer, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(10)
+        print("Ctrl-C did not stop the part")
+    return part
 
-        return part
+Topic.measure_function = then_ctrl_c
+main(sys.argv[1:])
+print("the process went on after the part")
+"""
 
-    monkeypatch.setattr(Topic, "measure_function", then_ctrl_c)
-    # Python's own Ctrl-C handler, as in a terminal (a pytest-xdist worker ignores SIGINT)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(SystemExit, match=r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it"):
-            _run(tmp_path, HOST_PROBES[0])
-    finally:
-        signal.signal(signal.SIGINT, previous)
+
+def test_a_part_stopped_by_ctrl_c_keeps_its_rows_and_ends_killed_by_sigint(tmp_path):
+    """Ctrl-C mid-part, as SIGTERM: the rows measured so far are written, labelled incomplete.
+    The process then ends killed by SIGINT, as an interrupted program does: a shell loop over
+    parts stops there (it goes on when a child exits with a status)."""
     out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
-    rows = load([out], SCHEMA, cut_short=True)
-    assert len(rows) > 0
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_PART)
+    done = subprocess.run(
+        [sys.executable, str(script), "ceilings", "--part", HOST_PROBES[0], "--scale", "tiny", "--out", str(out)]
+        + ["--scratch-dir", str(tmp_path / "scratch")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    assert done.returncode == -signal.SIGINT, done.stdout + done.stderr
+    assert re.search(r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it", done.stderr)
+    assert "went on" not in done.stdout and "did not stop" not in done.stdout
+    assert len(load([out], SCHEMA, cut_short=True)) > 0
     with pytest.raises(ResultsFormatError, match="stopped before it ended"):
         load([out], SCHEMA)  # a reader that does not label a part cut short refuses it
     assert load_provenance(out)["cut_short"].startswith("stopped by Ctrl-C (SIGINT) before it ended")
+
+
+def test_a_signal_while_the_results_are_written_waits_until_both_files_are_there(tmp_path, monkeypatch):
+    """A stop between the provenance record and the rows would pair one run's record with another
+    run's rows: SIGINT and SIGTERM are held while the two files are written, and arrive after."""
+    from harness.results import ResultsWriter
+
+    real_write = ResultsWriter.write
+    arrived = []
+
+    def write_with_a_signal_in_the_middle(self, path, record):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert arrived == []  # held, not yet delivered
+        real_write(self, path, record)
+
+    monkeypatch.setattr(ResultsWriter, "write", write_with_a_signal_in_the_middle)
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
+    try:
+        _run(tmp_path, HOST_PROBES[0])
+        for _ in range(500):  # sent again once the files were written: it arrives at once
+            if arrived:
+                break
+            time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert arrived == [signal.SIGINT]
+    out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
+    assert len(load([out], SCHEMA)) > 0 and "cut_short" not in load_provenance(out)
 
 
 def test_a_sigterm_that_lands_in_a_finalizer_still_stops_the_part(tmp_path, monkeypatch):

@@ -746,6 +746,10 @@ def test_the_papers_full_part_trains_on_its_graph_in_memory_with_its_pipelines(m
     with pytest.raises(UserError, match="model must be one of"):
         train.run_dataset("papers_full", params, writer, shared=shared | {"models": [{"name": "gcn", "layers": 1,
                           "fanouts": [5]}]}, repeat=1, warmup=0, device="cpu")  # fmt: skip
+    for model in ({"name": "sage", "layers": 2}, {"name": "sage", "layers": "2", "fanouts": [5, 5]}):
+        with pytest.raises(UserError, match=r"papers_full: .*\(model \{"):
+            train.run_dataset("papers_full", params | {"models": [model]}, writer, shared=shared, repeat=1, warmup=0,
+                              device="cpu")  # fmt: skip
     assert made == []  # refused before any graph was made
 
 

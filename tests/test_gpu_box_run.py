@@ -34,6 +34,12 @@ def test_run_numbers_must_be_whole_numbers_from_one(tmp_path, runs):
     assert not (tmp_path / "out").exists()  # refused before anything was made
 
 
+@pytest.mark.parametrize("runs", ["", "  "])
+def test_an_empty_list_of_runs_is_refused_not_a_run_that_measures_nothing(tmp_path, runs):
+    done = _run(tmp_path, tmp_path / "out", {"SUITE_RUNS": runs}, "ceilings")
+    assert done.returncode == 2 and "SUITE_RUNS is empty" in done.stderr
+
+
 def test_each_part_is_measured_in_every_run_before_the_next_part(tmp_path):
     for folder in ("harness", "workloads", "systems", "config", "workflow"):
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -47,3 +53,22 @@ def test_each_part_is_measured_in_every_run_before_the_next_part(tmp_path):
     assert first.exists() and rerun.exists()
     assert load_provenance(rerun)["command"][-1].endswith("reruns/run2/host_memcpy-tiny.csv")
     assert (tmp_path / "out" / "results-local.tgz").exists()
+
+
+def test_the_compile_caches_travel_in_one_archive(tmp_path):
+    """What the compilers left in their cache folders is packed after each part and unpacked
+    before the first part of the next machine (here: the same one, its folder emptied between)."""
+    for folder in ("harness", "workloads", "systems", "config", "workflow"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    triton = tmp_path / "triton-cache"
+    triton.mkdir()
+    (triton / "kernel.cubin").write_bytes(b"compiled")
+    archive = tmp_path / "caches.tgz"
+    env = {"SUITE_SKIP_TESTS": "1", "SUITE_PARTS": "host_memcpy", "SUITE_COMPILE_CACHE": str(archive)}
+    env |= {"TRITON_CACHE_DIR": str(triton), "CUDA_VISIBLE_DEVICES": "", "SUITE_GIT_COMMIT": "0" * 40}
+    assert _run(tmp_path, tmp_path / "out", env, "ceilings").returncode == 0
+    assert archive.exists()
+    shutil.rmtree(triton)
+    done = _run(tmp_path, tmp_path / "out", env, "ceilings")
+    assert "compile caches unpacked" in done.stdout
+    assert (triton / "kernel.cubin").read_bytes() == b"compiled"

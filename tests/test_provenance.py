@@ -38,6 +38,12 @@ def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch)
     monkeypatch.delenv("SUITE_GIT_DIRTY")
     assert provenance.git_state()["dirty"] is None  # not said is not clean
     monkeypatch.delenv("SUITE_GIT_COMMIT")
+    monkeypatch.setenv("SUITE_GIT_DIRTY", "maybe")
+    with pytest.raises(UserError, match="SUITE_GIT_DIRTY must be"):  # also without a commit named
+        provenance.git_state()
+    monkeypatch.delenv("SUITE_GIT_DIRTY")
+    monkeypatch.setenv("SUITE_GIT_COMMIT", "0123abcd" * 5)
+    monkeypatch.delenv("SUITE_GIT_COMMIT")
     assert provenance.git_state() == {"commit": "feedbeef" * 5, "dirty": True, "source": "git"}
     monkeypatch.setattr(provenance, "_git", lambda *args: None)
     assert provenance.git_state()["commit"] == "unknown"

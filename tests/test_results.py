@@ -82,9 +82,25 @@ def test_writer_refuses_the_same_measurement_twice_when_it_is_added():
     writer.add(role="probe", variant="v", config=config, metric="time", value=0.3, unit="s")
     writer.add(role="probe", variant="v", config=config, metric="time", value=0.3, unit="s", repetition=1)
     writer.add(role="probe", variant="v", config=config | {"kind": "b"}, metric="time", value=0.3, unit="s")
-    with pytest.raises(ResultsFormatError, match="recorded twice .*kind=a.*listed twice"):
+    with pytest.raises(ResultsFormatError, match="recorded twice .*kind=a.*come to one setting"):
         writer.add(role="probe", variant="v", config=dict(config), metric="time", value=0.7, unit="s")
-    assert len(writer.rows) == 3
+    # None and "" are one empty cell in the file: one measurement
+    writer.add(role="probe", variant="w", config=config | {"kind": None}, metric="time", value=0.3, unit="s")
+    with pytest.raises(ResultsFormatError, match="recorded twice"):
+        writer.add(role="probe", variant="w", config=config | {"kind": ""}, metric="time", value=0.3, unit="s")
+    assert len(writer.rows) == 4
+
+
+def test_a_measurement_refused_whole_can_be_added_again():
+    """add_measurement adds all of a measurement's rows or none: rows it took back are not
+    counted as recorded when the measurement is added again."""
+    writer = ResultsWriter(SCHEMA, scale="cpu")
+    broken = Measurement(clock="monotonic", seconds=(0.5, 0.25), cpu_core_seconds=(0.4, math.nan))
+    with pytest.raises(ValueError, match="not finite"):
+        writer.add_measurement(broken, role="probe", variant="v", config={})
+    assert writer.rows == []
+    writer.add_measurement(Measurement("monotonic", (0.5, 0.25), (0.4, 0.2)), role="probe", variant="v", config={})
+    assert len(writer.rows) == 4
 
 
 def test_writer_refuses_to_write_nothing(tmp_path):

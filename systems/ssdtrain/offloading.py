@@ -231,22 +231,34 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
     gradient checkpointing does in training: a recomputed block would find the cache its forward
     filled (T5's cross-attention then skips work, and the recomputation saves other tensors than
     the forward did). The cache only serves generation; losses and gradients do not change."""
-    if not model.training:
-        return
     # Each sub-model may hold its own copy of the config (T5's decoder does).
-    configs = {
-        id(c): c for m in model.modules() if getattr(c := getattr(m, "config", None), "use_cache", False) is True
-    }
-    if not configs:
+    configs = {id(c): c for m in model.modules() if hasattr(c := getattr(m, "config", None), "use_cache")}
+    if not (model.training and configs):
         return
-    warnings.warn(
-        f"{type(model).__name__}: use_cache is off inside the offload() block, as blocks are recomputed "
-        "(a recomputed block cannot reuse the key-value cache its forward filled)",
-        stacklevel=4,
-    )
+    said = []
+
+    def say_once() -> None:
+        if not said:
+            said.append(True)
+            warnings.warn(
+                f"{type(model).__name__}: use_cache is off inside the offload() block, as blocks are recomputed "
+                "(a recomputed block cannot reuse the key-value cache its forward filled)",
+                stacklevel=5,
+            )
+
     for config in configs.values():
-        config.use_cache = False
-        stack.callback(setattr, config, "use_cache", True)
+        if config.use_cache is True:
+            say_once()
+            config.use_cache = False
+            stack.callback(setattr, config, "use_cache", True)
+
+    def no_cache_asked(module, args, kwargs):  # model(..., use_cache=True) in a call
+        if kwargs.get("use_cache") is True and module.training:
+            say_once()
+            return args, kwargs | {"use_cache": False}
+        return None
+
+    stack.callback(model.register_forward_pre_hook(no_cache_asked, with_kwargs=True).remove)
 
 
 def offload(

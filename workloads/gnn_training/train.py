@@ -61,8 +61,9 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     for model_spec in params.get("models", shared["models"]):  # also before the graph is made
         try:
             check_model(model_spec["name"], model_spec["layers"], model_spec["fanouts"])
-        except ValueError as error:
-            raise UserError(f"part {part}: {error}") from None
+        except (KeyError, TypeError, ValueError) as error:
+            why = f"a model needs {error}" if isinstance(error, KeyError) else str(error)
+            raise UserError(f"part {part}: {why} (model {model_spec})") from None
     spec, dataset, arrays = load_graph(DATASET_OF_PART[part], params, shared["graph_seed"])
     in_memory = bool(params.get("features_in_memory"))
     # A table generated in shared memory is used where it lies (pinned there by zero-copy).
