@@ -10,14 +10,13 @@
 # Set SUITE_GIT_COMMIT / SUITE_GIT_DIRTY to the commit you copied to the machine: they win over a
 # .git copied along, which can be stale. SUITE_SKIP_TESTS=1 measures only; SUITE_PARTS="a b"
 # measures only those parts; SUITE_RUN=N (N > 1) writes a re-run, as its own process, to
-# results/MACHINE/TOPIC/reruns/runN/ (docs/measuring_on_a_gpu.md). SUITE_RUNS="1 2 3" (it wins over
-# SUITE_RUN) measures
-# each part in those runs, one process each, before the next part starts, so that a time limit
-# leaves whole groups of processes. SUITE_COMPILE_CACHE=FILE.tgz: unpacked before the first part
-# if it exists, and the compilers' caches (inductor, Triton, CuPy) packed into it after each part,
-# for a machine that starts with empty caches (the first process after a cold start compiles
-# everything and takes up to twice as long). Under `timeout`, a part cut short keeps the rows it
-# measured.
+# results/MACHINE/TOPIC/reruns/runN/ (docs/measuring_on_a_gpu.md). SUITE_RUNS="1 2 3" (it wins
+# over SUITE_RUN) measures each part in those runs, one process each, before the next part starts,
+# so that a time limit leaves whole groups of processes. SUITE_COMPILE_CACHE=FILE.tgz: unpacked
+# before the first part if it exists, and the compilers' caches (inductor, Triton, CuPy) packed
+# into it after each part, for a machine that starts with empty caches (the first process after a
+# cold start compiles everything and takes up to twice as long). Under `timeout`, a part cut short
+# keeps the rows it measured.
 set -uo pipefail
 machine=${1:?machine name}; scale=${2:?scale}; out=${3:?output directory}; shift 3
 runs=${SUITE_RUNS-${SUITE_RUN:-1}}
