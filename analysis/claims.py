@@ -121,8 +121,9 @@ class Folder:
         of the committed run's code), the committed files missing, and the re-runs
         left out because they measured other code."""
         # A part stopped before it ended counts as missing: its rows are not the whole part.
-        present = [self.committed(topic, p) for p in parts if self._whole(self.committed(topic, p))]
-        missing = [self.committed(topic, p) for p in parts if not self._whole(self.committed(topic, p))]
+        present, missing = [], []
+        for path in (self.committed(topic, p) for p in parts):
+            (present if self._whole(path) else missing).append(path)
         if not present:
             return {}, missing, []
         reruns = [f for p in parts for f in self.reruns(topic, p) if self._whole(f)]
@@ -433,8 +434,10 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
     except NotMeasured as err:
         return Outcome(NOT_MEASURED, "", str(err))
     if missing:
-        reasons = {"no such file": [f.name for f in missing if not f.exists()], "cut short": []}
-        reasons["cut short"] = [f.name for f in missing if f.exists()]
+        reasons = {
+            "no such file": [f.name for f in missing if not f.exists()],
+            "cut short": [f.name for f in missing if f.exists()],
+        }
         why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items() if names)
         outcome.value += f" (without {why})"
     if other_code:

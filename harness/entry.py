@@ -64,6 +64,7 @@ def measure(
     _writable_folder(scratch_dir or Path(cfg["scratch_dir"]), "the scratch folder")
     writer = ResultsWriter(topic.schema, scale=scale_name)
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
+    provenance.note_code_at_start()
     started = time.perf_counter()
     try:
         with _stopped_by_signal():

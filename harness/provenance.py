@@ -102,9 +102,15 @@ def cuda_state() -> dict:
     return state
 
 
-# The measured code as it was when this process started (this module is imported before any part
-# runs): a record says so where it changed during the run, since the digest is taken at its end.
-_FILES_AT_START = code_digest.files_on_disk(REPO_ROOT)
+# The measured code as it was when the part started (harness.entry notes it before the part runs):
+# a record says so where it changed during the run, since the digest is taken at its end.
+_FILES_AT_START: dict[str, bytes] | None = None
+
+
+def note_code_at_start() -> None:
+    """Remember the measured code as it is now, for this process's record (``this_process``)."""
+    global _FILES_AT_START  # one part per process: what its record compares against
+    _FILES_AT_START = code_digest.files_on_disk(REPO_ROOT)
 
 
 def code_record(topic: str | None, root: Path = REPO_ROOT, *, this_process: bool = False) -> dict:
@@ -131,7 +137,8 @@ def code_record(topic: str | None, root: Path = REPO_ROOT, *, this_process: bool
         "files": len(scope),
         "source": "the files on disk",
     }
-    start = _FILES_AT_START if this_process and root == REPO_ROOT else files
+    noted = this_process and root == REPO_ROOT and _FILES_AT_START is not None
+    start = _FILES_AT_START if noted else files
     changed = sorted(p for p in scope if start.get(p) != files.get(p))
     plugins = os.environ.get("SUITE_PLUGINS", "").strip()
     return (

@@ -145,23 +145,30 @@ def test_disk_probe_refuses_reads_served_from_the_page_cache(tmp_path, monkeypat
         _run(tmp_path, "disk")
 
 
+def measure_then_signal(signum):
+    """A ``Topic.measure_function`` whose parts measure, then get ``signum`` and wait to be stopped."""
+    from harness.topic import Topic
+
+    real = Topic.measure_function
+
+    def measure_function(self, name):
+        def part(params, writer, **kwargs):
+            real(self, name)(params, writer, **kwargs)
+            os.kill(os.getpid(), signum)
+            time.sleep(10)
+            raise AssertionError(f"{signal.Signals(signum).name} did not stop the part")
+
+        return part
+
+    return measure_function
+
+
 def test_a_part_stopped_by_sigterm_keeps_its_rows_marked_cut_short(tmp_path, monkeypatch):
     """A time limit's SIGTERM mid-part: the rows measured so far are written, labelled incomplete,
     and the exit is still a failure."""
     from harness.topic import Topic
 
-    real = Topic.measure_function
-
-    def then_sigterm(self, name):
-        def part(params, writer, **kwargs):
-            real(self, name)(params, writer, **kwargs)
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(10)
-            raise AssertionError("SIGTERM did not stop the part")
-
-        return part
-
-    monkeypatch.setattr(Topic, "measure_function", then_sigterm)
+    monkeypatch.setattr(Topic, "measure_function", measure_then_signal(signal.SIGTERM))
     with pytest.raises(SystemExit, match="stopped by SIGTERM; the [0-9]+ rows measured before it"):
         _run(tmp_path, HOST_PROBES[0])
     out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
@@ -171,21 +178,12 @@ def test_a_part_stopped_by_sigterm_keeps_its_rows_marked_cut_short(tmp_path, mon
 
 
 CTRL_C_PART = """
-import os, signal, sys, time
+import signal, sys
 from harness.entry import main
 from harness.topic import Topic
+from test_ceilings import measure_then_signal
 
-real = Topic.measure_function
-
-def then_ctrl_c(self, name):
-    def part(params, writer, **kwargs):
-        real(self, name)(params, writer, **kwargs)
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(10)
-        print("Ctrl-C did not stop the part")
-    return part
-
-Topic.measure_function = then_ctrl_c
+Topic.measure_function = measure_then_signal(signal.SIGINT)
 main(sys.argv[1:])
 print("the process went on after the part")
 """
@@ -202,7 +200,7 @@ def test_a_part_stopped_by_ctrl_c_keeps_its_rows_and_ends_killed_by_sigint(tmp_p
         [sys.executable, str(script), "ceilings", "--part", HOST_PROBES[0], "--scale", "tiny", "--out", str(out)]
         + ["--scratch-dir", str(tmp_path / "scratch")],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"},
         capture_output=True,
         text=True,
         timeout=120,
@@ -210,7 +208,7 @@ def test_a_part_stopped_by_ctrl_c_keeps_its_rows_and_ends_killed_by_sigint(tmp_p
     )
     assert done.returncode == -signal.SIGINT, done.stdout + done.stderr
     assert re.search(r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it", done.stderr)
-    assert "went on" not in done.stdout and "did not stop" not in done.stdout
+    assert "went on" not in done.stdout and "did not stop" not in done.stdout + done.stderr
     assert len(load([out], SCHEMA, cut_short=True)) > 0
     with pytest.raises(ResultsFormatError, match="stopped before it ended"):
         load([out], SCHEMA)  # a reader that does not label a part cut short refuses it

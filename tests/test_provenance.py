@@ -327,7 +327,7 @@ def test_older_records_get_the_digest_of_their_clean_commit_and_nothing_else(tmp
 
 
 def test_a_record_says_what_changed_during_its_run_and_which_plugins_it_loaded(monkeypatch):
-    start = dict(provenance._FILES_AT_START)
+    start = code_digest.files_on_disk(provenance.REPO_ROOT)
     start["harness/timing.py"] = b"# the file as it was when the run began\n"
     monkeypatch.setattr(provenance, "_FILES_AT_START", start)
     monkeypatch.setenv("SUITE_PLUGINS", "my_variants")
