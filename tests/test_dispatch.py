@@ -174,3 +174,65 @@ def test_auto_path_follows_the_table_and_close_needs_no_user_alias_gone():
     assert not unified.registered
     with pytest.raises(RuntimeError, match="closed"):
         unified[idx]
+
+
+# --- GPU: launch_into, the gather a prefetching loader queues without waiting ------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path, view", each_value_once(dispatch.PATHS, list(INDEX_VIEWS)))
+def test_launch_into_fills_the_callers_buffer_on_every_path(path, view):
+    table = random_table(1200, 25, torch.float32, seed=45)  # 100 B rows: 4-byte words only
+    side = torch.cuda.Stream()
+    with UnifiedTensor(table, path=path) as unified:
+        for index_dtype in INDEX_DTYPES:
+            idx = index_view(view, 1200, index_dtype, "cuda", seed=46)
+            out = torch.full((idx.numel(), 25), float("nan"), device="cuda")  # every row must be written
+            with torch.cuda.stream(side):  # as a prefetch thread does: on its own stream
+                side.wait_stream(torch.cuda.current_stream())
+                check = unified.launch_into(idx, out, max_threads=512)
+            side.synchronize()
+            check()  # in range: returns
+            assert same_bytes(out.cpu(), expected_rows(table, idx))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", dispatch.PATHS)
+def test_launch_into_hands_back_the_range_check(path):
+    table = random_table(1200, 8, torch.float32, seed=47)
+    with UnifiedTensor(table, path=path) as unified:
+        idx = torch.randint(0, 1200, (3000,), device="cuda")
+        idx[1717] = 1200
+        out = torch.empty((3000, 8), device="cuda")
+        check = unified.launch_into(idx, out)
+        with pytest.raises(IndexError, match="index 1200 is out of range for a table of 1200 rows"):
+            check()
+        torch.cuda.synchronize()  # no device-side assert: the context still works
+        good = idx.clamp(0, 1199)
+        unified.launch_into(good, out)()
+        assert same_bytes(out.cpu(), table[good.cpu()])
+
+
+@pytest.mark.gpu
+def test_launch_into_refuses_what_it_cannot_do():
+    table = random_table(100, 4, torch.float32, seed=48)
+    idx = torch.arange(10, device="cuda")
+    with UnifiedTensor(table, path="kernel") as unified:
+        with pytest.raises(TypeError, match="CUDA tensor of row ids"):
+            unified.launch_into(torch.arange(10), torch.empty((10, 4), device="cuda"))
+        with pytest.raises(ValueError, match="out must be contiguous"):
+            unified.launch_into(idx, torch.empty((10, 8), device="cuda")[:, ::2])
+        with pytest.raises(ValueError, match="max_threads must be a whole number"):
+            unified.launch_into(idx, torch.empty((10, 4), device="cuda"), max_threads=-1)
+        with pytest.raises(ValueError, match="idx must be a 1-D int32 or int64"):
+            unified.launch_into(idx.float(), torch.empty((10, 4), device="cuda"))
+    with UnifiedTensor(table, path="torch") as unified:
+        with pytest.raises(ValueError, match="out must be a torch.float32 tensor of shape"):
+            unified.launch_into(idx, torch.empty((9, 4), device="cuda"))
+    with UnifiedTensor(table, dedup=True) as unified:
+        with pytest.raises(ValueError, match="cannot de-duplicate without waiting"):
+            unified.launch_into(idx, torch.empty((10, 4), device="cuda"))
+    unified = UnifiedTensor(table)
+    unified.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        unified.launch_into(idx, torch.empty((10, 4), device="cuda"))

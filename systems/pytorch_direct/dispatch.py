@@ -30,7 +30,16 @@ from pathlib import Path
 
 import torch
 
-from systems.pytorch_direct.ops import gather, index_select_alias
+from systems.pytorch_direct.ops import (
+    INDEX_DTYPES,
+    KERNELS,
+    BoundsCheck,
+    gather,
+    index_select_alias,
+    launch_gather,
+    launch_index_select_alias,
+    launch_sorted_gather,
+)
 
 TABLES = Path(__file__).parent / "dispatch_tables"
 PATHS = ("kernel", "kernel_sorted", "torch", "torch_sorted")
@@ -108,4 +117,38 @@ def gather_rows(path: str, table: torch.Tensor, alias: torch.Tensor | None, idx:
         if alias is None:
             raise ValueError(f"path {path!r} reads the table through its CUDA alias; none was given")
         return index_select_alias(alias, idx, sort=path == "torch_sorted")
+    raise ValueError(f"unknown gather path {path!r} (known: {PATHS})")
+
+
+def launch_rows(
+    path: str,
+    table: torch.Tensor,
+    alias: torch.Tensor | None,
+    idx: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    max_threads: int = 0,
+    loads: str = "vectorized",
+) -> BoundsCheck:
+    """Queue ``table[idx]`` along ``path`` into ``out`` (dense, on the GPU of ``idx``) without any
+    host wait, for a pipeline that overlaps the gather with other work; returns the range check,
+    which waits for the gather when called (until then ``out`` may hold garbage or row 0 where an
+    index is out of range). ``max_threads`` and ``loads`` shape the suite's kernel; stock torch's
+    paths pick their own grid."""
+    if path in ("kernel", "kernel_sorted"):
+        if not table.is_pinned():
+            raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
+        if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES or not idx.is_cuda:
+            raise ValueError(
+                f"idx must be a 1-D int32 or int64 CUDA tensor, "
+                f"got {idx.dtype} of shape {tuple(idx.shape)} on {idx.device}"
+            )
+        if loads not in KERNELS:
+            raise ValueError(f"loads must be one of {KERNELS}, got {loads!r}")
+        launch = launch_sorted_gather if path == "kernel_sorted" else launch_gather
+        return launch(table, idx, out, kernel=loads, max_threads=max_threads, check=False)
+    if path in ("torch", "torch_sorted"):
+        if alias is None:
+            raise ValueError(f"path {path!r} reads the table through its CUDA alias; none was given")
+        return launch_index_select_alias(alias, idx, out, sort=path == "torch_sorted", check=False)
     raise ValueError(f"unknown gather path {path!r} (known: {PATHS})")

@@ -257,13 +257,26 @@ def index_select_alias(alias: torch.Tensor, idx: torch.Tensor, *, sort: bool = F
     torch itself asserts on the device for an out-of-range index, which leaves the CUDA context
     unusable; here one kernel copies the indices with out-of-range ones replaced by row 0 (and
     notes the first one's position) before torch reads any row."""
-    if alias.dim() != 2 or not alias.is_cuda:
-        raise ValueError(f"alias must be a 2-D CUDA tensor, got shape {tuple(alias.shape)} on {alias.device}")
-    if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES or idx.device != alias.device:
+    _check_alias(alias, idx)
+    out = torch.empty((idx.shape[0], alias.shape[1]), dtype=alias.dtype, device=alias.device)
+    launch_index_select_alias(alias, idx, out, sort=sort)
+    return out
+
+
+def launch_index_select_alias(
+    alias: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, *, sort: bool = False, check: bool = True
+) -> BoundsCheck | None:
+    """:func:`index_select_alias` into ``out`` (dense, ``idx.numel()`` rows of the alias's). With
+    ``check=False`` nothing waits for the GPU: the returned :class:`BoundsCheck` raises later, and
+    ``out`` holds row 0 where an index was out of range until then (as :func:`launch_gather`)."""
+    _check_alias(alias, idx)
+    if tuple(out.shape) != (idx.shape[0], alias.shape[1]) or out.dtype != alias.dtype or out.device != alias.device:
         raise ValueError(
-            f"idx must be a 1-D int32 or int64 tensor on {alias.device}, "
-            f"got {idx.dtype} of shape {tuple(idx.shape)} on {idx.device}"
+            f"out must be a {alias.dtype} tensor of shape {(idx.shape[0], alias.shape[1])} on {alias.device}, "
+            f"got {out.dtype} {tuple(out.shape)} on {out.device}"
         )
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous (index_select writes its rows densely)")
     idx = idx.contiguous()  # the kernel reads idx[i] by plain offsets (see launch_gather)
     n = idx.shape[0]
     safe = torch.empty_like(idx)
@@ -285,12 +298,24 @@ def index_select_alias(alias: torch.Tensor, idx: torch.Tensor, *, sort: bool = F
         )
     if sort:
         ids, order = torch.sort(safe)
-        out = torch.empty((n, alias.shape[1]), dtype=alias.dtype, device=alias.device)
         out.index_copy_(0, order, torch.index_select(alias, 0, ids))
     else:
-        out = torch.index_select(alias, 0, safe)
-    BoundsCheck(bad_pos, idx, alias.shape[0], torch.cuda.current_stream(idx.device))()
-    return out
+        torch.index_select(alias, 0, safe, out=out)
+    bounds = BoundsCheck(bad_pos, idx, alias.shape[0], torch.cuda.current_stream(idx.device))
+    if not check:
+        return bounds
+    bounds()
+    return None
+
+
+def _check_alias(alias: torch.Tensor, idx: torch.Tensor) -> None:
+    if alias.dim() != 2 or not alias.is_cuda:
+        raise ValueError(f"alias must be a 2-D CUDA tensor, got shape {tuple(alias.shape)} on {alias.device}")
+    if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES or idx.device != alias.device:
+        raise ValueError(
+            f"idx must be a 1-D int32 or int64 tensor on {alias.device}, "
+            f"got {idx.dtype} of shape {tuple(idx.shape)} on {idx.device}"
+        )
 
 
 def _check_out(out: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> None:

@@ -6,7 +6,9 @@ along the path measured fastest on this GPU for the table's row and table size (
 the suite's ``ops.gather`` kernel or stock torch's ``index_select`` on the alias, each sorted or
 not; ``unified.path`` says which and why). The memory is unregistered exactly once: on
 ``close()``, at the end of a ``with`` block, or when the object is garbage-collected, whichever
-comes first.
+comes first. ``unified.launch_into(idx, out)`` queues the same gather into a buffer of the
+caller's and returns without waiting for the GPU (its range check is handed back, to call when
+the caller may wait): what a loader that prepares the next batch while one trains needs.
 
 ``unified.cuda_alias()`` is the same memory as a CUDA tensor of ``t``'s shape and dtype (no
 copy), so stock torch code reads it unchanged: ``alias[idx]``, ``alias.index_select(0, idx)``,
@@ -193,6 +195,31 @@ class UnifiedTensor:
             alias = self._rows_alias
         rows = dispatch.gather_rows(self.path, self._rows, alias, idx.reshape(-1), **self.options)
         return rows.view(idx.shape + self.tensor.shape[1:])
+
+    def launch_into(self, idx: torch.Tensor, out: torch.Tensor, *, max_threads: int | None = None):
+        """Queue ``self[idx]`` into ``out`` along :attr:`path` and return at once, without waiting
+        for the GPU: for a loader that gathers the next batch while one trains. ``idx`` is a 1-D
+        int32/int64 CUDA tensor, ``out`` a dense ``(len(idx), row)`` CUDA tensor of the table's
+        dtype. Returns an ``ops.BoundsCheck``: calling it waits for the gather and raises
+        ``IndexError`` for an out-of-range index (until then ``out`` is not to be trusted), so a
+        caller that checked its ids itself can drop it. ``max_threads`` (default: the one given
+        at construction, else all) caps the suite's kernel's threads; stock torch's paths pick
+        their own grid. The ``dedup`` option is not taken here: it must wait to count rows."""
+        self._check_open()
+        if not isinstance(idx, torch.Tensor) or not idx.is_cuda:
+            raise TypeError("index a UnifiedTensor with an int32/int64 CUDA tensor of row ids")
+        if self.options.get("dedup"):
+            raise ValueError("launch_into cannot de-duplicate without waiting for the GPU: use self[idx]")
+        alias = None
+        if self.path.startswith("torch"):
+            if self._rows_alias is None:
+                self._rows_alias = self._alias_of_rows()
+            alias = self._rows_alias
+        threads = self.options.get("max_threads", 0) if max_threads is None else max_threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise ValueError(f"max_threads must be a whole number >= 0 (0: all), got {threads!r}")
+        loads = self.options.get("loads", "vectorized")
+        return dispatch.launch_rows(self.path, self._rows, alias, idx, out, max_threads=threads, loads=loads)
 
     def _alias_of_rows(self) -> torch.Tensor:
         """The table as a 2-D CUDA tensor for the torch paths. Its memory object does not hold

@@ -22,6 +22,7 @@ import torch
 from harness.errors import UserError
 from harness.progress import progress, report
 from harness.timing import PhaseClock
+from systems.pytorch_direct.dispatch import choose_for
 from workloads.gnn.epoch import accuracy, timed_epochs, train_epoch
 from workloads.gnn.gpu_memory import GraphSizes, allocator_cap, budgets_missed, parse_budgets, resident_bytes
 from workloads.gnn.models import build
@@ -126,7 +127,10 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
             report(f"{dataset} {model_name} {name} ({cores} cores): {summary}")
     finally:
         graph.close()
-    memory = {"gpu_memory_budget_gib": memory_budgets, "does_not_fit": does_not_fit} if memory_budgets else {}
+    notes = {"gpu_memory_budget_gib": memory_budgets, "does_not_fit": does_not_fit} if memory_budgets else {}
+    if device == "cuda" and torch.cuda.is_available():  # the path zero-copy reads the table along, and why
+        choice = choose_for(graph.features)
+        notes["zero_copy_gather_path"] = {"path": choice.path, "why": choice.reason}
     return {
         "skipped_pipelines": skipped,
         "cpu_budgets": budgets,
@@ -134,7 +138,7 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         "graph": spec.as_dict(),
         "graph_source": params.get("published_dir") or ("generated in memory" if in_memory else "generated"),
         "graph_seed": shared["graph_seed"],
-    } | memory
+    } | notes
 
 
 def train_case(

@@ -197,9 +197,9 @@ class Graph:
         if self._unified is None:
             from systems.pytorch_direct import UnifiedTensor
 
-            # The suite's kernel, as in the committed gnn_training results (UnifiedTensor's default
-            # path is chosen per table by feature_gather's measurements; see dispatch.py).
-            self._unified = UnifiedTensor(self.features, path="kernel")
+            # The path is the one measured fastest for this table's row and table size on this
+            # GPU (feature_gather's measurements; systems/pytorch_direct/dispatch.py).
+            self._unified = UnifiedTensor(self.features)
         return self._unified
 
     def pinned_csr(self):

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from systems.pytorch_direct.ops import launch_gather
 from workloads.gnn.pipelines import OVERLAP_GATHER_THREADS, PipelineKind, register
 
 
 def gather_uva(pipeline, sub):
     features = pipeline.graph.features
     x = torch.empty((sub.n_id.numel(), features.shape[1]), dtype=features.dtype, device=pipeline.device)
-    # The ids come from the sampler, over a CSR it checked: the gather's own range check would
-    # read a flag back, a wait inside the batch.
-    launch_gather(features, sub.n_id, x, kernel="vectorized", max_threads=OVERLAP_GATHER_THREADS, check=False)
+    # Along the measured path (as zero_copy). The ids come from the sampler, over a CSR it
+    # checked: the gather's own range check would read a flag back, a wait inside the batch.
+    pipeline.table.launch_into(sub.n_id, x, max_threads=OVERLAP_GATHER_THREADS)
     return x, sub.n_id.numel() * pipeline.row_bytes()
 
 
