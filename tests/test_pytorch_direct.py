@@ -428,6 +428,20 @@ def test_op_cached_rows_and_thread_cap_give_the_same_rows(order):
 
 
 @pytest.mark.gpu
+def test_op_reads_the_table_for_a_slot_outside_the_cache():
+    table = random_table(5000, 100, torch.float32, seed=5, pin=True)
+    slots, cache = gpu_row_cache(table, 500, seed=5)
+    cached = (slots >= 0).nonzero().flatten()
+    wrong = slots.clone()
+    wrong[cached[:50]] = 500  # one past the cache's last row
+    wrong[cached[50:100]] = 2**31 - 1  # far past it
+    idx = torch.cat([cached[:120], torch.randint(0, 5000, (3000,), device="cuda")])
+    for order in ORDERS:
+        out = gather(table, idx, **order, slots=wrong, cache=cache).cpu()
+        assert same_bytes(out, table[idx.cpu()])  # no read past the cache, and the rows are right
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("bad", [5000, -1, 2**40])
 def test_gpu_out_of_range_index_raises_and_is_never_read(bad):
     table = random_table(5000, 16, torch.float32, seed=4, pin=True)

@@ -159,8 +159,9 @@ def main() -> None:
                         np.uint64(idx.data_ptr()),
                         np.int64(n),
                         np.int64(row_bytes),
-                        np.uint64(0),
-                        np.uint64(0),
+                        np.uint64(0),  # slots
+                        np.uint64(0),  # cache
+                        np.int64(0),  # cache rows
                         np.uint64(out.data_ptr()),
                         np.uint64(bad_pos.data_ptr()),
                     ),

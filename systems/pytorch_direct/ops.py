@@ -14,7 +14,8 @@ reference). Options (each one an ablation step of the benchmark):
 * ``dedup``: sort and de-duplicate the indices, gather each distinct row once, scatter back
   (waits for the GPU once, to learn how many distinct rows there are).
 * ``slots`` / ``cache``: a GPU-resident copy of some rows (``slots[row]`` is the row's position
-  in ``cache``, or -1); those rows are read from GPU memory instead of over PCIe.
+  in ``cache``, or -1); those rows are read from GPU memory instead of over PCIe. A slot outside
+  the cache is read from the table (checking the slots per call would wait for the GPU).
 * ``max_threads``: cap on the threads the gather uses (0: enough to fill the GPU), so that it
   can run beside training kernels.
 
@@ -237,6 +238,7 @@ def launch_gather(
             np.int64(row_bytes),
             np.uint64(slots.data_ptr()) if slots is not None else null,
             np.uint64(cache.data_ptr()) if cache is not None else null,
+            np.int64(cache.shape[0] if cache is not None else 0),
             np.uint64(out.data_ptr()),
             np.uint64(bad_pos.data_ptr()),
         ),

@@ -7,7 +7,9 @@
 // ALIGNED: the warp's window starts at the 128-byte line that holds the row's first byte, so
 // every request the warp issues covers whole 128-byte lines; lanes outside the row are masked.
 // Without it, a row that starts mid-line is split into more, partial requests.
-// CACHED: rows listed in `slots` (slot >= 0) are read from a copy in GPU memory instead.
+// CACHED: rows listed in `slots` (0 <= slot < cache_rows) are read from a copy in GPU memory
+// instead; a slot outside the cache (a hand-made slot table gone wrong) reads the table's row, so
+// no memory past the cache is read.
 // An index outside [0, table_rows) is never read: the smallest position holding one is written
 // to *bad_pos (initialised to n by the caller), and the host raises an error naming the value.
 //
@@ -19,7 +21,7 @@ template <typename Word, bool kAligned, bool kCached, typename Index>
 __device__ __forceinline__ void gather_rows(const unsigned char* __restrict__ table, long long table_rows,
                                             const Index* __restrict__ idx, long long n, long long row_bytes,
                                             const int* __restrict__ slots,
-                                            const unsigned char* __restrict__ cache,
+                                            const unsigned char* __restrict__ cache, long long cache_rows,
                                             unsigned char* __restrict__ out, long long* bad_pos) {
     const long long W = sizeof(Word);
     const int lane = threadIdx.x & 31;
@@ -34,7 +36,7 @@ __device__ __forceinline__ void gather_rows(const unsigned char* __restrict__ ta
         const unsigned char* src = table + r * row_bytes;
         if (kCached) {
             const int slot = slots[r];
-            if (slot >= 0) src = cache + (long long)slot * row_bytes;
+            if (slot >= 0 && slot < cache_rows) src = cache + (long long)slot * row_bytes;
         }
         unsigned char* dst = out + i * row_bytes;
         long long first = 0;
@@ -50,9 +52,10 @@ __device__ __forceinline__ void gather_rows(const unsigned char* __restrict__ ta
 #define GATHER_ENTRY(NAME, WORD, ALIGNED, CACHED, INDEX)                                             \
     extern "C" __global__ void NAME(const unsigned char* table, long long table_rows, const INDEX* idx, \
                                     long long n, long long row_bytes, const int* slots,                 \
-                                    const unsigned char* cache, unsigned char* out, long long* bad_pos) { \
+                                    const unsigned char* cache, long long cache_rows, unsigned char* out, \
+                                    long long* bad_pos) {                                               \
         gather_rows<WORD, ALIGNED, CACHED, INDEX>(table, table_rows, idx, n, row_bytes, slots, cache,    \
-                                                  out, bad_pos);                                       \
+                                                  cache_rows, out, bad_pos);                            \
     }
 
 #define GATHER_WORDS(MODE, ALIGNED, CACHED, ITAG, INDEX)                          \
