@@ -243,6 +243,15 @@ def test_sampler_refuses_bad_configuration(graph):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1.0]), batch=0)
     with pytest.raises(ValueError, match="got torch.bool"):  # not node ids 1 and 0
         NeighborSampler(*graph, [10]).sample(torch.tensor([True, False]), batch=0)
+    for seed in (1.5, "3", True, None):  # each failed mid-batch, or (True) drew as seed 1
+        with pytest.raises(TypeError, match="seed must be an integer"):
+            NeighborSampler(*graph, [10], seed=seed)
+    # Any integer picks draws: a numpy integer as the Python one, a huge or negative one too.
+    seeds = torch.tensor([1, 2])
+    same = NeighborSampler(*graph, [10], seed=np.int64(7)).sample(seeds, batch=0).n_id
+    assert torch.equal(same, NeighborSampler(*graph, [10], seed=7).sample(seeds, batch=0).n_id)
+    for seed in (2**70, -5):
+        assert NeighborSampler(*graph, [10], seed=seed).sample(seeds, batch=0).n_id.numel() >= 2
 
 
 def test_gpu_memory_budgets_are_distinct_and_ascending():

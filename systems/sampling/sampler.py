@@ -95,7 +95,9 @@ class NeighborSampler:
         given, fanouts = fanouts, [_integer(k) for k in fanouts] if isinstance(fanouts, list | tuple) else None
         if not fanouts or any(k is None or not 1 <= k <= MAX_FANOUT for k in fanouts):
             raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {given!r}")
-        self.fanouts, self.replace, self.place, self.seed = list(fanouts), replace, place, seed
+        if isinstance(seed, bool) or _integer(seed) is None:
+            raise TypeError(f"seed must be an integer (it picks every batch's draws), got {seed!r}")
+        self.fanouts, self.replace, self.place, self.seed = list(fanouts), replace, place, _integer(seed)
         for name, t in (("indptr", indptr), ("indices", indices)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(
