@@ -3,7 +3,9 @@ results give, lookups take the nearest measured cell, and on a GPU every path re
 rows as the reference, refuses out-of-range indices without a device assert, and reads index
 views of any layout."""
 
+import itertools
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -185,15 +187,41 @@ def test_launch_into_fills_the_callers_buffer_on_every_path(path, view):
     table = random_table(1200, 25, torch.float32, seed=45)  # 100 B rows: 4-byte words only
     side = torch.cuda.Stream()
     with UnifiedTensor(table, path=path) as unified:
-        for index_dtype in INDEX_DTYPES:
+        for index_dtype, cap in itertools.product(INDEX_DTYPES, (0, 512)):  # a cap: the kernel, same order
             idx = index_view(view, 1200, index_dtype, "cuda", seed=46)
             out = torch.full((idx.numel(), 25), float("nan"), device="cuda")  # every row must be written
-            with torch.cuda.stream(side):  # as a prefetch thread does: on its own stream
-                side.wait_stream(torch.cuda.current_stream())
-                check = unified.launch_into(idx, out, max_threads=512)
+
+            def launch():  # as a prefetch thread does: its own thread, its own stream
+                with torch.cuda.stream(side):
+                    side.wait_stream(torch.cuda.default_stream())
+                    checks.append(unified.launch_into(idx, out, max_threads=cap))
+
+            checks = []
+            worker = threading.Thread(target=launch)
+            worker.start()
+            worker.join()
             side.synchronize()
-            check()  # in range: returns
+            checks[0]()  # in range: returns
             assert same_bytes(out.cpu(), expected_rows(table, idx))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", dispatch.PATHS)
+def test_launch_into_never_waits_for_the_gpu(path):
+    table = random_table(4000, 32, torch.float32, seed=49)
+    with UnifiedTensor(table, path=path) as unified:
+        idx = torch.randint(0, 4000, (5000,), device="cuda")
+        out = torch.empty((5000, 32), device="cuda")
+        unified.launch_into(idx, out)  # first use: compiles the kernels, makes the alias
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for cap in (0, 1024):
+                check = unified.launch_into(idx, out, max_threads=cap)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        check()
+        assert same_bytes(out.cpu(), table[idx.cpu()])
 
 
 @pytest.mark.gpu
@@ -214,21 +242,28 @@ def test_launch_into_hands_back_the_range_check(path):
 
 
 @pytest.mark.gpu
-def test_launch_into_refuses_what_it_cannot_do():
+@pytest.mark.parametrize("path", dispatch.PATHS)
+def test_launch_into_refuses_what_it_cannot_do_the_same_on_every_path(path):
     table = random_table(100, 4, torch.float32, seed=48)
     idx = torch.arange(10, device="cuda")
-    with UnifiedTensor(table, path="kernel") as unified:
-        with pytest.raises(TypeError, match="CUDA tensor of row ids"):
-            unified.launch_into(torch.arange(10), torch.empty((10, 4), device="cuda"))
-        with pytest.raises(ValueError, match="out must be contiguous"):
-            unified.launch_into(idx, torch.empty((10, 8), device="cuda")[:, ::2])
+    with UnifiedTensor(table, path=path) as unified:
+        for bad_idx, error, message in [
+            (torch.arange(10), TypeError, "CUDA tensor of row ids"),
+            (idx.float(), ValueError, "idx must be a 1-D int32 or int64 CUDA tensor, got torch.float32"),
+            (idx.view(2, 5), ValueError, "idx must be a 1-D int32 or int64 CUDA tensor"),
+        ]:
+            with pytest.raises(error, match=message):
+                unified.launch_into(bad_idx, torch.empty((10, 4), device="cuda"))
+        for bad_out, message in [
+            (torch.empty((10, 8), device="cuda")[:, ::2], "out must be a dense torch.float32 tensor of shape"),
+            (torch.empty((9, 4), device="cuda"), r"of shape \(10, 4\) on cuda:0, got torch.float32 \(9, 4\)"),
+            (torch.empty((10, 4), device="cuda", dtype=torch.float64), "got torch.float64"),
+            (torch.empty((10, 4)), "on cpu"),
+        ]:
+            with pytest.raises(ValueError, match=message):
+                unified.launch_into(idx, bad_out)
         with pytest.raises(ValueError, match="max_threads must be a whole number"):
             unified.launch_into(idx, torch.empty((10, 4), device="cuda"), max_threads=-1)
-        with pytest.raises(ValueError, match="idx must be a 1-D int32 or int64"):
-            unified.launch_into(idx.float(), torch.empty((10, 4), device="cuda"))
-    with UnifiedTensor(table, path="torch") as unified:
-        with pytest.raises(ValueError, match="out must be a torch.float32 tensor of shape"):
-            unified.launch_into(idx, torch.empty((9, 4), device="cuda"))
     with UnifiedTensor(table, dedup=True) as unified:
         with pytest.raises(ValueError, match="cannot de-duplicate without waiting"):
             unified.launch_into(idx, torch.empty((10, 4), device="cuda"))

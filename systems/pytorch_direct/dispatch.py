@@ -130,25 +130,41 @@ def launch_rows(
     max_threads: int = 0,
     loads: str = "vectorized",
 ) -> BoundsCheck:
-    """Queue ``table[idx]`` along ``path`` into ``out`` (dense, on the GPU of ``idx``) without any
-    host wait, for a pipeline that overlaps the gather with other work; returns the range check,
-    which waits for the gather when called (until then ``out`` may hold garbage or row 0 where an
-    index is out of range). ``max_threads`` and ``loads`` shape the suite's kernel; stock torch's
-    paths pick their own grid."""
-    if path in ("kernel", "kernel_sorted"):
-        if not table.is_pinned():
-            raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
-        if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES or not idx.is_cuda:
-            raise ValueError(
-                f"idx must be a 1-D int32 or int64 CUDA tensor, "
-                f"got {idx.dtype} of shape {tuple(idx.shape)} on {idx.device}"
-            )
-        if loads not in KERNELS:
-            raise ValueError(f"loads must be one of {KERNELS}, got {loads!r}")
-        launch = launch_sorted_gather if path == "kernel_sorted" else launch_gather
-        return launch(table, idx, out, kernel=loads, max_threads=max_threads, check=False)
-    if path in ("torch", "torch_sorted"):
+    """Queue ``table[idx]`` along ``path`` into ``out`` without any host wait, for a pipeline that
+    overlaps the gather with other work; returns the range check, which waits for the gather when
+    called (until then ``out`` may hold garbage or row 0 where an index is out of range).
+
+    ``table`` is the pinned 2-D host table, ``alias`` the same memory as a CUDA tensor (for the
+    torch paths), ``idx`` a 1-D int32/int64 tensor on the current GPU, ``out`` a dense
+    ``(len(idx), row)`` tensor of the table's dtype there; each is checked here, the same for
+    every path, before anything is queued. ``loads`` and ``max_threads`` are the suite's kernel's
+    options. A thread cap (to leave the GPU to training) is the kernel's alone: stock torch
+    launches a full grid, so with ``max_threads`` the torch paths give way to the kernel reading
+    rows in the same order."""
+    if path not in PATHS:
+        raise ValueError(f"unknown gather path {path!r} (known: {PATHS})")
+    if not table.is_pinned() or table.dim() != 2:
+        raise ValueError("table must be a 2-D page-locked host tensor (UnifiedTensor or pin_memory())")
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.dtype not in INDEX_DTYPES or not idx.is_cuda:
+        what = f"{idx.dtype} of shape {tuple(idx.shape)} on {idx.device}" if isinstance(idx, torch.Tensor) else idx
+        raise ValueError(f"idx must be a 1-D int32 or int64 CUDA tensor, got {what}")
+    if idx.device.index != torch.cuda.current_device():
+        raise ValueError(
+            f"idx is on {idx.device}, the current GPU is cuda:{torch.cuda.current_device()}: "
+            f"gather under torch.cuda.device({idx.device.index})"
+        )
+    rows = (idx.shape[0], table.shape[1])
+    if tuple(out.shape) != rows or out.dtype != table.dtype or out.device != idx.device or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a dense {table.dtype} tensor of shape {rows} on {idx.device}, got "
+            f"{'a strided ' if not out.is_contiguous() else ''}{out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    if loads not in KERNELS:
+        raise ValueError(f"loads must be one of {KERNELS}, got {loads!r}")
+    sort = path.endswith("_sorted")
+    if path.startswith("torch") and not max_threads:
         if alias is None:
             raise ValueError(f"path {path!r} reads the table through its CUDA alias; none was given")
-        return launch_index_select_alias(alias, idx, out, sort=path == "torch_sorted", check=False)
-    raise ValueError(f"unknown gather path {path!r} (known: {PATHS})")
+        return launch_index_select_alias(alias, idx, out, sort=sort, check=False)
+    launch = launch_sorted_gather if sort else launch_gather
+    return launch(table, idx, out, kernel=loads, max_threads=max_threads, check=False)

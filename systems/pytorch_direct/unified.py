@@ -199,25 +199,27 @@ class UnifiedTensor:
     def launch_into(self, idx: torch.Tensor, out: torch.Tensor, *, max_threads: int | None = None):
         """Queue ``self[idx]`` into ``out`` along :attr:`path` and return at once, without waiting
         for the GPU: for a loader that gathers the next batch while one trains. ``idx`` is a 1-D
-        int32/int64 CUDA tensor, ``out`` a dense ``(len(idx), row)`` CUDA tensor of the table's
-        dtype. Returns an ``ops.BoundsCheck``: calling it waits for the gather and raises
-        ``IndexError`` for an out-of-range index (until then ``out`` is not to be trusted), so a
-        caller that checked its ids itself can drop it. ``max_threads`` (default: the one given
-        at construction, else all) caps the suite's kernel's threads; stock torch's paths pick
-        their own grid. The ``dedup`` option is not taken here: it must wait to count rows."""
+        int32/int64 tensor on the current GPU, ``out`` a dense ``(len(idx), row)`` tensor of the
+        table's dtype there. Returns an ``ops.BoundsCheck``: calling it waits for the gather and
+        raises ``IndexError`` for an out-of-range index (until then ``out`` is not to be trusted),
+        so a caller that checked its ids itself can drop it. ``max_threads`` (default: the one
+        given at construction, else 0: all) caps the gather's threads, which only the suite's
+        kernel can: with a cap, a torch path gives way to the kernel reading rows in the same
+        order (``dispatch.launch_rows``). The ``dedup`` option is not taken here: it must wait to
+        count rows."""
         self._check_open()
         if not isinstance(idx, torch.Tensor) or not idx.is_cuda:
             raise TypeError("index a UnifiedTensor with an int32/int64 CUDA tensor of row ids")
         if self.options.get("dedup"):
             raise ValueError("launch_into cannot de-duplicate without waiting for the GPU: use self[idx]")
-        alias = None
-        if self.path.startswith("torch"):
-            if self._rows_alias is None:
-                self._rows_alias = self._alias_of_rows()
-            alias = self._rows_alias
         threads = self.options.get("max_threads", 0) if max_threads is None else max_threads
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
             raise ValueError(f"max_threads must be a whole number >= 0 (0: all), got {threads!r}")
+        alias = None
+        if self.path.startswith("torch") and not threads:
+            if self._rows_alias is None:
+                self._rows_alias = self._alias_of_rows()
+            alias = self._rows_alias
         loads = self.options.get("loads", "vectorized")
         return dispatch.launch_rows(self.path, self._rows, alias, idx, out, max_threads=threads, loads=loads)
 
