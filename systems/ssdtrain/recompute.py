@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from systems.ssdtrain.cache import StorageKey, storage_key
 from systems.ssdtrain.engine import in_backward
 
 TORCH_CHECKPOINT = functools.partial(torch_checkpoint, use_reentrant=False)
@@ -41,20 +42,24 @@ def tensors_in(values) -> Iterator[torch.Tensor]:
 
 @contextlib.contextmanager
 def checkpointed(
-    layers: list[nn.Module], checkpoint: Callable = TORCH_CHECKPOINT, inputs: dict[int, int] | None = None
+    layers: list[nn.Module], checkpoint: Callable = TORCH_CHECKPOINT, inputs: dict[StorageKey, int] | None = None
 ):
     """Within the block, each of ``layers`` runs its forward through ``checkpoint(forward, *args,
     **kwargs)``. ``inputs`` (if given) collects the storages of the blocks' tensor inputs, which
-    checkpointing holds for backward: storage address -> bytes. The blocks' own forwards are back
-    when the block ends, however it ends."""
+    checkpointing holds for backward: their identity (cache.StorageKey) -> bytes, each storage
+    once. torch's checkpoint saves the positional inputs through the saved-tensor hooks around
+    it (an Offloader counts them there too); the keyword ones it holds in the bound forward. The
+    blocks' own forwards are back when the block ends, however it ends."""
     if not layers:
         yield
         return
+    references = []  # keep each key unique while the block runs (cache.storage_key)
 
     def hold(module, args, kwargs):
         for tensor in tensors_in([*args, *kwargs.values()]):
-            storage = tensor.untyped_storage()
-            inputs[storage.data_ptr()] = storage.nbytes()
+            key, reference = storage_key(tensor)
+            references.append(reference)
+            inputs[key] = tensor.untyped_storage().nbytes()
 
     hooks = [layer.register_forward_pre_hook(hold, with_kwargs=True) for layer in layers] if inputs is not None else []
     # What was there before: a wrapper's instance forward (accelerate's hooks, another block) or None.

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from harness.errors import UserError
+from systems.ssdtrain.cache import StorageKey
 from systems.ssdtrain.engine import KEEP, Offloader
 from systems.ssdtrain.planning import Plan
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget
@@ -164,15 +165,20 @@ class OffloaderPolicy(Policy):
 
     @contextlib.contextmanager
     def around(self, counts):
-        inputs: dict[int, int] = {}
+        inputs: dict[StorageKey, int] = {}
         with self.offloader, checkpointed(self.recomputed(), self.checkpoint, inputs):
             yield
-        total = self.offloader.stats.total
-        counts["activation_bytes"] = total.kept_bytes + sum(inputs.values())
+        stats = self.offloader.stats
+        total = stats.total
+        # A recomputed block's inputs that the Offloader saw saved (torch's checkpoint saves the
+        # positional ones through its hooks; another block may save a shared one) are counted
+        # there already: each storage once.
+        held_inputs = sum(nbytes for key, nbytes in inputs.items() if not stats.has(key))
+        counts["activation_bytes"] = total.kept_bytes + held_inputs
         counts["bytes_packed"] = total.packed_bytes
         counts["bytes_unique"] = total.unique_bytes
         if self.offloading:
-            moved = self.offloader.stats.store
+            moved = stats.store
             counts["bytes_written"] = moved.bytes_written
             counts["bytes_read"] = moved.bytes_read
             counts["write_seconds"] = moved.write_seconds
