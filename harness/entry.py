@@ -64,6 +64,7 @@ def measure(
     _writable_folder(scratch_dir or Path(cfg["scratch_dir"]), "the scratch folder")
     writer = ResultsWriter(topic.schema, scale=scale_name)
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
+    topic_part_names = {p.name for p in topic.parts}
     provenance.note_code_at_start()
     started = time.perf_counter()
     try:
@@ -98,6 +99,11 @@ def measure(
                 topic=topic.name,
                 part=part.name,
                 parameters=part_params,
+                # What every part of the topic shares at this scale (repetitions, warm-up, seeds,
+                # models), from the config file the part was given: Snakemake's merged one names
+                # its --config overrides too.
+                shared_parameters={k: v for k, v in params.items() if k not in topic_part_names},
+                config_file=_shown(config_path),
                 # the whole part, set-up and checks included: what a reproduce run spends on it
                 part_wall_s=round(time.perf_counter() - started, 1),
                 **notes,
@@ -124,6 +130,14 @@ def _end_as_interrupted() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
     raise KeyboardInterrupt  # where SIGINT is blocked in this thread, or ignored by the OS
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies in it (the same on every checkout), else as given."""
+    try:
+        return path.resolve().relative_to(provenance.REPO_ROOT.resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _writable_folder(folder: Path, what: str) -> None:

@@ -471,6 +471,7 @@ def test_the_config_schema_knows_every_pipeline_and_refuses_bad_budgets():
     for names in (
         schema["properties"]["pipeline_datasets"]["propertyNames"]["enum"],
         schema["properties"]["papers_full"]["properties"]["pipelines"]["items"]["enum"],
+        schema["$defs"]["budget_sweep"]["properties"]["pipelines"]["items"]["enum"],
     ):
         assert set(names) == every and tuple(n for n in names if n in PIPELINES) == PIPELINES
     block = suite_config.load()["topics"]["gnn_training"]["cpu"]
@@ -751,6 +752,30 @@ def test_the_papers_full_part_trains_on_its_graph_in_memory_with_its_pipelines(m
             train.run_dataset("papers_full", params | {"models": [model]}, writer, shared=shared, repeat=1, warmup=0,
                               device="cpu")  # fmt: skip
     assert made == []  # refused before any graph was made
+
+
+def test_a_budget_sweep_part_trains_its_pipelines_and_models_at_each_of_its_budgets():
+    """products_budgets at the tiny scale, run here on the CPU: its own budgets, pipelines and
+    models (not the scale's), on products-like; the headline tables leave it to the budget figure."""
+    import pandas as pd
+
+    from analysis.doc_tables.gnn_training import at_largest_cpu_budget
+    from harness import config as suite_config
+    from harness.results import ResultsWriter
+    from workloads.gnn.worker_split import budget_cores
+    from workloads.gnn_training import TOPIC, train
+
+    assert {"products_budgets", "papers_budgets"} <= {p.name for p in TOPIC.parts if not p.cpu}
+    config = suite_config.load()["topics"]["gnn_training"]["tiny"]
+    params = config["products_budgets"] | {"pipelines": ["cpu_gather"]}  # the one pipeline a CPU runs
+    writer = ResultsWriter(SCHEMA, scale="tiny")
+    notes = train.run_dataset("products_budgets", params, writer, shared=config, repeat=1, warmup=0, device="cpu")
+    epochs = pd.DataFrame([r for r in writer.rows if r["metric"] == "epoch_time"])
+    assert set(epochs.cpu_budget) == {budget_cores(b) for b in params["cpu_budgets"]} == set(notes["cpu_budgets"])
+    assert set(epochs.dataset) == {"ogbn-products-like"} and set(epochs.variant) == {"cpu_gather"}
+    assert set(zip(epochs.model, epochs.layers)) == {("sage", 2)}  # the part's model, not the scale's two
+    headline = at_largest_cpu_budget(epochs.assign(part="products_budgets"))
+    assert headline.empty and not at_largest_cpu_budget(epochs.assign(part="products")).empty
 
 
 # --- the notebook and the doc table on hand-made runs: each run's ratio, the range, orderings, memory ---

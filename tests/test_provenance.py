@@ -367,3 +367,29 @@ def test_the_modules_a_topics_parts_and_registries_load_are_its_files():
         suite = {p.relative_to(root).as_posix() for p in loaded if p.is_relative_to(root)}
         outside = {p for p in suite if p in files} - code_digest.topic_files(files, topic)
         assert not outside, (topic, sorted(outside))
+
+
+def test_a_parts_record_names_what_its_topic_shares_and_the_config_file_overrides_included(tmp_path):
+    """Beside the part's own parameters, the record holds what every part of its topic shares at
+    the scale (repetitions, warm-up) from the config file the part was given: a merged file, as
+    Snakemake writes one with a --config override, is named with its override."""
+    import json
+
+    import yaml
+
+    from harness import config as suite_config
+    from harness.entry import main as entry
+
+    merged = suite_config.load()
+    merged["topics"]["ceilings"]["tiny"]["repeat"] = 4  # the override
+    config_file = tmp_path / "merged.yaml"
+    config_file.write_text(yaml.safe_dump(merged, sort_keys=True))
+    out = tmp_path / "results" / "matmul-tiny.csv"
+    entry(["ceilings", "--part", "matmul", "--scale", "tiny", "--out", str(out), "--config", str(config_file)])
+    record = json.loads(out.with_suffix(".provenance.json").read_text())
+    assert record["config_file"] == str(config_file)
+    assert record["shared_parameters"] == {"repeat": 4, "warmup": 1}  # the parts' blocks are not shared
+    assert record["parameters"] == merged["topics"]["ceilings"]["tiny"]["matmul"]
+    entry(["ceilings", "--part", "matmul", "--scale", "tiny", "--out", str(out)])  # the default config
+    record = json.loads(out.with_suffix(".provenance.json").read_text())
+    assert record["config_file"] == "config/config.yaml" and record["shared_parameters"]["repeat"] == 3
