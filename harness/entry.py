@@ -46,6 +46,11 @@ def measure(
 ) -> int:
     """Measure one part and write its results file; the number of rows written."""
     part = topic.part(part_name)
+    if part.cores > machine.usable_cores():
+        raise UserError(
+            f"{topic.name} part '{part.name}' runs on {part.cores} CPU cores and this process may use "
+            f"{machine.usable_cores()}"
+        )
     if out.suffix != ".csv":
         raise UserError(f"--out must name a .csv file, got {out}")
     cfg = suite_config.load(config_path)

@@ -101,6 +101,11 @@ def _nvidia_smi_gpus() -> tuple[GpuInfo, ...]:
     return tuple(gpus)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity), or all of them where that is unknown."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def has_gpu() -> bool:
     """A GPU that this Python can use: the driver sees one and torch was built for CUDA.
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import machine
 from harness.errors import UserError
 from harness.results import Schema
 
@@ -59,14 +60,18 @@ class Part:
 
     ``gpus``: the GPUs it holds on a GPU machine (the workflow's ``gpu`` resource); a machine with
     fewer does not run it. ``cpu``: whether it also runs on a machine without a GPU (then on the
-    CPU path, holding no GPU).
+    CPU path, holding no GPU). ``cores``: the CPU cores it needs (a part that measures on a given
+    number of them); a machine that gives this process fewer does not run it.
     """
 
     name: str
     gpus: int = 1
     cpu: bool = True
+    cores: int = 1
 
     def runs_on(self, gpu_count: int) -> bool:
+        if self.cores > machine.usable_cores():
+            return False
         return self.cpu if gpu_count == 0 else self.gpus <= gpu_count
 
     def gpus_held(self, gpu_count: int) -> int:
@@ -94,9 +99,9 @@ class Topic:
         if self.name in self.reads:
             raise ValueError(f"topic {self.name} lists itself in reads; its own results are read anyway")
         names = [p.name for p in self.parts]
-        bad = [p.name for p in self.parts if not PART_NAME.fullmatch(p.name) or p.gpus < 0]
+        bad = [p.name for p in self.parts if not PART_NAME.fullmatch(p.name) or p.gpus < 0 or p.cores < 1]
         if bad:
-            raise ValueError(f"topic {self.name}: parts {bad} need names of [a-z0-9_] and gpus >= 0")
+            raise ValueError(f"topic {self.name}: parts {bad} need names of [a-z0-9_], gpus >= 0 and cores >= 1")
         if not names or len(set(names)) != len(names):
             raise ValueError(f"topic {self.name}: parts must be a non-empty list of distinct names, got {names}")
         if self.schema.topic != self.name:

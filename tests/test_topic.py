@@ -22,6 +22,17 @@ def test_parts_run_by_gpu_count():
     assert topic.part("two_gpus").gpus_held(0) == 0 and topic.part("two_gpus").gpus_held(4) == 2
 
 
+def test_a_part_that_needs_more_cores_than_the_process_may_use_does_not_run(monkeypatch, tmp_path):
+    from harness import entry, machine
+
+    monkeypatch.setattr(machine, "usable_cores", lambda: 4)
+    topic = demo(Part("four", cores=4), Part("eight", cores=8, cpu=False))
+    assert [p.name for p in topic.parts_on(0)] == ["four"] and [p.name for p in topic.parts_on(1)] == ["four"]
+    monkeypatch.setattr(machine, "gpu_count", lambda: 1)
+    with pytest.raises(UserError, match="part 'eight' runs on 8 CPU cores and this process may use 4"):
+        entry.measure(topic, "eight", "tiny", tmp_path / "eight-tiny.csv", entry.suite_config.DEFAULT_CONFIG)
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
@@ -32,6 +43,7 @@ def test_parts_run_by_gpu_count():
         (lambda: demo(Part("a"), reads=("demo",)), "lists itself in reads"),
         (lambda: demo(Part("Part-1")), "need names of"),
         (lambda: demo(Part("a", gpus=-1)), "gpus >= 0"),
+        (lambda: demo(Part("a", cores=0)), "cores >= 1"),
     ]
     + [
         (

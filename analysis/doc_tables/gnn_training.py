@@ -17,7 +17,7 @@ import pandas as pd
 from analysis.common import same_code_reruns
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
 from harness.results import load_provenance
-from workloads.gnn_training.train import BUDGET_SWEEP_PARTS
+from workloads.gnn_training import BUDGET_SWEEPS
 
 # One group: a part's graph and a model (a part is one graph size: papers and papers_full share a name).
 GROUP = ["part", "dataset", "model", "layers", "fanouts", "nodes", "edges"]
@@ -39,14 +39,21 @@ def with_runs(committed: pd.DataFrame, reruns: pd.DataFrame | None = None) -> pd
 def at_largest_cpu_budget(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows measured at each part's and run's largest CPU budget (all its cores, as the
     headline numbers are), and rows that record no budget (measured before budgets existed). The
-    parts that sweep budgets over a few pipelines of another part's graph are left to the budget
-    figure."""
-    frame = frame[~frame.part.isin(BUDGET_SWEEP_PARTS)] if "part" in frame else frame
+    CPU-budget sweeps (a few pipelines of a dataset part's graph on fewer cores) are left to the
+    budget figure (:func:`joined_to_dataset_parts`)."""
+    frame = frame[~frame.part.isin(BUDGET_SWEEPS)] if "part" in frame else frame
     if "cpu_budget" not in frame or frame.cpu_budget.isna().all():
         return frame
     keys = ["part", "run"] if "run" in frame else ["part"]
     largest = frame.groupby(keys, dropna=False)["cpu_budget"].transform("max")
     return frame[frame.cpu_budget.isna() | (frame.cpu_budget == largest)]
+
+
+def joined_to_dataset_parts(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each CPU-budget sweep's rows named after the dataset part whose graph it
+    trains (``products_2_cores`` -> ``products``): one group per graph and model, its points at
+    every budget."""
+    return frame.assign(part=frame.part.map(lambda part: BUDGET_SWEEPS.get(part, (part,))[0]))
 
 
 def epoch_medians(frame: pd.DataFrame) -> pd.DataFrame:

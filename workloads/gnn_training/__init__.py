@@ -4,14 +4,18 @@ Parts are datasets (``reddit``, ``products``, ``papers``: graphs with those stat
 workloads.graphs; ``papers_full``: papers-like at full size, its feature table generated in host
 memory, on GPU machines only); each part trains GraphSAGE and GAT with every pipeline that applies here
 (see workloads/gnn/pipelines.py). Without a GPU only the CPU pipeline runs, training on the CPU.
-``products_budgets`` and ``papers_budgets`` (GPU machines) train the same graphs with the pipelines
-and models their config names at each of their CPU budgets: the CPU baselines against zero-copy
-when the data path gets 2, 4, 8 or all cores, a part of its own so that each part fits a run.
+The CPU-budget sweeps (GPU machines), one part per graph and budget (``products_2_cores`` ...
+``papers_8_cores``, :data:`BUDGET_SWEEPS`), train the same graphs with the pipelines and models
+their config blocks list on that many cores: the CPU baselines against zero-copy when the data path
+gets few cores (all of them: the dataset parts). Each is a part of its own so that each fits a run.
 """
 
 from harness.topic import Part, Topic
 from workloads.gnn_training.schema import SCHEMA
 from workloads.graphs.spec import SHORT_NAMES
+
+# part -> (the dataset part whose graph it trains, the cores it runs on)
+BUDGET_SWEEPS = {f"{graph}_{cores}_cores": (graph, cores) for graph in ("products", "papers") for cores in (2, 4, 8)}
 
 TOPIC = Topic(
     name="gnn_training",
@@ -23,8 +27,7 @@ TOPIC = Topic(
     parts=(
         *(Part(name) for name in SHORT_NAMES),
         Part("papers_full", cpu=False),
-        Part("products_budgets", cpu=False),
-        Part("papers_budgets", cpu=False),
+        *(Part(name, cpu=False, cores=cores) for name, (_, cores) in BUDGET_SWEEPS.items()),
     ),
     # PyG's NeighborLoader samples with whichever of these is built (pyg_neighbor_loader).
     packages=("pyg-lib", "torch-sparse", "torch-scatter", "scipy"),

@@ -44,19 +44,16 @@ from workloads.gnn.worker_split import (
     pick_split,
     training_threads_left,
 )
+from workloads.gnn_training import BUDGET_SWEEPS
 from workloads.graphs.datasets import load_graph
 from workloads.graphs.spec import SHORT_NAMES
 
-# The parts that sweep CPU budgets over a few pipelines and models of a graph another part measures
-# in full (their own parts, so that each part fits a run): read for the budget figure, not the
-# headline tables (analysis/doc_tables/gnn_training.py).
-BUDGET_SWEEP_PARTS = {"products_budgets": "products", "papers_budgets": "papers"}
 # The dataset each part trains on: one per short name, papers100M-like at full size in host memory
 # (its feature table generated where zero-copy reads it, never on disk), and the budget sweeps'.
 DATASET_OF_PART = (
     SHORT_NAMES
     | {"papers_full": SHORT_NAMES["papers"]}
-    | {part: SHORT_NAMES[graph] for part, graph in BUDGET_SWEEP_PARTS.items()}
+    | {part: SHORT_NAMES[graph] for part, (graph, _) in BUDGET_SWEEPS.items()}
 )
 
 
@@ -92,7 +89,9 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
         if name in pipelines and part not in parts:  # kept to some datasets, for a scale's time budget
             pipelines.remove(name)
             skipped[name] = f"measured on {', '.join(parts)} only at this scale (pipeline_datasets)"
-    budgets = sorted({budget_cores(b) for b in params.get("cpu_budgets", shared["cpu_budgets"])})
+    # A budget sweep runs on its own cores; the dataset parts at each of the scale's budgets.
+    budgets = [BUDGET_SWEEPS[part][1]] if part in BUDGET_SWEEPS else shared["cpu_budgets"]
+    budgets = sorted({budget_cores(b) for b in budgets})
     memory_budgets = parse_budgets(shared.get("gpu_memory_budget_gib")) if device == "cuda" else []
     cap = memory_budgets[-1] if memory_budgets else None
     sizes = GraphSizes.of(graph)

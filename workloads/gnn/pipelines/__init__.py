@@ -39,7 +39,6 @@ the same batches (the sampler's random numbers depend only on seeds), so their l
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.machine import usable_cores
 from harness.registry import Entry, Registry
 from systems.sampling.sampler import NeighborSampler, SampledSubgraph
 from workloads.graphs.shared import shared_anonymous_copy
@@ -141,11 +141,6 @@ def workers_of(pipeline: str, sampler_workers: int, cores: int | None = None) ->
     if PIPELINE_KINDS[pipeline].sampling != "cpu":
         return 0
     return sampler_workers if cores is None else min(sampler_workers, cores // 2)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), or all of them where that is unknown."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def training_threads(sampler_workers: int, processes: int = 1) -> int:
