@@ -45,6 +45,7 @@ from analysis.doc_tables.gnn_training import (
     with_runs,
 )
 from workloads.gnn.pipelines import in_order
+from workloads.gnn_training import BUDGET_SWEEPS
 from workloads.gnn_training.schema import SCHEMA
 
 frame, provenance = load_results(results["gnn_training"], SCHEMA)
@@ -68,7 +69,7 @@ CPU_BASELINES = in_order(every_run[every_run.role == "baseline"].variant)  # tho
 speedup = {v: per_group(ratios(medians, v, BASELINE)) for v in set(medians.variant)}
 vs_bound = {v: per_group(ratios(medians, "all_in_gpu", v)) for v in set(medians.variant)}  # v's epoch / all_in_gpu's
 # What each part's notes say about GPU memory: {part: notes}.
-NOTES = {record.get("part"): record for record in provenance}
+NOTES = {record.get("part"): record for record in provenance if record.get("part") not in BUDGET_SWEEPS}
 print(machine_label(provenance))
 print(f"runs: {', '.join(RUNS)}")
 for f in other_code:

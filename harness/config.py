@@ -183,3 +183,15 @@ def topic_params(config: dict, topic: str, scale: str) -> dict:
             f"topic '{topic}' has no block for scale '{scale}' (config/{topic}.yaml, or the config's topics/{topic})"
         )
     return blocks[scale]
+
+
+def part_configured(config: dict, topic, scale: str, part: str) -> bool:
+    """Whether ``part`` of ``topic`` (a harness.topic.Topic) is measured at ``scale``: a topic that
+    gives its parts blocks of their own measures at a scale only the parts its block there lists
+    (a GPU part left out of the small scales is not run there, not run without its parameters); a
+    topic that configures its parts only in common measures every part."""
+    blocks = config["topics"][topic.name]
+    names = {p.name for p in topic.parts}
+    if not any(isinstance(block, dict) and names & set(block) for block in blocks.values()):
+        return True
+    return part in blocks.get(scale, {})

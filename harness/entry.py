@@ -46,20 +46,25 @@ def measure(
 ) -> int:
     """Measure one part and write its results file; the number of rows written."""
     part = topic.part(part_name)
-    if part.cores > machine.usable_cores():
-        raise UserError(
-            f"{topic.name} part '{part.name}' runs on {part.cores} CPU cores and this process may use "
-            f"{machine.usable_cores()}"
-        )
     if out.suffix != ".csv":
         raise UserError(f"--out must name a .csv file, got {out}")
     cfg = suite_config.load(config_path)
     params = suite_config.topic_params(cfg, topic.name, scale_name)
     gpus = machine.gpu_count()
-    if not part.runs_on(gpus):
+    if not part.fits_gpus(gpus):
         need = f"{part.gpus} CUDA GPU{'s' if part.gpus > 1 else ''}"
         raise NeedsGpuError(
             f"{topic.name} part '{part.name}' needs {need} and this machine has {gpus} that torch can use"
+        )
+    if part.cores > machine.usable_cores():
+        raise UserError(
+            f"{topic.name} part '{part.name}' runs on {part.cores} CPU cores and this process may use "
+            f"{machine.usable_cores()}"
+        )
+    if not suite_config.part_configured(cfg, topic, scale_name, part.name):
+        raise UserError(
+            f"{topic.name} part '{part.name}' is not measured at scale '{scale_name}': "
+            f"config/{topic.name}.yaml gives it no block there"
         )
     if out.stem != f"{part.name}-{scale_name}":  # what the reader takes the part and the scale from
         raise UserError(f"--out must be named {part.name}-{scale_name}.csv (part-scale), got {out.name}")

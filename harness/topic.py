@@ -70,8 +70,10 @@ class Part:
     cores: int = 1
 
     def runs_on(self, gpu_count: int) -> bool:
-        if self.cores > machine.usable_cores():
-            return False
+        return self.fits_gpus(gpu_count) and self.cores <= machine.usable_cores()
+
+    def fits_gpus(self, gpu_count: int) -> bool:
+        """Whether a machine of ``gpu_count`` GPUs runs it, whatever its cores."""
         return self.cpu if gpu_count == 0 else self.gpus <= gpu_count
 
     def gpus_held(self, gpu_count: int) -> int:

@@ -754,6 +754,19 @@ def test_the_papers_full_part_trains_on_its_graph_in_memory_with_its_pipelines(m
     assert made == []  # refused before any graph was made
 
 
+def test_every_part_has_a_block_at_every_scale():
+    """A GPU machine runs the GPU-only parts at every scale it is given (the default one included):
+    each part needs a block with its graph's size there, or its job fails."""
+    from harness import config as suite_config
+    from workloads.gnn_training import TOPIC
+
+    blocks = suite_config.load()["topics"]["gnn_training"]
+    for scale, block in blocks.items():
+        for part in TOPIC.parts:
+            assert "scale_factor" in block.get(part.name, {}), (scale, part.name)
+
+
+@pytest.mark.skipif(__import__("harness.machine").machine.usable_cores() < 2, reason="needs 2 cores, as the part does")
 def test_a_budget_sweep_part_trains_its_pipelines_and_models_on_its_cores():
     """products_2_cores at the tiny scale, run here on the CPU: on 2 cores, with its own pipelines
     and models (not the scale's), on products-like; a machine that gives the process fewer cores

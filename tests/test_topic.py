@@ -28,9 +28,15 @@ def test_a_part_that_needs_more_cores_than_the_process_may_use_does_not_run(monk
     monkeypatch.setattr(machine, "usable_cores", lambda: 4)
     topic = demo(Part("four", cores=4), Part("eight", cores=8, cpu=False))
     assert [p.name for p in topic.parts_on(0)] == ["four"] and [p.name for p in topic.parts_on(1)] == ["four"]
+    from workloads.gnn_training import TOPIC as GNN
+
+    out = tmp_path / "papers_8_cores-tiny.csv"
+    monkeypatch.setattr(machine, "gpu_count", lambda: 0)
+    with pytest.raises(UserError, match="needs 1 CUDA GPU"):  # on a machine without one: the GPU it lacks
+        entry.measure(GNN, "papers_8_cores", "tiny", out, entry.suite_config.DEFAULT_CONFIG)
     monkeypatch.setattr(machine, "gpu_count", lambda: 1)
-    with pytest.raises(UserError, match="part 'eight' runs on 8 CPU cores and this process may use 4"):
-        entry.measure(topic, "eight", "tiny", tmp_path / "eight-tiny.csv", entry.suite_config.DEFAULT_CONFIG)
+    with pytest.raises(UserError, match="part 'papers_8_cores' runs on 8 CPU cores and this process may use 4"):
+        entry.measure(GNN, "papers_8_cores", "tiny", out, entry.suite_config.DEFAULT_CONFIG)
 
 
 @pytest.mark.parametrize(
@@ -75,3 +81,23 @@ def test_every_shipped_topic_has_a_measuring_function_per_part_and_its_files():
             assert path.exists(), path
         for relative in (topic.notebook, topic.caption):
             assert (topic.config_file.parent.parent / relative).exists(), relative
+
+
+def test_a_part_without_a_block_at_a_scale_is_not_measured_there(monkeypatch, tmp_path):
+    """A topic that gives its parts blocks measures at a scale only the parts listed there (a GPU
+    part left out of the small scales): planned by no workflow, refused in one line by the entry,
+    never run without its parameters (relational_gnn's gemm_template at scale cpu on a GPU machine
+    failed with KeyError: 'cases'). A topic that configures its parts in common runs them all."""
+    from harness import config as suite_config
+    from harness import entry, machine
+    from workloads.gnn_multi_gpu import TOPIC as MULTI
+    from workloads.relational_gnn import TOPIC as RGNN
+
+    config = suite_config.load()
+    assert suite_config.part_configured(config, RGNN, "h200", "gemm_template")
+    assert not suite_config.part_configured(config, RGNN, "cpu", "gemm_template")
+    assert suite_config.part_configured(config, RGNN, "cpu", "datasets")
+    assert all(suite_config.part_configured(config, MULTI, "cpu", p.name) for p in MULTI.parts)
+    monkeypatch.setattr(machine, "gpu_count", lambda: 1)
+    with pytest.raises(UserError, match="part 'gemm_template' is not measured at scale 'cpu': config/relational"):
+        entry.measure(RGNN, "gemm_template", "cpu", tmp_path / "gemm_template-cpu.csv", suite_config.DEFAULT_CONFIG)

@@ -59,8 +59,12 @@ RESULTS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[a-z0-9_]+-[A-Za-z0-9_]+\
 
 
 def parts_here(topic):
-    """Names of the parts of ``topic`` that run on this machine."""
-    return [part.name for part in TOPICS[topic].parts_on(GPU_COUNT)]
+    """Names of the parts of ``topic`` that run on this machine at this scale."""
+    return [
+        part.name
+        for part in TOPICS[topic].parts_on(GPU_COUNT)
+        if suite_config.part_configured(config, TOPICS[topic], SCALE, part.name)
+    ]
 
 
 def results_of(topic, machine, scale):
