@@ -117,16 +117,21 @@ def test_bad_input_is_refused(call, message):
         call()
 
 
-def test_profile_of_a_real_model_matches_what_keep_saves():
+def tiny_llama():
+    """The tiny Llama's spec, model, blocks, one batch and a training step on it."""
     s = spec("llama", "tiny")
     model = build(s, seed=0).model
-    layers = [block for _, block in blocks(model)]
     batch = next(batches(s, seed=0))
 
     def step():
         model.zero_grad(set_to_none=True)
         model(**batch).loss.backward()
 
+    return s, model, [block for _, block in blocks(model)], batch, step
+
+
+def test_profile_of_a_real_model_matches_what_keep_saves():
+    _, model, layers, _, step = tiny_llama()
     profiles, seconds, fixed = planning.profile(model, layers, step, "cpu")
     assert len(profiles) == len(layers) and seconds > 0 and fixed > 0
     for p in profiles:
@@ -145,15 +150,7 @@ def test_a_recomputed_block_s_input_is_counted_once_and_plans_predict_what_steps
     from systems.ssdtrain import POLICIES
     from workloads.llm_offload.checking import one_step
 
-    s = spec("llama", "tiny")
-    model = build(s, seed=0).model
-    layers = [block for _, block in blocks(model)]
-    batch = next(batches(s, seed=0))
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(**batch).loss.backward()
-
+    s, model, layers, batch, step = tiny_llama()
     profiles, _, fixed = planning.profile(model, layers, step, "cpu")
     hidden = batch["input_ids"].numel() * s.hidden * 4  # one float32 hidden state
     held = {}

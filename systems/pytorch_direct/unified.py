@@ -188,11 +188,7 @@ class UnifiedTensor:
         self._check_open()
         if not isinstance(idx, torch.Tensor) or not idx.is_cuda:
             raise TypeError("index a UnifiedTensor with an int32/int64 CUDA tensor of row ids")
-        alias = None
-        if self.path.startswith("torch"):
-            if self._rows_alias is None:
-                self._rows_alias = self._alias_of_rows()
-            alias = self._rows_alias
+        alias = self._rows_alias_for_torch() if self.path.startswith("torch") else None
         rows = dispatch.gather_rows(self.path, self._rows, alias, idx.reshape(-1), **self.options)
         return rows.view(idx.shape + self.tensor.shape[1:])
 
@@ -215,13 +211,15 @@ class UnifiedTensor:
         threads = self.options.get("max_threads", 0) if max_threads is None else max_threads
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
             raise ValueError(f"max_threads must be a whole number >= 0 (0: all), got {threads!r}")
-        alias = None
-        if self.path.startswith("torch") and not threads:
-            if self._rows_alias is None:
-                self._rows_alias = self._alias_of_rows()
-            alias = self._rows_alias
+        alias = self._rows_alias_for_torch() if self.path.startswith("torch") and not threads else None
         loads = self.options.get("loads", "vectorized")
         return dispatch.launch_rows(self.path, self._rows, alias, idx, out, max_threads=threads, loads=loads)
+
+    def _rows_alias_for_torch(self) -> torch.Tensor:
+        """The torch paths' alias of the rows, made on first use and kept until close()."""
+        if self._rows_alias is None:
+            self._rows_alias = self._alias_of_rows()
+        return self._rows_alias
 
     def _alias_of_rows(self) -> torch.Tensor:
         """The table as a 2-D CUDA tensor for the torch paths. Its memory object does not hold
