@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from systems.sampling.ops import reference, sample_into_slots, sample_neighbors
+from systems.sampling.ops import (
+    reference,
+    sample_into_slots,
+    sample_into_slots_op,
+    sample_neighbors,
+    sample_neighbors_op,
+)
 from systems.sampling.sampler import NeighborSampler
 from workloads.graphs.generate import GeneratorParams, generate
 from workloads.graphs.spec import DATASETS
@@ -77,9 +83,19 @@ def test_draws_depend_on_the_rng_seed_only(graph):
 @pytest.mark.parametrize(
     "args, error, message",
     [
-        ((torch.tensor([0]), 0, False, 1), ValueError, "fanout must be between 1 and 64"),
-        ((torch.tensor([0]), 65, False, 1), ValueError, "fanout must be between 1 and 64"),
+        ((torch.tensor([0]), 0, False, 1), ValueError, "fanout must be an integer between 1 and 64"),
+        ((torch.tensor([0]), 65, False, 1), ValueError, "fanout must be an integer between 1 and 64"),
         ((torch.tensor([0]), 3, False, -1), ValueError, "rng_seed"),
+        (
+            (torch.tensor([0]), 3, False, 2**63),
+            ValueError,
+            r"rng_seed must be an integer in \[0, 2\^63\), got 9223372036854775808",
+        ),  # noqa: E501
+        ((torch.tensor([0]), 3, False, 1.0), ValueError, r"rng_seed must be an integer .* \(float\)"),
+        ((torch.tensor([0]), 3, False, True), ValueError, r"rng_seed must be an integer .* \(bool\)"),
+        ((torch.tensor([0]), 2**64, False, 1), ValueError, "fanout must be an integer between 1 and 64"),
+        ((torch.tensor([0]), 2.0, False, 1), ValueError, r"fanout must be an integer .* \(float\)"),
+        ((torch.tensor([0]), 3, "no", 1), ValueError, "replace must be a bool, got 'no'"),
         ((torch.tensor([10**9]), 3, False, 1), IndexError, "seed node 1000000000 is out of range"),
         ((torch.tensor([0], dtype=torch.int32), 3, False, 1), ValueError, "1-D int64"),
     ],
@@ -89,8 +105,21 @@ def test_bad_arguments_are_refused(graph, args, error, message):
         sample_neighbors(*graph, *args)
 
 
+def test_numpy_integers_draw_what_python_integers_draw_and_slots_refuse_the_same(graph):
+    seeds = torch.arange(0, 40, 3)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            sample_neighbors(*graph, seeds, np.int32(5), np.bool_(True), np.uint64(2**63 - 1)),
+            sample_neighbors(*graph, seeds, 5, True, 2**63 - 1),
+        )
+    )
+    with pytest.raises(ValueError, match=r"rng_seed must be an integer in \[0, 2\^63\)"):
+        sample_into_slots(*graph, seeds, torch.tensor([3]), 4, False, 2**63)
+
+
 def test_op_passes_opcheck(graph):
-    torch.library.opcheck(sample_neighbors, (*graph, torch.arange(30), 4, False, 3))
+    torch.library.opcheck(sample_neighbors_op, (*graph, torch.arange(30), 4, False, 3))
 
 
 @pytest.mark.parametrize("replace", [False, True])
@@ -128,7 +157,7 @@ def test_slots_hold_the_reference_draws_of_the_valid_seeds_only(graph):
     assert (slots[~used] == -1).all()
     with pytest.raises(ValueError, match="num_valid must be in"):
         sample_into_slots(indptr, indices, seeds, torch.tensor([38]), 9, False, 41)
-    torch.library.opcheck(sample_into_slots, (indptr, indices, seeds, torch.tensor([20]), 4, True, 3))
+    torch.library.opcheck(sample_into_slots_op, (indptr, indices, seeds, torch.tensor([20]), 4, True, 3))
 
 
 @pytest.mark.parametrize("batch_size, fanouts", [(1, [64, 3]), (5, [40, 40, 40]), (0, [4])])

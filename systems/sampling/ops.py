@@ -14,11 +14,16 @@ are tested against.
 neighbours into fixed slots (seed i's at ``i * fanout``, unused slots -1) for the first
 ``num_valid`` seeds only, a count held in a tensor: its output sizes never depend on the data, so
 on a GPU the multi-hop sampler chains hops without reading anything back.
+
+Both are plain functions that check their integer arguments and call the ``torch.library`` ops
+``sample_neighbors_op`` and ``sample_into_slots_op``: a fanout or seed beyond int64 would
+otherwise meet the dispatcher's schema check first, whose error does not say which range is valid.
 """
 
 from __future__ import annotations
 
 import ctypes
+import operator
 from pathlib import Path
 
 import numpy as np
@@ -102,8 +107,39 @@ def reference(
     return counts, out
 
 
+def check_scalars(fanout, replace, rng_seed) -> None:
+    """One-line refusals of a fanout or seed that is not an integer in range (a bool is not one),
+    and of a ``replace`` that is not a bool."""
+    if not isinstance(replace, (bool, np.bool_)):
+        raise ValueError(f"replace must be a bool, got {replace!r} ({type(replace).__name__})")
+    for name, value, low, high, shown in (
+        ("fanout", fanout, 1, MAX_FANOUT + 1, f"between 1 and {MAX_FANOUT}"),
+        ("rng_seed", rng_seed, 0, 2**63, "in [0, 2^63)"),
+    ):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            number = None
+        if number is None or isinstance(value, bool) or not low <= number < high:
+            raise ValueError(f"{name} must be an integer {shown}, got {value!r} ({type(value).__name__})")
+
+
+def sample_neighbors(indptr, indices, seeds, fanout, replace, rng_seed) -> tuple[torch.Tensor, torch.Tensor]:
+    """One hop (the module docstring says what it returns)."""
+    check_scalars(fanout, replace, rng_seed)
+    return sample_neighbors_op(indptr, indices, seeds, int(fanout), bool(replace), int(rng_seed))
+
+
+def sample_into_slots(
+    indptr, indices, seeds, num_valid, fanout, replace, rng_seed
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One hop into fixed slots (the module docstring says how they are laid out)."""
+    check_scalars(fanout, replace, rng_seed)
+    return sample_into_slots_op(indptr, indices, seeds, num_valid, int(fanout), bool(replace), int(rng_seed))
+
+
 @torch.library.custom_op("sampling::sample_neighbors", mutates_args=())
-def sample_neighbors(
+def sample_neighbors_op(
     indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanout: int, replace: bool, rng_seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_arguments(indptr, indices, seeds, fanout, rng_seed)
@@ -162,7 +198,7 @@ def cpu_kernels():
     return library
 
 
-@sample_neighbors.register_fake
+@sample_neighbors_op.register_fake
 def _(indptr, indices, seeds, fanout, replace, rng_seed):
     ctx = torch.library.get_ctx()
     return seeds.new_empty(seeds.shape), seeds.new_empty((ctx.new_dynamic_size(),))
@@ -181,7 +217,7 @@ def _address(t: torch.Tensor) -> int:
     return nvrtc.device_pointer_of_pinned(t)
 
 
-@sample_neighbors.register_kernel("cuda")
+@sample_neighbors_op.register_kernel("cuda")
 def _(indptr, indices, seeds, fanout, replace, rng_seed):
     check_arguments(indptr, indices, seeds, fanout, rng_seed)
     seeds = seeds.contiguous()  # the kernels read seeds[i] by plain offsets (ids[::2] is a view)
@@ -230,7 +266,7 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
 
 
 @torch.library.custom_op("sampling::sample_into_slots", mutates_args=())
-def sample_into_slots(
+def sample_into_slots_op(
     indptr: torch.Tensor,
     indices: torch.Tensor,
     seeds: torch.Tensor,
@@ -243,7 +279,7 @@ def sample_into_slots(
     valid = int(num_valid)  # on the host, reading it costs nothing
     if not 0 <= valid <= seeds.numel():
         raise ValueError(f"num_valid must be in [0, {seeds.numel()}], got {valid}")
-    counts_of_valid, neighbors = sample_neighbors(indptr, indices, seeds[:valid], fanout, replace, rng_seed)
+    counts_of_valid, neighbors = sample_neighbors_op(indptr, indices, seeds[:valid], fanout, replace, rng_seed)
     counts = torch.zeros(seeds.numel(), dtype=torch.int64)
     counts[:valid] = counts_of_valid
     out = torch.full((seeds.numel() * fanout,), -1, dtype=torch.int64)
@@ -264,12 +300,12 @@ def _check_slot_arguments(seeds: torch.Tensor, num_valid: torch.Tensor, fanout: 
         raise ValueError(f"fanout must be between 1 and {MAX_FANOUT}, got {fanout}")
 
 
-@sample_into_slots.register_fake
+@sample_into_slots_op.register_fake
 def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
     return seeds.new_empty(seeds.shape), seeds.new_empty((seeds.numel() * fanout,))
 
 
-@sample_into_slots.register_kernel("cuda")
+@sample_into_slots_op.register_kernel("cuda")
 def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
     _check_slot_arguments(seeds, num_valid, fanout)
     if not 0 <= rng_seed < 2**63:

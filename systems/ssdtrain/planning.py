@@ -45,6 +45,7 @@ import torch
 
 from harness import timing
 from harness.errors import UserError
+from systems.ssdtrain.cache import storage_key
 from systems.ssdtrain.engine import Offloader
 from systems.ssdtrain.recompute import tensors_in
 from systems.ssdtrain.stores import StoreCorrupted
@@ -332,9 +333,9 @@ def _synchronize(device: torch.device) -> None:
 
 
 class LayerTimer:
-    """Forward hooks on ``layers`` that record, for the last forward, each layer's input bytes (its
-    positional and keyword tensors, each counted once) and the marks around its forward. A layer
-    run again in backward (recomputation) is not recorded."""
+    """Forward hooks on ``layers`` that record, for the last forward, each layer's input storages
+    (of its positional and keyword tensors) and the marks around its forward. A layer run again in
+    backward (recomputation) is not recorded."""
 
     def __init__(self, layers, device):
         self.device = device_of(device)
@@ -348,13 +349,28 @@ class LayerTimer:
     def _before(self, index, module, args, kwargs):
         if torch._C._current_graph_task_id() != -1:
             return
-        tensors = {id(t): t for t in tensors_in([*args, *kwargs.values()])}
-        self.inputs[index] = sum(t.numel() * t.element_size() for t in tensors.values())
+        # Storage identity -> (bytes, a reference that keeps the identity unique while it is held).
+        self.inputs[index] = {
+            key: (tensor.untyped_storage().nbytes(), reference)
+            for tensor in tensors_in([*args, *kwargs.values()])
+            for key, reference in [storage_key(tensor)]
+        }
         self.starts[index] = _mark(self.device)
 
     def _after(self, index, module, args, output):
         if torch._C._current_graph_task_id() == -1:
             self.ends[index] = _mark(self.device)
+
+    def input_bytes(self, count: int) -> list[int]:
+        """The first ``count`` layers' input bytes, each storage counted in the first layer given it:
+        recomputing several layers holds a storage they share (the rotary tables, the attention
+        mask) once, as the step's count of what it holds does (recompute.checkpointed)."""
+        seen, out = set(), []
+        for index in range(count):
+            fresh = self.inputs[index].keys() - seen
+            seen |= fresh
+            out.append(sum(self.inputs[index][key][0] for key in fresh))
+        return out
 
     def forward_seconds(self) -> dict[int, float]:
         """Each recorded layer's forward time (waits for the device first)."""
@@ -371,13 +387,14 @@ def profiles_of(stats, timer: LayerTimer, count: int) -> tuple[list[LayerProfile
     """The ``count`` layers' profiles from one step's ``StepStats`` (under an Offloader that keeps
     everything) and its ``LayerTimer``, and the bytes saved outside the layers."""
     forward = timer.forward_seconds()
+    missing = [i for i in range(count) if i not in forward]
+    if missing:
+        raise ValueError(f"layer {missing[0]} did not run in the step: the layer list does not match the model")
     profiles = []
-    for i in range(count):
-        if i not in forward:
-            raise ValueError(f"layer {i} did not run in the step: the layer list does not match the model")
+    for i, input_bytes in enumerate(timer.input_bytes(count)):
         layer = stats.layers.get(i)
         saved = 0 if layer is None else layer.unique_bytes - layer.parameter_bytes
-        profiles.append(LayerProfile(saved, timer.inputs[i], forward[i]))
+        profiles.append(LayerProfile(saved, input_bytes, forward[i]))
     outside = stats.layers.get(None)
     return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
 
