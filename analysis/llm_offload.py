@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import load_results, machine_label, summarize
+from analysis.common import load_results, machine_label, same_code_reruns, summarize
 from systems.ssdtrain import POLICIES, STORES, planning
 from systems.ssdtrain.bound import bound_of_profile
 from workloads.llm import cost
@@ -43,8 +43,11 @@ from workloads.llm_offload.schema import SCHEMA
 frame, provenance = load_results(results["llm_offload"], SCHEMA)
 # Separate processes of the same parts, where the machine's results have them (the workflow passes
 # results/<machine>/llm_offload/reruns/*/): the ratios below are given as ranges over every
-# process, and the figure shows each process.
-rerun_files = results.get("llm_offload_reruns", [])
+# process that measured the committed run's code (a re-run of other code is left out, and named),
+# and the figure shows each process.
+rerun_files, other_code = same_code_reruns(results.get("llm_offload_reruns", []), results["llm_offload"])
+for f in other_code:
+    print(f"left out (measured at other code than the committed run): {f}")
 reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
 reruns = reruns.assign(process=reruns["source"].map(lambda s: Path(s).parent.name))
 OWN_PARTS = ["micro_batches", "memory_bound", "convergence"]

@@ -283,16 +283,42 @@ def test_llm_offload_ratios_are_taken_within_each_process():
 
     from analysis.doc_tables import llm_offload
 
-    files = llm_offload.process_files("policies")
-    assert files[0] == doc_tables.results_files("h200", "llm_offload", ["policies"], "h200")[0] and len(files) > 1
+    files = llm_offload.process_files("shapes")
+    assert files[0] == doc_tables.results_files("h200", "llm_offload", ["shapes"], "h200")[0] and len(files) > 1
+    # The committed policies run's reruns measured other code: they are not its processes.
+    assert llm_offload.process_files("policies") == doc_tables.results_files(
+        "h200", "llm_offload", ["policies"], "h200"
+    )
     ratios = llm_offload.per_process(files, "time")
     assert (ratios.xs("keep", level="variant") == 1).all().all()
-    for file in files:  # each column: that process's median over that process's keep
+    for file in files:  # each column: that process's median over that process's keep, per model
         frame = doc_tables.load([file], "llm_offload")
-        medians = frame[frame.metric == "time"].groupby("variant").value.median()
-        expected = (medians / medians["keep"]).rename_axis("variant")
-        got = ratios[str(file)].droplevel("dataset")
+        medians = frame[frame.metric == "time"].groupby(["dataset", "variant"]).value.median()
+        keep = medians.xs("keep", level="variant")
+        expected = medians / keep.reindex(medians.index.get_level_values("dataset")).to_numpy()
+        got = ratios[str(file)].dropna()
         pd.testing.assert_series_equal(got.sort_index(), expected.sort_index(), check_names=False)
+
+
+def test_a_plan_dominates_a_torch_budget_only_where_it_is_both_as_fast_and_as_small_in_a_process():
+    import pandas as pd
+
+    from analysis.doc_tables import llm_offload
+
+    processes = ["run1", "run2", "run3"]
+    nan = float("nan")
+    time = pd.DataFrame(
+        {"torch_budget_0.5": [1.00, 1.00, 1.00], "fast_big": [0.90, 0.95, 0.90], "ties": [1.00, 1.00, 1.00],
+         "slow_in_one": [0.90, 1.01, 0.90], "missing": [0.5, nan, 0.5]},
+        index=processes,
+    ).T  # fmt: skip
+    peak = pd.DataFrame(
+        {"torch_budget_0.5": [0.50, 0.50, 0.50], "fast_big": [0.51, 0.40, 0.40], "ties": [0.50, 0.50, 0.50],
+         "slow_in_one": [0.30, 0.30, 0.30], "missing": [0.2, 0.2, 0.2]},
+        index=processes,
+    ).T  # fmt: skip
+    counts = llm_offload.dominating(time, peak, "torch_budget_0.5", ["fast_big", "ties", "slow_in_one", "missing"])
+    assert counts.to_dict() == {"fast_big": 2, "ties": 3, "slow_in_one": 2, "missing": 2}
 
 
 def _raw_medians(file, metric):
@@ -306,14 +332,14 @@ def _raw_medians(file, metric):
 def test_llm_offload_speedups_are_the_other_policys_time_over_the_policys_within_each_process():
     from analysis.doc_tables import llm_offload
 
-    files = llm_offload.process_files("policies")
+    files = llm_offload.process_files("shapes")
     time = llm_offload.per_process(files, "time")
-    (dataset,) = set(time.index.get_level_values("dataset"))
-    found = llm_offload.speedups(time, dataset, "offload_all_host", "torchtune_offload")
+    dataset = sorted(set(time.index.get_level_values("dataset")))[0]
+    found = llm_offload.speedups(time, dataset, "offload_all_host", "recompute")
     expected = []
     for file in files:
         medians = _raw_medians(file, "time").loc[dataset]
-        expected.append(medians["torchtune_offload"] / medians["offload_all_host"])
+        expected.append(medians["recompute"] / medians["offload_all_host"])
     assert found == pytest.approx(expected, rel=1e-12) and len(found) == len(files) > 1
     assert llm_offload.speedups(time, dataset, "offload_all_host", "nosuch") == []
 

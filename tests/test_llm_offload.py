@@ -196,6 +196,39 @@ def test_names_are_checked_against_the_registries_in_one_line(scratch):
         choose.policies({"compare": ["recompute", "planner"]}, "cpu", notes, plans=False)
 
 
+def test_the_planner_s_frontier_plans_at_each_budget_on_its_stores_only(scratch):
+    """frontier_budgets: one more planner variant per budget (not the planner_budget's again) on the
+    stores of frontier_stores, each labelled and recorded with its fraction, its plan within it."""
+    rows = Rows()
+    params = dict(
+        stores=["host", "emulated"],
+        emulated_gbps=[2.0],
+        compare=["planner", "offload_adaptive"],
+        planned_stores=["host", "emulated_2gbps"],
+        planner_budget=0.5,
+        frontier_budgets=[0.8, 0.5, 0.2],
+        frontier_stores=["emulated_2gbps"],
+    )
+    notes = one_model(scratch, rows, **params)
+    fractions = {r["variant"]: r["config"]["budget_fraction"] for r in rows if r["config"].get("policy") == "planner"}
+    assert fractions == {
+        "planner_host": 0.5,
+        "planner_emulated_2gbps": 0.5,
+        "planner_0.2_emulated_2gbps": 0.2,
+        "planner_0.8_emulated_2gbps": 0.8,
+    }
+    assert not any(r["variant"].startswith("offload_adaptive_0.") for r in rows)  # no budget: no frontier
+    predicted = {r["variant"]: r["value"] for r in rows if r.get("metric") == "predicted_activation_bytes"}
+    assert predicted["planner_0.2_emulated_2gbps"] <= predicted["planner_emulated_2gbps"]
+    assert predicted["planner_emulated_2gbps"] <= predicted["planner_0.8_emulated_2gbps"]
+    plans = notes["models"]["llama-tiny"]["plans"]["emulated_2gbps"]
+    assert {"planner", "planner_0.2_emulated_2gbps", "planner_0.8_emulated_2gbps"} <= set(plans)
+    with pytest.raises(UserError, match="frontier_stores names 'file', not a store a planned policy runs with"):
+        one_model(scratch, Rows(), **params | {"frontier_stores": ["file"]})
+    with pytest.raises(UserError, match="frontier_budgets needs planner_budget"):
+        choose.frontier_budgets({"frontier_budgets": [0.2]})
+
+
 def test_a_variant_label_is_composed_of_its_columns():
     host, emulated = STORES["host"], STORES["emulated"]
     variant = choose.Variant(POLICIES["offload_all"], choose.StoreSetup(emulated, (("gbps", 0.5),)))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import summarize
+from analysis.common import same_code_reruns, summarize
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
 from systems.ssdtrain import POLICIES, STORES
 
@@ -21,10 +21,21 @@ GIB = 2**30
 
 
 def process_files(part: str) -> list[Path]:
-    """The committed file of ``part`` and the same part's reruns (other processes), committed first."""
+    """The committed file of ``part`` and the same part's reruns (other processes) that measured the
+    same code (analysis.common.same_code_reruns), committed first: a rerun of other code says
+    nothing of this code's spread."""
     committed = results_files(MACHINE, TOPIC, [part], SCALE)[0]
     folder = REPO_ROOT / "results" / MACHINE / TOPIC / "reruns"
-    return [committed, *sorted(folder.glob(f"*/{part}-{SCALE}.csv"))]
+    reruns, _ = same_code_reruns([str(f) for f in sorted(folder.glob(f"*/{part}-{SCALE}.csv"))], [str(committed)])
+    return [committed, *map(Path, reruns)]
+
+
+def over(files: Sequence[Path]) -> str:
+    """What a range spans: ``the range over 3 processes of the same code (the committed run and its
+    reruns)``, or ``one process`` where no rerun measured the committed run's code."""
+    if len(files) == 1:
+        return "one process (no rerun measured the same code)"
+    return f"the range over {len(files)} processes of the same code (the committed run and its reruns)"
 
 
 def ratios(frame, metric: str) -> pd.Series:
@@ -119,9 +130,8 @@ def policies() -> Table:
             f"| {achieved} |"
         )
     note = (
-        f"{dataset}: medians of the timed steps; each ratio taken within one process, the range over "
-        f"{len(files)} processes (the committed run and its reruns). Achieved write GB/s: the committed run's "
-        "bytes written over the time the store had a write in flight."
+        f"{dataset}: medians of the timed steps; each ratio taken within one process, {over(files)}. "
+        "Achieved write GB/s: the committed run's bytes written over the time the store had a write in flight."
     )
     return Table(lines, files, note=note)
 
@@ -202,8 +212,8 @@ def shapes() -> Table:
             cells.append(cell)
         lines.append(f"| {int(s.hidden)}x{int(s.layers)} | " + " | ".join(cells) + " |")
     note = (
-        f"Sequence 1024, micro-batch 16; each ratio taken within one process, the range over {len(files)} processes "
-        "(the committed run and its reruns); keep's figures from the committed run."
+        f"Sequence 1024, micro-batch 16; each ratio taken within one process, {over(files)}; keep's figures from "
+        "the committed run."
     )
     return Table(lines, files, note=note)
 
@@ -302,8 +312,7 @@ def versus(part: str, pairs: Sequence[tuple[str, str]]) -> Table:
     micro_batches = sorted({int(float(b)) for b in committed.micro_batch})
     note = (
         f"Micro-batch {', '.join(map(str, micro_batches))}: the speedup is the other policy's median step time over "
-        f"the policy's (above 1, the policy is faster), taken within one process; the range over {len(files)} "
-        "processes (the committed run and its reruns)."
+        f"the policy's (above 1, the policy is faster), taken within one process; {over(files)}."
     )
     return Table(lines, files, note=note)
 
@@ -428,11 +437,74 @@ def targets() -> Table:
         "it was timed | yes |",
     ]
     note = (
-        "Ratios to keep taken within one process, the range over the processes of each part (the committed run and "
-        f"its reruns); a policy is within {overhead} where it is in every process, and its peak cut is ranged the "
-        "same way. A part stops when a checked step differs from keep's, so every timed variant passed its check."
+        "Ratios to keep taken within one process, the range over the processes of each part that measured the same "
+        f"code (the committed run and its reruns); a policy is within {overhead} where it is in every process, and "
+        "its peak cut is ranged the same way. A part stops when a checked step differs from keep's, so every timed "
+        "variant passed its check."
     )
     return Table(lines, [*files, *model_files], note=note)
+
+
+# torch's activation memory budgets the planner's frontier must dominate, and the planner it is.
+FRONTIER_BUDGETS = (0.2, 0.8)  # the range of torch budgets the target covers, both ends included
+FRONTIER_PLANNER = "planned_compiled"  # the planner on compiled blocks: compiled against compiled
+
+
+def dominating(time: pd.DataFrame, peak: pd.DataFrame, against: str, candidates: Sequence[str]) -> pd.Series:
+    """Per candidate, in how many processes it is at least as fast and holds at most the peak of
+    ``against`` (one model's :func:`per_process` step times and peaks; processes where either side
+    is missing do not count)."""
+    counts = {}
+    for candidate in candidates:
+        wins = 0
+        for process in time.columns:
+            pair = [time.at[v, process] for v in (candidate, against)] + [
+                peak.at[v, process] for v in (candidate, against)
+            ]
+            if all(value == value for value in pair):
+                wins += pair[0] <= pair[1] and pair[2] <= pair[3]
+        counts[candidate] = wins
+    return pd.Series(counts, dtype=int)
+
+
+@table("llm_offload-h200-frontier", topic=TOPIC)
+def planner_frontier() -> Table:
+    """Part policies: for each of torch's activation memory budgets in FRONTIER_BUDGETS, whether a
+    plan of the compiled planner holds at most its peak at no more step time, in every process."""
+    files = process_files("policies")
+    committed = load(files[:1], TOPIC)
+    time, peak = per_process(files, "time"), per_process(files, "activation_peak")
+    lines = [
+        "| model | torch's budget | its time, peak x keep | a plan as fast and as small | in processes | met? |",
+        "|---|---|---|---|---|---|",
+    ]
+    low, high = FRONTIER_BUDGETS
+    for dataset, rows in committed.groupby("dataset"):
+        budgets = rows[rows.policy == "torch_budget"].drop_duplicates("variant")
+        budgets = budgets[budgets.activation_budget.between(low, high)].sort_values("activation_budget")
+        plans = sorted(set(rows[rows.policy == FRONTIER_PLANNER].variant))
+        for row in budgets.itertuples():
+            where = model_label(committed, dataset)
+            own = f"{span(time.loc[(dataset, row.variant)])}, {span(peak.loc[(dataset, row.variant)])}"
+            counts = dominating(time.loc[dataset], peak.loc[dataset], row.variant, plans) if plans else pd.Series()
+            processes = int(time.loc[(dataset, row.variant)].notna().sum())
+            if counts.empty or counts.max() == 0:
+                lines.append(f"| {where} | {row.activation_budget:g} | {own} | none | 0 of {processes} | no |")
+                continue
+            best = counts[counts == counts.max()].index[0]
+            plan = f"{best}: {span(time.loc[(dataset, best)])}, {span(peak.loc[(dataset, best)])}"
+            met = "yes" if counts.max() == processes else "no"
+            lines.append(
+                f"| {where} | {row.activation_budget:g} | {own} | {plan} | {counts.max()} of {processes} | {met} |"
+            )
+    if len(lines) == 2:
+        lines.append(f"| every model | {low:g}–{high:g} | not measured in the committed runs | | | |")
+    note = (
+        f"Step time and activation peak over eager keep's (medians of one process; {over(files)}); a plan of the "
+        "planner on compiled blocks counts in a process where both its time and its peak are at most the budget's; "
+        "met where one plan does so in every process."
+    )
+    return Table(lines, files, note=note)
 
 
 # The CPU scale: the columns per model.

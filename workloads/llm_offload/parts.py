@@ -142,9 +142,11 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     runs = choose.variants(chosen, setups, params, compiled_setups)
     profiler = Profiler(params, model, layers, batch, device, scratch_dir, model_notes)
     planned = [p for p in chosen if p.planner is not None and not p.compiled]
-    if planned:
-        runs += _planned(params, profiler, planned, choose.planned_setups(params, setups, notes))
+    planned_setups = choose.planned_setups(params, setups, notes) if planned else []
     planned_compiled = [p for p in chosen if p.planner is not None and p.compiled]
+    choose.check_frontier_stores(params, planned_setups + (compiled_setups if planned_compiled else []))
+    if planned:
+        runs += _planned(params, profiler, planned, planned_setups)
     if planned_compiled:
         runs += _planned(params, profiler, planned_compiled, compiled_setups, compiled=True)
     bounds = _bounds(params, profiler, [v for v in runs if v.policy.name == "offload_all"])
@@ -257,26 +259,40 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
 def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False) -> list[choose.Variant]:
     """The planned policies ``entries`` on each store of ``setups``: each policy's plan from the
     blocks' profile and the store's bandwidth (within ``planner_budget`` of what keep saves, for
-    those with a budget). ``compiled``: the policies run on compiled blocks, so the profile is of
+    those with a budget; those also at each of ``frontier_budgets`` on the stores of
+    ``frontier_stores``). ``compiled``: the policies run on compiled blocks, so the profile is of
     the compiled blocks (with their ``planner_budgets`` alternatives) and the budget a fraction of
     what compiled keep saves. The plans go into the notes (``plans_compiled`` for compiled blocks)."""
     profiles, keep_seconds, fixed = profiler.blocks(compiled)
-    budget = int(params["planner_budget"] * (sum(p.saved_bytes for p in profiles) + fixed))
+    saved = sum(p.saved_bytes for p in profiles) + fixed
+    budget = int(params["planner_budget"] * saved)
     suffix = "_compiled" if compiled else ""
     profiler.notes["profile" + suffix]["planner_budget_bytes"] = budget
+    frontier = choose.frontier_budgets(params)
+    frontier_stores = params.get("frontier_stores")
     out = []
     for setup in setups:
         bandwidth = profiler.bandwidth(setup)
-        plans = {
-            entry.name: entry.planner(
-                profiles, bandwidth, keep_seconds, keep_last=params["keep_last"], budget_bytes=budget, fixed_bytes=fixed
-            )
-            for entry in entries
-        }
-        profiler.notes.setdefault("plans" + suffix, {})[setup.label] = {"bandwidth_gbps": bandwidth / 1e9} | {
-            name: list(plan.decisions) for name, plan in plans.items()
-        }
+
+        def plan(entry, budget_bytes):
+            return entry.planner(
+                profiles, bandwidth, keep_seconds, keep_last=params["keep_last"], budget_bytes=budget_bytes,
+                fixed_bytes=fixed,
+            )  # fmt: skip
+
+        plans = {entry.name: plan(entry, budget) for entry in entries}
+        notes = profiler.notes.setdefault("plans" + suffix, {})
+        notes[setup.label] = {"bandwidth_gbps": bandwidth / 1e9} | {n: list(p.decisions) for n, p in plans.items()}
         out += [choose.Variant(entry, setup, plans[entry.name]) for entry in entries]
+        if frontier_stores is not None and setup.label not in frontier_stores:
+            continue
+        for entry in entries:
+            if plans[entry.name].budget_bytes is None:
+                continue  # a plan without a budget (offload_adaptive): the same at every fraction
+            for fraction in frontier:
+                variant = choose.Variant(entry, setup, plan(entry, int(fraction * saved)), frontier_budget=fraction)
+                notes[setup.label][variant.label] = list(variant.plan.decisions)
+                out.append(variant)
     return out
 
 

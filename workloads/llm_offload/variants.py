@@ -23,6 +23,12 @@ The parameters (config/llm_offload.yaml) that choose:
 - ``budgets``: the activation memory budgets of ``torch_budget``, one variant each.
 - ``compiled_stores``: the stores offloading on compiled blocks runs with, by label, or ``all``
   (every store of ``stores``, the default).
+- ``frontier_budgets``: more activation budgets (fractions, as ``planner_budget``) that each planned
+  policy with a budget (``planner``, ``planned_compiled``) also plans for, one variant each, on the
+  stores of ``frontier_stores`` (labels; default: each of its stores): the planner's frontier of
+  step time against activation peak, drawn beside ``torch_budget``'s. Such a variant's label gives
+  its budget after the policy (``planned_compiled_0.2_host``); the plan at ``planner_budget``
+  keeps the plain label (``planned_compiled_host``).
 """
 
 from __future__ import annotations
@@ -77,13 +83,19 @@ class Variant:
     store: StoreSetup | None = None
     plan: Plan | None = None
     setting: tuple[tuple[str, Any], ...] = ()
+    # A plan made for one of frontier_budgets (not the part's planner_budget): that fraction.
+    frontier_budget: float | None = None
     made: list = field(default_factory=list, repr=False)  # the store made for it, closed by close()
 
     @property
     def label(self) -> str:
-        """The results' ``variant``: the policy's name and its setting's values, then its store's
-        label (the one place a label is composed): ``torch_budget_0.5``, ``offload_all_host``."""
-        name = self.policy.name + "".join(f"_{_text(value)}" for _, value in self.setting)
+        """The results' ``variant``: the policy's name and its setting's values (a frontier plan's
+        budget), then its store's label (the one place a label is composed): ``torch_budget_0.5``,
+        ``offload_all_host``, ``planned_compiled_0.2_host``."""
+        values = [value for _, value in self.setting]
+        if self.frontier_budget is not None:
+            values.append(self.frontier_budget)
+        name = self.policy.name + "".join(f"_{_text(value)}" for value in values)
         return name if self.store is None else f"{name}_{self.store.label}"
 
     @property
@@ -110,9 +122,16 @@ class Variant:
                 "layers_recomputed": self.plan.count(RECOMPUTE),
                 "layers_budgeted": self.plan.budgeted,
                 "planned_gbps": self.plan.bandwidth / 1e9,
-                "budget_fraction": params.get("planner_budget") if self.plan.budget_bytes is not None else None,
+                "budget_fraction": self.budget_fraction(params),
             }
         return columns
+
+    def budget_fraction(self, params: Mapping) -> float | None:
+        """The activation budget its plan was made within, a fraction of what keep saves (None:
+        not planned, or planned without a budget)."""
+        if self.plan is None or self.plan.budget_bytes is None:
+            return None
+        return self.frontier_budget if self.frontier_budget is not None else params.get("planner_budget")
 
     def build(self, model, layers, params: Mapping, folder: Path | None, **knobs) -> Policy:
         """The policy on ``model``, with a new store where it offloads (closed by :meth:`close`).
@@ -264,3 +283,23 @@ def variants(
                 stores = compiled_setups if entry.compiled and compiled_setups is not None else setups
             out += [Variant(entry, setup, setting=setting) for setup in stores]
     return out
+
+
+def frontier_budgets(params: Mapping) -> list[float]:
+    """The fractions of ``frontier_budgets`` other than ``planner_budget`` (a plan already made),
+    in increasing order; refused in one line without a ``planner_budget`` to sweep beside."""
+    wanted = sorted(set(params.get("frontier_budgets") or ()))
+    if wanted and "planner_budget" not in params:
+        raise UserError("frontier_budgets needs planner_budget: the plan the frontier is drawn beside")
+    return [b for b in wanted if b != params.get("planner_budget")]
+
+
+def check_frontier_stores(params: Mapping, planned: list[StoreSetup]) -> None:
+    """Refuse, in one line, a label of ``frontier_stores`` that no planned policy runs with here."""
+    labels = {setup.label for setup in planned}
+    unknown = [label for label in params.get("frontier_stores") or () if label not in labels]
+    if unknown:
+        raise UserError(
+            f"frontier_stores names {', '.join(map(repr, unknown))}, not a store a planned policy runs with here: "
+            f"{', '.join(sorted(labels)) or 'none'}"
+        )
