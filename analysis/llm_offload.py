@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import load_results, machine_label, same_code_reruns, summarize
+from analysis.doc_tables.llm_offload import setting_text
 from systems.ssdtrain import POLICIES, STORES, planning
 from systems.ssdtrain.bound import bound_of_profile
 from workloads.llm import cost
@@ -79,7 +80,9 @@ print(machine_label(provenance))
 ROLE_ORDER = {"baseline": 0, "peer": 1, "optimized": 2, "upper_bound": 3}
 setups = (
     pd.concat([frame, sweep, capped, curves])
-    .drop_duplicates("variant")[["variant", "role", "policy", "store", "emulated_gbps"]]
+    .drop_duplicates("variant")[
+        ["variant", "role", "policy", "store", "emulated_gbps", "activation_budget", "budget_fraction"]
+    ]
     .set_index("variant")
 )
 
@@ -111,8 +114,10 @@ def store_text(v) -> str:
 
 
 def label(variant: str) -> str:
+    """The policy and its setting (a budget), then its store: ``planner within 0.2, host``."""
     v = setups.loc[variant]
-    return v.policy if pd.isna(v.store) else f"{v.policy}, {store_text(v)}"
+    name = f"{v.policy}{setting_text(v)}"
+    return name if pd.isna(v.store) else f"{name}, {store_text(v)}"
 
 
 ALL_OFFLOADED = "offload_all"  # the policy whose runs measure a store: every block but the last offloaded
@@ -805,10 +810,11 @@ shared = [v for v in shared if v != "keep"]
 
 def variant_label(variant: str) -> str:
     v = setups.loc[variant]
+    name = f"{style.readable(v.policy)}{setting_text(v)}"
     if pd.isna(v.store):
-        return style.readable(v.policy)
+        return name
     store = f"{v.emulated_gbps:g} GB/s emulated" if pd.notna(v.emulated_gbps) else style.readable(v.store)
-    return f"{style.readable(v.policy)}, {store}"
+    return f"{name}, {store}"
 
 
 # Each ratio to keep within each process (the committed run and every re-run), one column a process:

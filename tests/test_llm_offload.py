@@ -225,6 +225,12 @@ def test_the_planner_s_frontier_plans_at_each_budget_on_its_stores_only(scratch)
     assert {"planner", "planner_0.2_emulated_2gbps", "planner_0.8_emulated_2gbps"} <= set(plans)
     with pytest.raises(UserError, match="frontier_stores names 'file', not a store a planned policy runs with"):
         one_model(scratch, Rows(), **params | {"frontier_stores": ["file"]})
+    # A store that does not run here is left out with a note, as planned_stores leaves it out.
+    skipped = {"skipped": {"kvikio": "kvikio does not import here"}}
+    host = [choose.StoreSetup(STORES["host"])]
+    choose.check_frontier_stores(params | {"frontier_stores": ["host", "kvikio"]}, host, skipped)
+    assert "kvikio" in skipped["frontier_skipped"]
+    choose.check_frontier_stores(params | {"frontier_stores": ["nosuch"]}, [], {"skipped": {}})  # nothing plans
     with pytest.raises(UserError, match="frontier_budgets needs planner_budget"):
         choose.frontier_budgets({"frontier_budgets": [0.2]})
 

@@ -96,6 +96,9 @@ def test_draws_depend_on_the_rng_seed_only(graph):
         ((torch.tensor([0]), 2**64, False, 1), ValueError, "fanout must be an integer between 1 and 64"),
         ((torch.tensor([0]), 2.0, False, 1), ValueError, r"fanout must be an integer .* \(float\)"),
         ((torch.tensor([0]), 3, "no", 1), ValueError, "replace must be a bool, got 'no'"),
+        ((torch.tensor([0]), 3, 1, 1), ValueError, r"replace must be a bool, got 1 \(int\)"),
+        ((torch.tensor([0]), 3, False, torch.tensor(5)), ValueError, r"rng_seed must be an integer .* \(Tensor\)"),
+        ((torch.tensor([0]), torch.tensor(True), False, 1), ValueError, r"fanout must be an integer .* \(Tensor\)"),
         ((torch.tensor([10**9]), 3, False, 1), IndexError, "seed node 1000000000 is out of range"),
         ((torch.tensor([0], dtype=torch.int32), 3, False, 1), ValueError, "1-D int64"),
     ],
@@ -272,9 +275,13 @@ def test_sampler_refuses_bad_configuration(graph):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1.0]), batch=0)
     with pytest.raises(ValueError, match="got torch.bool"):  # not node ids 1 and 0
         NeighborSampler(*graph, [10]).sample(torch.tensor([True, False]), batch=0)
-    for seed in (1.5, "3", True, None):  # each failed mid-batch, or (True) drew as seed 1
+    for seed in (1.5, "3", True, None, torch.tensor(3)):  # each failed mid-batch, or (True) drew as seed 1
         with pytest.raises(TypeError, match="seed must be an integer"):
             NeighborSampler(*graph, [10], seed=seed)
+    for replace in (1, "yes", None):  # refused when made, not at the first batch of one path only
+        with pytest.raises(TypeError, match=f"replace must be a bool, got {replace!r}"):
+            NeighborSampler(*graph, [10], replace=replace)
+    assert NeighborSampler(*graph, [10], replace=np.bool_(True)).replace is True
     # Any integer picks draws: a numpy integer as the Python one, a huge or negative one too.
     seeds = torch.tensor([1, 2])
     same = NeighborSampler(*graph, [10], seed=np.int64(7)).sample(seeds, batch=0).n_id

@@ -2,6 +2,8 @@
 profiles whose answers can be worked out by hand, and the profile and bandwidth probe on a real
 tiny model and store."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -146,27 +148,31 @@ def test_a_recomputed_block_s_input_is_counted_once_and_plans_predict_what_steps
     """torch's checkpoint saves a recomputed block's positional input through the hooks around it:
     the count of what a step holds must not add it again as the block's input (it did, by one
     hidden-state tensor per recomputed block). Nor may the profile count a storage that every block
-    takes (the rotary tables) once per recomputed block: the step holds it once. The plans'
-    predictions are exact."""
+    takes (the rotary tables) once per recomputed block: the step holds it once. For these plans
+    the predictions are exact (a plan that keeps the first block and recomputes a later one is
+    short by the position ids, which the profile counts in the first block: docs/llm_offload.md)."""
     from systems.ssdtrain import POLICIES
     from workloads.llm_offload.checking import one_step
 
     s, model, layers, batch, step = tiny_llama()
     profiles, _, fixed = planning.profile(model, layers, step, "cpu")
     hidden = batch["input_ids"].numel() * s.hidden * 4  # one float32 hidden state
+    exact = [(KEEP,) * len(layers), (RECOMPUTE,) + (KEEP,) * (len(layers) - 1), (RECOMPUTE,) * len(layers)]
+    # The shared small storages (position ids, rotary tables) a kept first block does not hold for a
+    # recomputed later one, or an offloaded block frees twice: a few KiB of a step's 200 KB.
+    shared = batch["input_ids"].shape[1] * 8 + 2 * batch["input_ids"].shape[1] * s.hidden // s.heads * 4
     held = {}
     with HostStore() as store:
-        for decisions in [
-            (KEEP,) * len(layers),
-            (RECOMPUTE,) + (KEEP,) * (len(layers) - 1),
-            (RECOMPUTE,) * len(layers),
-        ]:
+        for decisions in itertools.product((KEEP, OFFLOAD, RECOMPUTE), repeat=len(layers)):
             plan = planning.predict(profiles, decisions, 1e12, 1.0, fixed_bytes=fixed)
             policy = POLICIES["planner"].build(model, store=store, plan=plan, min_bytes=0, keep_last=0)
             one_step(model, batch, policy)
             policy.close()
             held[decisions] = measured = policy.history[-1]["activation_bytes"]
-            assert measured == plan.predicted_activation_bytes, decisions
+            if decisions in exact:
+                assert measured == plan.predicted_activation_bytes, decisions
+            else:
+                assert abs(measured - plan.predicted_activation_bytes) <= shared, decisions
     recomputed_all = held[(RECOMPUTE,) * len(layers)]
     # Every block recomputed holds one hidden state per block (its input) beside the tables and
     # what is saved outside the blocks: less than two per block, as it held with the double count.

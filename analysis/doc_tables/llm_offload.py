@@ -12,6 +12,7 @@ import pandas as pd
 
 from analysis.common import same_code_reruns, summarize
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
+from harness.results import load_provenance
 from systems.ssdtrain import POLICIES, STORES
 
 MACHINE, SCALE, TOPIC = "h200", "h200", "llm_offload"
@@ -32,9 +33,9 @@ def process_files(part: str) -> list[Path]:
 
 def over(files: Sequence[Path]) -> str:
     """What a range spans: ``the range over 3 processes of the same code (the committed run and its
-    reruns)``, or ``one process`` where no rerun measured the committed run's code."""
+    reruns)``, or the committed run alone where no rerun measured its code."""
     if len(files) == 1:
-        return "one process (no rerun measured the same code)"
+        return "from the committed run alone (no rerun measured the same code)"
     return f"the range over {len(files)} processes of the same code (the committed run and its reruns)"
 
 
@@ -71,9 +72,26 @@ def store_text(row) -> str:
     return str(row.store)
 
 
+def _given(value) -> bool:
+    """Whether a configuration cell holds a value (not None, NaN, pandas' NA or empty)."""
+    return value is not None and not pd.isna(value) and value != ""
+
+
+def setting_text(row) -> str:
+    """What sets a policy apart beyond its name: torch's activation memory budget (`` 0.5``) or the
+    budget a plan was made within, a fraction of what keep saves (`` within 0.2``); else empty."""
+    budget = getattr(row, "activation_budget", None)
+    if row.policy == "torch_budget" and _given(budget):
+        return f" {float(budget):g}"
+    fraction = getattr(row, "budget_fraction", None)
+    return f" within {float(fraction):g}" if _given(fraction) else ""
+
+
 def variant_label(row) -> str:
-    """The policy, then its store: ``offload_all, 55 GB/s (emulated)``."""
-    return row.policy if pd.isna(row.store) or row.store == "" else f"{row.policy}, {store_text(row)}"
+    """The policy and its setting, then its store: ``offload_all, 55 GB/s (emulated)``,
+    ``planner within 0.5, host``, ``torch_budget 0.2``."""
+    name = f"{row.policy}{setting_text(row)}"
+    return name if pd.isna(row.store) or row.store == "" else f"{name}, {store_text(row)}"
 
 
 def _rank(registry, name) -> tuple:
@@ -101,7 +119,17 @@ def order(setups: pd.DataFrame) -> list[str]:
 
 
 def _setups(frame) -> pd.DataFrame:
-    return frame.drop_duplicates("variant").set_index("variant")[["role", "policy", "store", "emulated_gbps"]]
+    columns = ["role", "policy", "store", "emulated_gbps", "activation_budget", "budget_fraction"]
+    return frame.drop_duplicates("variant").set_index("variant")[columns]
+
+
+def frontier_plans(frame, file: Path) -> set[str]:
+    """The variants of ``frame`` (one results file, ``file``) planned within one of
+    ``frontier_budgets`` rather than the part's ``planner_budget``: points of the planner's
+    frontier, not the plan a user of the part's settings runs."""
+    budget = load_provenance(file).get("parameters", {}).get("planner_budget")
+    fractions = pd.to_numeric(frame.budget_fraction, errors="coerce")
+    return set(frame[fractions.notna() & (fractions != budget)].variant)
 
 
 @table("llm_offload-h200-policies", topic=TOPIC)
@@ -223,7 +251,6 @@ def bound_rows(file: Path) -> list[tuple[str, str, float, float, float]]:
     probe its plans used): model, variant label, the bound from the recorded profile
     (systems/ssdtrain/bound.py), the measured activation-peak reduction below keep's, and the step
     time over keep's."""
-    from harness.results import load_provenance
     from systems.ssdtrain.bound import bound_of_profile
     from systems.ssdtrain.planning import LayerProfile
 
@@ -398,8 +425,11 @@ def targets() -> Table:
         committed = load(part_files[:1], TOPIC)
         files += part_files
         frames.append(committed)
+        # The plans each part runs at its planner_budget: the frontier's other plans have a table of their own.
+        committed = committed[~committed.variant.isin(frontier_plans(committed, part_files[0]))]
         setups = _setups(committed)
-        time, peak = per_process(part_files, "time"), per_process(part_files, "activation_peak")
+        time, peak = (per_process(part_files, m) for m in ("time", "activation_peak"))
+        time, peak = (t[t.index.get_level_values("variant").isin(setups.index)] for t in (time, peak))
         hidden = committed.drop_duplicates("dataset").set_index("dataset").hidden
         for dataset in sorted(hidden.index, key=lambda d: int(hidden[d])):
             where = model_label(committed, dataset)
@@ -479,6 +509,7 @@ def planner_frontier() -> Table:
         "|---|---|---|---|---|---|",
     ]
     low, high = FRONTIER_BUDGETS
+    setups = _setups(committed)
     for dataset, rows in committed.groupby("dataset"):
         budgets = rows[rows.policy == "torch_budget"].drop_duplicates("variant")
         budgets = budgets[budgets.activation_budget.between(low, high)].sort_values("activation_budget")
@@ -492,7 +523,8 @@ def planner_frontier() -> Table:
                 lines.append(f"| {where} | {row.activation_budget:g} | {own} | none | 0 of {processes} | no |")
                 continue
             best = counts[counts == counts.max()].index[0]
-            plan = f"{best}: {span(time.loc[(dataset, best)])}, {span(peak.loc[(dataset, best)])}"
+            own_of_best = f"{span(time.loc[(dataset, best)])}, {span(peak.loc[(dataset, best)])}"
+            plan = f"{variant_label(setups.loc[best])}: {own_of_best}"
             met = "yes" if counts.max() == processes else "no"
             lines.append(
                 f"| {where} | {row.activation_budget:g} | {own} | {plan} | {counts.max()} of {processes} | {met} |"
@@ -500,7 +532,7 @@ def planner_frontier() -> Table:
     if len(lines) == 2:
         lines.append(f"| every model | {low:g}–{high:g} | not measured in the committed runs | | | |")
     note = (
-        f"Step time and activation peak over eager keep's (medians of one process; {over(files)}); a plan of the "
+        f"Step time and activation peak over eager keep's, medians of one process, {over(files)}; a plan of the "
         "planner on compiled blocks counts in a process where both its time and its peak are at most the budget's; "
         "met where one plan does so in every process."
     )

@@ -108,9 +108,9 @@ def reference(
 
 
 def check_scalars(fanout, replace, rng_seed) -> None:
-    """One-line refusals of a fanout or seed that is not an integer in range (a bool is not one),
-    and of a ``replace`` that is not a bool."""
-    if not isinstance(replace, (bool, np.bool_)):
+    """One-line refusals of a fanout or seed that is not an integer in range (a bool is not one, nor
+    a tensor: one on a GPU would make the caller wait), and of a ``replace`` that is not a bool."""
+    if not isinstance(replace, bool | np.bool_):
         raise ValueError(f"replace must be a bool, got {replace!r} ({type(replace).__name__})")
     for name, value, low, high, shown in (
         ("fanout", fanout, 1, MAX_FANOUT + 1, f"between 1 and {MAX_FANOUT}"),
@@ -120,7 +120,7 @@ def check_scalars(fanout, replace, rng_seed) -> None:
             number = operator.index(value)
         except TypeError:
             number = None
-        if number is None or isinstance(value, bool) or not low <= number < high:
+        if number is None or isinstance(value, bool | torch.Tensor) or not low <= number < high:
             raise ValueError(f"{name} must be an integer {shown}, got {value!r} ({type(value).__name__})")
 
 

@@ -24,6 +24,7 @@ import ctypes
 import operator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from systems import native
@@ -55,8 +56,8 @@ class SlottedSubgraph:
 
 def _integer(value) -> int | None:
     """``value`` as a Python int where it is an integer of any kind (numpy's included), else None;
-    a bool is not a fan-out."""
-    if isinstance(value, bool):
+    a bool is not a fan-out, and a tensor is not taken for its one value (a GPU one would wait)."""
+    if isinstance(value, bool | np.bool_ | torch.Tensor):
         return None
     try:
         return operator.index(value)
@@ -97,7 +98,9 @@ class NeighborSampler:
             raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {given!r}")
         if isinstance(seed, bool) or _integer(seed) is None:
             raise TypeError(f"seed must be an integer (it picks every batch's draws), got {seed!r}")
-        self.fanouts, self.replace, self.place, self.seed = list(fanouts), replace, place, _integer(seed)
+        if not isinstance(replace, bool | np.bool_):  # checked here, not at the first batch of one path
+            raise TypeError(f"replace must be a bool, got {replace!r} ({type(replace).__name__})")
+        self.fanouts, self.replace, self.place, self.seed = list(fanouts), bool(replace), place, _integer(seed)
         for name, t in (("indptr", indptr), ("indices", indices)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(

@@ -294,12 +294,23 @@ def frontier_budgets(params: Mapping) -> list[float]:
     return [b for b in wanted if b != params.get("planner_budget")]
 
 
-def check_frontier_stores(params: Mapping, planned: list[StoreSetup]) -> None:
-    """Refuse, in one line, a label of ``frontier_stores`` that no planned policy runs with here."""
+def check_frontier_stores(params: Mapping, planned: list[StoreSetup], notes: dict) -> None:
+    """Refuse, in one line, a label of ``frontier_stores`` that names no store of this part; one
+    whose store does not run here is left out with a note, as ``planned_stores`` does. Nothing to
+    check where no planned policy runs or no frontier is asked for."""
+    if not planned or not frontier_budgets(params):
+        return
     labels = {setup.label for setup in planned}
-    unknown = [label for label in params.get("frontier_stores") or () if label not in labels]
+    unknown = []
+    for label in params.get("frontier_stores") or ():
+        if label in labels:
+            continue
+        if label in STORES and label in notes["skipped"]:
+            notes.setdefault("frontier_skipped", {})[label] = "this store does not run here (see skipped)"
+        else:
+            unknown.append(label)
     if unknown:
         raise UserError(
             f"frontier_stores names {', '.join(map(repr, unknown))}, not a store a planned policy runs with here: "
-            f"{', '.join(sorted(labels)) or 'none'}"
+            f"{', '.join(sorted(labels))}"
         )
