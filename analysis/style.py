@@ -165,7 +165,7 @@ READABLE = {
     "hgt": "HGT",
     "compgcn": "CompGCN",
 }
-FAMILIES = {"llama": "Llama", "gpt2": "GPT-2", "bert": "BERT", "t5": "T5"}
+FAMILIES = {"llama": "Llama", "gpt2": "GPT-2", "bert": "BERT", "t5": "T5", "mistral": "Mistral", "qwen2": "Qwen2"}
 # Column names of the results tables -> axis labels with their units.
 AXIS_LABELS = {
     "row_bytes": "row size (bytes)",

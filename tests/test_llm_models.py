@@ -12,7 +12,7 @@ from harness.errors import UserError
 from workloads.llm import cost
 from workloads.llm.data import FIRST_TOKEN, IGNORE, MASK, MarkovLanguage, batches, to_batch, uniform_loss
 from workloads.llm.layers import block_lists, blocks
-from workloads.llm.models import FAMILIES, PRESETS, build, parameter_count, spec
+from workloads.llm.models import FAMILIES, FAMILY, PRESETS, build, parameter_count, spec
 from workloads.llm.profile import forward_flops, saved_bytes
 
 
@@ -177,7 +177,7 @@ def test_flop_formula_matches_torchs_flop_counter_exactly(family):
 
 @pytest.mark.parametrize(
     "family, dtype",
-    [(f, torch.float32) for f in FAMILIES] + [(f, torch.bfloat16) for f in ("gpt2", "bert", "llama")],
+    [(f, torch.float32) for f in FAMILIES] + [(f, torch.bfloat16) for f in FAMILIES if f != "t5"],
 )
 def test_saved_bytes_formula_matches_what_autograd_saves(family, dtype):
     """Within 2% on the last block of each stack, once two known differences of transformers'
@@ -192,7 +192,7 @@ def test_saved_bytes_formula_matches_what_autograd_saves(family, dtype):
     measured = saved_bytes(build(s, dtype=dtype).model, next(batches(s))).per_block
     for i, block in enumerate(cost.block_costs(s, e)):
         norms = 3 if block.kind == "decoder" else 2
-        eager_norms = norms * 4 * tokens * s.hidden if family in ("llama", "t5") else 0
+        eager_norms = norms * 4 * tokens * s.hidden if family == "t5" or FAMILY[family].llama_style else 0
         math_path = e * s.micro_batch * s.heads * s.sequence**2 if family == "t5" else 0
         expected = block.saved_bytes + eager_norms + math_path
         if i == len(measured) - 1 or (family == "t5" and i == s.layers - 1):
@@ -223,3 +223,22 @@ def test_model_tflops_of_the_h200_gpt2_row():
     tokens = s.micro_batch * s.sequence
     assert abs(6 * parameter_count(s) * tokens / 0.337 / 1e12 - 384) < 5
     assert 435 < cost.model_tflops(s, 0.337) < 445
+
+
+def test_the_config_schema_offers_every_family_and_a_mistral_and_qwen2_model_train_as_llama_does():
+    import yaml
+    from conftest import REPO_ROOT
+
+    schema = yaml.safe_load((REPO_ROOT / "workflow/schemas/llm_offload.schema.yaml").read_text())
+    assert schema["$defs"]["model"]["properties"]["family"]["enum"] == list(FAMILIES)
+    # The Llama-style families have Llama's parameters at a shape, apart from the vocabulary.
+    llama = parameter_count(spec("llama", "tiny", vocab=256))
+    for family in ("mistral", "qwen2"):
+        s = spec(family, "tiny", vocab=256)
+        model = build(s).model
+        assert (
+            type(model).__name__.lower().startswith(family) and model.config.num_key_value_heads == s.kv_heads < s.heads
+        )
+        # qwen2 adds a bias to each of q, k and v: (heads + 2 kv_heads) x head_dim per block.
+        biases = s.layers * (s.heads + 2 * s.kv_heads) * s.head_dim if family == "qwen2" else 0
+        assert parameter_count(s) == llama + biases

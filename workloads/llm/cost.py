@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workloads.llm.models import ModelSpec
+from workloads.llm.models import FAMILY, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def block_costs(spec: ModelSpec, element_bytes: int = 2, fused_attention: bool =
         flops = _attention_flops(b, s, h, h) + 4 * tokens * h * f
         saved = tokens * ((8 * h + 2 * f) * e + dropping * 2 * h) + unfused
         return [BlockCost("layer", flops, saved)] * spec.layers
-    if spec.family == "llama":
+    if FAMILY[spec.family].llama_style:
         flops = _attention_flops(b, s, h, kv) + 6 * tokens * h * f
         saved = tokens * (6 * h + 2 * kv + 4 * f) * e + unfused  # no dropout outside the attention kernel
         return [BlockCost("layer", flops, saved)] * spec.layers

@@ -23,6 +23,8 @@ BLOCK_LISTS = {
     "bert": ("bert.encoder.layer",),
     "t5": ("encoder.block", "decoder.block"),
     "llama": ("model.layers",),
+    "mistral": ("model.layers",),
+    "qwen2": ("model.layers",),
 }
 
 

@@ -1,4 +1,5 @@
-"""GPT-2, BERT, T5 and Llama built from Hugging Face configs, with seeded random weights.
+"""GPT-2, BERT, T5 and Llama, and Llama's block under Mistral's and Qwen2's names, built from
+Hugging Face configs, with seeded random weights.
 
 A :class:`ModelSpec` is one workload: a family, the model's shape and the micro-batch it trains
 on. :func:`spec` makes one from a named preset; :func:`build` instantiates it on a device (through
@@ -9,9 +10,9 @@ Presets (family-agnostic shapes; the family picks vocabulary and FFN): SSDTrain'
 (hidden, layers) = (8192, 4), (12288, 3), (16384, 2), with 128-wide heads, sequence 1024 and
 micro-batch 16 (REFERENCE §3); a deeper ``deep-4096x16``; ``h200-2048x24``, the GPT-2-style row
 measured on the H200 (REFERENCE §4: 1.32B parameters, sequence 2048, micro-batch 8); and ``tiny``
-for tests. Llama uses 8 key/value heads (grouped-query attention) at every full-size preset, as
-in the H200 Llama row, and an FFN of 8/3 hidden rounded up to a multiple of 256 (Llama's rule):
-that gives the row's 3.29B parameters at 8192x4 exactly.
+for tests. The Llama-style families use 8 key/value heads (grouped-query attention) at every
+full-size preset, as in the H200 Llama row, and an FFN of 8/3 hidden rounded up to a multiple of
+256 (Llama's rule): that gives the row's 3.29B parameters at 8192x4 exactly.
 
 Memory when building (P parameters; :func:`parameter_count` gives P without allocating, from a
 ``meta`` build). The weights are created directly on the target device in the target dtype
@@ -36,25 +37,35 @@ from torch import nn
 
 from harness.errors import UserError
 
-FAMILIES = ("gpt2", "bert", "t5", "llama")
-
 
 @dataclass(frozen=True)
 class Family:
-    """What a family fixes when the spec leaves it open."""
+    """What a family fixes when the spec leaves it open, and how its transformers config is made."""
 
     vocab: int  # the published tokenizer's size
     ffn_mult: float  # FFN width / hidden
     ffn_multiple_of: int  # the FFN width is rounded up to a multiple of this
     task: str  # the head trained: "causal", "masked" or "seq2seq" (workloads.llm.data makes its labels)
+    config: str  # the name of the function of this module that makes its transformers config
+    # A Llama-style decoder: grouped-query attention (kv_heads may be fewer than heads), a gated
+    # (SwiGLU) FFN, rotary positions, RMSNorm (workloads.llm.cost counts its blocks as Llama's).
+    llama_style: bool = False
+    config_extra: tuple[tuple[str, object], ...] = ()  # more settings of its config, by name
 
 
 FAMILY = {
-    "gpt2": Family(vocab=50257, ffn_mult=4, ffn_multiple_of=1, task="causal"),
-    "bert": Family(vocab=30522, ffn_mult=4, ffn_multiple_of=1, task="masked"),
-    "t5": Family(vocab=32128, ffn_mult=4, ffn_multiple_of=1, task="seq2seq"),
-    "llama": Family(vocab=32000, ffn_mult=8 / 3, ffn_multiple_of=256, task="causal"),
+    "gpt2": Family(vocab=50257, ffn_mult=4, ffn_multiple_of=1, task="causal", config="_gpt2_config"),
+    "bert": Family(vocab=30522, ffn_mult=4, ffn_multiple_of=1, task="masked", config="_bert_config"),
+    "t5": Family(vocab=32128, ffn_mult=4, ffn_multiple_of=1, task="seq2seq", config="_t5_config"),
+    "llama": Family(32000, 8 / 3, 256, "causal", "_llama_style_config", llama_style=True),
+    # Llama's block under other names: Mistral (v0.3 tokenizer; sliding window off at these
+    # sequences) and Qwen2 (biased q/k/v projections), the configs their model cards give.
+    "mistral": Family(
+        32768, 8 / 3, 256, "causal", "_llama_style_config", llama_style=True, config_extra=(("sliding_window", None),)
+    ),
+    "qwen2": Family(151936, 8 / 3, 256, "causal", "_llama_style_config", llama_style=True),
 }
+FAMILIES = tuple(FAMILY)
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,7 @@ class ModelSpec:
                 raise UserError(f"{self.family} {name} must be a positive integer, got {value!r}")
         if self.hidden % self.heads:
             raise UserError(f"{self.family} hidden {self.hidden} is not divisible by its {self.heads} heads")
-        if self.kv_heads != self.heads and self.family != "llama":
+        if self.kv_heads != self.heads and not FAMILY[self.family].llama_style:
             raise UserError(f"{self.family} has no grouped-query attention: kv_heads must equal heads ({self.heads})")
         if self.heads % self.kv_heads:
             raise UserError(f"{self.family} kv_heads {self.kv_heads} does not divide its {self.heads} heads")
@@ -174,8 +185,8 @@ def spec(family: str, preset: str = "tiny", **overrides) -> ModelSpec:
         raise UserError(f"unknown model setting {sorted(unknown)[0]!r}; one of {', '.join(_spec_fields())}")
     shape = PRESETS[preset]
     values = {f.name: getattr(shape, f.name) for f in fields(Shape)}
-    if family != "llama":
-        values["kv_heads"] = None  # grouped-query attention is Llama's alone
+    if family not in FAMILY or not FAMILY[family].llama_style:
+        values["kv_heads"] = None  # grouped-query attention is the Llama-style decoders' alone
     return ModelSpec(family=family, **{**values, **overrides})
 
 
@@ -189,57 +200,74 @@ def hf_config(spec: ModelSpec):
     Padding (and T5's decoder start) is token 0, as workloads.llm.data reserves it; there are no
     begin/end tokens: nothing here generates text.
     """
-    from transformers import BertConfig, GPT2Config, LlamaConfig, T5Config
+    return globals()[FAMILY[spec.family].config](spec)
 
-    s, p = spec, spec.dropout
-    if s.family == "gpt2":
-        # gelu_pytorch_tanh is GPT-2's tanh GELU as one fused op; "gelu_new" computes the same
-        # in eight elementwise ops and saves several of their results for backward.
-        return GPT2Config(
-            vocab_size=s.vocab,
-            n_positions=s.max_positions,
-            n_embd=s.hidden,
-            n_layer=s.layers,
-            n_head=s.heads,
-            n_inner=s.ffn_hidden,
-            activation_function="gelu_pytorch_tanh",
-            resid_pdrop=p,
-            embd_pdrop=p,
-            attn_pdrop=p,
-            bos_token_id=None,
-            eos_token_id=None,
-            use_cache=False,
-        )
-    if s.family == "bert":
-        return BertConfig(
-            vocab_size=s.vocab,
-            hidden_size=s.hidden,
-            num_hidden_layers=s.layers,
-            num_attention_heads=s.heads,
-            intermediate_size=s.ffn_hidden,
-            hidden_act="gelu",
-            hidden_dropout_prob=p,
-            attention_probs_dropout_prob=p,
-            max_position_embeddings=s.max_positions,
-            pad_token_id=0,
-        )
-    if s.family == "t5":
-        return T5Config(
-            vocab_size=s.vocab,
-            d_model=s.hidden,
-            d_kv=s.head_dim,
-            d_ff=s.ffn_hidden,
-            num_layers=s.layers,
-            num_decoder_layers=s.layers,
-            num_heads=s.heads,
-            dropout_rate=p,
-            feed_forward_proj="relu",
-            pad_token_id=0,
-            decoder_start_token_id=0,
-            eos_token_id=None,
-            use_cache=False,
-        )
-    return LlamaConfig(
+
+def _gpt2_config(s: ModelSpec):
+    from transformers import GPT2Config
+
+    # gelu_pytorch_tanh is GPT-2's tanh GELU as one fused op; "gelu_new" computes the same in
+    # eight elementwise ops and saves several of their results for backward.
+    return GPT2Config(
+        vocab_size=s.vocab,
+        n_positions=s.max_positions,
+        n_embd=s.hidden,
+        n_layer=s.layers,
+        n_head=s.heads,
+        n_inner=s.ffn_hidden,
+        activation_function="gelu_pytorch_tanh",
+        resid_pdrop=s.dropout,
+        embd_pdrop=s.dropout,
+        attn_pdrop=s.dropout,
+        bos_token_id=None,
+        eos_token_id=None,
+        use_cache=False,
+    )
+
+
+def _bert_config(s: ModelSpec):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        intermediate_size=s.ffn_hidden,
+        hidden_act="gelu",
+        hidden_dropout_prob=s.dropout,
+        attention_probs_dropout_prob=s.dropout,
+        max_position_embeddings=s.max_positions,
+        pad_token_id=0,
+    )
+
+
+def _t5_config(s: ModelSpec):
+    from transformers import T5Config
+
+    return T5Config(
+        vocab_size=s.vocab,
+        d_model=s.hidden,
+        d_kv=s.head_dim,
+        d_ff=s.ffn_hidden,
+        num_layers=s.layers,
+        num_decoder_layers=s.layers,
+        num_heads=s.heads,
+        dropout_rate=s.dropout,
+        feed_forward_proj="relu",
+        pad_token_id=0,
+        decoder_start_token_id=0,
+        eos_token_id=None,
+        use_cache=False,
+    )
+
+
+def _llama_style_config(s: ModelSpec):
+    """Llama's, Mistral's and Qwen2's configs take the same names (each its own class, found by
+    the family's model type), and each family's ``config_extra``."""
+    import transformers
+
+    return transformers.CONFIG_MAPPING[s.family](
         vocab_size=s.vocab,
         hidden_size=s.hidden,
         intermediate_size=s.ffn_hidden,
@@ -247,10 +275,11 @@ def hf_config(spec: ModelSpec):
         num_attention_heads=s.heads,
         num_key_value_heads=s.kv_heads,
         max_position_embeddings=s.max_positions,
-        attention_dropout=p,
+        attention_dropout=s.dropout,
         bos_token_id=None,
         eos_token_id=None,
         use_cache=False,
+        **dict(FAMILY[s.family].config_extra),
     )
 
 
