@@ -30,6 +30,7 @@ in bf16 (REFERENCE §3; workloads.llm.cost): 9.1 GB per layer at hidden 16384, b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -46,24 +47,104 @@ class Family:
     ffn_mult: float  # FFN width / hidden
     ffn_multiple_of: int  # the FFN width is rounded up to a multiple of this
     task: str  # the head trained: "causal", "masked" or "seq2seq" (workloads.llm.data makes its labels)
-    config: str  # the name of the function of this module that makes its transformers config
+    config: Callable[[ModelSpec], object]  # makes its transformers config
     # A Llama-style decoder: grouped-query attention (kv_heads may be fewer than heads), a gated
     # (SwiGLU) FFN, rotary positions, RMSNorm (workloads.llm.cost counts its blocks as Llama's).
     llama_style: bool = False
     config_extra: tuple[tuple[str, object], ...] = ()  # more settings of its config, by name
 
 
+def _gpt2_config(s: ModelSpec):
+    from transformers import GPT2Config
+
+    # gelu_pytorch_tanh is GPT-2's tanh GELU as one fused op; "gelu_new" computes the same in
+    # eight elementwise ops and saves several of their results for backward.
+    return GPT2Config(
+        vocab_size=s.vocab,
+        n_positions=s.max_positions,
+        n_embd=s.hidden,
+        n_layer=s.layers,
+        n_head=s.heads,
+        n_inner=s.ffn_hidden,
+        activation_function="gelu_pytorch_tanh",
+        resid_pdrop=s.dropout,
+        embd_pdrop=s.dropout,
+        attn_pdrop=s.dropout,
+        bos_token_id=None,
+        eos_token_id=None,
+        use_cache=False,
+    )
+
+
+def _bert_config(s: ModelSpec):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        intermediate_size=s.ffn_hidden,
+        hidden_act="gelu",
+        hidden_dropout_prob=s.dropout,
+        attention_probs_dropout_prob=s.dropout,
+        max_position_embeddings=s.max_positions,
+        pad_token_id=0,
+    )
+
+
+def _t5_config(s: ModelSpec):
+    from transformers import T5Config
+
+    return T5Config(
+        vocab_size=s.vocab,
+        d_model=s.hidden,
+        d_kv=s.head_dim,
+        d_ff=s.ffn_hidden,
+        num_layers=s.layers,
+        num_decoder_layers=s.layers,
+        num_heads=s.heads,
+        dropout_rate=s.dropout,
+        feed_forward_proj="relu",
+        pad_token_id=0,
+        decoder_start_token_id=0,
+        eos_token_id=None,
+        use_cache=False,
+    )
+
+
+def _llama_style_config(s: ModelSpec):
+    """Llama's, Mistral's and Qwen2's configs take the same names (each its own class, found by
+    the family's model type), and each family's ``config_extra``."""
+    import transformers
+
+    return transformers.CONFIG_MAPPING[s.family](
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        intermediate_size=s.ffn_hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        max_position_embeddings=s.max_positions,
+        attention_dropout=s.dropout,
+        bos_token_id=None,
+        eos_token_id=None,
+        use_cache=False,
+        **dict(FAMILY[s.family].config_extra),
+    )
+
+
 FAMILY = {
-    "gpt2": Family(vocab=50257, ffn_mult=4, ffn_multiple_of=1, task="causal", config="_gpt2_config"),
-    "bert": Family(vocab=30522, ffn_mult=4, ffn_multiple_of=1, task="masked", config="_bert_config"),
-    "t5": Family(vocab=32128, ffn_mult=4, ffn_multiple_of=1, task="seq2seq", config="_t5_config"),
-    "llama": Family(32000, 8 / 3, 256, "causal", "_llama_style_config", llama_style=True),
-    # Llama's block under other names: Mistral (v0.3 tokenizer; sliding window off at these
-    # sequences) and Qwen2 (biased q/k/v projections), the configs their model cards give.
+    "gpt2": Family(vocab=50257, ffn_mult=4, ffn_multiple_of=1, task="causal", config=_gpt2_config),
+    "bert": Family(vocab=30522, ffn_mult=4, ffn_multiple_of=1, task="masked", config=_bert_config),
+    "t5": Family(vocab=32128, ffn_mult=4, ffn_multiple_of=1, task="seq2seq", config=_t5_config),
+    "llama": Family(32000, 8 / 3, 256, "causal", _llama_style_config, llama_style=True),
+    # Llama's block under other names: Mistral (the v0.3 tokenizer's 32768 tokens; its sliding
+    # window off, so that it attends as Llama does) and Qwen2 (151936 tokens; q, k and v biased).
     "mistral": Family(
-        32768, 8 / 3, 256, "causal", "_llama_style_config", llama_style=True, config_extra=(("sliding_window", None),)
+        32768, 8 / 3, 256, "causal", _llama_style_config, llama_style=True, config_extra=(("sliding_window", None),)
     ),
-    "qwen2": Family(151936, 8 / 3, 256, "causal", "_llama_style_config", llama_style=True),
+    "qwen2": Family(151936, 8 / 3, 256, "causal", _llama_style_config, llama_style=True),
 }
 FAMILIES = tuple(FAMILY)
 
@@ -200,87 +281,7 @@ def hf_config(spec: ModelSpec):
     Padding (and T5's decoder start) is token 0, as workloads.llm.data reserves it; there are no
     begin/end tokens: nothing here generates text.
     """
-    return globals()[FAMILY[spec.family].config](spec)
-
-
-def _gpt2_config(s: ModelSpec):
-    from transformers import GPT2Config
-
-    # gelu_pytorch_tanh is GPT-2's tanh GELU as one fused op; "gelu_new" computes the same in
-    # eight elementwise ops and saves several of their results for backward.
-    return GPT2Config(
-        vocab_size=s.vocab,
-        n_positions=s.max_positions,
-        n_embd=s.hidden,
-        n_layer=s.layers,
-        n_head=s.heads,
-        n_inner=s.ffn_hidden,
-        activation_function="gelu_pytorch_tanh",
-        resid_pdrop=s.dropout,
-        embd_pdrop=s.dropout,
-        attn_pdrop=s.dropout,
-        bos_token_id=None,
-        eos_token_id=None,
-        use_cache=False,
-    )
-
-
-def _bert_config(s: ModelSpec):
-    from transformers import BertConfig
-
-    return BertConfig(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        intermediate_size=s.ffn_hidden,
-        hidden_act="gelu",
-        hidden_dropout_prob=s.dropout,
-        attention_probs_dropout_prob=s.dropout,
-        max_position_embeddings=s.max_positions,
-        pad_token_id=0,
-    )
-
-
-def _t5_config(s: ModelSpec):
-    from transformers import T5Config
-
-    return T5Config(
-        vocab_size=s.vocab,
-        d_model=s.hidden,
-        d_kv=s.head_dim,
-        d_ff=s.ffn_hidden,
-        num_layers=s.layers,
-        num_decoder_layers=s.layers,
-        num_heads=s.heads,
-        dropout_rate=s.dropout,
-        feed_forward_proj="relu",
-        pad_token_id=0,
-        decoder_start_token_id=0,
-        eos_token_id=None,
-        use_cache=False,
-    )
-
-
-def _llama_style_config(s: ModelSpec):
-    """Llama's, Mistral's and Qwen2's configs take the same names (each its own class, found by
-    the family's model type), and each family's ``config_extra``."""
-    import transformers
-
-    return transformers.CONFIG_MAPPING[s.family](
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        intermediate_size=s.ffn_hidden,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.kv_heads,
-        max_position_embeddings=s.max_positions,
-        attention_dropout=s.dropout,
-        bos_token_id=None,
-        eos_token_id=None,
-        use_cache=False,
-        **dict(FAMILY[s.family].config_extra),
-    )
+    return FAMILY[spec.family].config(spec)
 
 
 def _auto_class(family: str):
