@@ -505,13 +505,23 @@ def test_the_part_plans_over_compiled_blocks_and_checks_the_plan_against_compile
         "compiled_stores": ["host"],
         "compare": ["planner", "planned_compiled"],
         "planner_budgets": [0.2],
+        "frontier_budgets": [0.25],
     }
     rows = Rows()
     notes = parts.policies(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
     timed = {row["variant"]: row["config"] for row in rows if "metric" not in row}
-    assert list(timed) == ["keep", "compiled_keep", "planner_host", "planned_compiled_host"]
+    assert list(timed) == [
+        "keep",
+        "compiled_keep",
+        "planner_host",
+        "planner_0.25_host",
+        "planned_compiled_host",
+        "planned_compiled_0.25_host",
+    ]
     config = timed["planned_compiled_host"]
     assert config["compiled"] and config["budget_fraction"] == 0.5 and "layers_budgeted" in config
+    # The frontier's plan, checked against compiled keep like the other, within its own budget.
+    assert timed["planned_compiled_0.25_host"]["budget_fraction"] == 0.25
     model_notes = notes["models"]["llama-tiny"]
     eager, compiled = model_notes["profile"], model_notes["profile_compiled"]
     at_budget = compiled["at_budget_0.2"]  # the compiled blocks profiled at the planner's budget too
