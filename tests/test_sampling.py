@@ -275,7 +275,7 @@ def test_sampler_refuses_bad_configuration(graph):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1.0]), batch=0)
     with pytest.raises(ValueError, match="got torch.bool"):  # not node ids 1 and 0
         NeighborSampler(*graph, [10]).sample(torch.tensor([True, False]), batch=0)
-    for seed in (1.5, "3", True, None, torch.tensor(3)):  # each failed mid-batch, or (True) drew as seed 1
+    for seed in (1.5, "3", True, None, torch.tensor(True)):  # each failed mid-batch, or (True) drew as seed 1
         with pytest.raises(TypeError, match="seed must be an integer"):
             NeighborSampler(*graph, [10], seed=seed)
     for replace in (1, "yes", None):  # refused when made, not at the first batch of one path only

@@ -55,9 +55,9 @@ class SlottedSubgraph:
 
 
 def _integer(value) -> int | None:
-    """``value`` as a Python int where it is an integer of any kind (numpy's included), else None;
-    a bool is not a fan-out, and a tensor is not taken for its one value (a GPU one would wait)."""
-    if isinstance(value, bool | np.bool_ | torch.Tensor):
+    """``value`` as a Python int where it is an integer of any kind (numpy's and a one-value torch
+    tensor's included), else None; a bool, of any kind, is not a fan-out."""
+    if isinstance(value, bool | np.bool_) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         return None
     try:
         return operator.index(value)
