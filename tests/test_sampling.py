@@ -90,7 +90,7 @@ def test_draws_depend_on_the_rng_seed_only(graph):
             (torch.tensor([0]), 3, False, 2**63),
             ValueError,
             r"rng_seed must be an integer in \[0, 2\^63\), got 9223372036854775808",
-        ),  # noqa: E501
+        ),
         ((torch.tensor([0]), 3, False, 1.0), ValueError, r"rng_seed must be an integer .* \(float\)"),
         ((torch.tensor([0]), 3, False, True), ValueError, r"rng_seed must be an integer .* \(bool\)"),
         ((torch.tensor([0]), 2**64, False, 1), ValueError, "fanout must be an integer between 1 and 64"),
