@@ -58,6 +58,11 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
             "train_idx names node .* more",
         ),
         (lambda a: {"val_idx": np.concatenate([a["val_idx"][3:4], a["val_idx"]])}, "val_idx names node .* more than"),
+        # Refused when the graph is made, not at the first step inside the model or the loss.
+        (lambda a: {"labels": a["labels"].astype(np.int32)}, r"labels must be a 1-D int64 tensor.*torch.int32"),
+        (lambda a: {"labels": a["labels"] > 2}, r"labels must be a 1-D int64 tensor.*torch.bool"),
+        (lambda a: {"features": a["features"].astype(np.float64)}, r"features must be a 2-D float32 table.*float64"),
+        (lambda a: {"features": a["features"].astype(np.float16)}, r"features must be a 2-D float32 table.*float16"),
     ],
 )
 def test_a_graph_refuses_tables_and_splits_that_do_not_fit_its_nodes(arrays, change, message):
@@ -421,11 +426,13 @@ def test_the_learned_fill_is_timed_and_samples_only_its_own_batches(skewed, monk
 
 
 def _seeds_of(pipeline, numbers):
-    """The seeds of the batches with these batch numbers (epoch * 100,000 + index)."""
-    from workloads.gnn.pipelines import epoch_seeds
+    """The seeds of the batches with these batch numbers (epoch * BATCHES_PER_EPOCH + index)."""
+    from workloads.gnn.pipelines import BATCHES_PER_EPOCH, epoch_seeds
 
     return [
-        epoch_seeds(pipeline.graph.train_idx, pipeline.batch_size, pipeline.seed, n // 100_000)[n % 100_000]
+        epoch_seeds(pipeline.graph.train_idx, pipeline.batch_size, pipeline.seed, n // BATCHES_PER_EPOCH)[
+            n % BATCHES_PER_EPOCH
+        ]
         for n in numbers
     ]
 

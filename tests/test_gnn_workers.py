@@ -76,9 +76,9 @@ def test_the_loader_pipeline_trains_like_the_baseline(arrays):
     curves = {}
     for name, workers in (("cpu_gather", 0), ("cpu_gather_workers", 2)):
         torch.manual_seed(0)
-        # No dropout: a DataLoader draws its workers' seed from torch's generator, so dropout
-        # masks would differ between the two, not the batches.
-        model = build("sage", graph.features.shape[1], 16, int(graph.labels.max()) + 1, 2, [5, 4], dropout=0.0)
+        # With dropout: the loader's workers take their seed from a generator of their own, so
+        # the model's dropout masks are drawn as without workers.
+        model = build("sage", graph.features.shape[1], 16, int(graph.labels.max()) + 1, 2, [5, 4], dropout=0.5)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         pipeline = Pipeline(name, graph, [5, 4], 97, seed=2, sampler_workers=workers)
         curves[name], _ = train_epoch(model, optimizer, pipeline, 0)
@@ -168,7 +168,10 @@ def test_the_split_is_picked_from_what_each_candidate_measured(arrays):
         made.append((workers, threads))
         return Pipeline("cpu_gather_workers", graph, [5], 97, seed=1, sampler_workers=workers, worker_threads=threads)
 
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
     split, timings = pick_split(make, model, 2, [(1, 1), (2, 1)], 0.01)
+    assert torch.equal(torch.get_rng_state(), before)  # the trials' dropout drew from a fork
     assert made == [(1, 1), (2, 1)] and set(timings) == {"1x1", "2x1"}
     assert timings[f"{split[0]}x{split[1]}"] == min(timings.values()) > 0
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))  # trained copies only

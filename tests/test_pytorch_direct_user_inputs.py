@@ -69,6 +69,10 @@ def test_gather_reads_a_table_that_is_a_row_slice_and_refuses_column_slices():
             gather(view, idx[:5] % view.shape[0])
     with pytest.raises(ValueError, match="2-D"):
         gather(table[:, 0].contiguous(), idx)
+    # One column: its stride is never stepped over, and torch calls such a transposed row contiguous.
+    column = table[:, 2].contiguous().view(1, -1).t()
+    assert column.stride() == (1, 40) and column.is_contiguous()
+    assert torch.equal(gather(column, idx[:7] % 40), plain_rows(column, idx[:7] % 40))
 
 
 @pytest.mark.parametrize("bad", [-1, 40, 2**40])
@@ -146,9 +150,17 @@ def test_row_counts_take_ids_of_any_shape():
     assert count_rows(batches, 17).tolist() == [plain.get(row, 0) for row in range(17)]
 
 
-def test_row_counts_refuse_a_negative_table_size():
-    with pytest.raises(ValueError, match="num_rows must be >= 0, got -3"):
-        count_rows([], -3)
+def test_row_counts_and_capacities_refuse_what_is_not_a_number_of_rows():
+    counts = torch.tensor([3, 0, 5])
+    for bad in (-3, 4.0, True, "2", None):  # 4.0 failed in torch.zeros, True was taken as 1 row
+        with pytest.raises(ValueError, match=re.escape(f"num_rows must be a whole number of rows >= 0, got {bad!r}")):
+            count_rows([], bad)
+        with pytest.raises(ValueError, match=re.escape(f"capacity must be a whole number of rows >= 0, got {bad!r}")):
+            hottest_rows(counts, bad)
+    assert hottest_rows(counts, np.int64(1)).tolist() == [2]
+    assert count_rows([torch.tensor([2])], np.int32(3)).tolist() == [0, 0, 1]
+    with pytest.raises(TypeError, match="table must be a torch tensor"):
+        HotRows(np.zeros((4, 2), np.float32), torch.tensor([1]), "cpu")
 
 
 def test_hit_rate_counts_each_cached_row_once_and_refuses_rows_outside_the_counts():

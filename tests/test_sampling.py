@@ -244,6 +244,43 @@ def test_subgraph_structure(graph):
     assert (sampler.position == -1).all()  # the id map is clean for the next batch
 
 
+@pytest.mark.parametrize("native_kernel", [True, False])
+def test_threads_sharing_a_sampler_get_what_one_thread_gets(graph, native_kernel):
+    """A prefetch thread beside the training loop: each thread numbers its batch's nodes in an id
+    map of its own (the C++ kernel lets go of the GIL while it samples, so a shared map was
+    renumbered under it, and the subgraphs came out wrong)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    indptr, indices = graph
+    sampler = NeighborSampler(indptr, indices, [10, 10], seed=2)
+    order = torch.Generator().manual_seed(5)
+    batches = [torch.randperm(indptr.numel() - 1, generator=order)[:300] for _ in range(12)]
+    alone = [sampler.sample(seeds, i, native_kernel=native_kernel) for i, seeds in enumerate(batches)]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda i: sampler.sample(batches[i], i, native_kernel=native_kernel), range(12)))
+    for a, b in zip(alone, together):
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+
+
+def test_no_two_batches_or_hops_share_their_draws(graph):
+    """The draws of (seed, batch, hop) are hashed together: a packing such as seed * P + batch
+    gave batch P of one seed the draws of batch 0 of the next, and hop 16 the next batch's hop 0."""
+    from workloads.gnn.pipelines import BATCHES_PER_EPOCH, batch_number
+
+    indptr, indices = graph
+    seeds = torch.arange(0, 400, 2)
+    deep = NeighborSampler(indptr, indices, [3] * 17, seed=5)
+    keys = {deep.rng_seed(batch, hop) for batch in range(4) for hop in range(17)}
+    keys |= {NeighborSampler(indptr, indices, [3], seed=6).rng_seed(batch, 0) for batch in range(4)}
+    assert len(keys) == 4 * 17 + 4 and all(0 <= k < 2**63 for k in keys)
+    one = NeighborSampler(indptr, indices, [5], seed=0)
+    assert not torch.equal(one.sample(seeds, 100_000).n_id, one.sample(seeds, batch_number(1, 0)).n_id)
+    assert batch_number(1, 0) == BATCHES_PER_EPOCH > batch_number(0, BATCHES_PER_EPOCH - 1)
+    for epoch, index in ((0, BATCHES_PER_EPOCH), (0, -1), (-1, 0)):
+        with pytest.raises(ValueError, match="an epoch has"):
+            batch_number(epoch, index)
+
+
 def test_full_fanout_one_hop_sage_equals_full_graph_sage(graph):
     from torch_geometric.nn import SAGEConv
 

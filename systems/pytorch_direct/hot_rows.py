@@ -14,9 +14,21 @@ rows passes it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 
 import torch
+
+
+def _count(value, what: str) -> int:
+    """``value`` as a number of rows: an integer of any kind, >= 0 (not a bool, not a float)."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < 0:
+        raise ValueError(f"{what} must be a whole number of rows >= 0, got {value!r}")
+    return number
 
 
 def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
@@ -30,8 +42,7 @@ def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
 
 def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tensor:
     """How many times each row is read in ``id_batches`` (int64 counts in host memory)."""
-    if num_rows < 0:
-        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    num_rows = _count(num_rows, "num_rows")
     counts = torch.zeros(num_rows, dtype=torch.int64)
     for ids in id_batches:
         ids = _row_ids(ids, "a batch")
@@ -54,8 +65,7 @@ def _check_counts(counts: torch.Tensor) -> None:
 def hottest_rows(counts: torch.Tensor, capacity: int) -> torch.Tensor:
     """The ``capacity`` most read rows, most read first; rows never read are left out, and equal
     counts go to the lower row id."""
-    if capacity < 0:
-        raise ValueError(f"capacity must be >= 0 rows, got {capacity}")
+    capacity = _count(capacity, "capacity")
     _check_counts(counts)
     # A stable sort keeps equal counts in row order.
     order = torch.sort(counts, descending=True, stable=True).indices
@@ -79,6 +89,8 @@ class HotRows:
     ``cache``, or -1 (the layout ``ops.gather`` reads)."""
 
     def __init__(self, table: torch.Tensor, rows: torch.Tensor, device: str | torch.device):
+        if not isinstance(table, torch.Tensor):
+            raise TypeError(f"table must be a torch tensor (torch.from_numpy for an array), got {type(table).__name__}")
         if table.dim() != 2:
             raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
         rows = _row_ids(rows, "rows")

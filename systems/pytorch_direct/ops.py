@@ -61,7 +61,8 @@ def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache) -> 
         raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
     if table.device.type != "cpu":
         raise ValueError(f"table must be in host memory, got a tensor on {table.device}")
-    dense = table.stride(1) == 1 and (table.shape[0] <= 1 or table.stride(0) == table.shape[1])
+    # A stride of a dimension of size 1 is never stepped over (torch calls such a tensor contiguous).
+    dense = (table.shape[1] <= 1 or table.stride(1) == 1) and (table.shape[0] <= 1 or table.stride(0) == table.shape[1])
     if table.shape[1] and not dense:  # rows of no features have no layout to get wrong
         raise ValueError("table rows must be contiguous and densely packed")
     if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES:

@@ -21,7 +21,9 @@ output and run it on fake tensors, where any read of device data would fail.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import operator
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,12 +121,38 @@ class NeighborSampler:
         self.indptr, self.indices = indptr, indices
         self.num_nodes = indptr.numel() - 1
         _check_csr(indptr, indices)
-        # Global id -> local id of the batch being built (-1: not in it); reset after each batch.
-        # One more entry, for the id ``num_nodes`` that marks an unused slot on the GPU path.
-        self.position = torch.full((self.num_nodes + 1,), -1, dtype=torch.int64, device=self.device)
+        self._per_thread = threading.local()  # each thread's id map (see position)
+
+    @property
+    def position(self) -> torch.Tensor:
+        """The calling thread's id map: global id -> local id of the batch it is building (-1: not
+        in it), reset after each batch. One per thread, made at its first batch, so that threads
+        sharing a sampler (a prefetch thread beside the training loop) never renumber each other's
+        nodes. One more entry, for the id ``num_nodes`` that marks an unused slot on the GPU path."""
+        mine = self._per_thread
+        if getattr(mine, "position", None) is None:
+            mine.position = torch.full((self.num_nodes + 1,), -1, dtype=torch.int64, device=self.device)
+            mine.reset = None
+        elif mine.reset is not None:  # this thread's last reset may be queued on another stream
+            torch.cuda.current_stream().wait_event(mine.reset)
+            mine.reset = None
+        return mine.position
+
+    @position.setter
+    def position(self, id_map: torch.Tensor) -> None:  # the calling thread's, replaced (tests: fake tensors)
+        self._per_thread.position, self._per_thread.reset = id_map, None
+
+    def _reset_done(self) -> None:
+        """Mark where the id map's reset was queued, for a next batch on another stream."""
+        if self.device.type == "cuda":
+            self._per_thread.reset = torch.cuda.Event()
+            self._per_thread.reset.record()
 
     def rng_seed(self, batch: int, hop: int) -> int:
-        return ((self.seed * 1_000_003 + batch) * 16 + hop) % (2**63)
+        """The seed of one hop's draws: a hash of (the sampler's seed, batch, hop), so that no two
+        of them share a stream (a packing such as ``seed * P + batch`` would repeat one past P)."""
+        key = f"{self.seed},{batch},{hop}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # [0, 2^63)
 
     def sample(self, seeds: torch.Tensor, batch: int, *, native_kernel: bool = True) -> SampledSubgraph:
         """The subgraph of one batch; ``batch`` numbers the batch (it picks the random draws)."""
@@ -210,6 +238,7 @@ class NeighborSampler:
                 frontier, frontier_size = next_frontier[:next_room], added
         finally:
             position.index_fill_(0, n_id, -1)  # the id map is clean for the next batch, also after an error
+            self._reset_done()
         sizes = torch.cat(added_per_hop + edges_per_hop)
         return SlottedSubgraph(n_id[:node_room], sources[:edge_room], targets[:edge_room], sizes, seeds.numel())
 

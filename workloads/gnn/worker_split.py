@@ -79,18 +79,27 @@ def pick_split(
     if len(splits) == 1:
         return splits[0], {}
     timings = {}
-    for workers, threads in splits:
-        torch.set_num_threads(training_threads_left(cores, workers, threads))
-        trial = copy.deepcopy(model)
-        optimizer = torch.optim.Adam(trial.parameters(), lr=learning_rate)
-        pipeline: Pipeline = make_pipeline(workers, threads)
-        try:
-            timings[f"{workers}x{threads}"] = _seconds_per_step(trial, optimizer, pipeline)
-        finally:
-            pipeline.close()
+    # The trials' dropout draws come from a fork of the random state: the measured run then
+    # starts from the state it would have had without them, as every other pipeline does.
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        for workers, threads in splits:
+            timings[f"{workers}x{threads}"] = _time_split(make_pipeline, model, cores, workers, threads, learning_rate)
     best = min(timings, key=timings.get)
     workers, threads = map(int, best.split("x"))
     return (workers, threads), timings
+
+
+def _time_split(make_pipeline, model, cores: int, workers: int, threads: int, learning_rate: float) -> float:
+    """Seconds per training step of a copy of ``model`` fed by ``workers`` x ``threads``."""
+    torch.set_num_threads(training_threads_left(cores, workers, threads))
+    trial = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(trial.parameters(), lr=learning_rate)
+    pipeline: Pipeline = make_pipeline(workers, threads)
+    try:
+        return _seconds_per_step(trial, optimizer, pipeline)
+    finally:
+        pipeline.close()
 
 
 def _seconds_per_step(model, optimizer, pipeline: Pipeline) -> float:

@@ -174,6 +174,14 @@ class Graph:
         """Refuse tables that do not cover the graph's nodes, in one line, before any batch reads
         past them (a short feature table would otherwise surface as an index error mid-epoch)."""
         nodes = self.indptr.numel() - 1
+        # The models train in float32 and the loss takes int64 classes: another type would fail
+        # at the first step, deep inside the model or the loss.
+        if self.features.dtype != torch.float32 or self.features.dim() != 2:
+            got = f"{self.features.dtype} {tuple(self.features.shape)}"
+            raise ValueError(f"features must be a 2-D float32 table [nodes, features], got {got}")
+        if self.labels.dtype != torch.int64 or self.labels.dim() != 1:
+            got = f"{self.labels.dtype} {tuple(self.labels.shape)}"
+            raise ValueError(f"labels must be a 1-D int64 tensor, one class per node, got {got}")
         for name, table in (("features", self.features), ("labels", self.labels)):
             if table.shape[0] != nodes:
                 raise ValueError(f"{name} has {table.shape[0]} rows for a graph of {nodes} nodes: give one per node")
@@ -224,9 +232,17 @@ def epoch_seeds(
     return [order[(i * world + rank) * batch_size : (i * world + rank + 1) * batch_size] for i in range(steps)]
 
 
+BATCHES_PER_EPOCH = 2**32  # batch numbers an epoch owns: no epoch's batches ever reach the next one's
+
+
 def batch_number(epoch: int, index: int) -> int:
-    """What picks a batch's random draws: batch ``index`` of ``epoch`` always gets the same ones."""
-    return epoch * 100_000 + index
+    """What picks a batch's random draws: batch ``index`` of ``epoch`` always gets the same ones,
+    and no other batch of any epoch gets them."""
+    if not 0 <= index < BATCHES_PER_EPOCH or epoch < 0:
+        raise ValueError(
+            f"batch {index} of epoch {epoch}: an epoch has batches 0..{BATCHES_PER_EPOCH - 1}, from epoch 0"
+        )
+    return epoch * BATCHES_PER_EPOCH + index
 
 
 @dataclass
@@ -410,6 +426,9 @@ class Pipeline:
             pin_memory=self.kind.worker_gathers and self.device.type == "cuda",
             timeout=WORKER_TIMEOUT_S,
             multiprocessing_context="fork",
+            # Its own generator for the workers' base seed: drawn from the global one, it would
+            # shift the model's dropout masks, and the loss curves would differ from cpu_gather's.
+            generator=torch.Generator(),
         )
 
     def worker_pids(self) -> list[int]:
