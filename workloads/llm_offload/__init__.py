@@ -22,6 +22,9 @@ fixed global batch: the throughput the freed memory buys over keep at keep's lar
 A fifth, ``shapes`` (GPU only): the policies at the paper's three (hidden, layers) shapes and its
 micro-batch 16. A sixth, ``convergence``: a small model trained for many steps on the generated
 Markov language under keep, recompute and offloading, every step's loss checked bit-identical.
+A seventh, ``frontier_models`` (GPU only): on model families of other shapes (Mistral, Qwen2),
+the planner on compiled blocks at several budgets against torch's own activation memory budget:
+the two frontiers of step time against activation peak.
 """
 
 from harness.topic import Part, Topic
@@ -40,6 +43,7 @@ TOPIC = Topic(
         Part("memory_bound", gpus=1, cpu=True),
         Part("shapes", gpus=1, cpu=False),  # the paper's full-size shapes: a GPU's work
         Part("convergence", gpus=1, cpu=True),
+        Part("frontier_models", gpus=1, cpu=False),  # compiled blocks at several budgets: minutes of inductor a model
     ),
     packages=("transformers",),
 )

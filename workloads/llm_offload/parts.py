@@ -1,5 +1,5 @@
 """The measuring functions of the llm_offload topic: ``policies``, ``models``, ``shapes``,
-``micro_batches``, ``memory_bound`` (memory_bound.py) and ``convergence``. They choose what to run
+``frontier_models``, ``micro_batches``, ``memory_bound`` (memory_bound.py) and ``convergence``. They choose what to run
 from the registries of systems/ssdtrain (variants.py) and measure it; the policies and stores
 themselves live there.
 
@@ -50,7 +50,16 @@ from workloads.llm_offload.schema import SCHEMA
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw warnings about token ids
 
-__all__ = ["NotBitIdentical", "convergence", "memory_bound", "micro_batches", "models", "policies", "shapes"]
+__all__ = [
+    "NotBitIdentical",
+    "convergence",
+    "frontier_models",
+    "memory_bound",
+    "micro_batches",
+    "models",
+    "policies",
+    "shapes",
+]
 
 
 def _add(writer, dataset: str, variant: choose.Variant, config: dict, metric: str, value, repetition: int) -> None:
@@ -100,6 +109,12 @@ def models(params, writer, **kwargs):
 def shapes(params, writer, **kwargs):
     """The same policies as :func:`policies` at the paper's three (hidden, layers) shapes and its
     micro-batch, usually with fewer stores and baselines: how the trade-off moves with the shape."""
+    return policies(params, writer, **kwargs)
+
+
+def frontier_models(params, writer, **kwargs):
+    """The same policies as :func:`policies`, usually the compiled ones at several budgets, on
+    models of other families and shapes: the planner's frontier against torch's budgets there."""
     return policies(params, writer, **kwargs)
 
 
