@@ -42,6 +42,8 @@ class Table:
     lines: Sequence[str]
     sources: Sequence[Path]
     note: str = ""  # one sentence after the table (how the numbers were reduced), if any
+    # With no sources: which results are not there yet, said where the source line would be.
+    not_measured: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,5 +125,5 @@ def render(name: str) -> str:
     parts = ["\n".join(made.lines)]
     if made.note:
         parts.append(made.note)
-    parts.append(source_line(made.sources))
+    parts.append(made.not_measured if not made.sources and made.not_measured else source_line(made.sources))
     return "\n\n".join(parts)

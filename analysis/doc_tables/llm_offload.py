@@ -559,6 +559,77 @@ def _frontier_rows(files: Sequence[Path], low: float, high: float) -> list[str]:
     return lines
 
 
+MEMORY_BOUND_TARGETS = {"recompute": 1.15, "torch's best budget": 1.05}  # tokens/s ratios the target asks for
+
+
+def capped_speeds(file: Path) -> pd.DataFrame:
+    """One memory_bound process: per model and variant, the median tokens/s at the variant's largest
+    micro-batch under the cap (the part times only that one), with the micro-batch and the role."""
+    keys = ["dataset", "variant", "role", "policy", "micro_batch", "memory_cap_gib"]
+    return summarize(_load_one(file), "tokens_per_second", keys)
+
+
+@table("llm_offload-h200-memory_bound", topic=TOPIC)
+def memory_bound() -> Table:
+    """Part memory_bound: every variant's tokens/s at its largest micro-batch under the cap; each
+    SSDTrain configuration's over recompute's and over torch's best budget's at theirs, per process;
+    met where a configuration reaches both targets in every process."""
+    header = [
+        "| model, cap | variant | largest micro-batch | tokens/s | x recompute | x torch's best budget | met? |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    try:
+        files = process_files("memory_bound")
+    except UserError:
+        return Table(
+            header + ["| every model | every variant | not measured | | | | |"],
+            [],
+            not_measured="Source: none yet (part `memory_bound` has not run on the H200).",
+        )
+    lines = header + capped_rows([capped_speeds(f) for f in files], load(files[:1], TOPIC))
+    targets = " and ".join(f"{v:g}x {k}" for k, v in MEMORY_BOUND_TARGETS.items())
+    note = (
+        "Tokens per second at each variant's own largest micro-batch under the cap (the global batch fixed), "
+        f"medians of the timed steps, {over(files)}; ratios taken within each process; an SSDTrain configuration "
+        f"meets the target where it reaches {targets} in every process."
+    )
+    return Table(lines, files, note=note)
+
+
+def capped_rows(speeds: Sequence[pd.DataFrame], committed: pd.DataFrame) -> list[str]:
+    """The memory_bound table's rows: ``speeds`` has one :func:`capped_speeds` frame per process
+    (the committed one first), ``committed`` the committed file's rows (shapes and settings)."""
+    setups = _setups(committed)
+    lines = []
+    for dataset, rows in speeds[0].groupby("dataset", sort=False):
+        first = committed[committed.dataset == dataset].iloc[0]
+        where = f"{int(first.hidden)}x{int(first.layers)}, {float(rows.memory_cap_gib.iloc[0]):g} GiB"
+
+        def tokens(process: pd.DataFrame, variant: str) -> float:
+            found = process[(process.dataset == dataset) & (process.variant == variant)]["median"]
+            return float(found.max()) if not found.empty else float("nan")  # NaN: not run in that process
+
+        budgets = [v for v in rows[rows.policy == "torch_budget"].variant]
+        against = {
+            "recompute": [tokens(p, "recompute") for p in speeds],
+            "torch's best budget": [max((tokens(p, v) for v in budgets), default=float("nan")) for p in speeds],
+        }
+        for row in rows.set_index("variant").loc[order(setups.loc[rows.variant])].reset_index().itertuples():
+            got = [tokens(p, row.variant) for p in speeds]
+            cells, met = ["", ""], ""
+            if row.role == "optimized":
+                reached = True
+                for i, (name, target) in enumerate(MEMORY_BOUND_TARGETS.items()):
+                    ratio = [g / a for g, a in zip(got, against[name]) if g == g and a == a]
+                    cells[i] = f"{span(ratio, 2)}x" if ratio else "not measured"
+                    reached &= len(ratio) == len(speeds) and min(ratio) >= target
+                met = "yes" if reached else "no"
+            label = variant_label(setups.loc[row.variant])
+            batch = int(float(row.micro_batch))
+            lines.append(f"| {where} | {label} | {batch} | {span(got, 0)} | {cells[0]} | {cells[1]} | {met} |")
+    return lines
+
+
 # The CPU scale: the columns per model.
 CPU_COLUMNS = (
     ("offload_all host", "offload_all_host"),
