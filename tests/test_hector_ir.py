@@ -6,6 +6,7 @@ mean; bad programs and bad bindings are refused by name.
 The cross-products of models, passes and graphs run whole in the full tier; the fast tier runs a
 pairwise cover of them (:func:`pairwise`: every pair of values of any two parameters at least once)."""
 
+import gc
 import itertools
 
 import pytest
@@ -16,6 +17,7 @@ from systems.hector import autodiff, op, passes, reference
 from systems.hector.lang import ModelError, model
 from systems.relgraph.graph import RelGraph
 from systems.rgnn.forms import FORMS
+from systems.rgnn.forms.hector import HectorForm
 from systems.rgnn.models import MODELS
 from systems.rgnn.models.rgat import rgat_layer
 from systems.rgnn.models.rgcn import RGCNWeights, rgcn_layer
@@ -379,3 +381,85 @@ def test_a_layer_takes_features_as_strided_offset_and_expanded_views(name):
     for kind, x in views.items():
         assert not x.is_contiguous() or kind == "offset"
         torch.testing.assert_close(layer(graph, x=x, **weights), layer(graph, x=x.contiguous(), **weights), msg=kind)
+
+
+COPIES = 8  # of each pattern in one model: more places where a freed value's id can be taken
+
+
+def _compact_case(which: str):
+    """A model whose compacted chains feed operators compact leaves per edge (tanh, a target's
+    rows), its pattern repeated on scaled inputs, with its float64 definition:
+    (model, definition(graph, x, W, W2))."""
+    patterns = {  # (model's pattern of (m, x, W, W2), plain pattern of (x, h1, h2, dst)), h = src(x) @ W[r]
+        # a depends on (source, relation) only, so it is compacted; tanh is not, and b reads it
+        "tanh_beside_a_compacted_chain": (
+            lambda m, h1, h2, xd: m.sum_into_dst(h1 - h1 * 2.0) + m.sum_into_dst(m.tanh(h1) * 3.0),
+            lambda h1, h2, xd, into: into(h1 - 2 * h1) + into(3 * torch.tanh(h1)),
+        ),
+        "two_products_and_a_tanh": (
+            lambda m, h1, h2, xd: m.sum_into_dst(h1 * h2 - h1) + m.sum_into_dst(m.tanh(h2) * h1) * 0.5,
+            lambda h1, h2, xd, into: into(h1 * h2 - h1) + 0.5 * into(torch.tanh(h2) * h1),
+        ),
+        "a_target_side_user": (
+            lambda m, h1, h2, xd: m.sum_into_dst(m.exp(h1 * 0.1) - h1) + m.sum_into_dst(m.sigmoid(m.tanh(h1)) * xd),
+            lambda h1, h2, xd, into: into(torch.exp(0.1 * h1) - h1) + into(torch.sigmoid(torch.tanh(h1)) * xd),
+        ),
+    }
+    traced, plain = patterns[which]
+
+    @model
+    def layer(m):
+        x = m.input("x", "in")
+        W, W2 = (m.weight(name, ("in", "in"), per="relation") for name in ("W", "W2"))
+        total = None
+        for i in range(COPIES):
+            scale = 1.0 + i / 4
+            h1, h2 = (m.src(x) @ w[m.relation] * scale for w in (W, W2))
+            term = traced(m, h1, h2, m.dst(x))
+            total = term if total is None else total + term
+        return total
+
+    def definition(graph, x, W, W2):
+        def into(rows):
+            return rows.new_zeros(graph.num_nodes, rows.shape[1]).index_add(0, graph.dst, rows)
+
+        total = 0
+        for i in range(COPIES):
+            scale = 1.0 + i / 4
+            h1, h2 = (torch.einsum("ei,eio->eo", x[graph.src], w[graph.etype]) * scale for w in (W, W2))
+            total = total + plain(h1, h2, x[graph.dst], into)
+        return total
+
+    return layer, definition
+
+
+@pytest.mark.parametrize("which", ["tanh_beside_a_compacted_chain", "two_products_and_a_tanh", "a_target_side_user"])
+def test_compact_gives_the_same_program_and_numbers_on_every_trace(which):
+    """The pass's bookkeeping must not depend on where Python places freed objects: a value it
+    builds and then replaces is freed at once, and a later value may land at its address. Each of
+    300 traces (with collections between them) must give one program, and the definition's numbers."""
+    layer, definition = _compact_case(which)
+    graph = RelGraph.build([0, 1, 2, 0, 3, 3, 1], [1, 2, 0, 3, 0, 1, 1], [0, 1, 0, 1, 1, 0, 1], 4, 2)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 3, generator=g, dtype=torch.float64) * 0.3
+    W, W2 = (torch.randn(2, 3, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    expected = definition(graph, x, W, W2)
+    texts = set()
+    for trace in range(300):
+        if trace % 20 == 0:
+            gc.collect()
+        program = passes.optimize(layer(), "compact")
+        text = str(program)
+        if text not in texts:  # a new program: check its numbers (each distinct text once)
+            texts.add(text)
+            assert text.count(" = tanh(") == COPIES and "unpair" in text, text
+            (out,) = reference.run(program, graph, {"x": x, "W": W, "W2": W2})
+            torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12, msg=text)
+    assert len(texts) == 1, "\n\n".join(texts)
+
+
+def test_an_unknown_pass_is_refused_in_one_line_naming_the_passes():
+    with pytest.raises(UserError, match=r"^no pass 'compat'; the passes are reorder, compact$"):
+        passes.optimize(rgcn_layer(), "compat")
+    with pytest.raises(UserError, match=r"^no pass 'typo'; the passes are reorder, compact$"):
+        HectorForm("hector_typo", "optimized", passes=("typo",))

@@ -511,3 +511,53 @@ def test_negation_is_a_subtraction_and_a_power_is_refused_by_name():
     assert torch.allclose(reference.run(negated(), graph, {"x": t["x"], "W": t["W"]})[0], expected, atol=1e-12)
     with pytest.raises(ModelError, match="the language has no power"):
         model(lambda m: m.input("x", "in") ** 2)()
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (lambda m, x, W: x * m.tanh(0.5), "tanh takes rows (a node, edge or pair value), got float 0.5"),
+        (lambda m, x, W: x * m.gelu(None), "gelu takes rows (a node, edge or pair value), got NoneType None"),
+        (
+            lambda m, x, W: m.sum_into_dst(m.leaky_relu(W[m.relation], 0.1)),
+            "leaky_relu takes rows (a node, edge or pair value), got weight W[m.relation]",
+        ),
+        (lambda m, x, W: x * m.rsqrt("in", 2.0), "rsqrt's like takes rows (a node, edge or pair value), got float 2.0"),
+        (lambda m, x, W: x * m.rsqrt(2.0, x), "rsqrt takes a width's name (such as 'in'), got float 2.0"),
+        (lambda m, x, W: x * m.leaky_relu(x, "0.1"), "leaky_relu's slope must be a number, got str '0.1'"),
+    ],
+    ids=["tanh-number", "gelu-none", "leaky_relu-weight", "rsqrt-like", "rsqrt-width", "slope-string"],
+)
+def test_an_operator_given_something_that_is_not_rows_is_refused_naming_both(body, words):
+    @model
+    def layer(m):
+        return body(m, m.input("x", "in"), m.weight("W", ("in", "in"), per="relation"))
+
+    with pytest.raises(ModelError, match=f"^{re.escape(words)}$"):
+        layer()
+
+
+@pytest.mark.parametrize("name", ["in_degree", "out_degree", "norm"])
+@pytest.mark.parametrize("declared_first", [True, False], ids=["declared-first", "declared-after"])
+def test_a_leaf_named_like_graph_data_is_refused_as_reserved_where_the_model_reads_it(name, declared_first):
+    """A mean reads the node's edge count as graph data by its name, and m.graph_data("norm") the
+    norm: an input or weight of that name is refused as a reserved name, in either order."""
+    reads = {
+        "in_degree": lambda m, x: m.mean_into_dst(m.src(x)),
+        "out_degree": lambda m, x: m.mean_into_src(m.dst(x)),
+        "norm": lambda m, x: m.sum_into_dst(m.src(x) * m.graph_data("norm")),
+    }[name]
+
+    @model
+    def layer(m):
+        x = m.input("x", "in")
+        if declared_first:
+            mine = m.input(name, "in")
+            return reads(m, x) + mine
+        reduced = reads(m, x)
+        return reduced + m.input(name, "in")
+
+    with pytest.raises(
+        ModelError, match=f"^the name '{name}' is reserved for graph data .*: name the input otherwise$"
+    ):
+        layer()

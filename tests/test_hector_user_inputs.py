@@ -346,3 +346,84 @@ def test_numpy_numbers_are_constants_and_a_bool_is_refused_in_arithmetic():
     for factor in (True, np.bool_(False)):
         with pytest.raises(ModelError, match="cannot use a bool"):
             scaled(factor)
+
+
+@model
+def shifted(m):
+    """A shared vector added to every edge's row and to every node's result."""
+    x, b = m.input("x", "in"), m.weight("b", ("in",))
+    return m.sum_into_dst(m.src(x) + b) + b
+
+
+def plain_shifted(g: RelGraph, x, b):
+    return x.new_zeros(g.num_nodes, x.shape[1]).index_add(0, g.dst, x[g.src] + b) + b
+
+
+@model
+def shared_attention(m):
+    """One attention vector in two dot products (source and target side), relation-typed values."""
+    x, a = m.input("x", "in"), m.weight("a", ("out",))
+    W = m.weight("W", ("in", "out"), per="relation")
+    source, target = m.src(x) @ W[m.relation], m.dst(x) @ W[m.relation]
+    score = m.leaky_relu(m.dot(source, a) + m.dot(target, a), 0.2)
+    return m.sum_into_dst(m.edge_softmax(score) * source)
+
+
+def plain_shared_attention(g: RelGraph, x, a, W):
+    n = g.num_nodes
+    source = torch.bmm(x[g.src].unsqueeze(1), W[g.etype]).squeeze(1)
+    target = torch.bmm(x[g.dst].unsqueeze(1), W[g.etype]).squeeze(1)
+    score = F.leaky_relu(source @ a + target @ a, 0.2)
+    top = score.new_full((n,), -torch.inf).scatter_reduce(0, g.dst, score, "amax")
+    exp = (score - top[g.dst]).exp()
+    attention = exp / exp.new_zeros(n).index_add(0, g.dst, exp)[g.dst]
+    return x.new_zeros(n, W.shape[2]).index_add(0, g.dst, attention.unsqueeze(1) * source)
+
+
+@pytest.mark.parametrize("applied", PASS_SETS, ids=lambda p: "+".join(p) or "none")
+def test_a_shared_vector_used_twice_gets_the_sum_of_both_uses_gradients(applied):
+    """A shared vector's gradient is the sum of its parts, vectors of its one shape: added as they
+    are (the reference once broadcast them as rows, which a vector has no second dimension for)."""
+    (src, dst, etype), nodes, relations = edges(seed=11)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    gen = torch.Generator().manual_seed(12)
+
+    def given(**shapes):
+        return {k: torch.randn(s, generator=gen, dtype=torch.float64).requires_grad_() for k, s in shapes.items()}
+
+    assert_matches(op.Layer(passes.optimize(shifted(), *applied)), plain_shifted, g, given(x=(nodes, 4), b=(4,)), 1e-12)
+    tensors = given(x=(nodes, 5), a=(6,), W=(relations, 5, 6))
+    assert_matches(op.Layer(passes.optimize(shared_attention(), *applied)), plain_shared_attention, g, tensors, 1e-12)
+
+
+def test_a_model_named_by_a_lambda_a_partial_or_a_non_ascii_name_is_a_layer():
+    """The op's name is made from the model's: one that is no ASCII identifier (``<lambda>``,
+    ``café``) or a callable with no ``__name__`` (``functools.partial``) still names an op, and
+    two programs of one name (two partials) get two ops, each computing its own."""
+    import functools
+
+    def café(m):
+        return m.sum_into_dst(m.src(m.input("x", "in")))
+
+    def scaled(m, factor):
+        return m.sum_into_dst(m.src(m.input("x", "in"))) * factor
+
+    g = RelGraph.build([0, 1, 2, 2], [1, 2, 0, 1], [0, 0, 0, 0], num_nodes=3, num_relations=1)
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    summed = torch.zeros(3, 4, dtype=torch.float64).index_add(0, g.dst, x[g.src])
+    cases = [
+        (café, "café", 1.0),
+        (lambda m: m.sum_into_dst(m.src(m.input("x", "in"))) * 2.0, "<lambda>", 2.0),
+        (functools.partial(scaled, factor=3.0), "scaled", 3.0),
+        (functools.partial(scaled, factor=4.0), "scaled", 4.0),
+    ]
+    names = set()
+    for fn, name, factor in cases:
+        layer = op.Layer(model(fn)())
+        assert layer.program.name == name and layer.op_name.isidentifier() and layer.op_name.isascii()
+        names.add(layer.op_name)
+        out = layer(g, x=x)
+        torch.testing.assert_close(out, summed * factor, rtol=1e-15, atol=1e-15)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        torch.testing.assert_close(grad, torch.bincount(g.src, minlength=3)[:, None].double().expand(3, 4) * factor)
+    assert len(names) == len(cases)

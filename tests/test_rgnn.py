@@ -503,3 +503,47 @@ def test_a_model_declaration_is_checked():
     with pytest.raises(ValueError, match="lowercase"):
         Model("RGCN", RGCNWeights)
     assert LayerForm("segment_mm", "baseline").supports(MODELS["hgt"])
+
+
+# The plain forms (the baselines and the dense peer): PyG's own layers are left to PyG.
+OWN = [(layer, name) for layer, name in CASES if not name.startswith("pyg")]
+
+
+@pytest.mark.parametrize("name", ["per_edge", "segment_mm", "dense", "hector_unopt", "hector_best"])
+def test_float64_rgcn_is_exact_to_float64_where_the_norm_is_read(name):
+    """The per-(target, relation) norm in float64 is made in float64, not widened from float32's
+    reciprocals (which left a float64 layer only as exact as a float32 one)."""
+    graph = random_graph(13, 4, 90, seed=4)
+    weights = RGCNWeights(4, 5, 6, seed=2).double()
+    x = torch.randn(13, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64, requires_grad=True)
+    out = build("rgcn", name, weights, graph)(x)
+    got = torch.autograd.grad(out.sum(), [x, weights.weight])
+    x_ref, w_ref = x.detach().requires_grad_(), RGCNWeights(4, 5, 6, seed=2).double()
+    expected = reference_rgcn(graph, x_ref, w_ref)
+    want = torch.autograd.grad(expected.sum(), [x_ref, w_ref.weight])
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    for a, b, what in zip(got, want, ("x", "W"), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=what)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_grouped_mm_refuses_float64_in_one_line_naming_the_type(layer):
+    graph = random_graph(12, 3, 40, types=1)
+    weights = MODELS[layer].make_weights(graph, 6, 6).double()
+    with pytest.raises(UserError, match=r"^grouped_mm multiplies float32, bfloat16 or float16 tensors, got float64 "):
+        build(layer, "grouped_mm", weights, graph)(torch.randn(12, 6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("layer, name", OWN)
+@pytest.mark.parametrize(
+    "nodes, relations, types", [(3, 0, 1), (0, 0, 0), (0, 2, 0)], ids=["no-relations", "nothing", "no-node-types"]
+)
+def test_a_graph_of_no_relations_or_no_node_types_gives_what_the_definition_gives(layer, name, nodes, relations, types):
+    graph = RelGraph.build([], [], [], num_nodes=nodes, num_relations=relations, num_node_types=types)
+    out, grads, (x, weights) = run(layer, name, graph, 6, 6)
+    expected = DEFINITIONS[layer](graph, x.detach(), weights).float() if nodes else torch.zeros(0, 6)
+    torch.testing.assert_close(out, expected)
+    _, per_edge_grads, _ = run(layer, "per_edge", graph, 6, 6)
+    for what, grad in grads.items():
+        torch.testing.assert_close(grad, per_edge_grads[what], msg=what)

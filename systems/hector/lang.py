@@ -194,6 +194,10 @@ class Builder:
 
     def rsqrt(self, width, like: Expr) -> Expr:
         """``1 / sqrt(width)`` (a width symbol, known when the model runs) in ``like``'s domain."""
+        if not isinstance(width, str):  # a number's 1 / sqrt is a literal: write it as one
+            raise ModelError(f"rsqrt takes a width's name (such as 'in'), got {_shown(width)}")
+        if not isinstance(like, Expr) or like.value.domain == "weight":
+            raise ModelError(f"rsqrt's like takes rows (a node, edge or pair value), got {_shown(like)}")
         return self._op("const", (), like.value.domain, 1, (), (("rsqrt", width),))
 
     # Rows
@@ -213,6 +217,8 @@ class Builder:
         return self._op("dot", (a.value, b.value), a.value.domain, heads, a.value.depends | b.value.depends, attrs)
 
     def leaky_relu(self, e: Expr, slope: float) -> Expr:
+        if isinstance(slope, bool) or not isinstance(slope, int | float | np.integer | np.floating):
+            raise ModelError(f"leaky_relu's slope must be a number, got {_shown(slope)}")
         if not math.isfinite(slope):
             raise ModelError(f"leaky_relu's slope must be a finite number, got {slope}")
         return self._unary("leaky_relu", e, (("slope", float(slope)),))
@@ -234,7 +240,14 @@ class Builder:
         if not (isinstance(value.name, str) and value.name.isidentifier()):
             # tensors are passed by name, as keywords; names like "grad:0" are the operator's own
             raise ModelError(f"the name {value.name!r} is not a Python identifier: tensors are passed by name")
-        if value.name in self._names:
+        known = self._names.get(value.name)
+        if known is not None and "graph_data" in (known.op, value.op):  # a mean reads its graph data by name
+            mine = value if value.op != "graph_data" else known
+            raise ModelError(
+                f"the name {value.name!r} is reserved for graph data ({', '.join(GRAPH_DATA)}): "
+                f"name the {mine.op} otherwise"
+            )
+        if known is not None:
             raise ModelError(f"the name {value.name!r} is used twice")
         self._names[value.name] = value
         return value
@@ -268,6 +281,8 @@ class Builder:
         return self._op("gather", (x.value,), "edge", x.value.width, {end}, (("end", end),))
 
     def _unary(self, op, e: Expr, attrs=()) -> Expr:
+        if not isinstance(e, Expr):
+            raise ModelError(f"{op} takes rows (a node, edge or pair value), got {_shown(e)}")
         if e.value.domain == "weight":
             raise ModelError(f"{op} of a weight: apply it to rows")
         return self._op(op, (e.value,), e.value.domain, e.value.width, e.value.depends, attrs)
@@ -328,6 +343,15 @@ class Builder:
         return self._op("typed_matmul", (e.value, weight), e.value.domain, weight.shape[1], depends, (("by", by),))
 
 
+def _shown(arg) -> str:
+    """An argument as a refusal names it: a weight by its name, anything else by its repr."""
+    if isinstance(arg, Selected):
+        return f"weight {arg.weight.name}[m.{'relation' if arg.by == 'etype' else 'node_type'}]"
+    if isinstance(arg, Expr):
+        return f"weight {arg.value.name}" if arg.value.domain == "weight" else f"{_a(arg.value.domain)} value"
+    return f"{type(arg).__name__} {arg!r}"[:80]
+
+
 def _a(word: str) -> str:
     return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
@@ -363,17 +387,26 @@ def model(fn: Callable) -> Callable[[], Program]:
     """Trace ``fn(m)`` into a :class:`Program` named after it; calling the result traces anew, so
     each caller gets a program of its own to run passes on."""
 
+    name = _name_of(fn)
+
     def trace() -> Program:
         builder = Builder()
         out = fn(builder)
         outputs = out if isinstance(out, tuple) else (out,)
         for o in outputs:
             if not isinstance(o, Expr) or o.value.domain != "node":
-                raise ModelError(f"{fn.__name__} must return node values")
-        program = Program(fn.__name__, [o.value for o in outputs])
+                raise ModelError(f"{name} must return node values")
+        program = Program(name, [o.value for o in outputs])
         _check_rsqrt_widths(program, builder)
         return program
 
-    trace.__name__ = fn.__name__
+    trace.__name__ = name
     trace.__doc__ = fn.__doc__
     return trace
+
+
+def _name_of(fn: Callable) -> str:
+    """A model function's name; a callable without ``__name__`` (a ``functools.partial``, an
+    object with ``__call__``) is named after the function it wraps, or its class."""
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
+    return name if isinstance(name, str) and name else type(fn).__name__

@@ -573,13 +573,7 @@ def graph_data(graph: RelGraph, name: str, dtype: torch.dtype = torch.float32) -
     """The graph data a program reads (systems/hector/lang.py GRAPH_DATA), as [rows, 1] of ``dtype``
     (float32, or float64 for a float64 run: float32 reciprocals would cost it half its digits)."""
     if name == "norm":
-        if dtype == torch.float32:
-            return graph.norm.unsqueeze(1)
-        # RelGraph.build's norm is 1 / a count: the count is its float32 reciprocal's reciprocal,
-        # rounded (exact far beyond any degree). A norm set some other way is widened as it is.
-        wide = graph.norm.to(torch.float64)
-        exact = torch.reciprocal(torch.reciprocal(wide).round())
-        return (exact if torch.equal(exact.to(graph.norm.dtype), graph.norm) else wide).to(dtype).unsqueeze(1)
+        return graph.norm_as(dtype).unsqueeze(1)
     if name in ("in_degree", "out_degree"):  # at least 1: a mean over no edges is 0 / 1
         ends = graph.dst if name == "in_degree" else graph.src
         return torch.bincount(ends, minlength=graph.num_nodes).clamp(min=1).to(dtype).unsqueeze(1)

@@ -23,6 +23,7 @@ differentiating its gradients is refused.
 from __future__ import annotations
 
 import hashlib
+import re
 import weakref
 from collections.abc import Callable
 
@@ -66,7 +67,7 @@ class Layer:
         self.program = program
         self.names = [leaf.name for leaf in leaves(program)]
         digest = hashlib.sha256(str(program).encode()).hexdigest()[:12]
-        self.op_name = f"{program.name}_{digest}" + ("_tf32" if tensor_cores else "")
+        self.op_name = f"{_identifier(program.name)}_{digest}" + ("_tf32" if tensor_cores else "")
         if self.op_name not in _ops:
             _ops[self.op_name] = _define(self.op_name, program, self.names, tensor_cores)
         self.ops = _ops[self.op_name]
@@ -98,6 +99,12 @@ class Layer:
                 return self.forward_op(handle, given)[0]
             return _Training.apply(self.ops, handle, *given)
         return self.inference_op(handle, given)[0]
+
+
+def _identifier(name: str) -> str:
+    """``name`` as torch's schema parser takes an op name (ASCII letters, digits and _, not led by a
+    digit): a model may be named ``<lambda>`` or ``café``. The digest after it keeps names apart."""
+    return re.sub(r"\W|^(?=\d)", "_", name, flags=re.ASCII)
 
 
 def _distinct(results: list[torch.Tensor], given: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from harness.errors import UserError
 from systems.hector.ir import Program, Value
 
 # Operators whose result row i depends only on row i of their row arguments (and on weights).
@@ -50,8 +51,11 @@ def reorder_linear(program: Program) -> Program:
 
 
 def compact_materialization(program: Program) -> Program:
-    pair_of: dict[int, Value] = {}  # an edge value's pair-domain twin, keyed by the rebuilt edge value
-    heavy: set[int] = set()  # twins whose computation includes a matrix product
+    # Keyed by the values themselves (identity: Value has eq=False), which keeps them alive for the
+    # pass. Keyed by id(), a rebuilt value replaced by its ``unpair`` is freed at once, and a later
+    # value can take its id and so inherit its twin: the pass would read the wrong value.
+    pair_of: dict[Value, Value] = {}  # an edge value's pair-domain twin, keyed by the rebuilt edge value
+    heavy: set[Value] = set()  # twins whose computation includes a matrix product
 
     def fn(value: Value, _) -> Value:
         if value.domain != "edge" or not value.depends <= {"src", "etype"} or value.op not in ROWWISE:
@@ -59,17 +63,17 @@ def compact_materialization(program: Program) -> Program:
         if value.op == "gather" and value.attr("end") != "src":
             return value
         edge_args = [a for a in value.args if a.domain == "edge"]
-        if not all(id(a) in pair_of for a in edge_args):
+        if not all(a in pair_of for a in edge_args):
             return value
-        args = tuple(pair_of[id(a)] if a.domain == "edge" else a for a in value.args)
+        args = tuple(pair_of[a] if a.domain == "edge" else a for a in value.args)
         twin = dataclasses.replace(value, args=args, domain="pair")
-        pair_of[id(value)] = twin
-        if value.op in HEAVY or any(id(pair_of[id(a)]) in heavy for a in edge_args):
-            heavy.add(id(twin))
+        pair_of[value] = twin
+        if value.op in HEAVY or any(pair_of[a] in heavy for a in edge_args):
+            heavy.add(twin)
             # Read per edge through its pair; an edge user sees this value, and its own twin chain
             # continues from ``twin`` (registered under the replacement too).
             unpaired = Value("unpair", (twin,), "edge", value.width, value.depends)
-            pair_of[id(unpaired)] = twin
+            pair_of[unpaired] = twin
             return unpaired
         return value
 
@@ -79,8 +83,16 @@ def compact_materialization(program: Program) -> Program:
 PASSES = {"reorder": reorder_linear, "compact": compact_materialization}
 
 
+def check_names(names) -> None:
+    """Refuses, in one line, a pass name that is not one of :data:`PASSES`."""
+    for name in names:
+        if not isinstance(name, str) or name not in PASSES:
+            raise UserError(f"no pass {name!r}; the passes are {', '.join(PASSES)}")
+
+
 def optimize(program: Program, *names: str) -> Program:
     """``program`` after the named passes, in the order given (``reorder`` before ``compact``)."""
+    check_names(names)
     for name in names:
         program = PASSES[name](program)
     return program

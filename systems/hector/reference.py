@@ -115,6 +115,8 @@ def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths, 
         return typed_products(args[0], weight, _type_ids(value.attr("by"), domain, graph, pairs))
     if op == "weight_product":  # per relation: W[r] @ v (linear-operator reordering)
         return args[0] @ args[1]
+    if op == "add" and domain == "weight":  # gradient parts of one weight, of one shape (a vector's too)
+        return args[0] + args[1]
     if op in ("add", "sub", "mul", "div", "equal"):
         a, b = _broadcast(args[0], args[1], op)
         if op == "equal":  # 1 where a row's entry is its target's maximum (max's gradient)

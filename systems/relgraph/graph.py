@@ -75,10 +75,7 @@ class RelGraph:
                     f"{name}[{i}] = {int(ids[i])} is not a {kind} id of this graph (0 to {bound - 1}; "
                     f"{bad.numel()} such ids)"
                 )
-        # Counted over the (target, relation) pairs that occur, not a nodes x relations table
-        # (wikikg2's would be 2.5 M x 535 floats: 5.4 GB).
-        _, pair, counts = torch.unique(dst * num_relations + etype, return_inverse=True, return_counts=True)
-        norm = 1.0 / counts[pair].to(torch.float32)
+        norm = 1.0 / _norm_counts(dst, etype, num_relations).to(torch.float32)
         by_relation = torch.sort(etype, stable=True).indices
         offsets = segment_offsets(etype, num_relations)
         by_type = torch.sort(node_type, stable=True).indices
@@ -114,6 +111,13 @@ class RelGraph:
             num_node_types=num_node_types,
         )
 
+    def norm_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """``norm`` in ``dtype``. A type wider than float32 computes it from the edge counts: the
+        float32 reciprocals widened would leave a float64 layer only as exact as a float32 one."""
+        if torch.finfo(dtype).bits <= 32:
+            return self.norm.to(dtype)
+        return 1.0 / _norm_counts(self.dst, self.etype, self.num_relations).to(dtype)
+
     @property
     def edges(self) -> int:
         return len(self.src)
@@ -123,13 +127,23 @@ class RelGraph:
         return int(torch.unique(self.src * self.num_relations + self.etype).numel())
 
 
+def _norm_counts(dst: torch.Tensor, etype: torch.Tensor, num_relations: int) -> torch.Tensor:
+    """Each edge's (target, relation)'s edge count (int64). Counted over the pairs that occur, not
+    a nodes x relations table (wikikg2's would be 2.5 M x 535 floats: 5.4 GB)."""
+    _, pair, counts = torch.unique(dst * num_relations + etype, return_inverse=True, return_counts=True)
+    return counts[pair]
+
+
 def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
     """A copy of ``ids`` as int64 on ``device``, refused in one line unless they are integers: a
     float id truncated or a bool read as 0/1 would build another graph without a word. A copy, as
     the graph's segments and norms are derived once: a caller's later edit of its own buffer (the
     next batch's edges) must not reach the graph's ids and leave the rest stale."""
     if not isinstance(ids, torch.Tensor):
-        array = np.asarray(ids)
+        try:
+            array = np.asarray(ids)
+        except ValueError:  # numpy's refusal of nested lists of unequal lengths
+            raise UserError(f"{name} must be a flat sequence of integer ids, got ragged nested ones") from None
         if array.size == 0:  # [] is float64 to numpy: an empty list has no wrong dtype
             array = array.astype(np.int64)
         if array.dtype.kind not in "iu":

@@ -12,6 +12,10 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from harness.errors import UserError
+
+GROUPED_MM_TYPES = (torch.float32, torch.bfloat16, torch.float16)  # what torch's grouped_mm multiplies
+
 
 def take_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``table[index]`` along the first dimension through ``index_select``, whose gradient is one
@@ -28,6 +32,8 @@ def segment_products(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Te
     ``stack``. Slicing in the loop instead gives each segment's gradient as a zero-filled tensor
     of the full size, summed over the relations: relations x edges x width of memory traffic
     (on fb15k-like, 474 relations, over 100 ms a training step on the H200)."""
+    if weight.shape[0] == 0:  # no relations, so no rows: an empty product, still tied to both operands
+        return rows @ weight.sum(0)
     sizes = _segment_sizes(offsets)
     return torch.cat([segment @ w for segment, w in zip(rows.split(sizes), weight.unbind(0), strict=True)])
 
@@ -60,7 +66,14 @@ def grouped_products(
 ) -> torch.Tensor:
     """The same as :func:`segment_products` in one ``torch.nn.functional.grouped_mm`` call. Its
     operands' rows must be multiples of 16 bytes, so odd sizes are zero-padded (adding nothing).
-    ``ends``: grouped_mm's ``offs`` (``offsets[1:]`` as int32), when the caller made them once."""
+    ``ends``: grouped_mm's ``offs`` (``offsets[1:]`` as int32), when the caller made them once.
+    grouped_mm multiplies float32, bfloat16 and float16 only: other types are refused in one line
+    (this form is that one call; :func:`segment_products` takes any type)."""
+    if rows.dtype not in GROUPED_MM_TYPES:
+        raise UserError(
+            f"grouped_mm multiplies float32, bfloat16 or float16 tensors, got {str(rows.dtype).removeprefix('torch.')}"
+            " (the segment_mm form computes the same in any type)"
+        )
     align = 16 // rows.element_size()
     pad_in, pad_out = -weight.shape[1] % align, -weight.shape[2] % align
     if pad_in or pad_out:

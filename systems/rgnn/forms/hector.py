@@ -29,6 +29,10 @@ class HectorForm(Form):
 
     passes: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        super().__post_init__()
+        passes.check_names(self.passes)  # a misspelled pass is refused when the variant is declared
+
     def supports(self, model) -> bool:
         return model.program is not None
 

@@ -36,10 +36,11 @@ class _Form(RelationalLayer):
         """Root term and bias plus the normalized messages summed into their targets; ``order``
         (edges ordered by relation) says which edge each message row is, when not edge order."""
         g = self.graph
-        norm = g.norm if order is None else g.norm[order]
+        norm = g.norm_as(messages.dtype)  # in float64 made there, not widened from float32
+        norm = norm if order is None else norm[order]
         dst = g.dst if order is None else g.dst[order]
         out = torch.addmm(self.w.bias, x, self.w.root)
-        return out.index_add(0, dst, messages * norm.unsqueeze(1).to(messages.dtype))
+        return out.index_add(0, dst, messages * norm.unsqueeze(1))
 
 
 class PerEdge(_Form):
