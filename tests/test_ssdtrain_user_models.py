@@ -4,7 +4,10 @@ called with keyword arguments, tied weights and one block applied three times, b
 tuples, a small ResNet with BatchNorm. Every policy must give the losses, gradients and model state
 (BatchNorm's running statistics included) of a plain run, bit for bit, over gradient accumulation
 inside one ``with`` block and under CPU bf16 autocast; file stores leave no file behind; bad
-arguments are refused in one line."""
+arguments are refused in one line. Also what users' models do beyond that: change a recomputed
+block's input in place after it ran (an error that says so, never other gradients), hold blocks in
+lists of module lists, skip blocks (LayerDrop), give sparse or inference-mode inputs, train two
+models each in its own ``offload()``, switch to train mode inside the block."""
 
 import contextlib
 import os
@@ -702,3 +705,314 @@ def test_a_hugging_face_encoder_decoder_with_its_key_value_cache_on_is_recompute
             losses, grads, _ = steps(lambda model: offload(model, policy=policy), use_cache=True)
         assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses, strict=True))
         assert all(torch.equal(plain_grads[n], grads[n]) for n in plain_grads)
+
+
+# -- inputs changed in place, containers, conditional blocks, two models ----------------------------
+def grads_of(make, step, session=None) -> list[torch.Tensor]:
+    """The gradients of ``step(model)`` run on a fresh ``make()`` (seed 0), inside ``session(model)``."""
+    torch.manual_seed(0)
+    model = make()
+    with session(model) if session else contextlib.nullcontext():
+        step(model)
+    return [p.grad for p in model.parameters()]
+
+
+def assert_same_grads(got, want):
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+class TanhBlock(nn.Module):
+    """Saves tanh's output, never its input: plain autograd does not mind the input changing later."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x, shift=None):
+        return self.lin(torch.tanh(x if shift is None else x + shift))
+
+
+class InPlaceResidual(nn.Module):
+    def __init__(self, call: str):
+        super().__init__()
+        self.blocks, self.call = nn.ModuleList(TanhBlock() for _ in range(3)), call
+
+    def forward(self, x):
+        x = x * 1.0
+        for block in self.blocks:
+            if self.call == "out of place":
+                x = x + block(x=x)
+            elif self.call == "keyword":
+                x += block(x=x)  # changes the block's input after the block ran
+            elif self.call == "positional":
+                x += block(x)
+            else:  # the block's keyword input changed by the model after the block, in a tuple
+                shift = torch.full((16,), 0.25)
+                x = x + block(x, shift=shift)
+                shift.mul_(2)
+        return x.square().mean()
+
+
+def in_place_step(model):
+    model(torch.randn(4, 16, generator=torch.Generator().manual_seed(1))).backward()
+
+
+def test_a_recomputed_block_whose_keyword_input_is_not_changed_matches_a_plain_run():
+    make = lambda: InPlaceResidual("out of place")  # noqa: E731
+    assert_same_grads(
+        grads_of(make, in_place_step, lambda m: offload(m, policy="recompute")), grads_of(make, in_place_step)
+    )
+
+
+@pytest.mark.parametrize("call", ["keyword", "positional", "keyword changed later"])
+def test_an_input_of_a_recomputed_block_changed_in_place_after_it_ran_raises_a_true_error(call):
+    """A plain run never needs the input again; the recomputation does, and its values are gone. A
+    keyword tensor (bound to the forward, out of torch's sight) must not give other gradients."""
+    make = lambda: InPlaceResidual(call)  # noqa: E731
+    assert all(g is not None for g in grads_of(make, in_place_step))  # a plain run succeeds
+    with pytest.raises(RuntimeError) as error:
+        grads_of(make, in_place_step, lambda m: offload(m, policy="recompute"))
+    one_line(error, r"an input of a recomputed TanhBlock was modified in place during or after the block's forward")
+    assert "without the offloader" not in str(error.value)
+
+
+def test_a_recomputed_block_that_changes_its_keyword_input_raises_rather_than_changing_it_twice():
+    class Halving(TanhBlock):
+        def forward(self, x, *, scale):
+            out = self.lin(torch.tanh(x + scale))  # nothing saves scale
+            scale.mul_(0.5)  # the recomputation would halve it again, and start from the halved one
+            return out
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Halving() for _ in range(2))
+
+        def forward(self, x):
+            scale = torch.full((16,), 2.0)
+            for block in self.blocks:
+                x = x + block(x, scale=scale)
+            return x.square().mean()
+
+    grads_of(Model, in_place_step)
+    with pytest.raises(RuntimeError) as error:
+        grads_of(Model, in_place_step, lambda m: offload(m, policy="recompute"))
+    one_line(error, "an input of a recomputed Halving was modified in place")
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.norm, self.qkv, self.out = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        return x + self.out(torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class ViTLayout(nn.Module):
+    """vit-pytorch's transformer: a ModuleList of ModuleLists, never called themselves."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.ModuleList([Attention(), FeedForward()]) for _ in range(4))
+
+    def forward(self, x):
+        for attn, ff in self.layers:
+            x = ff(attn(x))
+        return x.square().mean()
+
+
+def vit_steps(model):
+    for i in range(3):  # the planned policies profile the first step
+        model(torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(i))).backward()
+
+
+@pytest.mark.parametrize("policy", ["recompute", "offload_all", "offload_adaptive", "planner"])
+def test_blocks_inside_lists_of_module_lists_are_the_modules_they_hold(policy):
+    from systems.ssdtrain.layers import find_layers
+
+    model = ViTLayout()
+    assert find_layers(model) == [m for pair in model.layers for m in pair]  # Attention, FeedForward x 4
+    sessions = []
+
+    def session(model):
+        sessions.append(offload(model, **policy_args(policy, 8)))
+        return sessions[-1]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = grads_of(ViTLayout, vit_steps, session)
+    assert_same_grads(got, grads_of(ViTLayout, vit_steps))
+    stats = sessions[0].stats
+    assert sorted(i for i in stats.layers if i is not None) == list(range(8))  # every block ran under it
+    if policy == "offload_all":
+        assert stats.total.offloaded_tensors > 0
+
+
+def test_blocks_that_never_run_warn_in_one_line():
+    model = ViTLayout()
+    with pytest.warns(UserWarning) as caught, offload(model, policy="keep", layers=list(model.layers)):
+        vit_steps(model)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "none of the 4 blocks ran" in messages[0] and "\n" not in messages[0]
+
+
+class GraphBlock(MLPBlock):
+    def forward(self, x, adjacency=None):  # a sparse input: no storage, no version counter to key it by
+        return super().forward(x if adjacency is None else x + torch.sparse.mm(adjacency, x))
+
+
+class Sometimes(nn.Module):
+    """LayerDrop: each block is skipped with probability ``drop`` (global generator); block 1 is also
+    skipped in the first forward, the one the planned policies profile."""
+
+    def __init__(self, drop: float = 0.3):
+        super().__init__()
+        self.blocks, self.drop, self.steps = nn.ModuleList(GraphBlock(16) for _ in range(4)), drop, 0
+
+    def forward(self, x, adjacency=None):
+        for i, block in enumerate(self.blocks):
+            if (i == 1 and self.steps == 0) or torch.rand(()) < self.drop:
+                continue
+            x = block(x, adjacency)
+        self.steps += 1
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("policy", ["offload_adaptive", "planner"])
+def test_a_planned_policy_plans_around_a_block_that_did_not_run_in_the_profiled_step(policy):
+    def steps(model):
+        for i in range(4):
+            model(torch.randn(6, 16, generator=torch.Generator().manual_seed(i))).backward()
+
+    sessions = []
+
+    def session(model):
+        sessions.append(offload(model, **policy_args(policy, 4) | {"keep_last": 0}))
+        return sessions[-1]
+
+    assert_same_grads(grads_of(Sometimes, steps, session), grads_of(Sometimes, steps))
+    assert sessions[0].decisions[1] == KEEP and len(sessions[0].plan.decisions) == 4
+
+
+@pytest.mark.parametrize("given", ["sparse", "inference"])
+@pytest.mark.parametrize("policy", ["offload_adaptive", "planner"])
+def test_a_planned_policy_takes_sparse_and_inference_inputs_and_profiles_a_training_forward(policy, given):
+    """A sparse block input (no storage), or a forward under inference_mode (its tensors have no
+    version counter) before the first backward, which must not be taken for the profiled step."""
+    sparse = (torch.eye(6) * 0.5).to_sparse() if given == "sparse" else None
+
+    def steps(model):
+        for i in range(3):
+            x = torch.randn(6, 16, generator=torch.Generator().manual_seed(i))
+            if given == "inference":
+                with torch.inference_mode():
+                    model(x)  # evaluation (the first skips block 1)
+            model.train()
+            model(x, sparse).backward()
+            model.eval()
+
+    def make():
+        return Sometimes(drop=0.0).eval()
+
+    sessions = []
+
+    def session(model):
+        sessions.append(offload(model, **policy_args(policy, 4) | {"keep_last": 0}))
+        return sessions[-1]
+
+    assert_same_grads(grads_of(make, steps, session), grads_of(make, steps))
+    assert sessions[0].plan is not None
+
+
+def test_two_models_each_in_its_own_offload_are_both_offloaded():
+    """A GAN's generator and discriminator (or a teacher and its student), each under offload_all in
+    one with statement: only the innermost saved-tensor hooks run, yet each model's blocks must be
+    offloaded by its own offloader, and the gradients be those of a plain run."""
+
+    def make():
+        return nn.ModuleDict({"g": MLP(), "d": nn.Sequential(*[MLPBlock(3) for _ in range(3)])})
+
+    def step(models):
+        for i in range(2):
+            x, _ = batch("mlp", i)
+            models["d"](models["g"].out(models["g"].blocks(models["g"].inp(x)))).square().mean().backward()
+
+    sessions = []
+
+    def session(models):
+        stack = contextlib.ExitStack()
+        for name in ("g", "d"):
+            sessions.append(stack.enter_context(offload(models[name], store=HostStore(), min_bytes=0, keep_last=0)))
+        return stack
+
+    assert_same_grads(grads_of(make, step, session), grads_of(make, step))
+    assert [s.stats.total.offloaded_tensors > 0 for s in sessions] == [True, True]
+    # each counted its own blocks: 4 of the generator, 3 of the discriminator
+    assert [sorted(i for i in s.stats.layers if i is not None) for s in sessions] == [[0, 1, 2, 3], [0, 1, 2]]
+
+
+def test_an_encoder_decoder_entered_in_eval_mode_and_trained_inside_is_recomputed_as_a_plain_run():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(
+        vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+
+    def make():
+        return transformers.T5ForConditionalGeneration(config).eval()
+
+    def step(model):
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    with pytest.warns(UserWarning, match="use_cache is off inside the offload"):
+        got = grads_of(make, step, lambda m: offload(m, policy="recompute"))
+    assert_same_grads(got, grads_of(make, step))
+
+
+def test_a_recomputed_block_holding_its_own_generator_warns():
+    """Recomputation replays the global generators and the block's buffers, not a generator the
+    block holds: its dropout would draw other masks in backward."""
+
+    class OwnDropout(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.generator = nn.Linear(8, 8), torch.Generator().manual_seed(5)
+
+        def forward(self, x):
+            keep = torch.rand(x.shape, generator=self.generator) > 0.5
+            return x + self.lin(x) * keep
+
+    model = nn.Sequential(OwnDropout(), OwnDropout())
+    with pytest.warns(UserWarning) as caught, offload(model, policy="recompute"):
+        model(torch.randn(2, 8)).sum().backward()
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "holds a torch.Generator (OwnDropout.generator)" in messages[0]
+    assert "\n" not in messages[0]
+
+
+def test_always_read_back_must_be_true_or_false():
+    from systems.ssdtrain import Offloader
+
+    model = MLP()
+    calls = [
+        lambda: offload(model, policy="offload_all", store=HostStore(), always_read_back="no"),
+        lambda: offload(model, policy="save_on_cpu", always_read_back="no"),
+        lambda: Offloader(model, HostStore(), always_read_back="no"),
+    ]
+    for call in calls:
+        with pytest.raises(UserError) as error:
+            call()
+        one_line(error, "always_read_back must be True or False, got 'no'")

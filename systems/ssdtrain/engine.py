@@ -29,7 +29,12 @@ A step. Entering the context starts a step and its ``stats``; leaving it (normal
 exception) waits for the transfers in flight and frees everything the step stored, so files never
 accumulate. Backward must run inside the context. A step whose policy offloads some layer but whose
 first forward offloaded nothing (every saved tensor below ``min_bytes``, or the layers' tensors
-saved by another mechanism) warns once, in one line.
+saved by another mechanism), or whose first forward ran none of its layers, warns once, in one line.
+
+Two offloaders at once, each on its own model (a GAN's generator and discriminator, a teacher and
+its student, each in its own ``with``): torch runs only the innermost saved-tensor hooks, so the
+innermost offloader hands a tensor saved while a layer of another active offloader runs to that
+one, which packs it and, in backward, unpacks it.
 
 Hugging Face gradient checkpointing. A layer with ``gradient_checkpointing`` on saves only its
 inputs, through ``torch.utils.checkpoint``; the engine attributes them to the layer (also where the
@@ -38,7 +43,9 @@ library checkpoints outside the layer's forward hooks), so an offloading policy 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -61,30 +68,79 @@ LAYER_POLICIES: dict[str, Callable[[int], str]] = {
 }
 
 
+# Per thread, as torch's saved-tensor hooks are: ``active``, the offloaders whose ``with`` is active,
+# innermost last (only the innermost's hooks run, so it hands a tensor saved while a layer of
+# another one runs to that one: ``_pack``); ``block``, the recomputed block whose inputs a
+# checkpoint is saving now (recompute.py).
+_local = threading.local()
+
+
+def _active_offloaders() -> list[Offloader]:
+    if not hasattr(_local, "active"):
+        _local.active = []
+    return _local.active
+
+
+@contextlib.contextmanager
+def saving_inputs_of(block: nn.Module):
+    """Within it, what the hooks see saved are ``block``'s inputs, kept by a checkpoint for its
+    recomputation (torch's checkpoint saves nothing else through them: its own hooks take the rest)."""
+    outer = getattr(_local, "block", None)
+    _local.block = type(block).__name__
+    try:
+        yield
+    finally:
+        _local.block = outer
+
+
 class _Kept:
     """What autograd holds for a tensor kept on the device: the tensor, detached (returning the
     saved output itself would make a reference cycle through its grad_fn that the garbage collector
-    cannot see, and leak it), and its version when saved, which autograd no longer checks."""
+    cannot see, and leak it), and its version when saved, which autograd no longer checks.
+    ``block``: the recomputed block whose input it is (None: another saved tensor)."""
 
-    __slots__ = ("tensor", "version")
+    __slots__ = ("tensor", "version", "block")
 
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor, self.version = tensor.detach(), tensor._version
+    def __init__(self, tensor: torch.Tensor, block: str | None = None):
+        self.tensor, self.version, self.block = tensor.detach(), tensor._version, block
 
     def unpack(self) -> torch.Tensor:
         if self.tensor._version != self.version:
+            if self.block is not None:
+                raise input_modified_error(self.block, self.version, self.tensor._version)
             raise modified_error(self.version, self.tensor._version)
         return self.tensor
 
 
-def _has_storage_identity(tensor: torch.Tensor) -> bool:
-    """A plain dense tensor with a storage of its own; subclasses, sparse, nested, quantized and
-    meta tensors are kept as they are, and so are lazy conjugate and negative views (``x.conj()``,
-    ``x.conj().imag``), whose bit a view rebuilt from the stored bytes would not carry."""
+def input_modified_error(block: str, version: int, now: int) -> RuntimeError:
+    # Not autograd's error: without recomputation the block saves what it computed and may never
+    # need this input again; its recomputation does, and the values it ran with are gone.
+    return RuntimeError(
+        f"an input of a recomputed {block} was modified in place during or after the block's forward (version "
+        f"{version}, now {now}): its recomputation cannot replay the values the forward used; change it out of "
+        "place (x = x + block(x), not x += block(x)), or keep or offload this block"
+    )
+
+
+class _Foreign:
+    """A tensor another active offloader packed (its block was running): that one unpacks it."""
+
+    __slots__ = ("owner", "packed")
+
+    def __init__(self, owner: Offloader, packed):
+        self.owner, self.packed = owner, packed
+
+
+def has_storage_identity(tensor: torch.Tensor) -> bool:
+    """A plain dense tensor with a storage of its own; subclasses, sparse, nested, quantized, meta
+    and inference tensors (no version counter) are kept as they are, and so are lazy conjugate and
+    negative views (``x.conj()``, ``x.conj().imag``), whose bit a view rebuilt from the stored bytes
+    would not carry."""
     return (
         type(tensor) in (torch.Tensor, nn.Parameter)
         and tensor.layout == torch.strided
         and not tensor.is_nested
+        and not tensor.is_inference()
         and not tensor.is_quantized
         and not tensor.is_conj()
         and not tensor.is_neg()
@@ -129,6 +185,8 @@ class Offloader:
         for name, value in (("min_bytes", min_bytes), ("keep_last", keep_last), ("prefetch", prefetch)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"{name} must be a non-negative integer, got {value!r}")
+        if not isinstance(always_read_back, bool):  # "no" would read as True
+            raise UserError(f"always_read_back must be True or False, got {always_read_back!r}")
         self.model, self.store, self.decide = model, store, policy
         self.min_bytes, self.keep_last, self.prefetch = min_bytes, keep_last, prefetch
         self.layers = list(layers) if layers is not None else find_layers(model)
@@ -162,9 +220,13 @@ class Offloader:
         self._checkpoint_funcs = self._attribute_library_checkpoints()
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
+        _active_offloaders().append(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        active = _active_offloaders()
+        if self in active:  # (left on another thread than it was entered on: not there)
+            active.remove(self)
         self._saved_hooks.__exit__(exc_type, exc, tb)
         for hook in self._module_hooks:
             hook.remove()
@@ -229,10 +291,14 @@ class Offloader:
 
     # -- saved tensors -------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor):
+        if self._layer is None:
+            owner = next((o for o in reversed(_active_offloaders()) if o._layer is not None and o is not self), None)
+            if owner is not None:  # a block of another model's offloader is running: its tensor
+                return _Foreign(owner, owner._pack(tensor))
         if self.cache.error is not None:
             raise self.cache.error  # a failed put: stop the step now rather than at its end
         layer = self._layer
-        key = storage_key(tensor) if _has_storage_identity(tensor) else None
+        key = storage_key(tensor) if has_storage_identity(tensor) else None
         parameter = key is not None and (key[0].impl in self._parameter_storages or self._is_parameter_cast(tensor))
         offload = (
             key is not None
@@ -247,7 +313,7 @@ class Offloader:
         )
         if not offload:
             self.stats.record(tensor, layer, key, parameter=parameter)
-            return _Kept(tensor)
+            return _Kept(tensor, getattr(_local, "block", None))
         with torch.no_grad():
             handle, new = self.cache.offload(tensor, layer, *key)
         self.stats.record(tensor, layer, key, offloaded=new)
@@ -265,6 +331,8 @@ class Offloader:
         return variable is not None and StorageWeakRef(variable.untyped_storage()).cdata in self._parameter_storages
 
     def _unpack(self, packed) -> torch.Tensor:
+        if isinstance(packed, _Foreign):
+            return packed.owner._unpack(packed.packed)
         if not self._offloading_checked:
             self._offloading_checked = True
             self._warn_if_nothing_offloaded()
@@ -296,7 +364,15 @@ class Offloader:
                 self.cache.prefetch(target)
 
     def _warn_if_nothing_offloaded(self) -> None:
-        """One line when the first forward offloaded nothing although the policy offloads a layer."""
+        """One line when the first forward offloaded nothing although the policy offloads a layer,
+        or ran none of the layers (no policy then applies to anything)."""
+        if not self._decisions and self.layers:
+            warnings.warn(
+                f"SSDTrain: none of the {len(self.layers)} blocks ran in this forward, so no policy applied to "
+                f"anything: the blocks (layers=) must be modules the model's forward calls",
+                stacklevel=3,
+            )
+            return
         offloading = sorted(layer for layer, d in self._decisions.items() if d == OFFLOAD)
         if not offloading or self.stats.total.offloaded_tensors:
             return

@@ -10,6 +10,13 @@ model lists its modules (the order forward runs them in these models); other rep
 made of modules: among the classes that hold parameters, a list of single operators (embedding
 tables, output heads) is taken only where the model has no list of composite blocks, however
 many parameters the operators hold.
+
+A block is called: a module without a forward of its own (``nn.ModuleList``, ``nn.ModuleDict``, any
+module whose forward is ``nn.Module``'s unimplemented one) never runs, its hooks never fire, so it
+is never a block. A list of such containers stands for the modules with a forward that they hold
+(looking into containers in them), in the order they list them, as one candidate: vit-pytorch's
+``nn.ModuleList([nn.ModuleList([attention, feedforward]) for ...])``, whose forward runs ``for
+attn, ff in self.layers``, has the attention and feed-forward modules as its blocks, two per layer.
 """
 
 from __future__ import annotations
@@ -22,22 +29,44 @@ from harness.errors import UserError
 def find_layers(model: nn.Module) -> list[nn.Module]:
     """Every block of the repeated class of ``model`` (see the module), in module order. Raises a
     UserError if it has none (pass the blocks explicitly then)."""
-    blocks: dict[type, list[nn.Module]] = {}
+    blocks: dict[object, list[nn.Module]] = {}  # by class; those of containers by the set of their classes
     for module in model.modules():
-        if isinstance(module, nn.ModuleList | nn.Sequential) and len(module) and len({type(m) for m in module}) == 1:
-            blocks.setdefault(type(module[0]), []).extend(module)
+        if not isinstance(module, nn.ModuleList | nn.Sequential) or not len(module):
+            continue
+        members = list(module)
+        if len({type(m) for m in members}) != 1:
+            continue
+        if not _called(members[0]):  # containers: the modules they hold are the blocks
+            inside = [block for member in members for block in _called_modules(member)]
+            if inside:
+                blocks.setdefault(frozenset(type(m) for m in inside), []).extend(inside)
+            continue
+        blocks.setdefault(type(members[0]), []).extend(members)
     if not blocks:
         raise UserError(
             f"{type(model).__name__} has no list of repeated blocks (an nn.ModuleList or nn.Sequential of modules "
             "of one class); pass the blocks explicitly (layers=[...])"
         )
 
-    def size(cls: type) -> tuple[bool, bool, int, int]:
-        parameters = sum(p.numel() for block in blocks[cls] for p in block.parameters())
-        composite = any(True for block in blocks[cls] for _ in block.children())
-        return parameters > 0, composite, parameters, len(blocks[cls])
+    def size(key) -> tuple[bool, bool, int, int]:
+        parameters = sum(p.numel() for block in blocks[key] for p in block.parameters())
+        composite = any(True for block in blocks[key] for _ in block.children())
+        return parameters > 0, composite, parameters, len(blocks[key])
 
     chosen = blocks[max(blocks, key=size)]
     unique = list({id(block): block for block in chosen}.values())  # a block listed twice is one block
     inside = {id(m) for block in unique for m in block.modules() if m is not block}
     return [block for block in unique if id(block) not in inside]  # a block nested in another is the other's
+
+
+def _called(module: nn.Module) -> bool:
+    """Whether ``module`` has a forward of its own (a container's is nn.Module's, which raises)."""
+    return type(module).forward is not nn.Module.forward
+
+
+def _called_modules(container: nn.Module) -> list[nn.Module]:
+    """The modules a container holds that have a forward, looking into containers inside it."""
+    out = []
+    for child in container.children():
+        out.extend([child] if _called(child) else _called_modules(child))
+    return out

@@ -33,7 +33,10 @@ the model's repeated class; or pass ``layers=[...]``):
 A model whose blocks Hugging Face already checkpoints (``gradient_checkpointing_enable``) is not
 checkpointed again; an offloading policy offloads what its checkpoints save, the blocks' inputs.
 Where blocks are recomputed, a Hugging Face model's key-value cache (``use_cache``) is off inside
-the block, with a warning, as under Hugging Face's own checkpointing.
+the block, with a warning, as under Hugging Face's own checkpointing (whatever the model's mode
+when the block is entered). Recomputation replays the global random generators and each block's
+registered buffers, no other state (recompute.py). Planned policies keep a block that did not run in
+the profiled step. Two models may each be in its own ``offload()`` at once (engine.py).
 A block that offloads nothing while its policy offloads (``min_bytes`` above every saved tensor)
 says so in one warning.
 """
@@ -41,6 +44,7 @@ says so in one warning.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -104,6 +108,8 @@ class Offloading:
         for name, value in (("keep_last", keep_last), ("min_bytes", min_bytes), ("prefetch", prefetch)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"{name} must be a non-negative integer, got {value!r}")
+        if not isinstance(always_read_back, bool):  # "no" would read as True
+            raise UserError(f"always_read_back must be True or False, got {always_read_back!r}")
         self.keep_last, self.budget, self.bandwidth = keep_last, budget, bandwidth
         self.plan: Plan | None = self.policy if isinstance(self.policy, Plan) else None
         self.decisions: list[str] | None = list(self.plan.decisions) if self.plan else None
@@ -223,6 +229,12 @@ class Offloading:
         else:
             budget = int(self.budget * (sum(p.saved_bytes for p in profiles) + fixed))
             self.plan = planning.plan(profiles, bandwidth, keep_seconds, budget, keep_last, fixed_bytes=fixed)
+        # A block that did not run in the profiled step (LayerDrop, a conditional block) is kept: its
+        # empty profile costs nothing whatever it is decided, and nothing is known of what it saves.
+        idle = [i for i in range(len(profiles)) if not timer.ran(i)]
+        if idle:
+            decisions = tuple(KEEP if i in idle else d for i, d in enumerate(self.plan.decisions))
+            self.plan = dataclasses.replace(self.plan, decisions=decisions)
         self.decisions = list(self.plan.decisions)
 
 
@@ -230,10 +242,13 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
     """Turn a Hugging Face model's key-value cache off while blocks are recomputed, as its own
     gradient checkpointing does in training: a recomputed block would find the cache its forward
     filled (T5's cross-attention then skips work, and the recomputation saves other tensors than
-    the forward did). The cache only serves generation; losses and gradients do not change."""
+    the forward did). The cache only serves generation; losses and gradients do not change. Off
+    whatever the model's mode when the block is entered: a model entered in eval mode may train
+    inside it (``model.train()``), and a forward in eval mode with gradients recomputes too; a
+    forward without gradients (generation) recomputes nothing and may still ask for the cache."""
     # Each sub-model may hold its own copy of the config (T5's decoder does).
     configs = {id(c): c for m in model.modules() if hasattr(c := getattr(m, "config", None), "use_cache")}
-    if not (model.training and configs):
+    if not configs:
         return
     said = []
 
@@ -253,7 +268,7 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
             stack.callback(setattr, config, "use_cache", True)
 
     def no_cache_asked(module, args, kwargs):  # model(..., use_cache=True) in a call
-        if kwargs.get("use_cache") is True and module.training:
+        if kwargs.get("use_cache") is True and torch.is_grad_enabled():
             say_once()
             return args, kwargs | {"use_cache": False}
         return None

@@ -46,7 +46,7 @@ import torch
 from harness import timing
 from harness.errors import UserError
 from systems.ssdtrain.cache import storage_key
-from systems.ssdtrain.engine import Offloader
+from systems.ssdtrain.engine import Offloader, has_storage_identity
 from systems.ssdtrain.recompute import tensors_in
 from systems.ssdtrain.stores import StoreCorrupted
 from systems.ssdtrain.stores.host import HostStore
@@ -335,7 +335,9 @@ def _synchronize(device: torch.device) -> None:
 class LayerTimer:
     """Forward hooks on ``layers`` that record, for the last forward, each layer's input storages
     (of its positional and keyword tensors) and the marks around its forward. A layer run again in
-    backward (recomputation) is not recorded."""
+    backward (recomputation) is not recorded, nor one run without gradients (evaluation under
+    ``torch.no_grad`` or ``torch.inference_mode``: not a training step's forward). Input tensors
+    without a storage identity (sparse, nested, inference tensors) are not counted."""
 
     def __init__(self, layers, device):
         self.device = device_of(device)
@@ -346,19 +348,24 @@ class LayerTimer:
             self._hooks.append(layer.register_forward_pre_hook(before, with_kwargs=True))
             self._hooks.append(layer.register_forward_hook(functools.partial(self._after, index)))
 
+    @staticmethod
+    def _recorded() -> bool:
+        return torch._C._current_graph_task_id() == -1 and torch.is_grad_enabled()
+
     def _before(self, index, module, args, kwargs):
-        if torch._C._current_graph_task_id() != -1:
+        if not self._recorded():
             return
         # Storage identity -> (bytes, a reference that keeps the identity unique while it is held).
         self.inputs[index] = {
             key: (tensor.untyped_storage().nbytes(), reference)
             for tensor in tensors_in([*args, *kwargs.values()])
+            if has_storage_identity(tensor)
             for key, reference in [storage_key(tensor)]
         }
         self.starts[index] = _mark(self.device)
 
     def _after(self, index, module, args, output):
-        if torch._C._current_graph_task_id() == -1:
+        if self._recorded():
             self.ends[index] = _mark(self.device)
 
     def input_bytes(self, count: int) -> list[int]:
@@ -367,10 +374,15 @@ class LayerTimer:
         mask) once, as the step's count of what it holds does (recompute.checkpointed)."""
         seen, out = set(), []
         for index in range(count):
-            fresh = self.inputs[index].keys() - seen
+            inputs = self.inputs.get(index, {})  # a layer that did not run holds nothing
+            fresh = inputs.keys() - seen
             seen |= fresh
-            out.append(sum(self.inputs[index][key][0] for key in fresh))
+            out.append(sum(inputs[key][0] for key in fresh))
         return out
+
+    def ran(self, index: int) -> bool:
+        """Whether layer ``index``'s forward was recorded (it ran in a forward with gradients)."""
+        return index in self.starts and index in self.ends
 
     def forward_seconds(self) -> dict[int, float]:
         """Each recorded layer's forward time (waits for the device first)."""
@@ -385,16 +397,20 @@ class LayerTimer:
 
 def profiles_of(stats, timer: LayerTimer, count: int) -> tuple[list[LayerProfile], int]:
     """The ``count`` layers' profiles from one step's ``StepStats`` (under an Offloader that keeps
-    everything) and its ``LayerTimer``, and the bytes saved outside the layers."""
+    everything) and its ``LayerTimer``, and the bytes saved outside the layers. A layer that did not
+    run in the step (LayerDrop, a block run on some inputs only) saved nothing and took no time: its
+    profile is empty (:meth:`LayerTimer.ran` tells it apart); if none ran, the layers are not the model's."""
     forward = timer.forward_seconds()
-    missing = [i for i in range(count) if i not in forward]
-    if missing:
-        raise ValueError(f"layer {missing[0]} did not run in the step: the layer list does not match the model")
+    if count and not forward:
+        raise UserError(
+            f"none of the {count} blocks ran in the profiled step: the blocks (layers=) must be modules the "
+            "model's forward calls"
+        )
     profiles = []
     for i, input_bytes in enumerate(timer.input_bytes(count)):
         layer = stats.layers.get(i)
         saved = 0 if layer is None else layer.unique_bytes - layer.parameter_bytes
-        profiles.append(LayerProfile(saved, input_bytes, forward[i]))
+        profiles.append(LayerProfile(saved, input_bytes, forward.get(i, 0.0)))
     outside = stats.layers.get(None)
     return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
 

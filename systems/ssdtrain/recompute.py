@@ -3,7 +3,11 @@
 ``checkpointed(layers)`` wraps each block's forward in ``torch.utils.checkpoint`` (non-reentrant)
 for the duration of a step, so autograd keeps only each block's inputs and runs the block again
 when backward reaches it. The block's keyword arguments are bound to its forward, never handed to
-the checkpoint function, which takes some names (``debug``, ``context_fn``...) as its own.
+the checkpoint function, which takes some names (``debug``, ``context_fn``...) as its own; but every
+tensor among its arguments, keyword ones and those in plain tuples, lists and dicts included, is
+handed to it positionally, so that it holds and version-checks each (and a tensor changed in place
+after the forward began, whose values the recomputation would not find, raises in backward rather
+than giving other gradients) and takes the devices of all for their RNG states.
 
 The recomputation starts from the buffers as the forward found them and updates copies of them,
 dropped after it. A forward that changes a buffer and then reads it (spectral normalization's power
@@ -13,12 +17,18 @@ updates (BatchNorm's running statistics), which a second one must not repeat. So
 block with buffers copies them first and keeps the copies of those it changed until backward.
 Another library's checkpointing (DeepSpeed's, which keeps the inputs on the host) is given as
 ``checkpoint``, a function with ``torch.utils.checkpoint``'s signature.
+
+What a recomputation replays is the global CPU and CUDA random generators (the checkpoint's) and
+the block's registered buffers (above). State kept elsewhere, a ``torch.Generator`` or a plain
+tensor attribute the block changes, is found as the forward left it: a block holding a generator
+gets a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -26,7 +36,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from systems.ssdtrain.cache import StorageKey, storage_key
-from systems.ssdtrain.engine import in_backward
+from systems.ssdtrain.engine import has_storage_identity, in_backward, saving_inputs_of
 
 TORCH_CHECKPOINT = functools.partial(torch_checkpoint, use_reentrant=False)
 
@@ -44,23 +54,28 @@ def tensors_in(values) -> Iterator[torch.Tensor]:
 def checkpointed(
     layers: list[nn.Module], checkpoint: Callable = TORCH_CHECKPOINT, inputs: dict[StorageKey, int] | None = None
 ):
-    """Within the block, each of ``layers`` runs its forward through ``checkpoint(forward, *args,
-    **kwargs)``. ``inputs`` (if given) collects the storages of the blocks' tensor inputs, which
-    checkpointing holds for backward: their identity (cache.StorageKey) -> bytes, each storage
-    once. torch's checkpoint saves the positional inputs through the saved-tensor hooks around
-    it (an Offloader counts them there too); the keyword ones it holds in the bound forward. The
-    blocks' own forwards are back when the block ends, however it ends."""
+    """Within the block, each of ``layers`` runs its forward through ``checkpoint``, given the
+    forward's tensors (see the module). ``inputs`` (if given) collects the storages of the blocks'
+    tensor inputs, which checkpointing holds for backward: their identity (cache.StorageKey) ->
+    bytes, each storage once. torch's checkpoint saves the tensor inputs through the saved-tensor
+    hooks around it (an Offloader counts them there too). The blocks' own forwards are back when
+    the block ends, however it ends."""
     if not layers:
         yield
         return
     references = []  # keep each key unique while the block runs (cache.storage_key)
 
     def hold(module, args, kwargs):
+        if not torch.is_grad_enabled():
+            return  # nothing is recomputed, nothing held (and inference tensors have no version)
         for tensor in tensors_in([*args, *kwargs.values()]):
+            if not has_storage_identity(tensor):
+                continue  # sparse, nested, an inference tensor...: no storage identity to count it by
             key, reference = storage_key(tensor)
             references.append(reference)
             inputs[key] = tensor.untyped_storage().nbytes()
 
+    _warn_of_generators(layers)
     hooks = [layer.register_forward_pre_hook(hold, with_kwargs=True) for layer in layers] if inputs is not None else []
     # What was there before: a wrapper's instance forward (accelerate's hooks, another block) or None.
     before = [vars(layer).get("forward") for layer in layers]
@@ -87,6 +102,10 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)  # nothing saved, nothing recomputed (checkpoint does the same)
+        tensors: list[torch.Tensor] = []
+        shapes = _lift(args, tensors), _lift(kwargs, tensors)  # the arguments, each tensor an index
         found = _buffers_of(layer) if with_buffers else []
         # One copy per tensor: a buffer two submodules share must stay one tensor in the replay.
         copies = {id(buffer): buffer.clone() for _, _, buffer in found}
@@ -94,8 +113,12 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
 
         @functools.wraps(forward)  # the block's forward, its keyword arguments bound: ``__wrapped__`` names it
         def body(*inputs):
-            if not (with_buffers and in_backward()):
-                return forward(*inputs, **kwargs)
+            if not in_backward():  # the forward: the very arguments it was given (a list it appends to...)
+                return forward(*args, **kwargs)
+            # Recomputing: the tensors as the checkpoint gives them back, in copies of their containers.
+            again, kw_again = _place(shapes[0], inputs), _place(shapes[1], inputs)
+            if not with_buffers:
+                return forward(*again, **kw_again)
             # The recomputation: from what the forward found, on copies (it may run more than once).
             now = _buffers_of(layer)
             replay = {}
@@ -111,12 +134,13 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
                     )
                 module._buffers[name] = replay.setdefault(id(buffer), copy.clone())
             try:
-                return forward(*inputs, **kwargs)
+                return forward(*again, **kw_again)
             finally:
                 for module, name, buffer in now:
                     module._buffers[name] = buffer
 
-        out = checkpoint(body, *args)
+        with saving_inputs_of(layer):  # what the hooks around see saved now are the block's inputs
+            out = checkpoint(body, *tensors)
         # Only the copies of buffers this forward changed are needed (an unchanged one is its own
         # copy, made again at the recomputation): the others are let go now.
         for module, name, buffer in found:
@@ -129,3 +153,49 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
 
 def _buffers_of(layer: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
     return [(m, name, b) for m in layer.modules() for name, b in m._buffers.items() if b is not None]
+
+
+class _Slot(int):
+    """Where a lifted tensor was: its index among the tensors (``_lift``)."""
+
+
+def _lift(value, tensors: list[torch.Tensor]):
+    """``value`` with each tensor in it, also inside plain tuples, lists and dicts, appended to
+    ``tensors`` and replaced by its ``_Slot``; other containers (a cache object) stay as they are,
+    and so do inference tensors, which autograd cannot save (and nothing can change outside
+    ``torch.inference_mode``)."""
+    if isinstance(value, torch.Tensor) and not value.is_inference():
+        tensors.append(value)
+        return _Slot(len(tensors) - 1)
+    if type(value) in (tuple, list):
+        return type(value)(_lift(item, tensors) for item in value)
+    if type(value) is dict:
+        return {key: _lift(item, tensors) for key, item in value.items()}
+    return value
+
+
+def _place(value, tensors):
+    """``_lift``'s ``value`` with each slot filled from ``tensors``."""
+    if isinstance(value, _Slot):
+        return tensors[value]
+    if type(value) in (tuple, list):
+        return type(value)(_place(item, tensors) for item in value)
+    if type(value) is dict:
+        return {key: _place(item, tensors) for key, item in value.items()}
+    return value
+
+
+def _warn_of_generators(layers: list[nn.Module]) -> None:
+    """Warn where a recomputed block holds a ``torch.Generator``: the recomputation draws from it
+    again (dropout of other masks), so its gradients would not be those of a plain run."""
+    for layer in layers:
+        for module in layer.modules():
+            name = next((n for n, v in vars(module).items() if isinstance(v, torch.Generator)), None)
+            if name is not None:
+                warnings.warn(
+                    f"a recomputed {type(layer).__name__} holds a torch.Generator ({type(module).__name__}.{name}): "
+                    "its recomputation draws from it again, so its gradients differ from a plain run's; keep or "
+                    "offload this block, or draw from the global generator",
+                    stacklevel=7,  # offload()'s with statement
+                )
+                return
