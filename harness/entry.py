@@ -1,7 +1,8 @@
 """The one command line that measures: one part of one topic, written with its provenance.
 
     python -m workloads TOPIC --part NAME --scale SCALE --out results/<machine>/TOPIC/NAME-SCALE.csv
-    python -m workloads TOPIC --list-parts      the parts that run on this machine, one per line
+    python -m workloads TOPIC --list-parts [--scale SCALE]
+                                the parts that run on this machine (at that scale), one per line
 
 The part's function (``workloads/TOPIC/parts.py``, see harness.topic) is called as
 ``fn(params, writer, *, shared, repeat, warmup, device, scratch_dir)``: it measures and adds rows
@@ -32,7 +33,11 @@ def _parser(topics: dict[str, Topic]) -> argparse.ArgumentParser:
         prog="python -m workloads", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("topic", choices=sorted(topics))
-    parser.add_argument("--list-parts", action="store_true", help="print the parts that run on this machine and exit")
+    parser.add_argument(
+        "--list-parts",
+        action="store_true",
+        help="print the parts that run on this machine (with --scale: measured at that scale) and exit",
+    )
     parser.add_argument("--part", help="the part to measure")
     parser.add_argument("--scale", help="the named scale to measure at (config/config.yaml)")
     parser.add_argument("--out", type=Path, help="results CSV to write")
@@ -48,6 +53,8 @@ def measure(
     part = topic.part(part_name)
     if out.suffix != ".csv":
         raise UserError(f"--out must name a .csv file, got {out}")
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder: name the results file in it")
     cfg = suite_config.load(config_path)
     params = suite_config.topic_params(cfg, topic.name, scale_name)
     gpus = machine.gpu_count()
@@ -129,6 +136,17 @@ def measure(
             _end_as_interrupted()
         raise SystemExit(message)
     return len(writer.rows)
+
+
+def listed_parts(topic: Topic, scale_name: str | None, config_path: Path) -> list[str]:
+    """The parts of ``topic`` that run on this machine; with a scale, only those the config measures
+    there (the parts the workflow's rules run: a GPU part left out of the small scales is not)."""
+    parts = topic.parts_on(machine.gpu_count())
+    if scale_name is None:
+        return [p.name for p in parts]
+    cfg = suite_config.load(config_path)
+    suite_config.topic_params(cfg, topic.name, scale_name)  # an unknown scale is refused in one line
+    return [p.name for p in parts if suite_config.part_configured(cfg, topic, scale_name, p.name)]
 
 
 def _end_as_interrupted() -> None:
@@ -250,7 +268,7 @@ def main(argv=None) -> None:
         args = parser.parse_args(argv)
         topic = topics[args.topic]
         if args.list_parts:
-            print("\n".join(p.name for p in topic.parts_on(machine.gpu_count())))
+            print("\n".join(listed_parts(topic, args.scale, args.config)))
             return
         missing = [
             flag

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,8 +63,11 @@ def git_state() -> dict:
     (the H200 copies carried the session's first commit, whatever was sent later)."""
     dirty = _dirty_from_environment()  # refused when malformed, whether or not a commit is named
     if "SUITE_GIT_COMMIT" in os.environ:
+        commit = os.environ["SUITE_GIT_COMMIT"]
+        if not re.fullmatch(r"[0-9a-f]{7,64}", commit):  # a hash names a measurement: a typo would name none
+            raise UserError(f"SUITE_GIT_COMMIT must be a commit hash (7 to 64 hex digits), not {commit!r}")
         return {
-            "commit": os.environ["SUITE_GIT_COMMIT"],
+            "commit": commit,
             "dirty": dirty,
             "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)",
         }

@@ -114,11 +114,30 @@ def provenance_path(csv_path: Path) -> Path:
     return csv_path.with_name(csv_path.name.removesuffix(".csv") + PROVENANCE_SUFFIX)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _write_both(record: Path, record_text: str, csv_path: Path, csv_text: str) -> None:
+    """Write the provenance record, then the CSV, so that a CSV is there only beside its own record.
+
+    Both go to temporary files first (where a full disk or a folder in the way fails, and then
+    nothing of this run is left and an earlier run's pair is untouched); then an earlier CSV is
+    removed, the record put in place, and the CSV last: a stop between these leaves a record
+    without rows, never this run's record beside an earlier run's rows."""
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    pending = []
+    try:
+        for path, text in ((record, record_text), (csv_path, csv_text)):
+            if path.is_dir():
+                raise IsADirectoryError(21, "Is a directory", str(path))
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            pending.append((tmp, path))
+            tmp.write_text(text)
+        csv_path.unlink(missing_ok=True)
+        for tmp, path in pending:
+            os.replace(tmp, path)
+    except OSError as error:
+        for tmp, _ in pending:
+            tmp.unlink(missing_ok=True)
+        reason = error.strerror or str(error)
+        raise UserError(f"could not write {csv_path} and its record: {reason} ({error.filename or csv_path})") from None
 
 
 class ResultsWriter:
@@ -230,17 +249,20 @@ class ResultsWriter:
                 add("pinned_host_memory", m.pinned_host_bytes[rep], "B")
 
     def write(self, csv_path: Path | str, provenance: dict) -> None:
-        """Write the provenance record, then the CSV (the CSV's presence means 'complete')."""
+        """Write the provenance record, then the CSV (the CSV's presence means 'complete'): refused
+        in one line where the disk or the path fails, leaving no file of this run (_write_both)."""
         csv_path = Path(csv_path)
         if not self.rows:
-            raise ValueError(f"refusing to write {csv_path}: no rows were measured")
-        _atomic_write_text(provenance_path(csv_path), json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+            raise UserError(
+                f"refusing to write {csv_path}: no rows were measured (does the part's config leave it nothing to run?)"
+            )
         lines = _CsvLines()
         writer = csv.DictWriter(lines, fieldnames=self.schema.columns, lineterminator="\n")
         writer.writeheader()
         for row in self.rows:
             writer.writerow({k: _format_cell(v) for k, v in row.items()})
-        _atomic_write_text(csv_path, "".join(lines.parts))
+        record = json.dumps(provenance, indent=2, sort_keys=True) + "\n"
+        _write_both(provenance_path(csv_path), record, csv_path, "".join(lines.parts))
 
 
 class _CsvLines:

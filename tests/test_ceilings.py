@@ -130,6 +130,7 @@ def test_disk_probe_refuses_a_directory_without_byte_counters(tmp_path, monkeypa
         _run(tmp_path, "disk")
     assert "is not on a block device" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "scratch").exists()  # a refused scratch folder is not left behind, made and empty
 
 
 def test_disk_probe_refuses_reads_served_from_the_page_cache(tmp_path, monkeypatch):

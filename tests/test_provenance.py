@@ -42,6 +42,10 @@ def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch)
     with pytest.raises(UserError, match="SUITE_GIT_DIRTY must be"):  # also without a commit named
         provenance.git_state()
     monkeypatch.delenv("SUITE_GIT_DIRTY")
+    for typo in ("", "xyz", "HEAD", "0123ab", "0123abcd " * 2):  # recorded as the commit, it would name no measurement
+        monkeypatch.setenv("SUITE_GIT_COMMIT", typo)
+        with pytest.raises(UserError, match=f"SUITE_GIT_COMMIT must be a commit hash .*not {typo!r}"):
+            provenance.git_state()
     monkeypatch.setenv("SUITE_GIT_COMMIT", "0123abcd" * 5)
     monkeypatch.delenv("SUITE_GIT_COMMIT")
     assert provenance.git_state() == {"commit": "feedbeef" * 5, "dirty": True, "source": "git"}

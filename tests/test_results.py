@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from harness.errors import UserError
 from harness.results import ResultsFormatError, ResultsWriter, Schema, load, provenance_path, read_rows
 from harness.timing import Measurement
 
@@ -104,9 +105,37 @@ def test_a_measurement_refused_whole_can_be_added_again():
 
 
 def test_writer_refuses_to_write_nothing(tmp_path):
-    with pytest.raises(ValueError, match="no rows"):
+    with pytest.raises(UserError, match="no rows were measured"):
         ResultsWriter(SCHEMA, scale="cpu").write(tmp_path / "x.csv", {})
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_a_write_that_fails_leaves_the_earlier_pair_and_no_file_of_its_own(tmp_path, monkeypatch):
+    """A full disk (or a folder in the way) is refused in one line; nothing of the failed run is
+    left, and an earlier run's CSV never ends up beside this run's record."""
+    import errno
+    from pathlib import Path
+
+    path, _ = _write(tmp_path)
+    writer = _write(tmp_path / "other")[1]  # the next run's rows
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    real_write = Path.write_text
+
+    def full_disk(self, text, *args, **kwargs):
+        if self.name.startswith(".demo-cpu.csv.tmp"):  # the record's temporary file is written, the CSV's not
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(UserError, match=r"could not write .*demo-cpu.csv and its record: No space left on device"):
+        writer.write(path, PROVENANCE | {"note": "the failed run"})
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    monkeypatch.undo()
+    (tmp_path / "folder-cpu.csv").mkdir()
+    with pytest.raises(UserError, match="Is a directory"):
+        writer.write(tmp_path / "folder-cpu.csv", PROVENANCE)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not (tmp_path / "folder-cpu.provenance.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -101,3 +101,9 @@ def test_a_part_without_a_block_at_a_scale_is_not_measured_there(monkeypatch, tm
     monkeypatch.setattr(machine, "gpu_count", lambda: 1)
     with pytest.raises(UserError, match="part 'gemm_template' is not measured at scale 'cpu': config/relational"):
         entry.measure(RGNN, "gemm_template", "cpu", tmp_path / "gemm_template-cpu.csv", suite_config.DEFAULT_CONFIG)
+    # The parts listed for a scale are the ones measured there, as the workflow plans them.
+    listed = entry.listed_parts(RGNN, "cpu", suite_config.DEFAULT_CONFIG)
+    assert "datasets" in listed and "gemm_template" not in listed
+    assert "gemm_template" in entry.listed_parts(RGNN, None, suite_config.DEFAULT_CONFIG)  # this machine's parts
+    with pytest.raises(UserError, match="unknown scale 'huge'"):
+        entry.listed_parts(RGNN, "huge", suite_config.DEFAULT_CONFIG)

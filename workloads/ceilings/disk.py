@@ -114,13 +114,18 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
     repeat = params.get("repeat", repeat)
     warmup = params.get("warmup", warmup)
     scratch_dir = Path(scratch_dir)
-    scratch_dir.mkdir(parents=True, exist_ok=True)
-    stat = block_device_counters(scratch_dir)
+    # Checked on the nearest folder that exists (a folder made in it lies on its device), so that
+    # a refused scratch_dir is not left behind, made and empty.
+    existing = scratch_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    stat = block_device_counters(existing)
     if stat is None:
         raise UserError(
             f"scratch_dir {scratch_dir} is not on a block device (tmpfs or overlay?), so the disk "
             "probe cannot prove its bytes reached a disk; set scratch_dir to a directory on a local disk"
         )
+    scratch_dir.mkdir(parents=True, exist_ok=True)
     path = scratch_dir / f"disk-probe-{os.getpid()}.bin"
     cases = list(itertools.product(params["block_sizes_kib"], params["threads"]))
     try:
