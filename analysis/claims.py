@@ -6,13 +6,15 @@ Each claim of ``config/claims.yaml`` (validated against ``workflow/schemas/claim
 the file's header says how a value and its verdict are computed) is evaluated from the committed
 results of ``results/<machine>/``: the files of its parts and the re-runs beside them, each re-run
 a separate process. A claim whose files or rows are missing reads "not measured here" with the
-reason; nothing about missing results is an error. The machine column comes from the machine's
+reason; nothing about missing results is an error, but a machine with no results folder, or a
+scale no results file of it has, is refused. The machine column comes from the machine's
 ceilings (``results/<machine>/ceilings/``) and the provenance records.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -577,10 +579,23 @@ def scales_of(root: Path) -> list[str]:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``text`` to ``path`` whole or not at all: through a temporary file beside it, removed
+    when the write fails (refused in one line)."""
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):  # where the folder itself could not be made, there is none
+            temporary.unlink(missing_ok=True)
+        where = f" ({err.filename})" if err.filename else ""
+        raise UserError(f"cannot write {path}: {err.strerror or err}{where}") from None
+
+
+def _machines(results_root: Path) -> list[str]:
+    """The machines with a results folder under ``results_root``."""
+    return sorted(p.name for p in results_root.iterdir() if p.is_dir()) if results_root.is_dir() else []
 
 
 @exit_on_user_error
@@ -592,16 +607,25 @@ def main(argv=None) -> None:
     parser.add_argument("--claims", type=Path, default=CLAIMS_FILE)
     parser.add_argument("--out", type=Path, help="default: paper_figs/<machine>/claims.md")
     args = parser.parse_args(argv)
+    out = args.out or Path("paper_figs") / args.machine / "claims.md"
+    if out.is_dir():  # refused before anything is read
+        raise UserError(f"--out {out} is a folder: name the file to write (e.g. {out / 'claims.md'})")
+    # A table of a machine or a scale without results would read "not measured here" throughout.
     root = args.results_root / args.machine
+    if not root.is_dir():
+        machines = ", ".join(_machines(args.results_root)) or "none"
+        raise UserError(f"no results folder {root} (machines with results under {args.results_root}: {machines})")
+    scales = scales_of(root)
+    found = ", ".join(scales) if scales else "none"
     scale = args.scale
     if scale is None:
-        scales = scales_of(root)
         if len(scales) != 1:
-            found = ", ".join(scales) if scales else "none"
             raise UserError(f"{root}: give --scale (scales with results there: {found})")
         scale = scales[0]
+    elif scale not in scales:
+        raise UserError(f"{root} has no results at scale '{scale}' (scales with results there: {found})")
     text = render(args.machine, scale, args.results_root, args.claims)
-    _write_atomically(args.out or Path("paper_figs") / args.machine / "claims.md", text)
+    _write_atomically(out, text)
 
 
 if __name__ == "__main__":

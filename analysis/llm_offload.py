@@ -42,6 +42,7 @@ from workloads.llm.models import spec
 from workloads.llm_offload.schema import SCHEMA
 
 frame, provenance = load_results(results["llm_offload"], SCHEMA)
+PARTS_HERE = list(dict.fromkeys(frame.part))  # the parts these results hold, in the order read
 # Separate processes of the same parts, where the machine's results have them (the workflow passes
 # results/<machine>/llm_offload/reruns/*/): the ratios below are given as ranges over every
 # process that measured the committed run's code (a re-run of other code is left out, and named),
@@ -59,6 +60,10 @@ sweep = frame[frame.part == "micro_batches"]
 capped = frame[frame.part == "memory_bound"]
 curves = frame[(frame.part == "convergence") & (frame.metric == "loss")]
 frame = frame[~frame.part.isin(OWN_PARTS)]
+# Results of those parts alone (a machine that measured only them) have no step per policy: the
+# step table, the frontier, the ratios to keep and the bandwidth what-if are left out, and the
+# parts' own tables and panels are what is rendered.
+STEPS = not frame.empty
 # Rows are told apart by model (dataset) and variant, not by part: a model in two parts would merge.
 shared_models = frame.groupby("dataset").part.nunique()
 if (shared_models > 1).any():
@@ -165,16 +170,25 @@ lines = [
     "",
     machine_label(provenance),
     "",
-    f"Activation memory: `{memory_metric}`. Emulated stores are throttled host memory, not a disk.",
-    "",
-    "Exposed I/O = the step's time over keep's. Write GB/s = bytes written over the time the store had a "
-    "write in flight (achieved, not nominal; blank where the run did not record it). TB/day = bytes written "
-    "per step at this step rate for a day: what an SSD would have to endure.",
-    "",
-    "| model | variant | step s | x keep | exposed I/O s | activation MiB | x keep | written MiB/step "
-    "| write GB/s | TB/day | model TFLOP/s |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
+if STEPS:
+    lines += [
+        f"Activation memory: `{memory_metric}`. Emulated stores are throttled host memory, not a disk.",
+        "",
+        "Exposed I/O = the step's time over keep's. Write GB/s = bytes written over the time the store had a "
+        "write in flight (achieved, not nominal; blank where the run did not record it). TB/day = bytes written "
+        "per step at this step rate for a day: what an SSD would have to endure.",
+        "",
+        "| model | variant | step s | x keep | exposed I/O s | activation MiB | x keep | written MiB/step "
+        "| write GB/s | TB/day | model TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+else:
+    lines.append(
+        f"Parts measured here: {', '.join(PARTS_HERE)}. None of them times one training step per policy "
+        f"(every part but {', '.join(OWN_PARTS)} does), so there is no step table, no ratio to keep and no "
+        "bandwidth what-if: only the tables of these parts."
+    )
 for dataset, g in step.groupby("dataset"):
     keep = g[g.variant == "keep"]["median"]
     keep_mem = memory[(memory.dataset == dataset) & (memory.variant == "keep")]["median"]
@@ -774,6 +788,7 @@ rok_datasets = [
     ).itertuples()
 ] or sorted(set(step.dataset))
 other_datasets = [d for d in sorted(set(step.dataset)) if d not in rok_datasets]
+MAIN_DRAWN = bool(rok_datasets)  # the frontier of the first models is the topic's figure
 VIEW = "activation memory against step time; lower left wins"
 NOT_MEASURED = "" if "torch_budget" in set(setups.policy) else " (torch's activation-memory budget not measured)"
 
@@ -817,85 +832,86 @@ def variant_label(variant: str) -> str:
     return f"{name}, {store}"
 
 
-# Each ratio to keep within each process (the committed run and every re-run), one column a process:
-# a bar's range where its model was measured in more than one.
-process_ratios = {
-    metric: pd.concat({name: ratios_to_keep(rows, metric) for name, rows in processes.items()}, axis=1)
-    for metric in ("time", memory_metric)
-}
-fig, axes = style.panels(2, cols=2, width=6.5, height=4.2)
-ranged = False
-for ax, table, metric, what in (
-    (axes[0], step, "time", "step time"),
-    (axes[1], memory, memory_metric, MEMORY_AXIS.split(" (")[0].split(" on ")[0]),
-):
-    width = 0.8 / max(len(shared), 1)
-    tops, bottoms = [1.0], [1.0]
-    for j, variant in enumerate(shared):
-        centres = np.arange(len(models)) + (j - (len(shared) - 1) / 2) * width
-        values = []
-        for dataset in models:
-            both = table[table.dataset == dataset].set_index("variant")["median"]
-            values.append(both[variant] / both["keep"])
-        ax.bar(
-            centres,
-            values,
-            width,
-            color=policy_colour(variant),
-            hatch=STORE_HATCHES.get(store_of(variant), ""),
-            edgecolor="white",
-            linewidth=0,
-            label=variant_label(variant),
-        )
-        tops += values
-        bottoms += values
-        for centre, value, dataset in zip(centres, values, models):
-            over = (
-                process_ratios[metric].loc[(dataset, variant)].dropna()
-                if (dataset, variant) in process_ratios[metric].index
-                else pd.Series(dtype=float)
+if STEPS:  # ratios to keep, per model
+    # Each ratio to keep within each process (the committed run and every re-run), one column a process:
+    # a bar's range where its model was measured in more than one.
+    process_ratios = {
+        metric: pd.concat({name: ratios_to_keep(rows, metric) for name, rows in processes.items()}, axis=1)
+        for metric in ("time", memory_metric)
+    }
+    fig, axes = style.panels(2, cols=2, width=6.5, height=4.2)
+    ranged = False
+    for ax, table, metric, what in (
+        (axes[0], step, "time", "step time"),
+        (axes[1], memory, memory_metric, MEMORY_AXIS.split(" (")[0].split(" on ")[0]),
+    ):
+        width = 0.8 / max(len(shared), 1)
+        tops, bottoms = [1.0], [1.0]
+        for j, variant in enumerate(shared):
+            centres = np.arange(len(models)) + (j - (len(shared) - 1) / 2) * width
+            values = []
+            for dataset in models:
+                both = table[table.dataset == dataset].set_index("variant")["median"]
+                values.append(both[variant] / both["keep"])
+            ax.bar(
+                centres,
+                values,
+                width,
+                color=policy_colour(variant),
+                hatch=STORE_HATCHES.get(store_of(variant), ""),
+                edgecolor="white",
+                linewidth=0,
+                label=variant_label(variant),
             )
-            if len(over) > 1:
-                ax.errorbar(
-                    [centre],
-                    [value],
-                    yerr=[[value - over.min()], [over.max() - value]],
-                    fmt="none",
-                    color=RANGE,
-                    capsize=2,
-                    elinewidth=1,
-                    zorder=3,
+            tops += values
+            bottoms += values
+            for centre, value, dataset in zip(centres, values, models):
+                over = (
+                    process_ratios[metric].loc[(dataset, variant)].dropna()
+                    if (dataset, variant) in process_ratios[metric].index
+                    else pd.Series(dtype=float)
                 )
-                tops.append(over.max())
-                bottoms.append(over.min())
-                ranged = True
-    style.reference_line(ax, 1.0, "keep all", kind="parity")
-    ax.set_xticks(range(len(models)), [style.llm_model_label(m, short=True).split(",")[0] for m in models])
-    ax.set(title=f"{what.capitalize()} per model, relative to keep all")
-    if metric == "time":  # ratios from below 1 to many times: a log axis, ticks wherever bars end
-        ax.set_yscale("log")
-        ax.set_ylim(min(bottoms) / 1.1, max(tops) * 1.25)
-        style.log_ticks(ax.yaxis)
-        ax.set_ylabel(f"{what} relative to keep all (log scale)")
-    else:
-        ax.set_ylim(0, max(tops) * 1.08)
-        ax.set_ylabel(f"{what} relative to keep all")
-    ax.grid(axis="x", visible=False)
-entries = style.collect_legend(axes)
-counted = len(processes)
-if ranged:
-    entries[f"range over {counted} processes, where a model was re-run (bar: the committed run)"] = Line2D(
-        [], [], color=RANGE, marker="_", markersize=6, linewidth=1
+                if len(over) > 1:
+                    ax.errorbar(
+                        [centre],
+                        [value],
+                        yerr=[[value - over.min()], [over.max() - value]],
+                        fmt="none",
+                        color=RANGE,
+                        capsize=2,
+                        elinewidth=1,
+                        zorder=3,
+                    )
+                    tops.append(over.max())
+                    bottoms.append(over.min())
+                    ranged = True
+        style.reference_line(ax, 1.0, "keep all", kind="parity")
+        ax.set_xticks(range(len(models)), [style.llm_model_label(m, short=True).split(",")[0] for m in models])
+        ax.set(title=f"{what.capitalize()} per model, relative to keep all")
+        if metric == "time":  # ratios from below 1 to many times: a log axis, ticks wherever bars end
+            ax.set_yscale("log")
+            ax.set_ylim(min(bottoms) / 1.1, max(tops) * 1.25)
+            style.log_ticks(ax.yaxis)
+            ax.set_ylabel(f"{what} relative to keep all (log scale)")
+        else:
+            ax.set_ylim(0, max(tops) * 1.08)
+            ax.set_ylabel(f"{what} relative to keep all")
+        ax.grid(axis="x", visible=False)
+    entries = style.collect_legend(axes)
+    counted = len(processes)
+    if ranged:
+        entries[f"range over {counted} processes, where a model was re-run (bar: the committed run)"] = Line2D(
+            [], [], color=RANGE, marker="_", markersize=6, linewidth=1
+        )
+    style.legend_below(fig, entries, columns=4)
+    shapes = sorted({style.llm_model_label(m).split(", ", 3)[-1] for m in models})
+    unranged = "" if ranged else "; one process per model"
+    style.title(
+        fig,
+        f"Activation offloading: step time and memory relative to keep all per model ({'; '.join(shapes)}{unranged})",
+        MEASURED,
     )
-style.legend_below(fig, entries, columns=4)
-shapes = sorted({style.llm_model_label(m).split(", ", 3)[-1] for m in models})
-unranged = "" if ranged else "; one process per model"
-style.title(
-    fig,
-    f"Activation offloading: step time and memory relative to keep all per model ({'; '.join(shapes)}{unranged})",
-    MEASURED,
-)
-style.save(fig, figure, "ratios")
+    style.save(fig, figure, "ratios")
 
 
 # What-if: the write bandwidth that hides a block's offload inside its own forward, for a GPU of
@@ -924,61 +940,62 @@ def models_text(datasets, sequence: str) -> str:
     return "; ".join(", ".join(n) for n in names)
 
 
-fig, (ax,) = style.panels(1, width=9.5, height=5.0)
-keep_rates = rate[rate.variant == "keep"]["median"] * 1e12
-# Three decades: from well below the slowest rate measured to ten times the fastest.
-low, high = (keep_rates.min() / 30, keep_rates.max() * 10) if not keep_rates.empty else (10e12, 2e15)
-speeds = np.array([low, high])
-names = []  # (height at the right edge, text, colour): named in the margin
-lengths = set(frame.drop_duplicates("dataset").sequence.dropna().astype(int))
-sequence = f", seq {lengths.pop()}" if len(lengths) == 1 else "\n"  # "\n": in no model's name
-entries = {
-    "needed by a model (named at right)": Line2D([], [], color=NEEDED, linewidth=1.1),
-    "keep all's measured throughput": Line2D([], [], color=style.color("keep"), marker="o", markersize=4, ls=""),
-}
-for per, datasets in grouped_by_bytes_per_flop(sorted(set(step.dataset))):
-    ax.plot(speeds / 1e12, per * speeds / 1e9, color=NEEDED, linewidth=1.1)
-    names.append((per * high / 1e9, models_text(datasets, sequence), NEEDED))
-    for dataset in datasets:
-        keep_rate = rate[(rate.dataset == dataset) & (rate.variant == "keep")]["median"]
-        if not keep_rate.empty:
-            here = keep_rate.iloc[0] * 1e12
-            ax.plot([here / 1e12], [per * here / 1e9], "o", color=style.color("keep"), markersize=4, zorder=3)
-for variant in ORDER:
-    if setups.loc[variant].policy != ALL_OFFLOADED:
-        continue
-    sel = lambda d: d[d.variant == variant]["median"]  # noqa: E731
-    w, ws = sel(written).sum(), sel(write_seconds).sum()
-    nominal = setups.loc[variant].emulated_gbps
-    if pd.notna(nominal):  # drawn over a store's solid line where the two meet
-        ax.axhline(nominal, color=STORE_LINE["host"], linestyle=":", linewidth=1.4, zorder=2.5)
-        names.append((nominal, f"emulated SSD, {nominal:g} GB/s", STORE_LINE["host"]))
-        entries["emulated SSD (host memory throttled), nominal"] = Line2D(
-            [], [], color=STORE_LINE["host"], linestyle=":", linewidth=1.4
-        )
-    elif ws > 0:
-        store = setups.loc[variant].store
-        colour = STORE_LINE.get(store, UNKNOWN_STORE)
-        ax.axhline(w / ws / 1e9, color=colour, linestyle="-", linewidth=2.4, alpha=0.8, zorder=2)
-        names.append((w / ws / 1e9, f"{style.readable(store)}, {w / ws / 1e9:.3g} GB/s achieved", colour))
-        entries[f"{style.readable(store)}, achieved"] = Line2D([], [], color=colour, linewidth=2.4, alpha=0.8)
-ax.set(
-    xscale="log",
-    yscale="log",
-    xlim=(low / 1e12, high / 1e12),
-    xlabel="compute throughput of the GPU (model TFLOP/s, log scale)",
-    ylabel="write bandwidth (GB/s, log scale)",
-    title="Needed write bandwidth against the stores here"
-    + (f" (sequences of {sequence.split()[-1]} tokens)" if sequence.startswith(",") else "")
-    + ":\na store's line above a model's at a GPU's throughput hides that model's writes inside its forward",
-)
-style.log_ticks(ax.xaxis)
-style.log_ticks(ax.yaxis)
-style.legend_below(fig, entries, columns=3)
-style.title(fig, "Activation offloading: the write bandwidth an offload needs, for a GPU of any speed", MEASURED)
-fig.draw_without_rendering()  # the panel's final height, which the margin's labels are spaced in
-style.margin_labels(ax, names)
-style.save(fig, figure, "bandwidth")
+if STEPS:  # the models' needed bandwidths against the stores' achieved ones
+    fig, (ax,) = style.panels(1, width=9.5, height=5.0)
+    keep_rates = rate[rate.variant == "keep"]["median"] * 1e12
+    # Three decades: from well below the slowest rate measured to ten times the fastest.
+    low, high = (keep_rates.min() / 30, keep_rates.max() * 10) if not keep_rates.empty else (10e12, 2e15)
+    speeds = np.array([low, high])
+    names = []  # (height at the right edge, text, colour): named in the margin
+    lengths = set(frame.drop_duplicates("dataset").sequence.dropna().astype(int))
+    sequence = f", seq {lengths.pop()}" if len(lengths) == 1 else "\n"  # "\n": in no model's name
+    entries = {
+        "needed by a model (named at right)": Line2D([], [], color=NEEDED, linewidth=1.1),
+        "keep all's measured throughput": Line2D([], [], color=style.color("keep"), marker="o", markersize=4, ls=""),
+    }
+    for per, datasets in grouped_by_bytes_per_flop(sorted(set(step.dataset))):
+        ax.plot(speeds / 1e12, per * speeds / 1e9, color=NEEDED, linewidth=1.1)
+        names.append((per * high / 1e9, models_text(datasets, sequence), NEEDED))
+        for dataset in datasets:
+            keep_rate = rate[(rate.dataset == dataset) & (rate.variant == "keep")]["median"]
+            if not keep_rate.empty:
+                here = keep_rate.iloc[0] * 1e12
+                ax.plot([here / 1e12], [per * here / 1e9], "o", color=style.color("keep"), markersize=4, zorder=3)
+    for variant in ORDER:
+        if setups.loc[variant].policy != ALL_OFFLOADED:
+            continue
+        sel = lambda d: d[d.variant == variant]["median"]  # noqa: E731
+        w, ws = sel(written).sum(), sel(write_seconds).sum()
+        nominal = setups.loc[variant].emulated_gbps
+        if pd.notna(nominal):  # drawn over a store's solid line where the two meet
+            ax.axhline(nominal, color=STORE_LINE["host"], linestyle=":", linewidth=1.4, zorder=2.5)
+            names.append((nominal, f"emulated SSD, {nominal:g} GB/s", STORE_LINE["host"]))
+            entries["emulated SSD (host memory throttled), nominal"] = Line2D(
+                [], [], color=STORE_LINE["host"], linestyle=":", linewidth=1.4
+            )
+        elif ws > 0:
+            store = setups.loc[variant].store
+            colour = STORE_LINE.get(store, UNKNOWN_STORE)
+            ax.axhline(w / ws / 1e9, color=colour, linestyle="-", linewidth=2.4, alpha=0.8, zorder=2)
+            names.append((w / ws / 1e9, f"{style.readable(store)}, {w / ws / 1e9:.3g} GB/s achieved", colour))
+            entries[f"{style.readable(store)}, achieved"] = Line2D([], [], color=colour, linewidth=2.4, alpha=0.8)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(low / 1e12, high / 1e12),
+        xlabel="compute throughput of the GPU (model TFLOP/s, log scale)",
+        ylabel="write bandwidth (GB/s, log scale)",
+        title="Needed write bandwidth against the stores here"
+        + (f" (sequences of {sequence.split()[-1]} tokens)" if sequence.startswith(",") else "")
+        + ":\na store's line above a model's at a GPU's throughput hides that model's writes inside its forward",
+    )
+    style.log_ticks(ax.xaxis)
+    style.log_ticks(ax.yaxis)
+    style.legend_below(fig, entries, columns=3)
+    style.title(fig, "Activation offloading: the write bandwidth an offload needs, for a GPU of any speed", MEASURED)
+    fig.draw_without_rendering()  # the panel's final height, which the margin's labels are spaced in
+    style.margin_labels(ax, names)
+    style.save(fig, figure, "bandwidth")
 
 dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1))]
 training_panels = (2 if not sweep.empty else 0) + (1 if not capped.empty else 0) + (1 if not curves.empty else 0)
@@ -1047,7 +1064,8 @@ if training_panels:
                 if variant == "keep"
                 else dict(linewidth=1.2, linestyle=dashes[i % len(dashes)])
             )
-            text = variant_label(variant) + ("" if variant in elsewhere else " (loss panel only)")
+            alone = elsewhere and variant not in elsewhere  # other panels drawn, this variant in none of them
+            text = variant_label(variant) + (" (loss panel only)" if alone else "")
             ax.plot(g.repetition + 1, g.value, color=policy_colour(variant), label=text, **look)
         for value, text in (
             (convergence_notes.get("uniform_loss"), "uniform guessing"),
@@ -1067,5 +1085,8 @@ if training_panels:
             ),
         )
     style.legend_below(fig, style.collect_legend(axes), columns=5)
-    style.title(fig, "Activation offloading in training: micro-batch size and convergence (one process each)", MEASURED)
-    style.save(fig, figure, "training")
+    subjects = ["micro-batch size"] if not (sweep.empty and capped.empty) else []
+    subjects += ["convergence"] if not curves.empty else []
+    style.title(fig, f"Activation offloading in training: {' and '.join(subjects)} (one process each)", MEASURED)
+    # The main figure where no part timed a step per policy (no frontier drawn above).
+    style.save(fig, figure, "training" if MAIN_DRAWN else None)

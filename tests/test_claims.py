@@ -254,3 +254,43 @@ def test_committed_h200_results_render_every_claim():
     for entry in claims.load_claims():
         row = next(line for line in text.splitlines() if f"(`{entry['id']}`)" in line)
         assert verdict_of(row) in (claims.HOLDS, claims.PARTLY, claims.FAILS, claims.NOT_MEASURED)
+
+
+def run_main(capsys, *argv) -> tuple[int, str]:
+    """``python -m analysis.claims ARGV``: its exit status and what it wrote to stderr."""
+    with pytest.raises(SystemExit) as ended:
+        claims.main(list(argv))
+    return ended.value.code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--machine", "nosuch"], "no results folder {root}/nosuch (machines with results under {root}: m)"),
+        (
+            ["--machine", "m", "--scale", "nosuch"],
+            "{root}/m has no results at scale 'nosuch' (scales with results there: tiny)",
+        ),
+    ],
+)
+def test_a_machine_or_a_scale_without_results_is_refused_not_tabled_as_unmeasured(
+    tmp_path, machine, capsys, argv, message
+):
+    root, out = tmp_path / "results", tmp_path / "table" / "claims.md"
+    code, err = run_main(capsys, *argv, "--results-root", str(root), "--out", str(out))
+    assert code == 2 and err == "error: " + message.format(root=root)
+    assert not out.parent.exists()
+
+
+def test_an_output_that_is_a_folder_is_refused_and_nothing_is_left(tmp_path, machine, capsys):
+    folder = tmp_path / "table"
+    folder.mkdir()
+    given = ["--machine", "m", "--results-root", str(tmp_path / "results")]
+    code, err = run_main(capsys, *given, "--out", str(folder))
+    assert code == 2 and err == f"error: --out {folder} is a folder: name the file to write (e.g. {folder}/claims.md)"
+    assert list(folder.iterdir()) == [] and not list(tmp_path.glob("**/.*.tmp*"))
+    # A file in the way of the output's folder: refused in one line, no temporary file left.
+    (folder / "file").write_text("")
+    code, err = run_main(capsys, *given, "--out", str(folder / "file" / "claims.md"))
+    assert code == 2 and err.startswith(f"error: cannot write {folder}/file/claims.md: ") and "\n" not in err
+    assert [p.name for p in folder.iterdir()] == ["file"] and not list(tmp_path.glob("**/.*.tmp*"))

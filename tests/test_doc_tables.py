@@ -535,3 +535,54 @@ def test_llm_offload_memory_bound_ratios_are_within_each_process_and_met_only_in
     rows = {line.split(" | ")[1]: line.split(" | ")[2:] for line in llm_offload.capped_rows([first, slower], committed)}
     assert rows["planner, host"][2:] == ["1.12–1.30x", "1.18–1.26x", "no |"]
     assert rows["keep"][2:] == ["", "", " |"]  # a baseline's row: its own speed, no ratio, no verdict
+
+
+# --- the command line: python -m analysis.doc_tables ----------------------------------------------
+
+
+def run_command(capsys, *argv) -> tuple[int, str, str]:
+    """The command's exit status, standard output and standard error."""
+    from analysis.doc_tables.__main__ import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as ended:
+        code = ended.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def stale_doc(tmp_path, monkeypatch):
+    """A doc outside the repository whose one block (table ``t``) renders otherwise than it reads."""
+    from analysis.doc_tables import __main__ as command
+
+    monkeypatch.setattr(command, "render", lambda name: f"| {name} |\n|---|\n| 2.0 |")
+    doc = tmp_path / "doc.md"
+    doc.write_text("# Doc\n\n<!-- generated: t -->\n| t |\n|---|\n| 1.0 |\n<!-- /generated -->\n")
+    return doc
+
+
+@pytest.mark.parametrize("check", [[], ["--check"]])
+def test_a_folder_given_as_a_doc_is_refused_in_one_line(tmp_path, capsys, check):
+    code, out, err = run_command(capsys, *check, tmp_path)
+    assert (code, out) == (2, "")
+    assert err == f"error: {tmp_path} is a folder: name the docs themselves (e.g. {tmp_path}/*.md)\n"
+
+
+def test_a_doc_that_is_not_utf8_is_refused_before_any_doc_is_rewritten(tmp_path, capsys, stale_doc):
+    before = stale_doc.read_text()
+    latin1 = tmp_path / "latin1.md"
+    latin1.write_bytes("# Caf\u00e9\n".encode("latin-1"))
+    for check in ([], ["--check"]):
+        code, out, err = run_command(capsys, *check, stale_doc, latin1)
+        assert (code, out) == (2, "")
+        assert err == f"error: {latin1} is not UTF-8 text (byte 5: invalid continuation byte)\n"
+    assert stale_doc.read_text() == before
+
+
+def test_a_doc_outside_the_repository_is_rewritten_and_named_as_given(capsys, stale_doc):
+    code, out, err = run_command(capsys, stale_doc)
+    assert (code, out, err) == (0, f"rewrote the generated tables of {stale_doc}\n", "")
+    assert "| 2.0 |" in stale_doc.read_text() and "| 1.0 |" not in stale_doc.read_text()
+    assert run_command(capsys, "--check", stale_doc)[0] == 0  # nothing stale, no number quoted

@@ -1,7 +1,11 @@
 """Executing a text-based notebook headless: parameters and results files injected, outputs
 replaced only when every cell succeeds, failures reported in one line."""
 
+import subprocess
+import sys
+
 import pytest
+from conftest import REPO_ROOT
 
 from analysis.render import main
 
@@ -117,3 +121,44 @@ def test_supporting_figures_replace_those_of_the_last_render_and_record_their_wo
     assert not list(tmp_path.glob(".*tmp*"))
     assert "my_new_store" in (tmp_path / "run-detail.text.json").read_text()
     assert "my_new_store" not in (tmp_path / "run.text.json").read_text()
+
+
+# Parts of llm_offload with tables and panels of their own, none of which times a step per policy.
+LLM_OWN_PART_HEADINGS = {
+    "micro_batches": "## Micro-batches at a fixed global batch (part micro_batches)",
+    "memory_bound": "## The largest micro-batch under a memory cap (part memory_bound)",
+    "convergence": "## Convergence on the generated corpus (part convergence)",
+}
+
+
+@pytest.mark.parametrize("part", list(LLM_OWN_PART_HEADINGS))
+def test_llm_offload_renders_the_results_of_one_part_without_a_step_per_policy(tmp_path, part):
+    """A machine whose llm_offload results hold only micro_batches, memory_bound or convergence:
+    that part's table, and its panel as the topic's figure (no ratios to keep, which need parts
+    that time a step per policy). The committed H200 files where there are, else the part measured
+    at scale tiny."""
+    committed = REPO_ROOT / "results" / "h200" / "llm_offload" / f"{part}-h200.csv"
+    if committed.exists():
+        results, scale = committed, "h200"
+    else:
+        results, scale = tmp_path / "results" / f"{part}-tiny.csv", "tiny"
+        measured = subprocess.run(
+            [sys.executable, "-m", "workloads", "llm_offload", "--part", part, "--scale", "tiny"]
+            + ["--out", str(results), "--scratch-dir", str(tmp_path)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert measured.returncode == 0, measured.stderr
+    figure, summary = tmp_path / "llm.png", tmp_path / "llm.md"
+    main(
+        ["analysis/llm_offload.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=m", "-p", f"scale={scale}"]
+        + ["--topic", "llm_offload", "--topic", "llm_offload_reruns", "--results", f"llm_offload={results}"]
+        + ["--figure", str(figure), "--summary", str(summary)]
+    )
+    text = summary.read_text()
+    assert f"Parts measured here: {part}. None of them times one training step per policy" in text
+    assert LLM_OWN_PART_HEADINGS[part] in text and "| model | variant | step s |" not in text
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.glob("llm*.png")) == ["llm.png"]  # no supporting figure

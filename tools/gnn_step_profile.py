@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.errors import NeedsGpuError, UserError, exit_on_user_error
+
 LAUNCHES = {
     "cudaLaunchKernel",
     "cudaLaunchKernelExC",
@@ -183,6 +185,7 @@ def cache_options(name: str, nodes: int) -> dict | None:
     return options.get(name)
 
 
+@exit_on_user_error
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", default="h200")
@@ -195,23 +198,27 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="the CSV to write (default: standard output)")
     args = parser.parse_args()
 
+    from harness import machine
+
+    if not machine.has_gpu():  # before the graph is loaded (or generated)
+        raise NeedsGpuError("tools/gnn_step_profile.py needs a CUDA GPU: it profiles GPU training, and torch sees none")
+
     import torch
 
     from harness import config as suite_config
-    from harness.errors import UserError
     from workloads.gnn.models import build
     from workloads.gnn.pipelines import PIPELINES, Graph, Pipeline, training_threads, workers_of
     from workloads.graphs.datasets import load_graph
     from workloads.graphs.spec import SHORT_NAMES
 
-    if not torch.cuda.is_available():
-        raise UserError("tools/gnn_step_profile.py profiles GPU training: no GPU here")
     unknown = set(args.pipelines) - set(PIPELINES)
     if unknown:
         raise UserError(f"unknown pipelines {sorted(unknown)}; they are {list(PIPELINES)}")
     if args.steps < 1 or args.warmup < 0:
         raise UserError("--steps must be at least 1 and --warmup at least 0")
-    shared = suite_config.load()["topics"]["gnn_training"][args.scale]
+    shared = suite_config.topic_params(suite_config.load(), "gnn_training", args.scale)
+    if args.dataset not in shared:
+        raise UserError(f"config/gnn_training.yaml trains on no {args.dataset} graph at scale '{args.scale}'")
     params = shared[args.dataset]
     spec, dataset, arrays = load_graph(SHORT_NAMES[args.dataset], params, shared["graph_seed"])
     graph = Graph(arrays, "cuda")

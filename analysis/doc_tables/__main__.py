@@ -14,8 +14,30 @@ from analysis.doc_tables import REPO_ROOT, blocks, quoted, render
 from harness.errors import UserError, exit_on_user_error
 
 
+def read_doc(path: Path) -> str:
+    """The text of the doc at ``path``, refused in one line where it is no readable UTF-8 file."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder: name the docs themselves (e.g. {path / '*.md'})")
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"no such doc: {path}") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+    except OSError as err:
+        raise UserError(f"{path} cannot be read: {err.strerror or err}") from None
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies in it, else as given."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def docs_with_blocks() -> list[Path]:
-    return [p for p in sorted((REPO_ROOT / "docs").glob("*.md")) if blocks.blocks(p.read_text(), str(p))]
+    return [p for p in sorted((REPO_ROOT / "docs").glob("*.md")) if blocks.blocks(read_doc(p), str(p))]
 
 
 @exit_on_user_error
@@ -29,24 +51,31 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in args.docs if not p.exists()]
     if missing:
         raise UserError(f"no such doc: {', '.join(missing)}")
+    # Every doc is read, and every new text made, before any is written: a doc refused (a folder,
+    # not UTF-8, a broken marker, a table that cannot be rendered) leaves all of them as they were.
+    refreshed = args.docs or docs_with_blocks()
+    # --check also reads the prose of the README and every doc for quoted numbers.
+    quoting = (args.docs or [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]) if args.check else []
+    texts = {doc: read_doc(doc) for doc in [*refreshed, *quoting]}
     cached = functools.cache(render)  # a table placed twice is rendered once
-    stale = []
-    for doc in args.docs or docs_with_blocks():
+    stale, rewritten = [], {}
+    for doc in dict.fromkeys(refreshed):
+        text = texts[doc]
         if args.check:
-            stale += [f"{doc}: {name}" for name in blocks.stale(doc, cached)]
+            stale += [f"{doc}: {b.name}" for b in blocks.blocks(text, str(doc)) if b.body != cached(b.name)]
             continue
-        text = doc.read_text()
         new = blocks.rewrite(text, cached, str(doc))
         if new != text:
-            doc.write_text(new)
-            print(f"rewrote the generated tables of {doc.resolve().relative_to(REPO_ROOT)}")
+            rewritten[doc] = new
+    for doc, new in rewritten.items():
+        doc.write_text(new, encoding="utf-8")
+        print(f"rewrote the generated tables of {shown(doc)}")
     if stale:
         print("generated tables that differ from their results (run python -m analysis.doc_tables):", file=sys.stderr)
         print("\n".join(stale), file=sys.stderr)
     unsupported = []
-    if args.check:
-        for doc in args.docs or [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
-            unsupported += [f"{doc}: {found}" for found in quoted.problems(doc.read_text())]
+    for doc in dict.fromkeys(quoting):
+        unsupported += [f"{doc}: {found}" for found in quoted.problems(texts[doc])]
     if unsupported:
         print("numbers in the docs' prose that their sources do not support:", file=sys.stderr)
         print("\n".join(unsupported), file=sys.stderr)
