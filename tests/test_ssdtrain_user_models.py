@@ -9,6 +9,7 @@ block's input in place after it ran (an error that says so, never other gradient
 lists of module lists, skip blocks (LayerDrop), give sparse or inference-mode inputs, train two
 models each in its own ``offload()``, switch to train mode inside the block."""
 
+import collections
 import contextlib
 import os
 import re
@@ -729,7 +730,12 @@ class TanhBlock(nn.Module):
         self.lin = nn.Linear(dim, dim)
 
     def forward(self, x, shift=None):
+        if isinstance(shift, tuple | dict):  # a named tuple or an OrderedDict holding it
+            shift = shift[0] if isinstance(shift, tuple) else shift["value"]
         return self.lin(torch.tanh(x if shift is None else x + shift))
+
+
+Shift = collections.namedtuple("Shift", "value")
 
 
 class InPlaceResidual(nn.Module):
@@ -746,9 +752,10 @@ class InPlaceResidual(nn.Module):
                 x += block(x=x)  # changes the block's input after the block ran
             elif self.call == "positional":
                 x += block(x)
-            else:  # the block's keyword input changed by the model after the block, in a tuple
+            else:  # the block's keyword input changed by the model after the block, alone or in a container
                 shift = torch.full((16,), 0.25)
-                x = x + block(x, shift=shift)
+                held = {"named tuple": Shift(shift), "ordered dict": collections.OrderedDict(value=shift)}
+                x = x + block(x, shift=held.get(self.call, shift))
                 shift.mul_(2)
         return x.square().mean()
 
@@ -764,7 +771,7 @@ def test_a_recomputed_block_whose_keyword_input_is_not_changed_matches_a_plain_r
     )
 
 
-@pytest.mark.parametrize("call", ["keyword", "positional", "keyword changed later"])
+@pytest.mark.parametrize("call", ["keyword", "positional", "keyword changed later", "named tuple", "ordered dict"])
 def test_an_input_of_a_recomputed_block_changed_in_place_after_it_ran_raises_a_true_error(call):
     """A plain run never needs the input again; the recomputation does, and its values are gone. A
     keyword tensor (bound to the forward, out of torch's sight) must not give other gradients."""
@@ -962,6 +969,21 @@ def test_two_models_each_in_its_own_offload_are_both_offloaded():
     assert [sorted(i for i in s.stats.layers if i is not None) for s in sessions] == [[0, 1, 2, 3], [0, 1, 2]]
 
 
+@pytest.mark.parametrize("outer, inner", [("save_on_cpu", "offload_all"), ("offload_all", "save_on_cpu")])
+def test_save_on_cpu_beside_another_models_offload_is_refused(outer, inner):
+    """torch's save_on_cpu hooks take every tensor saved in their block: beside another offload()
+    one model's tensors would be taken by the other's policy without a word."""
+    g, d = MLP(), MLP()
+    stores = {name: HostStore() if name != "save_on_cpu" else None for name in (outer, inner)}
+    with offload(g, store=stores[outer], policy=outer, min_bytes=0):
+        with pytest.raises(UserError) as error:
+            with offload(d, store=stores[inner], policy=inner, min_bytes=0):
+                pass
+        one_line(error, "save_on_cpu's hooks take every tensor saved inside its with block")
+    with offload(d, store=stores[inner], policy=inner, min_bytes=0):  # alone it runs, once the other has left
+        pass
+
+
 def test_an_encoder_decoder_entered_in_eval_mode_and_trained_inside_is_recomputed_as_a_plain_run():
     transformers = pytest.importorskip("transformers")
     config = transformers.T5Config(
@@ -1016,3 +1038,20 @@ def test_always_read_back_must_be_true_or_false():
         with pytest.raises(UserError) as error:
             call()
         one_line(error, "always_read_back must be True or False, got 'no'")
+
+
+def test_another_librarys_checkpoint_gets_the_positional_inputs_with_the_keywords_bound():
+    """DeepSpeed's checkpoint moves every tensor it is given to the host and empties the caller's:
+    a mask shared by every block must stay out of its hands (bound to the forward instead)."""
+    from systems.ssdtrain.recompute import checkpointed
+
+    handed = []
+
+    def spy(function, *args):
+        handed.append([tuple(a.shape) for a in args])
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
+
+    model = InPlaceResidual("keyword changed later")
+    with checkpointed(list(model.blocks), spy):
+        in_place_step(model)  # the shift changed in place is bound, out of the checkpoint's sight: no error
+    assert handed == [[(4, 16)]] * 3  # x only: the shift, a keyword tensor, was not handed over

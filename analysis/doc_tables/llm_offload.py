@@ -612,7 +612,10 @@ def capped_rows(speeds: Sequence[pd.DataFrame], committed: pd.DataFrame) -> list
         budgets = [v for v in rows[rows.policy == "torch_budget"].variant]
         against = {
             "recompute": [tokens(p, "recompute") for p in speeds],
-            "torch's best budget": [max((tokens(p, v) for v in budgets), default=float("nan")) for p in speeds],
+            # a budget that did not run in a process (out of memory) is left out there, not taken as its best
+            "torch's best budget": [
+                max((t for v in budgets if (t := tokens(p, v)) == t), default=float("nan")) for p in speeds
+            ],
         }
         for row in rows.set_index("variant").loc[order(setups.loc[rows.variant])].reset_index().itertuples():
             got = [tokens(p, row.variant) for p in speeds]

@@ -81,6 +81,11 @@ def _active_offloaders() -> list[Offloader]:
     return _local.active
 
 
+def active_offloaders() -> tuple[Offloader, ...]:
+    """The offloaders whose ``with`` is active on this thread, innermost last."""
+    return tuple(_active_offloaders())
+
+
 @contextlib.contextmanager
 def saving_inputs_of(block: nn.Module):
     """Within it, what the hooks see saved are ``block``'s inputs, kept by a checkpoint for its

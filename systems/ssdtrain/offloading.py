@@ -36,7 +36,8 @@ Where blocks are recomputed, a Hugging Face model's key-value cache (``use_cache
 the block, with a warning, as under Hugging Face's own checkpointing (whatever the model's mode
 when the block is entered). Recomputation replays the global random generators and each block's
 registered buffers, no other state (recompute.py). Planned policies keep a block that did not run in
-the profiled step. Two models may each be in its own ``offload()`` at once (engine.py).
+the profiled step. Two models may each be in its own ``offload()`` at once (engine.py), but not
+beside a ``save_on_cpu`` one (torch's hooks would take the other model's tensors too): refused.
 A block that offloads nothing while its policy offloads (``min_bytes`` above every saved tensor)
 says so in one warning.
 """
@@ -46,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -54,7 +56,7 @@ from torch import nn
 
 from harness.errors import UserError
 from systems.ssdtrain import planning
-from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, in_backward
+from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, active_offloaders, in_backward
 from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan
 from systems.ssdtrain.recompute import checkpointed
@@ -64,6 +66,13 @@ from systems.ssdtrain.stores.host import HostStore
 
 NAMED = ("keep", "recompute", "save_on_cpu", "offload_all", "offload_adaptive", "planner")
 PLANNED = ("offload_adaptive", "planner")
+# The save_on_cpu blocks active on this thread: torch's hooks take every tensor saved inside them,
+# the other model's too, so such a block is never combined with another offload() (see __enter__).
+_save_on_cpu = threading.local()
+MIXED_SAVE_ON_CPU = (
+    "save_on_cpu's hooks take every tensor saved inside its with block, another model's too: it cannot run "
+    "beside another offload(); put each model's step in a block of its own, or use offload_all with a HostStore"
+)
 DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)
 
 
@@ -137,10 +146,17 @@ class Offloading:
             raise RuntimeError("this offload() block is already active: blocks do not nest")
         stack = contextlib.ExitStack()
         try:
+            active_save_on_cpu = getattr(_save_on_cpu, "count", 0)
             if self.policy == "save_on_cpu":
+                if active_offloaders() or active_save_on_cpu:
+                    raise UserError(MIXED_SAVE_ON_CPU)
                 on_gpu = _device(self.model).type == "cuda"
                 stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=on_gpu))
+                _save_on_cpu.count = active_save_on_cpu + 1
+                stack.callback(setattr, _save_on_cpu, "count", active_save_on_cpu)
             else:
+                if active_save_on_cpu:
+                    raise UserError(MIXED_SAVE_ON_CPU)
                 if self.decisions is None and self.policy not in PLANNED:
                     self.decisions = [self._first_decision(i) for i in range(len(self.layers))]
                 stack.enter_context(self.offloader)

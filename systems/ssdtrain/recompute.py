@@ -4,10 +4,11 @@
 for the duration of a step, so autograd keeps only each block's inputs and runs the block again
 when backward reaches it. The block's keyword arguments are bound to its forward, never handed to
 the checkpoint function, which takes some names (``debug``, ``context_fn``...) as its own; but every
-tensor among its arguments, keyword ones and those in plain tuples, lists and dicts included, is
-handed to it positionally, so that it holds and version-checks each (and a tensor changed in place
-after the forward began, whose values the recomputation would not find, raises in backward rather
-than giving other gradients) and takes the devices of all for their RNG states.
+tensor among its arguments, keyword ones and those in tuples (named ones too), lists and dicts
+included, is handed to torch's checkpoint positionally, so that it holds and version-checks each
+(and a tensor changed in place after the forward began, whose values the recomputation would not
+find, raises in backward rather than giving other gradients) and takes the devices of all for
+their RNG states. Another library's checkpoint (DeepSpeed's) gets the positional arguments only.
 
 The recomputation starts from the buffers as the forward found them and updates copies of them,
 dropped after it. A forward that changes a buffer and then reads it (spectral normalization's power
@@ -27,6 +28,7 @@ gets a warning.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import warnings
 from collections.abc import Callable, Iterator
@@ -104,8 +106,15 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)  # nothing saved, nothing recomputed (checkpoint does the same)
-        tensors: list[torch.Tensor] = []
-        shapes = _lift(args, tensors), _lift(kwargs, tensors)  # the arguments, each tensor an index
+        if checkpoint is TORCH_CHECKPOINT:
+            tensors: list[torch.Tensor] = []
+            shapes = _lift(args, tensors), _lift(kwargs, tensors)  # the arguments, each tensor an index
+        else:
+            # Another library's checkpoint (DeepSpeed's) takes every tensor it is given for the
+            # block's own activation, moves it to the host and empties the caller's: a mask or
+            # rotary table shared by the blocks after would be gone. It gets the positional
+            # arguments only, the keyword ones bound, as it expects.
+            tensors, shapes = list(args), None
         found = _buffers_of(layer) if with_buffers else []
         # One copy per tensor: a buffer two submodules share must stay one tensor in the replay.
         copies = {id(buffer): buffer.clone() for _, _, buffer in found}
@@ -113,18 +122,20 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
 
         @functools.wraps(forward)  # the block's forward, its keyword arguments bound: ``__wrapped__`` names it
         def body(*inputs):
-            if not in_backward():  # the forward: the very arguments it was given (a list it appends to...)
+            if shapes is None:  # another library's checkpoint: its positional inputs, the keywords bound
+                again, kw_again = inputs, kwargs
+            elif not in_backward():  # the forward: the very arguments it was given (a list it appends to...)
                 return forward(*args, **kwargs)
-            # Recomputing: the tensors as the checkpoint gives them back, in copies of their containers.
-            again, kw_again = _place(shapes[0], inputs), _place(shapes[1], inputs)
-            if not with_buffers:
+            else:  # recomputing: the tensors as the checkpoint gives them back, in copies of their containers
+                again, kw_again = _place(shapes[0], inputs), _place(shapes[1], inputs)
+            if not (with_buffers and in_backward()):
                 return forward(*again, **kw_again)
             # The recomputation: from what the forward found, on copies (it may run more than once).
             now = _buffers_of(layer)
             replay = {}
             for module, name, buffer in found:
-                copy = copies[id(buffer)]
-                if copy is buffer and (
+                kept = copies[id(buffer)]
+                if kept is buffer and (
                     module._buffers.get(name) is not buffer or buffer._version != versions[id(buffer)]
                 ):
                     raise RuntimeError(
@@ -132,7 +143,7 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
                         "its recomputation (another forward of the block changed it): the recomputation "
                         "cannot replay it; keep or offload this block"
                     )
-                module._buffers[name] = replay.setdefault(id(buffer), copy.clone())
+                module._buffers[name] = replay.setdefault(id(buffer), kept.clone())
             try:
                 return forward(*again, **kw_again)
             finally:
@@ -160,28 +171,35 @@ class _Slot(int):
 
 
 def _lift(value, tensors: list[torch.Tensor]):
-    """``value`` with each tensor in it, also inside plain tuples, lists and dicts, appended to
-    ``tensors`` and replaced by its ``_Slot``; other containers (a cache object) stay as they are,
-    and so do inference tensors, which autograd cannot save (and nothing can change outside
-    ``torch.inference_mode``)."""
+    """``value`` with each tensor in it, also inside tuples (named ones too), lists and dicts (of any
+    dict class), appended to ``tensors`` and replaced by its ``_Slot``; other objects (a cache
+    object, a dataclass) stay as they are, and so do inference tensors, which autograd cannot save
+    (and nothing can change outside ``torch.inference_mode``)."""
     if isinstance(value, torch.Tensor) and not value.is_inference():
         tensors.append(value)
         return _Slot(len(tensors) - 1)
-    if type(value) in (tuple, list):
-        return type(value)(_lift(item, tensors) for item in value)
-    if type(value) is dict:
-        return {key: _lift(item, tensors) for key, item in value.items()}
-    return value
+    return _rebuilt(value, lambda item: _lift(item, tensors))
 
 
 def _place(value, tensors):
     """``_lift``'s ``value`` with each slot filled from ``tensors``."""
     if isinstance(value, _Slot):
         return tensors[value]
+    return _rebuilt(value, lambda item: _place(item, tensors))
+
+
+def _rebuilt(value, each: Callable):
+    """A copy of the container ``value`` (a tuple, named or not, a list, a dict of any dict class)
+    with ``each`` applied to its items; anything else as it is."""
     if type(value) in (tuple, list):
-        return type(value)(_place(item, tensors) for item in value)
-    if type(value) is dict:
-        return {key: _place(item, tensors) for key, item in value.items()}
+        return type(value)(each(item) for item in value)
+    if isinstance(value, tuple) and hasattr(type(value), "_make"):  # a named tuple
+        return type(value)._make(each(item) for item in value)
+    if isinstance(value, dict):
+        copied = copy.copy(value)  # keeps a subclass's class and state (an OrderedDict, a defaultdict)
+        for key, item in value.items():
+            copied[key] = each(item)
+        return copied
     return value
 
 

@@ -2,7 +2,7 @@
 against.
 
 A pipeline's resident data is what it places on the GPU once and keeps there: the feature table
-and the CSR where they live on the GPU, the labels and the sampler's id map where it samples on
+and the CSR where they live on the GPU, the labels and the sampler's id maps where it samples on
 the GPU, a hot-row cache. It is known from the graph's sizes before anything is allocated, so a
 pipeline whose resident data exceed a budget is recorded as not fitting it and, over every
 budget, is not run. One that is run runs under an allocator cap of the largest budget (an
@@ -22,7 +22,10 @@ from harness.errors import UserError
 from workloads.gnn.pipelines import PIPELINE_KINDS
 
 GIB = 2**30
-INDEX_BYTES = 8  # CSR, labels and the sampler's id map are int64
+INDEX_BYTES = 8  # CSR, labels and the sampler's id maps are int64
+# A sampler keeps one id map per thread that samples with it (systems/sampling/sampler.py): the
+# prefetch thread's for the training batches, the training thread's for the validation batches.
+SAMPLING_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -60,9 +63,9 @@ def resident_bytes(pipeline: str, sizes: GraphSizes, options: dict | None = None
     """The GPU memory ``pipeline`` keeps for a run, by what it holds ({} for none)."""
     kind = PIPELINE_KINDS[pipeline]
     held = {}
-    if kind.sampling != "cpu":  # the sampler's id map and the labels it indexes live on its device
+    if kind.sampling != "cpu":  # the sampler's id maps and the labels it indexes live on its device
         held["labels"] = sizes.nodes * sizes.label_itemsize
-        held["id map"] = (sizes.nodes + 1) * INDEX_BYTES
+        held["id maps"] = SAMPLING_THREADS * (sizes.nodes + 1) * INDEX_BYTES
     if kind.sampling == "cuda":
         held["CSR"] = sizes.csr
     if kind.resident is not None:
