@@ -120,7 +120,7 @@ def measure(
                 # models), from the config file the part was given: Snakemake's merged one names
                 # its --config overrides too.
                 shared_parameters={k: v for k, v in params.items() if k not in topic_part_names},
-                config_file=_shown(config_path),
+                config_file=provenance.shown(config_path),
                 # the whole part, set-up and checks included: what a reproduce run spends on it
                 part_wall_s=round(time.perf_counter() - started, 1),
                 **notes,
@@ -158,14 +158,6 @@ def _end_as_interrupted() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
     raise KeyboardInterrupt  # where SIGINT is blocked in this thread, or ignored by the OS
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the repository where it lies in it (the same on every checkout), else as given."""
-    try:
-        return path.resolve().relative_to(provenance.REPO_ROOT.resolve()).as_posix()
-    except ValueError:
-        return str(path)
 
 
 def _writable_folder(folder: Path, what: str) -> None:

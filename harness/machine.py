@@ -106,6 +106,21 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def require_gpu(tool: str, does: str, cupy_for: str | None = None) -> None:
+    """Refuse, in one line, to run ``tool`` (which ``does`` something on a GPU) on a machine without
+    a CUDA GPU, or, where it needs CuPy (``cupy_for``: what for), without CuPy."""
+    import importlib.util
+
+    from harness.errors import NeedsGpuError, UserError
+
+    if not has_gpu():
+        raise NeedsGpuError(f"{tool} needs a CUDA GPU: {does}, and torch sees none")
+    if cupy_for is not None and importlib.util.find_spec("cupy") is None:
+        raise UserError(
+            f"{tool} needs CuPy {cupy_for} (pip install cupy-cuda12x or cupy-cuda13x, see envs/requirements-gpu.txt)"
+        )
+
+
 def has_gpu() -> bool:
     """A GPU that this Python can use: the driver sees one and torch was built for CUDA.
 

@@ -57,6 +57,14 @@ def _dirty_from_environment() -> bool | None:
     return _DIRTY_WORDS[word.strip().lower()]
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies in it (the same on every checkout), else as given."""
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def git_state() -> dict:
     """The commit measured. SUITE_GIT_COMMIT, when set, wins over git: whoever copied the tree to
     the measuring machine knows what they sent, while a .git copied along with it can be stale

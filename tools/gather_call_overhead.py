@@ -14,14 +14,13 @@ same indices already on the GPU; each path checked against the table first. Time
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 
 import torch
 
 from harness import machine
-from harness.errors import NeedsGpuError, UserError, exit_on_user_error
+from harness.errors import exit_on_user_error
 from systems.pytorch_direct import UnifiedTensor, dispatch
 from systems.pytorch_direct.ops import launch_gather
 
@@ -53,19 +52,6 @@ def gpu_us(fn) -> float:
     return statistics.median(times)
 
 
-def require_gpu_and_cupy() -> None:
-    """Refuse, in one line, a machine without a CUDA GPU or without CuPy (which compiles the kernels)."""
-    if not machine.has_gpu():
-        raise NeedsGpuError(
-            "tools/gather_call_overhead.py needs a CUDA GPU: it times gathers on one, and torch sees none"
-        )
-    if importlib.util.find_spec("cupy") is None:
-        raise UserError(
-            "tools/gather_call_overhead.py needs CuPy to compile its CUDA kernels "
-            "(pip install cupy-cuda12x or cupy-cuda13x, see envs/requirements-gpu.txt)"
-        )
-
-
 @exit_on_user_error
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,7 +59,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=262144)
     parser.add_argument("--row-bytes", type=int, nargs="+", default=[128, 512, 2048])
     args = parser.parse_args()
-    require_gpu_and_cupy()
+    machine.require_gpu(
+        "tools/gather_call_overhead.py", "it times gathers on one", cupy_for="to compile its CUDA kernels"
+    )
     host = torch.randint(0, 255, (int(args.table_gib * 2**30),), dtype=torch.uint8)
     print(f"{torch.cuda.get_device_name()}, {args.table_gib:g} GiB table, {args.rows} distinct random rows per call")
     print(f"{'row':>6} {'path':<14} {'wall_1row':>10} {'wall_us':>10} {'gpu_us':>10} {'GB/s':>7}")

@@ -22,7 +22,6 @@ kernel capped at 16,384 and 4,096 threads (fewer rows in flight: a narrower addr
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import tempfile
 from pathlib import Path
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 
 from harness import machine
-from harness.errors import NeedsGpuError, UserError, exit_on_user_error
+from harness.errors import exit_on_user_error
 from systems import nvrtc
 from systems.pytorch_direct import UnifiedTensor
 from systems.pytorch_direct.ops import KERNEL_SOURCE as GATHER_SOURCE
@@ -99,19 +98,6 @@ def timed(fn, repeat=10, warmup=3) -> float:
     return statistics.median(start.elapsed_time(stop) / 1e3 for start, stop in events)
 
 
-def require_gpu_and_cupy() -> None:
-    """Refuse, in one line, a machine without a CUDA GPU or without CuPy (which compiles the kernels)."""
-    if not machine.has_gpu():
-        raise NeedsGpuError(
-            "tools/gather_kernel_probe.py needs a CUDA GPU: it times CUDA kernels on one, and torch sees none"
-        )
-    if importlib.util.find_spec("cupy") is None:
-        raise UserError(
-            "tools/gather_kernel_probe.py needs CuPy to compile its CUDA kernels "
-            "(pip install cupy-cuda12x or cupy-cuda13x, see envs/requirements-gpu.txt)"
-        )
-
-
 @exit_on_user_error
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,7 +105,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=262_144)
     parser.add_argument("--row-bytes", type=int, nargs="+", default=[128, 512, 2048])
     args = parser.parse_args()
-    require_gpu_and_cupy()
+    machine.require_gpu(
+        "tools/gather_kernel_probe.py", "it times CUDA kernels on one", cupy_for="to compile its CUDA kernels"
+    )
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "probe.cu"

@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.errors import NeedsGpuError, UserError, exit_on_user_error
+from harness.errors import UserError, exit_on_user_error
 
 LAUNCHES = {
     "cudaLaunchKernel",
@@ -200,8 +200,7 @@ def main() -> None:
 
     from harness import machine
 
-    if not machine.has_gpu():  # before the graph is loaded (or generated)
-        raise NeedsGpuError("tools/gnn_step_profile.py needs a CUDA GPU: it profiles GPU training, and torch sees none")
+    machine.require_gpu("tools/gnn_step_profile.py", "it profiles GPU training")  # before the graph is loaded
 
     import torch
 

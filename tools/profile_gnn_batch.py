@@ -18,14 +18,13 @@ the graph is generated into the store (data/graphs/) on first use, after the che
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 
 import torch
 
 from harness import machine
-from harness.errors import NeedsGpuError, UserError, exit_on_user_error
+from harness.errors import UserError, exit_on_user_error
 from workloads.gnn.pipelines import Graph, Pipeline, training_threads
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
@@ -92,15 +91,9 @@ def main() -> None:
     if args.batches < 1 or min(args.workers) < 0:
         raise UserError("--batches must be at least 1 and --workers at least 0")
     # Before the graph is generated (minutes, gigabytes at full scale): nothing here runs without a GPU.
-    if not machine.has_gpu():
-        raise NeedsGpuError(
-            "tools/profile_gnn_batch.py needs a CUDA GPU: it times batches fed to one, and torch sees none"
-        )
-    if importlib.util.find_spec("cupy") is None:  # the zero-copy table's device address comes from CuPy
-        raise UserError(
-            "tools/profile_gnn_batch.py needs CuPy for zero_copy's table "
-            "(pip install cupy-cuda12x or cupy-cuda13x, see envs/requirements-gpu.txt)"
-        )
+    machine.require_gpu(
+        "tools/profile_gnn_batch.py", "it times batches fed to one", cupy_for="for zero_copy's table's device address"
+    )
     spec = DATASETS[SHORT_NAMES[args.dataset]].scaled(args.scale_factor)
     graph = Graph(store.get(GeneratorParams(spec)), "cuda")
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from analysis.doc_tables import REPO_ROOT, blocks, quoted, render
 from harness.errors import UserError, exit_on_user_error
+from harness.provenance import shown
 
 
 def read_doc(path: Path) -> str:
@@ -26,14 +27,6 @@ def read_doc(path: Path) -> str:
         raise UserError(f"{path} is not UTF-8 text (byte {err.start}: {err.reason})") from None
     except OSError as err:
         raise UserError(f"{path} cannot be read: {err.strerror or err}") from None
-
-
-def shown(path: Path) -> str:
-    """``path`` relative to the repository where it lies in it, else as given."""
-    try:
-        return str(path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
 
 
 def docs_with_blocks() -> list[Path]:
@@ -62,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     for doc in dict.fromkeys(refreshed):
         text = texts[doc]
         if args.check:
-            stale += [f"{doc}: {b.name}" for b in blocks.blocks(text, str(doc)) if b.body != cached(b.name)]
+            stale += [f"{doc}: {name}" for name in blocks.stale_in(text, cached, str(doc))]
             continue
         new = blocks.rewrite(text, cached, str(doc))
         if new != text:

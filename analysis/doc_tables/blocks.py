@@ -58,7 +58,12 @@ def rewrite(text: str, render: Callable[[str], str], where: str = "doc") -> str:
 
 def stale(path: Path, render: Callable[[str], str]) -> list[str]:
     """The names of the blocks of the doc at ``path`` whose body differs from ``render(name)``."""
-    return [b.name for b in blocks(path.read_text(), str(path)) if b.body != render(b.name)]
+    return stale_in(path.read_text(), render, str(path))
+
+
+def stale_in(text: str, render: Callable[[str], str], where: str = "") -> list[str]:
+    """:func:`stale` of a doc's ``text`` already read (``where`` names it in errors)."""
+    return [b.name for b in blocks(text, where) if b.body != render(b.name)]
 
 
 def outside(text: str) -> str:
