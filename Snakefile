@@ -35,8 +35,7 @@ rule reproduce:
     """Measure every topic on this machine at the configured scale and render its figures."""
     default_target: True
     input:
-        [topic_targets(name) for name in TOPICS],
-        f"paper_figs/{MACHINE}/claims.md",
+        measuring_targets(*TOPICS, claims=True),
 
 
 rule figures:
@@ -45,3 +44,8 @@ rule figures:
         [committed_figures(name) for name in TOPICS],
         [supporting_figures(name) for name in TOPICS],
         COMMITTED_CLAIMS,
+
+
+onerror:
+    # `log`: the paths of this run's log files
+    outdate_restored_outputs(log)

@@ -160,13 +160,14 @@ def load(path: Path | str = DEFAULT_CONFIG, overrides: dict | None = None) -> di
     return complete(config)
 
 
-def scale_params(config: dict, scale: str) -> dict:
-    """The description of one named scale, refusing unknown scales and GPU scales without a GPU."""
+def scale_params(config: dict, scale: str, check_gpu: bool = True) -> dict:
+    """The description of one named scale, refusing unknown scales and (unless ``check_gpu`` is
+    false: rendering other machines' results at that scale) GPU scales without a GPU."""
     scales = config["scales"]
     if scale not in scales:
         raise ConfigError(f"unknown scale '{scale}'; choose one of {', '.join(scales)} (--config scale=NAME)")
     params = scales[scale]
-    if params.get("needs_gpu") and not machine.has_gpu():
+    if check_gpu and params.get("needs_gpu") and not machine.has_gpu():
         raise NeedsGpuError(
             f"scale '{scale}' needs a CUDA GPU and this machine has none that torch can use; "
             "use --config scale=cpu, or render committed results with the 'figures' target"
@@ -174,9 +175,9 @@ def scale_params(config: dict, scale: str) -> dict:
     return params
 
 
-def topic_params(config: dict, topic: str, scale: str) -> dict:
+def topic_params(config: dict, topic: str, scale: str, check_gpu: bool = True) -> dict:
     """One topic's parameters at one scale (after the checks of :func:`scale_params`)."""
-    scale_params(config, scale)
+    scale_params(config, scale, check_gpu)
     blocks = config["topics"][topic]
     if scale not in blocks:
         raise ConfigError(

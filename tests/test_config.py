@@ -76,6 +76,10 @@ def test_gpu_scale_without_gpu_says_what_to_do(cfg, monkeypatch):
         with pytest.raises(NeedsGpuError, match="needs a CUDA GPU.*scale=cpu.*figures"):
             suite_config.scale_params(cfg, "h200")
         assert suite_config.topic_params(cfg, "ceilings", "cpu")["repeat"] >= 1
+        # Rendering at a GPU scale reads the scale's blocks without a GPU; unknown ones still fail.
+        assert suite_config.topic_params(cfg, "ceilings", "h200", check_gpu=False)["repeat"] >= 1
+        with pytest.raises(suite_config.ConfigError, match="unknown scale 'huge'"):
+            suite_config.scale_params(cfg, "huge", check_gpu=False)
     finally:
         suite_config.machine.forget()
 

@@ -171,12 +171,19 @@ def test_a_failed_render_keeps_the_committed_figure(workdir):
     summary = figure.with_suffix(".md")
     before = figure.read_bytes(), summary.read_bytes(), csv.read_text()
     try:
+        other = workdir / "paper_figs" / "h200" / "gnn_multi_gpu-h200.png"
+        os.utime(other, (1, 1))
         csv.write_text(before[2].replace("GB/s", "furlongs", 1))  # a corrupted results file
-        result = snakemake(workdir, "--cores", "1", "figures", "--forcerun", "ceilings_figure", check=False)
+        forced = ["--forcerun", "ceilings_figure", "gnn_multi_gpu_figure"]
+        result = snakemake(workdir, "--cores", "1", "figures", *forced, check=False)
         assert result.returncode != 0
         assert "furlongs" in result.stdout + result.stderr  # the refusal names what is wrong
         assert (figure.read_bytes(), summary.read_bytes()) == before[:2]
         assert not list(figure.parent.glob(".*tmp*"))  # no temporary files left behind
+        assert other.stat().st_mtime > 1  # the other figure still rendered
+        # The figure put back is not taken as up to date: the next run renders it again.
+        again = snakemake(workdir, "--cores", "1", "figures", "-n")
+        assert planned_outputs(again, "ceilings_figure")
     finally:
         csv.write_text(before[2])
 
@@ -256,6 +263,8 @@ def test_interrupted_run_redoes_only_unfinished_jobs(tmp_path):
             pytest.param(*case, marks=pytest.mark.full)
             for case in [
                 (["reproduce", "--config", "scale=h200"], {}, "error: scale 'h200' needs a CUDA GPU"),
+                (["ceilings", "--config", "scale=h200"], {}, "error: scale 'h200' needs a CUDA GPU"),
+                (["claims", "--config", "scale=h200"], {}, "error: scale 'h200' needs a CUDA GPU"),
                 (["reproduce", "--config", "machine=../x"], {}, "error: config key 'machine': '../x' does not match"),
                 (
                     ["reproduce", "--config", "scale=tiny", "topics={gnn_training: {}}"],
@@ -291,9 +300,11 @@ def committed_figures():
 
 
 @SHARED_COPY
-def test_figures_plans_only_rendering(workdir):
-    """`figures` never measures: its dry run plans renders (and supporting-figure checks) only."""
-    dry = snakemake(workdir, "--cores", "1", "-n", "figures")
+@pytest.mark.parametrize("config", [[], ["--config", "scale=h200"]], ids=["configured_scale", "gpu_scale"])
+def test_figures_plans_only_rendering(workdir, config):
+    """`figures` never measures: its dry run plans renders (and supporting-figure checks) only,
+    also at a GPU scale on a machine without a GPU."""
+    dry = snakemake(workdir, "--cores", "1", "-n", "figures", *config)
     rules = {
         line.split()[1].rstrip(":") for line in dry.stdout.splitlines() if line.startswith(("rule ", "localrule "))
     }

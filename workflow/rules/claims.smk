@@ -54,7 +54,8 @@ rule claims:
     """The claims table of this machine (measuring what its claims read) and of every machine
     with committed results."""
     input:
-        sorted({f"paper_figs/{MACHINE}/claims.md", *COMMITTED_CLAIMS}),
+        measuring_targets(claims=True),
+        [path for path in COMMITTED_CLAIMS if path != f"paper_figs/{MACHINE}/claims.md"],
 
 
 # As a figure's render, `update` keeps the previous table until a new one is written whole.

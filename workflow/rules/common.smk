@@ -6,27 +6,36 @@
 # requirements in envs/ (the machines it targets have no conda), and each results file records
 # the software versions it was measured with.
 import hashlib
+import os
 import re
 import sys
 from pathlib import Path
 
 import yaml
+from snakemake.io import IOFile
 
 from harness import config as suite_config
 from harness import machine as suite_machine
-from harness.errors import UserError
+from harness.errors import NeedsGpuError, UserError
 from harness.topic import discover
 
 TOPICS = discover()
 
-# Refuse a malformed config, an unknown scale, a GPU scale without a GPU or a topic without a
-# block for the scale in one line, before any job starts (sys.exit prints just the message).
+# Refuse a malformed config, an unknown scale or a topic without a block for the scale in one
+# line, before any job starts (sys.exit prints just the message).
 try:
     config.update(suite_config.complete(config))
     for name in TOPICS:
-        suite_config.topic_params(config, name, config["scale"])
+        suite_config.topic_params(config, name, config["scale"], check_gpu=False)
 except UserError as err:
     sys.exit(f"error: {err}")
+# A GPU scale without a GPU is refused, in one line, by the targets that measure on this machine
+# only (measuring_targets): rendering committed results works at any scale.
+try:
+    suite_config.scale_params(config, config["scale"])
+    CANNOT_MEASURE_HERE = None
+except NeedsGpuError as err:
+    CANNOT_MEASURE_HERE = f"error: {err}"
 
 MACHINE = config["machine"]
 SCALE = config["scale"]
@@ -58,12 +67,12 @@ wildcard_constraints:
 RESULTS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[a-z0-9_]+-[A-Za-z0-9_]+\.csv")
 
 
-def parts_here(topic):
-    """Names of the parts of ``topic`` that run on this machine at this scale."""
+def parts_here(topic, scale):
+    """Names of the parts of ``topic`` that run on this machine at ``scale``."""
     return [
         part.name
         for part in TOPICS[topic].parts_on(GPU_COUNT)
-        if suite_config.part_configured(config, TOPICS[topic], SCALE, part.name)
+        if suite_config.part_configured(config, TOPICS[topic], scale, part.name)
     ]
 
 
@@ -75,7 +84,7 @@ def results_of(topic, machine, scale):
     never re-measured here; a newer file re-renders the figure)."""
     folder = f"results/{machine}/{topic}"
     if machine == MACHINE:
-        return [f"{folder}/{part}-{scale}.csv" for part in parts_here(topic)]
+        return [f"{folder}/{part}-{scale}.csv" for part in parts_here(topic, scale)]
     return [str(p) for p in sorted(Path(folder).glob(f"*-{scale}.csv"))]
 
 
@@ -119,6 +128,22 @@ def topic_targets(topic):
     return [f"paper_figs/{MACHINE}/{topic}-{SCALE}.png", *results] if results else []
 
 
+def measuring_targets(*topics, claims=False):
+    """Input function of a target that measures on this machine: the figures and results files
+    of ``topics`` (topic_targets) and, with ``claims``, this machine's claims table. It refuses a
+    scale this machine cannot measure when the target is asked for, not when the workflow loads."""
+
+    def inputs(wildcards):
+        if CANNOT_MEASURE_HERE:
+            sys.exit(CANNOT_MEASURE_HERE)
+        return [
+            *(path for topic in topics for path in topic_targets(topic)),
+            *([f"paper_figs/{MACHINE}/claims.md"] if claims else []),
+        ]
+
+    return inputs
+
+
 def committed_figures(topic):
     """Figures for every (machine, scale) with results for ``topic`` under results/; for this
     machine only complete sets (its own and those of the topics it reads), so rendering never
@@ -136,3 +161,21 @@ def committed_figures(topic):
             continue
         pairs.add((machine, scale))
     return [f"paper_figs/{m}/{topic}-{s}.png" for m, s in sorted(pairs)]
+
+
+# Snakemake's words when it puts back an `update` output (a figure, a table) after its job failed.
+RESTORED = re.compile(r"Restored previous version of (\S+) \(updating job failed\)")
+
+
+def outdate_restored_outputs(logs):
+    """Make every output that Snakemake put back after its job failed due to be made again.
+
+    Snakemake copies the previous version back with a new modification time and records the
+    failed job's inputs as the ones it was made from, so the next run would take a figure that
+    failed to render from changed results as up to date, and exit 0. Each such output gets a
+    modification time older than any input and loses that record."""
+    text = "".join(Path(log).read_text(errors="replace") for log in logs)
+    for path in sorted(set(RESTORED.findall(text))):
+        if Path(path).is_file():
+            os.utime(path, (1, 1))  # not 0: Snakemake reads a time of 0 as "no time"
+            workflow.persistence.cleanup_metadata(IOFile(path))

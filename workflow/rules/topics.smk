@@ -37,7 +37,7 @@ for topic in TOPICS.values():
         name:
             topic.name
         input:
-            topic_targets(topic.name),
+            measuring_targets(topic.name),
 
     # A render writes to temporary files and replaces the figure only when it succeeds, and
     # `update` keeps Snakemake from deleting the previous figure before the job and restores
