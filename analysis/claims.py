@@ -546,7 +546,7 @@ def render(
         "",
     ]
     if provenance:
-        lines += [f"Measured: {machine_label(provenance)}", ""]
+        lines += [f"Measured: {machine_label(provenance, missing_parts=False)}", ""]
     lines += [
         "| technique | claim | paper (conditions; source) | this machine | figure | verdict | machine |",
         "|---|---|---|---|---|---|---|",

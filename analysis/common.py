@@ -19,7 +19,10 @@ def load_results(files: list[str], schema, *, cut_short: bool = False) -> tuple[
     files = [Path(f) for f in files]
     frame = load(files, schema, cut_short=cut_short)
     frame["part"] = frame["source"].map(lambda s: Path(s).stem.rsplit("-", 1)[0])
-    return frame, [load_provenance(f) for f in files]
+    records = [load_provenance(f) for f in files]
+    for f, record in zip(files, records):
+        record.setdefault("part", f.stem.rsplit("-", 1)[0])  # the earliest records do not name it
+    return frame, records
 
 
 def same_code(one: dict, other: dict) -> bool:
@@ -57,8 +60,35 @@ def summarize(frame: pd.DataFrame, metric: str, by: list[str]) -> pd.DataFrame:
     return out
 
 
-def machine_label(provenance: list[dict]) -> str:
-    """One line saying where and when the numbers were measured, from the provenance records."""
+def parts_not_measured(provenance: list[dict]) -> list[str]:
+    """The parts that the suite's config measures, for the one topic of ``provenance`` at its
+    scale on a machine with its GPUs, that have no record among ``provenance``: a figure drawn
+    from some of a topic's parts says which are missing. Records of several topics (a table that
+    reads a few files of each) or too old to name their part: none."""
+    from harness import config as suite_config
+    from harness.topic import discover
+
+    if not all(key in p for p in provenance for key in ("topic", "part", "scale")):
+        return []
+    if len({(p["topic"], p["scale"], len(p["machine"]["gpus"])) for p in provenance}) != 1:
+        return []
+    first = provenance[0]
+    topics, config = discover(), suite_config.load()
+    topic = topics.get(first["topic"])
+    if topic is None or first["scale"] not in config["scales"]:
+        return []  # another code's topic, or a scale of another config: nothing to compare
+    done = {p["part"] for p in provenance}
+    return [
+        part.name
+        for part in topic.parts_on(len(first["machine"]["gpus"]))
+        if suite_config.part_configured(config, topic, first["scale"], part.name) and part.name not in done
+    ]
+
+
+def machine_label(provenance: list[dict], *, missing_parts: bool = True) -> str:
+    """One line saying where and when the numbers were measured, from the provenance records, and
+    (``missing_parts``: the records are all of a topic's results) which of the topic's parts were
+    not measured there."""
     first = provenance[0]
     m = first["machine"]
     hardware = ", ".join(f"{g['name']} (driver {g['driver']})" for g in m["gpus"]) or "no GPU"
@@ -69,6 +99,11 @@ def machine_label(provenance: list[dict]) -> str:
         f"{hardware}; {m['cpu_model']}, {m['usable_cpus']} cores; measured {dates[0]}"
         + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
         + f"; commit {', '.join(commits)}; torch {first['packages'].get('torch', '?')}"
+        + (
+            f"; not measured: {', '.join(missing)}"
+            if missing_parts and (missing := parts_not_measured(provenance))
+            else ""
+        )
     )
 
 
