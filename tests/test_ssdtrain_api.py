@@ -39,6 +39,16 @@ def qwen3(layers: int = 2, attention: str = "sdpa"):
     return transformers.Qwen3ForCausalLM(config)
 
 
+def bart():
+    """An encoder-decoder whose two stacks are of two classes (T5's share one)."""
+    config = transformers.BartConfig(
+        vocab_size=64, d_model=24, encoder_layers=2, decoder_layers=3, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=40, decoder_ffn_dim=40, max_position_embeddings=32,
+        dropout=0.0, attention_dropout=0.0, use_cache=False,
+    )  # fmt: skip
+    return transformers.BartForConditionalGeneration(config)
+
+
 class BasicBlock(nn.Module):
     def __init__(self, inp: int, out: int, stride: int):
         super().__init__()
@@ -88,6 +98,14 @@ def make(name: str):
         def loss(i):
             ids = torch.randint(0, 96, (3, 19), generator=torch.Generator().manual_seed(10 + i))
             return model(input_ids=ids, labels=ids).loss
+
+    elif name == "bart":
+        model = bart()
+
+        def loss(i):
+            g = torch.Generator().manual_seed(10 + i)
+            source, target = torch.randint(3, 64, (3, 13), generator=g), torch.randint(3, 64, (3, 9), generator=g)
+            return model(input_ids=source, labels=target).loss
 
     else:
         model = ResNetish()
@@ -163,7 +181,7 @@ def policy_args(policy: str, blocks: int) -> dict:
 
 
 POLICIES = ["keep", "recompute", "save_on_cpu", "offload_all", "offload_adaptive", "planner", "plan", "callable"]
-BLOCKS = {"qwen3": 2, "resnet": 8}
+BLOCKS = {"qwen3": 2, "resnet": 8, "bart": 5}
 
 
 def check_policy(name: str, policy: str):
@@ -199,6 +217,11 @@ def test_offloading_and_recomputing_a_resnet_match_keep_bit_for_bit(policy):
     check_policy("resnet", policy)
 
 
+@pytest.mark.parametrize("policy", ["recompute", "offload_all", "planner"])
+def test_both_stacks_of_an_encoder_decoder_of_two_block_classes_match_keep_bit_for_bit(policy):
+    check_policy("bart", policy)
+
+
 @pytest.mark.full
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_matches_keep_bit_for_bit_on_a_resnet(policy):
@@ -226,6 +249,8 @@ def test_the_blocks_of_any_model_are_found():
     config = transformers.T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=3)
     t5 = transformers.T5ForConditionalGeneration(config)
     assert find_layers(t5) == [*t5.encoder.block, *t5.decoder.block]
+    model = bart()
+    assert find_layers(model) == [*model.model.encoder.layers, *model.model.decoder.layers]
     with pytest.raises(UserError, match="no list of repeated blocks"):
         find_layers(nn.Linear(3, 3))
 
@@ -266,6 +291,87 @@ def test_min_bytes_above_every_saved_tensor_warns_once_in_one_line():
     assert len(caught) == 1
     message = str(caught[0].message)
     assert "offloaded nothing" in message and "below min_bytes=1048576" in message and "\n" not in message
+
+
+class ThreeBlocks(nn.Module):
+    def __init__(self, dim: int = 40):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x.square().mean()
+
+
+def run_steps(model, session, steps: int = 2, reentrant: bool = False):
+    x = torch.randn(17, 40, generator=torch.Generator().manual_seed(3))
+    with session:
+        for _ in range(steps):
+            if reentrant:  # as a model whose embeddings feed the blocks: their input needs grad
+                h = x.clone().requires_grad_()
+                for block in model.blocks:
+                    h = h + torch.utils.checkpoint.checkpoint(block, h, use_reentrant=True)
+                h.square().mean().backward()
+            else:
+                model(x).backward()
+    return session
+
+
+@pytest.mark.parametrize(
+    "policy, keep_last, decisions",
+    [
+        ("offload_all", 1, [OFFLOAD, OFFLOAD, KEEP]),
+        ("offload_all", 2, [OFFLOAD, KEEP, KEEP]),
+        (lambda i: OFFLOAD, 1, [OFFLOAD, OFFLOAD, KEEP]),
+        (lambda i: OFFLOAD, 0, [OFFLOAD, OFFLOAD, OFFLOAD]),
+        (lambda i: [RECOMPUTE, OFFLOAD, RECOMPUTE][i], 1, [RECOMPUTE, OFFLOAD, RECOMPUTE]),
+    ],
+)
+def test_decisions_say_what_each_block_does_with_keep_last_applied(policy, keep_last, decisions):
+    model = ThreeBlocks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        session = run_steps(model, offload(model, store=HostStore(), policy=policy, keep_last=keep_last, min_bytes=0))
+    assert session.decisions == decisions
+    for index, decision in enumerate(decisions):
+        offloaded = session.stats.layers[index].offloaded_bytes if index in session.stats.layers else 0
+        assert (offloaded > 0) == (decision == OFFLOAD), (index, decision, offloaded)
+
+
+@pytest.mark.parametrize("keep_last", [3, 7])
+def test_keep_last_covering_every_block_warns_that_nothing_is_offloaded(keep_last):
+    model = ThreeBlocks()
+    with pytest.warns(UserWarning) as caught:
+        session = run_steps(model, offload(model, store=HostStore(), keep_last=keep_last, min_bytes=0))
+    assert session.decisions == [KEEP] * 3 and session.stats.total.offloaded_tensors == 0
+    messages = [str(w.message) for w in caught]
+    assert any(f"keep_last={keep_last} keeps the last 3 of the model's 3 blocks" in m for m in messages), messages
+    assert all("\n" not in m for m in messages)
+
+
+def test_the_planners_store_traffic_is_training_s_only():
+    """The bandwidth probe the planner runs inside the block is not counted as training's."""
+    model = ThreeBlocks()
+    session = run_steps(model, offload(model, store=HostStore(), policy="planner", budget=0.5, min_bytes=0))
+    assert OFFLOAD in session.decisions
+    offloaded = sum(layer.offloaded_bytes for layer in session.stats.layers.values())
+    assert session.stats.store.bytes_written == offloaded > 0
+
+
+def test_a_budget_no_plan_fits_warns_and_holds_the_least():
+    model = ThreeBlocks()
+    with pytest.warns(UserWarning, match=r"no plan fits budget=0.01 \(\d+ B of activations\)") as caught:
+        session = run_steps(model, offload(model, policy="planner", budget=0.01, bandwidth=1e6, store=HostStore()))
+    assert session.plan.predicted_activation_bytes > session.plan.budget_bytes
+    assert session.decisions == [RECOMPUTE] * 3
+    assert all("\n" not in str(w.message) for w in caught)
+
+
+def test_blocks_run_by_a_reentrant_checkpoint_are_named_as_the_reason_a_plan_cannot_be_made():
+    model = ThreeBlocks()
+    with pytest.raises(UserError, match="ran with gradients.*reentrant checkpoint.*use_reentrant=False"):
+        run_steps(model, offload(model, policy="planner", budget=0.5, store=HostStore()), reentrant=True)
 
 
 class OldStyleCheckpointedBlock(nn.Module):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,45 @@ def test_garbage_collection_and_exit_remove_the_files(disk):
     child = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert Path(child.stdout.strip()).parent == disk
     assert not Path(child.stdout.strip()).exists()
+
+
+def test_a_killed_process_s_files_are_removed_by_the_next_store_and_an_open_store_s_never(disk):
+    code = (
+        "import os, torch; from systems.ssdtrain import DirectFileStore\n"
+        f"s = DirectFileStore({str(disk)!r}); s.put(0, torch.ones(5000)).result(); print(s.directory, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert child.returncode == -9
+    abandoned = Path(child.stdout.strip())
+    assert (abandoned / "0.bin").exists() and fileio.owner_file(abandoned).exists()  # killed: nothing removed it
+    stranger = disk / "ssdtrain-not-a-store"  # no owner file: not this code's, left alone
+    stranger.mkdir()
+    with pytest.warns(UserWarning, match=rf"removed 1 scratch folder.*\(0.02 MiB\): {abandoned.name}") as caught:
+        open_one = DirectFileStore(disk)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert not abandoned.exists() and stranger.exists()
+    with open_one, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with DirectFileStore(disk) as store:  # the open store's folder is not abandoned
+            assert open_one.directory.exists() and store.directory.exists()
+    assert sorted(p.name for p in disk.iterdir()) == [stranger.name]
+
+
+def test_a_file_that_cannot_be_removed_is_said_once_and_raises_nothing(disk, monkeypatch):
+    with DirectFileStore(disk) as store:
+        for key in range(3):
+            store.put(key, random_tensor((1000,), torch.float32)).result()
+
+        def read_only(self, missing_ok=False):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+        monkeypatch.setattr(Path, "unlink", read_only)
+        with pytest.warns(UserWarning, match=r"removing .*0\.bin failed \(Read-only file system\)") as caught:
+            for key in range(3):
+                store.free(key)
+        assert len(caught) == 1
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("damage", ["truncated", "missing", "grown"])

@@ -247,6 +247,8 @@ def check(name: str, policy: str, autocast: bool = False):
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        # A tiny model's blocks may save less than their inputs: no plan reaches the budget, said.
+        warnings.filterwarnings("ignore", "SSDTrain planner: no plan fits", UserWarning)
         got, _, _ = train(name, session, autocast)
     assert_identical(got, reference(name, autocast))
     if policy in ("offload_all", "plan"):

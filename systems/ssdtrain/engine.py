@@ -244,6 +244,11 @@ class Offloader:
         if exc_type is None and self.cache.error is not None:
             raise self.cache.error
 
+    def leave_out_of_stats(self, counters) -> None:
+        """Leave the store traffic ``counters`` (an interval of ``store.counters``) out of this step's
+        ``stats.store``: traffic of the caller's own during the step (a bandwidth probe), not training's."""
+        self._counters_at_start = self._counters_at_start + counters
+
     def flush(self) -> None:
         """Wait for the puts in flight: after forward, device memory is then what offloading leaves."""
         self.cache.wait_puts()

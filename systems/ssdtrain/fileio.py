@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,11 +67,24 @@ def explain(err: OSError, path: Path, action: str) -> Exception:
     return OSError(err.errno, f"{action} {path} failed: {err.strerror or err}")
 
 
-def make_scratch(folder: Path, *, direct: bool) -> Path:
+SCRATCH_PREFIX = "ssdtrain-"
+# Beside each scratch folder, ``<folder>.owner``: a file its store holds locked (flock) while open.
+# A process that dies without closing its store (killed, out of memory) lets go of the lock, so the
+# next store made in the same place finds the abandoned files and removes them.
+OWNER = ".owner"
+
+
+def owner_file(scratch: Path) -> Path:
+    return scratch.with_name(scratch.name + OWNER)
+
+
+def make_scratch(folder: Path, *, direct: bool) -> tuple[Path, int]:
     """A new private folder inside ``folder`` for one store's files, after checking that ``folder``
     exists (it is never created: a mistyped path would otherwise fill some other disk), is on a disk
     (not memory) and, with ``direct``, that its file system takes O_DIRECT. Only the private folder
-    is made, and removed again when a check fails."""
+    is made, and removed again when a check fails. Returns it with the descriptor that holds its
+    owner lock (close it after removing the folder). Scratch folders that dead processes left in
+    ``folder`` are removed first, with a warning."""
     folder = Path(folder)
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
@@ -80,17 +95,72 @@ def make_scratch(folder: Path, *, direct: bool) -> Path:
             f"{folder} is on {fs_type}, which is memory, not a disk: O_DIRECT there fails (EINVAL) on "
             "kernels before 6.6 and is served from RAM on later ones; pass a folder on a local disk"
         )
+    remove_abandoned(folder)
     try:
-        scratch = Path(tempfile.mkdtemp(prefix=f"ssdtrain-{os.getpid()}-", dir=folder))
+        scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=folder))
     except OSError as err:
         raise explain(err, folder, "creating a scratch folder in") from None
-    if direct:
-        try:
+    owner = None
+    try:
+        owner = _lock_owner(scratch)
+        if direct:
             _probe_direct(scratch / "probe")
-        except BaseException:
+    except BaseException:
+        if owner is None:
             shutil.rmtree(scratch, ignore_errors=True)
-            raise
-    return scratch
+        else:
+            remove_scratch(scratch, owner)
+        raise
+    return scratch, owner
+
+
+def _lock_owner(scratch: Path) -> int:
+    # Locked under another name and then renamed, so that no other process finds the owner file
+    # before it is locked (and takes the new folder for an abandoned one).
+    staging = owner_file(scratch).with_suffix(".new")
+    fd = os.open(staging, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        staging.rename(owner_file(scratch))
+    except OSError as err:
+        os.close(fd)
+        staging.unlink(missing_ok=True)
+        raise explain(err, staging, "locking") from None
+    return fd
+
+
+def remove_abandoned(folder: Path) -> None:
+    """Remove the scratch folders in ``folder`` whose owner lock no process holds: their store's
+    process ended without closing it. A folder without an owner file (being made now, or by other
+    code) is left alone."""
+    removed, total = [], 0
+    for owner in sorted(folder.glob(f"{SCRATCH_PREFIX}*{OWNER}")):
+        try:
+            fd = os.open(owner, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # its store is open
+        scratch = owner.with_name(owner.name.removesuffix(OWNER))
+        try:
+            if scratch.is_dir():
+                total += sum(f.stat().st_size for f in scratch.iterdir() if f.is_file())
+                shutil.rmtree(scratch, ignore_errors=True)
+                removed.append(scratch.name)
+            owner.unlink(missing_ok=True)
+        except OSError:
+            pass  # another user's folder, or a read-only disk: left as it is
+        finally:
+            os.close(fd)
+    if removed:
+        warnings.warn(
+            f"removed {len(removed)} scratch folder(s) in {folder} left by stores whose process ended without "
+            f"closing them ({total / 2**20:.2f} MiB): {', '.join(removed)}",
+            stacklevel=4,
+        )
 
 
 def _probe_direct(path: Path) -> None:
@@ -118,8 +188,12 @@ def open_direct(path: Path, flags: int) -> int:
         raise explain(err, path, "opening") from None
 
 
-def remove_scratch(scratch: Path) -> None:
+def remove_scratch(scratch: Path, owner: int) -> None:
+    """Remove a scratch folder and its owner file, then let go of the owner lock."""
     shutil.rmtree(scratch, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        owner_file(scratch).unlink(missing_ok=True)
+    os.close(owner)
 
 
 class BounceBuffer:

@@ -6,7 +6,10 @@ class: a transformer's layers (GPT-2's ``transformer.h``, Llama's ``model.layers
 and decoder blocks), a ResNet's ``BasicBlock``s (two in each of ``layer1`` to ``layer4``). The
 class whose blocks hold the most parameters is taken, and every block of it, in the order the
 model lists its modules (the order forward runs them in these models); other repeated classes
-(heads, experts inside a layer, the convolutions of a downsampling path) hold fewer. A block is
+(heads, experts inside a layer, the convolutions of a downsampling path) hold fewer. Where that
+class's blocks form one list, every other class whose composite blocks form one list is a stack of
+its own and is taken too: BART's or Whisper's encoder and decoder layers, a vision-language
+model's vision and language layers. A block is
 made of modules: among the classes that hold parameters, a list of single operators (embedding
 tables, output heads) is taken only where the model has no list of composite blocks, however
 many parameters the operators hold.
@@ -30,6 +33,7 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     """Every block of the repeated class of ``model`` (see the module), in module order. Raises a
     UserError if it has none (pass the blocks explicitly then)."""
     blocks: dict[object, list[nn.Module]] = {}  # by class; those of containers by the set of their classes
+    stacks: dict[object, int] = {}  # by the same key: how many lists the blocks come from
     for module in model.modules():
         if not isinstance(module, nn.ModuleList | nn.Sequential) or not len(module):
             continue
@@ -39,9 +43,12 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         if not _called(members[0]):  # containers: the modules they hold are the blocks
             inside = [block for member in members for block in _called_modules(member)]
             if inside:
-                blocks.setdefault(frozenset(type(m) for m in inside), []).extend(inside)
+                key = frozenset(type(m) for m in inside)
+                blocks.setdefault(key, []).extend(inside)
+                stacks[key] = stacks.get(key, 0) + 1
             continue
         blocks.setdefault(type(members[0]), []).extend(members)
+        stacks[type(members[0])] = stacks.get(type(members[0]), 0) + 1
     if not blocks:
         raise UserError(
             f"{type(model).__name__} has no list of repeated blocks (an nn.ModuleList or nn.Sequential of modules "
@@ -53,7 +60,18 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         composite = any(True for block in blocks[key] for _ in block.children())
         return parameters > 0, composite, parameters, len(blocks[key])
 
-    chosen = blocks[max(blocks, key=size)]
+    largest = max(blocks, key=size)
+    chosen = list(blocks[largest])
+    # An encoder-decoder's two stacks are of two classes (BART, Whisper; T5's share one), a
+    # vision-language model's too: where the largest class is one list of composite blocks, every
+    # other class that is one list of composite blocks is a stack of its own and taken as well, in
+    # module order (its forward order in these models). Classes spread over several lists (a
+    # U-Net's resnets and attentions, interleaved in forward) are not: their order is unknown.
+    if stacks[largest] == 1 and size(largest)[:2] == (True, True):
+        others = [key for key in blocks if key != largest and stacks[key] == 1 and size(key)[:2] == (True, True)]
+        if others:
+            order = {id(m): i for i, m in enumerate(model.modules())}
+            chosen = sorted([*chosen, *(b for key in others for b in blocks[key])], key=lambda b: order[id(b)])
     unique = list({id(block): block for block in chosen}.values())  # a block listed twice is one block
     inside = {id(m) for block in unique for m in block.modules() if m is not block}
     return [block for block in unique if id(block) not in inside]  # a block nested in another is the other's

@@ -28,7 +28,14 @@ the model's repeated class; or pass ``layers=[...]``):
 - a ``planning.Plan``: its decisions, one per block, applied as they are (``keep_last`` does not
   apply: the plan was made with it).
 - a callable ``decide(block_index) -> "keep" | "offload" | "recompute"``, asked for every block
-  of the model when the ``with`` block is first entered; its answers hold from then on.
+  of the model when the ``with`` block is first entered; its answers hold from then on, but for
+  the last ``keep_last`` blocks, which are kept where it says offload (``keep_last=0``: every
+  answer holds).
+
+``session.decisions`` says what each block does (with ``keep_last`` applied). A configuration
+that offloads no block (``keep_last`` at or above the block count) warns when the block is
+entered; a planner budget below what any plan holds warns when it plans (the plan that holds the
+least is taken).
 
 A model whose blocks Hugging Face already checkpoints (``gradient_checkpointing_enable``) is not
 checkpointed again; an offloading policy offloads what its checkpoints save, the blocks' inputs.
@@ -129,7 +136,7 @@ class Offloading:
                 store if store is not None else HostStore(),  # nothing is put there: it counts
                 policy=self._decide,
                 layers=self.layers,
-                keep_last=0 if self.plan is not None else keep_last,
+                keep_last=0,  # self.decisions apply keep_last (planned policies: the plan does)
                 min_bytes=min_bytes,
                 prefetch=prefetch,
                 always_read_back=always_read_back,
@@ -158,7 +165,7 @@ class Offloading:
                 if active_save_on_cpu:
                     raise UserError(MIXED_SAVE_ON_CPU)
                 if self.decisions is None and self.policy not in PLANNED:
-                    self.decisions = [self._first_decision(i) for i in range(len(self.layers))]
+                    self.decisions = self._first_decisions()
                 stack.enter_context(self.offloader)
                 if self.decisions is None:
                     self._profile_first_step(stack)
@@ -175,6 +182,20 @@ class Offloading:
         stack.__exit__(*exc)
 
     # -- decisions -----------------------------------------------------------------------------
+    def _first_decisions(self) -> list[str]:
+        """Every block's decision from a named policy or a callable, the last ``keep_last`` blocks kept
+        where it says offload; a warning where that leaves nothing offloaded."""
+        count = len(self.layers)
+        asked = [self._first_decision(i) for i in range(count)]
+        decisions = [KEEP if d == OFFLOAD and i >= count - self.keep_last else d for i, d in enumerate(asked)]
+        if OFFLOAD in asked and OFFLOAD not in decisions:
+            warnings.warn(
+                f"SSDTrain offloads nothing: keep_last={self.keep_last} keeps the last {min(self.keep_last, count)} "
+                f"of the model's {count} blocks, every block policy {_name(self.policy)} offloads; lower keep_last",
+                stacklevel=4,
+            )
+        return decisions
+
     def _first_decision(self, index: int) -> str:
         policy = self.policy
         if policy in ("keep", "recompute", "offload_all"):
@@ -235,8 +256,10 @@ class Offloading:
             # The probe's random bytes must not draw from the model's generators: dropout after the
             # plan would draw other masks than training without offloading.
             device = _device(self.model)
+            before = self.store.counters
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 bandwidth = planning.store_bandwidth(self.store, device, nbytes=probe)
+            self.offloader.leave_out_of_stats(self.store.counters - before)  # the probe is not training's
         # Every candidate's predicted time shares this term; it sets the plan's predicted_seconds only.
         keep_seconds = (1 + 2) * sum(p.forward_seconds for p in profiles)
         keep_last = min(self.keep_last, len(profiles))
@@ -245,6 +268,12 @@ class Offloading:
         else:
             budget = int(self.budget * (sum(p.saved_bytes for p in profiles) + fixed))
             self.plan = planning.plan(profiles, bandwidth, keep_seconds, budget, keep_last, fixed_bytes=fixed)
+            if self.plan.predicted_activation_bytes > budget:
+                warnings.warn(
+                    f"SSDTrain planner: no plan fits budget={self.budget} ({budget} B of activations); the plan that "
+                    f"holds the least, {self.plan.predicted_activation_bytes} B, is used: raise the budget",
+                    stacklevel=2,
+                )
         # A block that did not run in the profiled step (LayerDrop, a conditional block) is kept: its
         # empty profile costs nothing whatever it is decided, and nothing is known of what it saves.
         idle = [i for i in range(len(profiles)) if not timer.ran(i)]
@@ -309,7 +338,8 @@ def offload(
 
     ``store``: where offloaded activations go (an open Store; the caller closes it); needed by the
     policies that offload, refused by the others. ``layers``: the blocks (default: ``find_layers``).
-    ``keep_last``: how many of the last blocks are never offloaded (their backward comes first).
+    ``keep_last``: how many of the last blocks are never offloaded (their backward comes first; a
+    callable's offload answers for them are overridden, a Plan's decisions are applied as they are).
     ``min_bytes``: smaller saved tensors are kept. ``prefetch``: how many blocks ahead backward
     reads back. ``always_read_back``: backward waits for each write and reads it back (checks of
     the stored bytes). ``budget``: the planner's activation budget, a fraction of keep's bytes.

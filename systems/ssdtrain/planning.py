@@ -342,6 +342,7 @@ class LayerTimer:
     def __init__(self, layers, device):
         self.device = device_of(device)
         self.starts, self.ends, self.inputs = {}, {}, {}
+        self.ran_without_gradients = False  # a layer ran in forward with gradients off (told when none ran)
         self._hooks = []
         for index, layer in enumerate(layers):
             before = functools.partial(self._before, index)
@@ -354,6 +355,8 @@ class LayerTimer:
 
     def _before(self, index, module, args, kwargs):
         if not self._recorded():
+            if torch._C._current_graph_task_id() == -1:
+                self.ran_without_gradients = True
             return
         # Storage identity -> (bytes, a reference that keeps the identity unique while it is held).
         self.inputs[index] = {
@@ -401,6 +404,12 @@ def profiles_of(stats, timer: LayerTimer, count: int) -> tuple[list[LayerProfile
     run in the step (LayerDrop, a block run on some inputs only) saved nothing and took no time: its
     profile is empty (:meth:`LayerTimer.ran` tells it apart); if none ran, the layers are not the model's."""
     forward = timer.forward_seconds()
+    if count and not forward and timer.ran_without_gradients:
+        raise UserError(
+            f"none of the {count} blocks ran with gradients in the profiled step's forward (a reentrant checkpoint, "
+            "use_reentrant=True, runs its blocks under no_grad): the planned policies recompute blocks themselves; "
+            "call the blocks directly, or checkpoint with use_reentrant=False"
+        )
     if count and not forward:
         raise UserError(
             f"none of the {count} blocks ran in the profiled step: the blocks (layers=) must be modules the "

@@ -43,6 +43,9 @@ class StoreCounters:
     def __sub__(self, other: StoreCounters) -> StoreCounters:
         return StoreCounters(*(a - b for a, b in zip(astuple(self), astuple(other))))
 
+    def __add__(self, other: StoreCounters) -> StoreCounters:
+        return StoreCounters(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
 
 class _BusyClock:
     """Wall time during which at least one transfer of one direction is in flight."""

@@ -3,6 +3,7 @@ a pool of I/O threads, and the device's byte counters to tell disk reads from th
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,25 +14,27 @@ from systems.ssdtrain import fileio
 from systems.ssdtrain.stores._base import READ, WRITE, Store
 
 
-def _close_files(pool: ThreadPoolExecutor, directory: Path) -> None:
+def _close_files(pool: ThreadPoolExecutor, directory: Path, owner: int) -> None:
     # A function, not a method: weakref.finalize must not hold the store.
     pool.shutdown(wait=True, cancel_futures=True)
-    fileio.remove_scratch(directory)
+    fileio.remove_scratch(directory, owner)
 
 
 class FileStore(Store):
     """One file per tensor in a private folder made inside ``folder``; the folder and every file in
-    it are removed on ``close()``, when the store is garbage-collected, and at process exit."""
+    it are removed on ``close()``, when the store is garbage-collected, and at process exit, or, where
+    the process was killed, by the next file store made in the same ``folder`` (fileio.make_scratch)."""
 
     def __init__(self, folder, *, threads: int, direct: bool):
         if not isinstance(threads, int) or threads < 1:
             raise UserError(f"{type(self).__name__}: threads must be a positive integer, got {threads!r}")
         super().__init__()
         self.folder = Path(folder)
-        self.directory = fileio.make_scratch(self.folder, direct=direct)
+        self.directory, owner = fileio.make_scratch(self.folder, direct=direct)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"ssdtrain-{self.name}")
-        self._cleanup = weakref.finalize(self, _close_files, self._pool, self.directory)
+        self._cleanup = weakref.finalize(self, _close_files, self._pool, self.directory, owner)
         self._file_bytes = {WRITE: 0, READ: 0}  # what the files were asked for, padding included
+        self._said_left_behind = False  # a file could not be removed (said once)
         self._device_stat = block_device_counters(self.directory)
         self._device_start = device_bytes(self._device_stat) if self._device_stat else None
 
@@ -43,7 +46,19 @@ class FileStore(Store):
             self._file_bytes[direction] += nbytes
 
     def _free(self, key):
-        self.path_of(key).unlink(missing_ok=True)
+        # Called while a step ends, an error of the step's own perhaps on its way (a disk turned
+        # read-only): a file that cannot be removed is said once, and never hides that error.
+        try:
+            self.path_of(key).unlink(missing_ok=True)
+        except OSError as err:
+            with self._lock:
+                said, self._said_left_behind = self._said_left_behind, True
+            if not said:
+                warnings.warn(
+                    f"{type(self).__name__}: removing {self.path_of(key)} failed ({err.strerror}); "
+                    f"files may be left in {self.directory}",
+                    stacklevel=2,
+                )
 
     def _close(self):
         self._cleanup()
