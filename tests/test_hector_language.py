@@ -493,8 +493,92 @@ def test_rsqrt_of_a_width_nothing_declares_is_refused_when_traced():
         x = m.input("x", "in")
         return m.sum_into_dst(m.src(x) * m.rsqrt("dim", m.src(x)))  # "dim": meant "in"
 
-    with pytest.raises(ModelError, match="rsqrt of width 'dim': no input or weight has that width \\(widths: in\\)"):
+    words = r"rsqrt of width 'dim': no input or weight the model uses has that width \(widths: in\)"
+    with pytest.raises(ModelError, match=words):
         scaled()
+
+
+def test_rsqrt_of_a_width_only_an_unused_input_declares_is_refused_when_traced():
+    """The width's size comes from the tensors given, and an input the outputs do not reach is not
+    given (the layer refuses it as unused): refused when traced, not a KeyError when run."""
+
+    @model
+    def edge_only(m):
+        m.input("x", "in")  # declared, never used
+        e = m.edge_input("e", "d")
+        return m.sum_into_dst(e * m.rsqrt("in", e))
+
+    words = (
+        "rsqrt of width 'in': no input or weight the model uses has that width (widths: d); x declares it but is unused"
+    )
+    with pytest.raises(ModelError, match=f"^{re.escape(words)}$"):
+        edge_only()
+
+
+@model
+def rgcn_with_edge_bias(m):
+    """RGCN with a shared bias on each message, averaged into targets."""
+    x, b = m.input("x", "in"), m.weight("b", ("out",))
+    return m.mean_into_dst(m.src(x) @ m.weight("W", ("in", "out"), per="relation")[m.relation] + b)
+
+
+@model
+def edge_input_with_bias(m):
+    return m.sum_into_dst(m.edge_input("e", "d") + m.weight("b", ("d",)))
+
+
+def plan_training_step(run, program, graph, given, upstream):
+    """A training step as the GPU path runs it: the forward plan (the output and what the backward
+    reads), then the backward plan, each run by ``run`` (lower.emulate or codegen.run)."""
+    forward, backward = autodiff.split(program)
+    widths = reference.bind_widths(program, graph, given)
+    out, *saved = run(lower.lower(forward), graph, given, widths)
+    kept = {f"saved:{i}": t for i, t in enumerate(saved)}
+    return out, run(lower.lower(backward), graph, given | kept | {"grad:0": upstream}, widths)
+
+
+def test_a_bias_added_to_every_edge_gets_its_gradient_on_the_gpu_plan(monkeypatch):
+    """A shared vector added per edge, then summed or averaged into targets: its gradient sums the
+    output's gradient as read per edge (a gather the plan reads in place), which the host step
+    summing it failed on (KeyError). Forward and backward against plain torch in float64: the plan
+    as its templates define it, and codegen.run on the CPU model of the kernels (float32)."""
+    from hector_kernel_model import install
+
+    model_of_kernels = install(monkeypatch)
+    graph, gen = small_graph(), torch.Generator().manual_seed(8)
+    src, dst, etype, nodes = graph.src, graph.dst, graph.etype, graph.num_nodes
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
+
+    cases = [
+        (
+            rgcn_with_edge_bias,
+            {"x": rand(nodes, 5), "W": rand(graph.num_relations, 5, 3), "b": rand(3)},
+            lambda t: _mean_into(_typed(t["x"][src], t["W"], etype) + t["b"], dst, nodes),
+        ),
+        (
+            edge_input_with_bias,
+            {"e": rand(graph.edges, 3), "b": rand(3)},
+            lambda t: torch.zeros(nodes, 3, dtype=torch.float64).index_add(0, dst, t["e"] + t["b"]),
+        ),
+    ]
+    for program, tensors, plain in cases:
+        expected = plain(tensors)
+        upstream = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
+        names = [leaf.name for leaf in autodiff.leaves(program())]
+        want = torch.autograd.grad(expected, [tensors[n] for n in names], upstream)
+        given = {k: v.detach() for k, v in tensors.items()}
+        for applied in PASS_SETS:
+            optimized = passes.optimize(program(), *applied)
+            exact = plan_training_step(lower.emulate, optimized, graph, given, upstream)
+            as_float32 = {k: v.float() for k, v in given.items()}
+            launched = plan_training_step(codegen.run, optimized, graph, as_float32, upstream.float())
+            assert not model_of_kernels.problems, model_of_kernels.problems[:3]
+            for (out, grads), tol in ((exact, 1e-12), (launched, 2e-5)):
+                torch.testing.assert_close(out.double(), expected.detach(), rtol=tol, atol=tol)
+                for name, have, w in zip(names, grads, want, strict=True):
+                    torch.testing.assert_close(have.double(), w, rtol=tol, atol=tol, msg=f"{name} {applied}")
 
 
 def test_negation_is_a_subtraction_and_a_power_is_refused_by_name():

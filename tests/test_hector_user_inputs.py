@@ -427,3 +427,69 @@ def test_a_model_named_by_a_lambda_a_partial_or_a_non_ascii_name_is_a_layer():
         (grad,) = torch.autograd.grad(out.sum(), x)
         torch.testing.assert_close(grad, torch.bincount(g.src, minlength=3)[:, None].double().expand(3, 4) * factor)
     assert len(names) == len(cases)
+
+
+@model
+def scaled_bias(m):
+    """A value made of 1 / sqrt(in) and a shared vector alone: a row per node."""
+    return m.rsqrt("in", m.input("x", "in")) + m.weight("b", ("in",))
+
+
+@model
+def rsqrt_rows(m):
+    """1 / sqrt(in) per node and per edge, read where real rows are needed: gathered, summed,
+    averaged, maximized and normalized by an edge softmax."""
+    x, b = m.input("x", "in"), m.weight("b", ("in",))
+    per_node, per_edge = m.rsqrt("in", x), m.rsqrt("in", m.src(x))
+    gathered = m.sum_into_dst(m.src(per_node) * m.src(x))
+    counted = m.sum_into_dst(per_edge) + m.mean_into_src(per_edge) + m.max_into_dst(per_edge)
+    return m.sum_into_dst(m.edge_softmax(per_edge) * m.dst(x)) + gathered + counted * x + b
+
+
+def plain_scaled_bias(g: RelGraph, x, b):
+    return x.new_full((g.num_nodes, 1), x.shape[1] ** -0.5) + b
+
+
+def plain_rsqrt_rows(g: RelGraph, x, b):
+    n, s = g.num_nodes, x.shape[1] ** -0.5
+    column = x.new_full((g.edges, 1), s)
+    into_dst = torch.bincount(g.dst, minlength=n).to(x.dtype).unsqueeze(1)  # a target's edges: softmax of equals
+    out_degree = torch.bincount(g.src, minlength=n).clamp(min=1).to(x.dtype).unsqueeze(1)
+    gathered = x.new_zeros(n, x.shape[1]).index_add(0, g.dst, s * x[g.src])
+    counted = into_dst * s + x.new_zeros(n, 1).index_add(0, g.src, column) / out_degree
+    counted = counted + scatter_max(column, g.dst, n)
+    attended = x.new_zeros(n, x.shape[1]).index_add(0, g.dst, x[g.dst] / into_dst[g.dst])
+    return attended + gathered + counted * x + b
+
+
+@pytest.mark.parametrize("applied", PASS_SETS, ids=lambda p: "+".join(p) or "none")
+@pytest.mark.parametrize(
+    "program, plain", [(scaled_bias, plain_scaled_bias), (rsqrt_rows, plain_rsqrt_rows)], ids=["alone", "as_rows"]
+)
+def test_a_value_made_of_rsqrt_has_a_row_per_node_or_edge_of_its_like(program, plain, applied):
+    """m.rsqrt(width, like) is one row per row of like's domain: returned with a bias it is
+    [nodes, in] (it was one row, silently), and gathered, summed, averaged, maximized or softmaxed
+    it is what plain torch computes (it failed inside torch)."""
+    (src, dst, etype), nodes, relations = edges(seed=14)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    gen = torch.Generator().manual_seed(15)
+    x = torch.randn(nodes, 5, generator=gen, dtype=torch.float64).requires_grad_()
+    b = torch.randn(5, generator=gen, dtype=torch.float64).requires_grad_()
+    layer = op.Layer(passes.optimize(program(), *applied))
+    tensors = {name: {"x": x, "b": b}[name] for name in layer.names}  # scaled_bias reads no x
+    assert_matches(layer, lambda g, **t: plain(g, x, t["b"]), g, tensors, 1e-12)
+    assert layer(g, **tensors).shape == (nodes, 5)
+
+
+def test_a_tensor_off_the_graphs_device_is_refused_naming_it_and_both_devices():
+    """Features, weights or an edge input on another device than the graph's: one line, not a
+    result on that device (a meta x with CPU weights gave a meta tensor)."""
+    (src, dst, etype), nodes, relations = edges(seed=16)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    layer = op.Layer(gated_attention())
+    for training in (False, True):
+        tensors = {k: v.detach().requires_grad_(training) for k, v in attention_tensors(g).items()}
+        for name in ("x", "W", "attr"):
+            moved = tensors | {name: tensors[name].detach().to("meta")}
+            with pytest.raises(UserError, match=f"^gated_attention: {name} is on meta, the graph on cpu: "):
+                layer(g, **moved)

@@ -371,16 +371,21 @@ def broadcast_width(wa, wb):
 
 
 def _check_rsqrt_widths(program: Program, builder: Builder) -> None:
-    """``m.rsqrt(width)`` names a width some input or weight declares (its size is known only
-    from the tensors given for them)."""
-    declared = set()
-    for leaf in builder._names.values():
-        declared.update(w for w in (leaf.width, *leaf.shape) if isinstance(w, str))
+    """``m.rsqrt(width)`` names a width some input or weight the model uses declares: its size is
+    known only from the tensors given for them, and a leaf the outputs do not reach is not given
+    (the layer refuses it as unused)."""
+    used = set()
+    for leaf in program.inputs():
+        used.update(w for w in (leaf.width, *leaf.shape) if isinstance(w, str))
     for value in program.values:
         width = value.attr("rsqrt")
-        if isinstance(width, str) and width not in declared:
-            known = ", ".join(sorted(declared)) or "none"
-            raise ModelError(f"rsqrt of width {width!r}: no input or weight has that width (widths: {known})")
+        if isinstance(width, str) and width not in used:
+            known = ", ".join(sorted(used)) or "none"
+            unused = [n for n, leaf in builder._names.items() if width in (leaf.width, *leaf.shape)]
+            hint = f"; {', '.join(unused)} declares it but is unused" if unused else ""
+            raise ModelError(
+                f"rsqrt of width {width!r}: no input or weight the model uses has that width (widths: {known}){hint}"
+            )
 
 
 def model(fn: Callable) -> Callable[[], Program]:

@@ -18,7 +18,8 @@ instances, the steps a backend runs in order.
   evaluated as one expression per row and column (:func:`fuse_row_chains`): one launch, and the
   intermediate rows are never stored.
 * :class:`Host`: weight algebra on the parameters (``W[r] @ q`` and its gradients, [relations,
-  in, out] at most) and graph data, with torch.
+  in, out] at most, and a shared vector's gradient, the sum of its rows: rows read in place are
+  stored for it first) and graph data, with torch.
 
 :func:`emulate` runs a plan with torch following each template's definition tile by tile and row
 by row: what the CUDA kernels must compute, checked against the reference backend on any machine.
@@ -292,7 +293,12 @@ def lower(program: Program, fuse: bool = True) -> Plan:
             continue
         generated_weight_op = op in ("typed_outer", "outer", *SCATTERS)  # a weight's gradient the kernels sum
         if op in ("graph_data", "zeros_like") or (v.domain == "weight" and not generated_weight_op):
-            plan.steps.append(Host(v))  # weight algebra (a sum of gradient parts, W[r] @ q, ...)
+            # Weight algebra (a sum of gradient parts, W[r] @ q, ...) in torch, on stored values: a
+            # shared vector's gradient (sum_rows) may read rows that are read in place (a gather of
+            # the output's gradient, for a bias added per edge), which a host step has no index for.
+            for arg in v.args:
+                dense(arg)
+            plan.steps.append(Host(v))
         elif op == "typed_matmul" and _narrow(v):
             # A product by per-type weights of one column (RGAT's folded attention vectors): a dot
             # of each row with its type's column, not a 64-wide GEMM tile for one useful column;

@@ -93,6 +93,13 @@ class Layer:
         for name, t in zip(self.names, given, strict=True):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{self.program.name}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            # The ops dispatch on the tensors' device and index them with the graph's: one tensor
+            # elsewhere (a meta x with CPU weights) would pick the wrong backend, or fail in torch.
+            if t.device != graph.src.device:
+                raise UserError(
+                    f"{self.program.name}: {name} is on {t.device}, the graph on {graph.src.device}: "
+                    "give every tensor on the graph's device"
+                )
         handle = register_graph(graph)
         if torch.is_grad_enabled() and any(t.requires_grad for t in given):
             if torch.compiler.is_compiling():

@@ -97,9 +97,12 @@ def _evaluate(value: Value, args, graph: RelGraph, pairs: Pairs | None, widths, 
     if op == "graph_data":
         return graph_data(graph, value.name, exact)
     if op == "const":
+        # One row per row of its domain, as the templates read a scalar: a value made of constants
+        # alone (m.rsqrt(width, like) + b, a gather or sum of it) has its domain's rows, not one.
         symbol = value.attr("rsqrt")
         number = value.attr("value") if symbol is None else _width(symbol, widths) ** -0.5
-        return torch.tensor([[number]], dtype=exact, device=graph.src.device)
+        rows = {"node": graph.num_nodes, "edge": graph.edges, "pair": None if pairs is None else len(pairs)}.get(domain)
+        return torch.full((1 if rows is None else rows, 1), number, dtype=exact, device=graph.src.device)
     if op == "broadcast":
         return args[0].unsqueeze(0)
     if op == "gather":
