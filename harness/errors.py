@@ -22,6 +22,11 @@ class NeedsGpuError(UserError):
     """The requested work needs a CUDA GPU and this machine has none."""
 
 
+class WrongResult(UserError):
+    """A variant's result differs from the reference it is checked against before timing (a gather
+    variant, a relational GNN form, a store): nothing of it is measured; said in one line."""
+
+
 def exit_on_user_error(main: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(main)
     def wrapped(*args, **kwargs):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.entry import main
-from harness.errors import UserError
+from harness.errors import UserError, WrongResult
 from harness.results import ResultsWriter, load, load_provenance
 from systems.pytorch_direct.gather_variants import GATHER_VARIANTS, GPU_TABLE, HOT_ROWS, Batch, GatherVariant
 from workloads.feature_gather import TOPIC
@@ -159,10 +159,52 @@ def test_a_new_variant_is_checked_measured_and_recorded_with_its_role_and_option
             sweep = cpu_sweep(["demo_wrong"], ResultsWriter(SCHEMA, scale="tiny"))
             table = sweep.host.view(1 << 20, "fp32", 8)
             batch = sweep.batch(table, uniform_rows(table.shape[0], 100, sweep.generator))
-            with pytest.raises(RuntimeError, match="variant 'demo_wrong' returned rows that differ"):
+            with pytest.raises(WrongResult, match="variant 'demo_wrong' returned rows that differ"):
                 sweep.run_batch(batch, {})
             del batch
             sweep.close()
+
+
+def one_middle_row_wrong(b):
+    def run():
+        rows = torch.index_select(b.table, 0, b.idx)
+        rows[rows.shape[0] // 2 + 1] += 1  # between rows a sample of evenly spaced ones would check
+        return rows
+
+    return run
+
+
+def first_rows_handed_back(b):
+    kept = []
+
+    def run():
+        if not kept:
+            kept.append(torch.index_select(b.table, 0, b.idx))
+        return kept[0]
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "make, refusal",
+    [
+        (one_middle_row_wrong, r"returned rows that differ from the table \(rows 8192 to 12287 of 20011"),
+        (first_rows_handed_back, r"returned rows that differ from the table \(rows 0 to 4095 of 20011"),
+        (lambda b: lambda: torch.index_select(b.table, 0, b.idx)[:-1], r"returned \(20010, 8\) torch.float32; the"),
+        (lambda b: lambda: torch.index_select(b.table, 0, b.idx).double(), r"returned \(20011, 8\) torch.float64"),
+        (lambda b: lambda: None, r"returned NoneType; the batch's rows are \(20011, 8\) torch.float32"),
+    ],
+    ids=["one_middle_row", "handed_back", "a_row_short", "float64", "none"],
+)
+def test_every_row_of_every_call_is_checked_and_a_wrong_result_is_one_line(make, refusal):
+    with registered(GatherVariant("demo_wrong", "optimized", make=make)):
+        sweep = cpu_sweep(["demo_wrong"], ResultsWriter(SCHEMA, scale="tiny"))
+        table = sweep.host.view(1 << 20, "fp32", 8)
+        batch = sweep.batch(table, uniform_rows(table.shape[0], 20011, sweep.generator))
+        with pytest.raises(WrongResult, match=refusal):
+            sweep.run_batch(batch, {})
+        del batch
+        sweep.close()
 
 
 def test_a_variant_is_refused_a_split_it_cannot_take_and_flags_it_does_not_know():

@@ -4,6 +4,8 @@ notes), a form that disagrees refused before anything is timed, an out-of-memory
 outcome with the failed allocation, the CPU's limit on per-edge weights, a form registered from
 outside measured like the others, and unknown names refused in one line."""
 
+import re
+
 import pytest
 import torch
 
@@ -78,24 +80,48 @@ def test_every_model_form_and_mode_is_timed(part, dataset, models, modes, tmp_pa
         assert (split.groupby(["model", "variant", "mode"]).value.sum() > 0).all(), metric
 
 
-def test_a_form_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):
+def refused_in_one_line(capsys, part: str, out, message: str) -> None:
+    """The part stops with one line (exit status 2) that matches ``message``, having written nothing."""
+    with pytest.raises(SystemExit) as stopped:
+        run(part, out)
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert re.search(message, lines[-1]) and lines[-1].startswith("error: "), lines[-3:]
+    assert not out.exists()
+
+
+def test_a_form_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch, capsys):
     """The first model's per-edge form is off by 1%: the part stops, having timed nothing."""
     real = rgcn.PerEdge.forward
     monkeypatch.setattr(rgcn.PerEdge, "forward", lambda self, x: real(self, x) * 1.01)
     monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed before every form was checked"))
     out = tmp_path / "knowledge_graphs-tiny.csv"
-    with pytest.raises(parts.FormsDisagree, match="rgcn per_edge on nations at 8: differs from segment_mm"):
-        run("knowledge_graphs", out)
-    assert not out.exists()
+    refused_in_one_line(capsys, "knowledge_graphs", out, "rgcn per_edge on nations at 8: differs from segment_mm")
 
 
-def test_a_hector_variant_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch):
+def test_a_form_whose_backward_is_wrong_is_refused_before_timing(tmp_path, monkeypatch, capsys):
+    """Its forward is right, its training step would be timed: the gradients are checked too."""
+    real = rgcn.PerEdge.forward
+
+    def detached(self, x):  # the right rows, and no gradient for any weight
+        with torch.no_grad():
+            out = real(self, x)
+        return out.requires_grad_(torch.is_grad_enabled())
+
+    monkeypatch.setattr(rgcn.PerEdge, "forward", detached)
+    monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed before every form was checked"))
+    out = tmp_path / "knowledge_graphs-tiny.csv"
+    message = "rgcn per_edge on nations at 8: its gradients differ from segment_mm's"
+    refused_in_one_line(capsys, "knowledge_graphs", out, message)
+
+
+def test_a_hector_variant_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch, capsys):
     real = HectorLayer.__call__
     scale = lambda self: 1.01 if self.model.name == "rgcn" else 1  # noqa: E731
     monkeypatch.setattr(HectorLayer, "__call__", lambda self, x: real(self, x) * scale(self))
     monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed before every form was checked"))
-    with pytest.raises(parts.FormsDisagree, match="rgcn hector_unopt on nations at 8: differs from segment_mm"):
-        run("knowledge_graphs", tmp_path / "knowledge_graphs-tiny.csv")
+    out = tmp_path / "knowledge_graphs-tiny.csv"
+    refused_in_one_line(capsys, "knowledge_graphs", out, "rgcn hector_unopt on nations at 8: differs from segment_mm")
 
 
 def test_out_of_memory_is_an_outcome_with_the_failed_allocation(monkeypatch):

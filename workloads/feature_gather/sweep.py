@@ -15,13 +15,13 @@ from contextlib import ExitStack
 
 import torch
 
-from harness.errors import UserError
+from harness.errors import UserError, WrongResult
 from harness.timing import measure
 from systems.pytorch_direct.gather_variants import GATHER_VARIANTS, GPU_TABLE, HOT_ROWS, Batch, GatherVariant
 from workloads.feature_gather.tables import HostTable
 
 ALL = "all"
-CHECKED_ROWS = 4096
+CHECKED_ROWS = 4096  # rows compared at a time (every row is compared)
 POISON = 0xA5  # a byte pattern random table rows do not repeat across a whole sample
 
 
@@ -185,6 +185,7 @@ class Sweep:
         try:
             check(fn, batch, entry.name)
             m = measure(fn, device="cuda" if entry.kernel_only else "cpu", repeat=self.repeat, warmup=self.warmup)
+            check(fn, batch, entry.name)  # the rows are gathered again each call, not handed back
         finally:
             getattr(fn, "close", lambda: None)()
         self.writer.add_measurement(m, role=entry.role, variant=entry.name, config=full, bytes_moved=batch.bytes)
@@ -218,18 +219,34 @@ class Sweep:
 
 
 def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str) -> None:
-    """Compare a variant's rows with the reference ``table[idx]``, byte for byte, on sample rows.
+    """Compare every row a variant returns with the reference ``table[idx]``, byte for byte (in
+    chunks, so that the reference never takes a whole batch's memory).
 
     The batch's buffers are poisoned first: several variants write into the same ``out`` and
     staging buffers, so one that wrote nothing would otherwise pass on the rows the one before
-    it left there."""
+    it left there. The rows returned are poisoned after the check, so a variant that hands back an
+    earlier call's rows fails the check run again after timing (``run`` checks twice)."""
     batch.staging.view(torch.uint8).fill_(POISON)
     if batch.out is not None:
         batch.out.view(torch.uint8).fill_(POISON)
     out = run()
-    n = batch.idx.shape[0]
-    sample = torch.linspace(0, n - 1, min(CHECKED_ROWS, n)).long()
-    got = out[sample.to(out.device)].cpu().contiguous().view(torch.uint8)
-    expected = batch.table[batch.idx[sample]].contiguous().view(torch.uint8)
-    if not torch.equal(got, expected):
-        raise RuntimeError(f"feature_gather: variant '{variant}' returned rows that differ from the table")
+    n, table = batch.idx.shape[0], batch.table
+    if not isinstance(out, torch.Tensor) or out.shape != (n, *table.shape[1:]) or out.dtype != table.dtype:
+        got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+        wanted = f"{(n, *table.shape[1:])} {table.dtype}"
+        raise WrongResult(f"feature_gather: variant '{variant}' returned {got}; the batch's rows are {wanted}")
+    for start in range(0, n, CHECKED_ROWS):
+        rows = slice(start, start + CHECKED_ROWS)
+        got = out[rows].cpu().contiguous().view(torch.uint8)
+        expected = table[batch.idx[rows].cpu()].contiguous().view(torch.uint8)
+        if not torch.equal(got, expected):
+            raise WrongResult(
+                f"feature_gather: variant '{variant}' returned rows that differ from the table (rows {start} to "
+                f"{min(start + CHECKED_ROWS, n) - 1} of {n} hold a difference)"
+            )
+    if not _shares_memory(out, table):
+        (out.view(torch.uint8) if out.is_contiguous() else out).fill_(POISON)
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

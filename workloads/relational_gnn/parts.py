@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from harness.errors import UserError
+from harness.errors import UserError, WrongResult
 from harness.graphed_step import NotCapturable, capture_step
 from harness.timing import measure
 from systems.hector import cuda_graphs
@@ -72,8 +72,9 @@ _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
-class FormsDisagree(AssertionError):
-    """Two forms of one layer computed different outputs from the same weights and features."""
+class FormsDisagree(WrongResult, AssertionError):
+    """Two forms of one layer computed different outputs (or gradients) from the same weights and
+    features."""
 
 
 def knowledge_graphs(params, writer, *, repeat, warmup, device, **_):
@@ -231,7 +232,8 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
     target = torch.randn(graph.num_nodes, dim, generator=generator).to(**as_measured)
     weights = model.make_weights(graph, dim, dim, seed=params["seed"]).to(**as_measured)
     forms = [form for form in forms_of(model) if form.name not in params.get("leave_out", [])]
-    reference, checked = None, []
+    reference, reference_gradients, checked = None, None, []
+    trains = any(mode != "inference" for mode in params["modes"])
     for form in forms:
         where = f"{model.name} {form.name} on {dataset} at {dim}" + (
             "" if element_type == EXACT else f" in {element_type}"
@@ -273,12 +275,30 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
             reference = out if element_type == EXACT else _float32_reference(model, weights, graph, x)
         _check(out, reference, _tolerance(form, element_type), f"{where}: differs from {model.reference}")
         del out
-        checked.append((form, layer, first_inference))
+        # Training is timed too: its gradients are checked as well (a form whose forward is right
+        # but whose backward is wrong, or missing, would otherwise be timed as a fast training step).
+        first_training, training_failed = None, None
+        if trains:
+            try:
+                gradients, first_training = _first_call(lambda: _gradients(layer, x, target, weights), device)
+            except torch.cuda.OutOfMemoryError as err:
+                training_failed = err  # recorded for the training modes; inference is still timed
+            else:
+                if reference_gradients is None:
+                    reference_gradients = (
+                        gradients if element_type == EXACT else _float32_gradients(model, weights, graph, x, target)
+                    )
+                tolerance = _tolerance(form, element_type)
+                _check(
+                    gradients, reference_gradients, tolerance, f"{where}: its gradients differ from {model.reference}'s"
+                )
+                del gradients
+        checked.append((form, layer, first_inference, first_training, training_failed))
         # Each check starts from the same memory, as each timing does: what one form's check leaves in
         # the allocator's cache must not decide whether the next form's gather fits (two checks ran out
         # of memory gathering 73 and 87 GiB of per-edge weights where an earlier run had fit them).
         _give_back_gpu_memory(device)
-    del reference
+    del reference, reference_gradients
     # On a GPU the fused Adam (one launch for all parameters): the for-each one launches several
     # kernels a parameter from Python, host time that on a small graph outweighs the layer itself,
     # whichever form computed it.
@@ -296,8 +316,8 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
 
     timed = {"x": x, "target": target, "weights": weights, "repeat": repeat, "warmup": warmup}
     while checked:
-        form, layer, first_inference = checked.pop(0)
-        _time_form(form, layer, first_inference, step, graph, dataset, params, writer, notes, config, **timed)
+        form, layer, *firsts = checked.pop(0)
+        _time_form(form, layer, *firsts, step, graph, dataset, params, writer, notes, config, **timed)
         del layer  # with its compiled code, captures and caches, before the next form runs
         _give_back_gpu_memory(device)
     if device == "cuda":  # what stayed reserved after every form let go: a leak shows here
@@ -310,6 +330,8 @@ def _time_form(
     form,
     layer,
     first_inference,
+    first_training,
+    training_failed,
     step,
     graph,
     dataset,
@@ -325,11 +347,17 @@ def _time_form(
     warmup,
 ) -> None:
     """Time ``layer`` (``form``, checked against the reference) in each of the part's modes;
-    ``step(layer, mode)`` is one inference call or one training step."""
+    ``step(layer, mode)`` is one inference call or one training step. ``first_inference`` and
+    ``first_training``: the checks' first calls (they compiled, where the form compiles);
+    ``training_failed``: the out-of-memory error of the gradients' check, recorded for the
+    training modes."""
     device, element_type = config["device"], config["dtype"]
     model, dim = MODELS[config["model"]], config["in_dim"]
     for mode in params["modes"]:
         row = config | {"mode": mode} | _columns(form, element_type)
+        if mode != "inference" and training_failed is not None:
+            _out_of_memory(writer, dataset, form, row, training_failed)
+            continue
         if mode == GRAPHED:
             timed = dict(repeat=repeat, warmup=warmup, device=device)
             _graphed_training(layer, x, target, weights, form, row, dataset, params, writer, notes, **timed)
@@ -362,7 +390,8 @@ def _time_form(
         held = cuda_graphs.held_bytes(graph) - held_before if device == "cuda" else 0
         writer.add_measurement(m, role=form.role, variant=form.name, config=row, dataset=dataset)
         common = {"role": form.role, "variant": form.name, "config": row, "dataset": dataset}
-        first = first_inference if mode == "inference" else first  # the check came first without gradients
+        # The checks came first: without gradients, then the training step's gradients.
+        first = first_inference if mode == "inference" else first_training if first_training is not None else first
         writer.add(metric="first_call_time", value=first, unit="s", **common)
         if isinstance(layer, CompiledLayer):
             writer.add(metric="graph_breaks", value=layer.graph_breaks[mode], unit="1", **common)
@@ -492,6 +521,20 @@ def _float32_reference(model, weights, graph, x) -> torch.Tensor:
     """The model's reference form in float32 on the (rounded) values of ``weights`` and ``x``."""
     with torch.no_grad():
         return FORMS[model.reference].build(model, copy.deepcopy(weights).float(), graph)(x.float())
+
+
+def _gradients(layer, x, target, weights) -> torch.Tensor:
+    """The gradients of the training step's loss for every weight, one flat vector (the weights and
+    their ``.grad`` unchanged)."""
+    loss = F.mse_loss(layer(x), target)
+    gradients = torch.autograd.grad(loss, list(weights.parameters()), materialize_grads=True)
+    return torch.cat([g.reshape(-1) for g in gradients])
+
+
+def _float32_gradients(model, weights, graph, x, target) -> torch.Tensor:
+    """:func:`_gradients` of the model's reference form in float32 on the (rounded) values."""
+    exact = copy.deepcopy(weights).float()
+    return _gradients(FORMS[model.reference].build(model, exact, graph), x.float(), target.float(), exact)
 
 
 def _check(out: torch.Tensor, reference: torch.Tensor, tol: float, what: str) -> None:
