@@ -37,6 +37,9 @@ TRACKED_PACKAGES = (
 )
 
 
+CODE_FOLDERS = ("harness", "systems", "workloads", "config")
+
+
 def _git(*args: str, cwd: Path = REPO_ROOT) -> str | None:
     try:
         return subprocess.run(
@@ -81,8 +84,10 @@ def git_state() -> dict:
         }
     commit = _git("rev-parse", "HEAD")
     if commit is not None:
-        status = _git("status", "--porcelain", "--untracked-files=no")
-        return {"commit": commit, "dirty": bool(status), "source": "git"}
+        changed = _git("status", "--porcelain", "--untracked-files=no")
+        # A file not added yet in the code or config folders (a new variant, a part) ran too.
+        new_code = _git("status", "--porcelain", "--untracked-files=all", "--", *CODE_FOLDERS)
+        return {"commit": commit, "dirty": bool(changed) or bool(new_code), "source": "git"}
     return {"commit": "unknown", "dirty": None, "source": "unavailable"}
 
 

@@ -49,6 +49,17 @@ def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch)
     monkeypatch.setenv("SUITE_GIT_COMMIT", "0123abcd" * 5)
     monkeypatch.delenv("SUITE_GIT_COMMIT")
     assert provenance.git_state() == {"commit": "feedbeef" * 5, "dirty": True, "source": "git"}
+    # No tracked file changed, a new file not added yet: dirty where it is code or config only.
+    for path, dirty in (("systems/pytorch_direct/gather_variants/mine.py", True), ("notes.txt", False)):
+
+        def git(*args, path=path):
+            if args[0] == "rev-parse":
+                return "feedbeef" * 5
+            untracked = "--untracked-files=all" in args and any(path.startswith(f"{f}/") for f in args[3:])
+            return f"?? {path}" if untracked else ""
+
+        monkeypatch.setattr(provenance, "_git", git)
+        assert provenance.git_state()["dirty"] is dirty, path
     monkeypatch.setattr(provenance, "_git", lambda *args: None)
     assert provenance.git_state()["commit"] == "unknown"
 
