@@ -33,6 +33,9 @@ def same_code(one: dict, other: dict) -> bool:
     incomplete = ("loaded_outside_scope", "changed_during_run")
     if any(key in (record.get("code") or {}) for record in (one, other) for key in incomplete):
         return False
+    plugins = [(record.get("code") or {}).get("plugins") for record in (one, other)]
+    if plugins[0] != plugins[1]:  # out-of-tree entries of other code (or in one process only)
+        return False
     digests = [(record.get("code") or {}).get("digest") for record in (one, other)]
     if None not in digests:
         return digests[0] == digests[1]

@@ -134,10 +134,11 @@ def code_record(topic: str | None, root: Path = REPO_ROOT, *, this_process: bool
     """The digest of the code this process measured (harness.code_digest): the topic's files as
     they are on disk. Listed beside it, where there are any: suite modules this process loaded that
     the topic's files leave out (none, where code_digest follows the imports right), files of the
-    topic that changed while the process ran, and the plugins named in SUITE_PLUGINS. A record with
-    either list counts as the same code as no other (analysis.common.same_code): its digest does not
-    name all that ran. The lists are made only for ``this_process``: a process that ran the part
-    and nothing else (``python -m workloads``), whose loaded modules are the part's."""
+    topic that changed while the process ran, and the plugins named in SUITE_PLUGINS with digests of
+    their own. A record with either list counts as the same code as no other
+    (analysis.common.same_code): its digest does not name all that ran; records with other plugins
+    are other code. The lists are made only for ``this_process``: a process that ran the part and
+    nothing else (``python -m workloads``), whose loaded modules are the part's."""
     files = code_digest.files_on_disk(root)
     try:
         scope = code_digest.topic_files(files, topic) if topic else set(files)
@@ -157,13 +158,28 @@ def code_record(topic: str | None, root: Path = REPO_ROOT, *, this_process: bool
     noted = this_process and root == REPO_ROOT and _FILES_AT_START is not None
     start = _FILES_AT_START if noted else files
     changed = sorted(p for p in scope if start.get(p) != files.get(p))
-    plugins = os.environ.get("SUITE_PLUGINS", "").strip()
+    plugins = _plugin_digests()
     return (
         record
         | ({"loaded_outside_scope": sorted(loaded)} if loaded else {})
         | ({"changed_during_run": changed} if changed else {})
         | ({"plugins": plugins} if plugins else {})
     )
+
+
+def _plugin_digests() -> dict[str, str]:
+    """Each module named in SUITE_PLUGINS (out-of-tree entries: code that ran, outside the topic's
+    digest) with a digest of its source (a package's: every .py file under it), or "not loaded"."""
+    digests = {}
+    for name in filter(None, (n.strip() for n in os.environ.get("SUITE_PLUGINS", "").split(","))):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file:
+            digests[name] = "not loaded"
+            continue
+        file = Path(file)
+        sources = sorted(file.parent.rglob("*.py")) if file.name == "__init__.py" else [file]
+        digests[name] = code_digest.digest({f.relative_to(file.parent).as_posix(): f.read_bytes() for f in sources})
+    return digests
 
 
 def _suite_file(file: str | None, root: Path) -> str | None:

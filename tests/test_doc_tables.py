@@ -5,6 +5,7 @@ A re-measured results file that changes a number fails here until `python -m ana
 quote measurements stand inside generated blocks only, so none is left to go stale by hand.
 """
 
+import json
 import random
 import re
 from pathlib import Path
@@ -216,6 +217,12 @@ def test_same_code_is_the_same_digest_or_without_one_the_same_commit():
     for incomplete in ("loaded_outside_scope", "changed_during_run"):  # its digest does not name all that ran
         partial = {"git": {"commit": "a"}, "code": {"digest": "d1", incomplete: ["systems/x.py"]}}
         assert not same_code(partial, record("a", "d1")) and not same_code(record("a", "d1"), partial)
+    # Out-of-tree entries (SUITE_PLUGINS) ran too: other plugin code is other code.
+    mine = record("a", "d1") | {"code": {"digest": "d1", "plugins": {"my_variants": "p1"}}}
+    assert same_code(mine, json.loads(json.dumps(mine)))
+    assert not same_code(mine, record("a", "d1")) and not same_code(record("a", "d1"), mine)
+    other = record("a", "d1") | {"code": {"digest": "d1", "plugins": {"my_variants": "p2"}}}
+    assert not same_code(mine, other)
 
 
 def test_a_speedup_is_hectors_time_against_the_fastest_competitor_of_its_own_process():

@@ -1,5 +1,7 @@
 """Provenance records say which code, machine, software, date and scale produced a number."""
 
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -347,8 +349,24 @@ def test_a_record_says_what_changed_during_its_run_and_which_plugins_it_loaded(m
     monkeypatch.setattr(provenance, "_FILES_AT_START", start)
     monkeypatch.setenv("SUITE_PLUGINS", "my_variants")
     code = provenance.collect("tiny", topic="relational_gnn", this_process=True)["code"]
-    assert code["changed_during_run"] == ["harness/timing.py"] and code["plugins"] == "my_variants"
+    assert code["changed_during_run"] == ["harness/timing.py"] and code["plugins"] == {"my_variants": "not loaded"}
     assert "changed_during_run" not in provenance.collect("tiny", topic="relational_gnn")["code"]  # not a part's
+
+
+def test_a_loaded_plugin_is_recorded_with_a_digest_of_its_source(tmp_path, monkeypatch):
+    import importlib
+
+    plugin = tmp_path / "my_plugin_variants.py"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SUITE_PLUGINS", " my_plugin_variants , ")
+    digests = []
+    for source in ("X = 1\n", "X = 2\n"):
+        plugin.write_text(source)
+        sys.modules.pop("my_plugin_variants", None)
+        importlib.import_module("my_plugin_variants")
+        digests.append(provenance.collect("tiny", topic="feature_gather")["code"]["plugins"]["my_plugin_variants"])
+    sys.modules.pop("my_plugin_variants", None)
+    assert len(set(digests)) == 2 and all(re.fullmatch(r"[0-9a-f]{16,64}", d) for d in digests)
 
 
 @pytest.mark.full  # a fresh process per topic: about two minutes on two cores
