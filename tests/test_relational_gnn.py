@@ -115,6 +115,25 @@ def test_a_form_whose_backward_is_wrong_is_refused_before_timing(tmp_path, monke
     refused_in_one_line(capsys, "knowledge_graphs", out, message)
 
 
+def test_a_form_returning_another_dtype_on_float32_is_refused(tmp_path, monkeypatch, capsys):
+    real = rgcn.PerEdge.forward
+    monkeypatch.setattr(rgcn.PerEdge, "forward", lambda self, x: real(self, x).double())
+    out = tmp_path / "knowledge_graphs-tiny.csv"
+    message = "rgcn per_edge on nations at 8: returns torch.float64 on torch.float32 features and weights"
+    refused_in_one_line(capsys, "knowledge_graphs", out, message)
+
+
+def test_a_form_naming_a_model_no_model_is_is_refused(tmp_path, capsys):
+    typo = Form("typo_form", "baseline", models=("rgcnn",), make=lambda model, weights, graph: None)
+    FORMS.register(typo)
+    try:
+        out = tmp_path / "knowledge_graphs-tiny.csv"
+        message = r"form typo_form names model rgcnn, which no registered model is \(models: .*rgcn"
+        refused_in_one_line(capsys, "knowledge_graphs", out, message)
+    finally:
+        FORMS.unregister("typo_form")
+
+
 def test_a_hector_variant_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch, capsys):
     real = HectorLayer.__call__
     scale = lambda self: 1.01 if self.model.name == "rgcn" else 1  # noqa: E731

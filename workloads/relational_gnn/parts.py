@@ -185,6 +185,14 @@ def _notes(params) -> dict:
         MODELS[name]
     for name in params.get("leave_out", []):
         FORMS[name]
+    # A form naming a model no model is (a typo) would never be measured, and never say so.
+    for form in FORMS:
+        unknown = [name for name in (*form.models, *form.per_edge_weights) if name not in MODELS.names()]
+        if unknown:
+            raise UserError(
+                f"form {form.name} names model {', '.join(unknown)}, which no registered model is "
+                f"(models: {', '.join(MODELS.names())})"
+            )
     try:
         import dgl  # noqa: F401  (only whether it imports)
     except Exception as err:  # ImportError, or DGL's own errors against this torch
@@ -263,6 +271,8 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         except CompileFailed as err:
             notes["skipped"][where] = str(err)
             continue
+        if out.dtype != x.dtype and element_type == EXACT:  # float32 in, float32 out: anything else is wrong
+            raise FormsDisagree(f"{where}: returns {out.dtype} on {x.dtype} features and weights")
         if out.dtype != x.dtype:  # it computed in another precision: not a form of this one
             notes["skipped"][where] = f"returns {out.dtype} on {x.dtype} features and weights"
             continue
