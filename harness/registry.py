@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -79,18 +80,34 @@ class Registry(Generic[E]):
     kind: str  # e.g. "gather variant": used in messages
     package: str | None = None
     _entries: dict[str, E] = field(default_factory=dict, init=False, repr=False)
+    _modules: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # who registered each
     _loaded: bool = field(default=False, init=False, repr=False)
 
     def register(self, entry: E) -> E:
-        """Add ``entry``; a second entry of the same name is refused (a typo must not shadow one)."""
+        """Add ``entry``; a second entry of the same name is refused (a typo must not shadow one),
+        naming the modules that registered both."""
+        module = self._registering_module()
         if entry.name in self._entries and self._entries[entry.name] != entry:
-            raise ValueError(f"{self.kind} {entry.name!r} is registered twice")
+            first = self._modules.get(entry.name, "?")
+            raise ValueError(
+                f"{self.kind} {entry.name!r} is registered twice, by {first} and by {module}: give one another name"
+            )
         self._entries[entry.name] = entry
+        self._modules[entry.name] = module
         return entry
+
+    def _registering_module(self) -> str:
+        """The module whose code registers: the first caller outside this file and the registry's
+        package (whose ``register`` helper passes entries on)."""
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__") in (__name__, self.package):
+            frame = frame.f_back
+        return frame.f_globals.get("__name__", "?") if frame is not None else "?"
 
     def unregister(self, name: str) -> None:
         """Remove an entry (tests register temporary entries)."""
         self._entries.pop(name, None)
+        self._modules.pop(name, None)
 
     def _load(self) -> None:
         if self._loaded:

@@ -1,5 +1,6 @@
 """The registry every technique's comparison table is built on (harness/registry.py)."""
 
+import dataclasses
 import sys
 import types
 
@@ -32,8 +33,15 @@ def test_a_second_entry_of_one_name_is_refused_and_bad_names_and_roles_too():
     reg = Registry("thing")
     reg.register(Entry("a", "baseline"))
     reg.register(Entry("a", "baseline"))  # the same entry again (a module imported twice) is fine
-    with pytest.raises(ValueError, match="registered twice"):
+    with pytest.raises(ValueError, match=f"registered twice, by {__name__} and by {__name__}: give one another"):
         reg.register(Entry("a", "optimized"))
+    # A package's register helper is not named: the module that called it is.
+    from systems.pytorch_direct.gather_variants import GATHER_VARIANTS
+
+    existing = GATHER_VARIANTS["cpu_gather"]
+    first = r"systems\.pytorch_direct\.gather_variants\.cpu_baselines"
+    with pytest.raises(ValueError, match=rf"by {first} and by {__name__}"):
+        GATHER_VARIANTS.register(dataclasses.replace(existing, notes="another"))
     with pytest.raises(ValueError, match="role"):
         Entry("a", "winner")
     for bad in ("", "A", "a-b", "a b"):
