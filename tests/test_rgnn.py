@@ -547,3 +547,12 @@ def test_a_graph_of_no_relations_or_no_node_types_gives_what_the_definition_give
     _, per_edge_grads, _ = run(layer, "per_edge", graph, 6, 6)
     for what, grad in grads.items():
         torch.testing.assert_close(grad, per_edge_grads[what], msg=what)
+
+
+@pytest.mark.parametrize("layer", ["rgcn", "hgt"])
+def test_pyg_layers_that_fail_on_a_graph_of_no_relations_are_refused_in_one_line(layer):
+    pytest.importorskip("torch_geometric")
+    graph = RelGraph.build([], [], [], num_nodes=3, num_relations=0, num_node_types=1)
+    model = MODELS[layer]
+    with pytest.raises(UserError, match=r"PyG's (RGCNConv|HGTConv) cannot take a graph with no relations"):
+        FORMS["pyg"].build(model, model.make_weights(graph, 6, 6), graph)

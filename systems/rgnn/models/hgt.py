@@ -168,6 +168,8 @@ class PyG(RelationalLayer):
         super().__init__(weights, graph)
         from torch_geometric.nn import HGTConv
 
+        if graph.num_relations == 0:  # PyG concatenates the relations' messages: none fails
+            raise UserError("PyG's HGTConv cannot take a graph with no relations; use another form")
         self.types = [f"t{i}" for i in range(graph.num_node_types)]
         ends = []  # (source type, name, target type) of each relation, from its edges (type 0 if none)
         for r in range(graph.num_relations):
