@@ -66,7 +66,7 @@ NEW = {
             "        raw = bytearray(zlib.decompress(self._blobs[key]))\n        raw[len(raw) // 2] ^= 0x10\n",
         ),
         # refused by the bandwidth probe of the planned policies, or else by the checked step
-        refusal=("policies", "StoreCorrupted|NotBitIdentical"),
+        refusal=("policies", "returned other bytes than it was given|differs? from keep's"),
     ),
     "systems/rgnn/forms/padded_bmm.py": NewEntry(
         topic="relational_gnn",

@@ -25,12 +25,14 @@ import os
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from harness.errors import WrongResult
+
 # cuBLAS reads this when its first handle is made (this module is imported before any model runs);
 # deterministic mode needs it for reproducible matrix products.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-class NotBitIdentical(AssertionError):
+class NotBitIdentical(WrongResult, AssertionError):
     """A policy's loss or gradients differ from keeping every activation: that path is wrong."""
 
 

@@ -21,12 +21,13 @@ from dataclasses import astuple, dataclass
 
 import torch
 
+from harness.errors import WrongResult
 from systems.ssdtrain.streams import ready_event
 
 WRITE, READ = "write", "read"
 
 
-class StoreCorrupted(AssertionError):
+class StoreCorrupted(WrongResult, AssertionError):
     """A store gave back other bytes than it was given: the store is wrong, nothing it holds can be trusted."""
 
 
