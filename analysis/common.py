@@ -21,7 +21,17 @@ def load_results(files: list[str], schema, *, cut_short: bool = False) -> tuple[
     frame["part"] = frame["source"].map(lambda s: Path(s).stem.rsplit("-", 1)[0])
     records = [load_provenance(f) for f in files]
     for f, record in zip(files, records):
-        record.setdefault("part", f.stem.rsplit("-", 1)[0])  # the earliest records do not name it
+        part = f.stem.rsplit("-", 1)[0]
+        # A record beside the wrong file (another topic's, a renamed copy of a part) would label
+        # and count rows as what they are not.
+        if record.get("topic", schema.topic) != schema.topic:
+            raise UserError(f"{f}: its provenance record is of topic {record['topic']}, not {schema.topic}")
+        if record.get("part", part) != part:
+            raise UserError(
+                f"{f}: its provenance record is of part {record['part']}, not {part} (a copy under another name? "
+                "move it out of the results folder)"
+            )
+        record.setdefault("part", part)  # the earliest records do not name it
     return frame, records
 
 
@@ -42,14 +52,27 @@ def same_code(one: dict, other: dict) -> bool:
     return one["git"]["commit"] == other["git"]["commit"]
 
 
+def same_hardware(one: dict, other: dict) -> bool:
+    """Whether two provenance records were measured on the same kind of machine: the same GPUs and
+    the same CPU model (a machine name is the user's word; the hardware is what was measured)."""
+    return _hardware(one) == _hardware(other)
+
+
+def _hardware(record: dict) -> tuple:
+    machine = record.get("machine") or {}
+    return tuple(g.get("name") for g in machine.get("gpus", [])), machine.get("cpu_model")
+
+
 def same_code_reruns(rerun_files: list[str], committed_files: list[str]) -> tuple[list[str], list[str]]:
     """The rerun files (other processes of a part) that measured the same code as the committed
-    file of the same part, and the others: a process of other code says nothing of this code's spread."""
+    file of the same part, on the same hardware, and the others: a process of other code, or of
+    another machine, says nothing of this code's spread here."""
     committed = {Path(f).name: load_provenance(f) for f in committed_files}
     kept, other = [], []
     for f in rerun_files:
-        match = committed.get(Path(f).name)
-        (kept if match is not None and same_code(load_provenance(f), match) else other).append(f)
+        match, record = committed.get(Path(f).name), load_provenance(f)
+        same = match is not None and same_code(record, match) and same_hardware(record, match)
+        (kept if same else other).append(f)
     return kept, other
 
 
@@ -93,13 +116,18 @@ def machine_label(provenance: list[dict], *, missing_parts: bool = True) -> str:
     (``missing_parts``: the records are all of a topic's results) which of the topic's parts were
     not measured there."""
     first = provenance[0]
-    m = first["machine"]
-    hardware = ", ".join(f"{g['name']} (driver {g['driver']})" for g in m["gpus"]) or "no GPU"
+    # Every kind of machine the records name (one, where the files are one machine's).
+    kinds = {}
+    for record in provenance:
+        m = record["machine"]
+        gpus = ", ".join(f"{g['name']} (driver {g['driver']})" for g in m["gpus"]) or "no GPU"
+        kinds.setdefault(_hardware(record), f"{gpus}; {m['cpu_model']}, {m['usable_cpus']} cores")
+    machines = " | ".join(kinds.values()) if len(kinds) == 1 else "MIXED MACHINES: " + " | ".join(kinds.values())
     dates = sorted(p["date_utc"][:10] for p in provenance)
     dirty = {True: "+dirty", False: "", None: "+dirty?"}  # None: the record does not say
     commits = sorted({p["git"]["commit"][:8] + dirty[p["git"]["dirty"]] for p in provenance})
     return (
-        f"{hardware}; {m['cpu_model']}, {m['usable_cpus']} cores; measured {dates[0]}"
+        f"{machines}; measured {dates[0]}"
         + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
         + f"; commit {', '.join(commits)}; torch {first['packages'].get('torch', '?')}"
         + (

@@ -73,7 +73,7 @@ NOTES = {record.get("part"): record for record in provenance if record.get("part
 print(machine_label(provenance))
 print(f"runs: {', '.join(RUNS)}")
 for f in other_code:
-    print(f"left out (measured at other code than the committed run): {f}")
+    print(f"left out (measured at other code, or on other hardware, than the committed run): {f}")
 
 
 def select(rows, key):

@@ -49,7 +49,7 @@ PARTS_HERE = list(dict.fromkeys(frame.part))  # the parts these results hold, in
 # and the figure shows each process.
 rerun_files, other_code = same_code_reruns(results.get("llm_offload_reruns", []), results["llm_offload"])
 for f in other_code:
-    print(f"left out (measured at other code than the committed run): {f}")
+    print(f"left out (measured at other code, or on other hardware, than the committed run): {f}")
 reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
 reruns = reruns.assign(process=reruns["source"].map(lambda s: Path(s).parent.name))
 OWN_PARTS = ["micro_batches", "memory_bound", "convergence"]

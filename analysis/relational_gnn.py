@@ -91,7 +91,7 @@ width = 64 if 64 in set(time.in_dim) else max(time.in_dim)  # the main compariso
 on_gpu = set(frame.device) == {"cuda"}  # else Hector's variants ran its reference backend
 print(machine_label(provenance))
 for f in other_code:
-    print(f"left out (measured at other code than the committed run): {f}")
+    print(f"left out (measured at other code, or on other hardware, than the committed run): {f}")
 
 # %% [markdown]
 # ## Every model x dataset x form x mode

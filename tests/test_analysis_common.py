@@ -1,11 +1,17 @@
 """The label every figure and summary carries: where it was measured, and which of its topic's
 parts were not (analysis/common.py)."""
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
-from analysis.common import machine_label, parts_not_measured
+from analysis.common import load_results, machine_label, parts_not_measured, same_code_reruns
 from harness import config as suite_config
+from harness.errors import UserError
 from harness.topic import discover
+from workloads.gnn_training.schema import SCHEMA as GNN_SCHEMA
 
 TOPICS = discover()
 
@@ -68,3 +74,52 @@ def test_a_gpu_part_is_not_missing_from_a_machine_without_a_gpu():
 def test_nothing_is_called_missing_where_the_records_cannot_say(records):
     assert parts_not_measured(records) == []
     assert "not measured" not in machine_label(records)
+
+
+# -- files whose record does not match them -------------------------------------------------------
+COMMITTED = Path(__file__).resolve().parents[1] / "results" / "h200" / "gnn_training"
+
+
+def copy_part(folder: Path, name: str, source: str = "reddit-h200", record_of: Path | None = None) -> Path:
+    """A copy of a committed results file named ``name`` (and its record, or ``record_of``'s)."""
+    if not (COMMITTED / f"{source}.csv").exists():
+        pytest.skip("no committed H200 gnn_training results in this checkout")
+    csv = folder / f"{name}.csv"
+    shutil.copy(COMMITTED / f"{source}.csv", csv)
+    shutil.copy(record_of or COMMITTED / f"{source}.provenance.json", folder / f"{name}.provenance.json")
+    return csv
+
+
+def test_a_copy_of_a_part_under_another_name_is_refused_naming_it(tmp_path):
+    csv = copy_part(tmp_path, "reddit_old-h200")
+    with pytest.raises(
+        UserError, match=r"reddit_old-h200.csv: its provenance record is of part reddit, not reddit_old"
+    ):
+        load_results([str(csv)], GNN_SCHEMA)
+
+
+def test_a_record_of_another_topic_is_refused_naming_it(tmp_path):
+    ceilings = COMMITTED.parent / "ceilings" / "matmul-h200.provenance.json"
+    csv = copy_part(tmp_path, "reddit-h200", record_of=ceilings)
+    with pytest.raises(
+        UserError, match=r"reddit-h200.csv: its provenance record is of topic ceilings, not gnn_training"
+    ):
+        load_results([str(csv)], GNN_SCHEMA)
+
+
+def test_a_rerun_on_other_hardware_is_not_a_process_of_this_machine(tmp_path):
+    committed = copy_part(tmp_path, "reddit-h200")
+    same, other = (tmp_path / "reruns" / run for run in ("run2", "run3"))
+    for folder in (same, other):
+        folder.mkdir(parents=True)
+        copy_part(folder, "reddit-h200")
+    record = other / "reddit-h200.provenance.json"
+    changed = json.loads(record.read_text())
+    changed["machine"]["gpus"] = [{"name": "NVIDIA A100-SXM4-80GB", "driver": "550.1", "memory_mib": 81920}]
+    record.write_text(json.dumps(changed))
+    kept, left_out = same_code_reruns(
+        [str(same / "reddit-h200.csv"), str(record.with_name("reddit-h200.csv"))], [str(committed)]
+    )
+    assert kept == [str(same / "reddit-h200.csv")] and left_out == [str(other / "reddit-h200.csv")]
+    label = machine_label([json.loads((same / "reddit-h200.provenance.json").read_text()), changed])
+    assert label.startswith("MIXED MACHINES: NVIDIA H200") and "| NVIDIA A100-SXM4-80GB (driver 550.1);" in label
