@@ -119,25 +119,36 @@ def _write_both(record: Path, record_text: str, csv_path: Path, csv_text: str) -
 
     Both go to temporary files first (where a full disk or a folder in the way fails, and then
     nothing of this run is left and an earlier run's pair is untouched); then an earlier CSV is
-    removed, the record put in place, and the CSV last: a stop between these leaves a record
-    without rows, never this run's record beside an earlier run's rows."""
+    moved aside, the record put in place (where that fails, the earlier CSV is put back: the
+    earlier pair stands), and the CSV last: a stop after the record leaves a record without rows,
+    never this run's record beside an earlier run's rows."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    pending = []
+    pending, aside = [], csv_path.with_name(f".{csv_path.name}.earlier{os.getpid()}")
+    destination = {}  # a temporary file's final name, for the error
     try:
         for path, text in ((record, record_text), (csv_path, csv_text)):
             if path.is_dir():
                 raise IsADirectoryError(21, "Is a directory", str(path))
             tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
             pending.append((tmp, path))
+            destination[str(tmp)] = str(path)
             tmp.write_text(text)
-        csv_path.unlink(missing_ok=True)
-        for tmp, path in pending:
-            os.replace(tmp, path)
+        if csv_path.exists():
+            os.replace(csv_path, aside)
+        try:
+            os.replace(*pending[0])
+        except OSError:
+            if aside.exists():
+                os.replace(aside, csv_path)
+            raise
+        aside.unlink(missing_ok=True)
+        os.replace(*pending[1])
     except OSError as error:
         for tmp, _ in pending:
             tmp.unlink(missing_ok=True)
         reason = error.strerror or str(error)
-        raise UserError(f"could not write {csv_path} and its record: {reason} ({error.filename or csv_path})") from None
+        where = destination.get(str(error.filename), error.filename or csv_path)
+        raise UserError(f"could not write {csv_path} and its record: {reason} ({where})") from None
 
 
 class ResultsWriter:

@@ -114,6 +114,7 @@ def test_a_write_that_fails_leaves_the_earlier_pair_and_no_file_of_its_own(tmp_p
     """A full disk (or a folder in the way) is refused in one line; nothing of the failed run is
     left, and an earlier run's CSV never ends up beside this run's record."""
     import errno
+    import os
     from pathlib import Path
 
     path, _ = _write(tmp_path)
@@ -128,6 +129,21 @@ def test_a_write_that_fails_leaves_the_earlier_pair_and_no_file_of_its_own(tmp_p
 
     monkeypatch.setattr(Path, "write_text", full_disk)
     with pytest.raises(UserError, match=r"could not write .*demo-cpu.csv and its record: No space left on device"):
+        writer.write(path, PROVENANCE | {"note": "the failed run"})
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    monkeypatch.undo()
+    # The record cannot be replaced (an immutable file, a read-only bind mount): the earlier CSV
+    # stays beside its own record, and the error names the file, not a temporary one.
+    real_replace = os.replace
+
+    def record_refused(source, target, *args, **kwargs):
+        if str(target).endswith("demo-cpu.provenance.json"):
+            raise OSError(errno.EPERM, "Operation not permitted", str(source))
+        return real_replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", record_refused)
+    message = r"could not write .*demo-cpu.csv and its record: Operation not permitted \(.*/demo-cpu.provenance.json\)"
+    with pytest.raises(UserError, match=message):
         writer.write(path, PROVENANCE | {"note": "the failed run"})
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
     monkeypatch.undo()
