@@ -43,6 +43,19 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
     for batch_size in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="batch_size must be a whole number of seed nodes >= 1"):
             Pipeline("cpu_gather", Graph(arrays, "cpu"), [5], batch_size, seed=0)
+    # Numbers that are not whole were taken and failed at the first batch (or inside a worker).
+    graph = Graph(arrays, "cpu")
+    with pytest.raises(ValueError, match="pipeline 'hot_cache' needs the options rows, warmup_batches"):
+        Pipeline("hot_cache", graph, [5], 64, seed=0, options={})
+    for bad, message in (
+        ({"sampler_workers": 1.5}, "sampler_workers must be a whole number >= 0, got 1.5"),
+        ({"sampler_workers": True}, "sampler_workers must be a whole number >= 0, got True"),
+        ({"worker_threads": 2.5}, "worker_threads must be a whole number >= 1, got 2.5"),
+        ({"shard": (0,)}, r"shard must be \(rank, world\), two whole numbers, got \(0,\)"),
+        ({"shard": (0, 2.0)}, r"shard must be \(rank, world\), two whole numbers"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Pipeline("cpu_gather", graph, [5], 64, seed=0, **bad)
 
 
 @pytest.mark.parametrize(
@@ -1024,3 +1037,13 @@ def test_pipelines_are_listed_in_one_order_whatever_this_machine_can_run():
     assert ORDER.index("cpu_gather_workers") < ORDER.index("pyg_neighbor_loader") < ORDER.index("zero_copy")
     shown = in_order(["zero_copy", "my_loader", "pyg_neighbor_loader", "cpu_gather", "a_loader", "zero_copy"])
     assert shown == ["cpu_gather", "pyg_neighbor_loader", "zero_copy", "a_loader", "my_loader"]
+
+
+def test_accuracy_over_no_validation_nodes_is_refused_not_zero(arrays):
+    from workloads.gnn.epoch import accuracy
+
+    graph = Graph(arrays | {"val_idx": arrays["val_idx"][:0]}, "cpu")
+    pipeline = Pipeline("cpu_gather", graph, [5], 64, seed=0)
+    model = build("sage", graph.features.shape[1], 8, int(graph.labels.max()) + 1, 1, [5])
+    with pytest.raises(ValueError, match="no validation nodes"):
+        accuracy(model, pipeline)

@@ -416,3 +416,13 @@ def test_the_gpu_op_samples_strided_seeds_like_their_dense_copy():
     counts, neighbours = sample_neighbors(indptr, indices, seeds, 4, False, 7)
     dense_counts, dense = sample_neighbors(indptr, indices, seeds.contiguous(), 4, False, 7)
     assert torch.equal(counts, dense_counts) and torch.equal(neighbours, dense)
+
+
+def test_negative_read_counts_and_a_negative_thread_cap_are_refused():
+    from systems.pytorch_direct.hot_rows import hit_rate
+
+    with pytest.raises(ValueError, match="counts are reads per row and cannot be negative, got -5"):
+        hit_rate(torch.tensor([-5, 10]), torch.tensor([1]))  # a share of 2.0 of the reads
+    table = torch.randn(9, 3)
+    with pytest.raises(ValueError, match="max_threads must be >= 0"):
+        gather(table, torch.tensor([1, 2]), max_threads=-7)

@@ -310,6 +310,12 @@ def test_sampler_refuses_bad_configuration(graph):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1, -3]), batch=0)
     with pytest.raises(ValueError, match="1-D tensor of node ids"):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1.0]), batch=0)
+    # The batch number's text picks the draws: 1.0 drew otherwise than 1, and "1" as 1.
+    for batch in (1.0, "1", 1.5, -1, True):
+        with pytest.raises(TypeError, match=f"batch must be a non-negative integer .*, got {batch!r}"):
+            NeighborSampler(*graph, [10]).sample(torch.tensor([1]), batch=batch)
+    sampler = NeighborSampler(*graph, [10])
+    assert torch.equal(sampler.sample(torch.tensor([1]), np.int64(3)).n_id, sampler.sample(torch.tensor([1]), 3).n_id)
     with pytest.raises(ValueError, match="got torch.bool"):  # not node ids 1 and 0
         NeighborSampler(*graph, [10]).sample(torch.tensor([True, False]), batch=0)
     for seed in (1.5, "3", True, None, torch.tensor(True)):  # each failed mid-batch, or (True) drew as seed 1

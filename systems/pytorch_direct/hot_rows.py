@@ -60,6 +60,8 @@ def _check_counts(counts: torch.Tensor) -> None:
         raise TypeError(f"counts must be a 1-D tensor of integer reads per row (count_rows), got {kind}")
     if counts.dtype == torch.bool:
         raise TypeError("counts must be a 1-D tensor of integer reads per row (count_rows), got torch.bool")
+    if counts.numel() and int(counts.min()) < 0:  # a share of reads above 1 otherwise
+        raise ValueError(f"counts are reads per row and cannot be negative, got {int(counts.min())}")
 
 
 def hottest_rows(counts: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ KERNELS = ("naive", "aligned", "vectorized")
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache) -> None:
+def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache, max_threads: int = 0) -> None:
     if getattr(forward_ad, "_current_level", -1) >= 0:
         # torch gives a custom op no forward-mode rule: under jvp its tangent would come out zero
         # (or missing) without an error. The kernel cannot tell a dual input from a plain one under
@@ -57,6 +57,8 @@ def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache) -> 
         )
     if loads not in KERNELS:
         raise ValueError(f"loads must be one of {KERNELS}, got {loads!r}")
+    if max_threads < 0:  # the op's schema makes it an int; a negative cap would be taken as none
+        raise ValueError(f"max_threads must be >= 0 (0: as many as fill the GPU), got {max_threads}")
     if table.dim() != 2:
         raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
     if table.device.type != "cpu":
@@ -100,7 +102,7 @@ def gather(
     cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CPU reference: ``table[idx]`` with the same checks (options do not change the result)."""
-    _check(table, idx, loads, slots, cache)
+    _check(table, idx, loads, slots, cache, max_threads)
     bad = idx[(idx < 0) | (idx >= table.shape[0])]
     if bad.numel():
         _raise_out_of_range(int(bad[0]), table.shape[0])
@@ -136,7 +138,7 @@ gather.register_autograd(_backward, setup_context=_setup_context)
 
 @gather.register_kernel("cuda")
 def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
-    _check(table, idx, loads, slots, cache)
+    _check(table, idx, loads, slots, cache, max_threads)
     if not table.is_pinned():
         raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
     options = dict(kernel=loads, max_threads=max_threads, slots=slots, cache=cache)

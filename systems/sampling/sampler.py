@@ -151,7 +151,7 @@ class NeighborSampler:
     def rng_seed(self, batch: int, hop: int) -> int:
         """The seed of one hop's draws: a hash of (the sampler's seed, batch, hop), so that no two
         of them share a stream (a packing such as ``seed * P + batch`` would repeat one past P)."""
-        key = f"{self.seed},{batch},{hop}".encode()
+        key = f"{self.seed},{_draw_number(batch, 'batch')},{_draw_number(hop, 'hop')}".encode()
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # [0, 2^63)
 
     def sample(self, seeds: torch.Tensor, batch: int, *, native_kernel: bool = True) -> SampledSubgraph:
@@ -301,3 +301,15 @@ class NeighborSampler:
                 kernels.reset_positions(p(position), p(ids), ids.numel())
         edge_index = torch.stack([torch.cat(sources), torch.cat(targets)])
         return SampledSubgraph(n_id, edge_index, num_nodes, num_edges, seeds.numel())
+
+
+def _draw_number(value, name: str) -> int:
+    """``value`` as a non-negative int (numpy's too), refused otherwise: its text is hashed, so 1.0
+    would draw otherwise than 1, and "1" as 1."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool) or number < 0:
+        raise TypeError(f"{name} must be a non-negative integer (it numbers the random draws), got {value!r}")
+    return number

@@ -53,7 +53,9 @@ def accuracy(model, pipeline: Pipeline) -> float:
         predicted = model(batch.x, batch.edge_index)[: batch.batch_size].argmax(1)
         correct += int((predicted == batch.y).sum())
         total += batch.batch_size
-    return correct / max(total, 1)
+    if not total:  # 0 of 0 is no accuracy (it read as 0%)
+        raise ValueError("the graph has no validation nodes (val_idx is empty): there is no accuracy to measure")
+    return correct / total
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ class PipelineKind(Entry):
     pipeline is made (registering the table, filling a cache); ``batches(pipeline, items,
     count)`` replaces the plain loop over the epoch's items (a prefetch thread, a copy stream).
     ``epoch_metrics(pipeline)`` returns what it counted since the last call (a cache's hit rate).
-    ``options`` are the keyword options it takes (``Pipeline(..., options={...})``).
+    ``options`` are the keyword options it takes, each needed (``Pipeline(..., options={...})``).
     """
 
     gather: Callable[[Pipeline, object], tuple[torch.Tensor, int | torch.Tensor]] | None = None
@@ -370,17 +370,24 @@ class Pipeline:
         if name not in PIPELINE_KINDS:
             raise ValueError(f"pipeline must be one of {PIPELINE_KINDS.names()}, got {name!r}")
         self.kind = kind = PIPELINE_KINDS[name]
-        if kind.needs_gpu and graph.device != "cuda":
-            raise ValueError(f"pipeline {name!r} needs a GPU")
         self.options = dict(options or {})
         unknown = set(self.options) - set(kind.options)
         if unknown:
             raise ValueError(f"pipeline {name!r} takes the options {list(kind.options)}, not {sorted(unknown)}")
+        missing = [option for option in kind.options if option not in self.options]  # each is read
+        if missing:
+            raise ValueError(f"pipeline {name!r} needs the options {', '.join(missing)} (options={{...}})")
+        if kind.needs_gpu and graph.device != "cuda":
+            raise ValueError(f"pipeline {name!r} needs a GPU")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
         self.name, self.graph, self.batch_size, self.seed = name, graph, batch_size, seed
+        whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+        if not (isinstance(shard, tuple | list) and len(shard) == 2 and all(map(whole, shard))):
+            raise ValueError(f"shard must be (rank, world), two whole numbers, got {shard!r}")
         if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
             raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
+        shard = tuple(shard)
         self.shard = shard  # (rank, world): this process's slice of every global batch
         if shard[1] > 1 and graph.train_idx.numel() < shard[1] * batch_size:
             raise ValueError(
@@ -392,10 +399,10 @@ class Pipeline:
         csr = graph.pinned_csr() if kind.sampling == "uva" else (graph.indptr, graph.indices)
         self.sampler = NeighborSampler(*csr, fanouts, place=kind.sampling, seed=seed)
         self.labels = graph.labels.to(self.sampler.device)  # indexed where the sampler puts the ids
-        if sampler_workers < 0:
-            raise ValueError(f"sampler_workers must be >= 0, got {sampler_workers}")
-        if worker_threads < 1:
-            raise ValueError(f"worker_threads must be >= 1, got {worker_threads}")
+        if not whole(sampler_workers) or sampler_workers < 0:
+            raise ValueError(f"sampler_workers must be a whole number >= 0, got {sampler_workers!r}")
+        if not whole(worker_threads) or worker_threads < 1:
+            raise ValueError(f"worker_threads must be a whole number >= 1, got {worker_threads!r}")
         self.table = None  # the feature table registered for zero-copy reads, where a kind uses one
         self.side_stream = None  # where a prefetch thread prepares batches, where a kind uses one
         self.cache = None  # a hot-row cache in GPU memory, where a kind keeps one
