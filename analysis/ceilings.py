@@ -91,9 +91,11 @@ if "hbm_copy" in probes:
 for _, r in rate.iterrows():
     add_line(f"matmul {r.variant}", f"{r.device}, n={r.matrix_dim}", r, "TFLOP/s")
 for _, r in bw[bw.part == "disk"].iterrows():
-    add_line(f"disk {r.variant} (O_DIRECT)", f"{r.block_bytes / MiB:g} MiB requests, {r.threads} threads", r, "GB/s")
+    threads = f"{r.threads} thread" + "s" * (r.threads != 1)
+    add_line(f"disk {r.variant} (O_DIRECT)", f"{r.block_bytes / MiB:g} MiB requests, {threads}", r, "GB/s")
 for _, r in bw[bw.part == "host_memcpy"].iterrows():
-    add_line("host memcpy (read+write)", f"{r.size_bytes / MiB:.0f} MiB, {r.threads} threads", r, "GB/s")
+    threads = f"{r.threads} thread" + "s" * (r.threads != 1)
+    add_line("host memcpy (read+write)", f"{r.size_bytes / MiB:.0f} MiB, {threads}", r, "GB/s")
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
