@@ -124,7 +124,7 @@ def validate(config: dict, sources: dict[str, str] | None = None) -> None:
             if str(scale) not in scales or not isinstance(scale, str):
                 known = ", ".join(scales)
                 raise ConfigError(
-                    f"{source}: block for unknown scale '{scale}'; the scales are {known} (config/config.yaml)"
+                    f"{source}: block for unknown scale '{scale}'; the scales are {known} (the config's 'scales')"
                 )
             _check(block, topics[name].schema_file, f"{source}: ", key_prefix=scale)
             missing = [key for key in COMMON_KEYS if key not in block]
