@@ -37,9 +37,6 @@ TRACKED_PACKAGES = (
 )
 
 
-CODE_FOLDERS = ("harness", "systems", "workloads", "config")
-
-
 def _git(*args: str, cwd: Path = REPO_ROOT) -> str | None:
     try:
         return subprocess.run(
@@ -86,7 +83,7 @@ def git_state() -> dict:
     if commit is not None:
         changed = _git("status", "--porcelain", "--untracked-files=no")
         # A file not added yet in the code or config folders (a new variant, a part) ran too.
-        new_code = _git("status", "--porcelain", "--untracked-files=all", "--", *CODE_FOLDERS)
+        new_code = _git("status", "--porcelain", "--untracked-files=all", "--", *code_digest.MEASURED_CODE)
         return {"commit": commit, "dirty": bool(changed) or bool(new_code), "source": "git"}
     return {"commit": "unknown", "dirty": None, "source": "unavailable"}
 

@@ -111,7 +111,7 @@ def test_a_form_whose_backward_is_wrong_is_refused_before_timing(tmp_path, monke
     monkeypatch.setattr(rgcn.PerEdge, "forward", detached)
     monkeypatch.setattr(parts, "measure", lambda *a, **k: pytest.fail("timed before every form was checked"))
     out = tmp_path / "knowledge_graphs-tiny.csv"
-    message = "rgcn per_edge on nations at 8: its gradients differ from segment_mm's"
+    message = "rgcn per_edge on nations at 8: the gradient of .* differs from segment_mm's"
     refused_in_one_line(capsys, "knowledge_graphs", out, message)
 
 
@@ -132,6 +132,19 @@ def test_a_form_naming_a_model_no_model_is_is_refused(tmp_path, capsys):
         refused_in_one_line(capsys, "knowledge_graphs", out, message)
     finally:
         FORMS.unregister("typo_form")
+
+
+def test_a_form_whose_bias_gets_no_gradient_is_refused_though_the_weights_dwarf_it(tmp_path, monkeypatch, capsys):
+    """One weight's gradient wrong, the others right: each weight is checked on its own scale."""
+    real = rgcn.PerEdge.forward
+
+    def bias_left_out(self, x):  # the same output; the bias's gradient cancels to zero
+        return real(self, x) + (self.w.bias.detach() - self.w.bias)
+
+    monkeypatch.setattr(rgcn.PerEdge, "forward", bias_left_out)
+    out = tmp_path / "knowledge_graphs-tiny.csv"
+    message = "rgcn per_edge on nations at 8: the gradient of bias differs from segment_mm's"
+    refused_in_one_line(capsys, "knowledge_graphs", out, message)
 
 
 def test_a_hector_variant_that_disagrees_is_refused_before_timing(tmp_path, monkeypatch, capsys):

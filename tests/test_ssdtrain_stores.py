@@ -197,15 +197,34 @@ def test_a_killed_process_s_files_are_removed_by_the_next_store_and_an_open_stor
     assert (abandoned / "0.bin").exists() and fileio.owner_file(abandoned).exists()  # killed: nothing removed it
     stranger = disk / "ssdtrain-not-a-store"  # no owner file: not this code's, left alone
     stranger.mkdir()
+    elsewhere = disk / "ssdtrain-1-other"  # another host's (a shared disk): its lock says nothing here
+    elsewhere.mkdir()
+    fileio.owner_file(elsewhere).write_text("another-host")
     with pytest.warns(UserWarning, match=rf"removed 1 scratch folder.*\(0.02 MiB\): {abandoned.name}") as caught:
         open_one = DirectFileStore(disk)
     assert len(caught) == 1 and "\n" not in str(caught[0].message)
-    assert not abandoned.exists() and stranger.exists()
+    assert not abandoned.exists() and stranger.exists() and elsewhere.exists()
     with open_one, warnings.catch_warnings():
         warnings.simplefilter("error")
         with DirectFileStore(disk) as store:  # the open store's folder is not abandoned
             assert open_one.directory.exists() and store.directory.exists()
-    assert sorted(p.name for p in disk.iterdir()) == [stranger.name]
+    assert sorted(p.name for p in disk.iterdir()) == sorted([stranger.name, elsewhere.name, f"{elsewhere.name}.owner"])
+
+
+def test_a_file_system_without_locks_still_takes_a_store(disk, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with DirectFileStore(disk) as store:
+        tensor = random_tensor((1000,), torch.float32)
+        store.put(0, tensor).result()
+        out = torch.empty_like(tensor)
+        store.get(0, out).result()
+        assert torch.equal(out, tensor) and not fileio.owner_file(store.directory).exists()
+    assert list(disk.iterdir()) == []
 
 
 def test_a_file_that_cannot_be_removed_is_said_once_and_raises_nothing(disk, monkeypatch):

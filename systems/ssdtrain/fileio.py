@@ -15,6 +15,7 @@ import errno
 import fcntl
 import os
 import shutil
+import socket
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -78,13 +79,13 @@ def owner_file(scratch: Path) -> Path:
     return scratch.with_name(scratch.name + OWNER)
 
 
-def make_scratch(folder: Path, *, direct: bool) -> tuple[Path, int]:
+def make_scratch(folder: Path, *, direct: bool) -> tuple[Path, int | None]:
     """A new private folder inside ``folder`` for one store's files, after checking that ``folder``
     exists (it is never created: a mistyped path would otherwise fill some other disk), is on a disk
     (not memory) and, with ``direct``, that its file system takes O_DIRECT. Only the private folder
     is made, and removed again when a check fails. Returns it with the descriptor that holds its
-    owner lock (close it after removing the folder). Scratch folders that dead processes left in
-    ``folder`` are removed first, with a warning."""
+    owner lock (None on a file system without locks; remove_scratch closes it). Scratch folders
+    that dead processes of this host left in ``folder`` are removed first, with a warning."""
     folder = Path(folder)
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
@@ -106,53 +107,62 @@ def make_scratch(folder: Path, *, direct: bool) -> tuple[Path, int]:
         if direct:
             _probe_direct(scratch / "probe")
     except BaseException:
-        if owner is None:
-            shutil.rmtree(scratch, ignore_errors=True)
-        else:
-            remove_scratch(scratch, owner)
+        remove_scratch(scratch, owner)
         raise
     return scratch, owner
 
 
-def _lock_owner(scratch: Path) -> int:
+def _lock_owner(scratch: Path) -> int | None:
+    """The descriptor holding ``scratch``'s owner lock, the owner file naming this host; None where
+    the file system takes no locks (the folder is then never taken for an abandoned one)."""
     # Locked under another name and then renamed, so that no other process finds the owner file
     # before it is locked (and takes the new folder for an abandoned one).
     staging = owner_file(scratch).with_suffix(".new")
     fd = os.open(staging, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, _HOST.encode())
         staging.rename(owner_file(scratch))
     except OSError as err:
         os.close(fd)
         staging.unlink(missing_ok=True)
+        if err.errno in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            return None
         raise explain(err, staging, "locking") from None
     return fd
 
 
+# A lock is only known to be let go where it was taken: a shared file system (NFS, a cluster's) may
+# lock per node. Only folders this host made are ever reclaimed.
+_HOST = socket.gethostname()
+
+
 def remove_abandoned(folder: Path) -> None:
-    """Remove the scratch folders in ``folder`` whose owner lock no process holds: their store's
-    process ended without closing it. A folder without an owner file (being made now, or by other
-    code) is left alone."""
+    """Remove the scratch folders in ``folder`` that this host made and whose owner lock no process
+    holds: their store's process ended without closing it. A folder without an owner file (being
+    made now, made by other code, on a file system without locks) or of another host is left alone."""
     removed, total = [], 0
     for owner in sorted(folder.glob(f"{SCRATCH_PREFIX}*{OWNER}")):
         try:
-            fd = os.open(owner, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(owner, os.O_RDWR | os.O_CLOEXEC)  # read-write: NFS grants an exclusive lock on no less
         except OSError:
-            continue
+            continue  # another user's, or gone
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.pread(fd, 4096, 0).decode(errors="replace") != _HOST:
+                raise BlockingIOError  # another host's: its lock says nothing here
         except OSError:
             os.close(fd)
-            continue  # its store is open
+            continue  # its store is open, or it is not this host's to judge
         scratch = owner.with_name(owner.name.removesuffix(OWNER))
         try:
-            if scratch.is_dir():
+            if scratch.is_dir() and not scratch.is_symlink():
                 total += sum(f.stat().st_size for f in scratch.iterdir() if f.is_file())
-                shutil.rmtree(scratch, ignore_errors=True)
+                shutil.rmtree(scratch)
                 removed.append(scratch.name)
             owner.unlink(missing_ok=True)
         except OSError:
-            pass  # another user's folder, or a read-only disk: left as it is
+            pass  # a file of another user's in it, or a read-only disk: left as it is
         finally:
             os.close(fd)
     if removed:
@@ -188,12 +198,13 @@ def open_direct(path: Path, flags: int) -> int:
         raise explain(err, path, "opening") from None
 
 
-def remove_scratch(scratch: Path, owner: int) -> None:
-    """Remove a scratch folder and its owner file, then let go of the owner lock."""
+def remove_scratch(scratch: Path, owner: int | None) -> None:
+    """Remove a scratch folder and its owner file, then let go of the owner lock (if one was taken)."""
     shutil.rmtree(scratch, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        owner_file(scratch).unlink(missing_ok=True)
-    os.close(owner)
+    if owner is not None:
+        with contextlib.suppress(OSError):
+            owner_file(scratch).unlink(missing_ok=True)
+        os.close(owner)
 
 
 class BounceBuffer:

@@ -68,7 +68,10 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     # module order (its forward order in these models). Classes spread over several lists (a
     # U-Net's resnets and attentions, interleaved in forward) are not: their order is unknown.
     if stacks[largest] == 1 and size(largest)[:2] == (True, True):
-        others = [key for key in blocks if key != largest and stacks[key] == 1 and size(key)[:2] == (True, True)]
+        # A stack holds a share of the model's parameters (an encoder's: about two thirds of its
+        # decoder's); a list of small composite modules (heads, adapters) is not a stack.
+        stack = lambda key: stacks[key] == 1 and size(key)[:2] == (True, True)  # noqa: E731
+        others = [key for key in blocks if key != largest and stack(key) and 4 * size(key)[2] >= size(largest)[2]]
         if others:
             order = {id(m): i for i, m in enumerate(model.modules())}
             chosen = sorted([*chosen, *(b for key in others for b in blocks[key])], key=lambda b: order[id(b)])

@@ -32,9 +32,9 @@ the model's repeated class; or pass ``layers=[...]``):
   the last ``keep_last`` blocks, which are kept where it says offload (``keep_last=0``: every
   answer holds).
 
-``session.decisions`` says what each block does (with ``keep_last`` applied). A configuration
-that offloads no block (``keep_last`` at or above the block count) warns when the block is
-entered; a planner budget below what any plan holds warns when it plans (the plan that holds the
+``session.decisions`` says what each block does (with ``keep_last`` applied). ``offload_all`` or
+a callable that offloads no block once ``keep_last`` is applied (at or above the block count)
+warns when the block is entered; a planner budget below what any plan holds warns when it plans (the plan that holds the
 least is taken).
 
 A model whose blocks Hugging Face already checkpoints (``gradient_checkpointing_enable``) is not

@@ -83,7 +83,7 @@ def results_of(topic, machine, scale):
     files committed for it (the measuring rule only produces this machine's files, so they are
     never re-measured here; a newer file re-renders the figure)."""
     folder = f"results/{machine}/{topic}"
-    if machine == MACHINE:
+    if machine == MACHINE and not CANNOT_MEASURE_HERE:  # (a scale it cannot measure: its committed files)
         return [f"{folder}/{part}-{scale}.csv" for part in parts_here(topic, scale)]
     return [str(p) for p in sorted(Path(folder).glob(f"*-{scale}.csv"))]
 
