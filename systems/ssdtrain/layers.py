@@ -7,9 +7,9 @@ and decoder blocks), a ResNet's ``BasicBlock``s (two in each of ``layer1`` to ``
 class whose blocks hold the most parameters is taken, and every block of it, in the order the
 model lists its modules (the order forward runs them in these models); other repeated classes
 (heads, experts inside a layer, the convolutions of a downsampling path) hold fewer. Where that
-class's blocks form one list, every other class whose composite blocks form one list is a stack of
-its own and is taken too: BART's or Whisper's encoder and decoder layers, a vision-language
-model's vision and language layers. A block is
+class's blocks form one list, every other class whose composite blocks form one list and hold at
+least a quarter of its parameters is a stack of its own and is taken too: BART's or Whisper's
+encoder and decoder layers, a vision-language model's vision and language layers. A block is
 made of modules: among the classes that hold parameters, a list of single operators (embedding
 tables, output heads) is taken only where the model has no list of composite blocks, however
 many parameters the operators hold.
