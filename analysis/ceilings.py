@@ -73,6 +73,10 @@ def add_line(what, config, row, unit):
     lines.append(f"| {what} | {config} | {row['median']:.3g} {unit} | {row['q25']:.3g} to {row['q75']:.3g} |")
 
 
+def threads(count) -> str:
+    return f"{count} thread" + "s" * (count != 1)
+
+
 if "pcie_copy" in probes:
     largest = bw[bw.part == "pcie_copy"].size_bytes.max()
     for _, r in bw[(bw.part == "pcie_copy") & (bw.size_bytes == largest)].iterrows():
@@ -91,11 +95,9 @@ if "hbm_copy" in probes:
 for _, r in rate.iterrows():
     add_line(f"matmul {r.variant}", f"{r.device}, n={r.matrix_dim}", r, "TFLOP/s")
 for _, r in bw[bw.part == "disk"].iterrows():
-    threads = f"{r.threads} thread" + "s" * (r.threads != 1)
-    add_line(f"disk {r.variant} (O_DIRECT)", f"{r.block_bytes / MiB:g} MiB requests, {threads}", r, "GB/s")
+    add_line(f"disk {r.variant} (O_DIRECT)", f"{r.block_bytes / MiB:g} MiB requests, {threads(r.threads)}", r, "GB/s")
 for _, r in bw[bw.part == "host_memcpy"].iterrows():
-    threads = f"{r.threads} thread" + "s" * (r.threads != 1)
-    add_line("host memcpy (read+write)", f"{r.size_bytes / MiB:.0f} MiB, {threads}", r, "GB/s")
+    add_line("host memcpy (read+write)", f"{r.size_bytes / MiB:.0f} MiB, {threads(r.threads)}", r, "GB/s")
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pandas as pd
@@ -86,6 +87,14 @@ def summarize(frame: pd.DataFrame, metric: str, by: list[str]) -> pd.DataFrame:
     return out
 
 
+@functools.cache
+def _suite_config() -> dict:
+    """The suite's config, read and validated once per render (every label asks for it)."""
+    from harness import config as suite_config
+
+    return suite_config.load()
+
+
 def parts_not_measured(provenance: list[dict]) -> list[str]:
     """The parts that the suite's config measures, for the one topic of ``provenance`` at its
     scale on a machine with its GPUs, that have no record among ``provenance``: a figure drawn
@@ -99,7 +108,7 @@ def parts_not_measured(provenance: list[dict]) -> list[str]:
     if len({(p["topic"], p["scale"], len(p["machine"]["gpus"])) for p in provenance}) != 1:
         return []
     first = provenance[0]
-    topics, config = discover(), suite_config.load()
+    topics, config = discover(), _suite_config()
     topic = topics.get(first["topic"])
     if topic is None or first["scale"] not in config["scales"]:
         return []  # another code's topic, or a scale of another config: nothing to compare
@@ -122,7 +131,7 @@ def machine_label(provenance: list[dict], *, missing_parts: bool = True) -> str:
         m = record["machine"]
         gpus = ", ".join(f"{g['name']} (driver {g['driver']})" for g in m["gpus"]) or "no GPU"
         kinds.setdefault(_hardware(record), f"{gpus}; {m['cpu_model']}, {m['usable_cpus']} cores")
-    machines = " | ".join(kinds.values()) if len(kinds) == 1 else "MIXED MACHINES: " + " | ".join(kinds.values())
+    machines = ("" if len(kinds) == 1 else "MIXED MACHINES: ") + " | ".join(kinds.values())
     dates = sorted(p["date_utc"][:10] for p in provenance)
     dirty = {True: "+dirty", False: "", None: "+dirty?"}  # None: the record does not say
     commits = sorted({p["git"]["commit"][:8] + dirty[p["git"]["dirty"]] for p in provenance})

@@ -379,10 +379,10 @@ class Pipeline:
             raise ValueError(f"pipeline {name!r} needs the options {', '.join(missing)} (options={{...}})")
         if kind.needs_gpu and graph.device != "cuda":
             raise ValueError(f"pipeline {name!r} needs a GPU")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+        if not whole(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
         self.name, self.graph, self.batch_size, self.seed = name, graph, batch_size, seed
-        whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
         if not (isinstance(shard, tuple | list) and len(shard) == 2 and all(map(whole, shard))):
             raise ValueError(f"shard must be (rank, world), two whole numbers, got {shard!r}")
         if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
