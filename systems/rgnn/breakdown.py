@@ -115,8 +115,6 @@ def profile_call(fn, device: str) -> tuple[dict[str, float], dict[str, int]]:
 
 # The profiler's own device activity (CUPTI's buffer requests), not the profiled call's work.
 _PROFILER_OWN = {"Activity Buffer Request"}
-# The name under which kernels no operator launched are counted (class ``other``).
-UNLINKED = "kernels without an operator"
 
 
 def operators(fn, device: str) -> dict[str, float]:
@@ -143,27 +141,21 @@ def _seconds_by_operator(prof, device: str) -> dict[str, float]:
         for event in prof.key_averages():
             seconds[event.key] = seconds.get(event.key, 0.0) + event.self_cpu_time_total / 1e6
         return seconds
-    # Every kernel the profiler saw counts, each under the operator that launched it (the kernel's
-    # link to the operator's correlation id): summing operators' own device time instead loses the
-    # kernels whose operator the profiler did not link them to (seen for backward kernels), and the
-    # split then sums to well under the call's device time. A kernel with no operator is kept
-    # under UNLINKED (class ``other``).
-    launched_by = {
-        event.id: event.name
-        for event in prof.events()
-        if event.device_type == torch.autograd.DeviceType.CPU and not getattr(event, "linked_correlation_id", 0)
-    }
-    for kernel in prof.events():
-        if kernel.device_type == torch.autograd.DeviceType.CPU or kernel.name in _PROFILER_OWN:
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CPU or not event.self_device_time_total:
+            continue  # kernels are counted through the operator that launched them
+        if event.name in _PROFILER_OWN:
             continue
         # Hector's kernels, launched through CuPy, are linked to the innermost torch operator
-        # around the launch (the layer's custom op, or in training its autograd wrapper): they are
-        # counted by their entry point.
-        if kernel_class(kernel.name) is not None:
-            name = _entry_point(kernel.name)
-        else:
-            name = launched_by.get(getattr(kernel, "linked_correlation_id", 0), UNLINKED)
-        seconds[name] = seconds.get(name, 0.0) + (kernel.time_range.end - kernel.time_range.start) / 1e6
+        # around the launch: the layer's custom op, or in training its autograd wrapper. They are
+        # counted by their entry point, the operator's own kernels under the operator's name.
+        own = event.self_device_time_total
+        for kernel in event.kernels:
+            if kernel_class(kernel.name) is not None:
+                entry = _entry_point(kernel.name)
+                seconds[entry] = seconds.get(entry, 0.0) + kernel.duration / 1e6
+                own -= kernel.duration
+        seconds[event.name] = seconds.get(event.name, 0.0) + max(own, 0.0) / 1e6
     return seconds
 
 
