@@ -15,7 +15,9 @@ Operators, not kernels, are classified: a kernel's name says little (an ``index_
 called ``indexFuncLargeIndex``), its operator says what it is for. Hector's generated kernels are
 launched through CuPy, and the profiler links them to whatever torch operator is innermost around
 the launch (the layer's custom op, or its autograd wrapper): they are classed by their entry point
-(``segment_gemm`` is a GEMM, ``scatter_map`` an aggregation, ...).
+(``segment_gemm`` is a GEMM, ``scatter_map`` an aggregation, ...). A kernel the profiler links to
+no operator (those of CUDA-graph replays, under torch 2.11) is still counted, from the device's
+own events: Hector's by entry point, any other as ``other``.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ def profile_call(fn, device: str) -> tuple[dict[str, float], dict[str, int]]:
 
 # The profiler's own device activity (CUPTI's buffer requests), not the profiled call's work.
 _PROFILER_OWN = {"Activity Buffer Request"}
+# Where the kernels no operator is linked to are counted (class ``other``).
+UNLINKED = "kernels without an operator"
 
 
 def operators(fn, device: str) -> dict[str, float]:
@@ -141,6 +145,7 @@ def _seconds_by_operator(prof, device: str) -> dict[str, float]:
         for event in prof.key_averages():
             seconds[event.key] = seconds.get(event.key, 0.0) + event.self_cpu_time_total / 1e6
         return seconds
+    reached: dict[str, float] = {}  # microseconds per kernel name reached through an operator
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CPU or not event.self_device_time_total:
             continue  # kernels are counted through the operator that launched them
@@ -151,12 +156,31 @@ def _seconds_by_operator(prof, device: str) -> dict[str, float]:
         # counted by their entry point, the operator's own kernels under the operator's name.
         own = event.self_device_time_total
         for kernel in event.kernels:
+            reached[kernel.name] = reached.get(kernel.name, 0.0) + kernel.duration
             if kernel_class(kernel.name) is not None:
                 entry = _entry_point(kernel.name)
                 seconds[entry] = seconds.get(entry, 0.0) + kernel.duration / 1e6
                 own -= kernel.duration
         seconds[event.name] = seconds.get(event.name, 0.0) + max(own, 0.0) / 1e6
+    # The profiler does not link every kernel to an operator (seen for the kernels of CUDA-graph
+    # replays under torch 2.11): those the operators did not reach are counted from the device's
+    # own events, Hector's by entry point, any other under UNLINKED, so the split sums to every
+    # kernel the call ran.
+    for name, spent in _device_time_by_kernel(prof).items():
+        missing = spent - reached.get(name, 0.0)
+        if missing > 0.01:  # microseconds: more than the two sums' rounding
+            key = _entry_point(name) if kernel_class(name) is not None else UNLINKED
+            seconds[key] = seconds.get(key, 0.0) + missing / 1e6
     return seconds
+
+
+def _device_time_by_kernel(prof) -> dict[str, float]:
+    """Microseconds per name of every kernel, copy and fill the profiler saw on the device."""
+    spent: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CPU and event.name not in _PROFILER_OWN:
+            spent[event.name] = spent.get(event.name, 0.0) + event.time_range.elapsed_us()
+    return spent
 
 
 def _bytes(prof, device: str) -> dict[str, int]:
