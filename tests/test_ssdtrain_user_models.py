@@ -11,6 +11,9 @@ models each in its own ``offload()``, switch to train mode inside the block."""
 
 import collections
 import contextlib
+import copy
+import dataclasses
+import io
 import os
 import re
 import warnings
@@ -22,7 +25,7 @@ from test_ssdtrain_stores import real_disk_folder
 from torch import nn
 
 from harness.errors import UserError
-from systems.ssdtrain import DirectFileStore, HostStore, offload
+from systems.ssdtrain import DirectFileStore, EmulatedStore, HostStore, Offloader, find_layers, offload
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, Plan
 
 STEPS, MICRO_BATCHES = 2, 2
@@ -392,10 +395,16 @@ def one_line(error, message: str) -> None:
     assert "\n" not in str(error.value)
 
 
-def test_bad_arguments_are_one_clear_line(tmp_path):
+def test_bad_arguments_are_one_clear_line(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = MLP()
+    monkeypatch.chdir(tmp_path)  # a store made in the working directory would show in tmp_path
     cases = [
+        (lambda: offload(model, policy="keep", layers=3), "layers must be a non-empty list"),
+        (lambda: DirectFileStore(None), "folder must be the path of an existing folder, got None"),
+        (lambda: DirectFileStore(""), "folder must be the path of an existing folder, got ''"),
+        (lambda: DirectFileStore(tmp_path, threads=True), "threads must be a positive integer, got True"),
+        (lambda: EmulatedStore(1.0, inner="host"), "inner must be a Store"),
         (lambda: offload(model, policy="offload-all", store=HostStore()), r"unknown policy 'offload-all': choose one"),
         (lambda: offload(model, policy=None), "unknown policy None"),
         (lambda: DirectFileStore(tmp_path / "missing"), "missing does not exist: pass an existing folder"),
@@ -1057,3 +1066,194 @@ def test_another_librarys_checkpoint_gets_the_positional_inputs_with_the_keyword
     with checkpointed(list(model.blocks), spy):
         in_place_step(model)  # the shift changed in place is bound, out of the checkpoint's sight: no error
     assert handed == [[(4, 16)]] * 3  # x only: the shift, a keyword tensor, was not handed over
+
+
+# -- lazy modules, frozen blocks, frozen weights under autocast ----------------------------------
+class LazyBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.up, self.down = nn.LazyLinear(2 * dim), nn.LazyLinear(dim)
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class Lazy(nn.Module):
+    def __init__(self, dim: int = 12, blocks: int = 3):
+        super().__init__()
+        self.blocks = nn.Sequential(*[LazyBlock(dim) for _ in range(blocks)])
+
+    def forward(self, x):
+        return self.blocks(x).square().mean()
+
+
+def test_a_model_with_uninitialized_lazy_modules_is_refused_in_one_line_and_trains_once_initialized():
+    # Before any forward a lazy module's parameters have no size: torch raised its own ValueError from
+    # deep inside find_layers or the first step, and the storages they get later would not be known
+    # as the model's, so the weights would have been offloaded as activations.
+    torch.manual_seed(0)
+    model = Lazy()
+    for call in (
+        lambda: offload(model, policy="keep"),
+        lambda: offload(model, store=HostStore(), layers=list(model.blocks)),
+        lambda: Offloader(model, HostStore(), layers=list(model.blocks)),
+        lambda: find_layers(model),
+    ):
+        with pytest.raises(UserError) as error:
+            call()
+        one_line(error, "holds a LazyLinear not yet initialized .* run one forward")
+    x = torch.randn(5, 12)
+    model(x)  # the dummy batch the error asks for
+    plain = {n: g for n, g in zip(*_grads(model, x))}
+    with offload(model, store=HostStore(), min_bytes=0, keep_last=0) as session:
+        names, grads = _grads(model, x)
+    for name, grad in zip(names, grads):
+        assert torch.equal(grad, plain[name]), name
+    assert session.stats.total.offloaded_bytes > 0 and session.stats.total.parameter_bytes > 0
+
+
+def _grads(model: nn.Module, x: torch.Tensor) -> tuple[list[str], list[torch.Tensor]]:
+    model.zero_grad()
+    model(x).backward()
+    return [n for n, _ in model.named_parameters()], [p.grad.clone() for p in model.parameters()]
+
+
+def test_frozen_blocks_that_save_nothing_are_said_to_be_frozen_not_held_by_another_hook():
+    # Fine-tuning a head on a frozen backbone: the blocks save nothing for backward because nothing in
+    # them needs a gradient; the warning used to blame another saved-tensor hook.
+    torch.manual_seed(0)
+    model = MLP()
+    model.inp.requires_grad_(False)
+    model.blocks.requires_grad_(False)
+    x, y = batch("mlp", 0)
+    torch.manual_seed(1)
+    model(x, y).backward()
+    plain = model.out.weight.grad.clone()
+    model.zero_grad()
+    torch.manual_seed(1)  # the same dropout masks
+    with pytest.warns(UserWarning) as caught, offload(model, store=HostStore(), min_bytes=0):
+        model(x, y).backward()
+    assert torch.equal(model.out.weight.grad, plain)
+    messages = [str(w.message) for w in caught if "offloaded nothing" in str(w.message)]
+    assert len(messages) == 1 and "\n" not in messages[0]
+    assert "frozen" in messages[0] and "another saved-tensor hook" not in messages[0]
+
+
+class FrozenCast(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.trained, self.frozen = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return x + torch.tanh(self.trained(x)) + self.frozen(x)
+
+
+def test_under_autocast_a_frozen_weights_cast_is_offloaded_and_a_trained_weights_is_not():
+    # As docs/llm_offload.md says: autocast keeps one cast of each trained weight (the model's bytes);
+    # a frozen weight's cast is new at each use, held only for backward, so it goes like an activation.
+    torch.manual_seed(0)
+    dim = 16
+    model = nn.Sequential(*[FrozenCast(dim) for _ in range(3)])
+    x = torch.randn(4, dim, requires_grad=True)
+
+    def step():
+        model.zero_grad()
+        x.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters() if p.requires_grad] + [x.grad.clone()]
+
+    plain = step()
+    puts = []
+
+    class Recording(HostStore):
+        def _put(self, key, src, ready):
+            puts.append(src.numel())
+            return super()._put(key, src, ready)
+
+    with offload(model, store=Recording(), min_bytes=0, keep_last=0) as session:
+        got = step()
+    for a, b in zip(got, plain, strict=True):
+        assert torch.equal(a, b)
+    weight_cast = dim * dim * 2  # one bf16 weight
+    assert puts.count(weight_cast) == 3  # each block's frozen weight, once
+    assert [session.stats.layers[i].parameter_bytes for i in range(3)] == [weight_cast] * 3  # the trained weight's
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenConfig:
+    dim: int = 16
+    use_cache: bool = True
+
+
+class FrozenConfigBlock(nn.Module):
+    def __init__(self, config: FrozenConfig):
+        super().__init__()
+        self.config, self.lin = config, nn.Linear(config.dim, config.dim)
+
+    def forward(self, x):
+        return x + torch.tanh(self.lin(x))
+
+
+class FrozenConfigModel(nn.Module):
+    """A model of one's own whose config (a frozen dataclass) has a use_cache field."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = FrozenConfig()
+        self.blocks = nn.ModuleList(FrozenConfigBlock(self.config) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("policy", ["recompute", "plan"])
+def test_recomputing_a_model_whose_own_config_cannot_change_matches_a_plain_run(policy):
+    # Turning Hugging Face's key-value cache off assigned config.use_cache on any config that has
+    # one: a frozen dataclass of the user's raised FrozenInstanceError as the block was entered.
+    x = torch.randn(4, 16)
+    torch.manual_seed(0)
+    model = FrozenConfigModel()
+    model(x).backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    args = {"policy": policy}
+    if policy == "plan":
+        args = {"policy": Plan((RECOMPUTE, OFFLOAD, KEEP), 0.0, 0, 0.0), "store": HostStore(), "min_bytes": 0}
+    with offload(model, **args):
+        model(x).backward()
+    for a, b in zip([p.grad for p in model.parameters()], plain, strict=True):
+        assert torch.equal(a, b)
+    assert model.config.use_cache is True
+
+
+@pytest.mark.parametrize("policy", ["keep", "recompute", "offload_all", "planner", "plan"])
+def test_a_copy_of_the_model_made_inside_the_block_trains_its_own_weights(policy):
+    # Keeping the best model or starting an EMA (copy.deepcopy(model)) inside the with block copied
+    # the hooks of the step with the model: the offloader's locks raised "cannot pickle", and a
+    # recomputed block's forward, copied as it was, would have run the original block's weights.
+    def run(session) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = MLP()
+        x, y = batch("mlp", 0)
+        with session(model) if session else contextlib.nullcontext():
+            for i in range(2):
+                model(*batch("mlp", i)).backward()
+            copied = copy.deepcopy(model)
+            torch.save(model, io.BytesIO())  # pickles as the copy does
+            model(x, y).backward()  # the block goes on with the model
+        with torch.no_grad():
+            copied.blocks[0].up.weight.mul_(0.5)  # the copy's own weights: the model's must not follow them
+        copied.zero_grad()
+        torch.manual_seed(3)
+        copied(x, y).backward()
+        return [p.grad.clone() for p in copied.parameters()], [p.grad.clone() for p in model.parameters()]
+
+    want = run(None)
+    got = run(lambda model: offload(model, **policy_args(policy, BLOCKS["mlp"])))
+    for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True):
+        assert torch.equal(a, b)

@@ -55,7 +55,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.errors import UserError
 from systems.ssdtrain.cache import TensorCache, modified_error, storage_key
-from systems.ssdtrain.layers import find_layers
+from systems.ssdtrain.layers import find_layers, refuse_lazy
 from systems.ssdtrain.stats import StepStats
 from systems.ssdtrain.stores import Store
 
@@ -96,6 +96,32 @@ def saving_inputs_of(block: nn.Module):
         yield
     finally:
         _local.block = outer
+
+
+def _inert(*args, **kwargs) -> None:
+    """The hook a copy of the model gets for a :class:`StepHook`: it does nothing."""
+
+
+def _inert_hook():
+    return _inert
+
+
+class StepHook:
+    """A hook that a ``with`` block (an Offloader, offload()) puts on the model's modules while it
+    runs. ``copy.deepcopy(model)`` or ``torch.save(model)`` inside the block (keeping the best model,
+    starting an EMA) copies the modules' hooks with them: the copy gets one that does nothing, as it is
+    not the model the block covers (and the offloader, with its locks and threads, cannot be copied)."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, func: Callable):
+        self.func = func
+
+    def __call__(self, *args, **kwargs):
+        return self.func(*args, **kwargs)
+
+    def __reduce__(self):  # deepcopy and pickle alike
+        return _inert_hook, ()
 
 
 class _Kept:
@@ -192,6 +218,7 @@ class Offloader:
                 raise UserError(f"{name} must be a non-negative integer, got {value!r}")
         if not isinstance(always_read_back, bool):  # "no" would read as True
             raise UserError(f"always_read_back must be True or False, got {always_read_back!r}")
+        refuse_lazy(model)  # its parameters' storages must be known when a step starts
         self.model, self.store, self.decide = model, store, policy
         self.min_bytes, self.keep_last, self.prefetch = min_bytes, keep_last, prefetch
         self.layers = list(layers) if layers is not None else find_layers(model)
@@ -220,8 +247,9 @@ class Offloader:
         self._parameter_storages = {StorageWeakRef(t.untyped_storage()).cdata for t in tensors}
         self._module_hooks = []
         for index, layer in enumerate(self.layers):
-            self._module_hooks.append(layer.register_forward_pre_hook(functools.partial(self._enter_layer, index)))
-            self._module_hooks.append(layer.register_forward_hook(self._leave_layer))
+            enter = StepHook(functools.partial(self._enter_layer, index))
+            self._module_hooks.append(layer.register_forward_pre_hook(enter))
+            self._module_hooks.append(layer.register_forward_hook(StepHook(self._leave_layer)))
         self._checkpoint_funcs = self._attribute_library_checkpoints()
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
@@ -387,11 +415,19 @@ class Offloader:
         if not offloading or self.stats.total.offloaded_tensors:
             return
         saved = [self.stats.layers[i] for i in offloading if i in self.stats.layers]
+        weights = [p for i in offloading for p in self.layers[i].parameters()]
         if any(s.packed_tensors for s in saved):
             largest = max(self.stats.largest.get(i, 0) for i in offloading)
             why = (
                 f"every tensor the offloaded layers saved is below min_bytes={self.min_bytes} (the largest is "
                 f"{largest} B): lower min_bytes"
+            )
+        elif weights and not any(p.requires_grad for p in weights):
+            # Frozen blocks whose inputs need no gradient: autograd saves nothing in them, and
+            # no other hook is to blame (fine-tuning a head on a frozen backbone).
+            why = (
+                "the offloaded layers saved no tensor for backward: their parameters are frozen (requires_grad=False) "
+                "and their inputs need no gradient, so there is nothing to offload"
             )
         else:
             why = "the offloaded layers saved no tensor through the offloader (another saved-tensor hook holds them?)"

@@ -25,6 +25,7 @@ attn, ff in self.layers``, has the attention and feed-forward modules as its blo
 from __future__ import annotations
 
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from harness.errors import UserError
 
@@ -32,6 +33,7 @@ from harness.errors import UserError
 def find_layers(model: nn.Module) -> list[nn.Module]:
     """Every block of the repeated class of ``model`` (see the module), in module order. Raises a
     UserError if it has none (pass the blocks explicitly then)."""
+    refuse_lazy(model)
     blocks: dict[object, list[nn.Module]] = {}  # by class; those of containers by the set of their classes
     stacks: dict[object, int] = {}  # by the same key: how many lists the blocks come from
     for module in model.modules():
@@ -78,6 +80,19 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     unique = list({id(block): block for block in chosen}.values())  # a block listed twice is one block
     inside = {id(m) for block in unique for m in block.modules() if m is not block}
     return [block for block in unique if id(block) not in inside]  # a block nested in another is the other's
+
+
+def refuse_lazy(model: nn.Module) -> None:
+    """A one-line UserError where ``model`` holds parameters or buffers of lazy modules
+    (``nn.LazyLinear``...) that no forward has made yet: their sizes are unknown (torch raises on
+    any use of them), and the storages they get in the first forward would not be known as the
+    model's, so its weights would be offloaded as activations."""
+    for module in model.modules():
+        if any(is_lazy(t) for t in (*module._parameters.values(), *module._buffers.values())):
+            raise UserError(
+                f"{type(model).__name__} holds a {type(module).__name__} not yet initialized (a lazy module): run "
+                "one forward (a dummy batch) before offloading, so that its parameters exist"
+            )
 
 
 def _called(module: nn.Module) -> bool:

@@ -63,7 +63,7 @@ from torch import nn
 
 from harness.errors import UserError
 from systems.ssdtrain import planning
-from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, active_offloaders, in_backward
+from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_offloaders, in_backward
 from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan
 from systems.ssdtrain.recompute import checkpointed
@@ -237,7 +237,7 @@ class Offloading:
                 self._make_plan(timer)
                 self._recompute(stack)
 
-        hook = self.model.register_forward_pre_hook(plan_before_forward)
+        hook = self.model.register_forward_pre_hook(StepHook(plan_before_forward))
         stack.callback(hook.remove)
 
         def plan_at_exit(exc_type, exc, tb) -> bool:
@@ -308,8 +308,13 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
 
     for config in configs.values():
         if config.use_cache is True:
+            try:
+                config.use_cache = False
+            except AttributeError:
+                # A config of the user's own that cannot change (a frozen dataclass, a named tuple):
+                # not Hugging Face's, whose cache this is about; left as it is.
+                continue
             say_once()
-            config.use_cache = False
             stack.callback(setattr, config, "use_cache", True)
 
     def no_cache_asked(module, args, kwargs):  # model(..., use_cache=True) in a call
@@ -318,7 +323,7 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
             return args, kwargs | {"use_cache": False}
         return None
 
-    stack.callback(model.register_forward_pre_hook(no_cache_asked, with_kwargs=True).remove)
+    stack.callback(model.register_forward_pre_hook(StepHook(no_cache_asked), with_kwargs=True).remove)
 
 
 def offload(
@@ -363,7 +368,10 @@ def _blocks(model: nn.Module, layers) -> list[nn.Module]:
         return find_layers(model)
     if isinstance(layers, nn.Module) and not isinstance(layers, nn.ModuleList | nn.Sequential):
         raise UserError(f"layers must be a list of blocks; got one {type(layers).__name__} (pass [block])")
-    layers = list(layers)
+    try:
+        layers = list(layers)
+    except TypeError:  # layers=3, layers=None-like objects: one line, not list()'s traceback
+        layers = []
     inside = {id(m) for m in model.modules()}
     if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
         raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")

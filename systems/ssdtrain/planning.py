@@ -46,7 +46,7 @@ import torch
 from harness import timing
 from harness.errors import UserError
 from systems.ssdtrain.cache import storage_key
-from systems.ssdtrain.engine import Offloader, has_storage_identity
+from systems.ssdtrain.engine import Offloader, StepHook, has_storage_identity
 from systems.ssdtrain.recompute import tensors_in
 from systems.ssdtrain.stores import StoreCorrupted
 from systems.ssdtrain.stores.host import HostStore
@@ -345,9 +345,9 @@ class LayerTimer:
         self.ran_without_gradients = False  # a layer ran in forward with gradients off (told when none ran)
         self._hooks = []
         for index, layer in enumerate(layers):
-            before = functools.partial(self._before, index)
+            before = StepHook(functools.partial(self._before, index))
             self._hooks.append(layer.register_forward_pre_hook(before, with_kwargs=True))
-            self._hooks.append(layer.register_forward_hook(functools.partial(self._after, index)))
+            self._hooks.append(layer.register_forward_hook(StepHook(functools.partial(self._after, index))))
 
     @staticmethod
     def _recorded() -> bool:

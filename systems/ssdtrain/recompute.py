@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import types
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -38,7 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from systems.ssdtrain.cache import StorageKey, storage_key
-from systems.ssdtrain.engine import has_storage_identity, in_backward, saving_inputs_of
+from systems.ssdtrain.engine import StepHook, has_storage_identity, in_backward, saving_inputs_of
 
 TORCH_CHECKPOINT = functools.partial(torch_checkpoint, use_reentrant=False)
 
@@ -78,12 +79,16 @@ def checkpointed(
             inputs[key] = tensor.untyped_storage().nbytes()
 
     _warn_of_generators(layers)
-    hooks = [layer.register_forward_pre_hook(hold, with_kwargs=True) for layer in layers] if inputs is not None else []
+    hooks = (
+        [layer.register_forward_pre_hook(StepHook(hold), with_kwargs=True) for layer in layers]
+        if inputs is not None
+        else []
+    )
     # What was there before: a wrapper's instance forward (accelerate's hooks, another block) or None.
     before = [vars(layer).get("forward") for layer in layers]
-    for layer in layers:
+    for layer, forward in zip(layers, before):
         # An instance attribute shadows the class's forward; nn.Module.__call__ finds it.
-        layer.forward = _recomputed(layer, layer.forward, checkpoint)
+        layer.forward = _Forward(_recomputed(layer, layer.forward, checkpoint), layer, forward)
     try:
         yield
     finally:
@@ -94,6 +99,28 @@ def checkpointed(
                 layer.forward = forward
         for hook in hooks:
             hook.remove()
+
+
+class _Forward:
+    """A recomputed block's forward, the instance attribute ``forward`` while the block runs. A copy of
+    the block made meanwhile (``copy.deepcopy(model)`` to keep the best model or start an EMA,
+    ``torch.save(model)``) gets the forward the block had before (``before``; None: its class's), bound
+    to the copy: a plain function would be copied as it is, and the copy would run this block, its
+    weights and its recomputation, instead of its own."""
+
+    def __init__(self, run: Callable, layer: nn.Module, before: Callable | None):
+        functools.update_wrapper(self, run)  # the block's name and signature, as the forward's
+        self.run, self.layer, self.before = run, layer, before
+
+    def __call__(self, *args, **kwargs):
+        return self.run(*args, **kwargs)
+
+    def __reduce__(self):  # deepcopy and pickle alike
+        return _forward_of_copy, (self.layer, self.before)
+
+
+def _forward_of_copy(layer: nn.Module, before: Callable | None) -> Callable:
+    return before if before is not None else types.MethodType(type(layer).forward, layer)
 
 
 def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Callable:

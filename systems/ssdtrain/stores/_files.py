@@ -3,6 +3,7 @@ a pool of I/O threads, and the device's byte counters to tell disk reads from th
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +27,12 @@ class FileStore(Store):
     the process was killed, by the next file store made in the same ``folder`` (fileio.make_scratch)."""
 
     def __init__(self, folder, *, threads: int, direct: bool):
-        if not isinstance(threads, int) or threads < 1:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise UserError(f"{type(self).__name__}: threads must be a positive integer, got {threads!r}")
+        # "" would be the working directory (an unset variable, most likely); None or a number
+        # would be Path()'s TypeError.
+        if not isinstance(folder, str | os.PathLike) or str(folder) == "":
+            raise UserError(f"{type(self).__name__}: folder must be the path of an existing folder, got {folder!r}")
         super().__init__()
         self.folder = Path(folder)
         self.directory, owner = fileio.make_scratch(self.folder, direct=direct)

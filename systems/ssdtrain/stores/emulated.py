@@ -32,6 +32,8 @@ class EmulatedStore(Store):
     def __init__(self, bandwidth_gbps: float, inner: Store | None = None):
         if not isinstance(bandwidth_gbps, int | float) or not bandwidth_gbps > 0:
             raise UserError(f"EmulatedStore: bandwidth_gbps must be a positive number of GB/s, got {bandwidth_gbps!r}")
+        if inner is not None and not isinstance(inner, Store):  # a name ("host") would fail later, deep inside
+            raise UserError(f"EmulatedStore: inner must be a Store (HostStore(), DirectFileStore(...)), got {inner!r}")
         super().__init__()
         self.inner = inner if inner is not None else HostStore()
         self.bandwidth_gbps = bandwidth_gbps
