@@ -16,8 +16,9 @@ called ``indexFuncLargeIndex``), its operator says what it is for. Hector's gene
 launched through CuPy, and the profiler links them to whatever torch operator is innermost around
 the launch (the layer's custom op, or its autograd wrapper): they are classed by their entry point
 (``segment_gemm`` is a GEMM, ``scatter_map`` an aggregation, ...). A kernel the profiler links to
-no operator (those of CUDA-graph replays, under torch 2.11) is still counted, from the device's
-own events: Hector's by entry point, any other as ``other``.
+no operator (on the H200 under torch 2.11, about half of the kernel time of a Hector training
+step) is still counted, from the device's own events: Hector's by entry point, any other as
+``other``.
 """
 
 from __future__ import annotations
@@ -162,10 +163,9 @@ def _seconds_by_operator(prof, device: str) -> dict[str, float]:
                 seconds[entry] = seconds.get(entry, 0.0) + kernel.duration / 1e6
                 own -= kernel.duration
         seconds[event.name] = seconds.get(event.name, 0.0) + max(own, 0.0) / 1e6
-    # The profiler does not link every kernel to an operator (seen for the kernels of CUDA-graph
-    # replays under torch 2.11): those the operators did not reach are counted from the device's
-    # own events, Hector's by entry point, any other under UNLINKED, so the split sums to every
-    # kernel the call ran.
+    # The profiler does not link every kernel to an operator (seen on the H200 under torch 2.11):
+    # those the operators did not reach are counted from the device's own events, Hector's by
+    # entry point, any other under UNLINKED, so the split sums to every kernel the call ran.
     for name, spent in _device_time_by_kernel(prof).items():
         missing = spent - reached.get(name, 0.0)
         if missing > 0.01:  # microseconds: more than the two sums' rounding

@@ -15,9 +15,11 @@ and ``cublas`` on equal segment shapes (``edges`` rows in ``relations`` segments
 timed call: ``time``, ``cpu_time``, on a GPU ``peak_gpu_memory`` and ``intermediate_memory`` (the
 peak allocated during the call minus what was allocated before the timed loop: the graph, the
 features, the weights and, for training, their gradients and optimizer state). Where a form did
-not fit: ``out_of_memory`` (1) and ``failed_allocation_bytes`` (the size of the allocation that
-failed, from the error; absent if the error did not say). ``breakdown_time``: one profiled call's
-time per ``kernel_class`` (operators' own device time on a GPU, CPU time on a CPU);
+not fit: ``out_of_memory`` (1), ``failed_allocation_bytes`` (the size of the allocation that
+failed), ``process_memory_at_failure_bytes`` and ``allocated_at_failure_bytes`` (what the process
+held then, in all and in torch's tensors), each from the error, absent if it did not say.
+``breakdown_time``: one profiled call's time per ``kernel_class`` (on a GPU every kernel's device
+time, under the operator that launched it; CPU time on a CPU);
 ``breakdown_bytes``: the same call's bytes allocated per ``kernel_class`` (device memory on a GPU,
 host memory on a CPU; allocation volume, not the peak). Per form and mode, once:
 ``first_call_time``, the form's first call in that mode (a compiled form's compile time; never
@@ -51,6 +53,8 @@ SCHEMA = Schema(
         "intermediate_memory": "B",
         "out_of_memory": "1",
         "failed_allocation_bytes": "B",
+        "process_memory_at_failure_bytes": "B",  # all the process held when the allocation failed
+        "allocated_at_failure_bytes": "B",  # torch's tensors alone, then
         "breakdown_time": "s",  # one profiled call's time in one kernel_class (systems/rgnn/breakdown.py)
         "breakdown_bytes": "B",  # the same call's bytes allocated in one kernel_class
         "first_call_time": "s",  # the form's first call in the mode, device drained (compiled: compiles)
