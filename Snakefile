@@ -41,9 +41,7 @@ rule reproduce:
 rule figures:
     """Render every figure from the results already in results/ (no measuring)."""
     input:
-        [committed_figures(name) for name in TOPICS],
-        [supporting_figures(name) for name in TOPICS],
-        COMMITTED_CLAIMS,
+        figures_inputs,
 
 
 onerror:

@@ -19,3 +19,23 @@ def supporting_figures(topic):
             if re.fullmatch(re.escape(stem) + r"-[a-z0-9_]+\.png", path.name):
                 found.append(str(path))
     return found
+
+
+_TOLD_UNRENDERED = []
+
+
+def figures_inputs(wildcards):
+    """The inputs of `figures`: every figure with results to render, their supporting figures and
+    the claims tables. It names, once, each figure of this machine it leaves out, its results
+    incomplete (rendering never measures), and how to measure them."""
+    wanted = [f for name in TOPICS for f in (*committed_figures(name), *supporting_figures(name))]
+    for (topic, scale), missing in sorted(UNRENDERED.items()):
+        if (topic, scale) not in _TOLD_UNRENDERED:
+            _TOLD_UNRENDERED.append((topic, scale))
+            print(
+                f"figures: paper_figs/{MACHINE}/{topic}-{scale}.png not rendered: {len(missing)} of its results "
+                f"files are missing ({missing[0]}{', ...' if len(missing) > 1 else ''}); "
+                f"`snakemake --cores all {topic} --config scale={scale}` measures them",
+                file=sys.stderr,
+            )
+    return [*wanted, *COMMITTED_CLAIMS]
