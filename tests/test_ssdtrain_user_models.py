@@ -399,6 +399,8 @@ def test_bad_arguments_are_one_clear_line(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = MLP()
     monkeypatch.chdir(tmp_path)  # a store made in the working directory would show in tmp_path
+    closed = HostStore()
+    closed.close()
     cases = [
         (lambda: offload(model, policy="keep", layers=3), "layers must be a non-empty list"),
         (lambda: DirectFileStore(None), "folder must be the path of an existing folder, got None"),
@@ -412,12 +414,25 @@ def test_bad_arguments_are_one_clear_line(tmp_path, monkeypatch):
         (lambda: offload(model, policy="keep", layers=[]), "layers must be a non-empty list"),
         (lambda: offload(nn.Linear(3, 3), policy="keep"), "no list of repeated blocks"),
         (lambda: offload(model, store=str(tmp_path)), "store must be a systems.ssdtrain Store"),
+        (lambda: offload(model, policy="offload_all", store=closed), r"the store given \(host\) is closed"),
+        (lambda: Offloader(model, closed, policy="offload_all"), r"the store given \(host\) is closed"),
     ]
     for call, message in cases:
         with pytest.raises(UserError) as error:
             call()
         one_line(error, message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_store_is_still_a_store():
+    """A store that holds nothing yet is true: ``if store: store.close()`` closes it, and
+    ``store or HostStore()`` keeps it."""
+    store = HostStore()
+    assert len(store) == 0 and bool(store)
+    kept = store or HostStore()
+    assert kept is store
+    store.close()
+    assert store.closed
 
 
 def test_a_block_listed_twice_is_refused():

@@ -205,6 +205,8 @@ class Offloader:
     ):
         if not isinstance(store, Store):
             raise TypeError(f"store must be a systems.ssdtrain Store, got {type(store).__name__}")
+        if store.closed:  # else the first forward fails deep in a hook
+            raise UserError(f"the store given ({store.name}) is closed (close() was called): make a new store")
         if isinstance(policy, str):
             if policy not in LAYER_POLICIES:
                 raise UserError(

@@ -179,8 +179,18 @@ class Store(abc.ABC):
                 tensors_stored=self._stored,
             )
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def __len__(self) -> int:
+        """How many tensors it holds."""
         return len(self._records)
+
+    def __bool__(self) -> bool:
+        # A store is there even when it holds nothing: without this, ``__len__`` makes an empty
+        # store false, and ``if store: store.close()`` or ``store or HostStore()`` pass it over.
+        return True
 
     def __enter__(self):
         return self
