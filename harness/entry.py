@@ -105,8 +105,9 @@ def measure(
             raise SystemExit(f"{topic.name}/{part.name}: stopped by {stopped_by} before any row was measured") from None
         notes = {"cut_short": f"stopped by {stopped_by} {CUT_SHORT_NOTE}"}
     # The record and the rows are two files: a stop between them would pair this run's record with
-    # an earlier run's rows. Signals wait until both are written.
-    with _signals_held():
+    # an earlier run's rows. Signals wait until both are written; a part already stopped ends as
+    # it was stopped, whatever arrives meanwhile (a second Ctrl-C).
+    with _signals_held(deliver=stopped_by is None):
         writer.write(
             out,
             provenance.collect(
@@ -219,9 +220,10 @@ def _stopped_by_signal():
 
 
 @contextlib.contextmanager
-def _signals_held():
-    """SIGINT and SIGTERM wait until the block ends, then arrive as sent. (Taken by a handler, not
-    blocked: a thread's signal mask leaves the signal to the process's other threads.)"""
+def _signals_held(deliver: bool = True):
+    """SIGINT and SIGTERM wait until the block ends, then arrive as sent (``deliver``) or not at
+    all. (Taken by a handler, not blocked: a thread's signal mask leaves the signal to the
+    process's other threads.)"""
     arrived = []
     numbers = [n for n in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(n) is not signal.SIG_IGN]
     previous = {number: signal.signal(number, lambda signum, frame: arrived.append(signum)) for number in numbers}
@@ -230,7 +232,7 @@ def _signals_held():
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-        for number in dict.fromkeys(arrived):
+        for number in dict.fromkeys(arrived if deliver else ()):
             os.kill(os.getpid(), number)
 
 
@@ -272,4 +274,10 @@ def main(argv=None) -> None:
         rows = measure(topic, args.part, args.scale, args.out, args.config, args.scratch_dir)
         print(f"wrote {rows} rows to {args.out}")
 
-    run()
+    try:
+        run()
+    except KeyboardInterrupt:
+        # Ctrl-C outside the measured part (while the topics load, while finished results are
+        # written): one line, no traceback, and the end of an interrupted program.
+        print("interrupted by Ctrl-C (SIGINT)", file=sys.stderr)
+        _end_as_interrupted()

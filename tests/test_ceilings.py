@@ -216,6 +216,49 @@ def test_a_part_stopped_by_ctrl_c_keeps_its_rows_and_ends_killed_by_sigint(tmp_p
     assert load_provenance(out)["cut_short"].startswith("stopped by Ctrl-C (SIGINT) before it ended")
 
 
+SECOND_CTRL_C = """
+import os, signal, sys
+from harness.entry import main
+from harness.results import ResultsWriter
+from harness.topic import Topic
+from test_ceilings import measure_then_signal
+
+real_write = ResultsWriter.write
+
+
+def write_with_a_second_ctrl_c(self, path, record):
+    os.kill(os.getpid(), signal.SIGINT)  # impatient: pressed again while the rows are written
+    real_write(self, path, record)
+
+
+Topic.measure_function = measure_then_signal(signal.SIGINT)
+ResultsWriter.write = write_with_a_second_ctrl_c
+main(sys.argv[1:])
+"""
+
+
+def test_a_second_ctrl_c_while_a_stopped_part_is_written_ends_it_the_same_way(tmp_path):
+    """Ctrl-C, then Ctrl-C again while the rows measured so far are written: the rows are written
+    whole, the process says so in one line and ends killed by SIGINT, without a traceback."""
+    out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
+    script = tmp_path / "second_ctrl_c.py"
+    script.write_text(SECOND_CTRL_C)
+    done = subprocess.run(
+        [sys.executable, str(script), "ceilings", "--part", HOST_PROBES[0], "--scale", "tiny", "--out", str(out)]
+        + ["--scratch-dir", str(tmp_path / "scratch")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    assert done.returncode == -signal.SIGINT, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert re.search(r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it", done.stderr)
+    assert len(load([out], SCHEMA, cut_short=True)) > 0
+
+
 def test_a_signal_while_the_results_are_written_waits_until_both_files_are_there(tmp_path, monkeypatch):
     """A stop between the provenance record and the rows would pair one run's record with another
     run's rows: SIGINT and SIGTERM are held while the two files are written, and arrive after."""
