@@ -61,6 +61,31 @@ def test_a_gpu_part_is_not_missing_from_a_machine_without_a_gpu():
     assert not gpu_only & set(parts_not_measured([record("llm_offload", "policies", "h200", 0)]))
 
 
+def test_the_parts_missing_are_those_of_the_config_the_run_was_given(tmp_path, monkeypatch):
+    """A workflow run with its own config (a part left out at a scale) labels its figures against
+    that config: the part it does not measure is not called missing."""
+    import yaml
+
+    import analysis.common as common
+
+    parts = configured("relational_gnn", "h200", 1)
+    dropped = "width_sweep"  # a part the topic's schema does not require
+    assert dropped in parts
+    config = suite_config.load()
+    config["topics"]["relational_gnn"]["h200"].pop(dropped)
+    own = tmp_path / "mine.yaml"
+    own.write_text(yaml.safe_dump(config))
+    measured = [record("relational_gnn", part, "h200", 1) for part in parts if part not in (dropped, "datasets")]
+    assert parts_not_measured(measured) == [p for p in parts if p in ("datasets", dropped)]  # the default config's
+    monkeypatch.setenv(common.CONFIG_FILE_VARIABLE, str(own))
+    common._suite_config.cache_clear()
+    try:
+        assert parts_not_measured(measured) == ["datasets"]
+    finally:
+        monkeypatch.undo()
+        common._suite_config.cache_clear()
+
+
 @pytest.mark.parametrize(
     "records",
     [
