@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -88,18 +87,13 @@ def summarize(frame: pd.DataFrame, metric: str, by: list[str]) -> pd.DataFrame:
     return out
 
 
-# The config a workflow run measures with (Snakemake's merged one: config files and --config),
-# which the workflow passes to its renders; config/config.yaml where none is given.
-CONFIG_FILE_VARIABLE = "SUITE_CONFIG_FILE"
-
-
 @functools.cache
 def _suite_config() -> dict:
-    """The suite's config, read and validated once per render (every label asks for it)."""
+    """The config of the workflow run that started this render (config/config.yaml outside one),
+    read and validated once per render (every label asks for it)."""
     from harness import config as suite_config
 
-    given = os.environ.get(CONFIG_FILE_VARIABLE)
-    return suite_config.load(given) if given else suite_config.load()
+    return suite_config.load(suite_config.announced_config_file())
 
 
 def parts_not_measured(provenance: list[dict]) -> list[str]:

@@ -10,6 +10,7 @@ file is refused the same way everywhere, in one line that names the file and the
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import yaml
@@ -19,6 +20,22 @@ from harness.errors import NeedsGpuError, UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
+# The config a workflow run measures with (Snakemake's merged one), for the processes it starts:
+# its renders label a figure with the parts that config measures and the figure has no results of.
+CONFIG_FILE_VARIABLE = "SUITE_CONFIG_FILE"
+
+
+def announce_config_file(path: Path | str) -> None:
+    """Make ``path`` the config of the processes this one starts (see CONFIG_FILE_VARIABLE)."""
+    os.environ[CONFIG_FILE_VARIABLE] = str(path)
+
+
+def announced_config_file() -> Path:
+    """The config this process was started with by a workflow run, or config/config.yaml."""
+    given = os.environ.get(CONFIG_FILE_VARIABLE)
+    return Path(given) if given else DEFAULT_CONFIG
+
+
 SCHEMAS = REPO_ROOT / "workflow" / "schemas"
 SCHEMA = SCHEMAS / "config.schema.yaml"
 

@@ -77,7 +77,7 @@ def test_the_parts_missing_are_those_of_the_config_the_run_was_given(tmp_path, m
     own.write_text(yaml.safe_dump(config))
     measured = [record("relational_gnn", part, "h200", 1) for part in parts if part not in (dropped, "datasets")]
     assert parts_not_measured(measured) == [p for p in parts if p in ("datasets", dropped)]  # the default config's
-    monkeypatch.setenv(common.CONFIG_FILE_VARIABLE, str(own))
+    monkeypatch.setenv(suite_config.CONFIG_FILE_VARIABLE, str(own))
     common._suite_config.cache_clear()
     try:
         assert parts_not_measured(measured) == ["datasets"]

@@ -59,7 +59,7 @@ CONFIG_FILE = merged_config_file()
 # The renders' labels name the parts this config measures that a figure has no results of
 # (analysis/common.py). Passed in the jobs' environment, not their command: a command that names
 # the file would re-render every figure whenever the config changes.
-os.environ["SUITE_CONFIG_FILE"] = CONFIG_FILE
+suite_config.announce_config_file(CONFIG_FILE)
 
 
 wildcard_constraints:
