@@ -190,13 +190,11 @@ print("the process went on after the part")
 """
 
 
-def test_a_part_stopped_by_ctrl_c_keeps_its_rows_and_ends_killed_by_sigint(tmp_path):
-    """Ctrl-C mid-part, as SIGTERM: the rows measured so far are written, labelled incomplete.
-    The process then ends killed by SIGINT, as an interrupted program does: a shell loop over
-    parts stops there (it goes on when a child exits with a status)."""
-    out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
-    script = tmp_path / "ctrl_c.py"
-    script.write_text(CTRL_C_PART)
+def run_in_a_terminal(tmp_path, script_text: str, out):
+    """Run ``script_text`` on the first host probe's part, writing to ``out``, as a terminal starts
+    a program (Ctrl-C not ignored)."""
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
     done = subprocess.run(
         [sys.executable, str(script), "ceilings", "--part", HOST_PROBES[0], "--scale", "tiny", "--out", str(out)]
         + ["--scratch-dir", str(tmp_path / "scratch")],
@@ -207,6 +205,15 @@ def test_a_part_stopped_by_ctrl_c_keeps_its_rows_and_ends_killed_by_sigint(tmp_p
         timeout=120,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
     )
+    return done
+
+
+def test_a_part_stopped_by_ctrl_c_keeps_its_rows_and_ends_killed_by_sigint(tmp_path):
+    """Ctrl-C mid-part, as SIGTERM: the rows measured so far are written, labelled incomplete.
+    The process then ends killed by SIGINT, as an interrupted program does: a shell loop over
+    parts stops there (it goes on when a child exits with a status)."""
+    out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
+    done = run_in_a_terminal(tmp_path, CTRL_C_PART, out)
     assert done.returncode == -signal.SIGINT, done.stdout + done.stderr
     assert re.search(r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it", done.stderr)
     assert "went on" not in done.stdout and "did not stop" not in done.stdout + done.stderr
@@ -241,18 +248,7 @@ def test_a_second_ctrl_c_while_a_stopped_part_is_written_ends_it_the_same_way(tm
     """Ctrl-C, then Ctrl-C again while the rows measured so far are written: the rows are written
     whole, the process says so in one line and ends killed by SIGINT, without a traceback."""
     out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
-    script = tmp_path / "second_ctrl_c.py"
-    script.write_text(SECOND_CTRL_C)
-    done = subprocess.run(
-        [sys.executable, str(script), "ceilings", "--part", HOST_PROBES[0], "--scale", "tiny", "--out", str(out)]
-        + ["--scratch-dir", str(tmp_path / "scratch")],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
-    )
+    done = run_in_a_terminal(tmp_path, SECOND_CTRL_C, out)
     assert done.returncode == -signal.SIGINT, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert re.search(r"stopped by Ctrl-C \(SIGINT\); the [0-9]+ rows measured before it", done.stderr)
