@@ -205,8 +205,7 @@ class Offloader:
     ):
         if not isinstance(store, Store):
             raise TypeError(f"store must be a systems.ssdtrain Store, got {type(store).__name__}")
-        if store.closed:  # else the first forward fails deep in a hook
-            raise UserError(f"the store given ({store.name}) is closed (close() was called): make a new store")
+        store.refuse_if_closed()
         if isinstance(policy, str):
             if policy not in LAYER_POLICIES:
                 raise UserError(

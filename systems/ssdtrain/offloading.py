@@ -108,8 +108,8 @@ class Offloading:
             raise UserError(f"offload() takes an nn.Module, got {type(model).__name__}")
         if store is not None and not isinstance(store, Store):
             raise UserError(f"store must be a systems.ssdtrain Store (HostStore, DirectFileStore...), got {store!r}")
-        if store is not None and store.closed:  # else the first forward fails deep in a hook
-            raise UserError(f"the store given ({store.name}) is closed (close() was called): make a new store")
+        if store is not None:
+            store.refuse_if_closed()
         self.model = model
         self.layers = _blocks(model, layers)
         self.policy, self.store = _check_policy(policy, store, len(self.layers)), store

@@ -21,7 +21,7 @@ from dataclasses import astuple, dataclass
 
 import torch
 
-from harness.errors import WrongResult
+from harness.errors import UserError, WrongResult
 from systems.ssdtrain.streams import ready_event
 
 WRITE, READ = "write", "read"
@@ -182,6 +182,12 @@ class Store(abc.ABC):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def refuse_if_closed(self) -> None:
+        """A one-line UserError where the store was closed: handed to offload() or an Offloader, it
+        would fail only at the first forward, deep in a hook."""
+        if self._closed:
+            raise UserError(f"the store given ({self.name}) is closed (close() was called): make a new store")
 
     def __len__(self) -> int:
         """How many tensors it holds."""
