@@ -226,8 +226,8 @@ def test_the_graph_counts_unique_source_relation_pairs():
 
 
 def test_kernels_the_profiler_links_to_no_operator_still_count():
-    """A profile whose device events hold kernels no operator's list names (as CUDA-graph
-    replays give under torch 2.11): the split counts them, Hector's by entry point, any other as
+    """A profile whose device events hold kernels no operator's list names (as seen on the
+    H200 under torch 2.11): the split counts them, Hector's by entry point, any other as
     ``other``, so it sums to every kernel; a profile where every kernel is linked is unchanged."""
     from types import SimpleNamespace
 

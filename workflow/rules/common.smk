@@ -157,11 +157,14 @@ def committed_figures(topic):
     """Figures for every (machine, scale) with results for ``topic`` under results/; for this
     machine only complete sets (its own and those of the topics it reads), so rendering never
     triggers a measurement (the others are in UNRENDERED)."""
-    pairs = set()
+    pairs, seen = set(), set()
     for csv in Path("results").glob(f"*/{topic}/*.csv"):
         if not RESULTS_NAME.fullmatch(f"{csv.parent.parent.name}/{csv.name}"):
             continue  # not a results file the workflow writes (a copy, a note): leave it alone
         machine, scale = csv.parent.parent.name, csv.stem.rsplit("-", 1)[-1]
+        if (machine, scale) in seen:
+            continue  # another part of the same set: decided once
+        seen.add((machine, scale))
         if machine == MACHINE:
             missing = [
                 path
