@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 from systems.hector.ir import Program, Value
 
@@ -207,8 +208,8 @@ class Builder:
         blocks of columns, a value of width ``heads``."""
         if not isinstance(a, Expr) or a.value.domain == "weight":
             raise ModelError("dot takes rows (node, edge or pair values) first")
-        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-            raise ModelError(f"dot's heads must be a positive integer, got {heads!r}")
+        if (heads := whole_number(given := heads, at_least=1)) is None:
+            raise ModelError(f"dot's heads must be a positive integer, got {given!r}")
         b = self._as_rows(b, a)
         self._same(a, b, "dot")
         if a.value.width != b.value.width:

@@ -14,19 +14,16 @@ rows passes it.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
 
 import torch
 
+from harness.arguments import whole_number
+
 
 def _count(value, what: str) -> int:
     """``value`` as a number of rows: an integer of any kind, >= 0 (not a bool, not a float)."""
-    try:
-        number = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or number < 0:
+    if (number := whole_number(value)) is None:
         raise ValueError(f"{what} must be a whole number of rows >= 0, got {value!r}")
     return number
 

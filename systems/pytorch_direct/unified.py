@@ -37,6 +37,7 @@ import weakref
 import torch
 
 from harness import resources
+from harness.arguments import whole_number
 from systems import nvrtc
 from systems.pytorch_direct import dispatch
 
@@ -209,8 +210,8 @@ class UnifiedTensor:
         if self.options.get("dedup"):
             raise ValueError("launch_into cannot de-duplicate without waiting for the GPU: use self[idx]")
         threads = self.options.get("max_threads", 0) if max_threads is None else max_threads
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-            raise ValueError(f"max_threads must be a whole number >= 0 (0: all), got {threads!r}")
+        if (threads := whole_number(given := threads)) is None:
+            raise ValueError(f"max_threads must be a whole number >= 0 (0: all), got {given!r}")
         alias = self._rows_alias_for_torch() if self.path.startswith("torch") and not threads else None
         loads = self.options.get("loads", "vectorized")
         return dispatch.launch_rows(self.path, self._rows, alias, idx, out, max_threads=threads, loads=loads)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 
 
@@ -43,8 +44,9 @@ class RelGraph:
         tensors on any device, of any integer dtype."""
         counts = {"num_nodes": num_nodes, "num_relations": num_relations, "num_node_types": num_node_types}
         for name, count in counts.items():
-            if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            if whole_number(count) is None:
                 raise UserError(f"{name} must be a non-negative integer, got {count!r}")
+        num_nodes, num_relations, num_node_types = (whole_number(count) for count in counts.values())
         device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"device {device} asked for, but this machine has no CUDA GPU (torch sees none)")

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import operator
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from harness.arguments import integer, whole_number
 from systems import native
 from systems.sampling.ops import BAD_CSR, BAD_CSR_MESSAGE, MAX_FANOUT, check_arguments, cpu_kernels, sample_into_slots
 
@@ -54,17 +54,6 @@ class SlottedSubgraph:
     targets: torch.Tensor  # local id of the node it was sampled for
     sizes: torch.Tensor  # nodes each hop added, then edges each hop sampled (2 x hops)
     batch_size: int
-
-
-def _integer(value) -> int | None:
-    """``value`` as a Python int where it is an integer of any kind (numpy's and a one-value torch
-    tensor's included), else None; a bool, of any kind, is not a fan-out."""
-    if isinstance(value, bool | np.bool_) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 def _check_csr(indptr: torch.Tensor, indices: torch.Tensor) -> None:
@@ -95,14 +84,14 @@ class NeighborSampler:
     ):
         if place not in PLACES:
             raise ValueError(f"place must be one of {PLACES}, got {place!r}")
-        given, fanouts = fanouts, [_integer(k) for k in fanouts] if isinstance(fanouts, list | tuple) else None
+        given, fanouts = fanouts, [integer(k) for k in fanouts] if isinstance(fanouts, list | tuple) else None
         if not fanouts or any(k is None or not 1 <= k <= MAX_FANOUT for k in fanouts):
             raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {given!r}")
-        if isinstance(seed, bool) or _integer(seed) is None:
+        if integer(seed) is None:
             raise TypeError(f"seed must be an integer (it picks every batch's draws), got {seed!r}")
         if not isinstance(replace, bool | np.bool_):  # checked here, not at the first batch of one path
             raise TypeError(f"replace must be a bool, got {replace!r} ({type(replace).__name__})")
-        self.fanouts, self.replace, self.place, self.seed = list(fanouts), bool(replace), place, _integer(seed)
+        self.fanouts, self.replace, self.place, self.seed = list(fanouts), bool(replace), place, integer(seed)
         for name, t in (("indptr", indptr), ("indices", indices)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(
@@ -306,10 +295,6 @@ class NeighborSampler:
 def _draw_number(value, name: str) -> int:
     """``value`` as a non-negative int (numpy's too), refused otherwise: its text is hashed, so 1.0
     would draw otherwise than 1, and "1" as 1."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or isinstance(value, bool) or number < 0:
+    if (number := whole_number(value)) is None:
         raise TypeError(f"{name} must be a non-negative integer (it numbers the random draws), got {value!r}")
     return number

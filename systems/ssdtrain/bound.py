@@ -29,6 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 
 
@@ -86,8 +87,8 @@ def offload_bound(
         raise UserError(f"the store's bandwidths must be positive, got {write_bandwidth!r} and {read_bandwidth!r} B/s")
     if not all(0 <= v < math.inf for v in [*saved_bytes, *forward_seconds, *backward_seconds]):  # NaN too
         raise UserError("saved bytes and times must be finite and not negative")
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or not 0 <= keep_last <= n:
-        raise UserError(f"keep_last must be between 0 and {n}, got {keep_last}")
+    if (keep_last := whole_number(given := keep_last, at_most=n)) is None:
+        raise UserError(f"keep_last must be a whole number between 0 and {n}, got {given!r}")
     written = written_by_forward_end(saved_bytes, forward_seconds, write_bandwidth, keep_last)
     best, below, read_limited = sum(written), 0.0, False
     for i in range(n):

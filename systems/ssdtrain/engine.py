@@ -53,6 +53,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 from systems.ssdtrain.cache import TensorCache, modified_error, storage_key
 from systems.ssdtrain.layers import find_layers, refuse_lazy
@@ -215,13 +216,13 @@ class Offloader:
         elif not callable(policy):
             raise UserError(f"policy must be a name or a callable decide(layer_index), got {policy!r}")
         for name, value in (("min_bytes", min_bytes), ("keep_last", keep_last), ("prefetch", prefetch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if whole_number(value) is None:
                 raise UserError(f"{name} must be a non-negative integer, got {value!r}")
         if not isinstance(always_read_back, bool):  # "no" would read as True
             raise UserError(f"always_read_back must be True or False, got {always_read_back!r}")
         refuse_lazy(model)  # its parameters' storages must be known when a step starts
         self.model, self.store, self.decide = model, store, policy
-        self.min_bytes, self.keep_last, self.prefetch = min_bytes, keep_last, prefetch
+        self.min_bytes, self.keep_last, self.prefetch = map(whole_number, (min_bytes, keep_last, prefetch))
         self.layers = list(layers) if layers is not None else find_layers(model)
         self.cache = TensorCache(store, always_read_back=always_read_back)
         self.stats = StepStats()

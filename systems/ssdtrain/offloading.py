@@ -61,6 +61,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 from systems.ssdtrain import planning
 from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_offloaders, in_backward
@@ -124,11 +125,11 @@ class Offloading:
         if bandwidth is not None and self.policy not in PLANNED:
             raise UserError(f"bandwidth= is for the planned policies; policy {_name(self.policy)} does not take it")
         for name, value in (("keep_last", keep_last), ("min_bytes", min_bytes), ("prefetch", prefetch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if whole_number(value) is None:
                 raise UserError(f"{name} must be a non-negative integer, got {value!r}")
         if not isinstance(always_read_back, bool):  # "no" would read as True
             raise UserError(f"always_read_back must be True or False, got {always_read_back!r}")
-        self.keep_last, self.budget, self.bandwidth = keep_last, budget, bandwidth
+        self.keep_last, self.budget, self.bandwidth = whole_number(keep_last), budget, bandwidth
         self.plan: Plan | None = self.policy if isinstance(self.policy, Plan) else None
         self.decisions: list[str] | None = list(self.plan.decisions) if self.plan else None
         self.offloader: Offloader | None = None

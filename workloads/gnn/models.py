@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch_geometric.nn import GATConv, SAGEConv
 
+from harness.arguments import whole_number
+
 MODELS = ("sage", "gat")
 
 
@@ -51,7 +53,7 @@ def check(name: str, layers: int, fanouts: list[int]) -> None:
     """Refuse a model that :func:`build` could not make: callers check before a long set-up."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
-    if isinstance(layers, bool) or not isinstance(layers, int) or not isinstance(fanouts, list | tuple):
+    if whole_number(layers) is None or not isinstance(fanouts, list | tuple):
         raise TypeError(f"layers must be a whole number and fanouts a list, got {layers!r} and {fanouts!r}")
     if layers < 1 or len(fanouts) != layers:
         raise ValueError(f"a {layers}-layer {name} needs one fan-out per layer, got fan-outs {list(fanouts)}")

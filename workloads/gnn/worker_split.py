@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import torch
 from torch.nn import functional as F
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 from workloads.gnn.pipelines import Pipeline, usable_cores
 
@@ -33,9 +34,9 @@ def budget_cores(budget: int | str) -> int:
     """The cores a budget names: a number, or ``"all"`` this process may use."""
     if budget == ALL_CORES:
         return usable_cores()
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+    if (cores := whole_number(budget, at_least=1)) is None:
         raise UserError(f"a CPU budget is a positive number of cores or {ALL_CORES!r}, got {budget!r}")
-    return budget
+    return cores
 
 
 @contextmanager

@@ -36,6 +36,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 
 
@@ -194,7 +195,7 @@ class ModelSpec:
     def _check(self):
         for name in ("hidden", "layers", "heads", "sequence", "micro_batch", "vocab", "kv_heads", "ffn_multiple_of"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if whole_number(value, at_least=1) is None:
                 raise UserError(f"{self.family} {name} must be a positive integer, got {value!r}")
         if self.hidden % self.heads:
             raise UserError(f"{self.family} hidden {self.hidden} is not divisible by its {self.heads} heads")

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 from harness.timing import measure
 from systems.ssdtrain import Unavailable, planning
@@ -77,9 +78,10 @@ def largest_fitting(candidates: Iterable[int], fits: Callable[[int], bool]) -> S
     """The largest of ``candidates`` (positive integers) for which ``fits`` is true, by bisection:
     ``fits`` is asked about one candidate at a time, never twice about one, and is assumed monotone
     (true for a candidate, true for every smaller one)."""
-    ordered = sorted(set(candidates))
-    if not ordered or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in ordered):
-        raise UserError(f"the micro-batches to search must be positive integers, got {list(candidates)!r}")
+    given = list(candidates)
+    if not given or any(whole_number(c, at_least=1) is None for c in given):
+        raise UserError(f"the micro-batches to search must be positive integers, got {given!r}")
+    ordered = sorted({whole_number(c) for c in given})
     search = Search(None)
     low, high = 0, len(ordered)  # ordered[:low] fit; ordered[high:] do not
     while low < high:

@@ -9,6 +9,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from harness.arguments import whole_number
 from harness.errors import UserError
 from harness.resources import block_device_counters, device_bytes
 from systems.ssdtrain import fileio
@@ -27,8 +28,8 @@ class FileStore(Store):
     the process was killed, by the next file store made in the same ``folder`` (fileio.make_scratch)."""
 
     def __init__(self, folder, *, threads: int, direct: bool):
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise UserError(f"{type(self).__name__}: threads must be a positive integer, got {threads!r}")
+        if (threads := whole_number(given := threads, at_least=1)) is None:
+            raise UserError(f"{type(self).__name__}: threads must be a positive integer, got {given!r}")
         # "" would be the working directory (an unset variable, most likely); None or a number
         # would be Path()'s TypeError.
         if not isinstance(folder, str | os.PathLike) or str(folder) == "":

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.arguments import whole_number
 from harness.machine import usable_cores
 from harness.registry import Entry, Registry
 from systems.sampling.sampler import NeighborSampler, SampledSubgraph
@@ -379,15 +380,15 @@ class Pipeline:
             raise ValueError(f"pipeline {name!r} needs the options {', '.join(missing)} (options={{...}})")
         if kind.needs_gpu and graph.device != "cuda":
             raise ValueError(f"pipeline {name!r} needs a GPU")
-        whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-        if not whole(batch_size) or batch_size < 1:
+        if whole_number(batch_size, at_least=1) is None:
             raise ValueError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
-        self.name, self.graph, self.batch_size, self.seed = name, graph, batch_size, seed
+        self.name, self.graph, self.batch_size, self.seed = name, graph, whole_number(batch_size), seed
+        whole = lambda v: whole_number(v) is not None  # noqa: E731
         if not (isinstance(shard, tuple | list) and len(shard) == 2 and all(map(whole, shard))):
             raise ValueError(f"shard must be (rank, world), two whole numbers, got {shard!r}")
+        shard = tuple(map(whole_number, shard))
         if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
             raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
-        shard = tuple(shard)
         self.shard = shard  # (rank, world): this process's slice of every global batch
         if shard[1] > 1 and graph.train_idx.numel() < shard[1] * batch_size:
             raise ValueError(
@@ -399,16 +400,17 @@ class Pipeline:
         csr = graph.pinned_csr() if kind.sampling == "uva" else (graph.indptr, graph.indices)
         self.sampler = NeighborSampler(*csr, fanouts, place=kind.sampling, seed=seed)
         self.labels = graph.labels.to(self.sampler.device)  # indexed where the sampler puts the ids
-        if not whole(sampler_workers) or sampler_workers < 0:
+        if not whole(sampler_workers):
             raise ValueError(f"sampler_workers must be a whole number >= 0, got {sampler_workers!r}")
-        if not whole(worker_threads) or worker_threads < 1:
+        if whole_number(worker_threads, at_least=1) is None:
             raise ValueError(f"worker_threads must be a whole number >= 1, got {worker_threads!r}")
+        sampler_workers, worker_threads = whole_number(sampler_workers), whole_number(worker_threads)
         self.table = None  # the feature table registered for zero-copy reads, where a kind uses one
         self.side_stream = None  # where a prefetch thread prepares batches, where a kind uses one
         self.cache = None  # a hot-row cache in GPU memory, where a kind keeps one
         rows_from = (graph.features, self.labels) if kind.worker_gathers else None
         self.training_batches = _TrainingBatches(
-            self.sampler, graph.train_idx, batch_size, seed, shard, rows_from, worker_threads
+            self.sampler, graph.train_idx, self.batch_size, seed, shard, rows_from, worker_threads
         )
         self.sampler_workers = workers_of(name, sampler_workers)
         self.worker_threads = worker_threads

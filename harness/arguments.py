@@ -1,0 +1,31 @@
+"""The one reading of "a whole number" for every count, size and index a user passes to the suite's
+libraries and parts: an integer of any kind (Python's, numpy's, a one-value integer tensor's),
+never a bool (``True`` would count as 1) and never a float (``1.0`` is refused rather than
+truncated, and ``2.5`` cannot slip through as 2). Each caller says what it refuses in its own
+words and error type; this module only decides.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import torch
+
+
+def integer(value) -> int | None:
+    """``value`` as a Python int where it is an integer of any kind, else None."""
+    if isinstance(value, bool | np.bool_) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:  # a float, a string, a tensor of floats or of several values
+        return None
+
+
+def whole_number(value, *, at_least: int = 0, at_most: int | None = None) -> int | None:
+    """``value`` as a Python int where it is an integer in ``[at_least, at_most]``, else None."""
+    number = integer(value)
+    if number is None or number < at_least or (at_most is not None and number > at_most):
+        return None
+    return number

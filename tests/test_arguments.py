@@ -1,0 +1,58 @@
+"""The one reading of "a whole number" (harness/arguments.py) and the library surfaces that use it:
+integers of every kind are taken (and handed on as Python ints), bools, floats and strings never."""
+
+import numpy as np
+import pytest
+import torch
+
+from harness.arguments import integer, whole_number
+from harness.errors import UserError
+from systems.relgraph.graph import RelGraph
+from systems.ssdtrain import HostStore, offload
+from systems.ssdtrain.bound import offload_bound
+from workloads.gnn.worker_split import budget_cores
+
+INTEGERS = [7, np.int64(7), np.int32(7), np.uint8(7), torch.tensor(7), torch.tensor(7, dtype=torch.int32)]
+NOT_INTEGERS = [True, False, np.True_, torch.tensor(True), 7.0, np.float32(7), torch.tensor(7.0), "7", None, [7]]
+
+
+@pytest.mark.parametrize("value", INTEGERS, ids=repr)
+def test_an_integer_of_any_kind_is_a_python_int(value):
+    assert integer(value) == 7 and type(integer(value)) is int
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS, ids=repr)
+def test_bools_floats_and_strings_are_not_integers(value):
+    assert integer(value) is None
+    assert whole_number(value) is None
+
+
+@pytest.mark.parametrize(
+    "value, bounds, expected",
+    [(0, {}, 0), (-1, {}, None), (3, {"at_least": 4}, None), (4, {"at_least": 4}, 4), (5, {"at_most": 4}, None)],
+)
+def test_whole_numbers_are_bounded_on_both_sides(value, bounds, expected):
+    assert whole_number(value, **bounds) == expected
+
+
+def test_the_libraries_take_numpy_integers_and_hand_on_python_ints():
+    # The counts of a graph made from numpy arrays are often numpy integers.
+    graph = RelGraph.build(
+        np.array([0, 1]), np.array([1, 2]), np.array([0, 1]), num_nodes=np.int64(3), num_relations=np.int32(2)
+    )
+    assert (graph.num_nodes, graph.num_relations) == (3, 2) and type(graph.num_nodes) is int
+    assert budget_cores(np.int64(2)) == 2 and type(budget_cores(np.int64(2))) is int
+    as_int = offload_bound([1e6, 1e6], [1e-3, 1e-3], [1e-3, 1e-3], 1e9, 1e9, keep_last=1)
+    assert offload_bound([1e6, 1e6], [1e-3, 1e-3], [1e-3, 1e-3], 1e9, 1e9, keep_last=np.int64(1)) == as_int
+    model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(3)))
+    session = offload(model, store=HostStore(), keep_last=np.int64(1), min_bytes=np.int32(0))
+    assert type(session.keep_last) is int
+
+
+@pytest.mark.parametrize("keep_last", [1.0, True, "1", -1])
+def test_the_libraries_refuse_what_is_not_a_whole_number_in_one_line(keep_last):
+    model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(3)))
+    with pytest.raises(UserError, match="keep_last must be a non-negative integer"):
+        offload(model, store=HostStore(), keep_last=keep_last)
+    with pytest.raises(UserError, match="keep_last must be a whole number between 0 and 2"):
+        offload_bound([1e6, 1e6], [1e-3, 1e-3], [1e-3, 1e-3], 1e9, 1e9, keep_last=keep_last)
