@@ -1,12 +1,15 @@
 """The one reading of "a whole number" for every count, size and index a user passes to the suite's
 libraries and parts: an integer of any kind (Python's, numpy's, a one-value integer tensor's),
 never a bool (``True`` would count as 1) and never a float (``1.0`` is refused rather than
-truncated, and ``2.5`` cannot slip through as 2). Each caller says what it refuses in its own
+truncated, and ``2.5`` cannot slip through as 2). Likewise "a real number" for sizes, speeds and
+fractions: finite, never a bool. Each caller says what it refuses in its own
 words and error type; this module only decides.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 
 import numpy as np
@@ -29,3 +32,12 @@ def whole_number(value, *, at_least: int = 0, at_most: int | None = None) -> int
     if number is None or number < at_least or (at_most is not None and number > at_most):
         return None
     return number
+
+
+def real_number(value) -> float | None:
+    """``value`` as a Python float where it is a finite real number of any kind (an integer or a
+    float, Python's or numpy's), else None: NaN and the infinities are no size, speed or fraction."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None

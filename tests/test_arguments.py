@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.arguments import integer, whole_number
+from harness.arguments import integer, real_number, whole_number
 from harness.errors import UserError
 from systems.relgraph.graph import RelGraph
-from systems.ssdtrain import HostStore, offload
+from systems.ssdtrain import EmulatedStore, HostStore, offload
 from systems.ssdtrain.bound import offload_bound
+from workloads.gnn.gpu_memory import parse_budgets
 from workloads.gnn.worker_split import budget_cores
 
 INTEGERS = [7, np.int64(7), np.int32(7), np.uint8(7), torch.tensor(7), torch.tensor(7, dtype=torch.int32)]
@@ -56,3 +57,33 @@ def test_the_libraries_refuse_what_is_not_a_whole_number_in_one_line(keep_last):
         offload(model, store=HostStore(), keep_last=keep_last)
     with pytest.raises(UserError, match="keep_last must be a whole number between 0 and 2"):
         offload_bound([1e6, 1e6], [1e-3, 1e-3], [1e-3, 1e-3], 1e9, 1e9, keep_last=keep_last)
+
+
+@pytest.mark.parametrize("value", [2, 2.5, np.float32(2.5), np.int64(2), -1.0])
+def test_a_real_number_of_any_kind_is_a_python_float(value):
+    assert real_number(value) == float(value) and type(real_number(value)) is float
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -np.inf, True, "2", None, torch.tensor(2.0)], ids=repr)
+def test_nan_infinities_bools_and_strings_are_not_real_numbers(value):
+    assert real_number(value) is None
+
+
+@pytest.mark.parametrize("speed", [float("inf"), float("nan"), 0, True, "16"], ids=repr)
+def test_an_emulated_store_needs_a_finite_speed(speed):
+    with pytest.raises(UserError, match="bandwidth_gbps must be a positive, finite number of GB/s"):
+        EmulatedStore(speed)
+
+
+def test_an_emulated_store_takes_a_numpy_speed_as_a_float():
+    store = EmulatedStore(np.float32(2.5))
+    try:
+        assert store.bandwidth_gbps == 2.5 and type(store.bandwidth_gbps) is float
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("budgets", [[float("nan")], [24, float("inf")], [True]], ids=repr)
+def test_a_gpu_memory_budget_must_be_a_finite_size(budgets):
+    with pytest.raises(UserError, match="gpu_memory_budget_gib must be a list of positive sizes"):
+        parse_budgets(budgets)

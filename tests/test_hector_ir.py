@@ -243,7 +243,7 @@ def test_bad_programs_are_refused_by_name():
         trace(lambda m: m.input("x", "in") + m.input("x", "in"))
     with pytest.raises(ModelError, match="no graph data 'weight'"):
         trace(lambda m: m.graph_data("weight"))
-    with pytest.raises(ModelError, match="leaky_relu's slope must be a finite number, got inf"):
+    with pytest.raises(ModelError, match="leaky_relu's slope must be a finite number, got float inf"):
         trace(lambda m: m.leaky_relu(m.input("x", "in"), float("inf")))
     assert issubclass(ModelError, UserError)
 

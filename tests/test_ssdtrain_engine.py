@@ -324,6 +324,35 @@ def test_min_bytes_is_respected():
     assert got[2].stats.total.kept_bytes > 0
 
 
+class SavesASmallViewOfALargeStorage(nn.Module):
+    """A block whose only saved activation is one column of a 64 KiB storage (sin saves its input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 256)
+
+    def forward(self, x):
+        return self.linear(x)[:, :1].sin()
+
+
+def test_min_bytes_is_judged_by_the_storage_a_saved_view_holds():
+    model = nn.Sequential(SavesASmallViewOfALargeStorage())
+    x = torch.randn(64, 64)
+    store = RecordingStore()
+    # The saved view is 256 B; its storage (64 x 256 floats) is 64 KiB, and kept it would hold all
+    # of it. The linear layer's saved input (64 x 64 floats, 16 KiB) is below min_bytes and kept.
+    offloader = Offloader(model, store, min_bytes=32 << 10, keep_last=0, layers=[model[0]])
+    with offloader:
+        loss = model[0](x).square().sum()
+        loss.backward()
+    want = model[0].linear.weight.grad.clone()
+    model.zero_grad()
+    model[0](x).square().sum().backward()
+    assert torch.equal(model[0].linear.weight.grad, want)
+    assert [nbytes for _, nbytes in store.puts] == [64 * 256 * 4]
+    assert offloader.stats.largest[0] == 64 * 256 * 4
+
+
 def test_prefetch_reads_ahead_and_without_it_backward_waits():
     for prefetch in (1, 0):
         model, loss_of = make_model("mlp")

@@ -319,7 +319,7 @@ def test_bad_arguments_are_one_line(disk):
         DirectFileStore(disk, block_bytes=1000)
     with pytest.raises(UserError, match="threads"):
         DirectFileStore(disk, threads=0)
-    with pytest.raises(UserError, match="positive number"):
+    with pytest.raises(UserError, match="positive, finite number"):
         EmulatedStore(0)
 
 

@@ -27,13 +27,12 @@ tracing, naming the operator.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from harness.arguments import whole_number
+from harness.arguments import real_number, whole_number
 from harness.errors import UserError
 from systems.hector.ir import Program, Value
 
@@ -218,11 +217,9 @@ class Builder:
         return self._op("dot", (a.value, b.value), a.value.domain, heads, a.value.depends | b.value.depends, attrs)
 
     def leaky_relu(self, e: Expr, slope: float) -> Expr:
-        if isinstance(slope, bool) or not isinstance(slope, int | float | np.integer | np.floating):
-            raise ModelError(f"leaky_relu's slope must be a number, got {_shown(slope)}")
-        if not math.isfinite(slope):
-            raise ModelError(f"leaky_relu's slope must be a finite number, got {slope}")
-        return self._unary("leaky_relu", e, (("slope", float(slope)),))
+        if real_number(slope) is None:
+            raise ModelError(f"leaky_relu's slope must be a finite number, got {_shown(slope)}")
+        return self._unary("leaky_relu", e, (("slope", real_number(slope)),))
 
     def gelu(self, e: Expr) -> Expr:
         return self._unary("gelu", e)

@@ -7,7 +7,8 @@ hooks on the model's layers (layers.py) say which layer is running, so each save
 a layer and the policy decides per layer: ``keep`` (on the device) or ``offload`` (to the store).
 The last ``keep_last`` layers are always kept: their backward comes first, right after forward.
 Parameters and buffers (recognised by their storage), their casts under ``torch.autocast`` and
-tensors under ``min_bytes`` are never offloaded; a storage saved several times is stored once
+tensors whose storage is under ``min_bytes`` are never offloaded (a small view of a large storage
+is offloaded: the whole storage is what it holds on the device); a storage saved several times is stored once
 (cache.py). A cast of a weight is recognised by its autograd node: a copy (``ToCopyBackward0``)
 whose input is the parameter itself. Its bytes are the weight's, the same every step: writing
 them out each step would spend the store's bandwidth (and an SSD's endurance) on bytes the model
@@ -186,7 +187,7 @@ class Offloader:
 
     ``policy``: ``"offload_all"``, ``"keep"`` or a callable ``decide(layer_index) -> "keep" |
     "offload"``, asked once per layer per forward. ``keep_last``: how many of the last layers are kept
-    whatever the policy says. ``min_bytes``: smaller saved tensors are kept. ``layers``: the blocks
+    whatever the policy says. ``min_bytes``: saved tensors of smaller storages are kept. ``layers``: the blocks
     to number (default: found by ``find_layers``). ``prefetch``: how many layers ahead backward
     reads back. ``always_read_back``: no tensor is served from memory while its write runs (see
     the module).
@@ -347,7 +348,7 @@ class Offloader:
             and self._decisions[layer] == OFFLOAD
             # Saved while backward runs (a reentrant checkpoint recomputing its block): needed at once.
             and not in_backward()
-            and tensor.numel() * tensor.element_size() >= max(self.min_bytes, 1)
+            and tensor.untyped_storage().nbytes() >= max(self.min_bytes, 1)
             # A storage this step already keeps is held anyway: a copy in the store frees nothing.
             and (not self.stats.has(key[0]) or self.cache.holds(key[0]))
         )
@@ -421,7 +422,7 @@ class Offloader:
         if any(s.packed_tensors for s in saved):
             largest = max(self.stats.largest.get(i, 0) for i in offloading)
             why = (
-                f"every tensor the offloaded layers saved is below min_bytes={self.min_bytes} (the largest is "
+                f"every storage the offloaded layers saved is below min_bytes={self.min_bytes} (the largest is "
                 f"{largest} B): lower min_bytes"
             )
         elif weights and not any(p.requires_grad for p in weights):

@@ -45,7 +45,7 @@ when the block is entered). Recomputation replays the global random generators a
 registered buffers, no other state (recompute.py). Planned policies keep a block that did not run in
 the profiled step. Two models may each be in its own ``offload()`` at once (engine.py), but not
 beside a ``save_on_cpu`` one (torch's hooks would take the other model's tensors too): refused.
-A block that offloads nothing while its policy offloads (``min_bytes`` above every saved tensor)
+A block that offloads nothing while its policy offloads (``min_bytes`` above every saved storage)
 says so in one warning.
 """
 
@@ -61,7 +61,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from harness.arguments import whole_number
+from harness.arguments import real_number, whole_number
 from harness.errors import UserError
 from systems.ssdtrain import planning
 from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_offloaders, in_backward
@@ -348,7 +348,7 @@ def offload(
     policies that offload, refused by the others. ``layers``: the blocks (default: ``find_layers``).
     ``keep_last``: how many of the last blocks are never offloaded (their backward comes first; a
     callable's offload answers for them are overridden, a Plan's decisions are applied as they are).
-    ``min_bytes``: smaller saved tensors are kept. ``prefetch``: how many blocks ahead backward
+    ``min_bytes``: saved tensors of smaller storages are kept. ``prefetch``: how many blocks ahead backward
     reads back. ``always_read_back``: backward waits for each write and reads it back (checks of
     the stored bytes). ``budget``: the planner's activation budget, a fraction of keep's bytes.
     ``bandwidth``: the store's B/s for the planned policies (default: measured)."""
@@ -418,7 +418,7 @@ def _check_policy(policy, store: Store | None, blocks: int):
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    return real_number(value) is not None
 
 
 def _name(policy) -> str:

@@ -53,7 +53,7 @@ class StepStats:
         # Reads back started ahead by prefetch, and by an unpack that found nothing on its way (a
         # stall of backward); a tensor still in memory needs neither.
         self.prefetched_loads = self.demand_loads = 0
-        # Per layer, the largest saved tensor that is no parameter (what ``min_bytes`` is set against).
+        # Per layer, the largest storage saved that is no parameter's (what ``min_bytes`` is set against).
         self.largest: dict[int | None, int] = {}
         # Weak references to every storage counted: they keep the keys unique (cache.py). Those of
         # freed storages are let go now and then, so a block around a whole training loop does not
@@ -77,13 +77,13 @@ class StepStats:
         nbytes = tensor.numel() * tensor.element_size()
         stats.packed_tensors += 1
         stats.packed_bytes += nbytes
+        storage_bytes = nbytes if key is None else tensor.untyped_storage().nbytes()
         if not parameter:
-            self.largest[layer] = max(self.largest.get(layer, 0), nbytes)
+            self.largest[layer] = max(self.largest.get(layer, 0), storage_bytes)
         if key is None:
             stats.unique_tensors += 1
             stats.unique_bytes += nbytes
             return
-        storage_bytes = tensor.untyped_storage().nbytes()
         if key[0] not in self._seen:
             self._seen[key[0]] = key[1]
             if len(self._seen) >= self._prune_at:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.arguments import real_number
 from harness.errors import UserError
 from workloads.gnn.pipelines import PIPELINE_KINDS
 
@@ -76,9 +77,7 @@ def resident_bytes(pipeline: str, sizes: GraphSizes, options: dict | None = None
 def parse_budgets(budgets) -> list[float]:
     """The configured budgets in GiB, ascending and distinct ([] for none)."""
     budgets = budgets or []
-    if not isinstance(budgets, list) or any(
-        isinstance(b, bool) or not isinstance(b, int | float) or b <= 0 for b in budgets
-    ):
+    if not isinstance(budgets, list) or any(real_number(b) is None or b <= 0 for b in budgets):
         raise UserError(f"gpu_memory_budget_gib must be a list of positive sizes in GiB, got {budgets!r}")
     return sorted({float(b) for b in budgets})
 

@@ -21,12 +21,12 @@ silently ran eager would be timed as compiled.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
+from harness.arguments import real_number
 from harness.errors import UserError
 
 RECOMPILE_LIMIT = 64  # cache entries per code object: budgets x models x graph breaks, with room
@@ -38,11 +38,11 @@ def check_budget(budget) -> float | None:
     """``budget`` as a float in (0, 1], or None; anything else is refused in one line."""
     if budget is None:
         return None
-    if isinstance(budget, bool) or not isinstance(budget, int | float) or not math.isfinite(budget):
+    if (fraction := real_number(budget)) is None:
         raise UserError(f"activation_budget must be a number in (0, 1], got {budget!r}")
-    if not 0 < budget <= 1:
+    if not 0 < fraction <= 1:
         raise UserError(f"activation_budget must be in (0, 1] (a fraction of the activations kept), got {budget!r}")
-    return float(budget)
+    return fraction
 
 
 def inductor_backend(budget: float | None) -> Callable:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time  # the emulated device's pacing
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from harness.arguments import real_number
 from harness.errors import UserError
 from systems.ssdtrain.stores import StoreEntry, register
 from systems.ssdtrain.stores._base import Store
@@ -30,13 +31,15 @@ class EmulatedStore(Store):
     emulated = True
 
     def __init__(self, bandwidth_gbps: float, inner: Store | None = None):
-        if not isinstance(bandwidth_gbps, int | float) or not bandwidth_gbps > 0:
-            raise UserError(f"EmulatedStore: bandwidth_gbps must be a positive number of GB/s, got {bandwidth_gbps!r}")
+        if (speed := real_number(bandwidth_gbps)) is None or speed <= 0:
+            raise UserError(
+                f"EmulatedStore: bandwidth_gbps must be a positive, finite number of GB/s, got {bandwidth_gbps!r}"
+            )
         if inner is not None and not isinstance(inner, Store):  # a name ("host") would fail later, deep inside
             raise UserError(f"EmulatedStore: inner must be a Store (HostStore(), DirectFileStore(...)), got {inner!r}")
         super().__init__()
         self.inner = inner if inner is not None else HostStore()
-        self.bandwidth_gbps = bandwidth_gbps
+        self.bandwidth_gbps = speed
         self.name = f"emulated_{bandwidth_gbps:g}gbps_{self.inner.name}"
         self._free_at = 0.0  # when the emulated device finishes the transfers queued so far
         self._timer = ThreadPoolExecutor(1, thread_name_prefix="ssdtrain-throttle")
