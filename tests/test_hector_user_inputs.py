@@ -273,6 +273,32 @@ def test_the_ops_pass_torch_opcheck(dtype):
     torch.library.opcheck(layer.backward_op, (handle, [t.detach() for t in given], torch.randn_like(out), saved))
 
 
+def column_major(t: torch.Tensor) -> torch.Tensor:
+    """The same values with the last two dimensions' strides swapped (a transposed layout)."""
+    if t.dim() < 2:
+        return t
+    return t.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_(t.requires_grad)
+
+
+def test_transposed_tensors_give_the_contiguous_results_the_fake_implementations_promise():
+    """torch.compile plans memory by the fake implementations: a result whose strides differ from
+    the fake's (the reference's arithmetic would pass a transposed input's layout on) fails under
+    inductor. opcheck compares the real and fake results' strides, for the three ops."""
+    (src, dst, etype), nodes, relations = edges(seed=17)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    layer = op.Layer(passes.optimize(gated_attention(), "reorder", "compact"))
+    handle, tensors = op.register_graph(g), attention_tensors(g, torch.float64)
+    given = [column_major(tensors[n]) for n in layer.names]
+    assert any(not t.is_contiguous() for t in given)
+    torch.library.opcheck(layer.forward_op, (handle, given))
+    torch.library.opcheck(layer.inference_op, (handle, [t.detach() for t in given]))
+    out, *saved = layer.forward_op(handle, [t.detach() for t in given])
+    gradient = column_major(torch.randn_like(out))
+    torch.library.opcheck(layer.backward_op, (handle, [t.detach() for t in given], gradient, saved))
+    for result in (out, *layer.backward_op(handle, [t.detach() for t in given], gradient, saved)):
+        assert result.is_contiguous()
+
+
 def test_a_relation_typed_product_of_node_values_is_refused_while_tracing():
     """A node has no relation: ``x @ W[m.relation]`` on node rows would multiply node i by the weight
     of edge i's relation (a number where there are as many edges as nodes, an IndexError elsewhere)."""

@@ -115,12 +115,15 @@ def _identifier(name: str) -> str:
 
 
 def _distinct(results: list[torch.Tensor], given: list[torch.Tensor]) -> list[torch.Tensor]:
-    """A custom op's results may alias neither its inputs nor each other: copy those that do."""
+    """A custom op's results may alias neither its inputs nor each other: copy those that do. Each
+    is also contiguous, as the fake implementations say (torch.compile plans its memory by them):
+    the reference's arithmetic would otherwise hand a transposed input's strides on to a result."""
     seen = {g.untyped_storage().data_ptr() for g in given if g.numel()}
     out = []
     for t in results:
         if t.numel() and t.untyped_storage().data_ptr() in seen:
-            t = t.clone()
+            t = t.clone(memory_format=torch.contiguous_format)
+        t = t.contiguous()
         seen.add(t.untyped_storage().data_ptr())
         out.append(t)
     return out
@@ -286,7 +289,9 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
         lambda backend, graph, tensors, grad, saved: backend(
             backward_program, graph, bind(tensors, grad, saved), [*tensors, grad, *saved]
         ),
-        lambda graph, tensors, grad, saved: [torch.empty_like(t) for t in tensors],
+        lambda graph, tensors, grad, saved: [
+            torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors
+        ],
     )
     ops = _Ops(forward, backward, inference)
 
