@@ -402,6 +402,46 @@ def test_the_gemm_template_alone_takes_views_and_empty_inputs(monkeypatch):
     assert empty.shape == (0, 9)
 
 
+def test_a_model_written_as_a_long_loop_is_cut_into_bounded_fused_kernels(monkeypatch):
+    """400 rounds of three row-wise operators fold into kernels of at most MAX_FUSED_OPERATORS
+    operators each (one chain would nest 1200 deep: past Python's recursion and any compiler's
+    taste), and the plan still computes what the reference does, training's backward included."""
+    from hector_kernel_model import install
+
+    from systems.hector.lang import model
+
+    @model
+    def long_loop(m):
+        e = m.src(m.input("x", "in"))
+        for _ in range(400):
+            e = m.tanh(e * 1.001 + 0.001)
+        return m.sum_into_dst(e)
+
+    graph = awkward_graph(seed=4)
+    tensors = {"x": torch.randn(graph.num_nodes, 5, generator=torch.Generator().manual_seed(8))}
+    program = long_loop()
+    expected = reference.run(program, graph, tensors)
+    plan = lower.lower(program)
+    fused = [step for step in plan.steps if isinstance(step, lower.Fused)]
+
+    def operators(node) -> int:
+        return 1 + sum(operators(a) for a in node.args if isinstance(a, lower.Node))
+
+    assert len(fused) >= 1200 // lower.MAX_FUSED_OPERATORS
+    assert max(operators(step.root) for step in fused) <= lower.MAX_FUSED_OPERATORS
+    widths = reference.bind_widths(program, graph, tensors)
+    close(lower.emulate(plan, graph, tensors, widths)[0], expected[0])
+    model = install(monkeypatch)
+    close(codegen.run(plan, graph, tensors, widths)[0], expected[0])
+    assert not model.problems, model.problems[:3]
+    forward, backward = autodiff.split(program)
+    for part in (forward, backward):
+        assert (
+            max((operators(s.root) for s in lower.lower(part).steps if isinstance(s, lower.Fused)), default=0)
+            <= lower.MAX_FUSED_OPERATORS
+        )
+
+
 @pytest.mark.parametrize("kind", ["strided", "offset", "expanded"])
 def test_the_generated_launches_take_feature_views(kind, monkeypatch):
     """Features passed as views to codegen.run give what their contiguous copies give."""

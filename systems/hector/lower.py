@@ -366,11 +366,17 @@ def lower(program: Program, fuse: bool = True) -> Plan:
     return fuse_row_chains(plan) if fuse else plan
 
 
+# The most operators one fused kernel evaluates per element: a model written as a long loop of
+# row-wise operators is cut into kernels of at most this many (each storing its rows for the
+# next), so that a kernel's expression, its arguments and the compiler's work stay bounded.
+MAX_FUSED_OPERATORS = 32
+
+
 def fuse_row_chains(plan: Plan) -> Plan:
     """Each row-wise map whose rows have exactly one reader, a later map or map-into-sum that
     reads its own row i, and that is not an output, is folded into that reader: the chain becomes
-    one :class:`Fused` step, evaluated per row and column without storing the intermediate rows.
-    (Broadcasting composes: an operator of width w has operands of width w, 1, or a head count
+    one :class:`Fused` step, evaluated per row and column without storing the intermediate rows,
+    of at most :data:`MAX_FUSED_OPERATORS` operators. (Broadcasting composes: an operator of width w has operands of width w, 1, or a head count
     dividing w, so reading each operand at its own column of the chain's output column c, c / (W
     / w) for width w, is what the unfused steps read: nested blocks of equal division.)"""
     outputs = {id(o) for o in plan.program.outputs}
@@ -386,6 +392,7 @@ def fuse_row_chains(plan: Plan) -> Plan:
         return len(reads) == 1 and isinstance(reads[0][0], Map | ScatterMap) and reads[0][1] == "own"
 
     pending: dict[int, Node] = {}  # folded maps, by their value, until their reader comes
+    operators: dict[int, int] = {}  # a pending node's operators, itself and those folded into it
     steps = []
     for step in plan.steps:
         if not isinstance(step, Map | ScatterMap):
@@ -397,8 +404,10 @@ def fuse_row_chains(plan: Plan) -> Plan:
             for o in ((step.a,) if unary else (step.a, step.b))
         )
         node = Node(step.expression, step.out if isinstance(step, Map) else step.mapped, args)
-        if folds(step):
+        size = 1 + sum(operators.pop(id(a), 0) for a in args)
+        if folds(step) and size < MAX_FUSED_OPERATORS:
             pending[id(step.out)] = node
+            operators[id(node)] = size
         elif not any(isinstance(a, Node) for a in args):
             steps.append(step)  # nothing folded into it: the plain template
         elif isinstance(step, Map):
