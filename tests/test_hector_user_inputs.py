@@ -299,6 +299,18 @@ def test_transposed_tensors_give_the_contiguous_results_the_fake_implementations
         assert result.is_contiguous()
 
 
+@pytest.mark.parametrize("model_name", ["gated_attention", "scaled_rgcn"])
+def test_features_of_no_columns_are_refused_in_one_line(model_name):
+    """A width of 0 would divide by zero (heads over it, rsqrt of it) or compute nothing."""
+    (src, dst, etype), nodes, relations = edges(seed=19)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    tensors = attention_tensors(g, torch.float64, width=(0, 6, 3))
+    tensors["W"] = torch.randn(relations, 0, 6 if model_name == "gated_attention" else 0, dtype=torch.float64)
+    layer = op.Layer({"gated_attention": gated_attention, "scaled_rgcn": scaled_rgcn}[model_name]())
+    with pytest.raises(UserError, match=r"width '\w+' is 0; every width must be at least 1"):
+        layer(g, **{n: tensors[n] for n in layer.names})
+
+
 def test_a_relation_typed_product_of_node_values_is_refused_while_tracing():
     """A node has no relation: ``x @ W[m.relation]`` on node rows would multiply node i by the weight
     of edge i's relation (a number where there are as many edges as nodes, an IndexError elsewhere)."""

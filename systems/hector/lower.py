@@ -376,9 +376,10 @@ def fuse_row_chains(plan: Plan) -> Plan:
     """Each row-wise map whose rows have exactly one reader, a later map or map-into-sum that
     reads its own row i, and that is not an output, is folded into that reader: the chain becomes
     one :class:`Fused` step, evaluated per row and column without storing the intermediate rows,
-    of at most :data:`MAX_FUSED_OPERATORS` operators. (Broadcasting composes: an operator of width w has operands of width w, 1, or a head count
-    dividing w, so reading each operand at its own column of the chain's output column c, c / (W
-    / w) for width w, is what the unfused steps read: nested blocks of equal division.)"""
+    of at most :data:`MAX_FUSED_OPERATORS` operators. (Broadcasting composes: an operator of width
+    w has operands of width w, 1, or a head count dividing w, so reading each operand at its own
+    column of the chain's output column c, c / (W / w) for width w, is what the unfused steps
+    read: nested blocks of equal division.)"""
     outputs = {id(o) for o in plan.program.outputs}
     readers: dict[int, list] = {}  # value id -> (step, how) for every read of it by a step
     for step in plan.steps:

@@ -261,6 +261,8 @@ def _bind(value: Value, tensors, graph: RelGraph, widths, pairs: Pairs | None = 
 
 
 def _unify(symbol, size: int, name: str, widths: dict[str, tuple[int, str]]) -> None:
+    if size == 0:  # rows of no columns: a broadcast over them, or rsqrt of the width, has no meaning
+        raise BindingError(f"{name}: width {symbol!r} is 0; every width must be at least 1")
     if isinstance(symbol, int):
         if symbol != size:
             raise BindingError(f"{name}: width {symbol} wanted, got {size}")
