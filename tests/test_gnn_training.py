@@ -33,6 +33,13 @@ def test_fanouts_must_match_model_depth(layers, fanouts):
         build("sage", 16, 32, 4, layers, fanouts)
 
 
+@pytest.mark.parametrize("size", ["in_dim", "hidden", "classes"])
+def test_a_model_of_no_width_is_refused(size):
+    sizes = {"in_dim": 16, "hidden": 32, "classes": 4} | {size: 0}
+    with pytest.raises(ValueError, match=f"{size} must be a whole number >= 1, got 0"):
+        build("gat", sizes["in_dim"], sizes["hidden"], sizes["classes"], 1, [5])
+
+
 def test_unknown_model_and_pipeline_are_refused(arrays):
     with pytest.raises(ValueError, match="model must be one of"):
         build("gcn", 16, 32, 4, 1, [5])
@@ -76,11 +83,73 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
         (lambda a: {"labels": a["labels"] > 2}, r"labels must be a 1-D int64 tensor.*torch.bool"),
         (lambda a: {"features": a["features"].astype(np.float64)}, r"features must be a 2-D float32 table.*float64"),
         (lambda a: {"features": a["features"].astype(np.float16)}, r"features must be a 2-D float32 table.*float16"),
+        # PyG would make layers of no inputs lazy, their weights uninitialised memory
+        (
+            lambda a: {"features": a["features"][:, :0]},
+            r"features must be a 2-D float32 table \[nodes, features >= 1\]",
+        ),
+        # What a user brings from PyG or OGB: a boolean mask, a 2-D or float split, an unlabelled node
+        (lambda a: {"train_idx": np.isin(np.arange(len(a["labels"])), a["train_idx"])}, "train_idx must be a 1-D"),
+        (lambda a: {"train_idx": a["train_idx"][:4].reshape(2, 2)}, r"train_idx must be a 1-D .*\(2, 2\)"),
+        (lambda a: {"val_idx": a["val_idx"].astype(np.float64)}, r"val_idx must be a 1-D .*float64"),
+        (
+            lambda a: {"labels": np.where(np.arange(len(a["labels"])) == a["train_idx"][7], -1, a["labels"])},
+            "label is -1",
+        ),
     ],
 )
 def test_a_graph_refuses_tables_and_splits_that_do_not_fit_its_nodes(arrays, change, message):
     with pytest.raises(ValueError, match=message):
         Graph(dict(arrays) | change(arrays), "cpu")
+
+
+def test_a_graph_takes_tensors_as_it_takes_arrays_and_names_what_is_missing(arrays):
+    from_tensors = Graph({name: torch.from_numpy(np.asarray(a)) for name, a in arrays.items()}, "cpu")
+    from_arrays = Graph(arrays, "cpu")
+    for name in Graph.ARRAYS:
+        assert torch.equal(getattr(from_tensors, name), getattr(from_arrays, name)), name
+    with pytest.raises(ValueError, match="the graph's arrays lack val_idx"):
+        Graph({name: a for name, a in arrays.items() if name != "val_idx"}, "cpu")
+    with pytest.raises(TypeError, match="features= must be a torch tensor in host memory, got ndarray"):
+        Graph(arrays, "cpu", features=np.asarray(arrays["features"]))
+    with pytest.raises(TypeError, match="labels must be a numpy array or a host tensor, got list"):
+        Graph(dict(arrays) | {"labels": list(arrays["labels"])}, "cpu")
+    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda', got 'gpu'"):
+        Graph(arrays, "gpu")
+
+
+def test_seeds_and_epochs_are_whole_numbers_of_any_kind_or_refused_in_one_line(arrays):
+    graph = Graph(arrays, "cpu")
+    first = next(iter(Pipeline("cpu_gather", graph, [5], 64, seed=3).batches(np.int64(1))))
+    again = next(iter(Pipeline("cpu_gather", graph, [5], 64, seed=np.int64(3)).batches(1)))
+    assert torch.equal(first.x, again.x) and torch.equal(first.edge_index, again.edge_index)
+    for seed in (2**64, -1, 1.0):
+        with pytest.raises(ValueError, match="seed must be a whole number"):
+            Pipeline("cpu_gather", graph, [5], 64, seed=seed)
+    pipeline = Pipeline("cpu_gather", graph, [5], 64, seed=0)
+    for epoch in (1.0, -1, True):
+        with pytest.raises(ValueError, match="epoch must be a whole number"):
+            next(iter(pipeline.batches(epoch)))
+    for seeds in ([1, 2, 3], torch.tensor([1.0, 2.0]), torch.ones(len(arrays["labels"]), dtype=torch.bool)):
+        with pytest.raises(ValueError, match="seeds must be a 1-D tensor of integer node ids"):
+            next(iter(pipeline.batches(0, seeds=seeds)))
+
+
+def test_two_epochs_at_once_from_sampling_workers_are_refused_not_mixed(arrays):
+    """The workers serve one epoch's keys: a second epoch's iterator started while the first is
+    being handed out would re-key them under the first (it went on with the second's batches)."""
+    pipeline = Pipeline("cpu_gather", Graph(arrays, "cpu"), [5], 64, seed=0, sampler_workers=1)
+    try:
+        want = [batch.x for batch in pipeline.batches(2)]
+        first, second = pipeline.batches(2), pipeline.batches(3)
+        assert torch.equal(next(first).x, want[0])
+        with pytest.raises(ValueError, match="epoch 2's batches are still being handed out"):
+            next(second)
+        assert [batch.x.shape for batch in first] == [x.shape for x in want[1:]]  # the first goes on, unmixed
+        first.close()
+        assert len(list(pipeline.batches(3))) == len(pipeline.seeds(3))  # and a closed one frees the workers
+    finally:
+        pipeline.close()
 
 
 def test_cpu_pipeline_batches_cover_the_training_nodes_with_their_rows(arrays):

@@ -192,6 +192,9 @@ def test_misses_counts_uncached_ids_and_refuses_ids_that_are_not_rows():
     hot = HotRows(table, torch.tensor([2, 7]), "cpu")
     assert int(hot.misses(torch.tensor([2, 3, 7, 9, 9], dtype=torch.int32))) == 3
     assert int(hot.misses(torch.tensor([], dtype=torch.int64))) == 0
+    # Every integer type holds ids: torch reads a uint8 tensor as a mask and refuses int16 ones.
+    for dtype in (torch.uint8, torch.int8, torch.int16):
+        assert int(hot.misses(torch.tensor([3, 3, 3, 2], dtype=dtype))) == 3, dtype
     # Views as users pass them: strided, offset, expanded, 2-D transposed.
     ids = torch.tensor([9, 2, 4, 7, 3, 2, 8, 7, 1, 0, 5, 6])
     for view in (ids[::3], ids[5:], ids[1:2].expand(6), ids.view(3, 4).t(), ids[3::4]):

@@ -120,4 +120,6 @@ class HotRows:
                 raise IndexError(f"id {low} is negative: ids are rows of the table, from 0")
             if high >= self.slots.numel():
                 raise IndexError(f"id {high} is out of range for a table of {self.slots.numel()} rows")
+        if idx.dtype not in (torch.int32, torch.int64):  # torch reads uint8 as a mask and refuses int16
+            idx = idx.long()
         return (self.slots[idx] < 0).sum()

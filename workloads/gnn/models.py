@@ -64,4 +64,8 @@ def build(
 ) -> nn.Module:
     """The model ``name`` with ``layers`` layers; sampling must have one fan-out per layer."""
     check(name, layers, fanouts)
+    for what, size in (("in_dim", in_dim), ("hidden", hidden), ("classes", classes)):
+        # PyG takes a size <= 0 for a lazy layer: its weights would stay uninitialised memory
+        if whole_number(size, at_least=1) is None:
+            raise ValueError(f"{what} must be a whole number >= 1, got {size!r}")
     return (GraphSAGE if name == "sage" else GAT)(in_dim, hidden, classes, layers, dropout=dropout)

@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from harness.arguments import whole_number
@@ -54,6 +55,7 @@ from harness.registry import Entry, Registry
 from systems.sampling.sampler import NeighborSampler, SampledSubgraph
 from workloads.graphs.shared import shared_anonymous_copy
 
+MAX_SEED = MAX_EPOCH = 2**62  # a seed plus an epoch seeds torch's generator, which takes 64 bits
 WORKER_TIMEOUT_S = 600  # a sampling worker that delivers nothing for this long is stuck: fail, never hang
 OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
 PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
@@ -157,16 +159,29 @@ def training_threads(sampler_workers: int, processes: int = 1) -> int:
 class Graph:
     """A graph's tensors, placed once for all the pipelines of a run."""
 
+    ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx")
+
     def __init__(self, arrays: dict, device: str, features: torch.Tensor | None = None):
-        self.indptr = torch.from_numpy(arrays["indptr"])
-        self.indices = torch.from_numpy(arrays["indices"])
+        """``arrays``: numpy arrays or host tensors by name (:data:`ARRAYS`); ``features``: a host
+        tensor that stands for ``arrays["features"]`` (one the caller shares between processes)."""
+        given = set(arrays) | ({"features"} if features is not None else set())
+        missing = [name for name in self.ARRAYS if name not in given]
+        if missing:
+            raise ValueError(f"the graph's arrays lack {', '.join(missing)} (a Graph takes {', '.join(self.ARRAYS)})")
+        host = {name: _host_tensor(arrays[name], name) for name in self.ARRAYS if name in arrays}
+        self.indptr, self.indices = host["indptr"], host["indices"]
+        if features is not None and not isinstance(features, torch.Tensor):
+            raise TypeError(f"features= must be a torch tensor in host memory, got {type(features).__name__}")
         # The table is pinned in place for zero-copy: shared anonymous memory, not the
         # copy-on-write file mapping, nor private memory (a fork copies pinned private pages into
         # each sampling worker); or a table the caller shares between processes.
-        self.features = shared_anonymous_copy(arrays["features"]) if features is None else features
-        self.labels = torch.from_numpy(arrays["labels"])
-        self.train_idx = torch.from_numpy(arrays["train_idx"])
-        self.val_idx = torch.from_numpy(arrays["val_idx"])
+        self.features = features if features is not None else host["features"]
+        _check_features(self.features)  # before a copy of a table of the wrong type
+        if features is None:
+            self.features = shared_anonymous_copy(self.features.numpy())
+        self.labels, self.train_idx, self.val_idx = host["labels"], host["train_idx"], host["val_idx"]
+        if device not in ("cpu", "cuda"):  # the pipelines compare with these two names
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         self.device = device
         self._unified = None
         self._check_sizes()
@@ -177,15 +192,18 @@ class Graph:
         nodes = self.indptr.numel() - 1
         # The models train in float32 and the loss takes int64 classes: another type would fail
         # at the first step, deep inside the model or the loss.
-        if self.features.dtype != torch.float32 or self.features.dim() != 2:
-            got = f"{self.features.dtype} {tuple(self.features.shape)}"
-            raise ValueError(f"features must be a 2-D float32 table [nodes, features], got {got}")
         if self.labels.dtype != torch.int64 or self.labels.dim() != 1:
             got = f"{self.labels.dtype} {tuple(self.labels.shape)}"
             raise ValueError(f"labels must be a 1-D int64 tensor, one class per node, got {got}")
         for name, table in (("features", self.features), ("labels", self.labels)):
             if table.shape[0] != nodes:
                 raise ValueError(f"{name} has {table.shape[0]} rows for a graph of {nodes} nodes: give one per node")
+        for name, ids in (("train_idx", self.train_idx), ("val_idx", self.val_idx)):
+            if not _node_ids(ids):
+                raise ValueError(
+                    f"{name} must be a 1-D array of integer node ids (the nonzero() of a mask), "
+                    f"got {ids.dtype} {tuple(ids.shape)}"
+                )
         if not self.train_idx.numel():
             raise ValueError("train_idx is empty: there is nothing to train on")
         for name, ids in (("train_idx", self.train_idx), ("val_idx", self.val_idx)):
@@ -196,6 +214,9 @@ class Graph:
             values, counts = ids.unique(return_counts=True)
             if bool((counts > 1).any()):  # a batch's seeds must be distinct: refused here, not mid-epoch
                 raise ValueError(f"{name} names node {int(values[counts > 1][0])} more than once")
+            if ids.numel() and int(self.labels[ids].min()) < 0:  # OGB marks nodes without a label -1
+                node = int(ids[self.labels[ids] < 0][0])
+                raise ValueError(f"{name} names node {node}, whose label is {int(self.labels[node])}: no class")
 
     def unified_features(self):
         if self._unified is None:
@@ -214,6 +235,34 @@ class Graph:
     def close(self) -> None:
         if self._unified is not None:
             self._unified.close()
+
+
+def _node_ids(t) -> bool:
+    """Whether ``t`` is a 1-D tensor of integer ids (not a boolean mask, not floats)."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dim() == 1
+        and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+    )
+
+
+def _check_features(table: torch.Tensor) -> None:
+    """The models train in float32, on at least one feature (PyG makes a layer of 0 inputs lazy,
+    its weights left uninitialised)."""
+    if table.dtype != torch.float32 or table.dim() != 2 or not table.shape[1]:
+        got = f"{table.dtype} {tuple(table.shape)}"
+        raise ValueError(f"features must be a 2-D float32 table [nodes, features >= 1], got {got}")
+
+
+def _host_tensor(array, name: str) -> torch.Tensor:
+    """One of a graph's arrays as a host tensor sharing its memory: a numpy array or a tensor."""
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(array))
+    if isinstance(array, torch.Tensor):
+        if array.device.type != "cpu":
+            raise ValueError(f"{name} is on {array.device}: a Graph takes host arrays, and places them itself")
+        return array
+    raise TypeError(f"{name} must be a numpy array or a host tensor, got {type(array).__name__}")
 
 
 def epoch_seeds(
@@ -382,7 +431,9 @@ class Pipeline:
             raise ValueError(f"pipeline {name!r} needs a GPU")
         if whole_number(batch_size, at_least=1) is None:
             raise ValueError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
-        self.name, self.graph, self.batch_size, self.seed = name, graph, whole_number(batch_size), seed
+        if whole_number(seed, at_most=MAX_SEED) is None:  # it seeds torch's generator with the epoch added
+            raise ValueError(f"seed must be a whole number in 0..2**62, got {seed!r}")
+        self.name, self.graph, self.batch_size, self.seed = name, graph, whole_number(batch_size), whole_number(seed)
         whole = lambda v: whole_number(v) is not None  # noqa: E731
         if not (isinstance(shard, tuple | list) and len(shard) == 2 and all(map(whole, shard))):
             raise ValueError(f"shard must be (rank, world), two whole numbers, got {shard!r}")
@@ -398,7 +449,7 @@ class Pipeline:
         self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
         self.device = torch.device(graph.device)
         csr = graph.pinned_csr() if kind.sampling == "uva" else (graph.indptr, graph.indices)
-        self.sampler = NeighborSampler(*csr, fanouts, place=kind.sampling, seed=seed)
+        self.sampler = NeighborSampler(*csr, fanouts, place=kind.sampling, seed=self.seed)
         self.labels = graph.labels.to(self.sampler.device)  # indexed where the sampler puts the ids
         if not whole(sampler_workers):
             raise ValueError(f"sampler_workers must be a whole number >= 0, got {sampler_workers!r}")
@@ -410,11 +461,12 @@ class Pipeline:
         self.cache = None  # a hot-row cache in GPU memory, where a kind keeps one
         rows_from = (graph.features, self.labels) if kind.worker_gathers else None
         self.training_batches = _TrainingBatches(
-            self.sampler, graph.train_idx, self.batch_size, seed, shard, rows_from, worker_threads
+            self.sampler, graph.train_idx, self.batch_size, self.seed, shard, rows_from, worker_threads
         )
         self.sampler_workers = workers_of(name, sampler_workers)
         self.worker_threads = worker_threads
         self._keys = _EpochKeys()
+        self._epoch_from_workers: int | None = None  # the epoch whose batches the workers hand out now
         self._loader = self._make_loader() if self.sampler_workers else None
         # What the kind's one-time preparation measured (a cache's fill): {metric: (value, unit)}.
         self.setup_metrics: dict[str, tuple[float, str]] = {}
@@ -482,7 +534,16 @@ class Pipeline:
         return self._from_workers(epoch)
 
     def _from_workers(self, epoch: int) -> Iterator:
+        # The workers serve one epoch's keys at a time: a second epoch started while the first is
+        # being handed out would re-key the loader under the first's iterator (it would go on with
+        # the second's batches, unnoticed).
+        if self._epoch_from_workers is not None:
+            raise ValueError(
+                f"{self.name}: epoch {self._epoch_from_workers}'s batches are still being handed out by the "
+                f"sampling workers: finish or close() its iterator before epoch {epoch}'s"
+            )
         self._keys.epoch, self._keys.batches = epoch, len(self.seeds(epoch))
+        self._epoch_from_workers = epoch
         delivered = 0
         try:
             iterator = iter(self._loader)
@@ -496,6 +557,7 @@ class Pipeline:
         finally:
             # Stopped before the epoch's last batch was handed over (an error here or in training,
             # a consumer that stopped early): the workers would go on preparing it.
+            self._epoch_from_workers = None
             if delivered < self._keys.batches:
                 self._stop_workers()
 
@@ -526,6 +588,12 @@ class Pipeline:
 
     def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
         """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
+        if whole_number(epoch, at_most=MAX_EPOCH) is None:
+            raise ValueError(f"epoch must be a whole number in 0..2**62, got {epoch!r}")
+        epoch = whole_number(epoch)
+        if seeds is not None and not _node_ids(seeds):
+            kind = f"{seeds.dtype} {tuple(seeds.shape)}" if isinstance(seeds, torch.Tensor) else type(seeds).__name__
+            raise ValueError(f"seeds must be a 1-D tensor of integer node ids (mask.nonzero() of a mask), got {kind}")
         seeds = None if seeds is None else list(seeds.split(self.batch_size))
         items = self._items(epoch, seeds)
         count = len(self.seeds(epoch)) if seeds is None else len(seeds)
