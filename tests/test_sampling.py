@@ -304,6 +304,9 @@ def test_sampler_refuses_bad_configuration(graph):
         NeighborSampler(*graph, [10, 0])
     with pytest.raises(ValueError, match="place must be"):
         NeighborSampler(*graph, [10], place="tpu")
+    if not torch.cuda.is_available():  # not torch's "Torch not compiled with CUDA enabled"
+        with pytest.raises(ValueError, match="place='cuda' samples on a CUDA GPU, and torch sees none here"):
+            NeighborSampler(*graph, [10], place="cuda")
     with pytest.raises(ValueError, match="distinct"):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1, 1]), batch=0)
     with pytest.raises(IndexError, match="seed node -3 is out of range"):

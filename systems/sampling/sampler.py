@@ -84,6 +84,8 @@ class NeighborSampler:
     ):
         if place not in PLACES:
             raise ValueError(f"place must be one of {PLACES}, got {place!r}")
+        if place != "cpu" and not torch.cuda.is_available():
+            raise ValueError(f"place={place!r} samples on a CUDA GPU, and torch sees none here: use place='cpu'")
         given, fanouts = fanouts, [integer(k) for k in fanouts] if isinstance(fanouts, list | tuple) else None
         if not fanouts or any(k is None or not 1 <= k <= MAX_FANOUT for k in fanouts):
             raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {given!r}")
