@@ -4,6 +4,7 @@ the saved-tensor hooks see what a compiled block saves (so offload_all on compil
 it, bit-identical to compiled keep), the budget is checked, and the variants' labels and columns
 carry it. The compiling tests are ``full``: an inductor compile takes 5-50 s on 2 CPU cores."""
 
+import copy
 import shutil
 import tempfile
 from pathlib import Path
@@ -79,8 +80,13 @@ def test_compiled_blocks_are_made_once_and_put_back():
     layers[1].forward = other  # an instance forward of someone else's
     blocks = CompiledBlocks(layers, 0.3)
     with blocks.installed():
-        assert [vars(layer)["forward"] for layer in layers] == blocks.forwards
+        assert [vars(layer)["forward"].run for layer in layers] == blocks.forwards
+        # A copy made meanwhile (the best model kept, an EMA started) runs its own weights: the
+        # forward it gets is the one the block had before, bound to the copy, not the compiled one.
+        copies = copy.deepcopy(layers[:2])
     assert "forward" not in vars(layers[0]) and vars(layers[1])["forward"] is other
+    assert vars(copies[0])["forward"].__self__ is copies[0] and vars(copies[1])["forward"].__self__ is copies[1]
+    assert vars(copies[0])["forward"].__func__ is type(layers[0]).forward
 
 
 def test_variant_labels_and_columns_carry_the_budget():

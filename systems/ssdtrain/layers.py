@@ -24,6 +24,10 @@ attn, ff in self.layers``, has the attention and feed-forward modules as its blo
 
 from __future__ import annotations
 
+import functools
+import types
+from collections.abc import Callable
+
 from torch import nn
 from torch.nn.parameter import is_lazy
 
@@ -106,3 +110,25 @@ def _called_modules(container: nn.Module) -> list[nn.Module]:
     for child in container.children():
         out.extend([child] if _called(child) else _called_modules(child))
     return out
+
+
+class InstalledForward:
+    """A forward that a ``with`` block puts on a block as its instance attribute ``forward`` while it
+    runs (a recomputed block's, a compiled block's). A copy of the block made meanwhile
+    (``copy.deepcopy(model)`` to keep the best model or start an EMA, ``torch.save(model)``) gets the
+    forward the block had before (``before``; None: its class's), bound to the copy: a plain function
+    would be copied as it is, and the copy would run this block, with its weights, instead of its own."""
+
+    def __init__(self, run: Callable, layer: nn.Module, before: Callable | None):
+        functools.update_wrapper(self, run)  # the block's name and signature, as the forward's
+        self.run, self.layer, self.before = run, layer, before
+
+    def __call__(self, *args, **kwargs):
+        return self.run(*args, **kwargs)
+
+    def __reduce__(self):  # deepcopy and pickle alike
+        return _forward_of_copy, (self.layer, self.before)
+
+
+def _forward_of_copy(layer: nn.Module, before: Callable | None) -> Callable:
+    return before if before is not None else types.MethodType(type(layer).forward, layer)

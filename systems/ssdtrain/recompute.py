@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import types
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -40,6 +39,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from systems.ssdtrain.cache import StorageKey, storage_key
 from systems.ssdtrain.engine import StepHook, has_storage_identity, in_backward, saving_inputs_of
+from systems.ssdtrain.layers import InstalledForward
 
 TORCH_CHECKPOINT = functools.partial(torch_checkpoint, use_reentrant=False)
 
@@ -88,7 +88,7 @@ def checkpointed(
     before = [vars(layer).get("forward") for layer in layers]
     for layer, forward in zip(layers, before):
         # An instance attribute shadows the class's forward; nn.Module.__call__ finds it.
-        layer.forward = _Forward(_recomputed(layer, layer.forward, checkpoint), layer, forward)
+        layer.forward = InstalledForward(_recomputed(layer, layer.forward, checkpoint), layer, forward)
     try:
         yield
     finally:
@@ -99,28 +99,6 @@ def checkpointed(
                 layer.forward = forward
         for hook in hooks:
             hook.remove()
-
-
-class _Forward:
-    """A recomputed block's forward, the instance attribute ``forward`` while the block runs. A copy of
-    the block made meanwhile (``copy.deepcopy(model)`` to keep the best model or start an EMA,
-    ``torch.save(model)``) gets the forward the block had before (``before``; None: its class's), bound
-    to the copy: a plain function would be copied as it is, and the copy would run this block, its
-    weights and its recomputation, instead of its own."""
-
-    def __init__(self, run: Callable, layer: nn.Module, before: Callable | None):
-        functools.update_wrapper(self, run)  # the block's name and signature, as the forward's
-        self.run, self.layer, self.before = run, layer, before
-
-    def __call__(self, *args, **kwargs):
-        return self.run(*args, **kwargs)
-
-    def __reduce__(self):  # deepcopy and pickle alike
-        return _forward_of_copy, (self.layer, self.before)
-
-
-def _forward_of_copy(layer: nn.Module, before: Callable | None) -> Callable:
-    return before if before is not None else types.MethodType(type(layer).forward, layer)
 
 
 def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Callable:

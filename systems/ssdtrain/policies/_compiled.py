@@ -28,6 +28,7 @@ from torch import nn
 
 from harness.arguments import real_number
 from harness.errors import UserError
+from systems.ssdtrain.layers import InstalledForward
 
 RECOMPILE_LIMIT = 64  # cache entries per code object: budgets x models x graph breaks, with room
 
@@ -94,8 +95,8 @@ class CompiledBlocks:
         """Within the block, every block runs its compiled forward; what was there before (an
         instance ``forward`` of another wrapper, or the class's) is back when it ends."""
         before = [vars(layer).get("forward") for layer in self.layers]
-        for layer, forward in zip(self.layers, self.forwards, strict=True):
-            layer.forward = forward  # an instance attribute shadows the class's forward
+        for layer, forward, earlier in zip(self.layers, self.forwards, before, strict=True):
+            layer.forward = InstalledForward(forward, layer, earlier)  # shadows the class's forward
         limits = torch._dynamo.config.patch(
             recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit),
             fail_on_recompile_limit_hit=True,
