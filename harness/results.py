@@ -16,6 +16,7 @@ missing column reads as NA. Any other difference from the schema refuses the fil
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import math
 import os
@@ -123,6 +124,7 @@ def _write_both(record: Path, record_text: str, csv_path: Path, csv_text: str) -
     earlier pair stands), and the CSV last: a stop after the record leaves a record without rows,
     never this run's record beside an earlier run's rows."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_files_of_dead_writers(record, csv_path)
     pending, aside = [], csv_path.with_name(f".{csv_path.name}.earlier{os.getpid()}")
     destination = {}  # a temporary file's final name, for the error
     try:
@@ -149,6 +151,27 @@ def _write_both(record: Path, record_text: str, csv_path: Path, csv_text: str) -
         reason = error.strerror or str(error)
         where = destination.get(str(error.filename), error.filename or csv_path)
         raise UserError(f"could not write {csv_path} and its record: {reason} ({where})") from None
+
+
+def _remove_files_of_dead_writers(*paths: Path) -> None:
+    """Remove what a writer killed mid-write (SIGKILL, a power cut: other signals wait for the
+    write) left beside ``paths``: its temporary files and an earlier CSV it had moved aside. Such an
+    earlier CSV cannot be put back, as the record beside it may already be the killed run's."""
+    for path in paths:
+        for leftover in path.parent.glob(f".{glob.escape(path.name)}.*"):
+            pid = leftover.name.rsplit(".", 1)[-1].removeprefix("tmp").removeprefix("earlier")
+            if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+                leftover.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class ResultsWriter:

@@ -237,6 +237,31 @@ def test_provenance_must_agree_and_parse(tmp_path):
         read_rows(path, SCHEMA)
 
 
+def test_a_write_removes_what_a_killed_writer_left_and_nothing_of_a_live_one(tmp_path):
+    """A writer killed mid-write (SIGKILL) leaves its temporary files and an earlier CSV it had
+    moved aside, hidden in the results folder: the next write removes those of dead processes."""
+    import os
+    import subprocess
+    import sys
+
+    path, writer = _write(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    left = [tmp_path / f".demo-cpu.csv.earlier{dead_pid}", tmp_path / f".demo-cpu.csv.tmp{dead_pid}"]
+    left.append(tmp_path / f".demo-cpu.provenance.json.tmp{dead_pid}")
+    live = tmp_path / f".demo-cpu.csv.tmp{os.getppid()}"  # a writer still running (this test's parent)
+    other = tmp_path / f".other-cpu.csv.tmp{dead_pid}"  # another part's: not this write's to judge
+    for leftover in (*left, live, other):
+        leftover.write_text("rows of a write cut short")
+    writer.write(path, PROVENANCE)
+    assert not any(p.exists() for p in left)
+    assert live.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "demo-cpu.csv",
+        "demo-cpu.provenance.json",
+    ]
+
+
 def test_writer_writes_numpy_floats_it_can_read_back(tmp_path):
     import numpy as np
 
