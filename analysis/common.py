@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.contention import NOTED_SHARE
 from harness.errors import UserError
 from harness.results import load, load_provenance
 
@@ -140,12 +141,22 @@ def machine_label(provenance: list[dict], *, missing_parts: bool = True) -> str:
         f"{machines}; measured {dates[0]}"
         + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
         + f"; commit {', '.join(commits)}; torch {first['packages'].get('torch', '?')}"
+        + _contention(provenance)
         + (
             f"; not measured: {', '.join(missing)}"
             if missing_parts and (missing := parts_not_measured(provenance))
             else ""
         )
     )
+
+
+def _contention(provenance: list[dict]) -> str:
+    """Where other processes took a noticeable share of the machine's CPU time while a part was
+    measured (harness/contention.py): the numbers may be slower and noisier than the machine's."""
+    shares = [p["cpu_share_of_other_processes"] for p in provenance if "cpu_share_of_other_processes" in p]
+    if not shares or max(shares) < NOTED_SHARE:
+        return ""
+    return f"; LOADED MACHINE: other processes used up to {max(shares):.0%} of its CPU time while measuring"
 
 
 def panel_grid(count: int, width: float, height: float, cols: int = 4):

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from harness import config as suite_config
-from harness import machine, provenance
+from harness import contention, machine, provenance
 from harness.errors import NeedsGpuError, UserError, exit_on_user_error
 from harness.results import ResultsWriter
 from harness.topic import Topic, discover
@@ -83,7 +83,7 @@ def measure(
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
     topic_part_names = {p.name for p in topic.parts}
     provenance.note_code_at_start()
-    started = time.perf_counter()
+    started, cpu_at_start = time.perf_counter(), contention.sample()
     try:
         with _stopped_by_signal():
             notes = (
@@ -124,6 +124,7 @@ def measure(
                 config_file=provenance.shown(config_path),
                 # the whole part, set-up and checks included: what a reproduce run spends on it
                 part_wall_s=round(time.perf_counter() - started, 1),
+                **_contention_note(cpu_at_start),
                 **notes,
             ),
         )
@@ -159,6 +160,12 @@ def _end_as_interrupted() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
     raise KeyboardInterrupt  # where SIGINT is blocked in this thread, or ignored by the OS
+
+
+def _contention_note(cpu_at_start) -> dict:
+    """The share of the machine's CPU time other processes took while the part ran (contention.py)."""
+    share = contention.others_share(cpu_at_start, contention.sample())
+    return {} if share is None else {"cpu_share_of_other_processes": round(share, 3)}
 
 
 def _writable_folder(folder: Path, what: str) -> None:

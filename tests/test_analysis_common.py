@@ -148,3 +148,11 @@ def test_a_rerun_on_other_hardware_is_not_a_process_of_this_machine(tmp_path):
     assert kept == [str(same / "reddit-h200.csv")] and left_out == [str(other / "reddit-h200.csv")]
     label = machine_label([json.loads((same / "reddit-h200.provenance.json").read_text()), changed])
     assert label.startswith("MIXED MACHINES: NVIDIA H200") and "| NVIDIA A100-SXM4-80GB (driver 550.1);" in label
+
+
+def test_a_loaded_machine_is_named_on_the_label_with_the_largest_share():
+    quiet = record("llm_offload", "policies", cpu_share_of_other_processes=0.04)
+    loaded = record("llm_offload", "models", cpu_share_of_other_processes=0.37)
+    assert "LOADED" not in machine_label([quiet, record("llm_offload", "stores")], missing_parts=False)
+    label = machine_label([quiet, loaded], missing_parts=False)
+    assert label.endswith("; LOADED MACHINE: other processes used up to 37% of its CPU time while measuring")

@@ -421,6 +421,7 @@ def test_a_parts_record_names_what_its_topic_shares_and_the_config_file_override
     entry(["ceilings", "--part", "matmul", "--scale", "tiny", "--out", str(out), "--config", str(config_file)])
     record = json.loads(out.with_suffix(".provenance.json").read_text())
     assert record["config_file"] == str(config_file)
+    assert 0 <= record["cpu_share_of_other_processes"] <= 1  # what others took of the machine meanwhile
     assert record["shared_parameters"] == {"repeat": 4, "warmup": 1}  # the parts' blocks are not shared
     assert record["parameters"] == merged["topics"]["ceilings"]["tiny"]["matmul"]
     entry(["ceilings", "--part", "matmul", "--scale", "tiny", "--out", str(out)])  # the default config
