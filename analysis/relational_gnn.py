@@ -609,7 +609,10 @@ def foot_mark(ax, xs, what: str) -> None:
 
 FOOT_MARKS = {
     "oom": ("x at the foot: ran out of GPU memory", dict(marker="x", mew=1.5)),
-    "absent": ("open square at the foot: not measured", dict(marker="s", fillstyle="none", mew=0.9)),
+    "absent": (
+        "open square at the foot: no form of that slot measured on that graph",
+        dict(marker="s", fillstyle="none", mew=0.9),
+    ),
 }
 
 
