@@ -89,6 +89,36 @@ def test_compiled_blocks_are_made_once_and_put_back():
     assert vars(copies[0])["forward"].__func__ is type(layers[0]).forward
 
 
+class DropsOut(torch.nn.Module):
+    def __init__(self, p: float):
+        super().__init__()
+        self.linear, self.drop = torch.nn.Linear(8, 8), torch.nn.Dropout(p)
+
+    def forward(self, x):
+        return self.drop(self.linear(x))
+
+
+def test_a_block_that_drops_out_is_refused_under_a_budget_below_one():
+    """torch's budgeted partitioner recomputes dropout in backward with new random numbers: the
+    gradients would be another mask's. Refused in training, before anything compiles; a block in
+    eval(), of dropout 0, or without a budget (torch's default partitioner keeps random ops' masks)
+    runs."""
+    blocks = [DropsOut(0.1), DropsOut(0.0)]
+    budgeted = CompiledBlocks(blocks, 0.5)
+    message = r"block 0 drops out \(drop, p=0.1\) in training, and under activation_budget 0.5 torch recomputes"
+    with pytest.raises(UserError, match=message):
+        with budgeted.installed():
+            pytest.fail("installed a budgeted block that drops out")
+    assert all("forward" not in vars(block) for block in blocks)  # nothing left installed
+    blocks[0].eval()
+    with budgeted.installed():
+        pass
+    blocks[0].train()
+    for fine in (CompiledBlocks(blocks, None), CompiledBlocks(blocks, 1.0), CompiledBlocks(blocks[1:], 0.2)):
+        with fine.installed():
+            pass
+
+
 def test_variant_labels_and_columns_carry_the_budget():
     variant = choose.Variant(POLICIES["torch_budget"], setting=(("activation_budget", 0.5),))
     assert variant.label == "torch_budget_0.5" and variant.role == "peer"

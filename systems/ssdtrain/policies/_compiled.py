@@ -9,6 +9,11 @@ its backward reads), one tensor at a time as eager autograd would hand them.
 ``activation_budget``: torch's ``torch._functorch.config.activation_memory_budget``, the fraction
 of the activations the partitioner may keep (it recomputes the rest in backward, choosing the
 cheapest ops to recompute), read when the block is compiled. ``None``: torch's default partitioner.
+A block that drops out in training is refused under a budget below 1: torch's budgeted partitioner
+(torch 2.11 to 2.13 at least) recomputes dropout in backward with new random numbers, so the
+gradients are those of another mask (a finite-difference check agrees with compiled keep's, not
+the budget's). Dropout written as a function (``F.dropout``, attention's ``dropout_p``) is not seen
+by this check: set it to 0 for budgeted blocks.
 
 One backend per budget, shared by every policy that asks for it: Dynamo keeps its compiled code
 on the block class's ``forward`` and reuses it only for the same backend, so policies on the same
@@ -83,6 +88,7 @@ class CompiledBlocks:
         """From the next :meth:`installed` on, block i runs compiled under ``budgets[i]``."""
         if len(budgets) != len(self.layers):
             raise ValueError(f"{len(budgets)} budgets for {len(self.layers)} blocks")
+        self.budgets = [check_budget(budget) for budget in budgets]
         self.forwards = []
         for index, (layer, budget) in enumerate(zip(self.layers, budgets, strict=True)):
             key = (index, check_budget(budget))
@@ -94,6 +100,13 @@ class CompiledBlocks:
     def installed(self) -> Iterator[None]:
         """Within the block, every block runs its compiled forward; what was there before (an
         instance ``forward`` of another wrapper, or the class's) is back when it ends."""
+        for index, (layer, budget) in enumerate(zip(self.layers, self.budgets, strict=True)):
+            if budget is not None and budget < 1 and (dropout := _dropping_out(layer)):
+                raise UserError(
+                    f"block {index} drops out ({dropout}) in training, and under activation_budget {budget:g} torch "
+                    "recomputes dropout with new random numbers (wrong gradients): set its dropout to 0, or keep it "
+                    "in eval()"
+                )
         before = [vars(layer).get("forward") for layer in self.layers]
         for layer, forward, earlier in zip(self.layers, self.forwards, before, strict=True):
             layer.forward = InstalledForward(forward, layer, earlier)  # shadows the class's forward
@@ -110,3 +123,11 @@ class CompiledBlocks:
                     vars(layer).pop("forward", None)
                 else:
                     layer.forward = forward
+
+
+def _dropping_out(block: nn.Module) -> str | None:
+    """The first dropout module of ``block`` that drops anything now (in training, p > 0), named."""
+    for name, module in block.named_modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.training and module.p > 0:
+            return f"{name or type(block).__name__}, p={module.p:g}"
+    return None
