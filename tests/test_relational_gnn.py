@@ -13,6 +13,7 @@ from harness import config as suite_config
 from harness.entry import main as entry
 from harness.errors import UserError
 from harness.results import ResultsWriter, load, load_provenance
+from systems.relgraph.graph import RelGraph
 from systems.rgnn.forms import FORMS, Form, forms_of
 from systems.rgnn.forms.hector import HectorLayer
 from systems.rgnn.models import MODELS, rgat, rgcn
@@ -448,3 +449,65 @@ def test_a_form_slower_than_slow_call_is_timed_fewer_times_and_noted(threshold, 
     noted = notes.get("fewer_repetitions", {})
     assert len(noted) == (4 if timed_calls == 2 else 0)
     assert all("timed 2 times after 0 warm-up calls, not 4 after 1" in why for why in noted.values())
+
+
+def _gradient_like(seed: int = 0) -> torch.Tensor:
+    """A [relations, in, out] gradient whose relations differ in scale by up to 10^4 (a rare
+    relation's weights get a gradient of its few edges)."""
+    g = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(0, -4, 12).view(12, 1, 1)
+    return torch.randn(12, 9, 7, generator=g) * scales
+
+
+def test_a_rare_relations_wrong_gradient_is_caught_on_its_own_scale():
+    """Judged on the whole gradient's largest value, a relation whose gradient is 10^-3 of the
+    largest could be zero and pass; each relation's slice is judged on its own scale."""
+    reference = _gradient_like()
+    wrong = reference.clone()
+    wrong[9] = 0  # a relation of a few edges, its gradient lost
+    with pytest.raises(parts.FormsDisagree, match=r"by up to .* \(first in slice 9, on its own scale\)"):
+        parts._check(wrong, reference, 1e-3, "g")
+    # float32 rounding of a sum in another order, far below every slice's tolerance, passes
+    noisy = reference * (1 + 1e-6 * torch.randn(reference.shape, generator=torch.Generator().manual_seed(1)))
+    parts._check(noisy, reference, 1e-3, "g")
+    # a slice whose true values are rounding noise, next to large ones, is judged on the floor
+    quiet = reference.clone()
+    quiet[11] = 1e-9 * torch.randn(9, 7, generator=torch.Generator().manual_seed(2))
+    parts._check(quiet + 1e-9 * torch.randn(quiet.shape, generator=torch.Generator().manual_seed(3)), quiet, 1e-3, "g")
+
+
+def test_a_lower_precision_result_with_rows_left_out_is_caught_though_its_norm_is_close():
+    g = torch.Generator().manual_seed(4)
+    reference = torch.randn(7000, 16, generator=g)
+    rounded = reference.bfloat16()
+    parts._check(rounded, reference, 3e-2, "x")  # rounding alone: within the norm-wise tolerance
+    wrong = rounded.clone()
+    wrong[[5, 900, 4000]] = 0  # three rows of 7000: 0.04% of the norm
+    with pytest.raises(parts.FormsDisagree, match="slice 5 is off by 1 of its own norm"):
+        parts._check(wrong, reference, 3e-2, "x")
+
+
+@pytest.mark.parametrize("bad", ["inf", "shape"])
+def test_a_reference_that_is_not_finite_or_a_result_of_another_shape_is_refused(bad):
+    reference = _gradient_like()
+    if bad == "inf":
+        reference[3, 2, 1] = float("inf")
+        out = torch.zeros_like(reference)
+        message = "the reference form's own result is not finite"
+    else:
+        out, message = reference[:-1], r"a result of shape \(11, 9, 7\), not \(12, 9, 7\)"
+    with pytest.raises(parts.FormsDisagree, match=message):
+        parts._check(out, reference, 1e-3, "g")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
+def test_a_form_refuses_features_that_are_not_of_its_weights_type(dtype):
+    """PyG reads integer features as node ids (its featureless mode): a wrong result, silently."""
+    graph = RelGraph.build([0, 1, 2, 3, 4, 1], [1, 2, 3, 4, 0, 0], [0, 1, 2, 0, 1, 2], num_nodes=5, num_relations=3)
+    weights = MODELS["rgcn"].make_weights(graph, 4, 4, seed=0)
+    x = torch.randint(0, 5, (graph.num_nodes, 4)).to(dtype)
+    for name in ("segment_mm", "dense", *(["pyg"] if FORMS["pyg"].missing("cpu") is None else [])):
+        with pytest.raises(
+            UserError, match=f"features must be floating-point, of the weights' type torch.float32, got {dtype}"
+        ):
+            FORMS[name].build(MODELS["rgcn"], weights, graph)(x)

@@ -518,6 +518,18 @@ def test_a_missing_folder_is_refused_and_never_created(store, disk):
         store(disk / "a_file")
 
 
+def test_a_scratch_folder_removed_behind_the_stores_back_is_said_in_one_line(disk):
+    """Removed while forward writes (a cleaner, a user's rm): the next put names the folder, not
+    the file's ENOENT with a long traceback; the store still closes."""
+    store = DirectFileStore(disk, block_bytes=BLOCK)
+    round_trip(store, 0, random_tensor((7, 13), torch.float32))
+    shutil.rmtree(store.directory)
+    with pytest.raises(UserError, match="is missing: the store's scratch folder was removed behind the store's back"):
+        store.put(1, random_tensor((7, 13), torch.float32)).result()
+    store.close()
+    assert list(disk.iterdir()) == []
+
+
 def test_a_store_leaves_its_folder_as_it_found_it(disk):
     with DirectFileStore(disk, block_bytes=BLOCK) as store:
         round_trip(store, 0, random_tensor((BLOCK // 4 + 3,), torch.float32))

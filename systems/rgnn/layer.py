@@ -20,10 +20,16 @@ class RelationalLayer(nn.Module):
         if weights.num_relations != graph.num_relations:
             raise UserError(f"the weights have {weights.num_relations} relations, the graph {graph.num_relations}")
         self.w, self.graph = weights, graph
+        # Its dtype follows the weights' through .to(): what the features must match.
+        self._a_weight = next(weights.parameters(), None)
 
     def _check(self, x: torch.Tensor) -> None:
         if x.dim() != 2 or x.shape[0] != self.graph.num_nodes or x.shape[1] != self.w.in_dim:
             raise UserError(f"features must be [{self.graph.num_nodes} nodes, {self.w.in_dim}], got {tuple(x.shape)}")
+        # PyG reads integer features as node ids (its featureless mode): a wrong result, not an error.
+        wanted = self._a_weight.dtype if self._a_weight is not None else None
+        if not x.is_floating_point() or (wanted is not None and x.dtype != wanted):
+            raise UserError(f"features must be floating-point, of the weights' type {wanted}, got {x.dtype}")
 
 
 def glorot(shape, generator: torch.Generator) -> nn.Parameter:

@@ -195,6 +195,10 @@ def open_direct(path: Path, flags: int) -> int:
             raise UserError(
                 f"{path} is missing: the stored tensor's file was removed behind the store's back"
             ) from None
+        if err.errno == errno.ENOENT:  # a new file's folder is gone
+            raise UserError(
+                f"{path.parent} is missing: the store's scratch folder was removed behind the store's back"
+            ) from None
         raise explain(err, path, "opening") from None
 
 
