@@ -262,6 +262,10 @@ def test_bad_arguments_are_one_line():
         (dict(policy="offload_all"), "offloads: give offload"),
         (dict(policy="keep", store=HostStore()), "offloads nothing: it takes no store"),
         (dict(policy=Plan((KEEP,), 0.0, 0, 0.0), store=HostStore()), "1 decisions for the model's 2 blocks"),
+        (
+            dict(policy=Plan((KEEP, KEEP), 0.0, 0, 0.0, budgets=(0.5, None))),
+            "the plan runs 1 blocks compiled under torch's activation memory budget, which offload() does not compile",
+        ),
         (dict(policy="planner", store=HostStore()), "needs budget="),
         (dict(policy="offload_all", store=HostStore(), layers=[nn.Linear(2, 2)]), "the model's own submodules"),
         (dict(policy="offload_all", store=HostStore(), min_bytes=-1), "min_bytes must be a non-negative"),

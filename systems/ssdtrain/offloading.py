@@ -402,6 +402,11 @@ def _check_policy(policy, store: Store | None, blocks: int):
             raise UserError(f"the plan decides {wrong[0]!r} for a block; decisions are one of {DECISIONS}")
         if len(policy.decisions) != blocks:
             raise UserError(f"the plan has {len(policy.decisions)} decisions for the model's {blocks} blocks")
+        if policy.budgeted:  # offload() runs eager blocks: the budgets would be dropped without a word
+            raise UserError(
+                f"the plan runs {policy.budgeted} blocks compiled under torch's activation memory budget, which "
+                "offload() does not compile: run it with the compiled policies (planned_compiled)"
+            )
         if OFFLOAD in policy.decisions and store is None:
             raise UserError("the plan offloads blocks: give offload() a store (systems.ssdtrain.stores)")
         return policy
