@@ -343,6 +343,43 @@ def test_decisions_say_what_each_block_does_with_keep_last_applied(policy, keep_
         assert (offloaded > 0) == (decision == OFFLOAD), (index, decision, offloaded)
 
 
+class TwoStacks(nn.Module):
+    """A model whose first stack is also a model of its own (``a``), to be offloaded by itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = ThreeBlocks(), ThreeBlocks()
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+def test_an_offloader_whose_tensors_a_later_hook_took_warns_that_it_offloaded_nothing():
+    """offload() on a submodule, entered before an offload() of the whole model: the later one's
+    saved-tensor hooks take every tensor, the first's blocks decide to offload and get none."""
+    model = TwoStacks()
+    x = torch.randn(17, 40, generator=torch.Generator().manual_seed(3))
+    inner = offload(model.a, store=HostStore(), policy="offload_all", min_bytes=0, keep_last=0)
+    outer = offload(model, policy="recompute")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with inner, outer:
+            model(x).backward()
+    messages = [str(w.message) for w in caught]
+    assert inner.stats.total.offloaded_bytes == 0
+    assert any("none of their saved tensors reached this offloader" in m for m in messages), messages
+    # Alone it offloads and says nothing; an evaluation alone saves nothing, and is no cause to warn.
+    alone = offload(model.a, store=HostStore(), policy="offload_all", min_bytes=0, keep_last=0)
+    evaluating = offload(model.a, store=HostStore(), policy="offload_all", min_bytes=0, keep_last=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with alone:
+            model(x).backward()
+        with evaluating, torch.no_grad():
+            model(x)
+    assert alone.stats.total.offloaded_bytes > 0
+
+
 @pytest.mark.parametrize("keep_last", [3, 7])
 def test_keep_last_covering_every_block_warns_that_nothing_is_offloaded(keep_last):
     model = ThreeBlocks()

@@ -245,6 +245,7 @@ class Offloader:
         self._backward_since_forward = False  # a backward ran since the last forward began
         self.backwards = 0  # the backward passes this step has run so far
         self._offloading_checked = False  # whether the first forward's offloading was checked
+        self._ran_with_grad = False  # whether a block ran where autograd saves tensors
         # A parameter's storage lives as long as the model, so its address identifies it all step.
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self._parameter_storages = {StorageWeakRef(t.untyped_storage()).cdata for t in tensors}
@@ -274,6 +275,20 @@ class Offloader:
         self.stats.prefetched_loads, self.stats.demand_loads = self.cache.prefetched_loads, self.cache.demand_loads
         if exc_type is None and self.cache.error is not None:
             raise self.cache.error
+        if (
+            exc_type is None
+            and self._ran_with_grad
+            and not self._offloading_checked
+            and OFFLOAD in self._decisions.values()
+        ):
+            if not any(stats.packed_tensors for stats in self.stats.layers.values()):
+                # The blocks ran, decided to offload, and no saved tensor reached this offloader's hooks.
+                warnings.warn(
+                    "SSDTrain: the blocks ran and offloaded nothing: none of their saved tensors reached this "
+                    "offloader (a saved-tensor hook entered after it took them: another offload() or "
+                    "save_on_cpu around the same blocks)",
+                    stacklevel=2,
+                )
 
     def leave_out_of_stats(self, counters) -> None:
         """Leave the store traffic ``counters`` (an interval of ``store.counters``) out of this step's
@@ -297,6 +312,7 @@ class Offloader:
             self._decisions.clear()
             self._backward_since_forward = False
         self._layer = index
+        self._ran_with_grad = self._ran_with_grad or torch.is_grad_enabled()
         if index not in self._decisions:
             decision = KEEP if index >= len(self.layers) - self.keep_last else self.decide(index)
             if decision not in (KEEP, OFFLOAD):
