@@ -219,6 +219,24 @@ def test_ids_out_of_range_are_refused_by_name():
         RelGraph.build([0, 1], [1], [0], num_nodes=3, num_relations=1)
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"device": "gpu"}, "device must be 'cpu' or 'cuda' \\(or 'cuda:N'\\), got 'gpu'"),
+        ({"device": "meta"}, "device must be 'cpu' or 'cuda' \\(or 'cuda:N'\\), got 'meta'"),
+        ({"src": torch.tensor([0, 1]).to_sparse()}, "src must be a dense tensor of ids, got a torch.sparse_coo tensor"),
+        (
+            {"dst": torch.empty(2, dtype=torch.int64, device="meta")},
+            "dst must be a dense tensor of ids, got a meta tensor",
+        ),
+    ],
+)
+def test_a_device_or_ids_tensor_the_graph_cannot_hold_is_refused_in_one_line(change, message):
+    args = {"src": [0, 1], "dst": [1, 0], "etype": [0, 0], "num_nodes": 2, "num_relations": 1} | change
+    with pytest.raises(UserError, match=message):
+        RelGraph.build(**args)
+
+
 def test_the_graph_counts_unique_source_relation_pairs():
     graph = RelGraph.build([0, 0, 0, 1], [1, 2, 2, 0], [0, 0, 1, 0], num_nodes=3, num_relations=2)
     assert graph.unique_source_relation_pairs() == 3

@@ -47,7 +47,12 @@ class RelGraph:
             if whole_number(count) is None:
                 raise UserError(f"{name} must be a non-negative integer, got {count!r}")
         num_nodes, num_relations, num_node_types = (whole_number(count) for count in counts.values())
-        device = torch.device(device)
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError):  # torch's own message lists every device type it knows
+            raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}") from None
+        if device.type not in ("cpu", "cuda"):  # the graph's kernels and the forms run on these two
+            raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {str(device)!r}")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"device {device} asked for, but this machine has no CUDA GPU (torch sees none)")
         src, dst, etype = (_ids(name, a, device) for name, a in (("src", src), ("dst", dst), ("etype", etype)))
@@ -155,6 +160,9 @@ def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
         return torch.from_numpy(np.array(array, dtype=np.int64, order="C", copy=True)).to(device)
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise UserError(f"{name} must hold integer ids, got {ids.dtype}")
+    if ids.layout != torch.strided or ids.is_nested or ids.is_meta:  # no values to read
+        kind = "a meta" if ids.is_meta else "a nested" if ids.is_nested else f"a {ids.layout}"
+        raise UserError(f"{name} must be a dense tensor of ids, got {kind} tensor")
     return ids.to(device=device, dtype=torch.int64, copy=True)
 
 
