@@ -168,14 +168,14 @@ class Graph:
         missing = [name for name in self.ARRAYS if name not in given]
         if missing:
             raise ValueError(f"the graph's arrays lack {', '.join(missing)} (a Graph takes {', '.join(self.ARRAYS)})")
-        host = {name: _host_tensor(arrays[name], name) for name in self.ARRAYS if name in arrays}
+        host = {name: _host_tensor(arrays[name], name) for name in self.ARRAYS if name in given - {"features"}}
         self.indptr, self.indices = host["indptr"], host["indices"]
         if features is not None and not isinstance(features, torch.Tensor):
             raise TypeError(f"features= must be a torch tensor in host memory, got {type(features).__name__}")
         # The table is pinned in place for zero-copy: shared anonymous memory, not the
         # copy-on-write file mapping, nor private memory (a fork copies pinned private pages into
         # each sampling worker); or a table the caller shares between processes.
-        self.features = features if features is not None else host["features"]
+        self.features = features if features is not None else _host_tensor(arrays["features"], "features")
         _check_features(self.features)  # before a copy of a table of the wrong type
         if features is None:
             self.features = shared_anonymous_copy(self.features.numpy())
