@@ -104,7 +104,7 @@ class Folder:
         return self.root / topic / f"{part}-{self.scale}.csv"
 
     def reruns(self, topic: str, part: str) -> list[Path]:
-        return sorted((self.root / topic / "reruns").glob(f"run*/{part}-{self.scale}.csv"))
+        return sorted((self.root / topic / "reruns").glob(f"*/{part}-{self.scale}.csv"))
 
     @staticmethod
     def _whole(path: Path) -> bool:

@@ -136,7 +136,7 @@ def machine_label(provenance: list[dict], *, missing_parts: bool = True) -> str:
     machines = ("" if len(kinds) == 1 else "MIXED MACHINES: ") + " | ".join(kinds.values())
     dates = sorted(p["date_utc"][:10] for p in provenance)
     dirty = {True: "+dirty", False: "", None: "+dirty?"}  # None: the record does not say
-    commits = sorted({p["git"]["commit"][:8] + dirty[p["git"]["dirty"]] for p in provenance})
+    commits = sorted({p["git"]["commit"][:8] + dirty[p["git"].get("dirty")] for p in provenance})
     return (
         f"{machines}; measured {dates[0]}"
         + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")

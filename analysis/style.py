@@ -185,10 +185,12 @@ AXIS_LABELS = {
 
 # A variant this module has never seen (a user's new entry) still gets a colour, the same in every
 # figure and every run: picked from these by a checksum of its name (not Python's hash(), which
-# changes per process), drawn dash-dotted so it reads as "not one of the suite's own".
+# changes per process), drawn dash-dotted so it reads as "not one of the suite's own". Chosen, one
+# at a time, as far as could be (CIELAB distance >= 28) from every colour above and each other, so
+# that a new entry is never drawn in a colour the eye takes for one of the suite's variants.
 UNSEEN_PALETTE = [
-    "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#1f78b4",
-    "#b2df8a", "#fb9a99", "#cab2d6", "#6a3d9a",
+    "#0000ff", "#ff00ff", "#0165fc", "#3c4d03", "#8a2be2", "#964e02", "#d648d7", "#1e90ff",
+    "#800000", "#8e7618",
 ]  # fmt: skip
 
 

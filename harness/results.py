@@ -48,6 +48,9 @@ UNITS = {
     "accuracy": "ratio",
     "loss": "nats",
 }
+# A timed call takes time, and a rate is made of one: a zero is a broken clock or an edited file,
+# and in a ratio it is an infinite speedup or a -100% transfer time.
+POSITIVE_METRICS = ("time", "epoch_time", "bandwidth", "flop_rate")
 _INTEGER = re.compile(r"-?[0-9]+")
 TAIL_COLUMNS = ("repetition", "metric", "value", "unit")
 PROVENANCE_SUFFIX = ".provenance.json"
@@ -205,6 +208,8 @@ class ResultsWriter:
             raise ValueError(f"{role}/{variant}: {metric} is not finite ({value})")
         if value < 0:  # times, bytes, rates, ratios and counts: a negative one is a broken measurement
             raise ValueError(f"{role}/{variant}: {metric} is negative ({value})")
+        if value == 0 and metric in POSITIVE_METRICS:
+            raise ValueError(f"{role}/{variant}: {metric} is 0 (a timed call takes time)")
         row = {
             "workload": self.schema.topic,
             "dataset": dataset,
@@ -349,6 +354,8 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
         raise ResultsFormatError(
             f"{where}: value {raw['value']!r} is negative (every metric is a time, size, rate or count)"
         )
+    if row["value"] == 0 and raw["metric"] in POSITIVE_METRICS:
+        raise ResultsFormatError(f"{where}: {raw['metric']} is 0 (a timed call takes time)")
     row["metric"], row["unit"] = raw["metric"], raw["unit"]
     units = schema.units
     if units.get(row["metric"]) != row["unit"]:
@@ -451,6 +458,15 @@ def load_provenance(csv_path: Path | str) -> dict:
         record = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ResultsFormatError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-    if not isinstance(record, dict) or not {"scale", "git", "machine", "date_utc"} <= set(record):
-        raise ResultsFormatError(f"{path}: a provenance record needs at least scale, git, machine and date_utc")
+    if not isinstance(record, dict) or not {"scale", "git", "machine", "date_utc", "packages"} <= set(record):
+        raise ResultsFormatError(
+            f"{path}: a provenance record needs at least scale, git, machine, packages and date_utc"
+        )
+    # What every figure's label and every grouping of processes reads (analysis/common.py).
+    needed = {"git": ("commit",), "machine": ("cpu_model", "usable_cpus", "gpus"), "packages": ()}
+    for part, keys in needed.items():
+        if not isinstance(record[part], dict):
+            raise ResultsFormatError(f"{path}: the record's {part} is no object (a record the suite writes has one)")
+        if missing := [key for key in keys if key not in record[part]]:
+            raise ResultsFormatError(f"{path}: the record lacks {part}.{', '.join(missing)} (the suite writes it)")
     return record

@@ -3,11 +3,20 @@
 import json
 import math
 import random
+import re
 
 import pytest
 
 from harness.errors import UserError
-from harness.results import ResultsFormatError, ResultsWriter, Schema, load, provenance_path, read_rows
+from harness.results import (
+    ResultsFormatError,
+    ResultsWriter,
+    Schema,
+    load,
+    load_provenance,
+    provenance_path,
+    read_rows,
+)
 from harness.timing import Measurement
 
 SCHEMA = Schema(topic="demo", config={"size_bytes": int, "ratio": float, "kind": str, "flag": bool})
@@ -16,7 +25,8 @@ SCHEMA = Schema(topic="demo", config={"size_bytes": int, "ratio": float, "kind":
 PROVENANCE = {
     "scale": "cpu",
     "git": {"commit": "0" * 40, "dirty": False},
-    "machine": {},
+    "machine": {"cpu_model": "CPU", "usable_cpus": 2, "gpus": []},
+    "packages": {"torch": "2.0"},
     "date_utc": "2026-11-30",
     "note": "test",
 }
@@ -233,7 +243,7 @@ def test_provenance_must_agree_and_parse(tmp_path):
     with pytest.raises(ResultsFormatError, match="not valid JSON"):
         read_rows(path, SCHEMA)
     provenance_path(path).write_text("{}")
-    with pytest.raises(ResultsFormatError, match="needs at least scale, git, machine and date_utc"):
+    with pytest.raises(ResultsFormatError, match="needs at least scale, git, machine, packages and date_utc"):
         read_rows(path, SCHEMA)
 
 
@@ -308,3 +318,46 @@ def test_a_part_cut_short_is_read_only_where_the_caller_labels_it(tmp_path):
     with pytest.raises(ResultsFormatError, match="stopped before it ended, so these rows are not the whole part"):
         read_rows(path, SCHEMA)
     assert read_rows(path, SCHEMA, cut_short=True)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r.pop("packages"), "needs at least scale, git, machine, packages and date_utc"),
+        (lambda r: r["git"].pop("commit"), "the record lacks git.commit"),
+        (lambda r: r["machine"].pop("usable_cpus"), "the record lacks machine.usable_cpus"),
+        (lambda r: r.update(machine="a box"), "the record's machine is no object"),
+    ],
+)
+def test_a_record_without_what_the_figures_read_is_refused_by_name(tmp_path, change, message):
+    """A hand-made or older record passed the loader and crashed a notebook with a KeyError."""
+    import json
+
+    path, _ = _write(tmp_path)
+    record_path = tmp_path / "demo-cpu.provenance.json"
+    record = json.loads(record_path.read_text())
+    change(record)
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(ResultsFormatError, match=re.escape(message)):
+        load_provenance(path)
+
+
+@pytest.mark.parametrize("metric, unit", [("time", "s"), ("bandwidth", "GB/s")])
+def test_a_time_or_rate_of_zero_is_refused_when_written(metric, unit):
+    """In a ratio a zero is an infinite speedup (or a -100% transfer time)."""
+    writer = ResultsWriter(SCHEMA, scale="cpu")
+    config = {"size_bytes": 4096, "ratio": 0.5, "kind": None, "flag": True}
+    with pytest.raises(ValueError, match=f"{metric} is 0"):
+        writer.add(role="baseline", variant="v", config=config, metric=metric, value=0.0, unit=unit)
+    writer.add(role="baseline", variant="v", config=config, metric="phase_time", value=0.0, unit="s")  # may be empty
+
+
+def test_a_time_of_zero_is_refused_when_read(tmp_path):
+    path, _ = _write(tmp_path)
+    header, first, *rest = path.read_text().splitlines()
+    cells = first.split(",")
+    assert cells[-3] == "time"
+    cells[-2] = "0.0"  # the value column, edited by hand
+    path.write_text("\n".join([header, ",".join(cells), *rest]) + "\n")
+    with pytest.raises(ResultsFormatError, match="demo-cpu.csv:2: time is 0"):
+        load([path], SCHEMA)

@@ -55,6 +55,33 @@ def test_a_name_in_two_registries_keeps_one_colour_and_an_unseen_one_is_stable()
     assert style.readable("my_new_store") == "my_new_store"  # a user's own id stays recognisable
 
 
+def _lab(colour: str) -> tuple[float, float, float]:
+    """CIELAB (D65) of a hex colour: distances there follow what the eye tells apart."""
+    import matplotlib.colors
+
+    def linear(c):
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = map(linear, matplotlib.colors.to_rgb(colour))
+    x, y, z = (
+        (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047,
+        0.2126 * r + 0.7152 * g + 0.0722 * b,
+        (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883,
+    )
+    f = lambda t: t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116  # noqa: E731
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+def test_a_new_entrys_colour_is_never_one_the_eye_takes_for_a_suite_variants():
+    """The guide's own padded_bmm was drawn in #1f78b4 beside segment_mm's #1f77b4."""
+    known = {colour for colour, _ in style.VARIANT_STYLE.values()}
+    for i, colour in enumerate(style.UNSEEN_PALETTE):
+        others = known | set(style.UNSEEN_PALETTE[:i] + style.UNSEEN_PALETTE[i + 1 :])
+        nearest = min(others, key=lambda o: math.dist(_lab(colour), _lab(o)))
+        assert math.dist(_lab(colour), _lab(nearest)) >= 25, (colour, nearest)
+    assert style.color("padded_bmm") in style.UNSEEN_PALETTE
+
+
 @pytest.mark.parametrize(
     "name, long, short",
     [
