@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import json
 import math
 import os
@@ -54,6 +55,7 @@ POSITIVE_METRICS = ("time", "epoch_time", "bandwidth", "flop_rate")
 _INTEGER = re.compile(r"-?[0-9]+")
 TAIL_COLUMNS = ("repetition", "metric", "value", "unit")
 PROVENANCE_SUFFIX = ".provenance.json"
+ROWS_DIGEST = "rows_sha256"  # the provenance key of the CSV's digest
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
@@ -300,8 +302,10 @@ class ResultsWriter:
         writer.writeheader()
         for row in self.rows:
             writer.writerow({k: _format_cell(v) for k, v in row.items()})
-        record = json.dumps(provenance, indent=2, sort_keys=True) + "\n"
-        _write_both(provenance_path(csv_path), record, csv_path, "".join(lines.parts))
+        text = "".join(lines.parts)
+        # The rows' digest in their record: a file edited after it was written is refused when read.
+        record = json.dumps(provenance | {ROWS_DIGEST: _digest(text.encode())}, indent=2, sort_keys=True) + "\n"
+        _write_both(provenance_path(csv_path), record, csv_path, text)
 
 
 class _CsvLines:
@@ -310,6 +314,10 @@ class _CsvLines:
 
     def write(self, s: str) -> None:
         self.parts.append(s)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _format_cell(value) -> str:
@@ -388,6 +396,11 @@ def read_rows(path: Path | str, schema: Schema, *, cut_short: bool = False) -> l
     if provenance.get("scale") != scale:
         raise ResultsFormatError(
             f"{path}: its provenance record says scale {provenance.get('scale')!r}, its name says {scale!r}"
+        )
+    if ROWS_DIGEST in provenance and provenance[ROWS_DIGEST] != _digest(path.read_bytes()):
+        raise ResultsFormatError(
+            f"{path}: its rows are not those its record was written with (edited, or another run's): measure the "
+            "part again rather than edit its file"
         )
     with open(path, newline="") as f:
         reader = csv.DictReader(f)

@@ -8,6 +8,7 @@ import json
 import pandas as pd
 import pytest
 import torch
+from doctored_results import rewrite_rows
 
 from harness.entry import main
 from harness.errors import UserError, WrongResult
@@ -346,7 +347,7 @@ def test_the_notebook_shows_a_variant_it_has_never_seen(tmp_path, no_gpu):
     main(["feature_gather", "--part", "row_sizes", "--scale", "tiny", "--out", str(out)])
     rows = pd.read_csv(out, keep_default_na=False, dtype=str)
     unseen = rows[rows.variant == "cpu_gather"].assign(variant="halved_gather", role="optimized")
-    pd.concat([rows, unseen]).to_csv(out, index=False)
+    rewrite_rows(out, pd.concat([rows, unseen]))
     figure, summary = tmp_path / "fg.png", tmp_path / "fg.md"
     render(
         ["analysis/feature_gather.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]

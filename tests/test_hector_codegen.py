@@ -18,6 +18,7 @@ from test_hector_ir import BASELINES, GRAPHS, PASS_SETS, awkward_graph, make_wei
 
 from systems.hector import autodiff, codegen, lower, op, passes, reference
 from systems.relgraph.ops import segment_products
+from systems.rgnn.models import MODELS as MODELS_BY_NAME
 from systems.rgnn.models.hgt import hgt_layer
 from systems.rgnn.models.rgat import rgat_layer
 from systems.rgnn.models.rgcn import rgcn_layer
@@ -440,6 +441,69 @@ def test_a_model_written_as_a_long_loop_is_cut_into_bounded_fused_kernels(monkey
             max((operators(s.root) for s in lower.lower(part).steps if isinstance(s, lower.Fused)), default=0)
             <= lower.MAX_FUSED_OPERATORS
         )
+
+
+def _fused_roots(program) -> list:
+    return [step.root for step in lower.lower(program).steps if isinstance(step, lower.Fused)]
+
+
+def _chain_value(node, leaves: list[float], numbers) -> torch.Tensor:
+    """The chain evaluated by the plan's own arithmetic (lower.EXPRESSIONS), in float32."""
+    args = [
+        _chain_value(a, leaves, numbers) if isinstance(a, lower.Node) else torch.tensor(leaves[next(numbers)])
+        for a in node.args
+    ]
+    return lower.EXPRESSIONS[node.expression][1](args[0], args[-1], node.mapped)
+
+
+def test_a_fused_chains_cuda_expression_computes_its_chain_and_grows_linearly(tmp_path):
+    """The text the fused kernels evaluate (FUSED_VALUE), compiled by the host's C++ compiler with
+    each leaf a number, against the chain's arithmetic; for the shipped models' plans (forward
+    and backward) and a chain of 12 leaky ReLUs, whose text grew threefold a level when each
+    operator pasted its operand in as often as its template reads it."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler here")
+    from systems.hector.lang import model
+
+    @model
+    def leaky_chain(m):
+        e = m.src(m.input("x", "in"))
+        for _ in range(12):
+            e = m.leaky_relu(e * 1.5 - 0.25, 0.1)
+        return m.sum_into_dst(e)
+
+    roots = _fused_roots(leaky_chain())
+    for name in ("rgcn", "rgat", "hgt", "compgcn"):
+        program = passes.optimize(MODELS_BY_NAME[name].program(), "compact", "reorder")
+        roots += [root for part in (program, *autodiff.split(program)) for root in _fused_roots(part)]
+    generator = torch.Generator().manual_seed(5)
+    lines, want = [], []
+    for root in roots:
+        count = len(lower.Fused(None, root).leaves())
+        leaves = (torch.rand(count, generator=generator) * 4 - 2).tolist()
+        text = codegen.fused_expression(root, iter(range(count)))
+        assert len(text) < 400 * (count + 40)  # linear in the chain's size
+        declared = " ".join(
+            f"const float t{k} = {v!r}f; const long long x{k} = 0; const float s{k} = 0; const int w{k} = 1;"
+            for k, v in enumerate(leaves)
+        )
+        lines.append(f'{{ {declared} std::printf("%.9g\\n", (double){text}); }}')
+        want.append(float(_chain_value(root, leaves, iter(range(count)))))
+    source = tmp_path / "chains.cpp"
+    source.write_text(
+        "#include <cmath>\n#include <cstdio>\n"
+        "static float operand(int, float t, long long, float, long long, int, int, int) { return t; }\n"
+        "int main() { const long long i = 0; const int c = 0, width = 1;\n" + "\n".join(lines) + "\nreturn 0; }\n"
+    )
+    subprocess.run([compiler, "-std=c++17", "-O0", "-o", str(tmp_path / "chains"), str(source)], check=True)
+    got = [
+        float(v)
+        for v in subprocess.run([str(tmp_path / "chains")], capture_output=True, text=True, check=True).stdout.split()
+    ]
+    assert len(got) == len(want) > 12
+    for a, b in zip(got, want, strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["strided", "offset", "expanded"])

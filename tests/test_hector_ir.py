@@ -243,8 +243,10 @@ def test_bad_programs_are_refused_by_name():
         trace(lambda m: m.input("x", "in") + m.input("x", "in"))
     with pytest.raises(ModelError, match="no graph data 'weight'"):
         trace(lambda m: m.graph_data("weight"))
-    with pytest.raises(ModelError, match="leaky_relu's slope must be a finite number, got float inf"):
+    with pytest.raises(ModelError, match="leaky_relu's slope must be a finite float32 number, got float inf"):
         trace(lambda m: m.leaky_relu(m.input("x", "in"), float("inf")))
+    with pytest.raises(ModelError, match="leaky_relu's slope must be a finite float32 number, got float 1e"):
+        trace(lambda m: m.leaky_relu(m.input("x", "in"), 1e300))  # inf in the kernels' float32
     assert issubclass(ModelError, UserError)
 
 

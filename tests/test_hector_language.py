@@ -608,7 +608,10 @@ def test_negation_is_a_subtraction_and_a_power_is_refused_by_name():
         ),
         (lambda m, x, W: x * m.rsqrt("in", 2.0), "rsqrt's like takes rows (a node, edge or pair value), got float 2.0"),
         (lambda m, x, W: x * m.rsqrt(2.0, x), "rsqrt takes a width's name (such as 'in'), got float 2.0"),
-        (lambda m, x, W: x * m.leaky_relu(x, "0.1"), "leaky_relu's slope must be a finite number, got str '0.1'"),
+        (
+            lambda m, x, W: x * m.leaky_relu(x, "0.1"),
+            "leaky_relu's slope must be a finite float32 number, got str '0.1'",
+        ),
     ],
     ids=["tanh-number", "gelu-none", "leaky_relu-weight", "rsqrt-like", "rsqrt-width", "slope-string"],
 )

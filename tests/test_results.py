@@ -32,6 +32,14 @@ PROVENANCE = {
 }
 
 
+def _hand_edit(path, text: str) -> None:
+    """``path``'s rows replaced by ``text``, its record made one without the rows' digest (written
+    before records held one), so that what the loader says of the rows themselves is tested."""
+    path.write_text(text)
+    record = provenance_path(path)
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "rows_sha256"}))
+
+
 def _write(tmp_path, rows=3, name="demo-cpu.csv"):
     rng = random.Random(7)
     writer = ResultsWriter(SCHEMA, scale="cpu")
@@ -184,7 +192,7 @@ def test_loader_names_file_and_line_of_a_bad_row(tmp_path, line_edit, message):
     cells = lines[2].split(",")
     line_edit(cells)
     lines[2] = ",".join(cells)
-    path.write_text("\n".join(lines) + "\n")
+    _hand_edit(path, "\n".join(lines) + "\n")
     with pytest.raises(ResultsFormatError, match=message):
         read_rows(path, SCHEMA)
 
@@ -192,13 +200,13 @@ def test_loader_names_file_and_line_of_a_bad_row(tmp_path, line_edit, message):
 def test_loader_refuses_wrong_header_missing_provenance_and_empty_file(tmp_path):
     path, _ = _write(tmp_path)
     text = path.read_text()
-    path.write_text(text.replace("size_bytes", "bytes", 1))
+    _hand_edit(path, text.replace("size_bytes", "bytes", 1))
     with pytest.raises(ResultsFormatError, match="header does not match.*unexpected \\['bytes'\\]"):
         read_rows(path, SCHEMA)
-    path.write_text(text.splitlines()[0] + "\n")
+    _hand_edit(path, text.splitlines()[0] + "\n")
     with pytest.raises(ResultsFormatError, match="no data rows"):
         read_rows(path, SCHEMA)
-    path.write_text(text)
+    _hand_edit(path, text)
     provenance_path(path).unlink()
     with pytest.raises(ResultsFormatError, match="no provenance record"):
         read_rows(path, SCHEMA)
@@ -208,7 +216,7 @@ def test_a_file_written_before_a_column_was_added_still_loads(tmp_path):
     path, _ = _write(tmp_path)
     lines = [line.split(",") for line in path.read_text().splitlines()]
     dropped = lines[0].index("ratio")
-    path.write_text("\n".join(",".join(c for i, c in enumerate(cells) if i != dropped) for cells in lines) + "\n")
+    _hand_edit(path, "\n".join(",".join(c for i, c in enumerate(cells) if i != dropped) for cells in lines) + "\n")
     frame = load([path], SCHEMA)
     assert frame["ratio"].isna().all() and (frame["size_bytes"] == 4096).all()
 
@@ -217,19 +225,19 @@ def test_loader_refuses_duplicates_wrong_scale_bad_units_and_odd_integers(tmp_pa
     path, _ = _write(tmp_path)
     text = path.read_text()
     lines = text.splitlines()
-    path.write_text(text + lines[1] + "\n")
+    _hand_edit(path, text + lines[1] + "\n")
     with pytest.raises(ResultsFormatError, match="demo-cpu.csv:5: the same measurement as line 2"):
         read_rows(path, SCHEMA)
-    path.write_text(text.replace(",cpu,", ",tiny,", 1))
+    _hand_edit(path, text.replace(",cpu,", ",tiny,", 1))
     with pytest.raises(ResultsFormatError, match="demo-cpu.csv:2: a row of scale 'tiny' in a file of scale 'cpu'"):
         read_rows(path, SCHEMA)
-    path.write_text(text.replace(",time,", ",bandwidth,", 1))
+    _hand_edit(path, text.replace(",time,", ",bandwidth,", 1))
     with pytest.raises(ResultsFormatError, match="metric 'bandwidth' in unit 's'"):
         read_rows(path, SCHEMA)
-    path.write_text(text.replace(",4096,", ",4_096,", 1))
+    _hand_edit(path, text.replace(",4096,", ",4_096,", 1))
     with pytest.raises(ResultsFormatError, match="'4_096' is not an integer"):
         read_rows(path, SCHEMA)
-    path.write_text(text)
+    _hand_edit(path, text)
     with pytest.raises(ResultsFormatError, match="given twice"):
         load([path, path], SCHEMA)
 
@@ -358,6 +366,20 @@ def test_a_time_of_zero_is_refused_when_read(tmp_path):
     cells = first.split(",")
     assert cells[-3] == "time"
     cells[-2] = "0.0"  # the value column, edited by hand
-    path.write_text("\n".join([header, ",".join(cells), *rest]) + "\n")
+    _hand_edit(path, "\n".join([header, ",".join(cells), *rest]) + "\n")
     with pytest.raises(ResultsFormatError, match="demo-cpu.csv:2: time is 0"):
+        load([path], SCHEMA)
+
+
+def test_rows_edited_after_they_were_written_are_refused(tmp_path):
+    """A value scaled by hand flipped a claim's verdict and nothing noticed: each record holds its
+    rows' digest, and the loader compares."""
+    path, _ = _write(tmp_path)
+    assert len(json.loads(provenance_path(path).read_text())["rows_sha256"]) == 64
+    load([path], SCHEMA)
+    header, first, *rest = path.read_text().splitlines()
+    cells = first.split(",")
+    cells[-2] = repr(float(cells[-2]) * 0.65)
+    path.write_text("\n".join([header, ",".join(cells), *rest]) + "\n")
+    with pytest.raises(ResultsFormatError, match="its rows are not those its record was written with"):
         load([path], SCHEMA)

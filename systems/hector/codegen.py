@@ -154,20 +154,32 @@ def source_of(step, shape: GemmShape = GemmShape(), bf16: bool = False) -> tuple
 
 
 def fused_expression(node: lower.Node, numbers) -> str:
-    """The CUDA expression of a fused chain: each operator's template with its arguments put in,
-    leaf k read as ``operand(kind, t_k, x_k, s_k, i, c, w_k, width)`` at the kernel's output width
-    (``numbers`` hands out k)."""
-    args = []
-    for arg in node.args:
-        if isinstance(arg, lower.Node):
-            args.append(fused_expression(arg, numbers))
-        else:
-            k = next(numbers)
-            args.append(f"operand({OPERAND_KINDS[arg.kind]}, t{k}, x{k}, s{k}, i, c, w{k}, width)")
-    slope = node.mapped.attr("slope")
-    template = lower.EXPRESSIONS[node.expression][0].format(slope=repr(float(slope)) if slope is not None else "")
-    by_name = {"a": args[0], "b": args[-1]}
-    return re.sub(r"\b[ab]\b", lambda m: by_name[m.group(0)], template)
+    """The CUDA expression of a fused chain: a lambda called in place that names each leaf and each
+    operator's value once (``const float vK``), leaf k read as ``operand(kind, t_k, x_k, s_k, i,
+    c, w_k, width)`` at the kernel's output width (``numbers`` hands out k). Named, not nested: a
+    template that reads its operand several times (leaky_relu three, gelu two) would otherwise
+    paste the whole chain below it as often, and the source grow exponentially with the depth."""
+    lines: list[str] = []
+
+    def value(text: str) -> str:
+        lines.append(f"const float v{len(lines)} = {text};")
+        return f"v{len(lines) - 1}"
+
+    def emit(node: lower.Node) -> str:
+        args = []
+        for arg in node.args:
+            if isinstance(arg, lower.Node):
+                args.append(emit(arg))
+            else:
+                k = next(numbers)
+                args.append(value(f"operand({OPERAND_KINDS[arg.kind]}, t{k}, x{k}, s{k}, i, c, w{k}, width)"))
+        slope = node.mapped.attr("slope")
+        template = lower.EXPRESSIONS[node.expression][0].format(slope=repr(float(slope)) if slope is not None else "")
+        by_name = {"a": args[0], "b": args[-1]}
+        return value(re.sub(r"\b[ab]\b", lambda m: by_name[m.group(0)], template))
+
+    root = emit(node)
+    return f"([&] {{ {' '.join(lines)} return {root}; }}())"
 
 
 def fused_chain(node: lower.Node) -> str:
