@@ -84,8 +84,6 @@ class NeighborSampler:
     ):
         if place not in PLACES:
             raise ValueError(f"place must be one of {PLACES}, got {place!r}")
-        if place != "cpu" and not torch.cuda.is_available():
-            raise ValueError(f"place={place!r} samples on a CUDA GPU, and torch sees none here: use place='cpu'")
         given, fanouts = fanouts, [integer(k) for k in fanouts] if isinstance(fanouts, list | tuple) else None
         if not fanouts or any(k is None or not 1 <= k <= MAX_FANOUT for k in fanouts):
             raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {given!r}")
@@ -105,7 +103,9 @@ class NeighborSampler:
                 raise ValueError("place='uva' needs the CSR in pinned host memory (UnifiedTensor or pin_memory())")
             if not (indptr.is_contiguous() and indices.is_contiguous()):
                 raise ValueError("place='uva' needs a contiguous CSR (a dense copy would not be pinned)")
-        else:
+        if place != "cpu" and not torch.cuda.is_available():
+            raise ValueError(f"place={place!r} samples on a CUDA GPU, and torch sees none here: use place='cpu'")
+        if place != "uva":
             # The kernels read the CSR by plain offsets: a view (indptr[::2], a column of a
             # larger array) is made dense once here rather than refused at the first batch.
             indptr, indices = indptr.to(self.device).contiguous(), indices.to(self.device).contiguous()
