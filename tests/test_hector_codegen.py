@@ -688,7 +688,7 @@ def test_a_slope_of_zero_is_written_as_a_float_literal():
     assert "(a) * 0.0f)" in text
     (text,) = [t for n, t in codegen.sources(relu_layer()).items() if n.startswith("fused_map")]
     assert "#define FUSED_CHAIN add(leaky_relu@0.0(#0),#0)" in text
-    assert "(operand(0, t0, x0, s0, i, c, w0, width)) * 0.0f)" in text
+    assert "const float v0 = operand(0, t0, x0, s0, i, c, w0, width);" in text and "(v0) * 0.0f)" in text
 
 
 def test_every_kind_of_step_has_a_profiler_range_the_breakdown_classes():
