@@ -92,6 +92,16 @@ def _higher_is_better(measure: dict) -> bool:
 
 
 @dataclass
+class Processes:
+    """What one claim reads of a topic: rows by process, and the files left out."""
+
+    by_process: dict[str, pd.DataFrame]
+    missing: list[Path] = field(default_factory=list)  # committed files absent or cut short
+    other_code: list[Path] = field(default_factory=list)  # re-runs of other code or hardware
+    cut_short_reruns: list[Path] = field(default_factory=list)  # re-runs stopped before the end
+
+
+@dataclass
 class Folder:
     """The results of one machine at one scale, each file loaded once."""
 
@@ -118,24 +128,25 @@ class Folder:
             self._loaded[path] = (frame, provenance[0])
         return self._loaded[path][0]
 
-    def processes(self, topic: str, parts: list[str]) -> tuple[dict[str, pd.DataFrame], list[Path], list[Path]]:
+    def processes(self, topic: str, parts: list[str]) -> Processes:
         """The rows of ``parts`` by process (the committed run first, then each re-run folder
-        of the committed run's code), the committed files missing, and the re-runs
-        left out because they measured other code."""
+        of the committed run's code), and the files left out and why."""
         # A part stopped before it ended counts as missing: its rows are not the whole part.
         present, missing = [], []
         for path in (self.committed(topic, p) for p in parts):
             (present if self._whole(path) else missing).append(path)
         if not present:
-            return {}, missing, []
-        reruns = [f for p in parts for f in self.reruns(topic, p) if self._whole(f)]
-        kept, other = same_code_reruns([str(f) for f in reruns], [str(f) for f in present])
+            return Processes({}, missing)
+        whole, cut_short = [], []
+        for f in (f for p in parts for f in self.reruns(topic, p)):
+            (whole if self._whole(f) else cut_short).append(f)
+        kept, other = same_code_reruns([str(f) for f in whole], [str(f) for f in present])
         by_process = {COMMITTED: pd.concat([self.load(topic, f) for f in present], ignore_index=True)}
         for f in map(Path, kept):
             frame = self.load(topic, f)
             name = f.parent.name
             by_process[name] = pd.concat([by_process[name], frame]) if name in by_process else frame
-        return by_process, missing, [Path(f) for f in other]
+        return Processes(by_process, missing, [Path(f) for f in other], cut_short)
 
     def provenance(self) -> list[dict]:
         return [record for _, record in self._loaded.values()]
@@ -193,6 +204,7 @@ class GroupRatio:
     numerator: str
     baseline: str
     guard: float | None = None
+    variants: frozenset = frozenset()  # every variant of either side that the group measured
 
 
 def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
@@ -210,7 +222,12 @@ def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
         if num.empty or base.empty:
             continue
         best_num, best_base = _best(num, lower), _best(base, lower)
-        found[key] = GroupRatio(best_num["median"] / best_base["median"], best_num.variant, best_base.variant)
+        found[key] = GroupRatio(
+            best_num["median"] / best_base["median"],
+            best_num.variant,
+            best_base.variant,
+            variants=frozenset(num.variant) | frozenset(base.variant),
+        )
         if guard:
             g = guard_medians
             sel = g[(g[per].apply(tuple, axis=1) == (key if isinstance(key, tuple) else (key,))).to_numpy()]
@@ -257,20 +274,31 @@ def _process_rows(by_process: dict, measure: dict) -> dict[str, pd.DataFrame]:
     return {name: r for name, r in rows.items() if not r.empty}
 
 
-def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[tuple]], dict]:
-    """Per process, the shown value of each group (a re-run's missing groups filled with the
-    committed run's ratios), and the committed run's group ratios."""
+def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[tuple]], dict, str]:
+    """Per process, the shown value of each group, the committed run's group ratios, and a note
+    on the re-run groups the committed run's ratio stood in for. A re-run's group is its own only
+    where it measured every variant the committed run measured there: without the fastest
+    competitor (it failed, or was left out) its ratio would be against a slower one."""
     ratios = {name: _group_ratios(rows, measure) for name, rows in rows_by_process.items()}
     committed = ratios.get(COMMITTED, {})
     if not committed:
         sides = f"{_describe_side(measure['numerator'])} against {_describe_side(measure['baseline'])}"
         raise NotMeasured(f"no group ({', '.join(measure['per'])}) has both sides ({sides}) with {measure['metric']}")
-    values = {}
+    values, absent, incomplete = {}, set(), set()
     for name, found in ratios.items():
-        if name != COMMITTED and not set(found) & set(committed):
+        own = {k: g for k, g in found.items() if k in committed and g.variants >= committed[k].variants}
+        if name != COMMITTED and not own:
             continue
-        values[name] = [(key, {**committed, **found}.get(key)) for key in committed]
-    return values, committed
+        absent |= set(committed) - set(found)
+        incomplete |= {k for k in found.keys() & committed.keys() if k not in own}
+        values[name] = [(key, own.get(key, committed[key])) for key in committed]
+    notes = []
+    if absent and len(values) > 1:
+        notes.append(f"{len(absent)} of {len(committed)} groups not in every re-run")
+    if incomplete:
+        notes.append(f"{len(incomplete)} group(s) re-run without a variant the committed run measured")
+    note = f" ({' and '.join(notes)}: the committed run's ratio stands in)" if notes else ""
+    return values, committed, note
 
 
 def _aggregate(groups: list[tuple], measure: dict) -> float:
@@ -299,7 +327,7 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
         baseline_oom = any(
             (_side(rows, measure["baseline"]).metric == "out_of_memory").any() for rows in rows_by_process.values()
         )
-    values, committed = _ratio_values(rows_by_process, measure)
+    values, committed, stood_in = _ratio_values(rows_by_process, measure)
     shown, higher = measure["value"], _higher_is_better(measure)
     per_process = {name: _aggregate(groups, measure) for name, groups in values.items()}
     head = per_process[COMMITTED]
@@ -317,7 +345,7 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
             text += f", at {_group_label(measure['per'], key)}: {g.numerator} vs {g.baseline}"
         elif len({g.baseline for g in committed.values()}) > 1:
             text += f"; baselines picked: {', '.join(sorted({g.baseline for g in committed.values()}))}"
-    text += f"; {_spread(list(per_process.values()), shown)}"
+    text += f"; {_spread(list(per_process.values()), shown)}{stood_in}"
     if measure.get("requires_baseline_oom") and not baseline_oom:
         return Outcome(
             NOT_MEASURED,
@@ -422,7 +450,8 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
         return Outcome(NOT_MEASURED, "", claim["not_measured"])
     measure = claim["measure"]
     topic, parts = measure["topic"], measure["parts"]
-    by_process, missing, other_code = folder.processes(topic, parts)
+    found = folder.processes(topic, parts)
+    by_process, missing = found.by_process, found.missing
     if not by_process:
         where = folder.root / topic / f"<part>-{folder.scale}.csv"
         return Outcome(NOT_MEASURED, "", f"no results of parts {', '.join(parts)} ({where})")
@@ -442,8 +471,10 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
         }
         why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items() if names)
         outcome.value += f" (without {why})"
-    if other_code:
-        outcome.value += f" ({len(other_code)} re-run file(s) of other code left out)"
+    if found.other_code:
+        outcome.value += f" ({len(found.other_code)} re-run file(s) of other code left out)"
+    if found.cut_short_reruns:
+        outcome.value += f" ({len(found.cut_short_reruns)} re-run file(s) cut short left out)"
     return outcome
 
 
