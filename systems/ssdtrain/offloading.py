@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import threading
 import warnings
 from collections.abc import Callable
@@ -114,13 +113,13 @@ class Offloading:
         self.model = model
         self.layers = _blocks(model, layers)
         self.policy, self.store = _check_policy(policy, store, len(self.layers)), store
-        if self.policy == "planner" and not (_is_number(budget) and 0 < budget <= 1):
+        if self.policy == "planner" and not (real_number(budget) is not None and 0 < budget <= 1):
             raise UserError(
                 f"policy planner needs budget=, the fraction of keep's activation bytes to fit (0-1]; got {budget!r}"
             )
         if budget is not None and self.policy != "planner":
             raise UserError(f"budget= is the planner's; policy {_name(self.policy)} does not take it")
-        if bandwidth is not None and not (_is_number(bandwidth) and 0 < bandwidth < math.inf):
+        if bandwidth is not None and (real_number(bandwidth) is None or bandwidth <= 0):
             raise UserError(f"bandwidth must be the store's speed in B/s, a positive number; got {bandwidth!r}")
         if bandwidth is not None and self.policy not in PLANNED:
             raise UserError(f"bandwidth= is for the planned policies; policy {_name(self.policy)} does not take it")
@@ -420,10 +419,6 @@ def _check_policy(policy, store: Store | None, blocks: int):
     if not offloads and store is not None:
         raise UserError(f"policy {policy} offloads nothing: it takes no store")
     return policy
-
-
-def _is_number(value) -> bool:
-    return real_number(value) is not None
 
 
 def _name(policy) -> str:
