@@ -680,6 +680,8 @@ def test_arguments_that_do_not_apply_or_are_out_of_range_are_refused():
         (lambda: offload(model, policy="planner", store=store, budget=True), "needs budget="),
         (lambda: offload(model, policy="planner", store=store, budget=0.5, bandwidth=True), "bandwidth must be"),
         (lambda: offload(model, policy="planner", store=store, budget=0.5, bandwidth=float("inf")), "bandwidth must"),
+        (lambda: offload(model, policy="planner", store=store, budget=0.5, bandwidth=0), "bandwidth must"),
+        (lambda: offload(model, policy="planner", store=store, budget=1.5), "needs budget="),
         (lambda: offload(model, policy="offload_all", store=store, bandwidth=1e9), "bandwidth= is for the planned"),
         (lambda: offload(model, policy="save_on_cpu", keep_last=-1), "keep_last must be a non-negative integer"),
         (lambda: offload(model, policy="save_on_cpu", min_bytes=-5), "min_bytes must be a non-negative integer"),
