@@ -657,11 +657,35 @@ groups = [(headline[:6], None), (skewed[:6], "skewed"), (knobs, "knobs")]
 if not headline:  # no headline parts: the first group with panels is the figure
     groups = [g for g in groups if g[0]]
     groups[0] = (groups[0][0], None)
+KNOB_NAMES = {
+    "batch_sizes": "batch size",
+    "cpu_threads": "CPU threads",
+    "row_sizes:bf16": "bf16 rows",
+    "thread_cap": "thread caps",
+    "locality": "locality",
+}
+
+
+def panel_names(panels: list[str]) -> list[str]:
+    """What the panels vary, each once, in their order: the titles name only what is drawn."""
+    names = []
+    for panel in panels:
+        name = {"row_sizes:fp32": "row size"}.get(panel) or KNOB_NAMES.get(panel) or "table size"
+        names += [name] if name not in names else []
+    return names
+
+
+def headline_heading(panels: list[str]) -> str:
+    several = frame.variant.nunique() > 1
+    bold = " (bold: the headline comparison)" if several and set(frame.variant) - EMPHASISED else ""
+    return f"{what}: bandwidth{' of each path' if several else ''}, by {' and '.join(panel_names(panels))}{bold}"
+
+
 for panels, name in groups:
     if panels:
         heading = {
-            None: f"{what}: bandwidth of each path, by row size and table size (bold: the headline comparison)",
+            None: headline_heading(panels),
             "skewed": f"{what}: Zipf-skewed reads (dashed, hollow markers: hot rows stored first)",
-            "knobs": f"{what}: batch size, CPU threads, bf16 rows, thread caps, locality (marker: row size)",
+            "knobs": f"{what}: {', '.join(panel_names(panels))} (marker: row size)",
         }[name]
         gather_figure(panels, heading, name, row_sizes_legend=name == "knobs")

@@ -359,4 +359,8 @@ def test_the_notebook_shows_a_variant_it_has_never_seen(tmp_path, no_gpu):
     assert row_sizes_header.endswith("| cpu_gather | halved_gather |")  # after the baseline: optimized
     assert "| x halved_gather |" in text  # a speedup over the fastest competitor (cpu_gather)
     assert "halved_gather" in text.split("CPU core-seconds per GB")[1]
-    assert "halved_gather" in json.loads((tmp_path / "nb.text.json").read_text())[0]  # the figure's legend
+    words = json.loads((tmp_path / "nb.text.json").read_text())[0]
+    assert "halved_gather" in words  # the figure's legend
+    # The title names only what is drawn: the row-size panel, not the table sizes nobody measured.
+    assert "bandwidth of each path, by row size (bold: the headline comparison)" in words[0]
+    assert "table size" not in words[0]
