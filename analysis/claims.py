@@ -97,7 +97,7 @@ class Processes:
 
     by_process: dict[str, pd.DataFrame]
     missing: list[Path] = field(default_factory=list)  # committed files absent or cut short
-    other_code: list[Path] = field(default_factory=list)  # re-runs of other code or hardware
+    other_runs: list[Path] = field(default_factory=list)  # re-runs of other code or hardware
     cut_short_reruns: list[Path] = field(default_factory=list)  # re-runs stopped before the end
 
 
@@ -471,8 +471,8 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
         }
         why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items() if names)
         outcome.value += f" (without {why})"
-    if found.other_code:
-        outcome.value += f" ({len(found.other_code)} re-run file(s) of other code left out)"
+    if found.other_runs:
+        outcome.value += f" ({len(found.other_runs)} re-run file(s) of other code or hardware left out)"
     if found.cut_short_reruns:
         outcome.value += f" ({len(found.cut_short_reruns)} re-run file(s) cut short left out)"
     return outcome

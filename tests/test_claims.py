@@ -166,7 +166,7 @@ def test_range_over_reruns_of_the_same_code(tmp_path, machine):
     row = render(tmp_path, [claim("ranged", holds=4.0, partly=1.5)])["ranged"]
     low, high = sorted((first, second))
     assert f"range {low:.2f}x to {high:.2f}x over 2 processes" in row  # run3 measured other code
-    assert "1 re-run file(s) of other code left out" in row
+    assert "1 re-run file(s) of other code or hardware left out" in row
     assert verdict_of(row) == "partly"  # holds in run2 alone: the least favourable process decides
 
 
