@@ -760,10 +760,17 @@ class TanhBlock(nn.Module):
     def forward(self, x, shift=None):
         if isinstance(shift, tuple | dict):  # a named tuple or an OrderedDict holding it
             shift = shift[0] if isinstance(shift, tuple) else shift["value"]
+        elif isinstance(shift, HeldShift):
+            shift = shift.value
         return self.lin(torch.tanh(x if shift is None else x + shift))
 
 
 Shift = collections.namedtuple("Shift", "value")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldShift:
+    value: torch.Tensor
 
 
 class InPlaceResidual(nn.Module):
@@ -782,7 +789,11 @@ class InPlaceResidual(nn.Module):
                 x += block(x)
             else:  # the block's keyword input changed by the model after the block, alone or in a container
                 shift = torch.full((16,), 0.25)
-                held = {"named tuple": Shift(shift), "ordered dict": collections.OrderedDict(value=shift)}
+                held = {
+                    "named tuple": Shift(shift),
+                    "ordered dict": collections.OrderedDict(value=shift),
+                    "dataclass": HeldShift(shift),
+                }
                 x = x + block(x, shift=held.get(self.call, shift))
                 shift.mul_(2)
         return x.square().mean()
@@ -799,7 +810,9 @@ def test_a_recomputed_block_whose_keyword_input_is_not_changed_matches_a_plain_r
     )
 
 
-@pytest.mark.parametrize("call", ["keyword", "positional", "keyword changed later", "named tuple", "ordered dict"])
+@pytest.mark.parametrize(
+    "call", ["keyword", "positional", "keyword changed later", "named tuple", "ordered dict", "dataclass"]
+)
 def test_an_input_of_a_recomputed_block_changed_in_place_after_it_ran_raises_a_true_error(call):
     """A plain run never needs the input again; the recomputation does, and its values are gone. A
     keyword tensor (bound to the forward, out of torch's sight) must not give other gradients."""

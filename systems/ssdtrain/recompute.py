@@ -4,11 +4,14 @@
 for the duration of a step, so autograd keeps only each block's inputs and runs the block again
 when backward reaches it. The block's keyword arguments are bound to its forward, never handed to
 the checkpoint function, which takes some names (``debug``, ``context_fn``...) as its own; but every
-tensor among its arguments, keyword ones and those in tuples (named ones too), lists and dicts
-included, is handed to torch's checkpoint positionally, so that it holds and version-checks each
-(and a tensor changed in place after the forward began, whose values the recomputation would not
-find, raises in backward rather than giving other gradients) and takes the devices of all for
-their RNG states. Another library's checkpoint (DeepSpeed's) gets the positional arguments only.
+tensor among its arguments, keyword ones and those in tuples (named ones too), lists, dicts and
+dataclasses included, is handed to torch's checkpoint positionally, so that it holds and
+version-checks each (and a tensor changed in place after the forward began, whose values the
+recomputation would not find, raises in backward rather than giving other gradients) and takes the
+devices of all for their RNG states. A tensor kept inside any other object (a cache object's
+attribute) is out of its sight: changed in place after the forward, the recomputation reads the
+changed values, as ``torch.utils.checkpoint`` itself does. Another library's checkpoint
+(DeepSpeed's) gets the positional arguments only.
 
 The recomputation starts from the buffers as the forward found them and updates copies of them,
 dropped after it. A forward that changes a buffer and then reads it (spectral normalization's power
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Iterator
@@ -176,10 +180,10 @@ class _Slot(int):
 
 
 def _lift(value, tensors: list[torch.Tensor]):
-    """``value`` with each tensor in it, also inside tuples (named ones too), lists and dicts (of any
-    dict class), appended to ``tensors`` and replaced by its ``_Slot``; other objects (a cache
-    object, a dataclass) stay as they are, and so do inference tensors, which autograd cannot save
-    (and nothing can change outside ``torch.inference_mode``)."""
+    """``value`` with each tensor in it, also inside tuples (named ones too), lists, dicts (of any
+    dict class) and dataclasses, appended to ``tensors`` and replaced by its ``_Slot``; other
+    objects (a cache object) stay as they are, and so do inference tensors, which autograd cannot
+    save (and nothing can change outside ``torch.inference_mode``)."""
     if isinstance(value, torch.Tensor) and not value.is_inference():
         tensors.append(value)
         return _Slot(len(tensors) - 1)
@@ -194,8 +198,8 @@ def _place(value, tensors):
 
 
 def _rebuilt(value, each: Callable):
-    """A copy of the container ``value`` (a tuple, named or not, a list, a dict of any dict class)
-    with ``each`` applied to its items; anything else as it is."""
+    """A copy of the container ``value`` (a tuple, named or not, a list, a dict of any dict class, a
+    dataclass instance) with ``each`` applied to its items; anything else as it is."""
     if type(value) in (tuple, list):
         return type(value)(each(item) for item in value)
     if isinstance(value, tuple) and hasattr(type(value), "_make"):  # a named tuple
@@ -204,6 +208,11 @@ def _rebuilt(value, each: Callable):
         copied = copy.copy(value)  # keeps a subclass's class and state (an OrderedDict, a defaultdict)
         for key, item in value.items():
             copied[key] = each(item)
+        return copied
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        copied = copy.copy(value)
+        for field in dataclasses.fields(value):
+            object.__setattr__(copied, field.name, each(getattr(value, field.name)))  # frozen ones too
         return copied
     return value
 
