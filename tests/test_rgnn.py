@@ -7,6 +7,9 @@ A new form joins these tests by registering: every form that computes a model he
 model x form cross-products run whole in the full tier; the fast tier runs each form once, on a
 model picked in turn (:func:`spread`)."""
 
+import math
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -244,32 +247,19 @@ def test_the_graph_counts_unique_source_relation_pairs():
 
 
 def test_kernels_the_profiler_links_to_no_operator_still_count():
-    """A profile whose device events hold kernels no operator's list names (as seen on the
-    H200 under torch 2.11): the split counts them, Hector's by entry point, any other as
-    ``other``, so it sums to every kernel; a profile where every kernel is linked is unchanged."""
-    from types import SimpleNamespace
-
+    """A profile whose device events hold kernels no operator's list names: the split counts them,
+    Hector's by entry point, any other as ``other``, so it sums to every kernel; a profile where
+    every kernel is linked is unchanged."""
     from systems.rgnn.breakdown import UNLINKED, _seconds, _seconds_by_operator
 
-    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-
-    def kernel(name, us):
-        return SimpleNamespace(name=name, device_type=cuda, time_range=SimpleNamespace(elapsed_us=lambda: us))
-
-    def op(name, kernels):
-        listed = [SimpleNamespace(name=k.name, duration=k.time_range.elapsed_us()) for k in kernels]
-        return SimpleNamespace(
-            name=name, device_type=cpu, kernels=listed, self_device_time_total=sum(k.duration for k in listed)
-        )
-
-    mm, fill = kernel("sm90_gemm", 300.0), kernel("vectorized_elementwise_kernel", 50.0)
-    gemm, scatter = kernel("segment_gemm_0123456789", 120.0), kernel("scatter_map_abcdef0123", 80.0)
-    linked = [op("aten::mm", [mm]), op("hector::gemm", [gemm])]
-    every = SimpleNamespace(events=lambda: [*linked, mm, gemm])
+    mm, fill = _kernel("sm90_gemm", 0, 300), _kernel("vectorized_elementwise_kernel", 300, 50)
+    gemm, scatter = _kernel("segment_gemm_0123456789", 350, 120), _kernel("scatter_map_abcdef0123", 470, 80)
+    linked = [_operator("aten::mm", [mm]), _operator("hector::gemm", [gemm])]
+    every = _profile(*linked, mm, gemm)
     assert _seconds_by_operator(every, "cuda") == pytest.approx(
         {"aten::mm": 300e-6, "hector::gemm": 0.0, "segment_gemm": 120e-6}
     )
-    lost = SimpleNamespace(events=lambda: [*linked, mm, gemm, fill, scatter, kernel("Activity Buffer Request", 9.0)])
+    lost = _profile(*linked, mm, gemm, fill, scatter, _kernel("Activity Buffer Request", 0, 9))
     split = _seconds_by_operator(lost, "cuda")
     assert split == pytest.approx(
         {"aten::mm": 300e-6, "hector::gemm": 0.0, "segment_gemm": 120e-6, "scatter_map": 80e-6, UNLINKED: 50e-6}
@@ -277,6 +267,46 @@ def test_kernels_the_profiler_links_to_no_operator_still_count():
     classes = _seconds(lost, "cuda")
     assert classes["aggregation"] == pytest.approx(80e-6) and classes["other"] == pytest.approx(50e-6)
     assert sum(classes.values()) == pytest.approx(550e-6)
+
+
+def test_a_device_record_spanning_others_of_its_stream_is_not_counted_as_work():
+    """A CUDA graph's replay recorded as one span over the kernels it ran, and a kernel recorded
+    twice: the split counts each kernel once, and sums to the time the device was busy. A kernel
+    of another stream that runs beside a longer one counts."""
+    from systems.rgnn.breakdown import UNLINKED, _seconds, _seconds_by_operator
+
+    gemm, scatter = _kernel("segment_gemm_0123456789", 100, 120), _kernel("scatter_map_abcdef0123", 220, 80)
+    replay = _kernel("graph replay", 90, 220)  # spans both, on their stream
+    twice = _kernel("segment_gemm_0123456789", 100, 120)
+    beside = _kernel("vectorized_elementwise_kernel", 150, 40, stream=9)  # inside replay's span, other stream
+    split = _seconds_by_operator(
+        _profile(_operator("hector::gemm", [gemm]), replay, gemm, twice, scatter, beside), "cuda"
+    )
+    assert split == pytest.approx({"hector::gemm": 0.0, "segment_gemm": 120e-6, "scatter_map": 80e-6, UNLINKED: 40e-6})
+    classes = _seconds(_profile(replay, gemm, scatter), "cuda")
+    assert classes["gemm"] == pytest.approx(120e-6) and classes["aggregation"] == pytest.approx(80e-6)
+    assert sum(classes.values()) == pytest.approx(200e-6)
+
+
+def _kernel(name: str, start: float, us: float, stream: int = 7):
+    """A fake profiler device event: ``us`` microseconds from ``start`` on ``stream`` of GPU 0."""
+    span = SimpleNamespace(start=start, end=start + us, elapsed_us=lambda: us)
+    return SimpleNamespace(
+        name=name, device_type=torch.autograd.DeviceType.CUDA, device_index=0, device_resource_id=stream,
+        time_range=span,
+    )  # fmt: skip
+
+
+def _operator(name: str, kernels: list):
+    """A fake profiler operator event that launched ``kernels``."""
+    listed = [SimpleNamespace(name=k.name, duration=k.time_range.elapsed_us()) for k in kernels]
+    total = sum(k.duration for k in listed)
+    return SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CPU, kernels=listed,
+                           self_device_time_total=total)  # fmt: skip
+
+
+def _profile(*events):
+    return SimpleNamespace(events=lambda: list(events))
 
 
 def test_operators_are_classified_by_what_they_do():
@@ -462,15 +492,25 @@ def test_the_gpu_breakdown_accounts_for_the_timed_call(layer):
 
 
 def _kernel_time(call) -> float:
-    """Seconds of every kernel, copy and fill the profiler saw on the device in one call (not its
-    own buffer requests)."""
+    """Seconds the device was busy in one call (not with the profiler's own buffer requests): on
+    each stream, the union of its events' spans, so that a record spanning others (a CUDA graph's
+    replay) or a record seen twice does not count its work twice."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    device = [e for e in prof.events() if e.device_type != torch.autograd.DeviceType.CPU]
-    return sum(e.time_range.elapsed_us() for e in device if e.name != "Activity Buffer Request") / 1e6
+    spans: dict[tuple, list] = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CPU and e.name != "Activity Buffer Request":
+            spans.setdefault((e.device_index, e.device_resource_id), []).append((e.time_range.start, e.time_range.end))
+    busy = 0
+    for intervals in spans.values():
+        reach = -math.inf
+        for start, end in sorted(intervals):
+            busy += max(0, end - max(start, reach))
+            reach = max(reach, end)
+    return busy / 1e6
 
 
 def _autograd_nodes(tensor) -> list[str]:

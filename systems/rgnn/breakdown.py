@@ -16,9 +16,11 @@ called ``indexFuncLargeIndex``), its operator says what it is for. Hector's gene
 launched through CuPy, and the profiler links them to whatever torch operator is innermost around
 the launch (the layer's custom op, or its autograd wrapper): they are classed by their entry point
 (``segment_gemm`` is a GEMM, ``scatter_map`` an aggregation, ...). A kernel the profiler links to
-no operator (on the H200 under torch 2.11, about half of the kernel time of a Hector training
-step) is still counted, from the device's own events: Hector's by entry point, any other as
-``other``.
+no operator is still counted, from the device's own events: Hector's by entry point, any other as
+``other``. A device event whose span holds the next one of its stream is not work of its own (a
+stream runs one piece of work at a time): it is the record of a launch that ran others (a CUDA
+graph's replay, which Hector's plans are) or a second record of the same work, and is not counted,
+so the classes sum to the time the device was busy.
 """
 
 from __future__ import annotations
@@ -177,10 +179,28 @@ def _seconds_by_operator(prof, device: str) -> dict[str, float]:
 def _device_time_by_kernel(prof) -> dict[str, float]:
     """Microseconds per name of every kernel, copy and fill the profiler saw on the device."""
     spent: dict[str, float] = {}
+    for event in device_events(prof):
+        spent[event.name] = spent.get(event.name, 0.0) + event.time_range.elapsed_us()
+    return spent
+
+
+def device_events(prof) -> list:
+    """The profiler's device events that are work: not its own buffer requests, and not an event
+    whose time span holds others of its stream. Work on one stream runs one piece at a time, so
+    such a span is a record of the launch that ran them (a CUDA graph's replay), or a second
+    record of the same work; counting it as well would count that work twice."""
+    by_stream: dict[tuple, list] = {}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CPU and event.name not in _PROFILER_OWN:
-            spent[event.name] = spent.get(event.name, 0.0) + event.time_range.elapsed_us()
-    return spent
+            by_stream.setdefault((event.device_index, event.device_resource_id), []).append(event)
+    work = []
+    for events in by_stream.values():
+        events.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
+        for event, after in zip(events, [*events[1:], None]):
+            holds_next = after is not None and after.time_range.end <= event.time_range.end
+            if not holds_next:
+                work.append(event)
+    return work
 
 
 def _bytes(prof, device: str) -> dict[str, int]:

@@ -294,7 +294,8 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
     inside it (``model.train()``), and a forward in eval mode with gradients recomputes too; a
     forward without gradients (generation) recomputes nothing and may still ask for the cache."""
     # Each sub-model may hold its own copy of the config (T5's decoder does).
-    configs = {id(c): c for m in model.modules() if hasattr(c := getattr(m, "config", None), "use_cache")}
+    holders = [m for m in model.modules() if hasattr(getattr(m, "config", None), "use_cache")]
+    configs = {id(m.config): m.config for m in holders}
     if not configs:
         return
     said = []
@@ -325,7 +326,10 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
             return args, kwargs | {"use_cache": False}
         return None
 
-    stack.callback(model.register_forward_pre_hook(StepHook(no_cache_asked), with_kwargs=True).remove)
+    # On every module with a config, not only the model: a call of ``model.forward`` (no hook of
+    # the model's runs) or of one stack (``model.decoder(...)``) passes use_cache down through them.
+    for holder in holders:
+        stack.callback(holder.register_forward_pre_hook(StepHook(no_cache_asked), with_kwargs=True).remove)
 
 
 def offload(
