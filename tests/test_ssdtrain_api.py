@@ -297,6 +297,16 @@ def test_min_bytes_above_every_saved_tensor_warns_once_in_one_line():
     assert "offloaded nothing" in message and "below min_bytes=1048576" in message and "\n" not in message
 
 
+def test_an_empty_batch_warns_that_the_saved_storages_are_empty_not_that_min_bytes_is_too_high():
+    model = ThreeBlocks()
+    with pytest.warns(UserWarning) as caught, offload(model, store=HostStore(), min_bytes=0) as session:
+        loss = model(torch.randn(0, 40))
+        loss.backward() if loss.requires_grad else None
+    assert session.stats.total.offloaded_tensors == 0
+    message = " ".join(str(w.message) for w in caught)
+    assert "is empty (0 B" in message and "lower min_bytes" not in message
+
+
 class ThreeBlocks(nn.Module):
     def __init__(self, dim: int = 40):
         super().__init__()

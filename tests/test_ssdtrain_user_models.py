@@ -741,6 +741,42 @@ def test_a_hugging_face_encoder_decoder_with_its_key_value_cache_on_is_recompute
         assert all(torch.equal(plain_grads[n], grads[n]) for n in plain_grads)
 
 
+@pytest.mark.parametrize("policy", ["recompute", "offload_all"])
+def test_a_model_switched_to_eval_between_forward_and_backward_gets_a_plain_runs_gradients(policy):
+    """An evaluation that does not switch back to training before backward: the recomputation runs
+    in the mode the forward ran in (dropout's masks, batch statistics), as a plain run's backward
+    uses what its forward saved."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.norm, self.drop = nn.Linear(12, 12), nn.BatchNorm1d(12), nn.Dropout(0.3)
+
+        def forward(self, x):
+            return self.drop(torch.tanh(self.norm(self.lin(x))))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = x + block(x)
+            return x.square().mean()
+
+    def step(model):
+        x = torch.randn(9, 12, generator=torch.Generator().manual_seed(5))
+        loss = model(x)
+        model.eval()  # an evaluation between the forward and its backward
+        loss.backward()
+        model.train()
+
+    plain = grads_of(Net, step)
+    offloaded = {"store": HostStore(), "min_bytes": 0} if policy == "offload_all" else {}
+    assert_same_grads(grads_of(Net, step, lambda m: offload(m, policy=policy, **offloaded)), plain)
+
+
 # -- inputs changed in place, containers, conditional blocks, two models ----------------------------
 def grads_of(make, step, session=None) -> list[torch.Tensor]:
     """The gradients of ``step(model)`` run on a fresh ``make()`` (seed 0), inside ``session(model)``."""

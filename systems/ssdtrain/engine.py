@@ -435,8 +435,11 @@ class Offloader:
             return
         saved = [self.stats.layers[i] for i in offloading if i in self.stats.layers]
         weights = [p for i in offloading for p in self.layers[i].parameters()]
-        if any(s.packed_tensors for s in saved):
-            largest = max(self.stats.largest.get(i, 0) for i in offloading)
+        largest = max(self.stats.largest.get(i, 0) for i in offloading)
+        if any(s.packed_tensors for s in saved) and largest == 0:
+            # Every saved storage empty (a batch of 0 rows): no min_bytes would offload anything.
+            why = "every storage the offloaded layers saved is empty (0 B: an empty batch?)"
+        elif any(s.packed_tensors for s in saved):
             why = (
                 f"every storage the offloaded layers saved is below min_bytes={self.min_bytes} (the largest is "
                 f"{largest} B): lower min_bytes"

@@ -22,10 +22,11 @@ block with buffers copies them first and keeps the copies of those it changed un
 Another library's checkpointing (DeepSpeed's, which keeps the inputs on the host) is given as
 ``checkpoint``, a function with ``torch.utils.checkpoint``'s signature.
 
-What a recomputation replays is the global CPU and CUDA random generators (the checkpoint's) and
-the block's registered buffers (above). State kept elsewhere, a ``torch.Generator`` or a plain
-tensor attribute the block changes, is found as the forward left it: a block holding a generator
-gets a warning.
+What a recomputation replays is the global CPU and CUDA random generators (the checkpoint's), the
+block's registered buffers (above) and each of its modules' training or eval mode (a model switched
+to eval between a forward and its backward recomputes in the mode the forward ran in). State kept
+elsewhere, a ``torch.Generator`` or a plain tensor attribute the block changes, is found as the
+forward left it: a block holding a generator gets a warning.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
             # rotary table shared by the blocks after would be gone. It gets the positional
             # arguments only, the keyword ones bound, as it expects.
             tensors, shapes = list(args), None
+        modes = _modes_of(layer)  # train/eval of each submodule, as this forward ran them
         found = _buffers_of(layer) if with_buffers else []
         # One copy per tensor: a buffer two submodules share must stay one tensor in the replay.
         copies = {id(buffer): buffer.clone() for _, _, buffer in found}
@@ -137,9 +139,15 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
                 return forward(*args, **kwargs)
             else:  # recomputing: the tensors as the checkpoint gives them back, in copies of their containers
                 again, kw_again = _place(shapes[0], inputs), _place(shapes[1], inputs)
-            if not (with_buffers and in_backward()):
+            if not in_backward():
                 return forward(*again, **kw_again)
-            # The recomputation: from what the forward found, on copies (it may run more than once).
+            with _modes_as(layer, modes):
+                if not with_buffers:
+                    return forward(*again, **kw_again)
+                return replay_from_buffers(again, kw_again)
+
+        def replay_from_buffers(again, kw_again):
+            """The recomputation: from what the forward found, on copies (it may run more than once)."""
             now = _buffers_of(layer)
             replay = {}
             for module, name, buffer in found:
@@ -169,6 +177,28 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
         return out
 
     return run
+
+
+def _modes_of(layer: nn.Module) -> list[bool]:
+    return [module.training for module in layer.modules()]
+
+
+@contextlib.contextmanager
+def _modes_as(layer: nn.Module, modes: list[bool]):
+    """Each submodule of ``layer`` in training or eval mode as in ``modes`` (the forward's), and
+    back as it was after: a model switched to eval between a forward and its backward (an
+    evaluation that did not switch back) recomputes what the forward computed."""
+    modules, now = list(layer.modules()), _modes_of(layer)
+    if now == modes:
+        yield
+        return
+    for module, training in zip(modules, modes, strict=True):
+        module.training = training
+    try:
+        yield
+    finally:
+        for module, training in zip(modules, now, strict=True):
+            module.training = training
 
 
 def _buffers_of(layer: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
