@@ -147,6 +147,8 @@ class Offloading:
 
     @property
     def stats(self) -> StepStats | None:
+        """What the block saved, per layer, and what went to the store; None under ``save_on_cpu``
+        (torch's own hooks save the tensors there, out of the suite's sight)."""
         return None if self.offloader is None else self.offloader.stats
 
     # -- a block -------------------------------------------------------------------------------
