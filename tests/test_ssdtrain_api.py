@@ -307,6 +307,18 @@ def test_an_empty_batch_warns_that_the_saved_storages_are_empty_not_that_min_byt
     assert "is empty (0 B" in message and "lower min_bytes" not in message
 
 
+@pytest.mark.parametrize("outer", ["offload_adaptive", "planner"])
+def test_a_planned_block_around_another_that_takes_every_tensor_says_it_planned_nothing(outer):
+    model = ThreeBlocks()
+    planned = {"budget": 0.5} if outer == "planner" else {}
+    with pytest.warns(UserWarning, match=f"SSDTrain {outer}: the blocks ran with gradients but saved no tensor"):
+        with offload(model, store=HostStore(), policy=outer, min_bytes=0, **planned) as session:
+            with offload(model, store=HostStore(), policy="offload_all", min_bytes=0):
+                for _ in range(2):
+                    model(torch.randn(5, 40)).backward()
+    assert session.decisions is None
+
+
 class ThreeBlocks(nn.Module):
     def __init__(self, dim: int = 40):
         super().__init__()

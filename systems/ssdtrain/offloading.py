@@ -248,9 +248,20 @@ class Offloading:
             # A block entered once per step ends after the profiled step: plan now, for the next block.
             if exc_type is None and self.decisions is None and self.offloader.backwards:
                 self._make_plan(timer)
+            elif exc_type is None and self.decisions is None and self._hooks_saw_nothing(timer):
+                warnings.warn(
+                    f"SSDTrain {self.policy}: the blocks ran with gradients but saved no tensor through this "
+                    "offload() block (another saved-tensor hook holds them: an offload() inside this one?), so "
+                    "nothing was profiled or planned",
+                    stacklevel=2,
+                )
             return False
 
         stack.push(plan_at_exit)
+
+    def _hooks_saw_nothing(self, timer: planning.LayerTimer) -> bool:
+        ran = any(timer.ran(i) for i in range(len(self.layers)))
+        return ran and not self.offloader.stats.total.packed_tensors
 
     def _make_plan(self, timer: planning.LayerTimer) -> None:
         profiles, fixed = planning.profiles_of(self.offloader.stats, timer, len(self.layers))
