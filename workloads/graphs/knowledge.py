@@ -46,19 +46,26 @@ def triples_in_folder(folder) -> list[tuple[str, str, str]]:
 
 
 def _read(paths) -> list[tuple[str, str, str]]:
+    """Every triple of ``paths``: UTF-8 text (a byte order mark allowed), lines split at line feeds
+    only (a form feed or a Unicode line separator inside a name is part of the name), each field
+    without the spaces around it."""
     rows = []
     for path in paths:
         try:
-            text = path.read_text()
+            text = path.read_bytes().decode("utf-8-sig")
         except FileNotFoundError:
             raise UserError(f"{path}: missing (a knowledge graph needs {', '.join(SPLITS)} .txt files)") from None
-        for number, line in enumerate(text.splitlines(), 1):
+        except UnicodeDecodeError as err:
+            raise UserError(f"{path}: not UTF-8 text (byte {err.start}; a compressed file?)") from None
+        for number, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
-            fields = line.split("\t")
+            fields = [field.strip() for field in line.split("\t")]
             if len(fields) != 3 or not all(fields):
                 raise UserError(f"{path}:{number}: expected head, relation and tail separated by tabs")
             rows.append((fields[0], fields[1], fields[2]))
+    if not rows:
+        raise UserError(f"no triples in {', '.join(map(str, paths))}")
     return rows
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,8 @@ SPLIT_FOLDER = {"ogbn-products": "sales_ranking", "ogbn-papers100M": "time"}
 
 @dataclass(frozen=True)
 class PublishedParams:
-    """What identifies an imported dataset: its name and the sizes of the files it came from."""
+    """What identifies an imported dataset: its name and the sizes and modification times of the
+    files it came from."""
 
     name: str
     files: dict = field(default_factory=dict)
@@ -55,9 +57,24 @@ def _need(path: Path) -> Path:
     return path
 
 
-def csv_gz(path: Path, dtype) -> np.ndarray:
-    with gzip.open(_need(path), "rt") as f:
-        return np.loadtxt(f, delimiter=",", dtype=dtype, ndmin=1)
+def csv_gz(path: Path, dtype, columns: int | None = None) -> np.ndarray:
+    """A gzip-compressed CSV of numbers (no header row), refused in one line where it cannot be
+    read as such: a table (rows by columns); with ``columns``, of exactly that many columns (one
+    column: a vector), so that an extra column (a weight) is refused, not read as more rows."""
+    try:
+        with gzip.open(_need(path), "rt", encoding="utf-8-sig") as f, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "loadtxt: input contained no data")  # an empty file: no rows
+            table = np.loadtxt(f, delimiter=",", dtype=dtype, ndmin=2)
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
+        raise UserError(f"{path}: not a gzip-compressed CSV file ({err})") from None
+    except ValueError as err:  # a header row, another separator, a float where integers are expected
+        raise UserError(f"{path}: not a CSV of {np.dtype(dtype).name} values separated by commas ({err})") from None
+    if columns is None:
+        return table
+    if table.size and table.shape[1] != columns:
+        raise UserError(f"{path}: {table.shape[1]} columns, expected {columns}")
+    table = table.reshape(-1, columns)
+    return table.ravel() if columns == 1 else table
 
 
 def _csr(rows: np.ndarray, cols: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,8 +89,10 @@ def read_reddit(folder: Path) -> dict[str, np.ndarray]:
     data = np.load(_need(folder / "reddit_data.npz"))
     graph = np.load(_need(folder / "reddit_graph.npz"))
     n = int(data["label"].shape[0])
+    rows, cols = graph["row"].astype(np.int64), graph["col"].astype(np.int64)
+    _check_ids(folder / "reddit_graph.npz", np.concatenate([rows, cols]), n)
     # Messages flow col -> row: node `row` lists neighbour `col`.
-    indptr, indices = _csr(graph["row"].astype(np.int64), graph["col"], n)
+    indptr, indices = _csr(rows, cols, n)
     types = data["node_types"]
     return {
         "indptr": indptr,
@@ -89,15 +108,16 @@ def read_reddit(folder: Path) -> dict[str, np.ndarray]:
 def read_ogb(name: str, folder: Path) -> dict[str, np.ndarray]:
     raw, split = folder / "raw", folder / "split" / SPLIT_FOLDER[name]
     if name == "ogbn-products":
-        edges = csv_gz(raw / "edge.csv.gz", np.int64).reshape(-1, 2).T
+        edges = csv_gz(raw / "edge.csv.gz", np.int64, columns=2).T
         features = csv_gz(raw / "node-feat.csv.gz", np.float32)
-        labels = csv_gz(raw / "node-label.csv.gz", np.int64).reshape(-1)
+        labels = csv_gz(raw / "node-label.csv.gz", np.int64, columns=1)
     else:
         data = np.load(_need(raw / "data.npz"))
         edges, features = data["edge_index"].astype(np.int64), data["node_feat"].astype(np.float32)
         label = np.load(_need(raw / "node-label.npz"))["node_label"].reshape(-1)
         labels = np.where(np.isnan(label), -1, label).astype(np.int64)  # -1: unlabelled
     n = features.shape[0]
+    _check_ids(raw / ("edge.csv.gz" if name == "ogbn-products" else "data.npz"), edges.ravel(), n)
     rows = np.concatenate([edges[1], edges[0]])
     cols = np.concatenate([edges[0], edges[1]])
     indptr, indices = _csr(rows, cols, n)
@@ -106,10 +126,33 @@ def read_ogb(name: str, folder: Path) -> dict[str, np.ndarray]:
         "indices": indices,
         "features": features,
         "labels": labels,
-        "train_idx": csv_gz(split / "train.csv.gz", np.int64),
-        "val_idx": csv_gz(split / "valid.csv.gz", np.int64),
-        "test_idx": csv_gz(split / "test.csv.gz", np.int64),
+        "train_idx": csv_gz(split / "train.csv.gz", np.int64, columns=1),
+        "val_idx": csv_gz(split / "valid.csv.gz", np.int64, columns=1),
+        "test_idx": csv_gz(split / "test.csv.gz", np.int64, columns=1),
     }
+
+
+def _check_ids(where, ids: np.ndarray, nodes: int) -> None:
+    if ids.size and (ids.min() < 0 or ids.max() >= nodes):
+        raise UserError(f"{where}: a node id outside 0..{nodes - 1} (the graph has {nodes} nodes)")
+
+
+def _check_arrays(name: str, folder: Path, arrays: dict[str, np.ndarray]) -> None:
+    """What a reader read, refused in one line where the files disagree with each other: features
+    and labels for every node, splits of distinct nodes of the graph, in one split each."""
+    nodes = arrays["labels"].shape[0]
+    if arrays["features"].ndim != 2 or arrays["features"].shape[0] != nodes:
+        raise UserError(f"{folder}: {name}'s features have shape {arrays['features'].shape}, labels {nodes} rows")
+    seen = {}
+    for split in ("train_idx", "val_idx", "test_idx"):
+        ids = arrays[split]
+        _check_ids(f"{folder}: {name}'s {split}", ids, nodes)
+        if len(np.unique(ids)) != len(ids):
+            raise UserError(f"{folder}: {name}'s {split} names a node more than once")
+        for other, before in seen.items():
+            if np.intersect1d(ids, before).size:
+                raise UserError(f"{folder}: {name}'s {split} and {other} share nodes: a node is in one split")
+        seen[split] = ids
 
 
 READERS = {
@@ -128,12 +171,18 @@ def import_published(name: str, folder: Path, root: Path | None = None) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder")
-    files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    # Size and modification time: a file rewritten with the same size (a new split) is read again.
+    files = {str(p.relative_to(folder)): _stamp(p) for p in sorted(folder.rglob("*")) if p.is_file()}
     done = _imported_before(name, files, root)
     if done is not None:
         return done
     with store.writing(root / name):  # one import of a dataset at a time; the others then reuse it
         return _imported_before(name, files, root) or _import(name, folder, files, root)
+
+
+def _stamp(path: Path) -> list[int]:
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
 
 
 def _imported_before(name: str, files: dict, root: Path) -> Path | None:
@@ -147,6 +196,7 @@ def _imported_before(name: str, files: dict, root: Path) -> Path | None:
 
 def _import(name: str, folder: Path, files: dict, root: Path) -> Path:
     arrays = READERS[name](folder)
+    _check_arrays(name, folder, arrays)
     spec = {
         "name": name,
         "nodes": int(arrays["labels"].shape[0]),
