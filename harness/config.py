@@ -164,6 +164,8 @@ def complete(config: dict) -> dict:
         if name not in topics:
             topics[name] = _read_yaml(topic.config_file, f"topic {name}'s config file")
             sources[name] = _relative(topic.config_file)
+            if not isinstance(topics[name], dict):  # an empty file reads as None
+                raise ConfigError(f"{sources[name]} must map scales to their blocks; it holds {topics[name]!r}")
     config = {**config, "topics": topics}
     validate(config, sources)
     return config

@@ -160,3 +160,12 @@ def test_an_unreadable_topic_file_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setattr(topic_module.Topic, "config_file", property(lambda self: tmp_path))  # a directory
     with pytest.raises(suite_config.ConfigError, match="cannot be read"):
         suite_config.load()
+
+
+def test_an_empty_topic_file_is_one_line_naming_it(monkeypatch, tmp_path):
+    from harness import topic as topic_module
+
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    monkeypatch.setattr(topic_module.Topic, "config_file", property(lambda self: tmp_path / "empty.yaml"))
+    with pytest.raises(suite_config.ConfigError, match=r"empty.yaml must map scales to their blocks; it holds None"):
+        suite_config.load()
