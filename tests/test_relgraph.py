@@ -132,6 +132,8 @@ def test_ids_out_of_range_are_refused_with_the_same_words_on_every_device(device
         RelGraph.build(
             [0], [1], [0], 3, 1, device=device, node_type=torch.tensor([0, 2, 1], device=device), num_node_types=2
         )
+    with pytest.raises(UserError, match=r"etype\[0\] = 0 is not a relation id of this graph \(it has no relations;"):
+        RelGraph.build([0], [1], [0], 3, 0, device=device)
 
 
 @pytest.mark.parametrize(

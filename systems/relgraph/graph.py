@@ -78,9 +78,9 @@ class RelGraph:
             bad = torch.nonzero((ids < 0) | (ids >= bound)).flatten()
             if bad.numel():
                 i = int(bad[0])
+                valid = f"0 to {bound - 1}" if bound else f"it has no {kind}s"
                 raise UserError(
-                    f"{name}[{i}] = {int(ids[i])} is not a {kind} id of this graph (0 to {bound - 1}; "
-                    f"{bad.numel()} such ids)"
+                    f"{name}[{i}] = {int(ids[i])} is not a {kind} id of this graph ({valid}; {bad.numel()} such ids)"
                 )
         norm = 1.0 / _norm_counts(dst, etype, num_relations).to(torch.float32)
         by_relation = torch.sort(etype, stable=True).indices
