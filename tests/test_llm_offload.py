@@ -476,6 +476,45 @@ class Drifting(HostStore):
         return done
 
 
+class GoesWrong(HostStore):
+    """A host store that brings tensors back with one bit flipped once ``wrong`` is set (as a buffer
+    pool handing out a buffer still in use does, from its second step on)."""
+
+    made: list = []
+
+    def __init__(self):
+        super().__init__()
+        self.wrong = False
+        GoesWrong.made.append(self)
+
+    def get(self, key, out):
+        done = super().get(key, out)
+        if self.wrong:
+            done.result()
+            out.reshape(-1).view(torch.uint8)[2] ^= 64
+        return done
+
+
+def test_a_store_right_on_its_checked_step_and_wrong_in_its_timed_steps_is_not_recorded(scratch, monkeypatch):
+    """The store goes wrong while it is timed (after the check before timing passed): the check
+    after its timed steps refuses it, and none of its timed rows is written."""
+    timed = parts._time
+
+    def time_then_go_wrong(*args, **kwargs):
+        timed(*args, **kwargs)
+        for store in GoesWrong.made:
+            store.wrong = True
+
+    monkeypatch.setattr(parts, "_time", time_then_go_wrong)
+    rows = Rows()
+    entry = StoreEntry("test_goes_wrong", "optimized", make=lambda params, folder: GoesWrong())
+    with registered(STORES, entry):
+        with pytest.raises(parts.NotBitIdentical, match="offload_all_test_goes_wrong after its timed steps"):
+            one_model(scratch, rows, stores=["test_goes_wrong"], compare=["offload_all"])
+    assert not [r for r in rows if r["variant"] == "offload_all_test_goes_wrong"]
+    assert GoesWrong.made
+
+
 def test_convergence_stops_at_the_first_step_whose_loss_differs(scratch):
     """An offloading path that brings a tensor back changed: the curve differs from keep's, and the
     part raises naming the step instead of recording two curves."""

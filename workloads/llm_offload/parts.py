@@ -7,7 +7,8 @@ For each model of the scale: one seeded batch; a reference step with no hooks at
 losses and gradients), taken twice to show it reproduces; then every variant's step on the same
 weights and batch, checked bit-identical to the reference (checking.py: a difference raises
 :class:`NotBitIdentical`, so a wrong path is never timed); then each variant timed over ``repeat``
-training steps (forward, backward, AdamW) after ``warmup``. Every policy counts what its steps
+training steps (forward, backward, AdamW) after ``warmup``, and checked again after them from
+the weights of the first check (its rows are written only if that passes). Every policy counts what its steps
 save and move (systems/ssdtrain/policies). The planned policies run the per-block decisions of a
 plan made from a profile of the model and each store's measured bandwidth; their predictions are
 recorded beside the measurements. A peer (another library's mechanism) that is wrong or fails is
@@ -171,6 +172,18 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     spread = rounding_spread(model, batch, reference, device) if any(v.policy.compiled for v in runs) else {}
     if spread:
         model_notes["keep_spread_between_eager_kernels"] = max(spread.values())
+
+    def verify(label, variant, result):
+        """``result`` against its reference: compiled keep's (within its rounding, for a compiled
+        policy that need not match it exactly; the deviation is returned), else bit-identical."""
+        if variant.policy.name == choose.COMPILED_REFERENCE:
+            return check_close(label, reference, result, built.dtype, spread=spread)
+        if variant.policy.compiled and not variant.exact:
+            return check_close(label, compiled_reference, result, built.dtype, "compiled keep")
+        against = ("compiled keep", compiled_reference) if variant.policy.compiled else ("keep", reference)
+        check_identical(label, against[1], result, against[0])
+        return None
+
     try:
         for variant in runs:
             needs_compiled_reference = variant.policy.compiled and variant.policy.name != choose.COMPILED_REFERENCE
@@ -191,12 +204,10 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
                     deviation = check_close(variant.label, reference, result, built.dtype, spread=spread)
                     model_notes.setdefault("deviation_from_keep", {})[variant.label] = deviation
                     compiled_reference = result
-                elif variant.policy.compiled and not variant.exact:
-                    deviation = check_close(variant.label, compiled_reference, result, built.dtype, "compiled keep")
-                    model_notes.setdefault("deviation_from_compiled_keep", {})[variant.label] = deviation
                 else:
-                    against = ("compiled keep", compiled_reference) if variant.policy.compiled else ("keep", reference)
-                    check_identical(variant.label, against[1], result, against[0])
+                    deviation = verify(variant.label, variant, result)
+                    if deviation is not None:
+                        model_notes.setdefault("deviation_from_compiled_keep", {})[variant.label] = deviation
             except Exception as err:
                 if variant.role != "peer" or isinstance(err, torch.cuda.OutOfMemoryError):
                     raise
@@ -215,14 +226,46 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
             # data of the tensors it moves): keep must still give the reference before anything is timed.
             with deterministic(device):
                 check_identical(f"keep after {failed_peer} failed", reference, one_step(model, batch))
+        # The weights the checked steps started from (timing steps the optimizer): each policy is
+        # checked again after its timed steps, from these weights, so that a policy right on its
+        # first step and wrong on later ones (a store reusing a buffer still in use) is not recorded.
+        checked_weights = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         for variant, policy in checked:
-            timed = (variant, policy, model, batch, optimizer, writer, dataset, base, params, s)
+            held = _HeldRows()  # written only once the check after timing passes
+            timed = (variant, policy, model, batch, optimizer, held, dataset, base, params, s)
             _time(*timed, repeat, warmup, device, bounds.get(variant.label))
+            model.load_state_dict(checked_weights)
+            try:
+                with deterministic(device), policy.reading_back():
+                    verify(f"{variant.label} after its timed steps", variant, one_step(model, batch, policy))
+            except Exception as err:
+                if variant.role != "peer" or isinstance(err, torch.cuda.OutOfMemoryError):
+                    raise
+                notes["skipped"][f"{variant.label} ({dataset})"] = f"wrong after its timed steps: {first_line(err)}"
+                continue
+            held.write_to(writer)
     finally:
         for variant, policy in checked:
             policy.close()
             variant.close()
+
+
+class _HeldRows:
+    """A writer's ``add`` and ``add_measurement``, held until :meth:`write_to`."""
+
+    def __init__(self):
+        self._calls = []
+
+    def add(self, **row) -> None:
+        self._calls.append((None, row))
+
+    def add_measurement(self, measurement, **row) -> None:
+        self._calls.append((measurement, row))
+
+    def write_to(self, writer) -> None:
+        for measurement, row in self._calls:
+            writer.add(**row) if measurement is None else writer.add_measurement(measurement, **row)
 
 
 def _time(variant, policy, model, batch, optimizer, writer, dataset, base, params, s, repeat, warmup, device, bound):
