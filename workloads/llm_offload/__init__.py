@@ -4,8 +4,9 @@ offloading. The policies and stores compared are the registries of systems/ssdtr
 
 One part, ``policies``: for each model of the scale (GPT-2 and Llama shapes from workloads.llm),
 one seeded training step per policy is first checked bit-identical to ``keep`` (losses and every
-gradient), then timed, then checked again from the same weights (its rows are written only then); each row says how much activation memory the step held on the device and
-what the store moved. Without a GPU it runs the same policies and stores on the CPU (KvikioStore
+gradient), then timed, then checked again from the same weights (its rows are written only
+then); each row says how much activation memory the step held on the device and what the store
+moved. Without a GPU it runs the same policies and stores on the CPU (KvikioStore
 and pinned memory are GPU-only; the provenance notes say what was skipped and why).
 
 A second part, ``models``, runs the same policies on more models (the other families, a deeper
