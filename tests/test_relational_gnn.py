@@ -137,6 +137,24 @@ def test_a_form_whose_backward_is_wrong_is_refused_before_timing(tmp_path, monke
     refused_in_one_line(capsys, "knowledge_graphs", out, message)
 
 
+def test_a_form_right_on_its_checked_calls_and_wrong_on_later_ones_is_refused_after_its_timing(
+    tmp_path, monkeypatch, capsys
+):
+    """The per-edge form goes wrong once it has been timed (a cache gone stale): checked again
+    after its timed calls, from the same weights, it stops the part; nothing is written."""
+    real, calls = rgcn.PerEdge.forward, {"n": 0}
+
+    def stale_after_checks(self, x):
+        calls["n"] += 1
+        return real(self, x) * (1.0 if calls["n"] <= 2 else 1.01)  # its two checked calls are right
+
+    monkeypatch.setattr(rgcn.PerEdge, "forward", stale_after_checks)
+    out = tmp_path / "knowledge_graphs-tiny.csv"
+    message = "rgcn per_edge on nations at 8 after its timed calls: differs from segment_mm"
+    refused_in_one_line(capsys, "knowledge_graphs", out, message)
+    assert calls["n"] > 2
+
+
 def test_a_form_returning_another_dtype_on_float32_is_refused(tmp_path, monkeypatch, capsys):
     real = rgcn.PerEdge.forward
     monkeypatch.setattr(rgcn.PerEdge, "forward", lambda self, x: real(self, x).double())

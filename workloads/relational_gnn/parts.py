@@ -329,6 +329,9 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         # the allocator's cache must not decide whether the next form's gather fits (two checks ran out
         # of memory gathering 73 and 87 GiB of per-edge weights where an earlier run had fit them).
         _give_back_gpu_memory(device)
+    # Kept on the host for the check after each form's timed calls, with the weights the checks
+    # ran on (training's steps change them).
+    again = _Recheck(_on_host(reference), _on_host(reference_gradients), weights, x, target, model)
     del reference, reference_gradients
     # On a GPU the fused Adam (one launch for all parameters): the for-each one launches several
     # kernels a parameter from Python, host time that on a small graph outweighs the layer itself,
@@ -349,12 +352,42 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
     while checked:
         form, layer, *firsts = checked.pop(0)
         _time_form(form, layer, *firsts, step, graph, dataset, params, writer, notes, config, **timed)
+        where = f"{model.name} {form.name} on {dataset} at {dim} after its timed calls"
+        again.check(form, layer, _tolerance(form, element_type), where, notes, checks_training=firsts[1] is not None)
         del layer  # with its compiled code, captures and caches, before the next form runs
         _give_back_gpu_memory(device)
     if device == "cuda":  # what stayed reserved after every form let go: a leak shows here
         notes.setdefault("gpu_memory_reserved_after", {})[f"{model.name} on {dataset} at {dim}"] = (
             torch.cuda.memory_reserved()
         )
+
+
+class _Recheck:
+    """Each form checked again after its timed calls, from the weights its first check ran on: a
+    form right on its first calls and wrong on later ones (a cache that goes stale, a buffer
+    reused too early) stops the part instead of being recorded."""
+
+    def __init__(self, reference, reference_gradients, weights, x, target, model):
+        self.reference, self.reference_gradients = reference, reference_gradients
+        self.weights, self.x, self.target, self.model = weights, x, target, model
+        self.checked_weights = {name: t.detach().to("cpu", copy=True) for name, t in weights.state_dict().items()}
+
+    def check(self, form, layer, tol: float, where: str, notes: dict, checks_training: bool) -> None:
+        if self.reference is None:
+            return
+        self.weights.load_state_dict(self.checked_weights)
+        device = self.x.device
+        try:
+            with torch.no_grad():
+                out = layer(self.x)
+            _check(out, self.reference.to(device), tol, f"{where}: differs from {self.model.reference}")
+            del out
+            if checks_training and self.reference_gradients is not None:
+                gradients = _gradients(layer, self.x, self.target, self.weights)
+                reference = _moved(self.reference_gradients, device)
+                _check_gradients(gradients, reference, tol, where, self.model)
+        except torch.cuda.OutOfMemoryError:
+            notes.setdefault("not_checked_after_timing", {})[where] = "out of memory"
 
 
 def _time_form(
@@ -528,6 +561,13 @@ def _give_back_gpu_memory(device: str) -> None:
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
+
+
+def _on_host(tensors):
+    """A copy on the host of a tensor, or a dict of them (None: None), never the tensor itself."""
+    if isinstance(tensors, dict):
+        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in tensors.items()}
+    return None if tensors is None else tensors.detach().to("cpu", copy=True)
 
 
 def _moved(tensors, device: str):
