@@ -6,9 +6,10 @@ that one line and exit status 2 instead of a traceback; programming errors still
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -37,3 +38,17 @@ def exit_on_user_error(main: Callable[..., T]) -> Callable[..., T]:
             raise SystemExit(2) from None
 
     return wrapped
+
+
+@contextlib.contextmanager
+def raised_in(what: str) -> Iterator[None]:
+    """An error raised inside (a user's variant whose own code failed) keeps its traceback, and
+    its last line names ``what``: the traceback alone may end deep in a library. The suite's own
+    one-line errors pass as they are."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:
+        err.add_note(f"(raised in {what})")
+        raise

@@ -208,6 +208,24 @@ def test_every_row_of_every_call_is_checked_and_a_wrong_result_is_one_line(make,
         sweep.close()
 
 
+def test_a_variant_whose_own_code_raises_keeps_its_traceback_and_its_last_line_names_it():
+    def broken(b):
+        def run():
+            raise KeyError("a lookup in the user's own code")
+
+        return run
+
+    with registered(GatherVariant("demo_raises", "optimized", make=broken)):
+        sweep = cpu_sweep(["demo_raises"], ResultsWriter(SCHEMA, scale="tiny"))
+        table = sweep.host.view(1 << 20, "fp32", 8)
+        batch = sweep.batch(table, uniform_rows(table.shape[0], 101, sweep.generator))
+        with pytest.raises(KeyError) as error:
+            sweep.run_batch(batch, {})
+        assert error.value.__notes__ == ["(raised in feature_gather variant 'demo_raises' on 101 rows)"]
+        del batch
+        sweep.close()
+
+
 def test_a_variant_is_refused_a_split_it_cannot_take_and_flags_it_does_not_know():
     with pytest.raises(ValueError, match="requires \\['gpu_memory'\\]"):
         GatherVariant("bad", "optimized", make=cpu_rows, requires=("gpu_memory",))

@@ -155,6 +155,16 @@ def test_a_form_right_on_its_checked_calls_and_wrong_on_later_ones_is_refused_af
     assert calls["n"] > 2
 
 
+def test_a_form_whose_own_code_raises_keeps_its_traceback_and_its_last_line_names_it(tmp_path, monkeypatch):
+    def broken(self, x):
+        raise KeyError("a lookup in the user's own code")
+
+    monkeypatch.setattr(rgcn.PerEdge, "forward", broken)
+    with pytest.raises(KeyError) as error:
+        run("knowledge_graphs", tmp_path / "knowledge_graphs-tiny.csv")
+    assert error.value.__notes__ == ["(raised in form per_edge (rgcn per_edge on nations at 8))"]
+
+
 def test_a_form_returning_another_dtype_on_float32_is_refused(tmp_path, monkeypatch, capsys):
     real = rgcn.PerEdge.forward
     monkeypatch.setattr(rgcn.PerEdge, "forward", lambda self, x: real(self, x).double())

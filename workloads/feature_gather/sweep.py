@@ -15,7 +15,7 @@ from contextlib import ExitStack
 
 import torch
 
-from harness.errors import UserError, WrongResult
+from harness.errors import UserError, WrongResult, raised_in
 from harness.timing import measure
 from systems.pytorch_direct.gather_variants import GATHER_VARIANTS, GPU_TABLE, HOT_ROWS, Batch, GatherVariant
 from workloads.feature_gather.tables import HostTable
@@ -181,13 +181,15 @@ class Sweep:
             full["threads"] = threads
         if entry.records is not None:
             full |= entry.records(batch)
-        fn = entry.build(batch, threads=threads or 0, **options)
-        try:
-            check(fn, batch, entry.name)
-            m = measure(fn, device="cuda" if entry.kernel_only else "cpu", repeat=self.repeat, warmup=self.warmup)
-            check(fn, batch, entry.name)  # the rows are gathered again each call, not handed back
-        finally:
-            getattr(fn, "close", lambda: None)()
+        with raised_in(f"feature_gather variant '{entry.name}' on {batch.idx.shape[0]} rows"):
+            fn = entry.build(batch, threads=threads or 0, **options)
+            try:
+                check(fn, batch, entry.name)
+                timing = {"repeat": self.repeat, "warmup": self.warmup}
+                m = measure(fn, device="cuda" if entry.kernel_only else "cpu", **timing)
+                check(fn, batch, entry.name)  # the rows are gathered again each call, not handed back
+            finally:
+                getattr(fn, "close", lambda: None)()
         self.writer.add_measurement(m, role=entry.role, variant=entry.name, config=full, bytes_moved=batch.bytes)
         crossed = batch.bytes if pcie_bytes is None else pcie_bytes
         if self.device == "cuda" and not entry.reads_gpu_memory_only:

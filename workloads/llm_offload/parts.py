@@ -27,7 +27,7 @@ import logging
 
 import torch
 
-from harness.errors import UserError
+from harness.errors import UserError, raised_in
 from harness.progress import progress
 from harness.timing import measure
 from systems.ssdtrain import Unavailable
@@ -191,15 +191,16 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
                 notes["skipped"][f"{variant.label} ({dataset})"] = "its reference, compiled keep, did not run or pass"
                 continue
             try:
-                policy = variant.build(model, layers, params, scratch_dir)
+                with raised_in(f"variant {variant.label} ({dataset})"):
+                    policy = variant.build(model, layers, params, scratch_dir)
             except Unavailable as err:
                 notes["skipped"][variant.label] = str(err)
                 continue
             checked.append((variant, policy))  # closed in finally, whatever happens
             notes.setdefault("libraries", {}).update(policy.about)
             try:
-                with deterministic(device), policy.reading_back():  # the store's bytes are checked too
-                    result = one_step(model, batch, policy)
+                with deterministic(device), policy.reading_back(), raised_in(f"variant {variant.label} ({dataset})"):
+                    result = one_step(model, batch, policy)  # the store's bytes are checked too
                 if variant.policy.name == choose.COMPILED_REFERENCE:
                     deviation = check_close(variant.label, reference, result, built.dtype, spread=spread)
                     model_notes.setdefault("deviation_from_keep", {})[variant.label] = deviation
@@ -234,7 +235,8 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
         for variant, policy in checked:
             held = _HeldRows()  # written only once the check after timing passes
             timed = (variant, policy, model, batch, optimizer, held, dataset, base, params, s)
-            _time(*timed, repeat, warmup, device, bounds.get(variant.label))
+            with raised_in(f"variant {variant.label} ({dataset}), timed"):
+                _time(*timed, repeat, warmup, device, bounds.get(variant.label))
             model.load_state_dict(checked_weights)
             try:
                 with deterministic(device), policy.reading_back():
@@ -423,7 +425,8 @@ def micro_batches(params, writer, *, repeat, warmup, device, scratch_dir, **_):
         checked = []
         for variant in runs:
             try:
-                policy = variant.build(model, layers, params, scratch_dir)
+                with raised_in(f"variant {variant.label} ({dataset})"):
+                    policy = variant.build(model, layers, params, scratch_dir)
             except Unavailable as err:
                 notes["skipped"][variant.label] = str(err)
                 continue

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from harness.errors import UserError, WrongResult
+from harness.errors import UserError, WrongResult, raised_in
 from harness.graphed_step import NotCapturable, capture_step
 from harness.timing import measure
 from systems.hector import cuda_graphs
@@ -268,9 +268,10 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         if (why := form.missing(device)) is not None:
             notes["skipped"][f"{form.name} on {dataset}"] = why
             continue
-        layer = form.build(model, weights, graph)
+        with raised_in(f"form {form.name} ({where})"):
+            layer = form.build(model, weights, graph)
         try:
-            with torch.no_grad():  # the form's first call without gradients: a compiled form compiles
+            with torch.no_grad(), raised_in(f"form {form.name} ({where})"):  # a compiled form compiles here
                 out, first_inference = _first_call(lambda: layer(x), device)
         except torch.cuda.OutOfMemoryError as err:
             for mode in params["modes"]:
@@ -298,7 +299,8 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         first_training, training_failed = None, None
         if trains:
             try:
-                gradients, first_training = _first_call(lambda: _gradients(layer, x, target, weights), device)
+                with raised_in(f"form {form.name} ({where}), its training step"):
+                    gradients, first_training = _first_call(lambda: _gradients(layer, x, target, weights), device)
                 if form.name == model.reference:  # the forms' gradients are checked against the reference's
                     reference_gradients = (
                         gradients if element_type == EXACT else _float32_gradients(model, weights, graph, x, target)
@@ -351,8 +353,9 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
     timed = {"x": x, "target": target, "weights": weights, "repeat": repeat, "warmup": warmup}
     while checked:
         form, layer, *firsts = checked.pop(0)
-        _time_form(form, layer, *firsts, step, graph, dataset, params, writer, notes, config, **timed)
         where = f"{model.name} {form.name} on {dataset} at {dim} after its timed calls"
+        with raised_in(f"form {form.name} ({model.name} on {dataset} at {dim})"):
+            _time_form(form, layer, *firsts, step, graph, dataset, params, writer, notes, config, **timed)
         again.check(form, layer, _tolerance(form, element_type), where, notes, checks_training=firsts[1] is not None)
         del layer  # with its compiled code, captures and caches, before the next form runs
         _give_back_gpu_memory(device)
