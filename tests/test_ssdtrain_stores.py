@@ -597,3 +597,17 @@ except Exception as err:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"UserError {errno.EFBIG} ") and "larger than the file system allows" in done.stdout
     assert not (disk / "limited.bin").exists()
+
+
+def test_a_store_whose_put_returns_no_future_is_one_line_naming_it():
+    class Forgetful(HostStore):
+        def _put(self, key, src, ready):
+            super()._put(key, src, ready)  # the transfer runs; its future is not handed back
+
+    store = Forgetful()
+    try:
+        with pytest.raises(TypeError, match=r"^host: Forgetful._put returned NoneType, not the concurrent"):
+            store.put(0, torch.ones(4))
+        assert 0 not in store._records  # the failed key is not left stored
+    finally:
+        store.close()

@@ -234,6 +234,12 @@ class Store(abc.ABC):
             record.in_flight += 1
         try:
             inner = start()
+            if not isinstance(inner, Future):  # a subclass's _put/_get that forgot to return its future
+                method = "_put" if direction == WRITE else "_get"
+                raise TypeError(
+                    f"{self.name}: {type(self).__name__}.{method} returned {type(inner).__name__}, not the "
+                    "concurrent.futures.Future of its transfer"
+                )
         except BaseException:
             with self._lock:
                 self._clocks[direction].stop(time.monotonic())
