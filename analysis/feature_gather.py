@@ -657,7 +657,8 @@ groups = [(headline[:6], None), (skewed[:6], "skewed"), (knobs, "knobs")]
 if not headline:  # no headline parts: the first group with panels is the figure
     groups = [g for g in groups if g[0]]
     groups[0] = (groups[0][0], None)
-KNOB_NAMES = {
+PANEL_NAMES = {
+    "row_sizes:fp32": "row size",
     "batch_sizes": "batch size",
     "cpu_threads": "CPU threads",
     "row_sizes:bf16": "bf16 rows",
@@ -670,7 +671,7 @@ def panel_names(panels: list[str]) -> list[str]:
     """What the panels vary, each once, in their order: the titles name only what is drawn."""
     names = []
     for panel in panels:
-        name = {"row_sizes:fp32": "row size"}.get(panel) or KNOB_NAMES.get(panel) or "table size"
+        name = PANEL_NAMES.get(panel, "table size")  # table_sizes:<dist>:<row bytes>
         names += [name] if name not in names else []
     return names
 

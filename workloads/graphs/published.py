@@ -57,6 +57,10 @@ def _need(path: Path) -> Path:
     return path
 
 
+# What reading a file that is not the (compressed) text it is named as raises.
+UNREADABLE = (UnicodeDecodeError, gzip.BadGzipFile, EOFError)
+
+
 def csv_gz(path: Path, dtype, columns: int | None = None) -> np.ndarray:
     """A gzip-compressed CSV of numbers (no header row), refused in one line where it cannot be
     read as such: a table (rows by columns); with ``columns``, of exactly that many columns (one
@@ -65,7 +69,7 @@ def csv_gz(path: Path, dtype, columns: int | None = None) -> np.ndarray:
         with gzip.open(_need(path), "rt", encoding="utf-8-sig") as f, warnings.catch_warnings():
             warnings.filterwarnings("ignore", "loadtxt: input contained no data")  # an empty file: no rows
             table = np.loadtxt(f, delimiter=",", dtype=dtype, ndmin=2)
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
+    except UNREADABLE as err:
         raise UserError(f"{path}: not a gzip-compressed CSV file ({err})") from None
     except ValueError as err:  # a header row, another separator, a float where integers are expected
         raise UserError(f"{path}: not a CSV of {np.dtype(dtype).name} values separated by commas ({err})") from None

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import UserError
-from workloads.graphs.published import csv_gz
+from workloads.graphs.published import UNREADABLE, csv_gz
 from workloads.graphs.spec import GraphSpec, NodeType, Relation
 
 RDF_TYPE = "<http://www.w3.org/1999/02/22-rdf-syntax-ns#type>"
@@ -120,7 +120,7 @@ def ntriples(name: str, folder) -> tuple[GraphSpec, dict]:
                     if not found:
                         raise UserError(f"{path}:{number}: not an N-Triples line (subject predicate object .)")
                     triples.add(tuple(_canonical(term, index) for term in found.groups()))
-        except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
+        except UNREADABLE as err:
             raise UserError(f"{path}: not N-Triples text in UTF-8{_compression_hint(path)} ({err})") from None
     if not triples:
         raise UserError(f"{folder}: the N-Triples files hold no triple")
@@ -152,7 +152,7 @@ def _node_counts(path: Path) -> dict[str, int]:
     try:
         with gzip.open(path, "rt", encoding="utf-8-sig") as f:
             rows = [[cell.strip() for cell in line.split(",")] for line in f.read().strip().split("\n")]
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
+    except UNREADABLE as err:
         raise UserError(f"{path}: not a gzip-compressed CSV file ({err})") from None
     if len(rows) < 2 or len(rows[0]) != len(rows[1]) or not all(rows[0]):
         raise UserError(f"{path}: expected a row of node types and a row of as many node counts")
@@ -202,7 +202,7 @@ def ogb(name: str, folder) -> tuple[GraphSpec, dict]:
         raise UserError(f"{raw / 'edge.csv.gz'}: no edges")
     if kind.min(initial=0) < 0:
         raise UserError(f"{raw / 'edge_reltype.csv.gz'}: a negative relation id")
-    if len(kind) != len(edges) or (len(edges) and (edges.min() < 0 or edges.max() >= nodes)):
+    if len(kind) != len(edges) or edges.min() < 0 or edges.max() >= nodes:
         raise UserError(f"{raw}: edge.csv.gz and edge_reltype.csv.gz disagree, or a node id is outside 0..{nodes - 1}")
-    names = [f"r{r}" for r in range(int(kind.max()) + 1 if len(kind) else 0)]
+    names = [f"r{r}" for r in range(int(kind.max()) + 1)]
     return heterograph(name, edges[:, 0], edges[:, 1], kind, names, np.zeros(nodes, dtype=np.int64), ["entity"])

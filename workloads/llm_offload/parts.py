@@ -201,14 +201,12 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
             try:
                 with deterministic(device), policy.reading_back(), raised_in(f"variant {variant.label} ({dataset})"):
                     result = one_step(model, batch, policy)  # the store's bytes are checked too
+                deviation = verify(variant.label, variant, result)
                 if variant.policy.name == choose.COMPILED_REFERENCE:
-                    deviation = check_close(variant.label, reference, result, built.dtype, spread=spread)
                     model_notes.setdefault("deviation_from_keep", {})[variant.label] = deviation
                     compiled_reference = result
-                else:
-                    deviation = verify(variant.label, variant, result)
-                    if deviation is not None:
-                        model_notes.setdefault("deviation_from_compiled_keep", {})[variant.label] = deviation
+                elif deviation is not None:
+                    model_notes.setdefault("deviation_from_compiled_keep", {})[variant.label] = deviation
             except Exception as err:
                 if variant.role != "peer" or isinstance(err, torch.cuda.OutOfMemoryError):
                     raise

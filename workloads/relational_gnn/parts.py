@@ -333,7 +333,8 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
         _give_back_gpu_memory(device)
     # Kept on the host for the check after each form's timed calls, with the weights the checks
     # ran on (training's steps change them).
-    again = _Recheck(_on_host(reference), _on_host(reference_gradients), weights, x, target, model)
+    kept = _moved(reference, "cpu", copy=True), _moved(reference_gradients, "cpu", copy=True)
+    again = _Recheck(*kept, weights, x, target, model)
     del reference, reference_gradients
     # On a GPU the fused Adam (one launch for all parameters): the for-each one launches several
     # kernels a parameter from Python, host time that on a small graph outweighs the layer itself,
@@ -566,18 +567,11 @@ def _give_back_gpu_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _on_host(tensors):
-    """A copy on the host of a tensor, or a dict of them (None: None), never the tensor itself."""
+def _moved(tensors, device: str, copy: bool = False):
+    """A tensor, or a dict of them (None: None), on ``device``; with ``copy``, never the tensor itself."""
     if isinstance(tensors, dict):
-        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in tensors.items()}
-    return None if tensors is None else tensors.detach().to("cpu", copy=True)
-
-
-def _moved(tensors, device: str):
-    """A tensor, or a dict of them (None: None), copied to ``device``."""
-    if isinstance(tensors, dict):
-        return {name: tensor.to(device) for name, tensor in tensors.items()}
-    return None if tensors is None else tensors.to(device)
+        return {name: tensor.detach().to(device, copy=copy) for name, tensor in tensors.items()}
+    return None if tensors is None else tensors.detach().to(device, copy=copy)
 
 
 def _first_call(call, device: str):
