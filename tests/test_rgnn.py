@@ -288,12 +288,31 @@ def test_a_device_record_spanning_others_of_its_stream_is_not_counted_as_work():
     assert sum(classes.values()) == pytest.approx(200e-6)
 
 
-def _kernel(name: str, start: float, us: float, stream: int = 7):
-    """A fake profiler device event: ``us`` microseconds from ``start`` on ``stream`` of GPU 0."""
+def test_a_ranges_device_span_is_not_counted_as_work():
+    """The profiler records Hector's step ranges (``hector::gemm``) on the device as well, each
+    spanning its kernels, at times over exactly the kernel's span: whichever of the two is listed
+    first, the split counts the kernel under its entry point and nothing under ``other``."""
+    from systems.rgnn.breakdown import _seconds
+
+    for order in (0, 1):
+        gemm, scatter = _kernel("segment_gemm_0123456789", 100, 120), _kernel("scatter_map_abcdef0123", 230, 80)
+        ranges = [
+            _kernel("hector::gemm", 100, 120, annotation=True),
+            _kernel("hector::scatter", 225, 90, annotation=True),
+        ]
+        events = [*ranges, gemm, scatter] if order == 0 else [gemm, scatter, *ranges]
+        classes = _seconds(_profile(_operator("hector::rgcn_layer", [gemm]), *events), "cuda")
+        assert classes["gemm"] == pytest.approx(120e-6) and classes["aggregation"] == pytest.approx(80e-6)
+        assert classes["other"] == 0
+
+
+def _kernel(name: str, start: float, us: float, stream: int = 7, annotation: bool = False):
+    """A fake profiler device event: ``us`` microseconds from ``start`` on ``stream`` of GPU 0 (the
+    device side of a ``record_function`` range if ``annotation``)."""
     span = SimpleNamespace(start=start, end=start + us, elapsed_us=lambda: us)
     return SimpleNamespace(
         name=name, device_type=torch.autograd.DeviceType.CUDA, device_index=0, device_resource_id=stream,
-        time_range=span,
+        time_range=span, is_user_annotation=annotation,
     )  # fmt: skip
 
 

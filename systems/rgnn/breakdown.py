@@ -19,8 +19,9 @@ the launch (the layer's custom op, or its autograd wrapper): they are classed by
 no operator is still counted, from the device's own events: Hector's by entry point, any other as
 ``other``. A device event whose span holds the next one of its stream is not work of its own (a
 stream runs one piece of work at a time): it is the record of a launch that ran others (a CUDA
-graph's replay, which Hector's plans are) or a second record of the same work, and is not counted,
-so the classes sum to the time the device was busy.
+graph's replay, which Hector's plans are) or a second record of the same work, and is not counted;
+nor is the device side of a ``record_function`` range (the profiler records Hector's step ranges on
+the device too, each spanning its kernels). So the classes sum to the time the device was busy.
 """
 
 from __future__ import annotations
@@ -185,13 +186,19 @@ def _device_time_by_kernel(prof) -> dict[str, float]:
 
 
 def device_events(prof) -> list:
-    """The profiler's device events that are work: not its own buffer requests, and not an event
-    whose time span holds others of its stream. Work on one stream runs one piece at a time, so
-    such a span is a record of the launch that ran them (a CUDA graph's replay), or a second
-    record of the same work; counting it as well would count that work twice."""
+    """The profiler's device events that are work: not its own buffer requests, not the device
+    side of a ``record_function`` range (Hector's steps are such ranges: on the device each spans
+    the step's kernels), and not an event whose time span holds others of its stream. Work on one
+    stream runs one piece at a time, so such a span is a record of the launch that ran them (a
+    CUDA graph's replay), or a second record of the same work; counting it as well would count
+    that work twice."""
     by_stream: dict[tuple, list] = {}
     for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CPU and event.name not in _PROFILER_OWN:
+        if (
+            event.device_type != torch.autograd.DeviceType.CPU
+            and event.name not in _PROFILER_OWN
+            and not getattr(event, "is_user_annotation", False)
+        ):
             by_stream.setdefault((event.device_index, event.device_resource_id), []).append(event)
     work = []
     for events in by_stream.values():
