@@ -186,16 +186,25 @@ def first_rows_handed_back(b):
     return run
 
 
+def rows_gathered_when_built(b):
+    rows = torch.index_select(b.table, 0, b.idx)  # a fresh copy on every call, never the same tensor
+    return lambda: rows.clone()
+
+
 @pytest.mark.parametrize(
     "make, refusal",
     [
+        (
+            rows_gathered_when_built,
+            r"rows 0 to 4095 of 20011 hold a difference\): it must read batch.idx on every call",
+        ),
         (one_middle_row_wrong, r"returned rows that differ from the table \(rows 8192 to 12287 of 20011"),
         (first_rows_handed_back, r"returned rows that differ from the table \(rows 0 to 4095 of 20011"),
         (lambda b: lambda: torch.index_select(b.table, 0, b.idx)[:-1], r"returned \(20010, 8\) torch.float32; the"),
         (lambda b: lambda: torch.index_select(b.table, 0, b.idx).double(), r"returned \(20011, 8\) torch.float64"),
         (lambda b: lambda: None, r"returned NoneType; the batch's rows are \(20011, 8\) torch.float32"),
     ],
-    ids=["one_middle_row", "handed_back", "a_row_short", "float64", "none"],
+    ids=["gathered_when_built", "one_middle_row", "handed_back", "a_row_short", "float64", "none"],
 )
 def test_every_row_of_every_call_is_checked_and_a_wrong_result_is_one_line(make, refusal):
     with registered(GatherVariant("demo_wrong", "optimized", make=make)):

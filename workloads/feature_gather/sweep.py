@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
 import torch
 
@@ -188,6 +188,9 @@ class Sweep:
                 timing = {"repeat": self.repeat, "warmup": self.warmup}
                 m = measure(fn, device="cuda" if entry.kernel_only else "cpu", **timing)
                 check(fn, batch, entry.name)  # the rows are gathered again each call, not handed back
+                if not entry.kernel_only:  # a kernel-only entry copies the indices once, when built
+                    with _reordered(batch):
+                        check(fn, batch, entry.name, reordered=True)
             finally:
                 getattr(fn, "close", lambda: None)()
         self.writer.add_measurement(m, role=entry.role, variant=entry.name, config=full, bytes_moved=batch.bytes)
@@ -220,14 +223,17 @@ class Sweep:
         return notes
 
 
-def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str) -> None:
+def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reordered: bool = False) -> None:
     """Compare every row a variant returns with the reference ``table[idx]``, byte for byte (in
     chunks, so that the reference never takes a whole batch's memory).
 
     The batch's buffers are poisoned first: several variants write into the same ``out`` and
     staging buffers, so one that wrote nothing would otherwise pass on the rows the one before
     it left there. The rows returned are poisoned after the check, so a variant that hands back an
-    earlier call's rows fails the check run again after timing (``run`` checks twice)."""
+    earlier call's rows fails the check run again after timing (``run`` checks twice). ``run`` checks
+    a third time with the batch's indices reordered in place (``reordered``): a variant must read
+    ``batch.idx`` on every call, as a pipeline hands it new indices each batch, so one that gathered
+    the rows once when it was built, and copies them out on each call, fails there."""
     batch.staging.view(torch.uint8).fill_(POISON)
     if batch.out is not None:
         batch.out.view(torch.uint8).fill_(POISON)
@@ -245,9 +251,26 @@ def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str) -> None:
             raise WrongResult(
                 f"feature_gather: variant '{variant}' returned rows that differ from the table (rows {start} to "
                 f"{min(start + CHECKED_ROWS, n) - 1} of {n} hold a difference)"
+                + (": it must read batch.idx on every call (the indices were reordered)" if reordered else "")
             )
     if not _shares_memory(out, table):
         (out.view(torch.uint8) if out.is_contiguous() else out).fill_(POISON)
+
+
+@contextmanager
+def _reordered(batch: Batch):
+    """``batch.idx`` rotated by one place, in place (the same rows, so a cache of hot rows still
+    holds them), and put back after."""
+    if batch.device == "cuda":
+        torch.cuda.synchronize()  # the timed calls may still read the pinned indices
+    kept = batch.idx.clone()
+    batch.idx.copy_(kept.roll(1))
+    try:
+        yield
+    finally:
+        if batch.device == "cuda":
+            torch.cuda.synchronize()
+        batch.idx.copy_(kept)
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
