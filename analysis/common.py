@@ -117,7 +117,8 @@ def parts_not_measured(provenance: list[dict]) -> list[str]:
     done = {p["part"] for p in provenance}
     return [
         part.name
-        for part in topic.parts_on(len(first["machine"]["gpus"]))
+        # The parts the measuring machine runs, by its GPUs and cores, not by the reader's.
+        for part in topic.parts_on(len(first["machine"]["gpus"]), first["machine"].get("usable_cpus"))
         if suite_config.part_configured(config, topic, first["scale"], part.name) and part.name not in done
     ]
 

@@ -518,7 +518,12 @@ def store_of(variant: str):
 
 
 def store_marker(variant: str) -> str:
-    return style.STORE_MARKERS.get(store_of(variant), "P")
+    return style.store_marker(store_of(variant))
+
+
+def entry_text(registry, name) -> str:
+    """Plain words for a policy or store: the suite's own, or the label a user's entry registered."""
+    return style.readable(name, registry[name].display if name in registry else "")
 
 
 def frontier(points):
@@ -731,25 +736,17 @@ def bound_line(ax, dataset):
 def rok_legend(fig, datasets) -> None:
     shown = set(setups.loc[[v for v in ORDER if (step.dataset.isin(datasets) & (step.variant == v)).any()]].policy)
     entries = {
-        style.readable(p): Line2D([], [], color=style.color(p), marker="o", linestyle="-", linewidth=0.8)
+        entry_text(POLICIES, p): Line2D([], [], color=style.color(p), marker="o", linestyle="-", linewidth=0.8)
         for p in [*POLICIES.names(), *sorted(set(setups.policy) - set(POLICIES.names()))]
         if p in shown
     }
+    # Every policy has its colour and every store its marker, a user's own too: each is one entry.
     stores = {store_of(v) for v in ORDER if (step.dataset.isin(datasets) & (step.variant == v)).any()} - {None}
     for store in [*STORES.names(), *sorted(stores - set(STORES.names()))]:
         if store in stores:
-            name = "emulated SSD (GB/s beside it)" if store == "emulated" else style.readable(store)
-            entries[f"store: {name}"] = Line2D(
-                [], [], color="#555555", marker=style.STORE_MARKERS.get(store, "P"), linestyle="none"
-            )
-    # A policy or store the suite does not know is listed under its own ids as well.
-    for variant in ORDER:
-        v = setups.loc[variant]
-        unknown = v.policy not in style.OFFLOAD_POLICIES or store_of(variant) not in style.STORE_MARKERS
-        if unknown and (step.dataset.isin(datasets) & (step.variant == variant)).any():
-            entries[label(variant)] = Line2D(
-                [], [], color=policy_colour(variant), marker=store_marker(variant), linestyle="none"
-            )
+            name = "emulated SSD (GB/s beside it)" if store == "emulated" else entry_text(STORES, store)
+            marker = style.store_marker(store)
+            entries[f"store: {name}"] = Line2D([], [], color="#555555", marker=marker, linestyle="none")
     entries["halo: on the frontier (no point both smaller and faster)"] = Line2D(
         [], [], color=FRONTIER, marker="o", markersize=11, mec="none", linestyle="none"
     )

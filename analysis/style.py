@@ -205,10 +205,23 @@ def color(variant: str) -> str:
     return style(variant)[0]
 
 
-def readable(name) -> str:
-    """Plain words for a registry id (``hector_best`` -> "Hector, all passes"); a name the
-    suite does not know is shown as it is, so that a user's own entry is recognisable."""
-    return READABLE.get(str(name), str(name))
+# An offload store this module has never seen (a user's own) gets a marker none of the suite's
+# stores has, the same in every figure and every run (a checksum of its name).
+UNSEEN_MARKERS = ["P", "X", "*", "h", "p", "<", ">", "d"]
+
+
+def store_marker(store) -> str:
+    """The marker of an offload store in the offloading figures (None: a policy without one)."""
+    if store in STORE_MARKERS:
+        return STORE_MARKERS[store]
+    return UNSEEN_MARKERS[zlib.crc32(str(store).encode()) % len(UNSEEN_MARKERS)]
+
+
+def readable(name, label: str = "") -> str:
+    """Plain words for a registry id (``hector_best`` -> "Hector, all passes"); for a name the
+    suite does not know, ``label`` (the label its registry entry gives, if any) or the name as it
+    is, so that a user's own entry is recognisable."""
+    return READABLE.get(str(name), label or str(name))
 
 
 def axis_label(column: str, scale: str = "") -> str:

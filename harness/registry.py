@@ -50,8 +50,9 @@ class Entry:
     notes: str = ""  # one line for docs and provenance: what it is, where it comes from
 
     def __post_init__(self):
-        if not self.name or not self.name.replace("_", "").isalnum() or not self.name.islower():
-            raise ValueError(f"entry name {self.name!r}: use lowercase letters, digits and _")
+        name = self.name
+        if not name or not name.isascii() or not name.replace("_", "").isalnum() or not name.islower():
+            raise ValueError(f"entry name {name!r}: use lowercase ASCII letters, digits and _")
         if self.role not in ENTRY_ROLES:
             raise ValueError(f"entry {self.name}: role {self.role!r} is not one of {', '.join(ENTRY_ROLES)}")
 

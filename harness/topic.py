@@ -69,8 +69,10 @@ class Part:
     cpu: bool = True
     cores: int = 1
 
-    def runs_on(self, gpu_count: int) -> bool:
-        return self.fits_gpus(gpu_count) and self.cores <= machine.usable_cores()
+    def runs_on(self, gpu_count: int, cores: int | None = None) -> bool:
+        """Whether a machine of ``gpu_count`` GPUs and ``cores`` usable cores (default: this one's)
+        runs it."""
+        return self.fits_gpus(gpu_count) and self.cores <= (machine.usable_cores() if cores is None else cores)
 
     def fits_gpus(self, gpu_count: int) -> bool:
         """Whether a machine of ``gpu_count`` GPUs runs it, whatever its cores."""
@@ -121,9 +123,10 @@ class Topic:
                 return p
         raise UserError(f"topic {self.name} has no part '{name}'; its parts: {', '.join(self.part_names)}")
 
-    def parts_on(self, gpu_count: int) -> tuple[Part, ...]:
-        """The parts that run on a machine with ``gpu_count`` GPUs (0: no GPU)."""
-        return tuple(p for p in self.parts if p.runs_on(gpu_count))
+    def parts_on(self, gpu_count: int, cores: int | None = None) -> tuple[Part, ...]:
+        """The parts that run on a machine with ``gpu_count`` GPUs (0: no GPU) and ``cores`` usable
+        cores (default: this machine's; another's when reading its results)."""
+        return tuple(p for p in self.parts if p.runs_on(gpu_count, cores))
 
     def measure_function(self, part: str) -> Callable:
         """The function that measures ``part``: ``workloads.<topic>.parts.<part>``, called as

@@ -61,6 +61,27 @@ def test_a_gpu_part_is_not_missing_from_a_machine_without_a_gpu():
     assert not gpu_only & set(parts_not_measured([record("llm_offload", "policies", "h200", 0)]))
 
 
+def test_the_parts_missing_are_those_the_measuring_machines_cores_run_not_the_readers(monkeypatch):
+    """A 16-core machine runs the 8-core CPU-budget parts: a figure of its results names them as
+    missing wherever it is drawn (here on a reader with 2 cores); a 2-core machine's do not."""
+    from harness import machine
+
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
+    wide = [
+        record(
+            "gnn_training",
+            "products",
+            "h200",
+            1,
+            machine={"gpus": [{"name": "GPU", "driver": "1"}], "cpu_model": "CPU", "usable_cpus": 16},
+        )
+    ]
+    assert {"products_4_cores", "products_8_cores", "papers_8_cores"} <= set(parts_not_measured(wide))
+    narrow = [record("gnn_training", "products", "h200", 1)]  # usable_cpus 2
+    assert not {"products_4_cores", "products_8_cores"} & set(parts_not_measured(narrow))
+    assert "products_2_cores" in parts_not_measured(narrow)
+
+
 def test_the_parts_missing_are_those_of_the_config_the_run_was_given(tmp_path, monkeypatch):
     """A workflow run with its own config (a part left out at a scale) labels its figures against
     that config: the part it does not measure is not called missing."""

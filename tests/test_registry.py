@@ -44,7 +44,7 @@ def test_a_second_entry_of_one_name_is_refused_and_bad_names_and_roles_too():
         GATHER_VARIANTS.register(dataclasses.replace(existing, notes="another"))
     with pytest.raises(ValueError, match="role"):
         Entry("a", "winner")
-    for bad in ("", "A", "a-b", "a b"):
+    for bad in ("", "A", "a-b", "a b", "caché", "offload_²", "ｗide"):
         with pytest.raises(ValueError, match="lowercase"):
             Entry(bad, "baseline")
     assert set(COMPETITOR_ROLES) < set(ENTRY_ROLES)

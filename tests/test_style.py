@@ -44,6 +44,17 @@ def test_stores_have_markers_and_models_differ_by_marker_and_hatch_only():
     assert len(set(style.MODEL_HATCHES.values())) == len(style.MODEL_HATCHES)
 
 
+def test_a_users_own_store_gets_a_marker_no_suite_store_has_and_its_registered_label():
+    """A store the figures do not know is drawn with a marker of its own (the same in every run),
+    never one of the suite's stores' markers, and named by the label its entry registered."""
+    for store in ("my_nvme", "raid0", "cxl_memory"):
+        marker = style.store_marker(store)
+        assert marker not in style.STORE_MARKERS.values() and marker == style.store_marker(store)
+    assert style.store_marker("file") == style.STORE_MARKERS["file"]
+    assert style.readable("my_nvme", "NVMe RAID") == "NVMe RAID"
+    assert style.readable("my_nvme") == "my_nvme" and style.readable("host", "ignored") == "host memory"
+
+
 def test_a_name_in_two_registries_keeps_one_colour_and_an_unseen_one_is_stable():
     assert (
         style.color("cpu_gather")
