@@ -205,6 +205,7 @@ class GroupRatio:
     baseline: str
     guard: float | None = None
     variants: frozenset = frozenset()  # every variant of either side that the group measured
+    competitors: frozenset = frozenset()  # the baseline side's variants with any row in the group (a failure too)
 
 
 def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
@@ -216,6 +217,9 @@ def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
         medians = _sweep_best(medians, per, lower)
     guard = measure.get("guard")
     guard_medians = summarize(rows, guard["metric"], [*per, "variant"]) if guard else None
+    # Every baseline-side variant the group has rows of, whatever the metric: one that ran out of
+    # memory there was tried, one without a row was not.
+    tried = _side(rows, measure["baseline"]).groupby(per, dropna=False).variant.agg(frozenset)
     found = {}
     for key, group in medians.groupby(per, dropna=False):
         num, base = _side(group, measure["numerator"]), _side(group, measure["baseline"])
@@ -227,6 +231,7 @@ def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
             best_num.variant,
             best_base.variant,
             variants=frozenset(num.variant) | frozenset(base.variant),
+            competitors=tried.get(key, frozenset()),
         )
         if guard:
             g = guard_medians
@@ -284,6 +289,7 @@ def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[
     if not committed:
         sides = f"{_describe_side(measure['numerator'])} against {_describe_side(measure['baseline'])}"
         raise NotMeasured(f"no group ({', '.join(measure['per'])}) has both sides ({sides}) with {measure['metric']}")
+    committed, uncompared = _comparable(committed)
     values, absent, incomplete = {}, set(), set()
     for name, found in ratios.items():
         own = {k: g for k, g in found.items() if k in committed and g.variants >= committed[k].variants}
@@ -298,7 +304,34 @@ def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[
     if incomplete:
         notes.append(f"{len(incomplete)} group(s) re-run without a variant the committed run measured")
     note = f" ({' and '.join(notes)}: the committed run's ratio stands in)" if notes else ""
-    return values, committed, note
+    return values, committed, note + uncompared
+
+
+def _comparable(groups: dict) -> tuple[dict, str]:
+    """The groups whose competitors include every one tried in a group that differs from it only
+    in the last ``per`` column (the other graphs of one model and mode), and a note on those left
+    out: a group measured without a competitor its siblings had (a part measured before that
+    competitor was added) would be compared against a slower field. A competitor that suits only
+    some models is expected only where it suits."""
+
+    def siblings(key) -> tuple:
+        return key[:-1] if isinstance(key, tuple) else ()
+
+    field: dict[tuple, frozenset] = {}
+    for key, g in groups.items():
+        field[siblings(key)] = field.get(siblings(key), frozenset()) | g.competitors
+    kept = {k: g for k, g in groups.items() if g.competitors >= field[siblings(k)]}
+    if len(kept) == len(groups):
+        return groups, ""
+    missing = sorted(
+        frozenset().union(*(field[siblings(k)] - g.competitors for k, g in groups.items() if k not in kept))
+    )
+    if not kept:
+        return groups, f"; the groups' competitors differ ({', '.join(missing)} not tried in every group)"
+    return kept, (
+        f"; {len(groups) - len(kept)} of {len(groups)} groups left out, measured without "
+        f"{', '.join(missing)}, which the others compare against"
+    )
 
 
 def _aggregate(groups: list[tuple], measure: dict) -> float:

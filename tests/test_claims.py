@@ -232,6 +232,30 @@ def test_a_rerun_without_the_fastest_competitor_is_not_compared_with_a_slower_on
     assert "1 group(s) re-run without a variant the committed run measured" in row
 
 
+def test_a_group_measured_without_a_competitor_the_others_had_is_left_out_and_named(tmp_path):
+    """PyG was not measured on bgs-like (a part measured before it was added), where it would be
+    the fastest competitor: that group is left out of the geomean (its ratio would be against the
+    slower field), and the row names it; a PyG that ran out of memory there was tried, and stays."""
+    rng = np.random.default_rng(23)
+    times = random_times(rng, speedup=2.5, pyg_faster_on=("bgs-like",))
+    without = {key: value for key, value in times.items() if key != ("bgs-like", "pyg")}
+    write_part(tmp_path / "results" / "m", "relational_gnn", "datasets", layer_rows(without))
+    kept = [g for g in GRAPHS if g != "bgs-like"]
+    expected = float(np.exp(np.mean(np.log([
+        min(np.median(times[(g, v)]) for v in COMPETITORS) / np.median(times[(g, "hector_best")]) for g in kept
+    ]))))  # fmt: skip
+    row = render(tmp_path, [claim("field", holds=1e3, partly=1.0)])["field"]
+    assert f"{expected:.2f}x (geomean over {len(kept)} groups)" in row, row
+    assert f"1 of {len(GRAPHS)} groups left out, measured without pyg, which the others compare against" in row
+
+    oom = dict(role="peer", variant="pyg", metric="out_of_memory", value=1.0, unit="1", repetition=0,
+               dataset="bgs-like", config={"device": "cuda", "model": "rgcn", "mode": "training", "in_dim": 64,
+                                           "precision": "float32"})  # fmt: skip
+    write_part(tmp_path / "results" / "m", "relational_gnn", "datasets", layer_rows(without) + [oom])
+    row = render(tmp_path, [claim("field", holds=1e3, partly=1.0)])["field"]
+    assert f"(geomean over {len(GRAPHS)} groups)" in row and "left out" not in row, row
+
+
 def test_a_guard_out_of_bounds_lowers_holds_to_partly(tmp_path):
     """Activation peak cut by half, at a random step-time overhead above the guard's bound."""
     rng = np.random.default_rng(3)
