@@ -154,6 +154,24 @@ def test_counts_that_are_not_integers_are_refused(counts, words):
 def test_uint64_ids_past_int64_are_refused_not_wrapped():
     with pytest.raises(UserError, match="etype holds ids past int64's range"):
         RelGraph.build([0], [1], np.array([2**63 + 1], dtype=np.uint64), num_nodes=3, num_relations=2)
+    with pytest.raises(UserError, match=rf"^src holds ids past int64's range \(largest {2**64 - 1}\)$"):
+        RelGraph.build(torch.tensor([2**64 - 1], dtype=torch.uint64), [1], [0], num_nodes=3, num_relations=1)
+    small = RelGraph.build(torch.tensor([2, 0], dtype=torch.uint64), [1, 1], [0, 0], num_nodes=3, num_relations=1)
+    assert small.src.tolist() == [2, 0]
+
+
+def test_a_graph_is_made_by_build_only_so_its_derived_fields_match_its_edges():
+    """Reversing a graph's edges with dataclasses.replace would keep the old norm, orders and
+    offsets, which every form reads: refused, as is the constructor; build makes the reversed one."""
+    import dataclasses
+
+    graph = RelGraph.build([0, 1, 2, 2, 3], [1, 1, 1, 0, 0], [0, 0, 1, 1, 0], 4, 2)
+    with pytest.raises(UserError, match=r"^a RelGraph is made by RelGraph.build\(src, dst, etype"):
+        dataclasses.replace(graph, src=graph.dst, dst=graph.src)
+    with pytest.raises(UserError, match="not dataclasses.replace or the constructor"):
+        RelGraph(*(getattr(graph, f.name) for f in dataclasses.fields(graph)))
+    reversed_graph = RelGraph.build(graph.dst, graph.src, graph.etype, 4, 2)
+    assert reversed_graph.norm.tolist() == [1.0, 1.0, 0.5, 0.5, 1.0]
 
 
 def test_an_empty_graph_builds_from_empty_lists_and_tensors():

@@ -3,6 +3,7 @@ precomputes once from them (outside any timed loop)."""
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +11,11 @@ import torch
 
 from harness.arguments import whole_number
 from harness.errors import UserError
+
+# Set while RelGraph.build constructs a graph: every other construction (``RelGraph(...)``,
+# ``dataclasses.replace``) would keep derived fields (norm, the orders, the offsets) that no longer
+# match its edges, and every form would read them.
+_BUILDING: ContextVar[bool] = ContextVar("_BUILDING", default=False)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,14 @@ class RelGraph:
     node_type: torch.Tensor
     by_type: torch.Tensor
     type_offsets: torch.Tensor
+
+    def __post_init__(self):
+        if not _BUILDING.get():
+            raise UserError(
+                "a RelGraph is made by RelGraph.build(src, dst, etype, num_nodes, num_relations, ...), which "
+                "computes its derived fields from the edges; for other edges, build another (not "
+                "dataclasses.replace or the constructor)"
+            )
 
     @classmethod
     def build(
@@ -87,20 +101,24 @@ class RelGraph:
         offsets = segment_offsets(etype, num_relations)
         by_type = torch.sort(node_type, stable=True).indices
         type_offsets = segment_offsets(node_type, num_node_types)
-        return cls(
-            int(num_nodes),
-            int(num_relations),
-            src,
-            dst,
-            etype,
-            norm,
-            by_relation,
-            offsets,
-            int(num_node_types),
-            node_type,
-            by_type,
-            type_offsets,
-        )
+        building = _BUILDING.set(True)
+        try:
+            return cls(
+                int(num_nodes),
+                int(num_relations),
+                src,
+                dst,
+                etype,
+                norm,
+                by_relation,
+                offsets,
+                int(num_node_types),
+                node_type,
+                by_type,
+                type_offsets,
+            )
+        finally:
+            _BUILDING.reset(building)
 
     @classmethod
     def from_store(cls, arrays: dict, num_relations: int, device="cpu", num_node_types: int = 1) -> RelGraph:
@@ -163,6 +181,11 @@ def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
     if ids.layout != torch.strided or ids.is_nested or ids.is_meta:  # no values to read
         kind = "a meta" if ids.is_meta else "a nested" if ids.is_nested else f"a {ids.layout}"
         raise UserError(f"{name} must be a dense tensor of ids, got {kind} tensor")
+    if ids.dtype in (torch.uint64, torch.uint32) and ids.numel():  # int64 would wrap uint64's largest ids
+        # torch has no max of its unsigned types: numpy reads them (a copy on the host)
+        largest = int(ids.detach().cpu().numpy().max())
+        if largest > np.iinfo(np.int64).max:
+            raise UserError(f"{name} holds ids past int64's range (largest {largest})")
     return ids.to(device=device, dtype=torch.int64, copy=True)
 
 
