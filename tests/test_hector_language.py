@@ -624,6 +624,45 @@ def test_an_operator_given_something_that_is_not_rows_is_refused_naming_both(bod
         layer()
 
 
+@pytest.mark.parametrize(
+    "declare, what, got",
+    [
+        (lambda m: m.input("x", 4.0), "input x", "float 4.0"),
+        (lambda m: m.input("x", -3), "input x", "int -3"),
+        (lambda m: m.input("x", None), "input x", "NoneType None"),
+        (lambda m: m.edge_input("s", ("in",)), "edge input s", "tuple ('in',)"),
+        (lambda m: m.weight("W", ("in", None)), "weight W", "NoneType None"),
+        (lambda m: m.weight("W", ("in", True)), "weight W", "bool True"),
+    ],
+    ids=["float", "negative", "none", "tuple", "weight-none", "weight-bool"],
+)
+def test_a_width_that_is_neither_a_name_nor_a_positive_whole_number_is_refused_where_declared(declare, what, got):
+    """A float or a tuple width would become a symbol that nothing checks against the tensors; a
+    negative one would be refused later as an operator's error."""
+
+    @model
+    def layer(m):
+        return m.sum_into_dst(m.src(declare(m)))
+
+    words = f"{what}: a width is a name (such as 'in') or a positive whole number, got {got}"
+    with pytest.raises(ModelError, match=f"^{re.escape(words)}$"):
+        layer()
+
+
+def test_a_numpy_whole_number_width_is_a_literal_checked_against_the_tensors():
+    import numpy as np
+
+    from harness.errors import UserError
+
+    @model
+    def layer(m):
+        return m.sum_into_dst(m.src(m.input("x", np.int64(4))))
+
+    graph = RelGraph.build([0, 1], [1, 0], [0, 0], 2, 1)
+    with pytest.raises(UserError, match="width 4 wanted, got 7"):
+        op.Layer(layer())(graph, x=torch.randn(2, 7))
+
+
 @pytest.mark.parametrize("name", ["in_degree", "out_degree", "norm"])
 @pytest.mark.parametrize("declared_first", [True, False], ids=["declared-first", "declared-after"])
 def test_a_leaf_named_like_graph_data_is_refused_as_reserved_where_the_model_reads_it(name, declared_first):

@@ -120,19 +120,22 @@ class Builder:
 
     # Leaves
     def input(self, name: str, width) -> Expr:
+        width = _width(f"input {name}", width)
         return Expr(self, self._leaf(Value("input", (), "node", width, name=name)))
 
     def edge_input(self, name: str, width) -> Expr:
         """A per-edge tensor given by the caller ([edges, width], rows in the graph's edge order).
         Its rows may differ between edges of one (source, relation), so it is never compacted."""
+        width = _width(f"edge input {name}", width)
         return Expr(self, self._leaf(Value("input", (), "edge", width, ALL_ENDS, name=name)))
 
     def weight(self, name: str, shape: tuple, per: str | None = None) -> Expr:
         if per not in (None, "relation", "node_type"):
             raise ModelError(f"weight {name}: per must be 'relation', 'node_type' or None, not {per!r}")
-        if len(shape) not in (1, 2):
+        if not isinstance(shape, tuple | list) or len(shape) not in (1, 2):
             raise ModelError(f"weight {name}: a vector or a matrix per row type, got shape {shape}")
-        return Expr(self, self._leaf(Value("weight", (), "weight", name=name, shape=tuple(shape), per=per)))
+        shape = tuple(_width(f"weight {name}", w) for w in shape)
+        return Expr(self, self._leaf(Value("weight", (), "weight", name=name, shape=shape, per=per)))
 
     def graph_data(self, name: str) -> Expr:
         if name not in GRAPH_DATA:
@@ -340,6 +343,17 @@ class Builder:
             return self._op("matmul", (e.value, weight), e.value.domain, weight.shape[1], e.value.depends)
         depends = e.value.depends | ({"etype"} if by == "etype" else set())
         return self._op("typed_matmul", (e.value, weight), e.value.domain, weight.shape[1], depends, (("by", by),))
+
+
+def _width(what: str, width) -> int | str:
+    """A declared width: a name (a symbol bound when the model runs, such as 'in') or a positive
+    whole number (a literal, checked against the tensors); anything else is refused here, where
+    it was written, not as an error of a later operator."""
+    if isinstance(width, str) and width.isidentifier():
+        return width
+    if isinstance(width, int | np.integer) and not isinstance(width, bool | np.bool_) and width > 0:
+        return int(width)
+    raise ModelError(f"{what}: a width is a name (such as 'in') or a positive whole number, got {_shown(width)}")
 
 
 def _shown(arg) -> str:
