@@ -46,14 +46,14 @@ def test_rank_shards_partition_each_global_batch():
     assert all(len(s) == steps for s in shards)  # the incomplete last global batch is dropped
     for i in range(steps):
         assert torch.equal(torch.cat([s[i] for s in shards]), whole[i])
-    with pytest.raises(ValueError, match="shard must be"):
+    with pytest.raises(UserError, match="shard must be"):
         Pipeline("cpu_gather", None, [5], 10, seed=0, shard=(2, 2))
 
 
 def test_a_training_set_smaller_than_one_global_batch_is_refused():
     _, _, folder = cached_graph("ogbn-products", SHARED, 0)
     graph = Graph(store.load(folder), "cpu")
-    with pytest.raises(ValueError, match="do not fill one global batch"):
+    with pytest.raises(UserError, match="do not fill one global batch"):
         Pipeline("cpu_gather", graph, [5], graph.train_idx.numel(), seed=0, shard=(0, 2))
 
 

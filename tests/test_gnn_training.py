@@ -2,6 +2,7 @@
 GPU, every pipeline trains on the same batches as the baseline (same loss curve)."""
 
 import os
+import re
 import time
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from harness.entry import main as entry
+from harness.errors import NeedsGpuError, UserError
 from harness.results import load, load_provenance
 from workloads.gnn.epoch import timed_epochs, train_epoch
 from workloads.gnn.models import build
@@ -43,16 +45,16 @@ def test_a_model_of_no_width_is_refused(size):
 def test_unknown_model_and_pipeline_are_refused(arrays):
     with pytest.raises(ValueError, match="model must be one of"):
         build("gcn", 16, 32, 4, 1, [5])
-    with pytest.raises(ValueError, match="pipeline must be one of"):
+    with pytest.raises(UserError, match="pipeline must be one of"):
         Pipeline("magic", Graph(arrays, "cpu"), [5], 64, seed=0)
-    with pytest.raises(ValueError, match="needs a GPU"):
+    with pytest.raises(UserError, match="needs a GPU"):
         Pipeline("zero_copy", Graph(arrays, "cpu"), [5], 64, seed=0)
     for batch_size in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match="batch_size must be a whole number of seed nodes >= 1"):
+        with pytest.raises(UserError, match="batch_size must be a whole number of seed nodes >= 1"):
             Pipeline("cpu_gather", Graph(arrays, "cpu"), [5], batch_size, seed=0)
     # Numbers that are not whole were taken and failed at the first batch (or inside a worker).
     graph = Graph(arrays, "cpu")
-    with pytest.raises(ValueError, match="pipeline 'hot_cache' needs the options rows, warmup_batches"):
+    with pytest.raises(UserError, match="pipeline 'hot_cache' needs the options rows, warmup_batches"):
         Pipeline("hot_cache", graph, [5], 64, seed=0, options={})
     for bad, message in (
         ({"sampler_workers": 1.5}, "sampler_workers must be a whole number >= 0, got 1.5"),
@@ -61,7 +63,7 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
         ({"shard": (0,)}, r"shard must be \(rank, world\), two whole numbers, got \(0,\)"),
         ({"shard": (0, 2.0)}, r"shard must be \(rank, world\), two whole numbers"),
     ):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(UserError, match=message):
             Pipeline("cpu_gather", graph, [5], 64, seed=0, **bad)
 
 
@@ -99,7 +101,7 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
     ],
 )
 def test_a_graph_refuses_tables_and_splits_that_do_not_fit_its_nodes(arrays, change, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         Graph(dict(arrays) | change(arrays), "cpu")
 
 
@@ -108,14 +110,116 @@ def test_a_graph_takes_tensors_as_it_takes_arrays_and_names_what_is_missing(arra
     from_arrays = Graph(arrays, "cpu")
     for name in Graph.ARRAYS:
         assert torch.equal(getattr(from_tensors, name), getattr(from_arrays, name)), name
-    with pytest.raises(ValueError, match="the graph's arrays lack val_idx"):
+    with pytest.raises(UserError, match="the graph's arrays lack val_idx"):
         Graph({name: a for name, a in arrays.items() if name != "val_idx"}, "cpu")
-    with pytest.raises(TypeError, match="features= must be a torch tensor in host memory, got ndarray"):
+    with pytest.raises(UserError, match="features= must be a torch tensor in host memory, got ndarray"):
         Graph(arrays, "cpu", features=np.asarray(arrays["features"]))
-    with pytest.raises(TypeError, match="labels must be a numpy array or a host tensor, got list"):
+    with pytest.raises(UserError, match="labels must be a numpy array or a host tensor, got list"):
         Graph(dict(arrays) | {"labels": list(arrays["labels"])}, "cpu")
-    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda', got 'gpu'"):
+    with pytest.raises(UserError, match="device must be 'cpu' or 'cuda', got 'gpu'"):
         Graph(arrays, "gpu")
+
+
+def _tiny(**change) -> dict:
+    """A 6-node ring: nodes 0..3 train, 4..5 validate, two classes."""
+    return {
+        "indptr": np.arange(7),
+        "indices": (np.arange(6) + 1) % 6,
+        "features": np.ones((6, 3), np.float32),
+        "labels": np.arange(6) % 2,
+        "train_idx": np.arange(4),
+        "val_idx": np.arange(4, 6),
+    } | change
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_unsigned_splits_are_node_ids_not_masks(dtype):
+    """A uint8 index tensor is a (deprecated) boolean mask to torch: train_idx [0, 1, 2, 3] named
+    node 0 (label -1) and went through, or failed on its length; uint64 had no min()."""
+    graph = Graph(_tiny(train_idx=np.array([1, 2, 3], dtype), val_idx=np.array([4, 5], dtype)), "cpu")
+    assert graph.train_idx.dtype == graph.val_idx.dtype == torch.int64
+    assert graph.train_idx.tolist() == [1, 2, 3] and graph.val_idx.tolist() == [4, 5]
+    with pytest.raises(UserError, match="train_idx names node 0, whose label is -1: no class"):
+        Graph(_tiny(labels=np.array([-1, 0, 1, 0, 1, 0]), train_idx=np.arange(4, dtype=dtype)), "cpu")
+    with pytest.raises(UserError, match=r"train_idx holds node ids 1\.\.9, outside the graph's 6 nodes"):
+        Graph(_tiny(train_idx=np.array([1, 9], dtype)), "cpu")
+
+
+def test_a_label_beyond_the_models_classes_is_refused_naming_the_node():
+    """Training failed deep in torch ("Target 7 is out of bounds"), and accuracy counted the node
+    as a miss; the check reads the labels once, on the host, not each batch."""
+    from workloads.gnn.epoch import accuracy
+
+    model = build("sage", 3, 4, 2, 1, [2])  # classes 0 and 1
+
+    def pipeline_with_label_7_at(node):
+        graph = Graph(_tiny(labels=np.where(np.arange(6) == node, 7, np.arange(6) % 2)), "cpu")
+        return Pipeline("cpu_gather", graph, [2], 2, seed=0)
+
+    with pytest.raises(
+        UserError, match=r"^train_idx names node 2, whose label is 7: the model has 2 classes \(0\.\.1\)$"
+    ):
+        train_epoch(model, torch.optim.Adam(model.parameters()), pipeline_with_label_7_at(2), 0)
+    with pytest.raises(UserError, match=r"^val_idx names node 5, whose label is 7: the model has 2 classes"):
+        accuracy(model, pipeline_with_label_7_at(5))
+
+
+def test_non_finite_features_are_refused_with_the_rows_that_hold_them(monkeypatch):
+    from workloads.gnn import pipelines
+
+    features = np.ones((6, 3), np.float32)
+    features[4, 1], features[1, 2], features[4, 0] = np.nan, np.inf, -np.inf
+    monkeypatch.setattr(pipelines, "FINITE_CHECK_BYTES", 12)  # one row at a time: the count spans chunks
+    with pytest.raises(UserError, match=r"features hold NaN or infinite values in 2 rows \(row 1 first\)"):
+        Graph(_tiny(features=features), "cpu")
+    with pytest.raises(UserError, match=r"in 1 row \(row 4 first\)"):
+        Graph(_tiny(), "cpu", features=torch.ones(6, 3).index_fill_(0, torch.tensor([4]), torch.nan))
+
+
+def test_features_that_require_grad_and_overlapping_splits_are_refused():
+    features = torch.ones(6, 3, requires_grad=True)
+    with pytest.raises(UserError, match="features must be a plain tensor, got one that requires grad"):
+        Graph(_tiny(), "cpu", features=features)
+    with pytest.raises(UserError, match="features must be a plain tensor"):
+        Graph(_tiny(features=features), "cpu")
+    with pytest.raises(
+        UserError, match=r"val_idx and train_idx share 2 nodes \(node 2 first\): a node is in one split"
+    ):
+        Graph(_tiny(val_idx=np.array([2, 3, 4])), "cpu")
+
+
+def test_a_graph_on_the_gpu_is_refused_where_there_is_none(monkeypatch):
+    """Accepted, it failed at the first batch's pin_memory."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NeedsGpuError, match="device='cuda' needs a CUDA GPU, and torch sees none here"):
+        Graph(_tiny(), "cuda")
+
+
+def test_a_tiny_table_is_taken_on_a_host_with_little_free_memory(monkeypatch):
+    """The 2 GiB kept for the processes counts where the table is pinned for the GPU or takes
+    much of the free memory; a 72-byte table trained on the CPU was refused with 1.5 GiB free."""
+    from workloads.graphs import shared
+
+    monkeypatch.setattr(shared.machine, "available_memory_bytes", lambda: int(1.5 * 2**30))
+    assert Graph(_tiny(), "cpu").features.shape == (6, 3)
+    shared.check_table_fits_in_memory(2**29, pinned=False)  # a third of the free memory
+    with pytest.raises(UserError, match=r"feature table \(1\.0 GiB\) is too large to hold in .* 2 GiB of it kept"):
+        shared.check_table_fits_in_memory(2**30, pinned=False)
+    with pytest.raises(UserError, match=r"\(72 bytes\) is too large to hold and pin .*use a smaller graph"):
+        shared.check_table_fits_in_memory(72, pinned=True)
+    with pytest.raises(
+        UserError, match=r"\(2\.0 GiB\) is too large to hold in this host's memory \(1\.5 GiB available"
+    ):
+        shared.check_table_fits_in_memory(2**31, pinned=False)
+
+
+def test_an_unavailable_pipeline_says_why(monkeypatch):
+    """Not "pipeline must be one of": the suite knows it, and why it is missing here."""
+    why = "PyG's NeighborLoader needs pyg-lib or torch-sparse, which are not installed here"
+    monkeypatch.setitem(UNAVAILABLE_PIPELINES, "some_loader", why)
+    with pytest.raises(UserError) as raised:
+        Pipeline("some_loader", Graph(_tiny(), "cpu"), [2], 2, seed=0)
+    assert str(raised.value) == f"pipeline 'some_loader' is not available here: {why}"
 
 
 def test_seeds_and_epochs_are_whole_numbers_of_any_kind_or_refused_in_one_line(arrays):
@@ -124,14 +228,14 @@ def test_seeds_and_epochs_are_whole_numbers_of_any_kind_or_refused_in_one_line(a
     again = next(iter(Pipeline("cpu_gather", graph, [5], 64, seed=np.int64(3)).batches(1)))
     assert torch.equal(first.x, again.x) and torch.equal(first.edge_index, again.edge_index)
     for seed in (2**64, -1, 1.0):
-        with pytest.raises(ValueError, match="seed must be a whole number"):
+        with pytest.raises(UserError, match="seed must be a whole number"):
             Pipeline("cpu_gather", graph, [5], 64, seed=seed)
     pipeline = Pipeline("cpu_gather", graph, [5], 64, seed=0)
     for epoch in (1.0, -1, True):
-        with pytest.raises(ValueError, match="epoch must be a whole number"):
+        with pytest.raises(UserError, match="epoch must be a whole number"):
             next(iter(pipeline.batches(epoch)))
     for seeds in ([1, 2, 3], torch.tensor([1.0, 2.0]), torch.ones(len(arrays["labels"]), dtype=torch.bool)):
-        with pytest.raises(ValueError, match="seeds must be a 1-D tensor of integer node ids"):
+        with pytest.raises(UserError, match="seeds must be a 1-D tensor of integer node ids"):
             next(iter(pipeline.batches(0, seeds=seeds)))
 
 
@@ -350,7 +454,7 @@ def test_sampler_workers_hand_over_the_same_batches(arrays):
             assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
     assert not torch.equal(expected[0].y, list(in_process.batches(1))[0].y)  # epochs differ
     workers.close()
-    with pytest.raises(ValueError, match="sampler_workers"):
+    with pytest.raises(UserError, match="sampler_workers"):
         Pipeline("cpu_gather", graph, [5], 100, seed=6, sampler_workers=-1)
 
 
@@ -424,9 +528,9 @@ def test_row_counts_and_the_hottest_rows_against_a_plain_count():
     assert hottest_rows(counts, 0).numel() == 0
     assert hit_rate(counts, hottest_rows(counts, 7)) == sum(plain[r] for r in expected[:7]) / sum(plain.values())
     assert hit_rate(torch.zeros(3, dtype=torch.int64), torch.tensor([1])) == 0.0
-    with pytest.raises(IndexError, match="table of 41"):
+    with pytest.raises(UserError, match="table of 41"):
         count_rows([torch.tensor([3, 41])], 41)
-    with pytest.raises(ValueError, match="capacity"):
+    with pytest.raises(UserError, match="capacity"):
         hottest_rows(counts, -1)
 
 
@@ -445,9 +549,9 @@ def test_hot_rows_keep_copies_of_their_rows_and_count_misses():
     idx = torch.tensor([11, 0, 17, 17, 4, 28, 1])
     assert int(hot.misses(idx)) == 3
     assert hot.nbytes == 3 * 7 * 4 + 29 * 4
-    with pytest.raises(ValueError, match="twice"):
+    with pytest.raises(UserError, match="rows names row 2 twice"):
         HotRows(table, torch.tensor([2, 2]), "cpu")
-    with pytest.raises(IndexError, match="outside"):
+    with pytest.raises(UserError, match="outside"):
         HotRows(table, torch.tensor([29]), "cpu")
 
 
@@ -504,8 +608,34 @@ def test_the_learned_fill_is_timed_and_samples_only_its_own_batches(skewed, monk
     recount = count_rows((sample(s, n).n_id for s, n in zip(_seeds_of(pipeline, drawn), drawn)), len(graph.labels))
     assert torch.equal(pipeline.cache.rows, hottest_rows(recount, 300))
     pipeline.options = {"rows": 300, "warmup_batches": 0}
-    with pytest.raises(ValueError, match="warmup_batches"):
+    with pytest.raises(UserError, match="warmup_batches"):
         hot_cache.fill_learned(pipeline)
+
+
+def test_cache_options_are_whole_numbers_of_any_kind(skewed):
+    """numpy's integers were refused (isinstance int) and True taken as 1."""
+    from workloads.gnn.pipelines import hot_cache
+
+    pipeline = Pipeline("cpu_gather", Graph(skewed, "cpu"), [5, 5], 64, seed=3)  # a stand-in, as above
+    pipeline.options = {"rows": np.int64(10), "warmup_batches": np.int32(2)}
+    hot_cache.fill_learned(pipeline)
+    assert pipeline.cache.rows.numel() == 10
+    pipeline.options = {"rows": np.int64(10), "epochs": np.int64(1)}
+    hot_cache.fill_in_hindsight(pipeline)
+    assert pipeline.cache.rows.numel() == 10
+    for options, message in (
+        ({"rows": True, "warmup_batches": 2}, "cpu_gather: rows must be a whole number of cached rows >= 1, got True"),
+        (
+            {"rows": 10, "warmup_batches": 2.0},
+            "cpu_gather: warmup_batches must be a whole number of batches >= 1, got 2.0",
+        ),
+    ):
+        pipeline.options = options
+        with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+            hot_cache.fill_learned(pipeline)
+    pipeline.options = {"rows": 10, "epochs": True}
+    with pytest.raises(UserError, match="epochs must be a whole number of epochs >= 1, got True"):
+        hot_cache.fill_in_hindsight(pipeline)
 
 
 def _seeds_of(pipeline, numbers):
@@ -635,8 +765,14 @@ def test_a_pipeline_over_every_gpu_budget_is_not_run_and_the_notes_say_why(array
         def __exit__(self, *exc):
             return False
 
+    def graph_for_the_gpu(arrays, device, features=None):  # a Graph refuses "cuda" without a GPU; none is used
+        graph = Graph(arrays, "cpu", features=features)
+        graph.device = device
+        return graph
+
     monkeypatch.setattr(train, "train_case", fake_train_case)
     monkeypatch.setattr(train, "allocator_cap", RecordedCap)
+    monkeypatch.setattr(train, "Graph", graph_for_the_gpu)
     shared = suite_config.load()["topics"]["gnn_training"]["tiny"] | {
         "gpu_memory_budget_gib": [512 / 2**20, 10 / 2**20],
         "models": [{"name": "sage", "layers": 2, "fanouts": [10, 25]}],
@@ -790,7 +926,6 @@ def test_a_feature_table_of_the_wrong_shape_or_type_is_refused_before_drawing():
 
 
 def test_features_in_memory_refuses_a_published_dataset():
-    from harness.errors import UserError
     from workloads.graphs.datasets import load_graph
 
     with pytest.raises(UserError, match="set one of published_dir and features_in_memory"):
@@ -801,7 +936,6 @@ def test_the_papers_full_part_trains_on_its_graph_in_memory_with_its_pipelines(m
     """run_dataset on the tiny papers_full block: the table generated in memory is the one the
     pipelines read, and the part's own pipeline list keeps the others out (the notes say so)."""
     from harness import config as suite_config
-    from harness.errors import UserError
     from harness.results import ResultsWriter
     from workloads.gnn_training import train
 
@@ -1115,5 +1249,5 @@ def test_accuracy_over_no_validation_nodes_is_refused_not_zero(arrays):
     graph = Graph(arrays | {"val_idx": arrays["val_idx"][:0]}, "cpu")
     pipeline = Pipeline("cpu_gather", graph, [5], 64, seed=0)
     model = build("sage", graph.features.shape[1], 8, int(graph.labels.max()) + 1, 1, [5])
-    with pytest.raises(ValueError, match="no validation nodes"):
+    with pytest.raises(UserError, match="no validation nodes"):
         accuracy(model, pipeline)

@@ -91,7 +91,7 @@ def test_a_worker_error_mid_epoch_raises_one_line_and_stops_every_worker(arrays,
 
     def fails_at_batch_3(self, key):
         if key[1] == 3:
-            raise ValueError("corrupt row block 17")
+            raise ValueError("corrupt row block 17\nhint: rebuild the graph")  # its first line says what failed
         return sample(self, key)
 
     # Patched before the workers fork, so they run it.
@@ -111,6 +111,13 @@ def test_a_worker_error_mid_epoch_raises_one_line_and_stops_every_worker(arrays,
     monkeypatch.setattr(_TrainingBatches, "__getitem__", sample)
     assert len(list(pipeline.batches(1))) == len(pipeline.seeds(1))
     pipeline.close()
+
+
+def test_an_error_of_the_loader_itself_keeps_its_type_and_first_line():
+    from workloads.gnn.pipelines import _worker_error
+
+    died = RuntimeError("DataLoader worker (pid(s) 123) exited unexpectedly\nsee dmesg")
+    assert _worker_error(died) == "RuntimeError: DataLoader worker (pid(s) 123) exited unexpectedly"
 
 
 def test_an_interrupt_in_training_stops_every_worker(arrays):
@@ -181,9 +188,9 @@ def test_the_split_is_picked_from_what_each_candidate_measured(arrays):
 
 def test_bad_loader_settings_are_refused(arrays):
     graph = Graph(arrays, "cpu")
-    with pytest.raises(ValueError, match="worker_threads"):
+    with pytest.raises(UserError, match="worker_threads"):
         Pipeline("cpu_gather_workers", graph, [5], 97, seed=1, sampler_workers=1, worker_threads=0)
-    with pytest.raises(ValueError, match="takes the options"):
+    with pytest.raises(UserError, match="takes the options"):
         Pipeline("cpu_gather_workers", graph, [5], 97, seed=1, options={"rows": 4})
 
 

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from harness.errors import NeedsGpuError, UserError
 from systems import nvrtc
+from systems.pytorch_direct import dispatch
 from systems.pytorch_direct.hot_rows import HotRows, count_rows, hit_rate, hottest_rows
 from systems.pytorch_direct.ops import gather
 from systems.sampling import ops as sampling_ops
@@ -139,7 +141,7 @@ def test_gather_on_the_gpu_with_a_cache_view_off_the_vector_alignment_gives_the_
 @pytest.mark.parametrize("ids", [torch.tensor([1.7, 3.2]), torch.tensor([True, False, True])])
 def test_row_counts_refuse_float_ids_and_boolean_masks(ids):
     # Without the check 1.7 counted as row 1 and the mask as rows 1, 0, 1.
-    with pytest.raises(TypeError, match="a batch must be a tensor of integer row ids"):
+    with pytest.raises(UserError, match="a batch must be a tensor of integer row ids"):
         count_rows([ids], 10)
 
 
@@ -153,13 +155,13 @@ def test_row_counts_take_ids_of_any_shape():
 def test_row_counts_and_capacities_refuse_what_is_not_a_number_of_rows():
     counts = torch.tensor([3, 0, 5])
     for bad in (-3, 4.0, True, "2", None):  # 4.0 failed in torch.zeros, True was taken as 1 row
-        with pytest.raises(ValueError, match=re.escape(f"num_rows must be a whole number of rows >= 0, got {bad!r}")):
+        with pytest.raises(UserError, match=re.escape(f"num_rows must be a whole number of rows >= 0, got {bad!r}")):
             count_rows([], bad)
-        with pytest.raises(ValueError, match=re.escape(f"capacity must be a whole number of rows >= 0, got {bad!r}")):
+        with pytest.raises(UserError, match=re.escape(f"capacity must be a whole number of rows >= 0, got {bad!r}")):
             hottest_rows(counts, bad)
     assert hottest_rows(counts, np.int64(1)).tolist() == [2]
     assert count_rows([torch.tensor([2])], np.int32(3)).tolist() == [0, 0, 1]
-    with pytest.raises(TypeError, match="table must be a torch tensor"):
+    with pytest.raises(UserError, match="table must be a torch tensor"):
         HotRows(np.zeros((4, 2), np.float32), torch.tensor([1]), "cpu")
 
 
@@ -167,11 +169,11 @@ def test_hit_rate_counts_each_cached_row_once_and_refuses_rows_outside_the_count
     counts = torch.randint(1, 9, (12,), generator=torch.Generator().manual_seed(10))
     rows = torch.tensor([4, 4, 7, 4])
     assert hit_rate(counts, rows) == (int(counts[4]) + int(counts[7])) / int(counts.sum())
-    with pytest.raises(IndexError, match="rows -1..7 outside counts of 12 rows"):
+    with pytest.raises(UserError, match="rows -1..7 outside counts of 12 rows"):
         hit_rate(counts, torch.tensor([7, -1]))  # would read the last row's count
-    with pytest.raises(IndexError, match="outside counts of 12"):
+    with pytest.raises(UserError, match="outside counts of 12"):
         hit_rate(counts, torch.tensor([12]))
-    with pytest.raises(TypeError, match="integer row ids"):
+    with pytest.raises(UserError, match="integer row ids"):
         hit_rate(counts, counts > 4)  # a mask, not row ids
 
 
@@ -181,9 +183,9 @@ def test_hit_rate_counts_each_cached_row_once_and_refuses_rows_outside_the_count
 def test_counts_that_are_not_integer_reads_per_row_are_refused(counts):
     # Without the check 1.5 + 1.5 reads counted as 1 of 2 (0.33 instead of 0.5), 0.6 as 0 reads,
     # and a 2-D tensor was sorted row by row.
-    with pytest.raises(TypeError, match="counts must be a 1-D tensor of integer reads per row"):
+    with pytest.raises(UserError, match="counts must be a 1-D tensor of integer reads per row"):
         hit_rate(counts, torch.tensor([0]))
-    with pytest.raises(TypeError, match="counts must be a 1-D tensor of integer reads per row"):
+    with pytest.raises(UserError, match="counts must be a 1-D tensor of integer reads per row"):
         hottest_rows(counts, 1)
 
 
@@ -201,10 +203,10 @@ def test_misses_counts_uncached_ids_and_refuses_ids_that_are_not_rows():
         expected = sum(int(i) not in (2, 7) for i in view.flatten().tolist())
         assert int(hot.misses(view)) == expected
     for ids, error, message in [
-        (torch.tensor([True, False]), TypeError, "integer row ids, got torch.bool"),
-        (torch.tensor([1.0, 2.0]), TypeError, "integer row ids, got torch.float32"),
-        (torch.tensor([3, 10]), IndexError, "id 10 is out of range for a table of 10 rows"),
-        (torch.tensor([-1]), IndexError, "id -1 is negative"),
+        (torch.tensor([True, False]), UserError, "integer row ids, got torch.bool"),
+        (torch.tensor([1.0, 2.0]), UserError, "integer row ids, got torch.float32"),
+        (torch.tensor([3, 10]), UserError, "id 10 is out of range for a table of 10 rows"),
+        (torch.tensor([-1]), UserError, "id -1 is negative"),
     ]:
         with pytest.raises(error, match=re.escape(message)):
             hot.misses(ids)
@@ -222,8 +224,17 @@ def test_gather_of_meta_tensors_gives_a_meta_result_of_the_right_shape():
 
 @pytest.mark.parametrize("rows", [torch.tensor([1.9, 4.0]), torch.tensor([True, False, True])])
 def test_hot_rows_refuse_float_rows_and_boolean_masks(rows):
-    with pytest.raises(TypeError, match="rows must be a tensor of integer row ids"):
+    with pytest.raises(UserError, match="rows must be a tensor of integer row ids"):
         HotRows(random_table(10, 3, torch.float32, seed=11), rows, "cpu")
+
+
+def test_gpu_only_entry_points_say_so_in_one_line_without_a_gpu(monkeypatch):
+    """Not torch's AssertionError "Torch not compiled with CUDA enabled"."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NeedsGpuError, match="^HotRows on 'cuda' needs a CUDA GPU; none is available"):
+        HotRows(torch.randn(10, 4), torch.tensor([1, 2]), "cuda")
+    with pytest.raises(NeedsGpuError, match="^choose_for picks the gather path of a CUDA GPU, and none is available$"):
+        dispatch.choose_for(torch.randn(10, 4))
 
 
 def test_hot_rows_of_a_2d_id_tensor_cache_those_rows():
@@ -335,7 +346,7 @@ def test_gpu_sampling_refuses_a_csr_it_would_read_by_plain_offsets():
 def test_uva_sampler_refuses_a_csr_view(monkeypatch):
     indptr, indices = random_csr(20, 4, seed=20)
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)  # stands in for pinned memory
-    with pytest.raises(ValueError, match="place='uva' needs a contiguous CSR"):
+    with pytest.raises(UserError, match="place='uva' needs a contiguous CSR"):
         NeighborSampler(torch.stack([indptr, indptr], 1)[:, 0], indices, [2], place="uva")
 
 
@@ -352,21 +363,21 @@ def test_uva_sampler_refuses_a_csr_view(monkeypatch):
     ],
 )
 def test_a_sampler_refuses_an_inconsistent_csr(indptr, indices, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         NeighborSampler(torch.tensor(indptr, dtype=torch.long), torch.tensor(indices, dtype=torch.long), [2])
 
 
 def test_a_sampler_refuses_int32_and_numpy_csrs_and_non_tensor_seeds_by_name():
     indptr, indices = random_csr(20, 4, seed=21)
-    with pytest.raises(ValueError, match="int64"):
+    with pytest.raises(UserError, match="int64"):
         NeighborSampler(indptr.int(), indices.int(), [2])
-    with pytest.raises(TypeError, match="indptr must be a torch tensor"):
+    with pytest.raises(UserError, match="indptr must be a torch tensor"):
         NeighborSampler(indptr.numpy(), indices, [2])
     sampler = NeighborSampler(indptr, indices, [2])
-    with pytest.raises(TypeError, match="seeds must be a 1-D tensor of node ids, got list"):
+    with pytest.raises(UserError, match="seeds must be a 1-D tensor of node ids, got list"):
         sampler.sample([1, 2], batch=0)
     for fanouts in ([0], [-2], [65], [2.0], [True], "22", []):
-        with pytest.raises(ValueError, match="fanouts must be"):
+        with pytest.raises(UserError, match="fanouts must be"):
             NeighborSampler(indptr, indices, fanouts)
 
 
@@ -384,7 +395,7 @@ def test_a_sampler_takes_numpy_and_torch_integer_fanouts_as_plain_ones():
 def test_hot_rows_refuse_a_negative_id_on_the_cpu_instead_of_counting_the_last_row():
     hot = HotRows(torch.randn(6, 3), torch.tensor([5]), "cpu")
     assert int(hot.misses(torch.tensor([5, 0, 5]))) == 1
-    with pytest.raises(IndexError, match="id -1 is negative"):
+    with pytest.raises(UserError, match="id -1 is negative"):
         hot.misses(torch.tensor([5, -1]))
 
 
@@ -424,7 +435,7 @@ def test_the_gpu_op_samples_strided_seeds_like_their_dense_copy():
 def test_negative_read_counts_and_a_negative_thread_cap_are_refused():
     from systems.pytorch_direct.hot_rows import hit_rate
 
-    with pytest.raises(ValueError, match="counts are reads per row and cannot be negative, got -5"):
+    with pytest.raises(UserError, match="counts are reads per row and cannot be negative, got -5"):
         hit_rate(torch.tensor([-5, 10]), torch.tensor([1]))  # a share of 2.0 of the reads
     table = torch.randn(9, 3)
     with pytest.raises(ValueError, match="max_threads must be >= 0"):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.errors import NeedsGpuError, UserError
 from systems.sampling.ops import (
     reference,
     sample_into_slots,
@@ -207,13 +208,13 @@ def test_a_corrupt_csr_is_refused_not_read_out_of_bounds(graph):
     indptr, indices = graph
     bad = indices.clone()
     bad[int(indptr[5])] = indptr.numel() + 10  # a neighbour id that is not a node
-    with pytest.raises(ValueError, match="indices must be node ids"):
+    with pytest.raises(UserError, match="indices must be node ids"):
         NeighborSampler(indptr, bad, [10])
     with pytest.raises(ValueError, match="CSR is inconsistent"):
         sample_neighbors(indptr, bad, torch.arange(10), 64, False, 1)
     short = indptr.clone()
     short[-1] += 5  # the last row runs past the indices
-    with pytest.raises(ValueError, match="indptr must start at 0"):
+    with pytest.raises(UserError, match="indptr must start at 0"):
         NeighborSampler(short, indices, [10])
     with pytest.raises(ValueError, match="CSR is inconsistent"):
         sample_neighbors(short, indices, torch.tensor([short.numel() - 2]), 64, True, 1)
@@ -298,34 +299,34 @@ def test_full_fanout_one_hop_sage_equals_full_graph_sage(graph):
 
 
 def test_sampler_refuses_bad_configuration(graph):
-    with pytest.raises(ValueError, match="fanouts must be"):
+    with pytest.raises(UserError, match="fanouts must be"):
         NeighborSampler(*graph, [])
-    with pytest.raises(ValueError, match="fanouts must be"):
+    with pytest.raises(UserError, match="fanouts must be"):
         NeighborSampler(*graph, [10, 0])
-    with pytest.raises(ValueError, match="place must be"):
+    with pytest.raises(UserError, match="place must be"):
         NeighborSampler(*graph, [10], place="tpu")
     if not torch.cuda.is_available():  # not torch's "Torch not compiled with CUDA enabled"
-        with pytest.raises(ValueError, match="place='cuda' samples on a CUDA GPU, and torch sees none here"):
+        with pytest.raises(NeedsGpuError, match="place='cuda' samples on a CUDA GPU, and torch sees none here"):
             NeighborSampler(*graph, [10], place="cuda")
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(UserError, match="distinct"):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1, 1]), batch=0)
-    with pytest.raises(IndexError, match="seed node -3 is out of range"):
+    with pytest.raises(UserError, match="seed node -3 is out of range"):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1, -3]), batch=0)
-    with pytest.raises(ValueError, match="1-D tensor of node ids"):
+    with pytest.raises(UserError, match="1-D tensor of node ids"):
         NeighborSampler(*graph, [10]).sample(torch.tensor([1.0]), batch=0)
     # The batch number's text picks the draws: 1.0 drew otherwise than 1, and "1" as 1.
     for batch in (1.0, "1", 1.5, -1, True):
-        with pytest.raises(TypeError, match=f"batch must be a non-negative integer .*, got {batch!r}"):
+        with pytest.raises(UserError, match=f"batch must be a non-negative integer .*, got {batch!r}"):
             NeighborSampler(*graph, [10]).sample(torch.tensor([1]), batch=batch)
     sampler = NeighborSampler(*graph, [10])
     assert torch.equal(sampler.sample(torch.tensor([1]), np.int64(3)).n_id, sampler.sample(torch.tensor([1]), 3).n_id)
-    with pytest.raises(ValueError, match="got torch.bool"):  # not node ids 1 and 0
+    with pytest.raises(UserError, match="got torch.bool"):  # not node ids 1 and 0
         NeighborSampler(*graph, [10]).sample(torch.tensor([True, False]), batch=0)
     for seed in (1.5, "3", True, None, torch.tensor(True)):  # each failed mid-batch, or (True) drew as seed 1
-        with pytest.raises(TypeError, match="seed must be an integer"):
+        with pytest.raises(UserError, match="seed must be an integer"):
             NeighborSampler(*graph, [10], seed=seed)
     for replace in (1, "yes", None):  # refused when made, not at the first batch of one path only
-        with pytest.raises(TypeError, match=f"replace must be a bool, got {replace!r}"):
+        with pytest.raises(UserError, match=f"replace must be a bool, got {replace!r}"):
             NeighborSampler(*graph, [10], replace=replace)
     assert NeighborSampler(*graph, [10], replace=np.bool_(True)).replace is True
     # Any integer picks draws: a numpy integer as the Python one, a huge or negative one too.

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from harness.errors import NeedsGpuError
 from systems.pytorch_direct.ops import (
     INDEX_DTYPES,
     KERNELS,
@@ -102,6 +103,8 @@ def alignment(row_bytes: int) -> int:
 
 def choose_for(table: torch.Tensor, device: torch.device | int | None = None) -> Choice:
     """:func:`choose` for a 2-D host table read from ``device`` (default: the current GPU)."""
+    if not torch.cuda.is_available():  # the choice is by the GPU's name; torch's own refusal is an AssertionError
+        raise NeedsGpuError("choose_for picks the gather path of a CUDA GPU, and none is available")
     row_bytes = table.shape[1] * table.element_size()
     return choose(row_bytes, table.shape[0] * row_bytes, torch.cuda.get_device_name(device))
 

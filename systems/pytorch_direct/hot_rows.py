@@ -19,12 +19,13 @@ from collections.abc import Iterable
 import torch
 
 from harness.arguments import whole_number
+from harness.errors import NeedsGpuError, UserError
 
 
 def _count(value, what: str) -> int:
     """``value`` as a number of rows: an integer of any kind, >= 0 (not a bool, not a float)."""
     if (number := whole_number(value)) is None:
-        raise ValueError(f"{what} must be a whole number of rows >= 0, got {value!r}")
+        raise UserError(f"{what} must be a whole number of rows >= 0, got {value!r}")
     return number
 
 
@@ -33,7 +34,7 @@ def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
     id would be truncated and a boolean mask read as the ids 0 and 1, both without a word."""
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         kind = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise TypeError(f"{what} must be a tensor of integer row ids, got {kind}")
+        raise UserError(f"{what} must be a tensor of integer row ids, got {kind}")
     return ids.to("cpu", torch.int64).reshape(-1)
 
 
@@ -44,7 +45,7 @@ def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tenso
     for ids in id_batches:
         ids = _row_ids(ids, "a batch")
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < num_rows:
-            raise IndexError(f"a batch reads rows {int(ids.min())}..{int(ids.max())} of a table of {num_rows}")
+            raise UserError(f"a batch reads rows {int(ids.min())}..{int(ids.max())} of a table of {num_rows}")
         counts += torch.bincount(ids, minlength=num_rows)
     return counts
 
@@ -54,11 +55,11 @@ def _check_counts(counts: torch.Tensor) -> None:
     weights would be truncated to whole reads, and a 2-D tensor sorted row by row)."""
     if not isinstance(counts, torch.Tensor) or counts.dim() != 1 or counts.is_floating_point() or counts.is_complex():
         kind = f"{counts.dtype} of shape {tuple(counts.shape)}" if isinstance(counts, torch.Tensor) else type(counts)
-        raise TypeError(f"counts must be a 1-D tensor of integer reads per row (count_rows), got {kind}")
+        raise UserError(f"counts must be a 1-D tensor of integer reads per row (count_rows), got {kind}")
     if counts.dtype == torch.bool:
-        raise TypeError("counts must be a 1-D tensor of integer reads per row (count_rows), got torch.bool")
+        raise UserError("counts must be a 1-D tensor of integer reads per row (count_rows), got torch.bool")
     if counts.numel() and int(counts.min()) < 0:  # a share of reads above 1 otherwise
-        raise ValueError(f"counts are reads per row and cannot be negative, got {int(counts.min())}")
+        raise UserError(f"counts are reads per row and cannot be negative, got {int(counts.min())}")
 
 
 def hottest_rows(counts: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -78,7 +79,7 @@ def hit_rate(counts: torch.Tensor, rows: torch.Tensor) -> float:
     _check_counts(counts)
     rows = _row_ids(rows, "rows").unique()
     if rows.numel() and not 0 <= int(rows[0]) <= int(rows[-1]) < counts.numel():
-        raise IndexError(f"rows {int(rows[0])}..{int(rows[-1])} outside counts of {counts.numel()} rows")
+        raise UserError(f"rows {int(rows[0])}..{int(rows[-1])} outside counts of {counts.numel()} rows")
     total = int(counts.sum())
     return int(counts[rows].sum()) / total if total else 0.0
 
@@ -89,14 +90,17 @@ class HotRows:
 
     def __init__(self, table: torch.Tensor, rows: torch.Tensor, device: str | torch.device):
         if not isinstance(table, torch.Tensor):
-            raise TypeError(f"table must be a torch tensor (torch.from_numpy for an array), got {type(table).__name__}")
+            raise UserError(f"table must be a torch tensor (torch.from_numpy for an array), got {type(table).__name__}")
         if table.dim() != 2:
-            raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
+            raise UserError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():  # not torch's AssertionError
+            raise NeedsGpuError(f"HotRows on {str(device)!r} needs a CUDA GPU; none is available (use 'cpu')")
         rows = _row_ids(rows, "rows")
         if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < table.shape[0]:
-            raise IndexError(f"cached rows {int(rows.min())}..{int(rows.max())} outside a table of {table.shape[0]}")
-        if rows.unique().numel() != rows.numel():
-            raise ValueError("a row is cached twice")
+            raise UserError(f"cached rows {int(rows.min())}..{int(rows.max())} outside a table of {table.shape[0]}")
+        values, counts = rows.unique(return_counts=True)
+        if bool((counts > 1).any()):
+            raise UserError(f"rows names row {int(values[counts > 1][0])} twice: a row is cached once")
         self.rows = rows
         slots = torch.full((table.shape[0],), -1, dtype=torch.int32)
         slots[rows] = torch.arange(rows.numel(), dtype=torch.int32)
@@ -113,13 +117,13 @@ class HotRows:
         wait; the sampler's ids are never negative)."""
         if not isinstance(idx, torch.Tensor) or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
             kind = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise TypeError(f"idx must be a tensor of integer row ids, got {kind}")
+            raise UserError(f"idx must be a tensor of integer row ids, got {kind}")
         if idx.device.type == "cpu" and idx.numel():
             low, high = int(idx.min()), int(idx.max())
             if low < 0:
-                raise IndexError(f"id {low} is negative: ids are rows of the table, from 0")
+                raise UserError(f"id {low} is negative: ids are rows of the table, from 0")
             if high >= self.slots.numel():
-                raise IndexError(f"id {high} is out of range for a table of {self.slots.numel()} rows")
+                raise UserError(f"id {high} is out of range for a table of {self.slots.numel()} rows")
         if idx.dtype not in (torch.int32, torch.int64):  # torch reads uint8 as a mask and refuses int16
             idx = idx.long()
         return (self.slots[idx] < 0).sum()

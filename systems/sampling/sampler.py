@@ -1,6 +1,8 @@
 """Multi-hop uniform neighbour sampling into PyG-style subgraphs (what NeighborLoader returns).
 
-For a batch of seed nodes and fan-outs ``[k1, k2, ...]``: hop 1 samples up to k1 neighbours of
+The CSR lists each node's in-neighbours: ``indices[indptr[v]:indptr[v + 1]]`` are the nodes whose
+messages flow to ``v`` (for an undirected graph, both directions of each edge are listed). For a
+batch of seed nodes and fan-outs ``[k1, k2, ...]``: hop 1 samples up to k1 in-neighbours of
 every seed, hop 2 up to k2 neighbours of every node that hop 1 added, and so on. The result is
 one subgraph: ``n_id`` (global ids; the seeds first, then each hop's new nodes),
 ``edge_index`` (local ids, row 0 the sampled neighbour, row 1 the node it was sampled for, so
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from harness.arguments import integer, whole_number
+from harness.errors import NeedsGpuError, UserError
 from systems import native
 from systems.sampling.ops import BAD_CSR, BAD_CSR_MESSAGE, MAX_FANOUT, check_arguments, cpu_kernels, sample_into_slots
 
@@ -59,14 +62,14 @@ class SlottedSubgraph:
 def _check_csr(indptr: torch.Tensor, indices: torch.Tensor) -> None:
     """Refuse a CSR the kernels would read out of bounds with (one pass, when a sampler is made)."""
     if indptr.dtype != torch.int64 or indices.dtype != torch.int64 or indptr.dim() != 1 or indices.dim() != 1:
-        raise ValueError("indptr and indices must be 1-D int64 tensors")
+        raise UserError("indptr and indices must be 1-D int64 tensors")
     n = indptr.numel() - 1
     if n < 1:
-        raise ValueError(f"the graph has no nodes (indptr has {indptr.numel()} entries): give one per node, plus one")
+        raise UserError(f"the graph has no nodes (indptr has {indptr.numel()} entries): give one per node, plus one")
     if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel() or bool((indptr[1:] < indptr[:-1]).any()):
-        raise ValueError("indptr must start at 0, never decrease and end at the number of indices")
+        raise UserError("indptr must start at 0, never decrease and end at the number of indices")
     if indices.numel() and not 0 <= int(indices.min()) <= int(indices.max()) < n:
-        raise ValueError(
+        raise UserError(
             f"indices must be node ids in [0, {n}); the CSR holds {int(indices.min())}..{int(indices.max())}"
         )
 
@@ -83,28 +86,28 @@ class NeighborSampler:
         seed: int = 0,
     ):
         if place not in PLACES:
-            raise ValueError(f"place must be one of {PLACES}, got {place!r}")
+            raise UserError(f"place must be one of {PLACES}, got {place!r}")
         given, fanouts = fanouts, [integer(k) for k in fanouts] if isinstance(fanouts, list | tuple) else None
         if not fanouts or any(k is None or not 1 <= k <= MAX_FANOUT for k in fanouts):
-            raise ValueError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {given!r}")
+            raise UserError(f"fanouts must be a non-empty list of integers in [1, {MAX_FANOUT}], got {given!r}")
         if integer(seed) is None:
-            raise TypeError(f"seed must be an integer (it picks every batch's draws), got {seed!r}")
+            raise UserError(f"seed must be an integer (it picks every batch's draws), got {seed!r}")
         if not isinstance(replace, bool | np.bool_):  # checked here, not at the first batch of one path
-            raise TypeError(f"replace must be a bool, got {replace!r} ({type(replace).__name__})")
+            raise UserError(f"replace must be a bool, got {replace!r} ({type(replace).__name__})")
         self.fanouts, self.replace, self.place, self.seed = list(fanouts), bool(replace), place, integer(seed)
         for name, t in (("indptr", indptr), ("indices", indices)):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(
+                raise UserError(
                     f"{name} must be a torch tensor (torch.from_numpy for an array), got {type(t).__name__}"
                 )
         self.device = torch.device("cpu" if place == "cpu" else "cuda")
         if place == "uva":
             if not (indptr.is_pinned() and indices.is_pinned()):
-                raise ValueError("place='uva' needs the CSR in pinned host memory (UnifiedTensor or pin_memory())")
+                raise UserError("place='uva' needs the CSR in pinned host memory (UnifiedTensor or pin_memory())")
             if not (indptr.is_contiguous() and indices.is_contiguous()):
-                raise ValueError("place='uva' needs a contiguous CSR (a dense copy would not be pinned)")
+                raise UserError("place='uva' needs a contiguous CSR (a dense copy would not be pinned)")
         if place != "cpu" and not torch.cuda.is_available():
-            raise ValueError(f"place={place!r} samples on a CUDA GPU, and torch sees none here: use place='cpu'")
+            raise NeedsGpuError(f"place={place!r} samples on a CUDA GPU, and torch sees none here: use place='cpu'")
         if place != "uva":
             # The kernels read the CSR by plain offsets: a view (indptr[::2], a column of a
             # larger array) is made dense once here rather than refused at the first batch.
@@ -157,15 +160,15 @@ class NeighborSampler:
         the host (as the pipelines pass them) are checked there and copied without blocking;
         seeds already on the GPU are checked there, which waits for it."""
         if not isinstance(seeds, torch.Tensor):
-            raise TypeError(f"seeds must be a 1-D tensor of node ids, got {type(seeds).__name__}")
+            raise UserError(f"seeds must be a 1-D tensor of node ids, got {type(seeds).__name__}")
         if seeds.dim() != 1 or seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
-            raise ValueError(f"seeds must be a 1-D tensor of node ids, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+            raise UserError(f"seeds must be a 1-D tensor of node ids, got {seeds.dtype} of shape {tuple(seeds.shape)}")
         seeds = seeds.to(torch.int64)
         if seeds.numel() and not 0 <= int(seeds.min()) <= int(seeds.max()) < self.num_nodes:
             bad = seeds[(seeds < 0) | (seeds >= self.num_nodes)][0]
-            raise IndexError(f"seed node {int(bad)} is out of range for a graph of {self.num_nodes} nodes")
+            raise UserError(f"seed node {int(bad)} is out of range for a graph of {self.num_nodes} nodes")
         if seeds.unique().numel() != seeds.numel():
-            raise ValueError("seed nodes of a batch must be distinct")
+            raise UserError("seed nodes of a batch must be distinct")
         if seeds.device.type == self.device.type:  # "cuda:0" is the sampler's "cuda": no copy, no pinning
             return seeds.to(self.device)
         return (seeds.pin_memory() if self.device.type == "cuda" else seeds).to(self.device, non_blocking=True)
@@ -298,5 +301,5 @@ def _draw_number(value, name: str) -> int:
     """``value`` as a non-negative int (numpy's too), refused otherwise: its text is hashed, so 1.0
     would draw otherwise than 1, and "1" as 1."""
     if (number := whole_number(value)) is None:
-        raise TypeError(f"{name} must be a non-negative integer (it numbers the random draws), got {value!r}")
+        raise UserError(f"{name} must be a non-negative integer (it numbers the random draws), got {value!r}")
     return number

@@ -18,6 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from harness import resources
+from harness.errors import UserError
 from harness.timing import PhaseClock, wall_clock
 from workloads.gnn.pipelines import Pipeline
 
@@ -34,7 +35,10 @@ def train_epoch(
         for batch in batches:
             with clock.phase("train") if clock is not None else nullcontext():
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(batch.x, batch.edge_index)[: batch.batch_size], batch.y)
+                out = model(batch.x, batch.edge_index)[: batch.batch_size]
+                if not losses:  # the first batch shows the model's classes
+                    check_classes(pipeline, "train_idx", out.shape[1])
+                loss = F.cross_entropy(out, batch.y)
                 loss.backward()
                 optimizer.step()
             losses.append(loss.detach())
@@ -45,16 +49,31 @@ def train_epoch(
     return [float(loss) for loss in losses], int(gathered)  # a GPU count (a cache's misses) is read here
 
 
+def check_classes(pipeline: Pipeline, split: str, classes: int) -> None:
+    """Refuse a label the model has no class for, in one line: the loss would fail deep in torch
+    (``Target 7 is out of bounds``) and accuracy count the node as a miss. The graph knows each
+    split's largest label; ``classes`` is the model's output width, read without waiting for it."""
+    largest = pipeline.graph.largest_label[split]
+    if largest is not None and largest[1] >= classes:
+        node, label = largest
+        raise UserError(
+            f"{split} names node {node}, whose label is {label}: the model has {classes} classes (0..{classes - 1})"
+        )
+
+
 @torch.no_grad()
 def accuracy(model, pipeline: Pipeline) -> float:
     model.eval()
     correct = total = 0
     for batch in pipeline.batches(epoch=0, seeds=pipeline.graph.val_idx):
-        predicted = model(batch.x, batch.edge_index)[: batch.batch_size].argmax(1)
+        out = model(batch.x, batch.edge_index)[: batch.batch_size]
+        if not total:  # the first batch shows the model's classes
+            check_classes(pipeline, "val_idx", out.shape[1])
+        predicted = out.argmax(1)
         correct += int((predicted == batch.y).sum())
         total += batch.batch_size
     if not total:  # 0 of 0 is no accuracy (it read as 0%)
-        raise ValueError("the graph has no validation nodes (val_idx is empty): there is no accuracy to measure")
+        raise UserError("the graph has no validation nodes (val_idx is empty): there is no accuracy to measure")
     return correct / total
 
 

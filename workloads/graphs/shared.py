@@ -25,21 +25,36 @@ from harness.errors import UserError
 SHARED_MEMORY = Path("/dev/shm")
 SHARED_MEMORY_HEADROOM = 2 << 30  # DataLoader workers hand their batches over through /dev/shm too
 MEMORY_HEADROOM = 2 << 30  # for the training processes, the sampling workers and their batches
+LARGE_TABLE_SHARE = 0.5  # an unpinned table above this share of the free memory needs the headroom too
 
 
-def check_table_fits_in_memory(nbytes: int) -> None:
+def check_table_fits_in_memory(nbytes: int, pinned: bool = True) -> None:
     """Refuse, with the numbers, a feature table the host cannot hold in RAM.
 
-    The table is pinned for zero-copy reads, and pinned pages cannot be swapped out: one larger
-    than the free memory would end in an out-of-memory kill or a failed registration halfway
-    through a run, not in an error that says why."""
+    A table pinned for zero-copy reads cannot be swapped out: one larger than the free memory
+    less :data:`MEMORY_HEADROOM` would end in an out-of-memory kill or a failed registration
+    halfway through a run, not in an error that says why. A table that is not pinned (``pinned``
+    false: one trained on the CPU) needs the headroom only where it takes much of the free memory:
+    a small one fits beside whatever else runs, however little memory is free."""
     available = machine.available_memory_bytes()
-    if available is not None and nbytes + MEMORY_HEADROOM > available:
+    if available is None:
+        return
+    headroom = MEMORY_HEADROOM if pinned or nbytes > available * LARGE_TABLE_SHARE else 0
+    if nbytes + headroom > available:
+        kept = f", {MEMORY_HEADROOM >> 30} GiB of it kept for the training and sampling processes" if headroom else ""
         raise UserError(
-            f"the feature table ({nbytes / 2**30:.1f} GiB) is too large to hold and pin in this host's "
-            f"memory ({available / 2**30:.1f} GiB available, {MEMORY_HEADROOM >> 30} GiB of it kept for "
-            "the training and sampling processes); use a smaller scale_factor"
+            f"the feature table ({_size(nbytes)}) is too large to hold{' and pin' if pinned else ''} in this "
+            f"host's memory ({_size(available)} available{kept}): free memory, or use a smaller graph "
+            "(for a generated one, a smaller scale_factor)"
         )
+
+
+def _size(nbytes: int) -> str:
+    """A size as people read it: a tiny table in bytes, not "0.0 GiB"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:,} bytes"
 
 
 @contextmanager
@@ -70,26 +85,27 @@ def shared_table(array: np.ndarray, name: str, directory: Path = SHARED_MEMORY) 
         path.unlink(missing_ok=True)
 
 
-def shared_anonymous_copy(array: np.ndarray) -> torch.Tensor:
+def shared_anonymous_copy(array: np.ndarray, pinned: bool = True) -> torch.Tensor:
     """A copy of ``array`` in shared anonymous memory (``MAP_SHARED``), for one process's table.
 
     Why not private memory (``clone()``): once CUDA pins private pages, every fork (each sampling
     worker) gets its own physical copy of them, 8 workers x a 14 GiB table; shared pages are
     never copied at fork.
     """
-    table = shared_anonymous_table(array.shape, array.dtype)
+    table = shared_anonymous_table(array.shape, array.dtype, pinned)
     _copy_in_steps(array, table)
     return torch.from_numpy(table)  # the array keeps the mapping alive
 
 
-def shared_anonymous_table(shape: tuple[int, ...], dtype) -> np.ndarray:
+def shared_anonymous_table(shape: tuple[int, ...], dtype, pinned: bool = True) -> np.ndarray:
     """An uninitialised array in shared anonymous memory (``MAP_SHARED``; see
     :func:`shared_anonymous_copy` for why), refused in one line where the host cannot hold it.
     Its pages are taken as they are first written, so a table filled a chunk at a time never
-    needs more than itself."""
+    needs more than itself. ``pinned``: whether the table will be pinned for a GPU's zero-copy
+    reads (see :func:`check_table_fits_in_memory`)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    check_table_fits_in_memory(nbytes)
+    check_table_fits_in_memory(nbytes, pinned)
     buffer = mmap.mmap(-1, max(nbytes, 1))  # anonymous, MAP_SHARED
     return np.frombuffer(buffer, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
 

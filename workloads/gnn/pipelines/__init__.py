@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from harness.arguments import whole_number
+from harness.errors import NeedsGpuError, UserError
 from harness.machine import usable_cores
 from harness.registry import Entry, Registry
 from systems.sampling.sampler import NeighborSampler, SampledSubgraph
@@ -167,21 +168,23 @@ class Graph:
         given = set(arrays) | ({"features"} if features is not None else set())
         missing = [name for name in self.ARRAYS if name not in given]
         if missing:
-            raise ValueError(f"the graph's arrays lack {', '.join(missing)} (a Graph takes {', '.join(self.ARRAYS)})")
+            raise UserError(f"the graph's arrays lack {', '.join(missing)} (a Graph takes {', '.join(self.ARRAYS)})")
+        if device not in ("cpu", "cuda"):  # the pipelines compare with these two names
+            raise UserError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda" and not torch.cuda.is_available():  # else it fails at the first batch's pinning
+            raise NeedsGpuError("device='cuda' needs a CUDA GPU, and torch sees none here: use device='cpu'")
         host = {name: _host_tensor(arrays[name], name) for name in self.ARRAYS if name in given - {"features"}}
         self.indptr, self.indices = host["indptr"], host["indices"]
         if features is not None and not isinstance(features, torch.Tensor):
-            raise TypeError(f"features= must be a torch tensor in host memory, got {type(features).__name__}")
+            raise UserError(f"features= must be a torch tensor in host memory, got {type(features).__name__}")
         # The table is pinned in place for zero-copy: shared anonymous memory, not the
         # copy-on-write file mapping, nor private memory (a fork copies pinned private pages into
         # each sampling worker); or a table the caller shares between processes.
         self.features = features if features is not None else _host_tensor(arrays["features"], "features")
         _check_features(self.features)  # before a copy of a table of the wrong type
         if features is None:
-            self.features = shared_anonymous_copy(self.features.numpy())
+            self.features = shared_anonymous_copy(self.features.numpy(), pinned=device == "cuda")
         self.labels, self.train_idx, self.val_idx = host["labels"], host["train_idx"], host["val_idx"]
-        if device not in ("cpu", "cuda"):  # the pipelines compare with these two names
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         self.device = device
         self._unified = None
         self._check_sizes()
@@ -194,29 +197,34 @@ class Graph:
         # at the first step, deep inside the model or the loss.
         if self.labels.dtype != torch.int64 or self.labels.dim() != 1:
             got = f"{self.labels.dtype} {tuple(self.labels.shape)}"
-            raise ValueError(f"labels must be a 1-D int64 tensor, one class per node, got {got}")
+            raise UserError(f"labels must be a 1-D int64 tensor, one class per node, got {got}")
         for name, table in (("features", self.features), ("labels", self.labels)):
             if table.shape[0] != nodes:
-                raise ValueError(f"{name} has {table.shape[0]} rows for a graph of {nodes} nodes: give one per node")
-        for name, ids in (("train_idx", self.train_idx), ("val_idx", self.val_idx)):
-            if not _node_ids(ids):
-                raise ValueError(
-                    f"{name} must be a 1-D array of integer node ids (the nonzero() of a mask), "
-                    f"got {ids.dtype} {tuple(ids.shape)}"
-                )
+                raise UserError(f"{name} has {table.shape[0]} rows for a graph of {nodes} nodes: give one per node")
+        self.train_idx = _as_node_ids(self.train_idx, "train_idx", nodes)
+        self.val_idx = _as_node_ids(self.val_idx, "val_idx", nodes)
         if not self.train_idx.numel():
-            raise ValueError("train_idx is empty: there is nothing to train on")
+            raise UserError("train_idx is empty: there is nothing to train on")
+        # Each split's node of the largest label, (node, label), or None for an empty split: checked
+        # against a model's classes when training or validation first sees its output width.
+        self.largest_label: dict[str, tuple[int, int] | None] = {}
         for name, ids in (("train_idx", self.train_idx), ("val_idx", self.val_idx)):
-            if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < nodes:
-                raise ValueError(
-                    f"{name} holds node ids {int(ids.min())}..{int(ids.max())}, outside the graph's {nodes} nodes"
-                )
             values, counts = ids.unique(return_counts=True)
             if bool((counts > 1).any()):  # a batch's seeds must be distinct: refused here, not mid-epoch
-                raise ValueError(f"{name} names node {int(values[counts > 1][0])} more than once")
-            if ids.numel() and int(self.labels[ids].min()) < 0:  # OGB marks nodes without a label -1
-                node = int(ids[self.labels[ids] < 0][0])
-                raise ValueError(f"{name} names node {node}, whose label is {int(self.labels[node])}: no class")
+                raise UserError(f"{name} names node {int(values[counts > 1][0])} more than once")
+            labels = self.labels[ids]
+            if ids.numel() and int(labels.min()) < 0:  # OGB marks nodes without a label -1
+                node = int(ids[labels < 0][0])
+                raise UserError(f"{name} names node {node}, whose label is {int(self.labels[node])}: no class")
+            node = int(ids[labels.argmax()]) if ids.numel() else None
+            self.largest_label[name] = (node, int(self.labels[node])) if node is not None else None
+        # A validation node trained on would inflate the accuracy without a word.
+        shared = self.val_idx[torch.isin(self.val_idx, self.train_idx)]
+        if shared.numel():
+            raise UserError(
+                f"val_idx and train_idx share {_count(shared.numel(), 'node')} (node {int(shared[0])} first): "
+                "a node is in one split"
+            )
 
     def unified_features(self):
         if self._unified is None:
@@ -246,12 +254,46 @@ def _node_ids(t) -> bool:
     )
 
 
+def _as_node_ids(ids, name: str, nodes: int) -> torch.Tensor:
+    """``ids`` as int64 node ids of a graph of ``nodes`` nodes, refused in one line otherwise.
+    Converted before anything indexes with them: torch reads a uint8 tensor as a boolean mask,
+    and has no min() of a uint64 one (numpy's is read instead)."""
+    if not _node_ids(ids):
+        raise UserError(
+            f"{name} must be a 1-D array of integer node ids (the nonzero() of a mask), "
+            f"got {ids.dtype} {tuple(ids.shape)}"
+        )
+    if ids.numel():
+        low, high = int(ids.numpy().min()), int(ids.numpy().max())
+        if not 0 <= low <= high < nodes:
+            raise UserError(f"{name} holds node ids {low}..{high}, outside the graph's {nodes} nodes")
+    return ids.to(torch.int64)
+
+
+FINITE_CHECK_BYTES = 256 << 20  # rows checked for NaN at a time: a mask of the whole table would double it
+
+
 def _check_features(table: torch.Tensor) -> None:
     """The models train in float32, on at least one feature (PyG makes a layer of 0 inputs lazy,
-    its weights left uninitialised)."""
+    its weights left uninitialised), on finite values (one NaN turns every loss after it NaN)."""
     if table.dtype != torch.float32 or table.dim() != 2 or not table.shape[1]:
         got = f"{table.dtype} {tuple(table.shape)}"
-        raise ValueError(f"features must be a 2-D float32 table [nodes, features >= 1], got {got}")
+        raise UserError(f"features must be a 2-D float32 table [nodes, features >= 1], got {got}")
+    if table.requires_grad:  # the table is data: a graph of gradients through it would grow with every batch
+        raise UserError("features must be a plain tensor, got one that requires grad: pass features.detach()")
+    rows = max(1, FINITE_CHECK_BYTES // (table.shape[1] * table.element_size()))
+    bad, first = 0, None
+    for start in range(0, table.shape[0], rows):
+        non_finite = ~torch.isfinite(table[start : start + rows]).all(dim=1)
+        if first is None and bool(non_finite.any()):
+            first = start + int(non_finite.nonzero()[0])
+        bad += int(non_finite.sum())
+    if bad:
+        raise UserError(f"features hold NaN or infinite values in {_count(bad, 'row')} (row {first} first): clean them")
+
+
+def _count(number: int, what: str) -> str:
+    return f"{number} {what}{'s' if number != 1 else ''}"
 
 
 def _host_tensor(array, name: str) -> torch.Tensor:
@@ -260,9 +302,9 @@ def _host_tensor(array, name: str) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array))
     if isinstance(array, torch.Tensor):
         if array.device.type != "cpu":
-            raise ValueError(f"{name} is on {array.device}: a Graph takes host arrays, and places them itself")
+            raise UserError(f"{name} is on {array.device}: a Graph takes host arrays, and places them itself")
         return array
-    raise TypeError(f"{name} must be a numpy array or a host tensor, got {type(array).__name__}")
+    raise UserError(f"{name} must be a numpy array or a host tensor, got {type(array).__name__}")
 
 
 def epoch_seeds(
@@ -394,10 +436,19 @@ class _EpochKeys(torch.utils.data.Sampler):
         return self.batches
 
 
-def _last_line(error: BaseException) -> str:
-    """The line that says what went wrong: a worker's error arrives with its whole traceback."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
+def _worker_error(error: BaseException) -> str:
+    """What went wrong in a worker, in one line: ``ExceptionType: first line of its message``. A
+    worker's error arrives with its whole traceback in the message, the worker's exception last
+    (its type, then its message, whose first line is the one that says what failed)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.rstrip().endswith("Traceback (most recent call last):")]
+    if not starts:  # no traceback: an error of the loader itself (a worker that died, a timeout)
+        return f"{type(error).__name__}: {lines[0].strip()}" if lines else type(error).__name__
+    # After the last traceback's header, its frames are indented; the first line that is not
+    # names the worker's exception, as "module.Type: message".
+    raised = next((line for line in lines[starts[-1] + 1 :] if not line[0].isspace()), type(error).__name__)
+    kind, colon, message = raised.partition(": ")
+    return f"{kind.rsplit('.', 1)[-1]}{colon}{message}" if " " not in kind else raised
 
 
 class Pipeline:
@@ -417,32 +468,34 @@ class Pipeline:
         shard: tuple[int, int] = (0, 1),
         options: dict | None = None,
     ):
+        if name in UNAVAILABLE_PIPELINES:  # a pipeline of the suite that this machine cannot run: say why
+            raise UserError(f"pipeline {name!r} is not available here: {UNAVAILABLE_PIPELINES[name]}")
         if name not in PIPELINE_KINDS:
-            raise ValueError(f"pipeline must be one of {PIPELINE_KINDS.names()}, got {name!r}")
+            raise UserError(f"pipeline must be one of {PIPELINE_KINDS.names()}, got {name!r}")
         self.kind = kind = PIPELINE_KINDS[name]
         self.options = dict(options or {})
         unknown = set(self.options) - set(kind.options)
         if unknown:
-            raise ValueError(f"pipeline {name!r} takes the options {list(kind.options)}, not {sorted(unknown)}")
+            raise UserError(f"pipeline {name!r} takes the options {list(kind.options)}, not {sorted(unknown)}")
         missing = [option for option in kind.options if option not in self.options]  # each is read
         if missing:
-            raise ValueError(f"pipeline {name!r} needs the options {', '.join(missing)} (options={{...}})")
+            raise UserError(f"pipeline {name!r} needs the options {', '.join(missing)} (options={{...}})")
         if kind.needs_gpu and graph.device != "cuda":
-            raise ValueError(f"pipeline {name!r} needs a GPU")
+            raise UserError(f"pipeline {name!r} needs a GPU")
         if whole_number(batch_size, at_least=1) is None:
-            raise ValueError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
+            raise UserError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
         if whole_number(seed, at_most=MAX_SEED) is None:  # it seeds torch's generator with the epoch added
-            raise ValueError(f"seed must be a whole number in 0..2**62, got {seed!r}")
+            raise UserError(f"seed must be a whole number in 0..2**62, got {seed!r}")
         self.name, self.graph, self.batch_size, self.seed = name, graph, whole_number(batch_size), whole_number(seed)
         whole = lambda v: whole_number(v) is not None  # noqa: E731
         if not (isinstance(shard, tuple | list) and len(shard) == 2 and all(map(whole, shard))):
-            raise ValueError(f"shard must be (rank, world), two whole numbers, got {shard!r}")
+            raise UserError(f"shard must be (rank, world), two whole numbers, got {shard!r}")
         shard = tuple(map(whole_number, shard))
         if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
-            raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
+            raise UserError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
         self.shard = shard  # (rank, world): this process's slice of every global batch
         if shard[1] > 1 and graph.train_idx.numel() < shard[1] * batch_size:
-            raise ValueError(
+            raise UserError(
                 f"{graph.train_idx.numel()} training nodes do not fill one global batch of "
                 f"{shard[1]} ranks x {batch_size}; use a smaller batch or fewer ranks"
             )
@@ -452,9 +505,9 @@ class Pipeline:
         self.sampler = NeighborSampler(*csr, fanouts, place=kind.sampling, seed=self.seed)
         self.labels = graph.labels.to(self.sampler.device)  # indexed where the sampler puts the ids
         if not whole(sampler_workers):
-            raise ValueError(f"sampler_workers must be a whole number >= 0, got {sampler_workers!r}")
+            raise UserError(f"sampler_workers must be a whole number >= 0, got {sampler_workers!r}")
         if whole_number(worker_threads, at_least=1) is None:
-            raise ValueError(f"worker_threads must be a whole number >= 1, got {worker_threads!r}")
+            raise UserError(f"worker_threads must be a whole number >= 1, got {worker_threads!r}")
         sampler_workers, worker_threads = whole_number(sampler_workers), whole_number(worker_threads)
         self.table = None  # the feature table registered for zero-copy reads, where a kind uses one
         self.side_stream = None  # where a prefetch thread prepares batches, where a kind uses one
@@ -551,7 +604,7 @@ class Pipeline:
                 try:
                     item = next(iterator)
                 except Exception as error:  # the worker's traceback is long: say what failed in a line
-                    raise RuntimeError(f"{self.name}: a loader worker failed: {_last_line(error)}") from None
+                    raise RuntimeError(f"{self.name}: a loader worker failed: {_worker_error(error)}") from None
                 delivered += 1
                 yield item
         finally:
@@ -589,11 +642,11 @@ class Pipeline:
     def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
         """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
         if whole_number(epoch, at_most=MAX_EPOCH) is None:
-            raise ValueError(f"epoch must be a whole number in 0..2**62, got {epoch!r}")
+            raise UserError(f"epoch must be a whole number in 0..2**62, got {epoch!r}")
         epoch = whole_number(epoch)
         if seeds is not None and not _node_ids(seeds):
             kind = f"{seeds.dtype} {tuple(seeds.shape)}" if isinstance(seeds, torch.Tensor) else type(seeds).__name__
-            raise ValueError(f"seeds must be a 1-D tensor of integer node ids (mask.nonzero() of a mask), got {kind}")
+            raise UserError(f"seeds must be a 1-D tensor of integer node ids (mask.nonzero() of a mask), got {kind}")
         seeds = None if seeds is None else list(seeds.split(self.batch_size))
         items = self._items(epoch, seeds)
         count = len(self.seeds(epoch)) if seeds is None else len(seeds)

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 import torch
 
+from harness.arguments import whole_number
+from harness.errors import UserError
 from systems.pytorch_direct.hot_rows import HotRows, count_rows, hottest_rows
 from systems.pytorch_direct.ops import launch_gather, launch_sorted_gather
 from workloads.gnn.pipelines import PipelineKind, batch_number, epoch_seeds, register
@@ -47,10 +49,16 @@ def training_ids(pipeline, epochs: int) -> Iterator[torch.Tensor]:
             yield pipeline.sampler.sample(seeds, batch_number(epoch, index)).n_id
 
 
+def _option(pipeline, name: str, what: str) -> int:
+    """An option that counts something, as an int: numpy's integers too, never a bool or a float."""
+    value = pipeline.options[name]
+    if (number := whole_number(value, at_least=1)) is None:
+        raise UserError(f"{pipeline.name}: {name} must be {what}, got {value!r}")
+    return number
+
+
 def _cache_of(pipeline, id_batches: Iterator[torch.Tensor]) -> HotRows:
-    rows = pipeline.options["rows"]
-    if not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"{pipeline.name}: rows must be a positive number of cached rows, got {rows!r}")
+    rows = _option(pipeline, "rows", "a whole number of cached rows >= 1")
     counts = count_rows(id_batches, pipeline.graph.features.shape[0])
     return HotRows(pipeline.graph.features, hottest_rows(counts, rows), pipeline.device)
 
@@ -63,9 +71,7 @@ def _start(pipeline) -> None:
 
 def fill_learned(pipeline) -> None:
     _start(pipeline)
-    batches = pipeline.options["warmup_batches"]
-    if not isinstance(batches, int) or batches < 1:
-        raise ValueError(f"{pipeline.name}: warmup_batches must be a positive number, got {batches!r}")
+    batches = _option(pipeline, "warmup_batches", "a whole number of batches >= 1")
     if pipeline.device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -78,9 +84,7 @@ def fill_learned(pipeline) -> None:
 
 def fill_in_hindsight(pipeline) -> None:
     _start(pipeline)
-    epochs = pipeline.options["epochs"]
-    if not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"{pipeline.name}: epochs must be a positive number, got {epochs!r}")
+    epochs = _option(pipeline, "epochs", "a whole number of epochs >= 1")
     pipeline.cache = _cache_of(pipeline, training_ids(pipeline, epochs))
     pipeline.setup_metrics["cache_bytes"] = (float(pipeline.cache.nbytes), "B")
 
