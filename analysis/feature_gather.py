@@ -379,10 +379,11 @@ print("\n".join(lines))
 # %% [markdown]
 # ## Figure: the headline comparison, bandwidth by row size and by table size
 #
-# The technique's kernels, the CPU-gather baseline, stock torch's zero-copy, the dispatched path
-# and the all-in-GPU bound are drawn bold; every other variant thin and light. Supporting figures:
-# the skewed (Zipf) reads (`-skewed`), and batch size, CPU threads, bf16 rows, thread caps and
-# locality (`-knobs`).
+# The technique's kernels, the hot-row cache, the dispatched path and the all-in-GPU bound are
+# drawn bold, and in each panel the fastest baseline and the fastest peer as measured there (the
+# competitors the tables quote speedups against); every other variant thin and light. Supporting
+# figures: the skewed (Zipf) reads (`-skewed`), and batch size, CPU threads, bf16 rows, thread caps
+# and locality (`-knobs`).
 
 # %%
 import math
@@ -394,7 +395,11 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 from analysis import style
 
 MEASURED = machine_label(provenance)
-EMPHASISED = {"cpu_gather", "torch_uva", *KERNELS, "default", "all_in_gpu"}
+# Always bold: the suite's paths that the figures are about, and the bound. The competitors drawn
+# bold are picked per panel from its data (emphasised()).
+SUITE_EMPHASISED = {*KERNELS, "hot_cache", "default", "all_in_gpu"}
+BOLD_COMPETITORS = "each panel's fastest baseline and peer"
+BOLD = f"bold: the suite's paths, the bound and {BOLD_COMPETITORS}"
 # A colour is a variant's, its line style too (style.VARIANT_STYLE); where one panel shows several
 # row sizes, the marker tells them apart. The random-read ceiling is a wide band in a colour no
 # variant has, so that it never reads as a variant's line.
@@ -409,10 +414,27 @@ def row_marker(row_bytes):
     return ROW_MARKERS.get(int(row_bytes), "D")
 
 
-def draw_variant(ax, data, x, variant, label, linestyle=None, marker=None, hollow=False):
-    """Medians with interquartile bars; the headline's variants bold, the others thin and light.
-    ``marker`` set: the panel tells row sizes apart by it, so every line's markers show."""
-    bold = variant in EMPHASISED
+def fastest_of_role(data, points, role) -> str | None:
+    """The variant of ``role`` in ``data`` (medians) fastest at the most of the panel's points
+    (``points``: the columns that tell them apart), a tie to the higher sum of medians."""
+    rows = data[data.variant.map(ROLE.get) == role]
+    if rows.empty:
+        return None
+    wide = rows.pivot_table(index=points, columns="variant", values="median")
+    wins = wide.idxmax(axis=1).value_counts()
+    return max(wins.index, key=lambda v: (wins[v], wide[v].sum()))
+
+
+def emphasised(data, points) -> set:
+    """The variants drawn bold in a panel of ``data``: the suite's, and its fastest baseline and peer."""
+    fastest = {fastest_of_role(data, points, role) for role in COMPETITOR_ROLES}
+    return SUITE_EMPHASISED | (fastest - {None})
+
+
+def draw_variant(ax, data, x, variant, label, bold, linestyle=None, marker=None, hollow=False):
+    """Medians with interquartile bars; ``bold``: a variant of the headline comparison, drawn bold,
+    else thin and light. ``marker`` set: the panel tells row sizes apart by it, so every line's
+    markers show."""
     errorbars(
         ax,
         data,
@@ -442,10 +464,16 @@ def ceiling_lines(ax, row_bytes=None):
 
 
 def measured_ticks(ax, values, unit="") -> None:
-    """Ticks of a log x axis at the measured values (table sizes, row sizes), in plain numbers."""
+    """Ticks of a log x axis at the measured values (table sizes, row sizes), in plain numbers; a
+    label less than half an octave right of the one before it goes a line lower (200 and 256)."""
     values = sorted(set(float(v) for v in values))
+    lowered, previous = set(), None
+    for v in values:
+        if previous is not None and previous not in lowered and v < math.sqrt(2) * previous:
+            lowered.add(v)
+        previous = v
     ax.xaxis.set_major_locator(FixedLocator(values))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}{unit}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: ("\n" if v in lowered else "") + f"{v:g}{unit}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
@@ -473,22 +501,25 @@ def note_coinciding(ax, curves: dict, tolerance=0.06) -> None:
         note_below(ax, "\n".join(textwrap.fill(line, 80, break_on_hyphens=False) for line in lines))
 
 
-# The Zipf panels leave out, to stay legible, the variants whose skewed curves the uniform panels
-# already tell (the unsorted kernel steps, unsorted stock torch, the dispatched path, WholeGraph);
-# every other variant, a new one included, is drawn. Hot-first layouts are drawn for the variants
-# whose point is that layout (sorted reads, the hot-row cache), dashed with hollow markers.
-SKEWED_PANELS_LEAVE_OUT = {"naive", "aligned", "vectorized", "default", "torch_uva", "wholegraph"}
+# The Zipf panels leave out, to stay legible, the unsorted steps of the suite's kernel, whose
+# skewed curves the uniform panels already tell; every competitor and every other variant, a new
+# one included, is drawn, so the hot-row cache is seen against the fastest of them. Hot-first
+# layouts are drawn for the variants whose point is that layout (sorted reads, the hot-row cache),
+# dashed with hollow markers.
+SKEWED_PANELS_LEAVE_OUT = {"naive", "aligned", "vectorized"}
 HOT_FIRST_SHOWN = {"sorted", "hot_cache"}
 
 
 def draw_log_log(ax, data, x, xlabel, title, ceilings=False) -> None:
     """Bandwidth of each variant of ``data`` against ``x``, both axes log scale; ``ceilings``:
     with the pinned copy's line."""
+    bold = emphasised(data, x)
     for variant in ordered(data.variant):
-        draw_variant(ax, data[data.variant == variant], x, variant, style.readable(variant))
+        draw_variant(ax, data[data.variant == variant], x, variant, style.readable(variant), variant in bold)
     if ceilings:
         ceiling_lines(ax)
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="bandwidth (GB/s, log scale)", title=title)
+    style.log_ticks(ax.xaxis, grouped=True)
     style.log_ticks(ax.yaxis, steps=ONE_TWO_FIVE, minor=True)
 
 
@@ -499,8 +530,7 @@ def draw_row_sizes(ax, dtype) -> None:
     paths = data[~data.variant.map(is_diagnostic)]  # a kernel timed alone: in the tables, not among the paths
     title = f"By row size, {dtype} rows ({size_label(data.table_bytes.max())} table, uniform rows)"
     draw_log_log(ax, paths, "row_bytes", "row size (bytes, log scale)", title, ceilings=True)
-    low, high = data.row_bytes.min(), data.row_bytes.max()
-    measured_ticks(ax, [1 << k for k in range(16) if low <= 1 << k <= high])  # the powers of two
+    measured_ticks(ax, data.row_bytes)  # the measured sizes, not powers of two that are near them
 
 
 def draw_table_sizes(ax, dist, row_bytes) -> None:
@@ -514,6 +544,8 @@ def draw_table_sizes(ax, dist, row_bytes) -> None:
         on_zipf = ordered(d_all[d_all.distribution == zipf].variant)
         shown = [(v, zipf) for v in on_zipf if v not in SKEWED_PANELS_LEAVE_OUT and not is_diagnostic(v)]
         shown += [(v, f"{zipf}-hot_first") for v in on_zipf if v in HOT_FIRST_SHOWN]
+    drawn = pd.concat([d_all[(d_all.variant == v) & (d_all.distribution == dist)] for v, dist in shown])
+    bold = emphasised(drawn, ["distribution", "table_bytes"])
     curves = {}
     for variant, distribution in shown:
         d = d_all[(d_all.variant == variant) & (d_all.distribution == distribution)]
@@ -521,7 +553,7 @@ def draw_table_sizes(ax, dist, row_bytes) -> None:
             hot = distribution.endswith("hot_first")
             label = style.readable(variant) + (", hot rows first" if hot else "")
             d = d.assign(gib=d.table_bytes / GiB)
-            draw_variant(ax, d, "gib", variant, label, "--" if hot else None, hollow=hot)
+            draw_variant(ax, d, "gib", variant, label, variant in bold, "--" if hot else None, hollow=hot)
             curves[label] = d.set_index("gib")["median"]
     ceiling_lines(ax, row_bytes if dist == "uniform" else None)
     if dist != "uniform":
@@ -547,9 +579,10 @@ def draw_by_row_size(ax, part) -> None:
     data = medians(part)
     x = "threads" if part == "cpu_threads" else "kib"
     data = data.assign(kib=data.window_bytes / 1024) if part == "locality" else data
+    bold = emphasised(data, ["row_bytes", x])
     for variant in ordered(data.variant):
         for row_bytes, d in data[data.variant == variant].groupby("row_bytes"):
-            draw_variant(ax, d, x, variant, style.readable(variant), marker=row_marker(row_bytes))
+            draw_variant(ax, d, x, variant, style.readable(variant), variant in bold, marker=row_marker(row_bytes))
     if part == "cpu_threads":
         ax.set(xlabel=style.axis_label("threads"), ylabel="bandwidth (GB/s)", ylim=(0, None))
         ax.set_title("CPU gathers by thread count")
@@ -564,6 +597,7 @@ def draw_by_row_size(ax, part) -> None:
             title=f"The same {union:.0f} MiB of rows in windows\n"
             f"spread over a {size_label(data.table_bytes.max())} table",
         )
+        style.log_ticks(ax.xaxis, grouped=True)
 
 
 def draw_thread_cap(ax) -> None:
@@ -583,7 +617,7 @@ def draw_thread_cap(ax) -> None:
         for variant in capped:
             v = d[d.variant == variant]
             draw_variant(ax, v[v.max_threads > 0], "max_threads", variant, style.readable(variant),
-                         marker=row_marker(row_bytes))  # fmt: skip
+                         variant in SUITE_EMPHASISED, marker=row_marker(row_bytes))  # fmt: skip
     ax.set(
         xscale="log",
         xlabel="cap on the gather's GPU threads (log scale)",
@@ -609,6 +643,22 @@ def draw(ax, panel) -> None:
         draw_thread_cap(ax)
 
 
+def legend_entries(axes) -> dict:
+    """Label -> handle of every labelled line of ``axes``, in the order first seen; a variant drawn
+    bold in any panel has its bold line in the legend."""
+
+    def width(handle) -> float:
+        line = getattr(handle, "lines", [handle])[0]  # an errorbar's: its line of medians
+        return line.get_linewidth() if line is not None else 0.0
+
+    entries = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if not label.startswith("_") and (label not in entries or width(handle) > width(entries[label])):
+                entries[label] = handle
+    return entries
+
+
 def grid(count: int) -> list[list[int]]:
     """Panel places on a 6-column grid: no empty cell (five panels: three above two)."""
     rows = {1: [1], 2: [2], 3: [3], 4: [2, 2], 5: [3, 2], 6: [3, 3]}[count]
@@ -626,7 +676,7 @@ def gather_figure(panels, heading, what=None, row_sizes_legend=False) -> None:
     axes = [named[str(i)] for i in range(len(panels))]
     for ax, panel in zip(axes, panels):
         draw(ax, panel)
-    entries = style.collect_legend(axes)
+    entries = legend_entries(axes)
     order = {style.readable(v): i for i, v in enumerate(VARIANTS)}
     entries = dict(sorted(entries.items(), key=lambda item: order.get(item[0].split(", hot")[0], len(order))))
     if row_sizes_legend:
@@ -678,7 +728,7 @@ def panel_names(panels: list[str]) -> list[str]:
 
 def headline_heading(panels: list[str]) -> str:
     several = frame.variant.nunique() > 1
-    bold = " (bold: the headline comparison)" if several and set(frame.variant) - EMPHASISED else ""
+    bold = f" ({BOLD})" if several else ""
     return f"{what}: bandwidth{' of each path' if several else ''}, by {' and '.join(panel_names(panels))}{bold}"
 
 
@@ -686,7 +736,8 @@ for panels, name in groups:
     if panels:
         heading = {
             None: headline_heading(panels),
-            "skewed": f"{what}: Zipf-skewed reads (dashed, hollow markers: hot rows stored first)",
-            "knobs": f"{what}: {', '.join(panel_names(panels))} (marker: row size)",
+            "skewed": f"{what}: Zipf-skewed reads (dashed, hollow markers: hot rows stored first; "
+            f"bold: the suite's paths and {BOLD_COMPETITORS})",
+            "knobs": f"{what}: {', '.join(panel_names(panels))} (marker: row size; {BOLD})",
         }[name]
         gather_figure(panels, heading, name, row_sizes_legend=name == "knobs")

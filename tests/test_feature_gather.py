@@ -389,5 +389,5 @@ def test_the_notebook_shows_a_variant_it_has_never_seen(tmp_path, no_gpu):
     words = json.loads((tmp_path / "nb.text.json").read_text())[0]
     assert "halved_gather" in words  # the figure's legend
     # The title names only what is drawn: the row-size panel, not the table sizes nobody measured.
-    assert "bandwidth of each path, by row size (bold: the headline comparison)" in words[0]
+    assert "bandwidth of each path, by row size (bold: the suite's paths" in words[0]
     assert "table size" not in words[0]
