@@ -271,6 +271,7 @@ def draw(ax, panel) -> None:
             ylim=(0, None),
             title="PCIe copies (cudaMemcpy; h2d: host to device)",
         )
+        style.log_ticks(ax.xaxis, grouped=True)  # plain numbers, not powers of ten
         legend_under(ax, columns=4)
     elif probe == "uva_read":
         curves = row_size_curves(ax, bw[(bw.part == "uva_read") & (bw.variant == order)])
@@ -282,6 +283,7 @@ def draw(ax, panel) -> None:
             title=f"GPU zero-copy reads, {order} rows",
             ylim=(0, None),
         )
+        style.log_ticks(ax.xaxis, grouped=True)  # plain numbers, not powers of ten
         legend_under(ax, title=coinciding_words(curves))
     elif probe == "uva_alloc":
         # Colour is the row size as in the other zero-copy panels; line and marker the allocation.
@@ -302,6 +304,7 @@ def draw(ax, panel) -> None:
             ylim=(0, None),
             title=f"Zero-copy reads by host allocation, {order} rows",
         )
+        style.log_ticks(ax.xaxis, grouped=True)  # plain numbers, not powers of ten
         handles = [Line2D([], [], color=size_look(g)[0], linewidth=3, label=f"{g} B rows") for g in shown]
         handles += [
             Line2D([], [], color="#444444", linestyle=ALLOCATION_LOOKS.get(a, ("-.", "D"))[0],
@@ -369,6 +372,7 @@ def draw(ax, panel) -> None:
             ylim=(0, None),
             title=f"Disk, O_DIRECT sequential ({d_all.size_bytes.max() / MiB:.0f} MiB file)",
         )
+        style.log_ticks(ax.xaxis, grouped=True)  # plain numbers, not powers of ten
         # The legend names the two encodings apart: colour the threads, line and marker the operation.
         handles = [
             Line2D([], [], color=colours[t], linewidth=3, label=f"{t} thread{'s' if t != 1 else ''}")
