@@ -29,6 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from analysis.common import load_results, machine_label, summarize
+from analysis.doc_tables.gnn_training import pipeline_label
 from workloads.gnn_multi_gpu.launch import PIPELINES
 from workloads.gnn_multi_gpu.schema import SCHEMA
 
@@ -124,6 +125,23 @@ def run_title(dataset, model, layers, fanouts) -> str:
     return f"{dataset}, {model}, {layers} layers, fan-out {fanouts}"
 
 
+def threads_note(dataset, model, fanouts) -> str:
+    """The torch threads each rank trained with, per world size, from the results: a rank's threads
+    are the host's cores split over its ranks, so scaling efficiency compares unequal budgets where
+    they differ ("train threads per rank: 24 at 1 GPU, 8 at 2 GPUs; unequal budgets")."""
+    if "train_threads" not in frame:  # results from before the thread count was recorded
+        return ""
+    mine = frame[(frame.dataset == dataset) & (frame.model == model) & (frame.fanouts == fanouts)]
+    per_world = mine.dropna(subset=["train_threads"]).groupby("world_size").train_threads.unique()
+    if per_world.empty:
+        return ""
+    counts = {world: "/".join(f"{t:g}" for t in sorted(threads)) for world, threads in per_world.items()}
+    if len(set(counts.values())) == 1:
+        return f"train threads per rank: {next(iter(counts.values()))} at every size"
+    listed = ", ".join(f"{threads} at {ranks_text(world)}" for world, threads in counts.items())
+    return f"train threads per rank: {listed}; unequal budgets"
+
+
 def scaling_figure(chunk, what) -> None:
     with_bw = not per_rank.empty
     cols = 3 if with_bw else 2
@@ -144,7 +162,7 @@ def scaling_figure(chunk, what) -> None:
                 linestyle=linestyle,
                 marker="o",
                 capsize=2,
-                label=style.readable(variant),
+                label=pipeline_label(variant),
             )
             ax_eff.plot(e.world_size, e.efficiency, marker="o", color=colour, linestyle=linestyle)
             b = sel(per_rank)[sel(per_rank).variant == variant].sort_values("world_size")
@@ -164,7 +182,7 @@ def scaling_figure(chunk, what) -> None:
             xlabel=ranks,
             ylabel="scaling efficiency, T(1) / (N T(N))",
             ylim=(0, 1.2),
-            title="Scaling efficiency",
+            title="Scaling efficiency\n" + threads_note(dataset, model, fanouts),
         )
         if ax_bw is not None:
             ax_bw.set(
@@ -212,7 +230,7 @@ def one_size_figure() -> None:
             note = bandwidth_note(variant, None if b.empty else b.iloc[0])
             ax.annotate(f"{m:.2f} s" + (f"; {note}" if note else ""), (q75, y), xytext=(6, 0),
                         textcoords="offset points", va="center", fontsize=7.5)  # fmt: skip
-        ax.set_yticks(range(len(shown)), [style.readable(v) for v in shown])
+        ax.set_yticks(range(len(shown)), [pipeline_label(v) for v in shown])
         ax.invert_yaxis()  # the registry's order, top to bottom
         ax.set_xlim(0, times["q75"].max() * 1.9)  # room for the notes right of the bars
         ax.set(xlabel="epoch time (s)", title=run_title(*run) + " (whiskers: interquartile range)")

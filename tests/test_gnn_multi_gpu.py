@@ -187,6 +187,41 @@ def test_the_launcher_keeps_nvlink_multicast_off():
     assert NVLS_OFF == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+def test_the_figure_gives_each_world_sizes_threads_per_rank_from_the_results(tmp_path):
+    """Scaling efficiency compares unequal budgets where a rank's threads differ between world sizes:
+    the figure says how many each rank had, from the results, and names all_in_gpu for what it is."""
+    import json
+
+    pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
+    from analysis.render import main as render_notebook
+    from workloads.gnn.pipelines import ROLE
+
+    files = []
+    for world, threads in ((1, 24), (2, 8)):
+        writer = ResultsWriter(SCHEMA, "test")
+        config = {
+            "device": "cuda", "backend": "nccl", "world_size": world, "model": "sage", "layers": 2,
+            "fanouts": "10-25", "batch_size": 64, "hidden": 32, "nodes": 1000, "edges": 20000,
+            "feature_dim": 16, "sampler_workers": 8, "train_threads": threads, "rank": "all",
+        }  # fmt: skip
+        for variant in ("cpu_gather", "zero_copy", "all_in_gpu"):
+            for rep in range(3):
+                add = dict(role=ROLE[variant], variant=variant, config=config, dataset="products-like", repetition=rep)
+                writer.add(**add, metric="epoch_time", value=2.0 / world + 0.01 * rep, unit="s")
+                writer.add(**add, metric="cpu_time", value=10.0, unit="core-s")
+        files.append(tmp_path / f"world{world}-test.csv")
+        writer.write(files[-1], provenance.collect("test", topic="gnn_multi_gpu", part=f"world{world}", parameters={}))
+    render_notebook(
+        ["analysis/gnn_multi_gpu.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]
+        + ["-p", "scale=test", "--topic", "gnn_multi_gpu"]
+        + [a for f in files for a in ("--results", f"gnn_multi_gpu={f}")]
+        + ["--figure", str(tmp_path / "mg.png"), "--summary", str(tmp_path / "mg.md")]
+    )
+    words = [w for panel in json.loads((tmp_path / "nb.text.json").read_text()) for w in panel]
+    assert "Scaling efficiency\ntrain threads per rank: 24 at 1 GPU, 8 at 2 GPUs; unequal budgets" in words
+    assert "all in GPU memory (no feature transfer)" in words and not [w for w in words if "bound" in w]
+
+
 @pytest.mark.gpu
 @pytest.mark.full  # torchrun ranks
 @pytest.mark.parametrize("world, workers", [(1, 0), (1, 2), (2, 2)])
