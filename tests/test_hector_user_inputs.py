@@ -386,6 +386,96 @@ def test_numpy_numbers_are_constants_and_a_bool_is_refused_in_arithmetic():
             scaled(factor)
 
 
+def test_a_constant_that_is_not_finite_is_refused_while_tracing_and_one_past_float32_when_called_in_it():
+    """inf, nan and an int past a float's range are refused where they are written; 1e300 is a
+    float64 layer's constant, refused in one line when the layer is called in a type computed in
+    float32 (torch.full failed nine frames deep in the reference)."""
+    from systems.hector.lang import ModelError
+
+    def scaled(factor, op_name="mul"):
+        def program(m):
+            rows = m.src(m.input("x", "in"))
+            return m.sum_into_dst(rows * factor if op_name == "mul" else rows - factor)
+
+        program.__name__ = "scaled"
+        return model(program)()
+
+    for factor, shown in (
+        (float("inf"), "float inf"),
+        (np.float64("nan"), r"float64 np.float64\(nan\)"),
+        (10**400, "int 1000"),
+    ):
+        with pytest.raises(ModelError, match=f"^mul's constant must be a finite number, got {shown}"):
+            scaled(factor)
+    with pytest.raises(ModelError, match="^sub's constant must be a finite number, got float -inf$"):
+        scaled(-float("inf"), "sub")
+    with pytest.raises(ModelError, match="^leaky_relu's slope must be a finite float32 number, got int 1000"):
+        model(lambda m: m.leaky_relu(m.input("x", "in"), 10**400))()
+
+    graph = RelGraph.build([0, 1, 2, 2], [1, 2, 0, 0], [0, 0, 0, 0], num_nodes=3, num_relations=1)
+    layer = op.Layer(scaled(-1e300))
+    x = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+    out = layer(graph, x=x)
+    torch.testing.assert_close(out, torch.zeros_like(out).index_add(0, graph.dst, x[graph.src] * -1e300))
+    torch.testing.assert_close(
+        torch.autograd.grad(out.sum(), x)[0], torch.full_like(x, -1e300) * torch.tensor([[1], [1], [2]])
+    )
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        with pytest.raises(UserError) as refused:
+            layer(graph, x=x.detach().to(dtype))
+        assert str(refused.value) == (
+            f"scaled: the constant -1e+300 is past the range of float32, in which {str(dtype)[6:]} tensors are "
+            "computed (float64 tensors take it)"
+        )
+
+
+def test_features_that_are_not_dense_are_refused_naming_them():
+    """Sparse or nested tensors: one line naming the tensor, not a NotImplementedError from torch
+    (aten::as_strided on SparseCPU) with the dispatcher's table."""
+    (src, dst, etype), nodes, relations = edges(seed=7)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    tensors = {k: v.detach() for k, v in attention_tensors(g).items()}
+    layer = op.Layer(gated_attention())
+    x, W = tensors["x"], tensors["W"]
+    for name, given, kind in (
+        ("x", x.to_sparse(), "a torch.sparse_coo"),
+        ("W", W.to_sparse(), "a torch.sparse_coo"),
+        ("x", torch.nested.nested_tensor([x[:4], x[4:]], layout=torch.jagged), "a nested"),
+    ):
+        with pytest.raises(UserError, match=f"^gated_attention: {name} must be a dense tensor, got {kind} tensor$"):
+            layer(g, **tensors | {name: given})
+
+
+def test_torch_func_transforms_are_refused_in_one_line_and_functionalize_runs():
+    """grad and vjp failed in torch (the autograd.Function has no setup_context), vmap had no
+    batching rule, and jvp gave zero tangents: each is refused, pointing to torch.autograd."""
+    (src, dst, etype), nodes, relations = edges(seed=7)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    tensors = {k: v.detach() for k, v in attention_tensors(g).items()}
+    layer = op.Layer(gated_attention())
+
+    def f(x):
+        return layer(g, **tensors | {"x": x})
+
+    x = tensors["x"]
+    transforms = {
+        "grad": lambda: torch.func.grad(lambda x: f(x).sum())(x),
+        "vjp": lambda: torch.func.vjp(f, x),
+        "jacrev": lambda: torch.func.jacrev(f)(x),
+        "vmap": lambda: torch.vmap(f)(torch.stack([x, x])),
+        "jvp": lambda: torch.func.jvp(f, (x,), (torch.ones_like(x),)),
+        "jacfwd": lambda: torch.func.jacfwd(f)(x),
+    }
+    for name, transform in transforms.items():
+        with pytest.raises(UserError) as refused:
+            transform()
+        assert str(refused.value) == (
+            "gated_attention: Hector's layers do not support torch.func transforms (grad, vjp, jvp, jacrev, jacfwd, "
+            "vmap): differentiate with torch.autograd (loss.backward(), torch.autograd.grad)"
+        ), name
+    torch.testing.assert_close(torch.func.functionalize(f)(x), f(x), rtol=0, atol=0)
+
+
 @model
 def shifted(m):
     """A shared vector added to every edge's row and to every node's result."""

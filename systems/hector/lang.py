@@ -212,7 +212,7 @@ class Builder:
             raise ModelError("dot takes rows (node, edge or pair values) first")
         if (heads := whole_number(given := heads, at_least=1)) is None:
             raise ModelError(f"dot's heads must be a positive integer, got {given!r}")
-        b = self._as_rows(b, a)
+        b = self._as_rows(b, a, "dot")
         self._same(a, b, "dot")
         if a.value.width != b.value.width:
             raise ModelError(f"dot of widths {a.value.width} and {b.value.width}")
@@ -220,7 +220,7 @@ class Builder:
         return self._op("dot", (a.value, b.value), a.value.domain, heads, a.value.depends | b.value.depends, attrs)
 
     def leaky_relu(self, e: Expr, slope: float) -> Expr:
-        if real_number(slope) is None or abs(real_number(slope)) > float(np.finfo(np.float32).max):
+        if _real(slope) is None or abs(_real(slope)) > float(np.finfo(np.float32).max):
             # the kernels compute in float32: 1e300 would become inf there (the reference refuses it)
             raise ModelError(f"leaky_relu's slope must be a finite float32 number, got {_shown(slope)}")
         return self._unary("leaky_relu", e, (("slope", real_number(slope)),))
@@ -289,12 +289,16 @@ class Builder:
             raise ModelError(f"{op} of a weight: apply it to rows")
         return self._op(op, (e.value,), e.value.domain, e.value.width, e.value.depends, attrs)
 
-    def _as_rows(self, operand, like: Expr) -> Expr:
-        """An operand of an elementwise op as rows of ``like``'s domain."""
+    def _as_rows(self, operand, like: Expr, what: str) -> Expr:
+        """An operand of ``what``, an elementwise op, as rows of ``like``'s domain."""
         if isinstance(operand, bool | np.bool_):  # an int to Python, surely a mistake in arithmetic
             raise ModelError(f"cannot use a bool ({operand}) in a model's arithmetic: write 1.0 or 0.0")
         if isinstance(operand, int | float | np.integer | np.floating):  # numpy scalars are numbers too
-            return self._op("const", (), like.value.domain, 1, frozenset(), (("value", float(operand)),))
+            if _real(operand) is None:  # inf or nan would run, and turn every row it touches to inf or nan
+                raise ModelError(f"{what}'s constant must be a finite number, got {_shown(operand)}")
+            # One past float32's range is refused when a layer is called in float32 (op.Layer): it
+            # fits a float64 one.
+            return self._op("const", (), like.value.domain, 1, frozenset(), (("value", _real(operand)),))
         if isinstance(operand, Selected):
             return self.each_node(operand) if operand.by == "node_type" else self.each_edge(operand)
         if isinstance(operand, Expr) and operand.value.domain == "weight":
@@ -310,7 +314,7 @@ class Builder:
         like = a if isinstance(a, Expr) and a.value.domain != "weight" else b
         if not isinstance(like, Expr) or like.value.domain == "weight":
             raise ModelError(f"{op} needs at least one operand that is rows (node, edge or pair values)")
-        a, b = self._as_rows(a, like), self._as_rows(b, like)
+        a, b = self._as_rows(a, like, op), self._as_rows(b, like, op)
         self._same(a, b, op)
         width = broadcast_width(a.value.width, b.value.width)
         if width is None:
@@ -354,6 +358,15 @@ def _width(what: str, width) -> int | str:
     if isinstance(width, int | np.integer) and not isinstance(width, bool | np.bool_) and width > 0:
         return int(width)
     raise ModelError(f"{what}: a width is a name (such as 'in') or a positive whole number, got {_shown(width)}")
+
+
+def _real(number) -> float | None:
+    """``number`` as real_number takes it, where an int past a float's range is no number either
+    (float() raises on it)."""
+    try:
+        return real_number(number)
+    except OverflowError:
+        return None
 
 
 def _shown(arg) -> str:

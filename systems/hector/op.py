@@ -28,6 +28,7 @@ import weakref
 from collections.abc import Callable
 
 import torch
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 from harness.errors import UserError
 from systems.hector import codegen, cuda_graphs, lower, reference
@@ -37,6 +38,7 @@ from systems.relgraph.graph import RelGraph
 
 _graphs: weakref.WeakValueDictionary[int, RelGraph] = weakref.WeakValueDictionary()  # held by their callers
 _ops: dict[str, _Ops] = {}  # by op name: a program's text decides its name, so each registers once
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 # Under torch.compile the registration runs once, while tracing, and the handle is a constant of
@@ -72,6 +74,9 @@ class Layer:
             _ops[self.op_name] = _define(self.op_name, program, self.names, tensor_cores)
         self.ops = _ops[self.op_name]
         self.forward_op, self.backward_op, self.inference_op = self.ops.forward, self.ops.backward, self.ops.inference
+        # The constant of largest magnitude: past float32's range, a layer runs in float64 only.
+        numbers = [v.attr("value", 0.0) for v in program.values if v.op == "const"]
+        self.largest_constant = max(numbers, key=abs, default=0.0)
 
     def __call__(self, graph: RelGraph, /, **tensors: torch.Tensor) -> torch.Tensor:
         missing, extra = set(self.names) - set(tensors), set(tensors) - set(self.names)
@@ -93,6 +98,10 @@ class Layer:
         for name, t in zip(self.names, given, strict=True):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{self.program.name}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            # The ops index and multiply its values. (A meta tensor is refused below: off the graph's device.)
+            if t.layout != torch.strided or t.is_nested:
+                kind = "a nested" if t.is_nested else f"a {t.layout}"
+                raise UserError(f"{self.program.name}: {name} must be a dense tensor, got {kind} tensor")
             # The ops dispatch on the tensors' device and index them with the graph's: one tensor
             # elsewhere (a meta x with CPU weights) would pick the wrong backend, or fail in torch.
             if t.device != graph.src.device:
@@ -100,12 +109,33 @@ class Layer:
                     f"{self.program.name}: {name} is on {t.device}, the graph on {graph.src.device}: "
                     "give every tensor on the graph's device"
                 )
+        dtype = given[0].dtype if given else torch.float32
+        if abs(self.largest_constant) > _FLOAT32_MAX and dtype != torch.float64:
+            raise UserError(
+                f"{self.program.name}: the constant {self.largest_constant:g} is past the range of float32, "
+                f"in which {_short(dtype)} tensors are computed (float64 tensors take it)"
+            )
+        if not torch.compiler.is_compiling() and _under_func_transform():
+            raise UserError(
+                f"{self.program.name}: Hector's layers do not support torch.func transforms (grad, vjp, jvp, "
+                "jacrev, jacfwd, vmap): differentiate with torch.autograd (loss.backward(), torch.autograd.grad)"
+            )
         handle = register_graph(graph)
         if torch.is_grad_enabled() and any(t.requires_grad for t in given):
             if torch.compiler.is_compiling():
                 return self.forward_op(handle, given)[0]
             return _Training.apply(self.ops, handle, *given)
         return self.inference_op(handle, given)[0]
+
+
+def _under_func_transform() -> bool:
+    """Whether the call is inside a torch.func transform other than functionalize (which runs the
+    ops as they are). Under grad or vjp the ops' autograd functions fail in torch, vmap has no
+    batching rule for them, and jvp's tangents would come back as zeros."""
+    if torch._C._functorch.maybe_current_level() is None:  # the common case costs one query
+        return False
+    functionalize = torch._C._functorch.TransformType.Functionalize
+    return any(level.key() != functionalize for level in retrieve_all_functorch_interpreters())
 
 
 def _identifier(name: str) -> str:
