@@ -477,7 +477,7 @@ print("\n".join(lines))
 # ## Figure: activation memory against step time, per model
 # The headline: for each model of parts `policies` and `shapes`, every policy's activation peak
 # against its step time (colour: the policy; marker: the store), each policy's points joined, and
-# the frontier of all of them (no point both smaller and faster) haloed. Points whose markers or
+# the frontier of all of them (no point both smaller and faster) ringed. Points whose markers or
 # whiskers would cover each other are set side by side, so that none hides another. Supporting
 # figures: the same view for the models of part `models` (`-models`); ratios to keep per model
 # (`-ratios`); the bandwidth what-if (`-bandwidth`); the micro-batch sweep and the convergence
@@ -496,15 +496,20 @@ MEMORY_AXIS = {
     "activation_bytes": "activations held on the device (GiB)",
 }[memory_metric]
 STORE_HATCHES = {"host": "", "file": "//", "kvikio": "xx", "emulated": ".."}
-# Colours that mean no variant, each far from every colour of style.VARIANT_STYLE, so that a colour
-# in these figures names one policy only: the frontier's halo, the ranges over processes, and in the
-# bandwidth what-if the models' needed lines and the stores' lines (an emulated SSD is host memory
-# throttled: host memory's colour, dotted; a store no registry knows gets UNKNOWN_STORE).
+# Colours that mean no variant, each far from every colour of style.VARIANT_STYLE and of
+# style.UNSEEN_PALETTE (a user's own variants), so that a colour in these figures names one policy
+# only: the frontier's ring, the ranges over processes, and in the bandwidth what-if the models'
+# needed lines and the stores' lines (an emulated SSD, host memory throttled, in a plum of its own,
+# dotted, apart from host memory's raspberry where their bandwidths meet; a store no registry knows
+# gets UNKNOWN_STORE).
 FRONTIER = "#ffee00"
 RANGE = "#000080"
 NEEDED = "#404000"
-STORE_LINE = {"host": "#ff00ff", "file": "#0015ff", "kvikio": "#9500ff"}
-UNKNOWN_STORE = "#0080ff"
+STORE_LINE = {"host": "#bb4455", "file": "#114499", "kvikio": "#779966", "emulated": "#774466"}
+UNKNOWN_STORE = "#aa77ff"
+# The frontier is marked by a ring around the point, open in the middle, so that the point keeps its
+# policy's colour against the white of the panel (a filled halo hid the olive and orange points).
+FRONTIER_RING = dict(marker="o", markersize=17, mfc="none", mec=FRONTIER, mew=2.2, linestyle="none")
 SIDE_BY_SIDE = 9  # points between the centres of markers set side by side
 
 
@@ -676,7 +681,7 @@ def place_labels(ax, labels, obstacles) -> None:
 
 def rok_draw(ax, dataset, points) -> None:
     """The panel's points (side by side where they would overlap), each policy's points joined, the
-    frontier's halos, the offloading bound and the emulated stores' bandwidths. Needs the panel's
+    frontier's rings, the offloading bound and the emulated stores' bandwidths. Needs the panel's
     final size."""
     set_apart(ax, points)
     labels, by_policy = [], {}
@@ -708,11 +713,15 @@ def rok_draw(ax, dataset, points) -> None:
             if x1 - x0 > same:
                 ax.plot([at0, at1], [y0, y1], color=style.color(policy), linewidth=0.8, alpha=0.6, zorder=2)
     on_edge = set(frontier([(p["x"], p["y"]) for p in points]))
+    rings = []  # a label on a ring would be written over its yellow: rings are obstacles too
+    ring = (FRONTIER_RING["markersize"] + FRONTIER_RING["mew"]) / 2 * ax.figure.dpi / 72
     for p in points:
         if (p["x"], p["y"]) in on_edge:
-            ax.plot([p["x"] + p["dx"]], [p["y"]], "o", color=FRONTIER, markersize=15, mec="none", zorder=1.5)
+            ax.plot([p["x"] + p["dx"]], [p["y"]], **FRONTIER_RING, zorder=1.5)
+            x, y = ax.transData.transform((p["x"] + p["dx"], p["y"]))
+            rings.append(Bbox.from_extents(x - ring, y - ring, x + ring, y + ring))
     bound = bound_line(ax, dataset)
-    place_labels(ax, labels, obstacles_of(ax, points, [bound] if bound else []))
+    place_labels(ax, labels, obstacles_of(ax, points, [*rings, *([bound] if bound else [])]))
 
 
 def bound_line(ax, dataset):
@@ -747,9 +756,7 @@ def rok_legend(fig, datasets) -> None:
             name = "emulated SSD (GB/s beside it)" if store == "emulated" else entry_text(STORES, store)
             marker = style.store_marker(store)
             entries[f"store: {name}"] = Line2D([], [], color="#555555", marker=marker, linestyle="none")
-    entries["halo: on the frontier (no point both smaller and faster)"] = Line2D(
-        [], [], color=FRONTIER, marker="o", markersize=11, mec="none", linestyle="none"
-    )
+    entries["yellow ring: on the frontier (no point both smaller and faster)"] = Line2D([], [], **FRONTIER_RING)
     if any(BOUNDS.get(d) for d in datasets):
         entries["bound: memory a store's bandwidth frees at keep all's time (|: each store)"] = Line2D(
             [], [], color=style.color(ALL_OFFLOADED), linestyle="--", linewidth=1.2, marker="|", markersize=10
@@ -911,6 +918,19 @@ if STEPS:  # ratios to keep, per model
     style.save(fig, figure, "ratios")
 
 
+# The processor the steps ran on: the GPU, or the CPU of a machine without one (the what-if holds for
+# either; the axis names the one whose throughput was measured).
+PROCESSOR = "GPU" if any(record["machine"]["gpus"] for record in provenance) else "CPU"
+
+
+def fit_to_title(fig) -> None:
+    """Widens ``fig`` to its title where the title (the machine's line) is the wider: saved tight, a
+    narrower figure would leave empty margins beside its panels."""
+    fig.draw_without_rendering()
+    widest = max((text.get_window_extent().width for text in fig.texts), default=0) / fig.dpi
+    fig.set_figwidth(max(fig.get_figwidth(), widest))
+
+
 # What-if: the write bandwidth that hides a block's offload inside its own forward, for a GPU of
 # any speed (SSDTrain's criterion), against the bandwidths the stores reached here. A block's
 # needed bandwidth is its saved bytes over its forward time, its FLOPs over the rate: proportional
@@ -938,7 +958,7 @@ def models_text(datasets, sequence: str) -> str:
 
 
 if STEPS:  # the models' needed bandwidths against the stores' achieved ones
-    fig, (ax,) = style.panels(1, width=9.5, height=5.0)
+    fig, (ax,) = style.panels(1, width=9.5, height=6.0)
     keep_rates = rate[rate.variant == "keep"]["median"] * 1e12
     # Three decades: from well below the slowest rate measured to ten times the fastest.
     low, high = (keep_rates.min() / 30, keep_rates.max() * 10) if not keep_rates.empty else (10e12, 2e15)
@@ -965,10 +985,10 @@ if STEPS:  # the models' needed bandwidths against the stores' achieved ones
         w, ws = sel(written).sum(), sel(write_seconds).sum()
         nominal = setups.loc[variant].emulated_gbps
         if pd.notna(nominal):  # drawn over a store's solid line where the two meet
-            ax.axhline(nominal, color=STORE_LINE["host"], linestyle=":", linewidth=1.4, zorder=2.5)
-            names.append((nominal, f"emulated SSD, {nominal:g} GB/s", STORE_LINE["host"]))
+            ax.axhline(nominal, color=STORE_LINE["emulated"], linestyle=":", linewidth=1.6, zorder=2.5)
+            names.append((nominal, f"emulated SSD, {nominal:g} GB/s", STORE_LINE["emulated"]))
             entries["emulated SSD (host memory throttled), nominal"] = Line2D(
-                [], [], color=STORE_LINE["host"], linestyle=":", linewidth=1.4
+                [], [], color=STORE_LINE["emulated"], linestyle=":", linewidth=1.6
             )
         elif ws > 0:
             store = setups.loc[variant].store
@@ -980,16 +1000,20 @@ if STEPS:  # the models' needed bandwidths against the stores' achieved ones
         xscale="log",
         yscale="log",
         xlim=(low / 1e12, high / 1e12),
-        xlabel="compute throughput of the GPU (model TFLOP/s, log scale)",
+        xlabel=f"compute throughput of the {PROCESSOR} (model TFLOP/s, log scale)",
         ylabel="write bandwidth (GB/s, log scale)",
         title="Needed write bandwidth against the stores here"
         + (f" (sequences of {sequence.split()[-1]} tokens)" if sequence.startswith(",") else "")
-        + ":\na store's line above a model's at a GPU's throughput hides that model's writes inside its forward",
+        + f":\na store's line above a model's at a {PROCESSOR}'s throughput"
+        + " hides that model's writes inside its forward",
     )
     style.log_ticks(ax.xaxis)
     style.log_ticks(ax.yaxis)
     style.legend_below(fig, entries, columns=3)
-    style.title(fig, "Activation offloading: the write bandwidth an offload needs, for a GPU of any speed", MEASURED)
+    style.title(
+        fig, f"Activation offloading: the write bandwidth an offload needs, for a {PROCESSOR} of any speed", MEASURED
+    )
+    fit_to_title(fig)
     fig.draw_without_rendering()  # the panel's final height, which the margin's labels are spaced in
     style.margin_labels(ax, names)
     style.save(fig, figure, "bandwidth")

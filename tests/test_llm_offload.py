@@ -887,7 +887,8 @@ def test_on_a_gpu_memory_bound_runs_every_peer_under_the_cap(scratch):
 
 def test_the_notebook_shows_a_store_and_a_policy_it_has_never_seen(tmp_path, scratch):
     """Rows of a store and of a policy that no registry knows (a plugin's, say): each is in the
-    summary's main table and in the figure's legend, labelled from its columns."""
+    summary's main table and in the figure's legend, labelled from its columns; the bandwidth what-if
+    names the processor the machine has."""
     pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
     from analysis.render import main as render
     from harness import provenance
@@ -909,9 +910,13 @@ def test_the_notebook_shows_a_store_and_a_policy_it_has_never_seen(tmp_path, scr
         + ["--results", f"llm_offload={out}", "--figure", str(figure), "--summary", str(summary)]
     )
     table = summary.read_text().split("\n\n## ")[0]
-    for label in ("offload_all, ramdisk", "half_recompute"):
+    legend = json.loads((tmp_path / "nb.text.json").read_text())[0]  # the figure's words
+    for label, legend_entry in (("offload_all, ramdisk", "store: ramdisk"), ("half_recompute", "half_recompute")):
         assert f"| llama-tiny | {label} |" in table
-        assert label in json.loads((tmp_path / "nb.text.json").read_text())[0]  # the figure's legend
+        assert legend_entry in legend  # a policy's colour and a store's marker, each an entry of its own
+    # The what-if's throughput axis names the processor the steps ran on: a CPU where there is no GPU.
+    processor = "GPU" if load_provenance(out)["machine"]["gpus"] else "CPU"
+    assert f"compute throughput of the {processor} " in (tmp_path / "nb-bandwidth.text.json").read_text()
 
 
 @pytest.mark.full
@@ -949,3 +954,58 @@ def test_the_notebook_shows_each_policys_largest_micro_batch_under_the_cap(tmp_p
     assert "llama-tiny: the fastest SSDTrain configuration, offload_all, host, reaches" in table
     assert "x the tokens/s of recompute" in table
     assert "under a 0.0031 GiB cap" in (tmp_path / "nb-training.text.json").read_text()  # the panel
+
+
+# --- the figures' own colours and the comparisons' tables -------------------------------------------
+
+
+def notebook_constants(*names: str) -> dict:
+    """The constants ``names`` of analysis/llm_offload.py (a notebook, run for its figures rather
+    than imported), each its assignment's expression evaluated on the constants before it."""
+    import ast
+
+    tree = ast.parse((REPO_ROOT / "analysis" / "llm_offload.py").read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in names:
+            expression = compile(ast.Expression(node.value), "analysis/llm_offload.py", "eval")
+            found[node.targets[0].id] = eval(expression, {"__builtins__": {"dict": dict}}, dict(found))
+    return found
+
+
+def test_the_stores_lines_are_in_colours_no_variant_has_and_an_emulated_ssd_is_not_host_memory():
+    """Host memory's line was the first colour of the palette of a user's own variants, and the
+    emulated SSDs' dotted lines, in the same colour, lay on it at the same bandwidth."""
+    import math
+
+    from test_style import _lab
+
+    from analysis import style
+
+    found = notebook_constants("FRONTIER", "STORE_LINE", "UNKNOWN_STORE")
+    lines = [*found["STORE_LINE"].values(), found["UNKNOWN_STORE"]]
+    assert {"host", "emulated"} <= set(found["STORE_LINE"])
+    assert len(set(lines)) == len(lines)  # host memory, each file store and the emulated SSDs apart
+    variants = {colour for colour, _ in style.VARIANT_STYLE.values()} | set(style.UNSEEN_PALETTE)
+    for colour in [*lines, found["FRONTIER"]]:
+        nearest = min(variants, key=lambda other: math.dist(_lab(colour), _lab(other)))
+        assert math.dist(_lab(colour), _lab(nearest)) >= 25, (colour, nearest)
+
+
+def test_the_frontiers_mark_is_a_ring_that_leaves_its_point_in_view():
+    """A filled yellow disc under each frontier point hid DeepSpeed's olive and the planner's orange."""
+    ring = notebook_constants("FRONTIER", "FRONTIER_RING")["FRONTIER_RING"]
+    assert ring["mfc"] == "none" and ring["markersize"] > 8  # open, and wider than a point's hollow markers
+
+
+def test_each_comparison_against_recompute_says_what_both_hold():
+    """Offloading is compared with recompute, the fastest baseline that saves memory, and not only
+    with the slowest peers; every speedup comes with both policies' activation peaks over keep's."""
+    from analysis.doc_tables import llm_offload as tables
+
+    for table in (tables.peers(), tables.shape_peers()):
+        rows = [line for line in table.lines[2:] if line.startswith("| offload_all, host | recompute |")]
+        assert len(rows) == 1
+        for line in table.lines[2:]:
+            cells = [cell for cell in line.strip("|").split(" | ")[2:] if cell.strip()]
+            assert cells and all(" (peaks " in cell and " and " in cell for cell in cells), line

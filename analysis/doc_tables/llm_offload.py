@@ -319,20 +319,28 @@ def speedups(time: pd.DataFrame, dataset: str, policy: str, against: str) -> lis
 
 def versus(part: str, pairs: Sequence[tuple[str, str]]) -> Table:
     """A row per (policy, against) of ``pairs``, a column per model of ``part``: the speedup's range
-    over processes."""
+    over processes and, beside it, both policies' activation peaks over keep's (a speedup means
+    little without what each holds: the faster one may hold several times more)."""
     files = process_files(part)
     committed = load(files[:1], TOPIC)
     shapes_of = committed.drop_duplicates("dataset").set_index("dataset")
     datasets = sorted(shapes_of.index, key=lambda d: int(shapes_of.loc[d].hidden))
     setups = _setups(committed)
     time = per_process(files, "time")
+    peak = per_process(files, "activation_peak")
+
+    def peak_of(dataset, variant) -> str:
+        return span(peak.loc[(dataset, variant)]) if (dataset, variant) in peak.index else "?"
+
     header = " | ".join(f"{int(shapes_of.loc[d].hidden)}x{int(shapes_of.loc[d].layers)}" for d in datasets)
     lines = [f"| policy | against | {header} |", "|---" * (2 + len(datasets)) + "|"]
     for policy, against in pairs:
         cells = []
         for dataset in datasets:
             found = speedups(time, dataset, policy, against)
-            cells.append(span(found, 2 if found and max(found) > 2 else 3))
+            shown = span(found, 2 if found and max(found) > 2 else 3)
+            peaks = f" (peaks {peak_of(dataset, policy)} and {peak_of(dataset, against)})"
+            cells.append(shown + peaks if shown else "")
         if not any(cells):
             raise ValueError(f"doc table: {policy} against {against} is measured on no model of part {part}")
         names = [variant_label(setups.loc[v]) for v in (policy, against)]
@@ -340,22 +348,28 @@ def versus(part: str, pairs: Sequence[tuple[str, str]]) -> Table:
     micro_batches = sorted({int(float(b)) for b in committed.micro_batch})
     note = (
         f"Micro-batch {', '.join(map(str, micro_batches))}: the speedup is the other policy's median step time over "
-        f"the policy's (above 1, the policy is faster), taken within one process; {over(files)}."
+        "the policy's (above 1, the policy is faster), taken within one process; in brackets the policy's "
+        "activation peak and the other's, each over keep's (the lower holds less memory); "
+        f"{over(files)}."
     )
     return Table(lines, files, note=note)
 
 
-# The other libraries against SSDTrain's offloading, and the planner against recompute, at micro-batch 4.
+# The other libraries against SSDTrain's offloading, and offloading and the planner against recompute
+# (the fastest of the baselines that save memory, where the peers are the slowest), at micro-batch 4.
 PEERS = (
     ("offload_all_host", "torchtune_offload"),
     ("offload_all_host", "save_on_cpu"),
+    ("offload_all_host", "recompute"),
     ("planner_host", "recompute"),
 )
-# At the paper's shapes: DeepSpeed's CPU checkpointing against torch's recompute and SSDTrain's policies.
+# At the paper's shapes: DeepSpeed's CPU checkpointing against torch's recompute and SSDTrain's policies,
+# and SSDTrain's against recompute.
 SHAPE_PEERS = (
     ("recompute", "deepspeed_offload"),
     ("planner_host", "deepspeed_offload"),
     ("offload_all_host", "deepspeed_offload"),
+    ("offload_all_host", "recompute"),
     ("planner_host", "recompute"),
 )
 
