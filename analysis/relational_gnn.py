@@ -32,6 +32,8 @@ summary = "paper_figs/local/relational_gnn-cpu.md"
 results = {}  # topic -> its results files, passed by the workflow
 
 # %%
+import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +204,56 @@ def group_of(dataset: str) -> str:
     return "real knowledge graphs" if dataset in KNOWLEDGE else "other shapes"
 
 
+# The competitors each model x mode x graph ran at the main width: any row counts (one that ran out
+# of memory ran too).
+RAN = (
+    frame[(frame.in_dim == width) & frame.variant.isin(COMPETITORS)]
+    .groupby(["model", "mode", "dataset"])
+    .variant.agg(frozenset)
+    .to_dict()
+)
+# And those tried there that left no row, as the parts' notes name them ("rgcn segment_mm on
+# aifb-like at 64, training_graphed": it did not compile, or its step could not be captured; no
+# mode named: every mode).
+NOTED = re.compile(r"(?P<model>\S+) (?P<variant>\S+) on (?P<dataset>\S+) at (?P<dim>\d+)(?:, (?P<mode>\S+))?")
+TRIED = {key: set(forms) for key, forms in RAN.items()}
+for record in provenance:
+    for where in record.get("skipped", {}):
+        noted = NOTED.fullmatch(where)
+        if noted and int(noted["dim"]) == width and noted["variant"] in COMPETITORS:
+            for mode in [noted["mode"]] if noted["mode"] else set(frame["mode"]):
+                TRIED.setdefault((noted["model"], mode, noted["dataset"]), set()).add(noted["variant"])
+
+
+def comparable(keys) -> tuple[list, dict]:
+    """The keys (model, mode, graph) of one model and mode that tried every competitor that ran on
+    any of them, and the others with the competitors they lack: a graph measured without a
+    competitor its sibling graphs had (a part measured before that competitor existed) is compared
+    against a slower field, so it stays out of a geomean over them (the claims table's rule,
+    analysis/claims.py). One that was tried and failed there (it did not compile, or could not be
+    captured) counts as tried. Where none tried them all, all are kept."""
+    field = frozenset().union(*(RAN.get(k, frozenset()) for k in keys))
+    kept = [k for k in keys if TRIED.get(k, set()) >= field]
+    if not kept:
+        return list(keys), {}
+    return kept, {k: field - TRIED.get(k, set()) for k in keys if k not in kept}
+
+
+def left_out_words(left_out: dict, name=str, join: str = ", ") -> list[str]:
+    """Each set of graphs left out by :func:`comparable`, with the competitors they were measured
+    without (``name``: how a form is written, ``join`` between forms), graphs by size."""
+    graphs_by_missing: dict[frozenset, list] = {}
+    for (_, _, dataset), missing in left_out.items():
+        found = graphs_by_missing.setdefault(missing, [])
+        if dataset not in found:
+            found.append(dataset)
+    return [
+        f"{', '.join(sorted(graphs, key=GRAPHS.index))} measured without "
+        f"{join.join(name(v) for v in FORMS if v in missing)}"
+        for missing, graphs in graphs_by_missing.items()
+    ]
+
+
 main = time[time.in_dim == width]
 # The committed process first, then one per rerun folder (reruns/run2/, ...): each is a separate
 # process that measured some of the graphs once more.
@@ -262,13 +314,22 @@ if OPTIMIZED:
         ]
     else:
         lines += ["", f"No rows of {HEADLINE} at width {width}: no headline speedup, the ideal alone."]
+    left_out_of_geomeans = []
     for (model, mode, group), keys in sorted(groups.items()):
+        keys, left_out = comparable(keys)
+        left_out_of_geomeans += [f"{model} {mode} ({group}): {words}" for words in left_out_words(left_out)]
         v = np.array([headline[k][3] for k in keys])
         each = geomeans(headline_by_process, keys)
         lines.append(
             f"| {model} | {mode} | {group} | {len(v)} | {each[0]:.2f} | {v.min():.2f} | {v.max():.2f} | "
             f"{int((v < 1).sum())} | {spread(each)} | {ordering(each)} | {geomean([ideal[k][3] for k in keys]):.2f} |"
         )
+    if left_out_of_geomeans:
+        lines += [
+            "",
+            "Left out of the geomeans (measured without a competitor the other graphs of the row had, so "
+            "compared against a slower field): " + "; ".join(left_out_of_geomeans) + ".",
+        ]
     if groups and len(processes) > 1:
         lines += [
             "",
@@ -552,8 +613,9 @@ print("\n".join(lines[:40]))
 #
 # The headline figure: the speedup of `hector_best` over the fastest competitor per graph (a bar
 # from 1, so a slowdown points down), one hatch per model, the range over the processes that
-# measured the graph, the geomean over the dataset-shaped graphs, an x where a competitor ran out
-# of memory, and under each panel the graphs and models measured but not compared, with why.
+# measured the graph, the geomean over the dataset-shaped graphs (those measured without a
+# competitor the others had keep their bars, marked *, and stay out of it), an x where a competitor
+# ran out of memory, and under each panel the graphs and models measured but not compared, with why.
 # Below it the ablation. Supporting figures: every form's time per graph (`-times`), its
 # intermediate memory (`-memory`) and the time by kind of work on the largest graph (`-kinds`).
 
@@ -565,6 +627,30 @@ from matplotlib.patches import Patch
 from analysis import style
 
 MEASURED = machine_label(provenance)
+# What a "-like" graph is, in the same words in every figure that shows one.
+GENERATED_WORDS = '"-like" graphs: synthetic, generated with the statistics of the datasets they are named after'
+
+
+def title_text(text: str, graphs) -> str:
+    """A figure's title ``text``, with what the "-like" graphs are where ``graphs`` has one."""
+    return f"{text}\n{GENERATED_WORDS}" if set(graphs) & DATASET_SHAPED else text
+
+
+# Since this commit the GPU breakdown also counts the kernels the profiler links to no operator
+# (systems/rgnn/breakdown.py); one measured at earlier code left them out.
+COUNTS_UNLINKED_SINCE = "5331b9c"
+
+
+def counts_every_kernel(record: dict) -> bool:
+    """Whether the part of provenance ``record`` measured code that counts every kernel in its
+    breakdown: its commit has COUNTS_UNLINKED_SINCE in its history (False where git cannot tell)."""
+    commit = record.get("git", {}).get("commit") or ""
+    found = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", COUNTS_UNLINKED_SINCE, commit], capture_output=True, check=False
+    )
+    return bool(commit) and found.returncode == 0
+
+
 MODELS = sorted(
     set(time.model), key=lambda m: (list(style.MODEL_MARKERS).index(m) if m in style.MODEL_MARKERS else 9, m)
 )
@@ -684,10 +770,18 @@ def speedup_panel(ax, mode, with_geomean: bool = True) -> None:
     """The headline's speedup per graph (bars from 1, log scale), a hatch per model, the range over
     processes, an x where a competitor ran out of memory, then the geomean over the dataset-shaped
     graphs with the paper's targets (``with_geomean``). Graphs with no comparison are left out and
-    named under the panel, as are the models missing from a graph that is shown."""
+    named under the panel, as are the models missing from a graph that is shown. A graph measured
+    without a competitor its siblings had (:func:`comparable`) keeps its bars, marked *, and stays
+    out of the geomean; the line under the panel says which competitors it lacked."""
     graphs = [d for d in GRAPHS if any((m, mode, d) in headline for m in MODELS)]
     models = [m for m in MODELS if any((m, mode, d) in headline for d in graphs)]
     shaped = [d for d in graphs if d in DATASET_SHAPED] if with_geomean else []
+    geomean_keys, left_out = {}, {}  # per model the keys of its geomean; those left out of it
+    for model in models:
+        keys = [(model, mode, d) for d in shaped if (model, mode, d) in headline]
+        if keys:
+            geomean_keys[model], missing = comparable(keys)
+            left_out |= missing
     bar = 0.8 / len(models)
     colour = style.color(HEADLINE)
     labels_at = []  # (x, height) of each geomean's label, to make room above them
@@ -706,12 +800,11 @@ def speedup_panel(ax, mode, with_geomean: bool = True) -> None:
             if len(seen) > 1:
                 range_whisker(ax, i + offset, seen[0], min(seen), max(seen))
     # The geomean: wider bars after a rule, so that each value fits above its own bar.
-    geomean_models = [m for m in models if any((m, mode, d) in headline for d in shaped)]
+    geomean_models = list(geomean_keys)
     wide = 0.6
     start = len(graphs) - 0.5 + 0.35
     for j, model in enumerate(geomean_models):
-        keys = [(model, mode, d) for d in shaped if (model, mode, d) in headline]
-        each = geomeans(headline_by_process, keys)
+        each = geomeans(headline_by_process, geomean_keys[model])
         x = start + (j + 0.5) * wide
         ax.bar(x, each[0] - 1, wide, bottom=1, color=colour, hatch=HATCH[model], edgecolor="white", linewidth=0)
         if len(each) > 1:
@@ -740,13 +833,14 @@ def speedup_panel(ax, mode, with_geomean: bool = True) -> None:
     names = []
     for d in graphs:
         present = [m for m in models if (m, mode, d) in headline]
-        names.append(f"{d} ({style.readable(present[0])} only)" if len(present) == 1 < len(models) else d)
+        name = f"{d} ({style.readable(present[0])} only)" if len(present) == 1 < len(models) else d
+        names.append(name + ("*" if any((m, mode, d) in left_out for m in models) else ""))
     ticks, names = list(range(len(graphs))), names
     if geomean_models:
         ticks.append(start + wide * len(geomean_models) / 2)
-        counts = sorted({sum((m, mode, d) in headline for d in shaped) for m in geomean_models})
+        counts = sorted({len(geomean_keys[m]) for m in geomean_models})
         of = "/".join(str(c) for c in counts) + (" (by model)" if len(counts) > 1 else "")
-        names.append(f"geomean over {of}\ndataset-shaped graphs")
+        names.append(f"geomean over {of}\ndataset-shaped graphs" + ("\n(those marked * left out)" if left_out else ""))
         ax.axvline(len(graphs) - 0.5, color="#888888", linewidth=0.8)
     ax.set_xticks(ticks, names, rotation=30, ha="right")
     if geomean_models:
@@ -760,9 +854,12 @@ def speedup_panel(ax, mode, with_geomean: bool = True) -> None:
         title=f"{MODE_TITLES.get(mode, mode)}: {style.readable(HEADLINE)} (fixed before timing), one layer, "
         f"width {width}",
     )
-    note = not_compared_note(mode)
-    if note:
-        ax.set_xlabel(note, fontsize=7.5)
+    notes = [not_compared_note(mode)]
+    if left_out:
+        words = left_out_words(left_out, style.readable, " or ")
+        notes.append(f"* {'; '.join(words)}, which the other dataset-shaped graphs had: left out of the geomean")
+    if any(notes):
+        ax.set_xlabel("\n".join(n for n in notes if n), fontsize=7.5)
     ax.grid(axis="x", visible=False)
 
 
@@ -836,7 +933,11 @@ if headline_drawn:
     style.legend_below(fig, entries, columns=6)
     style.title(
         fig,
-        f"Hector against the fastest competitor per graph; competitors: {'; '.join(map(style.readable, COMPETITORS))}",
+        title_text(
+            "Hector against the fastest competitor per graph; competitors: "
+            + "; ".join(map(style.readable, COMPETITORS)),
+            {k[2] for k in headline},
+        ),
         MEASURED,
     )
     style.save(fig, figure)
@@ -854,7 +955,10 @@ if headline_drawn and any(k[1] == CAPTURED for k in headline):
     style.legend_below(fig, entries, columns=6)
     style.title(
         fig,
-        "Hector against the fastest competitor with every form's training step captured as one CUDA graph",
+        title_text(
+            "Hector against the fastest competitor with every form's training step captured as one CUDA graph",
+            {k[2] for k in headline if k[1] == CAPTURED},
+        ),
         MEASURED,
     )
     style.save(fig, figure, "captured")
@@ -980,10 +1084,14 @@ for what, table, ylabel, unit, best in (
         part = "" if len(panels_of) <= PER_FIGURE else f"_{first // PER_FIGURE + 1}"
         # Without Hector's generated kernels there is no headline: every form's times are the figure.
         name = None if not headline_drawn and what == "times" and first == 0 else what + part
+        shown = table[table.model.isin([m for m, _ in chunk]) & (table.in_dim == width)].dataset
         style.title(
             fig,
-            f"Each form's {'time per call' if what == 'times' else 'intermediate memory'} per graph, "
-            f"graphs by edge count: the {best} competitors and Hector's variants",
+            title_text(
+                f"Each form's {'time per call' if what == 'times' else 'intermediate memory'} per graph, "
+                f"graphs by edge count: the {best} competitors and Hector's variants",
+                set(shown),
+            ),
             MEASURED,
         )
         style.save(fig, figure, name)
@@ -1042,7 +1150,19 @@ if models:
         ax.set(xlim=(0, 1), xlabel="share of one profiled call", title=f"{style.readable(model)} on {largest}")
         ax.grid(axis="y", visible=False)
     style.legend_below(fig, style.collect_legend(axes[:1]), columns=6, title="kind of work")
+    # A breakdown measured before the unlinked kernels were counted is the linked kernels' alone.
+    profiled = [r for r in provenance if r.get("part") in set(shares.part)]
+    caveat = (
+        ""
+        if all(counts_every_kernel(r) for r in profiled)
+        else "\nshares of the kernels the profiler linked to an operator: kernels it linked to none are not counted"
+    )
     style.title(
-        fig, f"Where a call's time goes, by kind of work, on the largest graph ({largest}, width {width})", MEASURED
+        fig,
+        title_text(
+            f"Where a call's time goes, by kind of work, on the largest graph ({largest}, width {width})", [largest]
+        )
+        + caveat,
+        MEASURED,
     )
     style.save(fig, figure, "kinds")

@@ -84,7 +84,7 @@ RELATIONAL_FORMS = {  # systems/rgnn/forms: a compiled form is a lighter tint of
     # Hector's generated layers: four hues a reader tells apart, the headline the darkest.
     "hector_unopt": ("#c2a5cf", "-"),
     "hector_compact": ("#01665e", "-"),
-    "hector_reorder": ("#dfc27d", "-"),
+    "hector_reorder": ("#e6ab02", "-"),  # gold: told apart from pyg_compiled's light orange
     "hector_best": ("#40004b", "-"),
     "hector_best_tf32": ("#e7298a", "--"),  # tensor cores: a labelled, less exact variant
 }
