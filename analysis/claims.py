@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import load_results, machine_label, same_code_reruns, summarize
+from analysis.common import lacking, load_results, machine_label, same_code_reruns, summarize
 from harness.config import ConfigError, _check, _read_yaml, _relative
 from harness.errors import UserError, exit_on_user_error
 from harness.results import load_provenance
@@ -308,30 +308,19 @@ def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[
 
 
 def _comparable(groups: dict) -> tuple[dict, str]:
-    """The groups whose competitors include every one tried in a group that differs from it only
-    in the last ``per`` column (the other graphs of one model and mode), and a note on those left
-    out: a group measured without a competitor its siblings had (a part measured before that
-    competitor was added) would be compared against a slower field. A competitor that suits only
-    some models is expected only where it suits."""
-
-    def siblings(key) -> tuple:
-        return key[:-1] if isinstance(key, tuple) else ()
-
-    field: dict[tuple, frozenset] = {}
-    for key, g in groups.items():
-        field[siblings(key)] = field.get(siblings(key), frozenset()) | g.competitors
-    kept = {k: g for k, g in groups.items() if g.competitors >= field[siblings(k)]}
-    if len(kept) == len(groups):
+    """The groups measured against every competitor their sibling groups (the other graphs of one
+    model and mode: :func:`analysis.common.lacking`) tried, and a note on those left out; where no
+    group has them all, every group stays and the note says the fields differ. A competitor that
+    suits only some models is expected only where it suits."""
+    missing = lacking({key: g.competitors for key, g in groups.items()})
+    if not missing:
         return groups, ""
-    missing = sorted(
-        frozenset().union(*(field[siblings(k)] - g.competitors for k, g in groups.items() if k not in kept))
-    )
+    names = ", ".join(sorted(frozenset().union(*missing.values())))
+    kept = {k: g for k, g in groups.items() if k not in missing}
     if not kept:
-        return groups, f"; the groups' competitors differ ({', '.join(missing)} not tried in every group)"
-    return kept, (
-        f"; {len(groups) - len(kept)} of {len(groups)} groups left out, measured without "
-        f"{', '.join(missing)}, which the others compare against"
-    )
+        return groups, f"; the groups' competitors differ ({names} not tried in every group)"
+    left_out = f"{len(missing)} of {len(groups)} groups left out"
+    return kept, f"; {left_out}, measured without {names}, which the others compare against"
 
 
 def _aggregate(groups: list[tuple], measure: dict) -> float:

@@ -78,6 +78,24 @@ def same_code_reruns(rerun_files: list[str], committed_files: list[str]) -> tupl
     return kept, other
 
 
+def lacking(tried: dict, ran: dict | None = None) -> dict:
+    """Of groups keyed by tuples whose last item is the graph (a scalar key: one graph each), those
+    whose ``tried`` competitors lack one that ran (``ran``, by default ``tried``) in a group that
+    differs only in that last item, with what each lacks. Such a group was measured against a
+    slower field (a part measured before that competitor was added): a geomean or a maximum over
+    graphs leaves it out, as the claims table and the figures do."""
+    ran = tried if ran is None else ran
+
+    def siblings(key) -> tuple:
+        return key[:-1] if isinstance(key, tuple) else ()
+
+    field: dict[tuple, frozenset] = {}
+    for key in tried:
+        field[siblings(key)] = field.get(siblings(key), frozenset()) | frozenset(ran.get(key, ()))
+    missing = {key: field[siblings(key)] - frozenset(tried[key]) for key in tried}
+    return {key: lacks for key, lacks in missing.items() if lacks}
+
+
 def summarize(frame: pd.DataFrame, metric: str, by: list[str]) -> pd.DataFrame:
     """Median and interquartile range over repetitions of ``metric`` for each group ``by``."""
     rows = frame[frame["metric"] == metric]

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import load_results, machine_label, same_code_reruns, summarize
+from analysis.common import lacking, load_results, machine_label, same_code_reruns, summarize
 from harness.registry import COMPETITOR_ROLES, ENTRY_ROLES
 from systems.rgnn.forms import EXACT
 from systems.rgnn.forms import FORMS as REGISTRY
@@ -226,17 +226,13 @@ for record in provenance:
 
 
 def comparable(keys) -> tuple[list, dict]:
-    """The keys (model, mode, graph) of one model and mode that tried every competitor that ran on
-    any of them, and the others with the competitors they lack: a graph measured without a
-    competitor its sibling graphs had (a part measured before that competitor existed) is compared
-    against a slower field, so it stays out of a geomean over them (the claims table's rule,
-    analysis/claims.py). One that was tried and failed there (it did not compile, or could not be
-    captured) counts as tried. Where none tried them all, all are kept."""
-    field = frozenset().union(*(RAN.get(k, frozenset()) for k in keys))
-    kept = [k for k in keys if TRIED.get(k, set()) >= field]
-    if not kept:
-        return list(keys), {}
-    return kept, {k: field - TRIED.get(k, set()) for k in keys if k not in kept}
+    """The keys (model, mode, graph) of one model and mode measured against every competitor that
+    ran on any of them (:func:`analysis.common.lacking`, the claims table's rule), and the others
+    with the competitors they lack. One tried and failed there (it did not compile, or could not be
+    captured) counts as tried. Where none has them all, all are kept."""
+    missing = lacking({k: TRIED.get(k, set()) for k in keys}, RAN)
+    kept = [k for k in keys if k not in missing]
+    return (kept, missing) if kept else (list(keys), {})
 
 
 def left_out_words(left_out: dict, name=str, join: str = ", ") -> list[str]:

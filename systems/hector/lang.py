@@ -220,10 +220,11 @@ class Builder:
         return self._op("dot", (a.value, b.value), a.value.domain, heads, a.value.depends | b.value.depends, attrs)
 
     def leaky_relu(self, e: Expr, slope: float) -> Expr:
-        if _real(slope) is None or abs(_real(slope)) > float(np.finfo(np.float32).max):
+        number = _real(slope)
+        if number is None or abs(number) > float(np.finfo(np.float32).max):
             # the kernels compute in float32: 1e300 would become inf there (the reference refuses it)
             raise ModelError(f"leaky_relu's slope must be a finite float32 number, got {_shown(slope)}")
-        return self._unary("leaky_relu", e, (("slope", real_number(slope)),))
+        return self._unary("leaky_relu", e, (("slope", number),))
 
     def gelu(self, e: Expr) -> Expr:
         return self._unary("gelu", e)

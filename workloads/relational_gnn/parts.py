@@ -374,7 +374,7 @@ class _Recheck:
     def __init__(self, reference, reference_gradients, weights, x, target, model):
         self.reference, self.reference_gradients = reference, reference_gradients
         self.weights, self.x, self.target, self.model = weights, x, target, model
-        self.checked_weights = {name: t.detach().to("cpu", copy=True) for name, t in weights.state_dict().items()}
+        self.checked_weights = _moved(weights.state_dict(), "cpu", copy=True)
 
     def check(self, form, layer, tol: float, where: str, notes: dict, checks_training: bool) -> None:
         if self.reference is None:
