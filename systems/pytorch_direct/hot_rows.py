@@ -29,13 +29,28 @@ def _count(value, what: str) -> int:
     return number
 
 
+# Unsigned types wider than a byte: torch has no min() or max() of them, and a uint64 value from
+# 2^63 up turns negative as int64 (an error would then name a value that was never given).
+WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
+
+def _as_int64(values: torch.Tensor, what: str) -> torch.Tensor:
+    """``values`` (integers of any type, on any device) as int64, refused where a value does not
+    fit; unsigned ones are checked on the host."""
+    if values.dtype == torch.uint64 and values.numel():
+        largest = int(values.cpu().numpy().max())
+        if largest >= 2**63:
+            raise UserError(f"{what} holds {largest}, too large for an int64 id or count")
+    return values.to(torch.int64)
+
+
 def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
     """``ids`` (any shape) as a flat int64 host tensor, refused unless it holds integers: a float
     id would be truncated and a boolean mask read as the ids 0 and 1, both without a word."""
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         kind = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise UserError(f"{what} must be a tensor of integer row ids, got {kind}")
-    return ids.to("cpu", torch.int64).reshape(-1)
+    return _as_int64(ids, what).to("cpu").reshape(-1)
 
 
 def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tensor:
@@ -50,23 +65,26 @@ def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tenso
     return counts
 
 
-def _check_counts(counts: torch.Tensor) -> None:
+def _check_counts(counts: torch.Tensor) -> torch.Tensor:
     """Counts are reads per row, as :func:`count_rows` gives them: a 1-D tensor of integers (float
-    weights would be truncated to whole reads, and a 2-D tensor sorted row by row)."""
+    weights would be truncated to whole reads, and a 2-D tensor sorted row by row). Returns them as
+    int64 (torch neither sorts nor takes the minimum of every integer type)."""
     if not isinstance(counts, torch.Tensor) or counts.dim() != 1 or counts.is_floating_point() or counts.is_complex():
         kind = f"{counts.dtype} of shape {tuple(counts.shape)}" if isinstance(counts, torch.Tensor) else type(counts)
         raise UserError(f"counts must be a 1-D tensor of integer reads per row (count_rows), got {kind}")
     if counts.dtype == torch.bool:
         raise UserError("counts must be a 1-D tensor of integer reads per row (count_rows), got torch.bool")
+    counts = _as_int64(counts, "counts")
     if counts.numel() and int(counts.min()) < 0:  # a share of reads above 1 otherwise
         raise UserError(f"counts are reads per row and cannot be negative, got {int(counts.min())}")
+    return counts
 
 
 def hottest_rows(counts: torch.Tensor, capacity: int) -> torch.Tensor:
     """The ``capacity`` most read rows, most read first; rows never read are left out, and equal
     counts go to the lower row id."""
     capacity = _count(capacity, "capacity")
-    _check_counts(counts)
+    counts = _check_counts(counts)
     # A stable sort keeps equal counts in row order.
     order = torch.sort(counts, descending=True, stable=True).indices
     return order[: min(capacity, int((counts > 0).sum()))]
@@ -76,7 +94,7 @@ def hit_rate(counts: torch.Tensor, rows: torch.Tensor) -> float:
     """The share of the counted reads that a cache of ``rows`` serves."""
     # Checked, not indexed blindly: a negative row would wrap around to the last rows, and a row
     # named twice would count its reads twice (a cache holds it once).
-    _check_counts(counts)
+    counts = _check_counts(counts)
     rows = _row_ids(rows, "rows").unique()
     if rows.numel() and not 0 <= int(rows[0]) <= int(rows[-1]) < counts.numel():
         raise UserError(f"rows {int(rows[0])}..{int(rows[-1])} outside counts of {counts.numel()} rows")
@@ -118,6 +136,8 @@ class HotRows:
         if not isinstance(idx, torch.Tensor) or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
             kind = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise UserError(f"idx must be a tensor of integer row ids, got {kind}")
+        if idx.dtype in WIDE_UNSIGNED:  # torch indexes with none of them
+            idx = _as_int64(idx, "idx")
         if idx.device.type == "cpu" and idx.numel():
             low, high = int(idx.min()), int(idx.max())
             if low < 0:

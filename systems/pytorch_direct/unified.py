@@ -34,20 +34,38 @@ from __future__ import annotations
 import gc
 import weakref
 
+import numpy as np
 import torch
 
 from harness import resources
 from harness.arguments import whole_number
+from harness.errors import NeedsGpuError
 from systems import nvrtc
 from systems.pytorch_direct import dispatch
+from systems.pytorch_direct.ops import KERNELS
 
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 
 
+class NoGpuError(NeedsGpuError, RuntimeError):
+    """No CUDA GPU to register memory with: the suite's one-line error, and a RuntimeError as this
+    refusal always was, for code that catches that."""
+
+
 def _cudart():
     if not torch.cuda.is_available():
-        raise RuntimeError("UnifiedTensor needs a CUDA GPU; none is available")
+        raise NoGpuError("UnifiedTensor needs a CUDA GPU; none is available (on the CPU, gather with t.index_select)")
     return torch.cuda.cudart()
+
+
+def _check_options(kernel, dedup, max_threads) -> None:
+    """The kernel options, refused when given (not at the first gather, nor hidden behind a missing GPU)."""
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if dedup is not None and not isinstance(dedup, bool | np.bool_):
+        raise ValueError(f"dedup must be a bool, got {dedup!r}")
+    if max_threads is not None and whole_number(max_threads) is None:
+        raise ValueError(f"max_threads must be a whole number >= 0 (0: all), got {max_threads!r}")
 
 
 def _unregister(tensor: torch.Tensor, nbytes: int) -> None:
@@ -121,6 +139,7 @@ class UnifiedTensor:
                 "the tensor is a view into a larger allocation; the driver pins whole allocations, "
                 "so pin the tensor that owns the memory (or pass view.clone())"
             )
+        _check_options(kernel, dedup, max_threads)
         self.options = {
             k: v for k, v in (("loads", kernel), ("dedup", dedup), ("max_threads", max_threads)) if v is not None
         }

@@ -103,6 +103,8 @@ class NeighborSampler:
         self.device = torch.device("cpu" if place == "cpu" else "cuda")
         if place == "uva":
             if not (indptr.is_pinned() and indices.is_pinned()):
+                if not torch.cuda.is_available():  # without a GPU nothing can be pinned: say what is missing
+                    raise NeedsGpuError("place='uva' samples on a CUDA GPU, and torch sees none here: use place='cpu'")
                 raise UserError("place='uva' needs the CSR in pinned host memory (UnifiedTensor or pin_memory())")
             if not (indptr.is_contiguous() and indices.is_contiguous()):
                 raise UserError("place='uva' needs a contiguous CSR (a dense copy would not be pinned)")
@@ -163,15 +165,23 @@ class NeighborSampler:
             raise UserError(f"seeds must be a 1-D tensor of node ids, got {type(seeds).__name__}")
         if seeds.dim() != 1 or seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
             raise UserError(f"seeds must be a 1-D tensor of node ids, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+        if seeds.device.type not in ("cpu", "cuda"):  # a meta tensor has no ids to check
+            raise UserError(f"seeds must be node ids in host or GPU memory, got a tensor on {seeds.device}")
+        wraps = seeds.dtype == torch.uint64  # an id from 2^63 up turns negative as int64: named as given
         seeds = seeds.to(torch.int64)
         if seeds.numel() and not 0 <= int(seeds.min()) <= int(seeds.max()) < self.num_nodes:
-            bad = seeds[(seeds < 0) | (seeds >= self.num_nodes)][0]
-            raise UserError(f"seed node {int(bad)} is out of range for a graph of {self.num_nodes} nodes")
+            bad = int(seeds[(seeds < 0) | (seeds >= self.num_nodes)][0])
+            bad += 2**64 if wraps and bad < 0 else 0
+            raise UserError(f"seed node {bad} is out of range for a graph of {self.num_nodes} nodes")
         if seeds.unique().numel() != seeds.numel():
             raise UserError("seed nodes of a batch must be distinct")
         if seeds.device.type == self.device.type:  # "cuda:0" is the sampler's "cuda": no copy, no pinning
             return seeds.to(self.device)
-        return (seeds.pin_memory() if self.device.type == "cuda" else seeds).to(self.device, non_blocking=True)
+        if self.device.type == "cpu":
+            # Not non_blocking: a copy to the host that does not block hands back a tensor the GPU
+            # has yet to fill, and the C++ kernel would read it at once.
+            return seeds.to(self.device)
+        return seeds.pin_memory().to(self.device, non_blocking=True)
 
     def bounds(self, batch_size: int) -> list[int]:
         """The most nodes each hop's frontier can hold: the seeds, then each hop's new nodes

@@ -56,6 +56,8 @@ def _(table, rows):
 @read_rows.register_kernel("cuda")
 def _(table, rows):
     _check_arguments(table, rows)
+    if rows.device.index != torch.cuda.current_device():  # the kernel runs on the current GPU
+        raise ValueError(f"rows is on {rows.device}, the current GPU is cuda:{torch.cuda.current_device()}")
     if not table.is_pinned():
         raise ValueError("table must be page-locked (pin_memory()) for GPU zero-copy reads")
     out = torch.empty((rows.shape[0], table.shape[1]), dtype=torch.uint8, device=rows.device)

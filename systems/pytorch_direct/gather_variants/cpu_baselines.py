@@ -45,7 +45,7 @@ def make_cpu_gather(b: Batch):
 
 def chunk_rows(b: Batch) -> int:
     """Rows per chunk of cpu_gather_pipelined."""
-    return max(1, PIPELINE_CHUNK_BYTES // b.row_bytes)
+    return max(1, PIPELINE_CHUNK_BYTES // max(1, b.row_bytes))  # a row of no features counts as a byte
 
 
 def make_pipelined(b: Batch):
