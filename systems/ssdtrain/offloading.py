@@ -24,7 +24,9 @@ the model's repeated class; or pass ``layers=[...]``):
   holds). Both are planned (planning.py) from a profile of the first forward and backward, which
   keeps everything, and the store's bandwidth (measured then, unless ``bandwidth`` gives it in
   B/s); the plan applies from the next forward on, in this block or, where the block ended after
-  that step (a block entered once per step), in the next one, and is kept (``session.plan``).
+  that step (a block entered once per step), in the next one, and is kept (``session.plan``). Where
+  the model itself is not called (a container whose parts the loop calls, ``model.forward(...)``),
+  the next forward's first block plans: offloading from then on, recomputation from the next forward.
 - a ``planning.Plan``: its decisions, one per block, applied as they are (``keep_last`` does not
   apply: the plan was made with it).
 - a callable ``decide(block_index) -> "keep" | "offload" | "recompute"``, asked for every block
@@ -66,7 +68,7 @@ from systems.ssdtrain import planning
 from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_offloaders, in_backward
 from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan
-from systems.ssdtrain.recompute import checkpointed
+from systems.ssdtrain.recompute import checkpointed, warn_of_generators
 from systems.ssdtrain.stats import StepStats
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.stores.host import HostStore
@@ -216,13 +218,17 @@ class Offloading:
         block keeps its inputs)."""
         return OFFLOAD if self.decisions is not None and self.decisions[index] == OFFLOAD else KEEP
 
-    def _recompute(self, stack: contextlib.ExitStack) -> None:
-        # A block Hugging Face checkpoints already is recomputed: checkpointing it twice only costs.
-        blocks = [
+    def _recomputed(self) -> list[nn.Module]:
+        """The blocks the decisions recompute, but those Hugging Face checkpoints already:
+        checkpointing them twice only costs."""
+        return [
             layer
             for layer, decision in zip(self.layers, self.decisions)
             if decision == RECOMPUTE and not getattr(layer, "gradient_checkpointing", False)
         ]
+
+    def _recompute(self, stack: contextlib.ExitStack) -> None:
+        blocks = self._recomputed()
         if blocks:
             _no_key_value_cache(self.model, stack)
         stack.enter_context(checkpointed(blocks))
@@ -233,16 +239,48 @@ class Offloading:
         start of the next forward, before any block runs (so a recomputed block is wrapped in time)."""
         timer = planning.LayerTimer(self.layers, _device(self.model))
         stack.callback(timer.remove)
+        # The plan is made when the next forward starts: in the model's pre-hook, or in the first
+        # block's where the model itself is not called (its forward called directly, a container
+        # without a forward whose parts the loop calls, blocks the loop runs itself). A block's
+        # forward is looked up before its pre-hooks run, so every block the plan may recompute is
+        # wrapped now and recomputes once the plan says so (``live``).
+        index = {id(layer): i for i, layer in enumerate(self.layers)}
+        live, planned_at = [], []  # planned_at: the backward count when a block's pre-hook planned
 
-        def plan_before_forward(module, args):
-            if self.decisions is None and self.offloader.backwards and not in_backward():
-                timer.remove()
-                hook.remove()
+        def recomputes(layer: nn.Module) -> bool:
+            return bool(live) and self.decisions[index[id(layer)]] == RECOMPUTE
+
+        wrapped = [layer for layer in self.layers if not getattr(layer, "gradient_checkpointing", False)]
+        stack.enter_context(checkpointed(wrapped, when=recomputes))
+
+        def plan_before_forward(module, *args):
+            if live or in_backward():
+                return
+            if self.decisions is None:
+                if not self.offloader.backwards:
+                    return  # still the profiled step
+                timer.stop()  # its hooks go with the with block's end (see LayerTimer.stop)
                 self._make_plan(timer)
-                self._recompute(stack)
+                if self._recomputed():
+                    _no_key_value_cache(self.model, stack)
+                    warn_of_generators(self._recomputed(), stacklevel=6)
+                if module is not self.model:
+                    # A forward has begun (a Hugging Face key-value cache may be on in it, which a
+                    # recomputed block would find filled): the plan offloads from this block on and
+                    # recomputes from the next forward.
+                    planned_at.append(self.offloader.backwards)
+                    return
+            elif self.offloader.backwards <= planned_at[0]:
+                return
+            live.append(True)
+            for hook in hooks:
+                hook.remove()
 
-        hook = self.model.register_forward_pre_hook(StepHook(plan_before_forward))
-        stack.callback(hook.remove)
+        # Prepended: before the offloader's hooks ask a block's decision for this forward.
+        hooks = [self.model.register_forward_pre_hook(StepHook(plan_before_forward))]
+        hooks += [layer.register_forward_pre_hook(StepHook(plan_before_forward), prepend=True) for layer in self.layers]
+        for hook in hooks:
+            stack.callback(hook.remove)
 
         def plan_at_exit(exc_type, exc, tb) -> bool:
             # A block entered once per step ends after the profiled step: plan now, for the next block.

@@ -343,6 +343,7 @@ class LayerTimer:
         self.device = device_of(device)
         self.starts, self.ends, self.inputs = {}, {}, {}
         self.ran_without_gradients = False  # a layer ran in forward with gradients off (told when none ran)
+        self.stopped = False
         self._hooks = []
         for index, layer in enumerate(layers):
             before = StepHook(functools.partial(self._before, index))
@@ -354,6 +355,8 @@ class LayerTimer:
         return torch._C._current_graph_task_id() == -1 and torch.is_grad_enabled()
 
     def _before(self, index, module, args, kwargs):
+        if self.stopped:
+            return
         if not self._recorded():
             if torch._C._current_graph_task_id() == -1:
                 self.ran_without_gradients = True
@@ -368,7 +371,7 @@ class LayerTimer:
         self.starts[index] = _mark(self.device)
 
     def _after(self, index, module, args, output):
-        if self._recorded():
+        if self._recorded() and not self.stopped:
             self.ends[index] = _mark(self.device)
 
     def input_bytes(self, count: int) -> list[int]:
@@ -391,6 +394,11 @@ class LayerTimer:
         """Each recorded layer's forward time (waits for the device first)."""
         _synchronize(self.device)
         return {i: timing.elapsed(self.starts[i], self.ends[i]) for i in self.starts if i in self.ends}
+
+    def stop(self) -> None:
+        """Record nothing more. Unlike :meth:`remove`, safe inside a hook of the layers: torch calls
+        the hooks it has collected for a call even once removed, a keyword one then without its keywords."""
+        self.stopped = True
 
     def remove(self) -> None:
         for hook in self._hooks:

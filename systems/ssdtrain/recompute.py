@@ -60,14 +60,20 @@ def tensors_in(values) -> Iterator[torch.Tensor]:
 
 @contextlib.contextmanager
 def checkpointed(
-    layers: list[nn.Module], checkpoint: Callable = TORCH_CHECKPOINT, inputs: dict[StorageKey, int] | None = None
+    layers: list[nn.Module],
+    checkpoint: Callable = TORCH_CHECKPOINT,
+    inputs: dict[StorageKey, int] | None = None,
+    when: Callable[[nn.Module], bool] | None = None,
 ):
     """Within the block, each of ``layers`` runs its forward through ``checkpoint``, given the
     forward's tensors (see the module). ``inputs`` (if given) collects the storages of the blocks'
     tensor inputs, which checkpointing holds for backward: their identity (cache.StorageKey) ->
     bytes, each storage once. torch's checkpoint saves the tensor inputs through the saved-tensor
-    hooks around it (an Offloader counts them there too). The blocks' own forwards are back when
-    the block ends, however it ends."""
+    hooks around it (an Offloader counts them there too). ``when`` (if given) is asked at each call
+    of a block whether to recompute it (no: its own forward runs), for a decision made while the
+    blocks run (a plan): a block's forward is looked up before its pre-hooks run, so it must be
+    wrapped beforehand; the caller then warns of the blocks it recomputes (``warn_of_generators``).
+    The blocks' own forwards are back when the block ends, however it ends."""
     if not layers:
         yield
         return
@@ -83,7 +89,8 @@ def checkpointed(
             references.append(reference)
             inputs[key] = tensor.untyped_storage().nbytes()
 
-    _warn_of_generators(layers)
+    if when is None:
+        warn_of_generators(layers)
     hooks = (
         [layer.register_forward_pre_hook(StepHook(hold), with_kwargs=True) for layer in layers]
         if inputs is not None
@@ -93,7 +100,7 @@ def checkpointed(
     before = [vars(layer).get("forward") for layer in layers]
     for layer, forward in zip(layers, before):
         # An instance attribute shadows the class's forward; nn.Module.__call__ finds it.
-        layer.forward = InstalledForward(_recomputed(layer, layer.forward, checkpoint), layer, forward)
+        layer.forward = InstalledForward(_recomputed(layer, layer.forward, checkpoint, when), layer, forward)
     try:
         yield
     finally:
@@ -106,7 +113,9 @@ def checkpointed(
             hook.remove()
 
 
-def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Callable:
+def _recomputed(
+    layer: nn.Module, forward: Callable, checkpoint: Callable, when: Callable[[nn.Module], bool] | None = None
+) -> Callable:
     """``forward`` run through ``checkpoint``, its keyword arguments bound, its recomputation run
     from the buffers as this forward found them, on copies (see the module's docstring). A block
     without buffers (a transformer layer) has nothing to copy."""
@@ -116,6 +125,8 @@ def _recomputed(layer: nn.Module, forward: Callable, checkpoint: Callable) -> Ca
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)  # nothing saved, nothing recomputed (checkpoint does the same)
+        if when is not None and not when(layer):
+            return forward(*args, **kwargs)
         if checkpoint is TORCH_CHECKPOINT:
             tensors: list[torch.Tensor] = []
             shapes = _lift(args, tensors), _lift(kwargs, tensors)  # the arguments, each tensor an index
@@ -247,7 +258,7 @@ def _rebuilt(value, each: Callable):
     return value
 
 
-def _warn_of_generators(layers: list[nn.Module]) -> None:
+def warn_of_generators(layers: list[nn.Module], stacklevel: int = 7) -> None:
     """Warn where a recomputed block holds a ``torch.Generator``: the recomputation draws from it
     again (dropout of other masks), so its gradients would not be those of a plain run."""
     for layer in layers:
@@ -258,6 +269,6 @@ def _warn_of_generators(layers: list[nn.Module]) -> None:
                     f"a recomputed {type(layer).__name__} holds a torch.Generator ({type(module).__name__}.{name}): "
                     "its recomputation draws from it again, so its gradients differ from a plain run's; keep or "
                     "offload this block, or draw from the global generator",
-                    stacklevel=7,  # offload()'s with statement
+                    stacklevel=stacklevel,  # 7: offload()'s with statement
                 )
                 return
