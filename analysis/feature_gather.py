@@ -394,6 +394,8 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from analysis import style
 
+style.entry_labels(GATHER_VARIANTS)  # a user's own entries under the labels they register
+
 MEASURED = machine_label(provenance)
 # Always bold: the suite's paths that the figures are about, and the bound. The competitors drawn
 # bold are picked per panel from its data (emphasised()).

@@ -622,6 +622,8 @@ from matplotlib.patches import Patch
 
 from analysis import style
 
+style.entry_labels(REGISTRY)  # a user's own entries under the labels they register
+
 MEASURED = machine_label(provenance)
 # What a "-like" graph is, in the same words in every figure that shows one.
 GENERATED_WORDS = '"-like" graphs: synthetic, generated with the statistics of the datasets they are named after'

@@ -217,11 +217,21 @@ def store_marker(store) -> str:
     return UNSEEN_MARKERS[zlib.crc32(str(store).encode()) % len(UNSEEN_MARKERS)]
 
 
+# The labels registry entries give (``Entry.label``), by name, once a notebook has read them from
+# its registry (entry_labels): how a user's own entry, one from SUITE_PLUGINS, is named in figures.
+ENTRY_LABELS: dict[str, str] = {}
+
+
+def entry_labels(registry) -> None:
+    """Take the labels of ``registry``'s entries, for :func:`readable`."""
+    ENTRY_LABELS.update({entry.name: entry.label for entry in registry if entry.label})
+
+
 def readable(name, label: str = "") -> str:
     """Plain words for a registry id (``hector_best`` -> "Hector, all passes"); for a name the
-    suite does not know, ``label`` (the label its registry entry gives, if any) or the name as it
-    is, so that a user's own entry is recognisable."""
-    return READABLE.get(str(name), label or str(name))
+    suite does not know, ``label`` (the label its registry entry gives, if any: given here, or read
+    by :func:`entry_labels`) or the name as it is, so that a user's own entry is recognisable."""
+    return READABLE.get(str(name), label or ENTRY_LABELS.get(str(name)) or str(name))
 
 
 def axis_label(column: str, scale: str = "") -> str:

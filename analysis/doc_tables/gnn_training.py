@@ -18,6 +18,7 @@ from analysis import style
 from analysis.common import same_code_reruns
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
 from harness.results import load_provenance
+from workloads.gnn.pipelines import PIPELINE_KINDS
 from workloads.gnn_training import BUDGET_SWEEPS
 
 # One group: a part's graph and a model (a part is one graph size: papers and papers_full share a name).
@@ -35,7 +36,8 @@ GNN_LABELS = {"all_in_gpu": "all in GPU memory (no feature transfer)"}
 
 def pipeline_label(variant: str) -> str:
     """Plain words for a GNN training pipeline, in every GNN figure and legend."""
-    return GNN_LABELS.get(variant) or style.readable(variant)
+    registered = PIPELINE_KINDS[variant].label if variant in PIPELINE_KINDS else ""  # a user's pipeline's own
+    return GNN_LABELS.get(variant) or style.readable(variant, registered)
 
 
 def with_runs(committed: pd.DataFrame, reruns: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from harness.errors import UserError
+from harness.errors import UserError, WrongResult
 from harness.progress import progress, report
 from harness.timing import PhaseClock
 from systems.pytorch_direct.dispatch import choose_for
@@ -33,8 +33,10 @@ from workloads.gnn.pipelines import (
     PIPELINES,
     ROLE,
     UNAVAILABLE_PIPELINES,
+    GatheredBatch,
     Graph,
     Pipeline,
+    batch_number,
     workers_of,
 )
 from workloads.gnn.worker_split import (
@@ -223,6 +225,7 @@ def train_case(
 
     pipeline = make_pipeline(workers, threads_per_worker)
     try:
+        check_rows(pipeline, "before")
         for metric, (value, unit) in pipeline.setup_metrics.items():
             add(metric, value, unit)
         summary = measure_pipeline(
@@ -235,12 +238,37 @@ def train_case(
             warmup=warmup,
             device=device,
         )
+        check_rows(pipeline, "after")  # one right at first and wrong later (a buffer reused too soon)
     finally:
         pipeline.close()  # its sampling workers, also when training fails
     misfits = record_gpu_memory(add, held or {}, memory_budgets) if device == "cuda" else {}
     for row in rows:
         writer.add(**row)
     return summary, split, misfits
+
+
+CHECKED_BATCHES = 2  # batches whose rows are checked before and after a pipeline is timed
+
+
+def check_rows(pipeline: Pipeline, when: str) -> None:
+    """Refuse, in one line, a pipeline whose feature rows differ from the table's rows of the
+    batch's nodes, byte for byte, as feature_gather checks a gather variant: a wrong pipeline is
+    never timed. Its own gather runs on batches sampled here from the first training nodes (the
+    sampler and the loader's finishing step, as its workers would; a cache it fills is read)."""
+    graph, size = pipeline.graph, pipeline.batch_size
+    for index, seeds in enumerate(graph.train_idx[: CHECKED_BATCHES * size].split(size)):
+        item = pipeline.training_batches.finish(pipeline.sampler.sample(seeds, batch_number(0, index)))
+        x, _ = pipeline.kind.gather(pipeline, item)
+        if pipeline.device.type == "cuda":
+            torch.cuda.synchronize()  # a gather may run on the pipeline's side stream
+        n_id = (item.subgraph if isinstance(item, GatheredBatch) else item).n_id.cpu()
+        expected = graph.features[n_id]
+        if not isinstance(x, torch.Tensor) or x.shape != expected.shape or not torch.equal(x.cpu(), expected):
+            raise WrongResult(
+                f"gnn_training: pipeline '{pipeline.name}' gave feature rows that differ from the table's rows of "
+                f"the batch's nodes ({when} timing); nothing of it is measured"
+            )
+    pipeline.epoch_metrics()  # what the check's batches counted (a cache's hits) belongs to no epoch
 
 
 def record_gpu_memory(add, held: dict[str, int], memory_budgets) -> dict[float, str]:
