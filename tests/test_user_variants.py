@@ -122,3 +122,28 @@ def test_figures_name_a_users_entry_by_the_label_it_registers():
         assert pipeline_label("user_labelled") == "my plain gather"
     finally:
         PIPELINE_KINDS.unregister("user_labelled")
+
+
+def test_the_check_leaves_no_id_map_on_the_training_thread():
+    """The sampler keeps an id map of every node per sampling thread (on the GPU where it samples
+    there): one the check left on the training thread would stay through the timed epochs of a
+    pipeline that samples on its prefetch thread, and count in their GPU memory peak."""
+    pipeline = Pipeline("cpu_gather", _ring(), [2, 2], 8, seed=0)
+    train.check_rows(pipeline, "before")
+    assert getattr(pipeline.sampler._per_thread, "position", None) is None
+    made = pipeline.sampler.position  # one the training thread made itself (a cache's fill) is kept
+    train.check_rows(pipeline, "after")
+    assert pipeline.sampler.position is made
+
+
+def test_rows_of_another_type_are_refused_even_where_their_values_are_equal():
+    def half_rows(pipeline, sub):
+        x, moved = gather_in_process(pipeline, sub)
+        return x.half(), moved  # the ring's values are whole numbers, exact in float16
+
+    PIPELINE_KINDS.register(PipelineKind("user_half_rows", "baseline", gather=half_rows))
+    try:
+        with pytest.raises(WrongResult):
+            train.check_rows(Pipeline("user_half_rows", _ring(), [2, 2], 8, seed=0), "before")
+    finally:
+        PIPELINE_KINDS.unregister("user_half_rows")

@@ -16,6 +16,7 @@ and one that runs is capped at the largest and recorded as fitting each budget o
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -255,20 +256,34 @@ def check_rows(pipeline: Pipeline, when: str) -> None:
     batch's nodes, byte for byte, as feature_gather checks a gather variant: a wrong pipeline is
     never timed. Its own gather runs on batches sampled here from the first training nodes (the
     sampler and the loader's finishing step, as its workers would; a cache it fills is read)."""
+    # On a thread of its own, which ends with the check: the sampler keeps an id map of every node
+    # for each thread that samples (in GPU memory where it samples on the GPU). One left on this
+    # thread would stay through the timed epochs of a pipeline that samples on its prefetch thread,
+    # in their GPU memory peak, and a forked loader worker would inherit it.
+    device = torch.cuda.current_device() if pipeline.device.type == "cuda" else None
+    with ThreadPoolExecutor(1, thread_name_prefix=f"{pipeline.name}-row-check") as thread:
+        thread.submit(_check_batches, pipeline, when, device).result()
+    pipeline.epoch_metrics()  # what the check's batches counted (a cache's hits) belongs to no epoch
+
+
+def _check_batches(pipeline: Pipeline, when: str, device: int | None) -> None:
+    if device is not None:
+        torch.cuda.set_device(device)
     graph, size = pipeline.graph, pipeline.batch_size
     for index, seeds in enumerate(graph.train_idx[: CHECKED_BATCHES * size].split(size)):
         item = pipeline.training_batches.finish(pipeline.sampler.sample(seeds, batch_number(0, index)))
         x, _ = pipeline.kind.gather(pipeline, item)
-        if pipeline.device.type == "cuda":
+        if device is not None:
             torch.cuda.synchronize()  # a gather may run on the pipeline's side stream
         n_id = (item.subgraph if isinstance(item, GatheredBatch) else item).n_id.cpu()
         expected = graph.features[n_id]
-        if not isinstance(x, torch.Tensor) or x.shape != expected.shape or not torch.equal(x.cpu(), expected):
+        # The type too: torch.equal holds float16 rows equal to float32 ones of the same values.
+        same = isinstance(x, torch.Tensor) and (x.shape, x.dtype) == (expected.shape, expected.dtype)
+        if not (same and torch.equal(x.cpu(), expected)):
             raise WrongResult(
                 f"gnn_training: pipeline '{pipeline.name}' gave feature rows that differ from the table's rows of "
                 f"the batch's nodes ({when} timing); nothing of it is measured"
             )
-    pipeline.epoch_metrics()  # what the check's batches counted (a cache's hits) belongs to no epoch
 
 
 def record_gpu_memory(add, held: dict[str, int], memory_budgets) -> dict[float, str]:
