@@ -199,6 +199,15 @@ class ModelSpec:
                 raise UserError(f"{self.family} {name} must be a positive integer, got {value!r}")
         if self.hidden % self.heads:
             raise UserError(f"{self.family} hidden {self.hidden} is not divisible by its {self.heads} heads")
+        if FAMILY[self.family].llama_style and self.head_dim % 2:
+            # Rotary positions turn pairs of a head's channels; transformers refuses an odd width with a traceback.
+            raise UserError(
+                f"{self.family} heads of width {self.head_dim} (hidden {self.hidden} / {self.heads} heads): rotary "
+                "positions need an even head width"
+            )
+        if self.task == "causal" and self.sequence < 2:
+            # Each position predicts the next token: a sequence of one has nothing to predict, and a NaN loss.
+            raise UserError(f"{self.family} sequence {self.sequence}: a causal model needs 2 tokens to predict one")
         if self.kv_heads != self.heads and not FAMILY[self.family].llama_style:
             raise UserError(f"{self.family} has no grouped-query attention: kv_heads must equal heads ({self.heads})")
         if self.heads % self.kv_heads:

@@ -85,11 +85,30 @@ def _model_spec(entry: dict) -> tuple[str, ModelSpec]:
     return name, s
 
 
+def _check_model_names(entries) -> None:
+    """Refuse, before anything is built, an entry that is not a valid model, one listed twice and two models
+    under one dataset name (the name shows hidden, layers, sequence and micro-batch, not heads,
+    kv_heads or vocab): their rows and notes would be taken for one model's."""
+    seen: dict[str, ModelSpec] = {}
+    for entry in entries:
+        name, s = _model_spec(entry)
+        if name in seen and seen[name] == s:
+            raise UserError(f"the model {name!r} is listed twice in the config: its rows would be recorded twice")
+        if name in seen:
+            differ = [f.name for f in dataclasses.fields(s) if getattr(s, f.name) != getattr(seen[name], f.name)]
+            raise UserError(
+                f"two models of the config are both named {name!r} (they differ in {', '.join(differ)}): "
+                "measure them in separate runs or change a field the name shows"
+            )
+        seen[name] = s
+
+
 def policies(params, writer, *, repeat, warmup, device, scratch_dir, **_):
     """Every policy and store on every model of the scale: checked, then timed (see the module)."""
     if "models" not in params:
         raise UserError("this part has no block for this scale in config/llm_offload.yaml")
     notes = {"skipped": {}, "models": {}}
+    _check_model_names(params["models"])
     for entry in params["models"]:
         _policies_of_model(
             entry, params, writer, notes, repeat=repeat, warmup=warmup, device=device, scratch_dir=scratch_dir
@@ -138,10 +157,12 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     }
     with deterministic(device):
         reference = one_step(model, batch)
+        # Before the reproduction check: a NaN loss never equals itself, and that check would blame
+        # the reproduction instead of the step.
+        if not torch.isfinite(reference[0]) or not any(g.any() for g in reference[1].values()):
+            raise NotBitIdentical(f"{dataset}: the reference step has a non-finite loss or all-zero gradients")
         # The reference must reproduce itself, or no comparison with it means anything.
         check_identical("keep (a second reference step)", reference, one_step(model, batch))
-    if not torch.isfinite(reference[0]) or not any(g.any() for g in reference[1].values()):
-        raise NotBitIdentical(f"{dataset}: the reference step has a non-finite loss or all-zero gradients")
     base = {
         "device": device,
         "family": s.family,
@@ -202,6 +223,10 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
                 with deterministic(device), policy.reading_back(), raised_in(f"variant {variant.label} ({dataset})"):
                     result = one_step(model, batch, policy)  # the store's bytes are checked too
                 deviation = verify(variant.label, variant, result)
+                if variant.store is not None and not (policy.history and policy.history[-1].get("bytes_written")):
+                    # Its check compared keep with keep (min_bytes above every tensor, or every block
+                    # kept): say so, where the rows alone would count it among the checked offloaders.
+                    model_notes.setdefault("checked_without_offloading", []).append(variant.label)
                 if variant.policy.name == choose.COMPILED_REFERENCE:
                     model_notes.setdefault("deviation_from_keep", {})[variant.label] = deviation
                     compiled_reference = result
