@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import time
 
 import torch
 
@@ -186,7 +187,7 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
         runs += _planned(params, profiler, planned, planned_setups)
     if planned_compiled:
         runs += _planned(params, profiler, planned_compiled, compiled_setups, compiled=True)
-    bounds = _bounds(params, profiler, [v for v in runs if v.policy.name == "offload_all"])
+    bounds = _bounds(params, profiler, [v for v in runs if v.policy.name in BOUNDED])
     checked, failed_peer = [], None
     compiled_reference = None  # compiled keep's step, once it passed its own check
     # How far keep's step moves between eager kernels: the room compiled keep's rounding gets.
@@ -259,7 +260,10 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
             held = _HeldRows()  # written only once the check after timing passes
             timed = (variant, policy, model, batch, optimizer, held, dataset, base, params, s)
             with raised_in(f"variant {variant.label} ({dataset}), timed"):
-                _time(*timed, repeat, warmup, device, bounds.get(variant.label))
+                optimizer_seconds = _time(*timed, repeat, warmup, device, bounds.get(variant.label))
+            # The measured ``time`` holds AdamW's step, the plans' predicted time does not: its own
+            # seconds let a prediction be set against the forward and backward it predicts.
+            model_notes.setdefault("optimizer_seconds", {})[variant.label] = optimizer_seconds
             model.load_state_dict(checked_weights)
             try:
                 with deterministic(device), policy.reading_back():
@@ -295,9 +299,10 @@ class _HeldRows:
 
 def _time(variant, policy, model, batch, optimizer, writer, dataset, base, params, s, repeat, warmup, device, bound):
     """Time ``policy``'s training steps and record them with what each step saved and moved (and
-    ``bound``, the offloading bound of its store, where given)."""
+    ``bound``, the offloading bound of its store, where given). Returns the seconds of each timed
+    step's optimizer step (AdamW), which the recorded ``time`` includes."""
     policy.history.clear()
-    allocated, peaks = [], []
+    allocated, peaks, optimizer_spans = [], [], []
 
     def train_step():
         # Gradients stay allocated (zeroed, not freed): they are part of the memory the step starts
@@ -311,7 +316,9 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
             # The peak of forward and backward, read before the optimizer step: AdamW's temporaries
             # (the size of the weights, twice over) would otherwise set it.
             peaks.append(torch.cuda.max_memory_allocated())
+        optimizer_spans.append(_span_start(device))
         optimizer.step()
+        optimizer_spans[-1] = _span_end(device, optimizer_spans[-1])
 
     m = measure(
         train_step,
@@ -337,6 +344,33 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
             counts["activation_peak"] = peaks[warmup + rep] - allocated[warmup + rep]
         for metric, value in counts.items():
             row(metric, value, rep)
+    return [_span_seconds(span) for span in optimizer_spans[warmup : warmup + repeat]]
+
+
+def _span_start(device):
+    """The start of a span of the step: a CUDA event on a GPU (no synchronization inside the timed
+    step), the host clock elsewhere."""
+    if device == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def _span_end(device, start):
+    if device == "cuda":
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        return (start, end)
+    return time.perf_counter() - start
+
+
+def _span_seconds(span) -> float:
+    if isinstance(span, tuple):
+        start, end = span
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    return float(span)
 
 
 def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False) -> list[choose.Variant]:
@@ -379,17 +413,22 @@ def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False
     return out
 
 
+# The policies that offload every block but the last keep_last: each gets the bound of its store.
+BOUNDED = ("offload_all", "offload_all_compiled")
+
+
 def _bounds(params, profiler: Profiler, offloading: list[choose.Variant]) -> dict[str, float]:
-    """Per offload_all variant, the activation-peak reduction its store's bandwidth allows at no time
-    overhead (systems/ssdtrain/bound.py), from the eager blocks' profile; recorded in the notes."""
-    if not offloading:
-        return {}
-    profiles, _, _ = profiler.blocks()
+    """Per variant of a :data:`BOUNDED` policy, the activation-peak reduction its store's bandwidth
+    allows at no time overhead (systems/ssdtrain/bound.py), from the profile of the blocks it runs:
+    eager, or compiled for ``offload_all_compiled`` (a compiled forward saves other tensors over
+    another time); recorded in the notes (``bounds``, ``bounds_compiled``)."""
     out = {}
     for variant in offloading:
+        compiled = bool(variant.policy.compiled)
+        profiles, _, _ = profiler.blocks(compiled)
         found = bound_of_profile(profiles, profiler.bandwidth(variant.store), keep_last=params["keep_last"])
         out[variant.label] = found.activation_bytes
-        profiler.notes.setdefault("bounds", {})[variant.store.label] = {
+        profiler.notes.setdefault("bounds_compiled" if compiled else "bounds", {})[variant.store.label] = {
             "activation_bytes": found.activation_bytes,
             "read_limited": found.read_limited,
         }
