@@ -7,20 +7,12 @@ import pytest
 import torch
 
 from harness.errors import UserError
+from tests.test_llm_offload import ONE_MODEL
 from workloads.llm.models import build, spec
 from workloads.llm_offload import parts
 
-PARAMS = {
-    "seed": 0,
-    "stores": [],
-    "emulated_gbps": [],
-    "keep_last": 1,
-    "min_bytes": 0,
-    "prefetch": 1,
-    "file_threads": 1,
-    "file_block_mib": 1,
-    "compare": [],
-}
+# test_llm_offload's settings of one tiny model, without its model: each test names its own.
+PARAMS = {k: v for k, v in ONE_MODEL.items() if k != "models"} | {"compare": []}
 
 
 class Rows(list):

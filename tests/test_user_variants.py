@@ -32,6 +32,16 @@ def _perturbed(pipeline, sub):
     return x, moved
 
 
+def _refused_before_timing(name: str, gather) -> None:
+    """A pipeline of ``gather``, registered as ``name`` for the test, fails the check before timing."""
+    PIPELINE_KINDS.register(PipelineKind(name, "baseline", gather=gather))
+    try:
+        with pytest.raises(WrongResult):
+            train.check_rows(Pipeline(name, _ring(), [2, 2], 8, seed=0), "before")
+    finally:
+        PIPELINE_KINDS.unregister(name)
+
+
 @pytest.fixture
 def wrong_pipeline():
     name = "user_wrong_rows"
@@ -81,12 +91,7 @@ def test_the_check_reads_every_row_of_a_batch_not_only_the_seeds():
         x[sub.batch_size :] += 1
         return x, moved
 
-    PIPELINE_KINDS.register(PipelineKind("user_neighbours_off", "baseline", gather=neighbours_off))
-    try:
-        with pytest.raises(WrongResult):
-            train.check_rows(Pipeline("user_neighbours_off", _ring(), [2, 2], 8, seed=0), "before")
-    finally:
-        PIPELINE_KINDS.unregister("user_neighbours_off")
+    _refused_before_timing("user_neighbours_off", neighbours_off)
 
 
 def test_the_check_leaves_no_count_in_the_first_epochs_metrics(monkeypatch):
@@ -141,9 +146,4 @@ def test_rows_of_another_type_are_refused_even_where_their_values_are_equal():
         x, moved = gather_in_process(pipeline, sub)
         return x.half(), moved  # the ring's values are whole numbers, exact in float16
 
-    PIPELINE_KINDS.register(PipelineKind("user_half_rows", "baseline", gather=half_rows))
-    try:
-        with pytest.raises(WrongResult):
-            train.check_rows(Pipeline("user_half_rows", _ring(), [2, 2], 8, seed=0), "before")
-    finally:
-        PIPELINE_KINDS.unregister("user_half_rows")
+    _refused_before_timing("user_half_rows", half_rows)
