@@ -263,7 +263,7 @@ class BoundRow(NamedTuple):
 
 def bound_rows(file: Path) -> list[BoundRow]:
     """Per run of ``file`` of a policy of :data:`BOUNDED` (see :func:`bound_rows_of`)."""
-    return bound_rows_of(load([file], TOPIC), load_provenance(file))
+    return bound_rows_of(_load_one(file), load_provenance(file))
 
 
 def bound_rows_of(frame: pd.DataFrame, record: dict) -> list[BoundRow]:
@@ -460,9 +460,11 @@ def checked_exactly(frames) -> tuple[int, int]:
     return len(pairs), len({dataset for dataset, _ in pairs})
 
 
-def percent(values) -> str:
-    """``12%`` or ``2–4%``: fractions as whole percents, their range where they differ."""
-    low, high = f"{min(values):.0%}", f"{max(values):.0%}"
+def percent(values, signed: bool = False) -> str:
+    """``12%`` or ``2–4%`` (``signed``: ``+3%``, ``−12–+4%``): fractions as whole percents, their
+    range where they differ."""
+    form = "{:+.0%}" if signed else "{:.0%}"
+    low, high = (form.format(v).replace("-", "−") for v in (min(values), max(values)))
     return low if low == high else f"{low.removesuffix('%')}–{high}"
 
 
@@ -538,24 +540,14 @@ def prediction_rows(where: str, processes: Sequence[dict], labels: dict[str, str
         if any(t is None for t in times):
             time_cell, met = "time not measured (no optimizer step's seconds recorded)", "not measured"
         else:
-            time_cell = f"time {signed_percent(times)}"
+            time_cell = f"time {percent(times, signed=True)}"
             met = "yes" if peak_ok and max(abs(t) for t in times) <= PREDICTION_TOLERANCE else "no"
         met = "no" if not peak_ok else met
         out.append(
-            f"| {where} | {label}: peak {signed_percent(peaks)}, {time_cell} ({len(errors)} of {len(processes)} "
+            f"| {where} | {label}: peak {percent(peaks, signed=True)}, {time_cell} ({len(errors)} of {len(processes)} "
             f"processes) | {met} |"
         )
     return out
-
-
-def signed_percent(values) -> str:
-    """``+3%`` or ``−12–+4%``: signed fractions as whole percents, their range where they differ."""
-
-    def text(v):
-        return f"{v:+.0%}".replace("-", "−")
-
-    low, high = text(min(values)), text(max(values))
-    return low if low == high else f"{low.removesuffix('%')}–{high}"
 
 
 @table("llm_offload-h200-targets", topic=TOPIC)
