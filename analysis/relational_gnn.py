@@ -1059,7 +1059,7 @@ panels_of = [
 PER_FIGURE = 4  # two models, each mode a full-width panel: room for every slot on every graph
 for what, table, ylabel, unit, best in (
     ("times", time, "time per call (ms, log scale)", 1e3, "fastest"),
-    ("memory", memory, "intermediate memory (MiB, log scale)", 1 / 2**20, "leanest"),
+    ("memory", memory, "intermediate memory\n(MiB, log scale)", 1 / 2**20, "leanest"),  # two lines: a short panel
 ):
     if table.empty:
         continue
