@@ -217,19 +217,24 @@ if not predicted.empty:
         "Layers offloaded / recomputed per plan; the store bandwidth the plan assumed was measured just before. "
         "Predicted seconds are forward and backward from a profiled keep step; measured seconds also hold the "
         "optimizer step, so compare the time each adds to keep's (extra s). Predicted activation bytes are held "
-        "at the end of forward, offloaded layers whose writes are still running counted; measured: the hooks' "
-        "`activation_bytes`, which count a tensor as gone once it is handed to the store.",
+        "at the end of forward, offloaded layers whose writes are still running counted; against them: the hooks' "
+        "`activation_bytes` (a tensor counts as gone once it is handed to the store) and, where a GPU measured "
+        "it, the allocator's activation peak over forward and backward (`activation_peak`), which is what a "
+        "user's memory budget has to hold.",
         "",
         "| model | variant | offloaded | recomputed | store GB/s | predicted s | measured s | predicted extra s "
-        "| measured extra s | predicted MiB | measured MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| measured extra s | predicted MiB | hooks' MiB | allocator peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    peaks = summarize(frame, "activation_peak", KEYS)
     for (dataset, variant), g in predicted.groupby(["dataset", "variant"]):
         first = g.iloc[0]
         value = dict(zip(g.metric, g.value))
         t = step[(step.dataset == dataset) & (step.variant == variant)]["median"].iloc[0]
         keep_t = step[(step.dataset == dataset) & (step.variant == "keep")]["median"].iloc[0]
         h = held[(held.dataset == dataset) & (held.variant == variant)]["median"].iloc[0]
+        peak = peaks[(peaks.dataset == dataset) & (peaks.variant == variant)]["median"]
+        peak_cell = f"{peak.iloc[0] / 2**20:.2f}" if not peak.empty else "not measured"
         # The model predicts forward and backward from the profile's keep step; the measured step
         # also has the optimizer's. The time over keep's compares like with like.
         profiled = profile_keep_seconds(dataset)
@@ -237,7 +242,7 @@ if not predicted.empty:
         lines.append(
             f"| {dataset} | {label(variant)} | {first.layers_offloaded} | {first.layers_recomputed} | "
             f"{first.planned_gbps:.2f} | {value['predicted_time']:.4f} | {t:.4f} | {predicted_extra} | "
-            f"{t - keep_t:.4f} | {value['predicted_activation_bytes'] / 2**20:.2f} | {h / 2**20:.2f} |"
+            f"{t - keep_t:.4f} | {value['predicted_activation_bytes'] / 2**20:.2f} | {h / 2**20:.2f} | {peak_cell} |"
         )
 
 # The cost model against every offload_all run that has a profile: the model as it is now
