@@ -617,6 +617,7 @@ print("\n".join(lines[:40]))
 
 # %%
 from matplotlib import patheffects
+from matplotlib.container import ErrorbarContainer
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
@@ -905,6 +906,13 @@ def model_entries(models) -> dict:
 
 
 RANGE_ENTRY = Line2D([], [], color=MARK_COLOUR, marker="|", linestyle="none", markersize=9, mew=1.2)
+
+
+def whiskers_drawn(axes) -> bool:
+    """Whether any of ``axes`` has a range whisker: one process draws none, and its legend names none."""
+    return any(isinstance(c, ErrorbarContainer) for a in axes for c in a.containers)
+
+
 headline_drawn = bool(OPTIMIZED and headline and on_gpu)
 if headline_drawn:
     modes = [m for m in ("inference", "training") if any(k[1] == m for k in headline)]
@@ -918,7 +926,9 @@ if headline_drawn:
         if has_ablation:
             ablation_panel(ax[f"ablation {m}"], m)
     entries = model_entries(MODELS)
-    entries["range over the processes (ablation: worst and best graph)"] = RANGE_ENTRY
+    if whiskers_drawn([ax[f"speedup {m}"] for m in modes]):  # the ablation's title names its own whiskers
+        range_text = "range over the processes" + (" (ablation: worst and best graph)" if has_ablation else "")
+        entries[range_text] = RANGE_ENTRY
     entries["paper's geomean (earlier version)"] = Line2D(
         [], [], color=PAPER_COLOUR, marker="_", markersize=12, mew=2.5, linestyle="none"
     )
@@ -946,7 +956,8 @@ if headline_drawn and any(k[1] == CAPTURED for k in headline):
     fig, ax = style.mosaic([["captured"]], width=15, height=4.8)
     speedup_panel(ax["captured"], CAPTURED, with_geomean=False)
     entries = model_entries([m for m in MODELS if any(k[0] == m and k[1] == CAPTURED for k in headline)])
-    entries["range over the processes"] = RANGE_ENTRY
+    if whiskers_drawn([ax["captured"]]):
+        entries["range over the processes"] = RANGE_ENTRY
     entries |= {
         text.replace("ran out", "a competitor ran out"): h for text, h in foot_entries([ax["captured"]]).items()
     }
