@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from harness.errors import NeedsGpuError
+from systems.current_gpu import refuse_other_gpus
 from systems.pytorch_direct.ops import (
     INDEX_DTYPES,
     KERNELS,
@@ -151,11 +152,7 @@ def launch_rows(
     if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.dtype not in INDEX_DTYPES or not idx.is_cuda:
         what = f"{idx.dtype} of shape {tuple(idx.shape)} on {idx.device}" if isinstance(idx, torch.Tensor) else idx
         raise ValueError(f"idx must be a 1-D int32 or int64 CUDA tensor, got {what}")
-    if idx.device.index != torch.cuda.current_device():
-        raise ValueError(
-            f"idx is on {idx.device}, the current GPU is cuda:{torch.cuda.current_device()}: "
-            f"gather under torch.cuda.device({idx.device.index})"
-        )
+    refuse_other_gpus(idx=idx)
     rows = (idx.shape[0], table.shape[1])
     if tuple(out.shape) != rows or out.dtype != table.dtype or out.device != idx.device or not out.is_contiguous():
         raise ValueError(

@@ -39,6 +39,7 @@ import torch
 from torch.autograd import forward_ad
 
 from systems import nvrtc
+from systems.current_gpu import refuse_other_gpus
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "gather.cu"
 THREADS_PER_BLOCK = 256
@@ -84,17 +85,6 @@ def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache, max
             # The kernel reads slots[row] and cache rows by plain offsets; a contiguous copy per
             # call could cost as much as the gather, so the caller makes it once.
             raise ValueError("slots and cache must be contiguous (make them so once with .contiguous())")
-
-
-def check_current_device(t: torch.Tensor, what: str) -> None:
-    """Refuse a CUDA ``t`` on a GPU other than the current one: the suite's kernels are launched on
-    the current GPU (there is no device guard around a Python op), which would read and write
-    another GPU's memory by its addresses."""
-    if t.device.index != torch.cuda.current_device():
-        raise ValueError(
-            f"{what} is on {t.device}, the current GPU is cuda:{torch.cuda.current_device()}: "
-            f"call it under torch.cuda.device({t.device.index})"
-        )
 
 
 def _raise_out_of_range(value: int, rows: int) -> None:
@@ -150,7 +140,7 @@ gather.register_autograd(_backward, setup_context=_setup_context)
 @gather.register_kernel("cuda")
 def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
     _check(table, idx, loads, slots, cache, max_threads)
-    check_current_device(idx, "idx")
+    refuse_other_gpus(idx=idx)
     if not table.is_pinned():
         raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
     options = dict(kernel=loads, max_threads=max_threads, slots=slots, cache=cache)
@@ -333,7 +323,7 @@ def _check_alias(alias: torch.Tensor, idx: torch.Tensor) -> None:
             f"idx must be a 1-D int32 or int64 tensor on {alias.device}, "
             f"got {idx.dtype} of shape {tuple(idx.shape)} on {idx.device}"
         )
-    check_current_device(idx, "idx")
+    refuse_other_gpus(idx=idx)
 
 
 def _check_out(out: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> None:

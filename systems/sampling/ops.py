@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from systems import native, nvrtc
+from systems.current_gpu import refuse_other_gpus
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "sample.cu"
 CPU_KERNEL_SOURCE = Path(__file__).parent / "kernels" / "sample_cpu.cpp"
@@ -204,15 +205,6 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
     return seeds.new_empty(seeds.shape), seeds.new_empty((ctx.new_dynamic_size(),))
 
 
-def _on_current_gpu(seeds: torch.Tensor, *csr: torch.Tensor) -> None:
-    """The kernels run on the current GPU and read the seeds and a CSR in GPU memory by address:
-    all of them must be there (a Python op has no device guard to switch to the seeds' GPU)."""
-    current = torch.cuda.current_device()
-    for name, t in (("seeds", seeds), *zip(("indptr", "indices"), csr)):
-        if t.is_cuda and t.device.index != current:
-            raise ValueError(f"{name} is on {t.device}, the current GPU is cuda:{current}: sample on one GPU")
-
-
 def _address(t: torch.Tensor) -> int:
     """Device-visible address: GPU memory as is, pinned host memory through unified addressing."""
     if not t.is_contiguous():
@@ -229,7 +221,7 @@ def _address(t: torch.Tensor) -> int:
 @sample_neighbors_op.register_kernel("cuda")
 def _(indptr, indices, seeds, fanout, replace, rng_seed):
     check_arguments(indptr, indices, seeds, fanout, rng_seed)
-    _on_current_gpu(seeds, indptr, indices)
+    refuse_other_gpus(seeds=seeds, indptr=indptr, indices=indices)
     seeds = seeds.contiguous()  # the kernels read seeds[i] by plain offsets (ids[::2] is a view)
     n = seeds.numel()
     counts = torch.empty(n, dtype=torch.int64, device=seeds.device)
@@ -318,7 +310,7 @@ def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
 @sample_into_slots_op.register_kernel("cuda")
 def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
     _check_slot_arguments(seeds, num_valid, fanout)
-    _on_current_gpu(seeds, indptr, indices)
+    refuse_other_gpus(seeds=seeds, indptr=indptr, indices=indices)
     if not 0 <= rng_seed < 2**63:
         raise ValueError(f"rng_seed must be in [0, 2^63), got {rng_seed}")
     n = seeds.numel()

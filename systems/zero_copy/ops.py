@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from systems import nvrtc
+from systems.current_gpu import refuse_other_gpus
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "read_rows.cu"
 THREADS_PER_BLOCK = 256
@@ -56,8 +57,7 @@ def _(table, rows):
 @read_rows.register_kernel("cuda")
 def _(table, rows):
     _check_arguments(table, rows)
-    if rows.device.index != torch.cuda.current_device():  # the kernel runs on the current GPU
-        raise ValueError(f"rows is on {rows.device}, the current GPU is cuda:{torch.cuda.current_device()}")
+    refuse_other_gpus(rows=rows)
     if not table.is_pinned():
         raise ValueError("table must be page-locked (pin_memory()) for GPU zero-copy reads")
     out = torch.empty((rows.shape[0], table.shape[1]), dtype=torch.uint8, device=rows.device)
