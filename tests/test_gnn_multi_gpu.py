@@ -32,6 +32,8 @@ SHARED = {
     "hidden": 32,
     "batch_size": 32,
     "sampler_workers": 0,
+    "cpu_budget_per_rank": "share",
+    "loader_workers": {"workers": [1], "threads_per_worker": [1]},
     "learning_rate": 0.01,
     "loss_steps": 1000,
     "models": [{"name": "sage", "layers": 2, "fanouts": [5, 5]}],
@@ -143,10 +145,11 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batches(tmp_pa
         warmup=0,
         device="cpu",
         timeout_s=1800,  # a hang guard only
-        job_overrides={"dropout": 0.0, "save_weights": str(weights)},
+        job_overrides={"dropout": 0.0, "save_weights": str(weights), "pipelines": ["cpu_gather"]},
     )
-    assert notes["skipped_pipelines"].keys() == set(PIPELINES) - {"cpu_gather"}  # the one that runs here
-    rows = [r for r in writer.rows if r["metric"] == "loss"]
+    # The CPU pipelines run here: cpu_gather and cpu_gather_workers (tests/test_gnn_multi_gpu_workers.py).
+    assert notes["skipped_pipelines"].keys() == set(PIPELINES) - {"cpu_gather", "cpu_gather_workers"}
+    rows = [r for r in writer.rows if r["metric"] == "loss" and r["variant"] == "cpu_gather"]
     distributed = [r["value"] for r in sorted(rows, key=lambda r: r["repetition"])]
     expected, expected_weights = _one_process_reference(len(distributed), world=2)
     assert len(distributed) == len(expected) >= 3
@@ -241,7 +244,7 @@ def test_gpu_ranks_run_every_pipeline(world, workers):
     )
     assert notes["skipped_pipelines"] == NOT_DATA_PARALLEL
     variants = {r["variant"] for r in writer.rows}
-    assert variants == {"cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu"}
+    assert variants == {"cpu_gather", "cpu_gather_workers", "zero_copy", "zero_copy_overlap", "all_in_gpu"}
     losses = {}
     for r in writer.rows:
         if r["metric"] == "loss":

@@ -21,13 +21,14 @@ from harness.errors import UserError
 from harness.progress import report
 from workloads.gnn.pipelines import GPU_PIPELINES
 from workloads.gnn.pipelines import PIPELINES as SINGLE_GPU_PIPELINES
-from workloads.gnn_multi_gpu import NVLS_OFF
+from workloads.gnn_multi_gpu import NVLS_OFF, TOPIC, WORLDS
+from workloads.gnn_multi_gpu.budgets import allowed_cores, cores_per_rank, rank_core_blocks
 from workloads.graphs import store
 from workloads.graphs.datasets import cached_graph
 from workloads.graphs.shared import shared_table
 from workloads.graphs.spec import SHORT_NAMES
 
-PIPELINES = ("cpu_gather", "zero_copy", "zero_copy_overlap", "all_in_gpu")
+PIPELINES = ("cpu_gather", "cpu_gather_workers", "zero_copy", "zero_copy_overlap", "all_in_gpu")
 REPLICA_HEADROOM = 0.8  # all_in_gpu replicates the table only where it fits in this share of a GPU's memory
 
 
@@ -51,6 +52,9 @@ def run_world(
     spec, dataset, folder = cached_graph(SHORT_NAMES[shared["dataset"]], shared, shared["graph_seed"])
     features = store.load(folder)["features"]
     pipelines, skipped = _pipelines(device, features.nbytes)
+    cores = allowed_cores()
+    per_rank = cores_per_rank(shared["cpu_budget_per_rank"], len(cores), _most_ranks(device), world)
+    rank_cores = rank_core_blocks(world, per_rank, cores)
     with shared_table(features, folder.name) as table, tempfile.TemporaryDirectory() as tmp:
         job = {
             "device": device,
@@ -66,6 +70,8 @@ def run_world(
             "batch_size": shared["batch_size"],
             "hidden": shared["hidden"],
             "sampler_workers": shared["sampler_workers"],
+            "loader_workers": shared["loader_workers"],
+            "rank_cores": rank_cores,
             "learning_rate": shared["learning_rate"],
             "loss_steps": shared["loss_steps"],
             "graph_seed": shared["graph_seed"],
@@ -80,16 +86,28 @@ def run_world(
             f"{dataset}: training on {world} {'GPUs' if device == 'cuda' else 'CPU processes'} ({', '.join(pipelines)})"
         )
         launch(world, job_file, timeout_s)
-        rows = json.loads(Path(job["out"]).read_text())
-    for row in rows:
+        out = json.loads(Path(job["out"]).read_text())
+    for row in out["rows"]:
         writer.add(**row)
     return {
         "skipped_pipelines": skipped,
         "graph": spec.as_dict(),
         "world_size": world,
+        "cpu_budget_per_rank": per_rank,
+        "rank_cores": {str(rank): block for rank, block in enumerate(rank_cores)},
+        # Per "pipeline, model": each rank's cores, workers and threads, as the rank saw them.
+        "rank_budgets": out["rank_budgets"],
+        "loader_worker_splits": out["loader_worker_splits"],
         "shared_table": "/dev/shm",
         "environment": NVLS_OFF,
     }
+
+
+def _most_ranks(device: str) -> int:
+    """The most ranks this machine runs at once (its largest world size): each rank's share of the
+    cores is the same at every world size."""
+    gpus = len(machine.nvidia_gpus()) if device == "cuda" else 0
+    return max((WORLDS[part.name] for part in TOPIC.parts_on(gpus)), default=1)
 
 
 def launch(world: int, job_file: Path, timeout_s: float | None = None) -> None:
@@ -165,8 +183,7 @@ NOT_DATA_PARALLEL = {
     name: why
     for name, why in {
         "uva_sampling": "single-GPU only here: every rank would pin a private copy of the CSR",
-        "cpu_gather_workers": "single-GPU only here: its loader workers need a CPU budget per rank",
-        "pyg_neighbor_loader": "single-GPU only here: PyG's loader workers need a CPU budget per rank",
+        "pyg_neighbor_loader": "single-GPU only here: cpu_gather_workers stands for a PyG-style loader in every rank",
         "hot_cache": "single-GPU only here: every rank would fill a cache of its own",
         "hot_cache_oracle": "single-GPU only here: every rank would fill a cache of its own",
     }.items()
@@ -176,7 +193,7 @@ NOT_DATA_PARALLEL = {
 
 def _pipelines(device: str, table_bytes: int) -> tuple[list[str], dict]:
     if device != "cuda":
-        return ["cpu_gather"], {
+        return [p for p in PIPELINES if p not in GPU_PIPELINES], {
             p: "no GPU on this machine" for p in PIPELINES if p in GPU_PIPELINES
         } | NOT_DATA_PARALLEL
     # From nvidia-smi, so the launcher itself never opens a CUDA context on the ranks' GPUs.
