@@ -2,6 +2,12 @@
 
 Each model has one conv layer per sampling hop; it runs on a sampled subgraph (all its nodes'
 features, its edges) and the caller keeps the first ``batch_size`` outputs (the seeds).
+
+A model's forward is ``forward_layers(x, edges_for_layers(edge_index, nodes))``. The first part
+is what the edges need once per subgraph, and may wait for the GPU (GAT's self-loops: a boolean
+mask, whose result's size only the GPU knows); ``forward_layers`` is the rest, which never waits
+and whose shapes follow the inputs' alone. The ``cuda_graph`` model form
+(workloads/gnn/model_forms/) runs the first eagerly and captures the second.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch_geometric.nn import GATConv, SAGEConv
+from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from harness.arguments import whole_number
 
@@ -23,6 +30,12 @@ class GraphSAGE(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.forward_layers(x, self.edges_for_layers(edge_index, x.size(0)))
+
+    def edges_for_layers(self, edge_index: torch.Tensor, nodes: int) -> torch.Tensor:
+        return edge_index  # SAGE's layers take the sampled edges as they are
+
+    def forward_layers(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         for i, conv in enumerate(self.convs):
             x = conv(x, edge_index)
             if i < len(self.convs) - 1:
@@ -36,12 +49,24 @@ class GAT(nn.Module):
         if hidden % heads:
             raise ValueError(f"GAT hidden size {hidden} must be a multiple of its {heads} heads")
         dims = [in_dim] + [hidden] * (layers - 1)
+        # PyG's GATConv by default removes the edges' self-loops and adds one per node in every
+        # layer; here the model does it once for all its layers (edges_for_layers): the same edges
+        # in the same order, so the same numbers, and the layers never wait for the GPU.
         self.convs = nn.ModuleList(
-            [GATConv(a, hidden // heads, heads=heads) for a in dims[:-1]] + [GATConv(dims[-1], classes, heads=1)]
+            [GATConv(a, hidden // heads, heads=heads, add_self_loops=False) for a in dims[:-1]]
+            + [GATConv(dims[-1], classes, heads=1, add_self_loops=False)]
         )
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.forward_layers(x, self.edges_for_layers(edge_index, x.size(0)))
+
+    def edges_for_layers(self, edge_index: torch.Tensor, nodes: int) -> torch.Tensor:
+        """Every node attends to itself once: the subgraph's self-loops removed, one per node added
+        after the other edges (what GATConv's ``add_self_loops`` does in each layer)."""
+        return add_self_loops(remove_self_loops(edge_index)[0], num_nodes=nodes)[0]
+
+    def forward_layers(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         for i, conv in enumerate(self.convs):
             x = conv(x, edge_index)
             if i < len(self.convs) - 1:
