@@ -238,3 +238,34 @@ def test_on_the_gpu_a_cuda_graph_form_past_its_buckets_is_refused_in_one_line():
     with pytest.raises(FormFailed, match=r"past max_buckets=1 \(captured: \d+x\d+\)") as refused:
         wrapped(*bigger[:2])
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_profiled_cuda_graph_step_launches_fewer_kernels_than_eager(tmp_path):
+    """The step profile of tools/gnn_step_profile.py, fed by a real pipeline: after the warm-up
+    (where the buckets are captured), a replayed step launches fewer kernels than an eager one."""
+    from dataclasses import replace
+
+    from tools.gnn_step_profile import STEP_PREFIX, profile_steps, table_row
+    from workloads.gnn.pipelines import Graph, Pipeline
+    from workloads.graphs import store
+    from workloads.graphs.generate import GeneratorParams
+    from workloads.graphs.spec import DATASETS
+
+    spec = replace(DATASETS["ogbn-products"].scaled(0.001), train_fraction=0.6)
+    graph = Graph(store.get(GeneratorParams(spec, seed=2), root=tmp_path), "cuda")
+    rows = {}
+    try:
+        for form in ("eager", "cuda_graph"):
+            torch.manual_seed(0)
+            model = build("sage", spec.feature_dim, 32, spec.classes, 2, [10, 10]).cuda()
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+            pipeline = Pipeline("all_in_gpu", graph, [10, 10], 64, seed=1)
+            try:
+                profiled = profile_steps(in_form(model, form), optimizer, pipeline, steps=3, warmup=12)
+            finally:
+                pipeline.close()
+            rows[form] = table_row(profiled.events, [f"{STEP_PREFIX}{i}" for i in range(3)], form=form)
+    finally:
+        graph.close()
+    assert 0 < rows["cuda_graph"]["launches"] < rows["eager"]["launches"], rows

@@ -799,10 +799,10 @@ def test_a_pipeline_over_every_gpu_budget_is_not_run_and_the_notes_say_why(array
 
 
 def synthetic_trace() -> list[dict]:
-    """Two steps. Step 0 (0..1000 us): three launches, one on a second thread; kernels on two
-    streams overlapping (100..300 and 200..400), a gap, then 600..650; a copy 700..720; one
-    stream synchronisation of 50 us. A kernel launched before it (correlation 9) ran inside its
-    window, and one of step 1 too: neither is step 0's."""
+    """Two steps. Step 0 (0..1000 us): taking its batch 5..45; three launches, one on a second
+    thread; kernels on two streams overlapping (100..300 and 200..400), a gap, then 600..650; a
+    copy 700..720; one stream synchronisation of 50 us. A kernel launched before it (correlation 9)
+    ran inside its window, and one of step 1 too: neither is step 0's, nor is step 1's batch."""
 
     def host(name, ts, dur, corr=None, cat="cuda_runtime", tid=1):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": {"correlation": corr}}
@@ -814,6 +814,8 @@ def synthetic_trace() -> list[dict]:
     return [
         {"ph": "X", "cat": "user_annotation", "name": "gnn step 0", "ts": 0, "dur": 1000, "args": {}},
         {"ph": "X", "cat": "user_annotation", "name": "gnn step 1", "ts": 1000, "dur": 500, "args": {}},
+        {"ph": "X", "cat": "user_annotation", "name": "gnn batch 0", "ts": 5, "dur": 40, "args": {}},
+        {"ph": "X", "cat": "user_annotation", "name": "gnn batch 1", "ts": 1001, "dur": 300, "args": {}},
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5, "args": {}},
         host("cudaLaunchKernel", -20, 5, corr=9),
         gpu("kernel", 50, 30, 9),
@@ -841,6 +843,7 @@ def test_step_profile_table_from_a_synthetic_trace():
     step = summarize_step(events, "gnn step 0")
     assert step == {
         "wall_ms": 1.0,
+        "batch_ms": 0.04,
         "kernel_ms": 0.45,
         "kernels": 3,
         "launches": 3,
@@ -853,7 +856,9 @@ def test_step_profile_table_from_a_synthetic_trace():
         "host_wait_ms": 0.05,
     }
     assert summarize_step(events, "gnn step 1")["kernel_ms"] == 0.1
-    row = table_row(events, ["gnn step 0", "gnn step 1"], dataset="d", model="sage2", pipeline="all_in_gpu")
+    assert summarize_step(events, "gnn step 1")["batch_ms"] == 0.3
+    labels = {"dataset": "d", "model": "sage2", "pipeline": "all_in_gpu", "form": "eager"}
+    row = table_row(events, ["gnn step 0", "gnn step 1"], **labels)
     assert row["steps"] == 2 and row["kernels"] == 2 and row["wall_ms"] == 0.75  # medians of the two
     out = io.StringIO()
     write_table([row], out)
@@ -873,8 +878,10 @@ def test_step_profile_reads_a_real_trace(arrays):
         model = build("sage", graph.features.shape[1], 32, int(graph.labels.max()) + 1, 2, [10, 10]).cuda()
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         pipeline = Pipeline(name, graph, [10, 10], 64, seed=1)
-        events = profile_steps(model, optimizer, pipeline, steps=2, warmup=2)
+        profiled = profile_steps(model, optimizer, pipeline, steps=2, warmup=2)
         pipeline.close()
+        events = profiled.events
+        assert profiled.setups_in_profile == 0 and profiled.warmup_seconds > 0
         row = table_row(events, ["gnn step 0", "gnn step 1"], pipeline=name)
         assert row["kernels"] > 5 and row["launches"] > 5 and 0 < row["kernel_ms"]
         for step in ("gnn step 0", "gnn step 1"):  # per step: medians of each column need not obey it

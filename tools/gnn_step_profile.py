@@ -1,34 +1,51 @@
 """Where a GNN training step's time goes: the PyTorch profiler over a few steps of SAGE-2 and
-GAT-2 (fan-outs 10, 25) fed by each pipeline, in steady state (the pipeline's own prefetching and
-workers running as in an epoch), summarised per step and written as a CSV, one row per pipeline
-and model (medians over the profiled steps):
+GAT-2 (fan-outs 10, 25) fed by each pipeline and run in each model form (eager, torch.compile,
+CUDA graphs: workloads/gnn/model_forms/), in steady state (the pipeline's own prefetching and
+workers running as in an epoch), summarised per step and written as a CSV, one row per pipeline,
+model and form (medians over the profiled steps):
 
   wall_ms          host time of the step: taking the batch, forward, backward, optimizer step
+  batch_ms         of which taking the batch from the pipeline (waiting for it, if it is not ready)
   kernel_ms        GPU time of the kernels launched during the step (any thread, any stream)
   kernels          how many; launches counts the launch calls (kernels of other libraries that
-                   the profiler sees only on the GPU side make the two differ)
+                   the profiler sees only on the GPU side make the two differ, and a CUDA
+                   graph's replay is one launch of many kernels)
   memcpy_ms        copies and fills launched during the step, and their count
   gpu_busy_ms      the union of that GPU work in time (streams running side by side count once)
   gpu_idle_ms      the step's GPU span (first start to last end) less gpu_busy_ms: where the
                    GPU waited for the host; largest_gap_ms is the longest such wait
   host_waits       calls that block the host on the GPU (synchronisations, blocking copies),
                    and host_wait_ms their time
+  warmup_s         the warm-up steps before the profiled ones, in seconds: a form's compile or
+                   captures happen there
+  setups_in_profile  compiles or captures during the profiled steps (0 in steady state: a row
+                   with more is no steady-state step)
+  note             why a form gave no numbers (it could not compile or capture the model)
 
     python tools/gnn_step_profile.py [--scale h200] [--dataset products] [--steps 5]
-        [--pipelines all_in_gpu uva_sampling zero_copy_overlap zero_copy cpu_gather] [--out CSV]
+        [--pipelines all_in_gpu uva_sampling zero_copy_overlap zero_copy cpu_gather]
+        [--forms eager compiled cuda_graph] [--out CSV]
 
 GPU only. Hidden size, batch size, learning rate and sampling workers come from the
 gnn_training config at ``--scale``; the graph is the one that scale's part trains on (cached).
+With ``--out`` a provenance record is written beside the CSV (``<name>.provenance.json``: where,
+when and with what code it was measured, and the rows' digest), so that a committed profile
+becomes the table of docs/gnn_training.md (``python -m analysis.doc_tables``).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import io
 import json
+import os
 import statistics
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UserError, exit_on_user_error
@@ -39,6 +56,8 @@ LAUNCHES = {
     "cudaLaunchCooperativeKernel",
     "cuLaunchKernel",
     "cuLaunchKernelEx",
+    "cudaGraphLaunch",  # a CUDA graph's replay: one launch call for all its kernels
+    "cuGraphLaunch",
 }
 HOST_WAITS = {
     "cudaDeviceSynchronize",
@@ -52,13 +71,16 @@ HOST_WAITS = {
 HOST_SIDE = {"cuda_runtime", "cuda_driver"}
 KERNEL, COPIES = "kernel", {"gpu_memcpy", "gpu_memset"}
 STEP_PREFIX = "gnn step "
+BATCH_PREFIX = "gnn batch "  # inside a step: taking its batch from the pipeline
 MODELS = ({"name": "sage", "layers": 2, "fanouts": [10, 25]}, {"name": "gat", "layers": 2, "fanouts": [10, 25]})
 COLUMNS = (
     "dataset",
     "model",
     "pipeline",
+    "form",
     "steps",
     "wall_ms",
+    "batch_ms",
     "kernel_ms",
     "kernels",
     "launches",
@@ -69,6 +91,9 @@ COLUMNS = (
     "largest_gap_ms",
     "host_waits",
     "host_wait_ms",
+    "warmup_s",
+    "setups_in_profile",
+    "note",
 )
 
 
@@ -97,11 +122,14 @@ def _ns(microseconds: float) -> int:
 def summarize_step(events: list[dict], step: str) -> dict[str, float]:
     """One step's numbers (milliseconds and counts) from a Chrome trace's events (``traceEvents``
     of ``torch.profiler``'s export): the step is the annotation named ``step``; host calls count
-    when they start inside it, GPU work when the call that launched it does (by correlation id)."""
-    marks = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == step]
+    when they start inside it, GPU work when the call that launched it does (by correlation id);
+    the batch's time is that of the annotations named ``BATCH_PREFIX...`` that start inside it."""
+    annotations = [e for e in events if e.get("cat") == "user_annotation"]
+    marks = [e for e in annotations if e.get("name") == step]
     if len(marks) != 1:
         raise ValueError(f"the trace has {len(marks)} annotations named {step!r}, not one")
     begin, end = marks[0]["ts"], marks[0]["ts"] + marks[0]["dur"]
+    batch = [e for e in annotations if e.get("name", "").startswith(BATCH_PREFIX) and begin <= e["ts"] < end]
     host = [e for e in events if e.get("cat") in HOST_SIDE and begin <= e["ts"] < end]
     launched = {e.get("args", {}).get("correlation") for e in host} - {None}
     gpu = [
@@ -119,6 +147,7 @@ def summarize_step(events: list[dict], step: str) -> dict[str, float]:
     )
     return {
         "wall_ms": (end - begin) / 1e3,
+        "batch_ms": sum(_ns(e["dur"]) for e in batch) / 1e6,
         "kernel_ms": sum(_ns(e["dur"]) for e in kernels) / 1e6,
         "kernels": len(kernels),
         "launches": sum(e["name"] in LAUNCHES for e in host),
@@ -133,29 +162,60 @@ def summarize_step(events: list[dict], step: str) -> dict[str, float]:
 
 
 def table_row(events: list[dict], steps: list[str], **labels) -> dict:
-    """The CSV row of one pipeline and model: ``labels``, then each number's median over ``steps``."""
+    """The CSV row of one pipeline, model and form: ``labels``, then each number's median over
+    ``steps``."""
     per_step = [summarize_step(events, step) for step in steps]
     medians = {k: round(statistics.median(s[k] for s in per_step), 4) for k in per_step[0]}
     return {**labels, "steps": len(steps), **medians}
 
 
 def write_table(rows: list[dict], out) -> None:
-    writer = csv.DictWriter(out, fieldnames=COLUMNS)
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
 
 
-def profile_steps(model, optimizer, pipeline, steps: int, warmup: int) -> list[dict]:
-    """Train ``warmup`` steps, then profile ``steps`` more, each under its own annotation; returns
-    the trace's events. Nothing waits between steps (as in an epoch), only after the last."""
+def write_with_record(rows: list[dict], path: Path, record: dict) -> None:
+    """The CSV at ``path`` and its provenance record beside it (harness.results' names: the record,
+    with the rows' digest, then the CSV, each written whole through a temporary file), so that a
+    CSV lies there only beside its own record."""
+    from harness.results import ROWS_DIGEST, provenance_path
+
+    text = io.StringIO()
+    write_table(rows, text)
+    data = text.getvalue()
+    record = record | {ROWS_DIGEST: hashlib.sha256(data.encode()).hexdigest()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for target, content in ((provenance_path(path), json.dumps(record, indent=2, sort_keys=True) + "\n"), (path, data)):
+        temporary = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        temporary.write_text(content)
+        os.replace(temporary, target)
+
+
+@dataclass(frozen=True)
+class Profiled:
+    events: list[dict]  # the trace's events
+    warmup_seconds: float  # the warm-up steps, compiles and captures included
+    setups_in_profile: int  # compiles or captures the model's form made during the profiled steps
+
+
+def profile_steps(model, optimizer, pipeline, steps: int, warmup: int) -> Profiled:
+    """Train ``warmup`` steps, then profile ``steps`` more, each under its own annotation (and its
+    batch's under one inside it). Nothing waits between steps (as in an epoch), only after the
+    last. ``model`` may be a model in a form (workloads/gnn/model_forms/), whose compiles and
+    captures are counted."""
     import torch
     from torch.nn import functional as F
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from workloads.gnn.model_forms import setups
+
     batches = pipeline.batches(epoch=0)
+    step_number = iter(range(warmup + steps))
 
     def train_step():
-        batch = next(batches)
+        with record_function(f"{BATCH_PREFIX}{next(step_number)}"):
+            batch = next(batches)
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(batch.x, batch.edge_index)[: batch.batch_size], batch.y)
         loss.backward()
@@ -163,9 +223,12 @@ def profile_steps(model, optimizer, pipeline, steps: int, warmup: int) -> list[d
 
     try:
         model.train()
+        started = time.perf_counter()
         for _ in range(warmup):
             train_step()
         torch.cuda.synchronize()
+        warmup_seconds = time.perf_counter() - started
+        before = setups(model)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for i in range(steps):
                 with record_function(f"{STEP_PREFIX}{i}"):
@@ -176,7 +239,8 @@ def profile_steps(model, optimizer, pipeline, steps: int, warmup: int) -> list[d
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "trace.json"
         prof.export_chrome_trace(str(path))
-        return json.loads(path.read_text())["traceEvents"]
+        events = json.loads(path.read_text())["traceEvents"]
+    return Profiled(events, round(warmup_seconds, 3), setups(model) - before)
 
 
 def cache_options(name: str, nodes: int) -> dict | None:
@@ -195,8 +259,18 @@ def main() -> None:
     parser.add_argument(
         "--pipelines", nargs="+", default=["all_in_gpu", "uva_sampling", "zero_copy_overlap", "zero_copy", "cpu_gather"]
     )
-    parser.add_argument("--out", type=Path, help="the CSV to write (default: standard output)")
+    parser.add_argument("--forms", nargs="+", help="model forms to profile (default: every one registered)")
+    parser.add_argument(
+        "--out", type=Path, help="the CSV to write, with its provenance record (default: standard output)"
+    )
     args = parser.parse_args()
+
+    from workloads.gnn.model_forms import MODEL_FORMS, in_order
+
+    forms = in_order(args.forms or MODEL_FORMS.names())
+    unknown = [form for form in forms if form not in MODEL_FORMS]
+    if unknown:  # before the GPU check: a typo is refused on any machine
+        raise UserError(f"unknown model forms {unknown}; they are {list(in_order(MODEL_FORMS.names()))}")
 
     from harness import machine
 
@@ -205,6 +279,8 @@ def main() -> None:
     import torch
 
     from harness import config as suite_config
+    from harness.provenance import collect
+    from workloads.gnn.model_forms import FormFailed, in_form
     from workloads.gnn.models import build
     from workloads.gnn.pipelines import PIPELINES, Graph, Pipeline, training_threads, workers_of
     from workloads.graphs.datasets import load_graph
@@ -225,38 +301,53 @@ def main() -> None:
     try:
         for model_spec in MODELS:
             for name in args.pipelines:
-                workers = workers_of(name, shared["sampler_workers"])
-                torch.set_num_threads(training_threads(workers))
-                torch.manual_seed(0)
-                model = build(
-                    model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes, 2, model_spec["fanouts"]
-                ).cuda()
-                optimizer = torch.optim.Adam(model.parameters(), lr=shared["learning_rate"])
-                pipeline = Pipeline(
-                    name,
-                    graph,
-                    model_spec["fanouts"],
-                    shared["batch_size"],
-                    seed=shared["graph_seed"],
-                    sampler_workers=workers,
-                    options=cache_options(name, spec.nodes),
-                )
-                try:
-                    events = profile_steps(model, optimizer, pipeline, args.steps, args.warmup)
-                finally:
-                    pipeline.close()
-                steps = [f"{STEP_PREFIX}{i}" for i in range(args.steps)]
-                row = table_row(events, steps, dataset=dataset, model=f"{model_spec['name']}2", pipeline=name)
-                rows.append(row)
-                print(", ".join(f"{k} {v}" for k, v in row.items()), file=sys.stderr, flush=True)
+                for form in forms:
+                    workers = workers_of(name, shared["sampler_workers"])
+                    torch.set_num_threads(training_threads(workers))
+                    torch._dynamo.reset()  # one compiled model at a time: dynamo's caches hold at most 8 versions
+                    torch.manual_seed(0)
+                    model = build(
+                        model_spec["name"], spec.feature_dim, shared["hidden"], spec.classes, 2, model_spec["fanouts"]
+                    ).cuda()
+                    optimizer = torch.optim.Adam(model.parameters(), lr=shared["learning_rate"])
+                    pipeline = Pipeline(
+                        name,
+                        graph,
+                        model_spec["fanouts"],
+                        shared["batch_size"],
+                        seed=shared["graph_seed"],
+                        sampler_workers=workers,
+                        options=cache_options(name, spec.nodes),
+                    )
+                    labels = {"dataset": dataset, "model": f"{model_spec['name']}2", "pipeline": name, "form": form}
+                    try:
+                        profiled = profile_steps(in_form(model, form), optimizer, pipeline, args.steps, args.warmup)
+                    except FormFailed as failed:  # recorded, and the next form runs
+                        row = {**labels, "steps": 0, "note": str(failed)}
+                    else:
+                        steps = [f"{STEP_PREFIX}{i}" for i in range(args.steps)]
+                        row = table_row(profiled.events, steps, **labels) | {
+                            "warmup_s": profiled.warmup_seconds,
+                            "setups_in_profile": profiled.setups_in_profile,
+                        }
+                    finally:
+                        pipeline.close()
+                        del model, optimizer
+                        torch.cuda.empty_cache()
+                    rows.append(row)
+                    print(", ".join(f"{k} {v}" for k, v in row.items()), file=sys.stderr, flush=True)
     finally:
         graph.close()
     if args.out is None:
         write_table(rows, sys.stdout)
     else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as out:
-            write_table(rows, out)
+        record = collect(
+            args.scale,
+            topic="gnn_training",
+            tool="tools/gnn_step_profile.py",
+            profile={"dataset": dataset, "steps": args.steps, "warmup": args.warmup, "forms": forms},
+        )
+        write_with_record(rows, args.out, record)
 
 
 if __name__ == "__main__":

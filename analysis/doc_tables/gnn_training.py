@@ -477,3 +477,136 @@ def epochs_cpu() -> Table:
         "x cpu_gather: the pipeline's epoch over cpu_gather's, above 1 slower."
     )
     return Table(lines, files, note=note)
+
+
+# --- where a training step's time goes (tools/gnn_step_profile.py) --------------------------------
+
+STEP_PROFILE_FOLDER = "step_profile"  # results/<machine>/gnn_training/step_profile/<dataset>-<scale>.csv
+GPU_BOUND_SHARE = 0.8  # a step whose GPU is busy this share of it or more is GPU-bound
+LAUNCH_BOUND_SHARE = 0.5  # ... below this share, and idle mostly while the host issues work: launch-bound
+STEP_PROFILE_NUMBERS = (
+    "wall_ms",
+    "batch_ms",
+    "kernel_ms",
+    "kernels",
+    "launches",
+    "gpu_busy_ms",
+    "gpu_idle_ms",
+    "largest_gap_ms",
+    "host_waits",
+    "host_wait_ms",
+)
+
+
+def step_profile_files(machine: str = MACHINE, scale: str = SCALE) -> list[Path]:
+    """The committed step profiles of ``machine`` at ``scale``, one per graph profiled."""
+    folder = REPO_ROOT / "results" / machine / "gnn_training" / STEP_PROFILE_FOLDER
+    return sorted(folder.glob(f"*-{scale}.csv"))
+
+
+def read_step_profile(path: Path) -> pd.DataFrame:
+    """The rows of a step profile, refused in one line without its provenance record, with rows
+    edited since the record was written, or without the columns the table reads."""
+    import hashlib
+
+    from harness.errors import UserError
+    from harness.results import ROWS_DIGEST
+
+    record = load_provenance(path)
+    if record.get(ROWS_DIGEST) != hashlib.sha256(path.read_bytes()).hexdigest():
+        raise UserError(f"{path}: its rows are not those its provenance record was written with (edited since?)")
+    frame = pd.read_csv(path, dtype={"note": str})
+    missing = [
+        c for c in ("model", "pipeline", "form", "steps", "setups_in_profile", *STEP_PROFILE_NUMBERS) if c not in frame
+    ]
+    if missing:
+        raise UserError(f"{path}: no column {', '.join(missing)} (a profile of tools/gnn_step_profile.py has them)")
+    return frame.assign(note=frame["note"].fillna("") if "note" in frame else "")
+
+
+def step_bound(wall: float, busy: float, batch: float, host_wait: float) -> str:
+    """What bounds a step (milliseconds: the step, the GPU's busy time, the host's time taking
+    the batch and waiting for the GPU): GPU-bound where the GPU is busy GPU_BOUND_SHARE of it or
+    more; else whatever kept the GPU idle for at least half that idle time: the batch, the host
+    waiting for the GPU, or, with neither, the host issuing the work (launches and the Python and
+    dispatch around them): launch-bound below LAUNCH_BOUND_SHARE busy, partly so above."""
+    if busy >= GPU_BOUND_SHARE * wall:
+        return "GPU-bound"
+    idle = wall - busy
+    if batch >= idle / 2:
+        return "waits for its batch"
+    if host_wait >= idle / 2:
+        return "waits for the GPU"
+    return "launch-bound" if busy < LAUNCH_BOUND_SHARE * wall else "partly launch-bound"
+
+
+STEP_PROFILE_HEADER = (
+    "| model | pipeline | form | step ms | batch ms | GPU busy ms | GPU idle ms (longest) | kernels | launches "
+    "| host waits (ms) | warm-up s | bound |"
+)
+
+
+def step_profile_lines(frame: pd.DataFrame) -> list[str]:
+    """One line per graph, model, pipeline and form of the profiles in ``frame`` (a ``graph``
+    column names the graph where there are several)."""
+    from workloads.gnn.model_forms import in_order as forms_in_order
+    from workloads.gnn.pipelines import in_order
+
+    lines = [STEP_PROFILE_HEADER, "|---" * 12 + "|"]
+    pipelines = {p: i for i, p in enumerate(in_order(frame.pipeline))}
+    forms = {f: i for i, f in enumerate(forms_in_order(set(frame.form)))}
+    graphs = frame.graph if "graph" in frame else pd.Series([""] * len(frame))
+    several = graphs.nunique() > 1
+    ordered = sorted(
+        zip(graphs, frame.itertuples(index=False), strict=True),
+        key=lambda gr: (gr[0], gr[1].model != "sage2", gr[1].model, pipelines[gr[1].pipeline], forms[gr[1].form]),
+    )
+    for graph, row in ordered:
+        model = row.model.upper().replace("SAGE", "SAGE ").replace("GAT", "GAT ") + (f" ({graph})" if several else "")
+        where = f"| {model} | {row.pipeline} | {row.form} |"
+        if row.note or not row.steps:
+            lines.append(f"{where}" + " – |" * 8 + f" failed: {row.note or 'no steps profiled'} |")
+            continue
+        bound = step_bound(row.wall_ms, row.gpu_busy_ms, row.batch_ms, row.host_wait_ms)
+        if row.setups_in_profile:
+            bound += f" ({int(row.setups_in_profile)} compiles or captures in the profiled steps: not steady state)"
+        warmup = f"{row.warmup_s:.1f}" if pd.notna(row.warmup_s) else "–"
+        lines.append(
+            f"{where} {row.wall_ms:.2f} | {row.batch_ms:.2f} | {row.gpu_busy_ms:.2f} "
+            f"| {row.gpu_idle_ms:.2f} ({row.largest_gap_ms:.2f}) | {row.kernels:.0f} | {row.launches:.0f} "
+            f"| {row.host_waits:.0f} ({row.host_wait_ms:.2f}) | {warmup} | {bound} |"
+        )
+    return lines
+
+
+STEP_PROFILE_NOTE = (
+    "Per training step, medians over the profiled steps in steady state (after the warm-up steps, where a form "
+    "compiles or captures; warm-up s is their time): step ms, the host's time for the whole step; batch ms, of which "
+    "taking the batch; GPU busy, the union in time of the kernels and copies launched during the step; GPU idle, the "
+    "rest of their span (the longest gap in brackets); host waits, calls that block the host on the GPU. Bound: "
+    f"GPU-bound where the GPU is busy {GPU_BOUND_SHARE:.0%} of the step or more; otherwise what most of its idle time "
+    "went to: the batch, the host waiting for the GPU, or else the host issuing the work (launch-bound where the GPU "
+    f"is busy under {LAUNCH_BOUND_SHARE:.0%} of the step, partly launch-bound above). Forms: eager, the model as "
+    "written; compiled, torch.compile with dynamic shapes; cuda_graph, its layers replayed from CUDA graphs captured "
+    "per padded subgraph size (workloads/gnn/model_forms/)."
+)
+
+
+@table("gnn_training-h200-step_profile", topic="gnn_training")
+def step_profile_h200() -> Table:
+    """Where a SAGE-2 and a GAT-2 training step's time goes per pipeline and model form, from the
+    committed profiles of tools/gnn_step_profile.py; "not measured" until one is committed."""
+    files = step_profile_files()
+    if not files:
+        unmeasured = "| SAGE 2, GAT 2 | every pipeline | every form | not measured |" + " |" * 8
+        return Table(
+            [STEP_PROFILE_HEADER, "|---" * 12 + "|", unmeasured],
+            [],
+            not_measured="Source: none yet (`tools/gnn_step_profile.py` has not run on the H200).",
+        )
+    frame = pd.concat(
+        [read_step_profile(path).assign(graph=path.stem.rsplit("-", 1)[0]) for path in files], ignore_index=True
+    )
+    graphs = ", ".join(sorted(set(frame.dataset.dropna()))) if "dataset" in frame else "the graph"
+    steps = "/".join(str(int(n)) for n in sorted(set(frame.steps[frame.steps > 0])))
+    return Table(step_profile_lines(frame), files, note=f"On {graphs}, {steps} profiled steps. {STEP_PROFILE_NOTE}")
