@@ -40,6 +40,12 @@ one, which packs it and, in backward, unpacks it.
 Hugging Face gradient checkpointing. A layer with ``gradient_checkpointing`` on saves only its
 inputs, through ``torch.utils.checkpoint``; the engine attributes them to the layer (also where the
 library checkpoints outside the layer's forward hooks), so an offloading policy offloads them.
+
+Compiled blocks (user_compiled.py). The layer hooks must run outside compiled code: a block
+compiled by ``torch.compile(block)`` is hooked on torch's wrapper, one compiled by
+``block.compile()`` has its forward compiled instead of its whole call while the step runs, and a
+model compiled as a whole is refused in one line (when the offloader is made, or when a block's
+hook finds itself traced by Dynamo).
 """
 
 from __future__ import annotations
@@ -57,9 +63,15 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from harness.arguments import whole_number
 from harness.errors import UserError
 from systems.ssdtrain.cache import TensorCache, modified_error, storage_key
-from systems.ssdtrain.layers import find_layers, refuse_lazy
+from systems.ssdtrain.layers import block_name, find_layers, refuse_lazy
 from systems.ssdtrain.stats import StepStats
 from systems.ssdtrain.stores import Store
+from systems.ssdtrain.user_compiled import (
+    as_called,
+    hooks_outside_compiled,
+    refuse_compiled_around,
+    refuse_if_traced,
+)
 
 KEEP, OFFLOAD = "keep", "offload"
 # Named per-layer policies: layer index -> decision. A callable with the same signature is one too.
@@ -93,7 +105,7 @@ def saving_inputs_of(block: nn.Module):
     """Within it, what the hooks see saved are ``block``'s inputs, kept by a checkpoint for its
     recomputation (torch's checkpoint saves nothing else through them: its own hooks take the rest)."""
     outer = getattr(_local, "block", None)
-    _local.block = type(block).__name__
+    _local.block = block_name(block)
     try:
         yield
     finally:
@@ -224,7 +236,8 @@ class Offloader:
         refuse_lazy(model)  # its parameters' storages must be known when a step starts
         self.model, self.store, self.decide = model, store, policy
         self.min_bytes, self.keep_last, self.prefetch = map(whole_number, (min_bytes, keep_last, prefetch))
-        self.layers = list(layers) if layers is not None else find_layers(model)
+        self.layers = as_called(model, layers) if layers is not None else find_layers(model)
+        refuse_compiled_around(model, self.layers)
         self.cache = TensorCache(store, always_read_back=always_read_back)
         self.stats = StepStats()
         self.backwards = 0
@@ -234,6 +247,8 @@ class Offloader:
     def __enter__(self) -> Offloader:
         if self._active:
             raise RuntimeError("this Offloader is already active: its steps do not nest")
+        self._compiled_blocks = hooks_outside_compiled(self.layers)  # first: it may refuse a block
+        self._compiled_blocks.__enter__()
         self._active = True
         self.stats = StepStats()
         self.cache.start_step()
@@ -269,6 +284,7 @@ class Offloader:
             hook.remove()
         for layer, func in self._checkpoint_funcs:
             layer._gradient_checkpointing_func = func
+        self._compiled_blocks.__exit__(exc_type, exc, tb)
         self._active = False
         self.reset()
         self.stats.store = self.store.counters - self._counters_at_start
@@ -306,6 +322,7 @@ class Offloader:
 
     # -- layers --------------------------------------------------------------------------------
     def _enter_layer(self, index: int, module, args) -> None:
+        refuse_if_traced(module)  # a model compiled as a whole: this hook would be traced, not run
         if self._backward_since_forward and not in_backward():
             # A new forward (the next micro-batch): the policy decides again, so a plan made
             # meanwhile applies from this forward on.

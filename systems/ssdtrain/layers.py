@@ -20,11 +20,17 @@ is never a block. A list of such containers stands for the modules with a forwar
 (looking into containers in them), in the order they list them, as one candidate: vit-pytorch's
 ``nn.ModuleList([nn.ModuleList([attention, feedforward]) for ...])``, whose forward runs ``for
 attn, ff in self.layers``, has the attention and feed-forward modules as its blocks, two per layer.
+
+A block the user compiled as a module, ``layers[i] = torch.compile(layers[i])``, is the wrapper
+torch puts in the list (an ``OptimizedModule``), counted as a block of the class it wraps (so a list
+of which only some blocks are compiled is still one list): the wrapper's hooks run outside the
+compiled code, the wrapped module's would run inside it (user_compiled.py).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections.abc import Callable
 
@@ -44,17 +50,18 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         if not isinstance(module, nn.ModuleList | nn.Sequential) or not len(module):
             continue
         members = list(module)
-        if len({type(m) for m in members}) != 1:
+        if len({block_class(m) for m in members}) != 1:
             continue
         if not _called(members[0]):  # containers: the modules they hold are the blocks
             inside = [block for member in members for block in _called_modules(member)]
             if inside:
-                key = frozenset(type(m) for m in inside)
+                key = frozenset(block_class(m) for m in inside)
                 blocks.setdefault(key, []).extend(inside)
                 stacks[key] = stacks.get(key, 0) + 1
             continue
-        blocks.setdefault(type(members[0]), []).extend(members)
-        stacks[type(members[0])] = stacks.get(type(members[0]), 0) + 1
+        key = block_class(members[0])
+        blocks.setdefault(key, []).extend(members)
+        stacks[key] = stacks.get(key, 0) + 1
     if not blocks:
         raise UserError(
             f"{type(model).__name__} has no list of repeated blocks (an nn.ModuleList or nn.Sequential of modules "
@@ -63,7 +70,7 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
 
     def size(key) -> tuple[bool, bool, int, int]:
         parameters = sum(p.numel() for block in blocks[key] for p in block.parameters())
-        composite = any(True for block in blocks[key] for _ in block.children())
+        composite = any(True for block in blocks[key] for _ in unwrapped(block).children())
         return parameters > 0, composite, parameters, len(blocks[key])
 
     largest = max(blocks, key=size)
@@ -101,7 +108,37 @@ def refuse_lazy(model: nn.Module) -> None:
 
 def _called(module: nn.Module) -> bool:
     """Whether ``module`` has a forward of its own (a container's is nn.Module's, which raises)."""
-    return type(module).forward is not nn.Module.forward
+    return type(unwrapped(module)).forward is not nn.Module.forward
+
+
+def compiled_wrapper_class() -> type | None:
+    """torch's ``OptimizedModule``, what ``torch.compile(module)`` returns; None while Dynamo is not
+    imported (no module can have been compiled then, and importing it takes a second)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return None if eval_frame is None else eval_frame.OptimizedModule
+
+
+def is_compiled_wrapper(module: nn.Module) -> bool:
+    """Whether ``module`` is ``torch.compile(some_module)``'s wrapper."""
+    wrapper = compiled_wrapper_class()
+    return wrapper is not None and isinstance(module, wrapper)
+
+
+def unwrapped(module: nn.Module) -> nn.Module:
+    """The module ``torch.compile`` wrapped, or ``module`` itself where it is no such wrapper."""
+    while is_compiled_wrapper(module):
+        module = module._orig_mod
+    return module
+
+
+def block_class(module: nn.Module) -> type:
+    """The class a block counts as: a compiled block's is the class of the module it wraps."""
+    return type(unwrapped(module))
+
+
+def block_name(module: nn.Module) -> str:
+    """A block's class name for messages (a compiled block's: the wrapped module's)."""
+    return block_class(module).__name__
 
 
 def _called_modules(container: nn.Module) -> list[nn.Module]:

@@ -49,6 +49,13 @@ the profiled step. Two models may each be in its own ``offload()`` at once (engi
 beside a ``save_on_cpu`` one (torch's hooks would take the other model's tensors too): refused.
 A block that offloads nothing while its policy offloads (``min_bytes`` above every saved storage)
 says so in one warning.
+
+Blocks the user compiled (``layers[i] = torch.compile(layers[i])``, ``block.compile()``) run compiled
+under every policy, as the suite's compiled policies run theirs (user_compiled.py): the hooks
+outside the compiled forward, a recomputed block's compiled forward run again in backward; the
+planned policies take the first forward and backward of such blocks as a warm-up (it compiles) and
+time the second. A model compiled as a whole is refused in one line: its blocks' hooks would run
+inside the compiled graph.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ from systems.ssdtrain.recompute import checkpointed, warn_of_generators
 from systems.ssdtrain.stats import StepStats
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.stores.host import HostStore
+from systems.ssdtrain.user_compiled import as_called, holds_compiled_code
 
 NAMED = ("keep", "recompute", "save_on_cpu", "offload_all", "offload_adaptive", "planner")
 PLANNED = ("offload_adaptive", "planner")
@@ -146,6 +154,9 @@ class Offloading:
                 always_read_back=always_read_back,
             )
         self._stack: contextlib.ExitStack | None = None
+        # Whether the blocks ran a forward and backward in a profiled block: compiled blocks compile
+        # in their first forward, which no later forward's time resembles (_profile_first_step).
+        self._warmed_up = False
 
     @property
     def stats(self) -> StepStats | None:
@@ -236,9 +247,20 @@ class Offloading:
     # -- planned policies ----------------------------------------------------------------------
     def _profile_first_step(self, stack: contextlib.ExitStack) -> None:
         """Keep everything in the first forward and backward while timing each block; plan at the
-        start of the next forward, before any block runs (so a recomputed block is wrapped in time)."""
+        start of the next forward, before any block runs (so a recomputed block is wrapped in time).
+        Compiled blocks not yet run: the first forward and backward warm up, their saved bytes are
+        the profile's, and the plan waits for the second forward's times (the first one's are of
+        the compiler), made at the start of the third forward or where the block ends after the
+        second backward; a block ended after the warm-up plans in the next one, from its first step."""
         timer = planning.LayerTimer(self.layers, _device(self.model))
         stack.callback(timer.remove)
+        cold = not self._warmed_up and any(holds_compiled_code(layer) for layer in self.layers)
+        profiled_backwards = 2 if cold else 1  # the backward after which the plan is made
+        warm_bytes: list[StepStats] = []  # the saved bytes at the end of the warm-up, once it ended
+
+        def profiled_stats() -> StepStats:
+            return warm_bytes[0] if warm_bytes else self.offloader.stats
+
         # The plan is made when the next forward starts: in the model's pre-hook, or in the first
         # block's where the model itself is not called (its forward called directly, a container
         # without a forward whose parts the loop calls, blocks the loop runs itself). A block's
@@ -257,10 +279,12 @@ class Offloading:
             if live or in_backward():
                 return
             if self.decisions is None:
-                if not self.offloader.backwards:
+                if self.offloader.backwards < profiled_backwards:
+                    if self.offloader.backwards and not warm_bytes:  # the warm-up's backward ended
+                        warm_bytes.append(_layer_bytes(self.offloader.stats))
                     return  # still the profiled step
                 timer.stop()  # its hooks go with the with block's end (see LayerTimer.stop)
-                self._make_plan(timer)
+                self._make_plan(timer, profiled_stats())
                 if self._recomputed():
                     _no_key_value_cache(self.model, stack)
                     warn_of_generators(self._recomputed(), stacklevel=6)
@@ -283,9 +307,11 @@ class Offloading:
             stack.callback(hook.remove)
 
         def plan_at_exit(exc_type, exc, tb) -> bool:
+            if self.offloader.backwards:
+                self._warmed_up = True  # compiled blocks have compiled: the next block profiles at once
             # A block entered once per step ends after the profiled step: plan now, for the next block.
-            if exc_type is None and self.decisions is None and self.offloader.backwards:
-                self._make_plan(timer)
+            if exc_type is None and self.decisions is None and self.offloader.backwards >= profiled_backwards:
+                self._make_plan(timer, profiled_stats())
             elif exc_type is None and self.decisions is None and self._hooks_saw_nothing(timer):
                 warnings.warn(
                     f"SSDTrain {self.policy}: the blocks ran with gradients but saved no tensor through this "
@@ -301,8 +327,8 @@ class Offloading:
         ran = any(timer.ran(i) for i in range(len(self.layers)))
         return ran and not self.offloader.stats.total.packed_tensors
 
-    def _make_plan(self, timer: planning.LayerTimer) -> None:
-        profiles, fixed = planning.profiles_of(self.offloader.stats, timer, len(self.layers))
+    def _make_plan(self, timer: planning.LayerTimer, stats: StepStats) -> None:
+        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers))
         bandwidth = self.bandwidth
         if bandwidth is None:
             probe = min(max(max(p.saved_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's bytes
@@ -334,6 +360,13 @@ class Offloading:
             decisions = tuple(KEEP if i in idle else d for i, d in enumerate(self.plan.decisions))
             self.plan = dataclasses.replace(self.plan, decisions=decisions)
         self.decisions = list(self.plan.decisions)
+
+
+def _layer_bytes(stats: StepStats) -> StepStats:
+    """A copy of ``stats``'s counts per layer (what a profile reads), as they are now."""
+    copy = StepStats()
+    copy.layers = {layer: dataclasses.replace(counts) for layer, counts in stats.layers.items()}
+    return copy
 
 
 def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
@@ -432,6 +465,7 @@ def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     inside = {id(m) for m in model.modules()}
     if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
         raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
+    layers = as_called(model, layers)  # a module torch.compile wrapped: the wrapper, whose hooks run outside
     # A block inside another would be numbered, and recomputed, twice over: blocks are disjoint.
     for layer in layers:
         outer = next((o for o in layers if o is not layer and any(m is layer for m in o.modules())), None)
@@ -456,7 +490,7 @@ def _check_policy(policy, store: Store | None, blocks: int):
             raise UserError(f"the plan decides {wrong[0]!r} for a block; decisions are one of {DECISIONS}")
         if len(policy.decisions) != blocks:
             raise UserError(f"the plan has {len(policy.decisions)} decisions for the model's {blocks} blocks")
-        if policy.budgeted:  # offload() runs eager blocks: the budgets would be dropped without a word
+        if policy.budgeted:  # offload() compiles nothing under a budget: it would be dropped without a word
             raise UserError(
                 f"the plan runs {policy.budgeted} blocks compiled under torch's activation memory budget, which "
                 "offload() does not compile: run it with the compiled policies (planned_compiled)"
