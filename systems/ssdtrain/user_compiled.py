@@ -24,6 +24,7 @@ What a user may have written, and what becomes of it in a ``with`` block:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 
@@ -79,6 +80,7 @@ def _compiled_whole(module: nn.Module) -> str | None:
 def hooks_outside_compiled(layers: list[nn.Module]) -> Iterator[None]:
     """Within it, each of ``layers`` compiled by ``block.compile()`` runs its hooks eagerly and its
     forward compiled with the same settings (see the module); afterwards, as before."""
+    note_graph_break_signature()
     moved = []
     try:
         for index, layer in enumerate(layers):
@@ -152,5 +154,20 @@ def refuse_if_traced(layer: nn.Module) -> None:
     uncompiled, where nothing raises: the graph breaks here instead (under ``fullgraph=True``
     Dynamo's error gives the reason), and the error is raised by a function Dynamo runs untraced."""
     if torch.compiler.is_dynamo_compiling():
-        torch._dynamo.graph_break(msg=TRACED)
+        if _break_message["takes_one"]:
+            torch._dynamo.graph_break(msg=TRACED)
+        else:
+            torch._dynamo.graph_break()
         _refuse_traced_block(block_name(layer))
+
+
+# Whether this torch's graph_break takes a message (older releases' does not; the error raised
+# after the break still says why). Read where Dynamo is already imported (a model compiled before
+# the offloader starts), never while Dynamo traces: inspecting there would itself be traced.
+_break_message = {"takes_one": False}
+
+
+def note_graph_break_signature() -> None:
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        _break_message["takes_one"] = "msg" in inspect.signature(dynamo.graph_break).parameters
