@@ -139,8 +139,9 @@ def train(name: str, session=None, autocast: bool = False):
     return losses, grads, block
 
 
-def assert_identical(got, want):
-    assert len(got[0]) == len(want[0]) == STEPS * MICRO_BATCHES
+def assert_identical(got, want, micro_batches=STEPS * MICRO_BATCHES):
+    """Losses and gradients of two runs (``run``'s ``(losses, grads, ...)``) equal bit for bit."""
+    assert len(got[0]) == len(want[0]) == micro_batches
     for i, (a, b) in enumerate(zip(got[0], want[0])):
         assert torch.equal(a, b), f"loss differs at micro-batch {i}"
     for step, (a, b) in enumerate(zip(got[1], want[1])):

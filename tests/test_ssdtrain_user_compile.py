@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 import torch
 import transformers
+from test_ssdtrain_api import assert_identical as compare_runs
 from torch import nn
 
 from harness.errors import UserError
@@ -95,13 +96,7 @@ def train(model: nn.Module, session=None, between_forwards=None):
 
 
 def assert_identical(got, want):
-    assert len(got[0]) == len(want[0]) == STEPS * MICRO_BATCHES
-    for index, (a, b) in enumerate(zip(got[0], want[0])):
-        assert torch.equal(a, b), f"loss differs at micro-batch {index}"
-    for step, (a, b) in enumerate(zip(got[1], want[1])):
-        assert a.keys() == b.keys()
-        for name in a:
-            assert torch.equal(a[name], b[name]), f"gradient of {name} differs at step {step}"
+    compare_runs(got, want, STEPS * MICRO_BATCHES)
 
 
 def every_other(index: int) -> str:
