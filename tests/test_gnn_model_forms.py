@@ -144,6 +144,45 @@ def test_the_padded_layers_give_the_eager_models_loss_and_gradients(name):
         assert torch.equal(padded(x, edge_index), model(x, edge_index))
 
 
+class _StandInGraph:
+    """A captured graph's replay, as a Python function (the autograd node does not know the difference)."""
+
+    def __init__(self, run):
+        self.replay = run
+
+
+@pytest.mark.parametrize("zeroed", [False, True], ids=["accumulated", "zero_grad(set_to_none=False)"])
+def test_gradients_kept_over_steps_survive_the_next_forward_replay_of_the_same_bucket(zeroed):
+    """The replay node's gradients, kept as .grad over two steps of one bucket, are those of the
+    two steps: the forward replay in between may write the memory of the bucket's gradient
+    buffers (its pool's memory that the forward's capture freed and the backward's took), and here
+    it does, with stale values."""
+    from workloads.gnn.model_forms.cuda_graph import _Captured
+
+    generator = torch.Generator().manual_seed(4)
+    x, weights = torch.randn(6, 3, generator=generator), torch.randn(6, 3, generator=generator)
+    parameter = torch.randn(3, generator=generator).requires_grad_()
+    output, grad_output, grad = torch.empty(6, 3), torch.empty(6, 3), torch.empty(3)
+
+    def forward():
+        output.copy_(x * parameter.detach())
+        grad.fill_(1e6)  # the forward's temporaries where the backward's capture put the gradient
+
+    def backward():
+        grad.copy_((grad_output * x).sum(0))
+
+    captured = _Captured(
+        x, None, (parameter,), _StandInGraph(forward), _StandInGraph(backward), output, grad_output, (grad,)
+    )
+    optimizer = torch.optim.SGD([parameter], lr=0.0)
+    (captured()[:4] * weights[:4]).sum().backward()  # step 1: .grad was None
+    if zeroed:
+        optimizer.zero_grad(set_to_none=False)
+    (captured()[:4] * weights[:4]).sum().backward()  # step 2: of the same bucket, .grad kept
+    expected = (weights[:4] * x[:4]).sum(0) * (1 if zeroed else 2)
+    torch.testing.assert_close(parameter.grad, expected)
+
+
 # --- the compiled form, under inductor on the CPU ------------------------------------------------
 
 

@@ -106,17 +106,14 @@ class _Replay(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         captured = ctx.captured
-        # Autograd may keep a returned gradient as the parameter's .grad itself (it does when .grad
-        # is None): that is this bucket's buffer, which the replay below overwrites. A .grad kept
-        # from an earlier step (zero_grad(set_to_none=False), or gradients accumulated over
-        # batches) is moved out of it first, so that it is added to, not overwritten.
-        for parameter, buffer in zip(captured.parameters, captured.grads, strict=True):
-            held = parameter.grad
-            if buffer is not None and held is not None and held.data_ptr() == buffer.data_ptr():
-                parameter.grad = held.clone()
         captured.grad_output.copy_(grad)
         captured.backward_graph.replay()
-        return (None, *(g.detach() if g is not None else None for g in captured.grads))
+        # Copies, not the bucket's buffers: autograd keeps a returned gradient as the parameter's
+        # .grad itself where .grad is None, and the buffers lie in the bucket's memory pool, which
+        # the next forward replay of the bucket may write (memory its capture freed, and the
+        # backward's capture then took for them). A .grad kept over steps (zero_grad(
+        # set_to_none=False), gradients accumulated over batches) would be overwritten there.
+        return (None, *(g.clone() if g is not None else None for g in captured.grads))
 
 
 @dataclass
