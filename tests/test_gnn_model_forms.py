@@ -125,6 +125,15 @@ def test_padding_is_zero_rows_and_self_loops_spread_over_padding_nodes_only():
     assert int(counts.max()) - int(counts.min()) <= 1  # spread evenly: no one node takes every atomic add
 
 
+def test_input_features_that_need_a_gradient_are_refused_by_the_graphed_form():
+    """The captured backward gives the parameters' gradients only: an upstream embedding would
+    silently stop training."""
+    model = build("sage", FEATURES, HIDDEN, CLASSES, 2, [3, 5], dropout=0.0)
+    x, edge_index, _ = subgraph(*SIZES[0], seed=3)
+    with pytest.raises(FormFailed, match="input features require a gradient"):
+        GraphedModel(model)(x.requires_grad_(), edge_index)
+
+
 @pytest.mark.parametrize("name", ["sage", "gat"])
 def test_the_padded_layers_give_the_eager_models_loss_and_gradients(name):
     """What the CUDA-graph form captures, run uncaptured on the CPU: the subgraph padded to its
@@ -236,11 +245,11 @@ def gpu_batches(count: int = 8):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["sage", "gat"])
 @pytest.mark.parametrize("form", ["compiled", "cuda_graph"])
-def test_on_the_gpu_a_form_trains_as_the_eager_model_does(name, form):
+def test_on_the_gpu_a_form_trains_as_the_eager_model_does(name, form, monkeypatch):
     """Adam steps from the same weights, without dropout, TF32 off: every step's loss and the
     weights after them agree with eager's; gradients kept over steps (zero_grad(set_to_none=False))
     are added to, never overwritten by a replay."""
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch._dynamo.reset()
     models = []
     for _ in range(2):

@@ -23,6 +23,7 @@ from torch import nn
 
 from harness.errors import UserError
 from systems.ssdtrain import HostStore, find_layers, offload
+from systems.ssdtrain.cache import TensorCache
 from systems.ssdtrain.engine import in_backward
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE
 
@@ -204,6 +205,24 @@ def test_a_compiled_block_is_the_wrapper_the_model_calls_and_the_users_compile_i
                 raise RuntimeError("a step that fails")
         assert [block._compiled_call_impl for block in blocks] == compiled_calls
         assert all("forward" not in vars(block) for block in blocks)
+
+
+def test_the_users_compile_is_put_back_when_the_step_fails_to_start(monkeypatch):
+    """A failure after the blocks were taken apart (here the cache refusing to start a step) leaves
+    each .compile()'d block as the user compiled it."""
+    blocks = qwen3().model.layers
+    for block in blocks:
+        block.compile(backend="eager")
+    compiled_calls = [block._compiled_call_impl for block in blocks]
+
+    def refuse(self):
+        raise RuntimeError("the store is gone")
+
+    monkeypatch.setattr(TensorCache, "start_step", refuse)
+    with pytest.raises(RuntimeError, match="the store is gone"), offload(Stack(blocks), policy="keep"):
+        pass
+    assert [block._compiled_call_impl for block in blocks] == compiled_calls
+    assert all("forward" not in vars(block) for block in blocks)
 
 
 class Stack(nn.Module):

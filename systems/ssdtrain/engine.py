@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -249,6 +250,14 @@ class Offloader:
             raise RuntimeError("this Offloader is already active: its steps do not nest")
         self._compiled_blocks = hooks_outside_compiled(self.layers)  # first: it may refuse a block
         self._compiled_blocks.__enter__()
+        try:
+            self._begin_step()
+        except BaseException:  # the blocks compiled by .compile() are put back as they were
+            self._compiled_blocks.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def _begin_step(self) -> None:
         self._active = True
         self.stats = StepStats()
         self.cache.start_step()
@@ -273,7 +282,6 @@ class Offloader:
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
         _active_offloaders().append(self)
-        return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         active = _active_offloaders()

@@ -5,7 +5,8 @@ A CUDA graph replays its kernels with the shapes and addresses they were capture
 sampled subgraph changes size at every batch. So each subgraph is padded up to a bucket: its node
 count (plus at least :data:`PAD_NODES`) and its edge count each to the next size of a ladder of
 :data:`STEPS_PER_DOUBLING` sizes per doubling, so that a few buckets serve an epoch and a batch is
-padded by at most a fifth. Padding cannot change what a real node computes: padding nodes have
+padded by about a fifth at most from ~10k nodes up (a quarter on a batch of ~1k nodes, where
+the 64 padding nodes count). Padding cannot change what a real node computes: padding nodes have
 zero features and only padding edges, each a self-loop of a padding node (spread over them, so no
 one node takes every padding edge's atomic add), so a real node's incoming edges are its own;
 the caller's loss reads real nodes only, so padding rows get zero gradient and give none to the
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from systems.current_gpu import refuse_other_gpus
 from workloads.gnn.model_forms import MODEL_FORMS, FormFailed, ModelForm
 
 STEPS_PER_DOUBLING = 4  # bucket sizes per doubling: padding of at most 2^(1/4) - 1, 19%
@@ -160,6 +162,9 @@ def capture_layers(layers, parameters: tuple[torch.Tensor, ...], x: torch.Tensor
         # as harness/graphed_step.py does for a captured step, so the process can go on eagerly.
         from harness.graphed_step import _end_random_number_capture, release_failed_capture
 
+        # The exception's traceback holds this frame while it lives (the caller's FormFailed keeps
+        # it as its context): drop the frame's tensors in the failed pool so that it can be freed.
+        out = output = grad_output = grads = None  # noqa: F841
         release_failed_capture(capturing, pool)
         del forward_graph, backward_graph, capturing
         torch.cuda.synchronize()
@@ -194,10 +199,17 @@ class GraphedModel(nn.Module):
         nodes = x.size(0)
         edges = _edges_for_layers(self.model, edge_index, nodes)
         shape = padded_shape(nodes, edges.size(1))
+        if x.requires_grad:  # the captured backward gives the parameters' gradients only
+            raise FormFailed(
+                f"cuda_graph: {type(self.model).__name__}'s input features require a gradient, which the captured "
+                "layers would not give: train an upstream embedding with the eager or compiled form"
+            )
         if x.device.type != "cuda":  # the padded computation itself, uncaptured
             padded_x, padded_edges = x.new_empty((shape[0], *x.shape[1:])), edges.new_empty((2, shape[1]))
             pad_into(x, edges, padded_x, padded_edges)
             return _forward_layers(self.model)(padded_x, padded_edges)[:nodes]
+        # A capture on the current GPU of work on another would record nothing: each replay a no-op.
+        refuse_other_gpus(x=x, edge_index=edge_index)
         found = self._buckets.get(shape)
         if found is None:
             found = self._capture(shape, x, edges)
