@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_gnn_multi_gpu as gnn_multi_gpu_tests
 
 from harness.errors import UserError
 from harness.results import ResultsWriter
@@ -19,19 +20,7 @@ from workloads.gnn_multi_gpu.budgets import SHARE, cores_per_rank, rank_core_blo
 from workloads.gnn_multi_gpu.launch import NOT_DATA_PARALLEL, run_world
 from workloads.gnn_multi_gpu.schema import SCHEMA
 
-SHARED = {
-    "dataset": "products",
-    "scale_factor": 0.002,
-    "graph_seed": 0,
-    "hidden": 32,
-    "batch_size": 32,
-    "sampler_workers": 0,
-    "cpu_budget_per_rank": SHARE,
-    "loader_workers": {"workers": [1], "threads_per_worker": [1]},
-    "learning_rate": 0.01,
-    "loss_steps": 1000,
-    "models": [{"name": "sage", "layers": 2, "fanouts": [5, 5]}],
-}
+SHARED = gnn_multi_gpu_tests.SHARED  # the same tiny products-like run
 MARKER = "GNN_MULTI_GPU_WORKERS_TEST_RUN"  # in the environment of every process a run starts
 
 
