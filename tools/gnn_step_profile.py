@@ -40,7 +40,6 @@ import csv
 import hashlib
 import io
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -176,20 +175,17 @@ def write_table(rows: list[dict], out) -> None:
 
 
 def write_with_record(rows: list[dict], path: Path, record: dict) -> None:
-    """The CSV at ``path`` and its provenance record beside it (harness.results' names: the record,
-    with the rows' digest, then the CSV, each written whole through a temporary file), so that a
+    """The CSV at ``path`` and its provenance record beside it, with the rows' digest, written as
+    the results writer writes a part's (record first, each through a temporary file), so that a
     CSV lies there only beside its own record."""
-    from harness.results import ROWS_DIGEST, provenance_path
+    # harness.results' writer of a pair of files (private: the harness's own writer takes schema rows).
+    from harness.results import ROWS_DIGEST, _write_both, provenance_path
 
     text = io.StringIO()
     write_table(rows, text)
     data = text.getvalue()
     record = record | {ROWS_DIGEST: hashlib.sha256(data.encode()).hexdigest()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for target, content in ((provenance_path(path), json.dumps(record, indent=2, sort_keys=True) + "\n"), (path, data)):
-        temporary = target.with_name(f".{target.name}.tmp{os.getpid()}")
-        temporary.write_text(content)
-        os.replace(temporary, target)
+    _write_both(provenance_path(path), json.dumps(record, indent=2, sort_keys=True) + "\n", path, data)
 
 
 @dataclass(frozen=True)
