@@ -28,7 +28,9 @@ the model's repeated class; or pass ``layers=[...]``):
   the model itself is not called (a container whose parts the loop calls, ``model.forward(...)``),
   the next forward's first block plans: offloading from then on, recomputation from the next forward.
 - a ``planning.Plan``: its decisions, one per block, applied as they are (``keep_last`` does not
-  apply: the plan was made with it).
+  apply: the plan was made with it). A block the plan runs under one of torch's activation memory
+  budgets (``Plan.budgets``, a plan over compiled blocks' profiles) is compiled here, with inductor
+  under that budget, for the block's duration; such a block must not be compiled already.
 - a callable ``decide(block_index) -> "keep" | "offload" | "recompute"``, asked for every block
   of the model when the ``with`` block is first entered; its answers hold from then on, but for
   the last ``keep_last`` blocks, which are kept where it says offload (``keep_last=0``: every
@@ -74,7 +76,8 @@ from harness.errors import UserError
 from systems.ssdtrain import planning
 from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_offloaders, in_backward
 from systems.ssdtrain.layers import find_layers
-from systems.ssdtrain.planning import RECOMPUTE, Plan
+from systems.ssdtrain.planning import RECOMPUTE, Plan, budget_decision
+from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget
 from systems.ssdtrain.recompute import checkpointed, warn_of_generators
 from systems.ssdtrain.stats import StepStats
 from systems.ssdtrain.stores import Store
@@ -141,6 +144,7 @@ class Offloading:
         self.keep_last, self.budget, self.bandwidth = whole_number(keep_last), budget, bandwidth
         self.plan: Plan | None = self.policy if isinstance(self.policy, Plan) else None
         self.decisions: list[str] | None = list(self.plan.decisions) if self.plan else None
+        self._budgeted = _budgeted_blocks(self.plan, self.layers) if self.plan else None
         self.offloader: Offloader | None = None
         if self.policy != "save_on_cpu":
             self.offloader = Offloader(
@@ -243,6 +247,8 @@ class Offloading:
         if blocks:
             _no_key_value_cache(self.model, stack)
         stack.enter_context(checkpointed(blocks))
+        if self._budgeted is not None:
+            stack.enter_context(self._budgeted.installed())
 
     # -- planned policies ----------------------------------------------------------------------
     def _profile_first_step(self, stack: contextlib.ExitStack) -> None:
@@ -485,16 +491,20 @@ def _blocks(model: nn.Module, layers) -> list[nn.Module]:
 def _check_policy(policy, store: Store | None, blocks: int):
     """``policy`` checked against the store it was given and the model's block count."""
     if isinstance(policy, Plan):
-        wrong = [d for d in policy.decisions if d not in DECISIONS]
-        if wrong:  # any other word would silently keep the block
-            raise UserError(f"the plan decides {wrong[0]!r} for a block; decisions are one of {DECISIONS}")
         if len(policy.decisions) != blocks:
             raise UserError(f"the plan has {len(policy.decisions)} decisions for the model's {blocks} blocks")
-        if policy.budgeted:  # offload() compiles nothing under a budget: it would be dropped without a word
-            raise UserError(
-                f"the plan runs {policy.budgeted} blocks compiled under torch's activation memory budget, which "
-                "offload() does not compile: run it with the compiled policies (planned_compiled)"
-            )
+        budgets = policy.budgets or (None,) * blocks
+        if len(budgets) != blocks:
+            raise UserError(f"the plan has {len(budgets)} budgets for the model's {blocks} blocks")
+        for decision, budget in zip(policy.decisions, budgets, strict=True):
+            # Any other word would silently keep the block; a budget its decision does not name
+            # would compile a block the plan keeps (or leave eager one it budgets).
+            if budget is None and decision not in DECISIONS:
+                raise UserError(f"the plan decides {decision!r} for a block; decisions are one of {DECISIONS}")
+            if budget is not None and decision != (named := budget_decision(check_budget(budget))):
+                raise UserError(
+                    f"the plan decides {decision!r} for a block it budgets at {budget!r} (expected {named!r})"
+                )
         if OFFLOAD in policy.decisions and store is None:
             raise UserError("the plan offloads blocks: give offload() a store (systems.ssdtrain.stores)")
         return policy
@@ -508,6 +518,25 @@ def _check_policy(policy, store: Store | None, blocks: int):
     if not offloads and store is not None:
         raise UserError(f"policy {policy} offloads nothing: it takes no store")
     return policy
+
+
+def _budgeted_blocks(plan: Plan, layers: list[nn.Module]) -> CompiledBlocks | None:
+    """The blocks ``plan`` runs under an activation memory budget, compiled at their budgets when
+    first called (None: the plan budgets no block). A block compiled already would run the user's
+    compiled code, not the plan's budget: refused."""
+    budgets = plan.budgets or (None,) * len(layers)
+    chosen = [i for i, budget in enumerate(budgets) if budget is not None]
+    if not chosen:
+        return None
+    for index in chosen:
+        if holds_compiled_code(layers[index]):
+            raise UserError(
+                f"the plan runs block {index} under activation memory budget {budgets[index]:g}, and the block is "
+                "compiled already: pass the block uncompiled (offload() compiles it at the plan's budget)"
+            )
+    blocks = CompiledBlocks([layers[i] for i in chosen], numbers=chosen)
+    blocks.use([budgets[i] for i in chosen])
+    return blocks
 
 
 def _name(policy) -> str:

@@ -78,9 +78,11 @@ class CompiledBlocks:
     activation memory budget): a block's forward at a budget is the shared backend's, so a mix of
     budgets compiles once per distinct budget, not once per block."""
 
-    def __init__(self, layers: list[nn.Module], budget: float | None = None):
+    def __init__(self, layers: list[nn.Module], budget: float | None = None, numbers: list[int] | None = None):
         self.budget = check_budget(budget)
         self.layers = list(layers)
+        # How messages name each block: its place among the model's blocks (some may not be here).
+        self.numbers = list(range(len(self.layers))) if numbers is None else list(numbers)
         self._made: dict[tuple[int, float | None], Callable] = {}
         self.use([self.budget] * len(self.layers))
 
@@ -100,10 +102,10 @@ class CompiledBlocks:
     def installed(self) -> Iterator[None]:
         """Within the block, every block runs its compiled forward; what was there before (an
         instance ``forward`` of another wrapper, or the class's) is back when it ends."""
-        for index, (layer, budget) in enumerate(zip(self.layers, self.budgets, strict=True)):
+        for number, layer, budget in zip(self.numbers, self.layers, self.budgets, strict=True):
             if budget is not None and budget < 1 and (dropout := _dropping_out(layer)):
                 raise UserError(
-                    f"block {index} drops out ({dropout}) in training, and under activation_budget {budget:g} torch "
+                    f"block {number} drops out ({dropout}) in training, and under activation_budget {budget:g} torch "
                     "recomputes dropout with new random numbers (wrong gradients): set its dropout to 0, or keep it "
                     "in eval()"
                 )
