@@ -367,6 +367,62 @@ def test_prefetch_reads_ahead_and_without_it_backward_waits():
             assert (offloader.stats.prefetched_loads, offloader.stats.demand_loads) == (0, offloaded)
 
 
+class LoggingStore(HostStore):
+    """A host store that appends ("put", key) and ("read", key) to ``events`` as transfers start."""
+
+    def __init__(self, events: list):
+        super().__init__()
+        self.events = events
+
+    def put(self, key, tensor):
+        self.events.append(("put", key))
+        return super().put(key, tensor)
+
+    def get(self, key, out):
+        self.events.append(("read", key))
+        return super().get(key, out)
+
+
+@pytest.mark.parametrize("prefetch", [1, 2])
+@pytest.mark.parametrize("offloaded", [[0], [0, 1], [1, 3]])
+def test_a_layer_is_read_back_when_backward_reaches_the_layer_prefetch_above_it_not_earlier(prefetch, offloaded):
+    """Reading a layer back at the start of backward would put its bytes on the device again where
+    the activation peak is (the first layer offloaded alone would then lower no peak): each read
+    starts between the backward of layer ``i + prefetch + 1`` and that of layer ``i + prefetch``."""
+    layers = 5
+    torch.manual_seed(0)
+    model = MLPStack(layers=layers)
+    events = []
+    for index, layer in enumerate(model.layers):
+        layer.register_forward_pre_hook(lambda *_, i=index: events.append(("forward", i)))
+        layer.register_full_backward_hook(lambda *_, i=index: events.append(("backward", i)))
+    store = LoggingStore(events)
+    decide = lambda i: "offload" if i in offloaded else "keep"  # noqa: E731
+    offloader = Offloader(model, store, policy=decide, min_bytes=0, keep_last=0, prefetch=prefetch)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with offloader:
+        model(x, y).backward()
+    assert offloader.stats.demand_loads == 0  # every read was started ahead
+    finished = [i for kind, i in events if kind == "backward"]
+    assert finished == list(reversed(range(layers)))
+    layer_of, running = {}, None  # a put's layer: the layer whose forward was running
+    for kind, value in events:
+        if kind == "forward":
+            running = value
+        elif kind == "put":
+            layer_of[value] = running
+    assert sorted(set(layer_of.values())) == offloaded
+    for target in offloaded:
+        reads = [n for n, (kind, key) in enumerate(events) if kind == "read" and layer_of[key] == target]
+        above = target + prefetch  # the reads start as backward enters this layer
+        done_above = events.index(("backward", above + 1)) if above + 1 < layers else -1
+        done_at = events.index(("backward", above)) if above < layers else -1
+        assert reads, events
+        assert all(done_above < n for n in reads), (target, events)
+        if done_at >= 0:
+            assert all(n < done_at for n in reads), (target, events)
+
+
 @pytest.mark.parametrize(
     "kind, prefetch",  # stores whose reads end on another thread
     [

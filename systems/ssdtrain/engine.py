@@ -16,10 +16,14 @@ holds anyway, for a saving of one low-precision copy of the weights. A frozen pa
 has no autograd node and is treated as an activation.
 
 Overlap. A put starts as soon as the tensor is saved and runs on the store's threads and streams
-while forward goes on. Backward runs the layers in reverse: the first unpack of each backward
-(each ``backward()`` call, told apart by autograd's graph task) starts reading back the last
-offloaded layers, and the first unpack of each layer starts reading the ``prefetch`` layers below
-it, so a layer's tensors are in memory (or on their way) when its backward starts. Several
+while forward goes on. Backward runs the layers in reverse: when it reaches layer L (the first
+unpack of a tensor L saved, kept or offloaded, in each ``backward()`` call, told apart by autograd's
+graph task) it starts reading back the offloaded layers from L - ``prefetch`` up (L itself where
+its backward begins the call); at the start of a call that begins above the layers (a loss or head
+saved outside them), the last ``prefetch`` layers. So a layer's tensors are on their way when
+backward reaches the layer above it, and not before: bytes read back early would be on the device
+again at the start of backward, where the activation peak is (offloading the first block would
+then free nothing at the peak). Several
 forwards and backwards may run in one step (micro-batches of gradient accumulation): each
 backward prefetches, and the policy is asked again at each forward. A tensor whose put has not
 finished yet is served from memory, unless ``always_read_back``: then backward waits for the put
@@ -143,12 +147,13 @@ class _Kept:
     """What autograd holds for a tensor kept on the device: the tensor, detached (returning the
     saved output itself would make a reference cycle through its grad_fn that the garbage collector
     cannot see, and leak it), and its version when saved, which autograd no longer checks.
-    ``block``: the recomputed block whose input it is (None: another saved tensor)."""
+    ``block``: the recomputed block whose input it is (None: another saved tensor); ``layer``: the
+    layer that saved it (None: saved outside the layers), which tells backward's progress."""
 
-    __slots__ = ("tensor", "version", "block")
+    __slots__ = ("tensor", "version", "block", "layer")
 
-    def __init__(self, tensor: torch.Tensor, block: str | None = None):
-        self.tensor, self.version, self.block = tensor.detach(), tensor._version, block
+    def __init__(self, tensor: torch.Tensor, block: str | None = None, layer: int | None = None):
+        self.tensor, self.version, self.block, self.layer = tensor.detach(), tensor._version, block, layer
 
     def unpack(self) -> torch.Tensor:
         if self.tensor._version != self.version:
@@ -395,7 +400,7 @@ class Offloader:
         )
         if not offload:
             self.stats.record(tensor, layer, key, parameter=parameter)
-            return _Kept(tensor, getattr(_local, "block", None))
+            return _Kept(tensor, getattr(_local, "block", None), layer)
         with torch.no_grad():
             handle, new = self.cache.offload(tensor, layer, *key)
         self.stats.record(tensor, layer, key, offloaded=new)
@@ -420,14 +425,14 @@ class Offloader:
             self._warn_if_nothing_offloaded()
         self._backward_since_forward = True
         if isinstance(packed, _Kept):
-            self._backward_reached(None)
+            self._backward_reached(packed.layer)
             return packed.unpack()
         self._backward_reached(packed.entry.layer)
         return self.cache.unpack(packed)
 
     def _backward_reached(self, layer: int | None) -> None:
-        """Prefetch on the first unpack of each backward (the last offloaded layers) and on the
-        first unpack of each layer in it (the layers below it)."""
+        """Backward is at ``layer`` (None: outside the layers): start reading back the offloaded
+        layers from ``layer - prefetch`` up, once per layer and backward call (see the module)."""
         task = torch._C._current_graph_task_id()
         if task != self._backward_task:
             self._backward_task = task
@@ -437,12 +442,11 @@ class Offloader:
             return
         first = not self._backward_layers
         self._backward_layers.add(layer)
-        order = self.cache.layers()  # descending: the order backward needs them
-        if first:
-            for target in order[: self.prefetch]:
-                self.cache.prefetch(target)
-        if layer is not None:
-            for target in [t for t in order if t < layer][: self.prefetch]:
+        if not self.prefetch or (layer is None and not first):
+            return  # a tensor saved outside the layers after the first: backward is below them all
+        lowest = (len(self.layers) if layer is None else layer) - self.prefetch
+        for target in self.cache.layers():  # descending; a layer read back already is skipped
+            if target >= lowest:
                 self.cache.prefetch(target)
 
     def _warn_if_nothing_offloaded(self) -> None:
