@@ -91,6 +91,21 @@ def test_every_plan_computes_what_the_reference_computes(name, applied, backward
         close(have, want)
 
 
+@pytest.mark.parametrize("backward", DIRECTIONS)
+def test_a_float64_emulation_keeps_its_constants_in_float64(backward):
+    """HGT scales its scores by 1/sqrt(width), a constant of the plan: in a float64 emulation it must
+    not be rounded to float32 (the emulation then agrees with the float64 reference to 1e-12, not
+    1e-8 as with one float32 constant)."""
+    graph = awkward_graph()
+    program, tensors = program_and_tensors("hgt", ("reorder", "compact"), backward, graph, width=7)
+    tensors = {name: t.double() for name, t in tensors.items()}
+    expected = reference.run(program, graph, tensors)
+    got = lower.emulate(lower.lower(program), graph, tensors, reference.bind_widths(program, graph, tensors))
+    for have, want in zip(got, expected, strict=True):
+        assert have.dtype == torch.float64
+        torch.testing.assert_close(have, want, rtol=1e-12, atol=1e-12)
+
+
 def test_gathers_are_read_in_place_not_copied():
     """The optimized RGAT's plan: the GEMMs read the sources through the pairs' index lists and
     nothing is copied just to gather it."""

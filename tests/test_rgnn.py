@@ -607,7 +607,12 @@ def test_a_form_of_its_own_code_joins_by_registering_and_says_what_it_computes()
     finally:
         FORMS.unregister("twice_then_half")
     with pytest.raises(ValueError, match="precision 'fp8' is not one of float32, tf32"):
-        Form("odd", "baseline", precision="fp8")
+        Form("odd", "baseline", precision="fp8", models=("rgcn",), make=twice_then_half)
+    # A form of its own code that could not build, or that would compute no model, is refused at once.
+    with pytest.raises(ValueError, match=r"form no_code: give make\(model, weights, graph\)"):
+        Form("no_code", "baseline", models=("rgcn",))
+    with pytest.raises(ValueError, match=r"form no_models: name the models it computes"):
+        Form("no_models", "baseline", make=twice_then_half)
 
 
 def test_a_model_declaration_is_checked():

@@ -629,13 +629,16 @@ def emulate(plan: Plan, graph: RelGraph, tensors: dict[str, torch.Tensor], width
     for v in plan.program.values:
         if v.op in ("input", "weight"):
             env[id(v)] = tensors[v.name]
+    # Scalar constants in the tensors' own type and place: torch.full's default (float32) would
+    # round a float64 emulation's constants.
+    like = next((t for t in tensors.values() if t.is_floating_point()), torch.empty(0))
 
     def read(o: Operand, rows: int) -> torch.Tensor:
         if o.kind == "scalar":
             number = (
                 o.scalar if o.value is None or o.value.attr("rsqrt") is None else widths[o.value.attr("rsqrt")] ** -0.5
             )
-            return torch.full((rows, 1), float(number))
+            return torch.full((rows, 1), float(number), dtype=like.dtype, device=like.device)
         base = env[id(o.value)]
         base = base.unsqueeze(1) if base.dim() == 1 else base.flatten(1)  # [types, in, 1]: rows of in
         if o.kind == "shared":

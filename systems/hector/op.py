@@ -28,7 +28,6 @@ import weakref
 from collections.abc import Callable
 
 import torch
-from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 from harness.errors import UserError
 from systems.hector import codegen, cuda_graphs, lower, reference
@@ -134,6 +133,10 @@ def _under_func_transform() -> bool:
     batching rule for them, and jvp's tangents would come back as zeros."""
     if torch._C._functorch.maybe_current_level() is None:  # the common case costs one query
         return False
+    try:  # torch's interpreter stack has no public API: where it moves, refuse every transform
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    except ImportError:
+        return True
     functionalize = torch._C._functorch.TransformType.Functionalize
     return any(level.key() != functionalize for level in retrieve_all_functorch_interpreters())
 

@@ -68,6 +68,12 @@ class Form(Entry):
         super().__post_init__()
         if self.precision not in TOLERANCE:
             raise ValueError(f"form {self.name}: precision {self.precision!r} is not one of {', '.join(TOLERANCE)}")
+        # A plain Form is its own code: without ``make`` its first build would call None, and
+        # without ``models`` it would compute nothing and be listed under no model.
+        if type(self)._build is Form._build and self.make is None:
+            raise ValueError(f"form {self.name}: give make(model, weights, graph), or subclass Form with _build")
+        if type(self).supports is Form.supports and not self.models:
+            raise ValueError(f"form {self.name}: name the models it computes (models=...), or subclass with supports")
 
     @property
     def form(self) -> str:

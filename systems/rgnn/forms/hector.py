@@ -36,8 +36,7 @@ class HectorForm(Form):
     def supports(self, model) -> bool:
         return model.program is not None
 
-    def build(self, model, weights, graph):
-        self._check_supports(model)
+    def _build(self, model, weights, graph):
         return HectorLayer(model, self, weights, graph)
 
     def missing(self, device: str = "cpu") -> str | None:
