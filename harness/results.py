@@ -120,7 +120,7 @@ def provenance_path(csv_path: Path) -> Path:
     return csv_path.with_name(csv_path.name.removesuffix(".csv") + PROVENANCE_SUFFIX)
 
 
-def _write_both(record: Path, record_text: str, csv_path: Path, csv_text: str) -> None:
+def write_both(record: Path, record_text: str, csv_path: Path, csv_text: str) -> None:
     """Write the provenance record, then the CSV, so that a CSV is there only beside its own record.
 
     Both go to temporary files first (where a full disk or a folder in the way fails, and then
@@ -291,7 +291,7 @@ class ResultsWriter:
 
     def write(self, csv_path: Path | str, provenance: dict) -> None:
         """Write the provenance record, then the CSV (the CSV's presence means 'complete'): refused
-        in one line where the disk or the path fails, leaving no file of this run (_write_both)."""
+        in one line where the disk or the path fails, leaving no file of this run (write_both)."""
         csv_path = Path(csv_path)
         if not self.rows:
             raise UserError(
@@ -305,7 +305,7 @@ class ResultsWriter:
         text = "".join(lines.parts)
         # The rows' digest in their record: a file edited after it was written is refused when read.
         record = json.dumps(provenance | {ROWS_DIGEST: _digest(text.encode())}, indent=2, sort_keys=True) + "\n"
-        _write_both(provenance_path(csv_path), record, csv_path, text)
+        write_both(provenance_path(csv_path), record, csv_path, text)
 
 
 class _CsvLines:

@@ -178,14 +178,14 @@ def write_with_record(rows: list[dict], path: Path, record: dict) -> None:
     """The CSV at ``path`` and its provenance record beside it, with the rows' digest, written as
     the results writer writes a part's (record first, each through a temporary file), so that a
     CSV lies there only beside its own record."""
-    # harness.results' writer of a pair of files (private: the harness's own writer takes schema rows).
-    from harness.results import ROWS_DIGEST, _write_both, provenance_path
+    # harness.results' writer of a pair of files (the harness's own run writer takes schema rows).
+    from harness.results import ROWS_DIGEST, provenance_path, write_both
 
     text = io.StringIO()
     write_table(rows, text)
     data = text.getvalue()
     record = record | {ROWS_DIGEST: hashlib.sha256(data.encode()).hexdigest()}
-    _write_both(provenance_path(path), json.dumps(record, indent=2, sort_keys=True) + "\n", path, data)
+    write_both(provenance_path(path), json.dumps(record, indent=2, sort_keys=True) + "\n", path, data)
 
 
 @dataclass(frozen=True)
