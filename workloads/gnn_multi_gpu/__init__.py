@@ -4,7 +4,8 @@ memory (workloads.graphs.shared).
 
 Parts are world sizes (``world1`` .. ``world8``): the number of ranks, one GPU each on a GPU
 machine; on a machine without a GPU, 1 and 2 CPU processes (the distributed code path, with the
-CPU pipeline only). A machine runs the world sizes its GPUs allow.
+CPU-sampling pipelines, ``cpu_gather`` and ``cpu_gather_workers``). A machine runs the world sizes
+its GPUs allow and that have a core per rank.
 """
 
 from harness.topic import Part, Topic
@@ -21,5 +22,5 @@ TOPIC = Topic(
     title="Multi-GPU GNN training",
     technique="pytorch_direct",
     schema=SCHEMA,
-    parts=tuple(Part(name, gpus=world, cpu=name in CPU_WORLDS) for name, world in WORLDS.items()),
+    parts=tuple(Part(name, gpus=world, cpu=name in CPU_WORLDS, cores=world) for name, world in WORLDS.items()),
 )

@@ -32,7 +32,10 @@ offload or recompute per layer within a budget) record their plan's predictions 
 ``predicted_time`` and ``predicted_activation_bytes`` (repetition 0), beside the measured ones.
 ``offload_all`` records ``bound_activation_bytes`` (repetition 0): the largest activation-peak
 reduction its store's measured bandwidth allows at no time overhead (systems/ssdtrain/bound.py),
-beside the reduction it measured.
+beside the reduction it measured. The provenance record's notes hold, per model, the bound's
+terms (``bounds``; ``bounds_compiled`` for the policies on compiled blocks), the profile and plans
+of the planned policies, and ``optimizer_seconds`` per variant: the AdamW step, timed apart, which a
+plan's predicted time leaves out.
 Part ``memory_bound`` records, per policy, ``fits`` for each micro-batch its search tried under
 the cap ``memory_cap_gib``, and at the largest that fit the timed steps (``time`` per optimizer
 step of ``global_batch`` sequences) and ``tokens_per_second``.
