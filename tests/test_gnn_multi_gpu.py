@@ -181,9 +181,12 @@ def test_gpu_pipelines_and_the_reasons_for_those_left_out(monkeypatch):
 
 
 def test_cpu_machines_run_one_and_two_processes(monkeypatch):
-    assert [p.name for p in TOPIC.parts_on(0)] == ["world1", "world2"]
-    assert [p.name for p in TOPIC.parts_on(2)] == ["world1", "world2"]
-    assert [p.name for p in TOPIC.parts_on(8)] == ["world1", "world2", "world4", "world8"]
+    assert [p.name for p in TOPIC.parts_on(0, cores=2)] == ["world1", "world2"]
+    assert [p.name for p in TOPIC.parts_on(2, cores=16)] == ["world1", "world2"]
+    assert [p.name for p in TOPIC.parts_on(8, cores=16)] == ["world1", "world2", "world4", "world8"]
+    # A rank needs a core of its own: a one-core machine runs one process, four cores four GPUs.
+    assert [p.name for p in TOPIC.parts_on(0, cores=1)] == ["world1"]
+    assert [p.name for p in TOPIC.parts_on(8, cores=4)] == ["world1", "world2", "world4"]
 
 
 def test_the_launcher_keeps_nvlink_multicast_off():

@@ -1013,8 +1013,16 @@ def test_a_budget_sweep_part_trains_its_pipelines_and_models_on_its_cores():
     from workloads.gnn_training import BUDGET_SWEEPS, TOPIC, train
 
     sweeps = {p.name: p for p in TOPIC.parts if p.name in BUDGET_SWEEPS}
-    assert len(sweeps) == 6 and all(not p.cpu and p.cores == BUDGET_SWEEPS[p.name][1] for p in sweeps.values())
+    assert len(sweeps) == 8 and all(not p.cpu and p.cores == BUDGET_SWEEPS[p.name][1] for p in sweeps.values())
     assert sweeps["papers_8_cores"].runs_on(1) == (machine.usable_cores() >= 8)
+    # The full-size papers sweeps train the full-size part's graph, generated as it is.
+    assert {p: BUDGET_SWEEPS[p][0] for p in ("papers_full_2_cores", "papers_full_4_cores")} == dict.fromkeys(
+        ("papers_full_2_cores", "papers_full_4_cores"), "papers_full"
+    )
+    assert train.DATASET_OF_PART["papers_full_2_cores"] == train.DATASET_OF_PART["papers_full"]
+    full = suite_config.load()["topics"]["gnn_training"]["h200"]
+    assert full["papers_full_2_cores"]["features_in_memory"] and full["papers_full_4_cores"]["scale_factor"] == 1.0
+    assert "cpu_gather_workers" in full["papers_full_2_cores"]["pipelines"]
     config = suite_config.load()["topics"]["gnn_training"]["tiny"]
     params = config["products_2_cores"] | {"pipelines": ["cpu_gather"]}  # the one pipeline a CPU runs
     writer = ResultsWriter(SCHEMA, scale="tiny")

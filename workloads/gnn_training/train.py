@@ -53,11 +53,8 @@ from workloads.graphs.spec import SHORT_NAMES
 
 # The dataset each part trains on: one per short name, papers100M-like at full size in host memory
 # (its feature table generated where zero-copy reads it, never on disk), and the budget sweeps'.
-DATASET_OF_PART = (
-    SHORT_NAMES
-    | {"papers_full": SHORT_NAMES["papers"]}
-    | {part: SHORT_NAMES[graph] for part, (graph, _) in BUDGET_SWEEPS.items()}
-)
+_DATASET_PARTS = SHORT_NAMES | {"papers_full": SHORT_NAMES["papers"]}
+DATASET_OF_PART = _DATASET_PARTS | {part: _DATASET_PARTS[graph] for part, (graph, _) in BUDGET_SWEEPS.items()}
 
 
 def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, warmup: int, device: str, **_) -> dict:
