@@ -666,6 +666,33 @@ def test_gpu_offloading_frees_device_memory_after_forward():
     assert held["offload_all"] < 0.2 * held["keep"]
 
 
+@pytest.mark.gpu
+def test_gpu_offloading_the_first_block_alone_lowers_the_steps_peak():
+    """The peak of a step is at the start of backward, every block's tensors held: offloading the
+    first block must lower it by about that block's bytes, so its read back must wait for backward
+    to reach the block above (read at backward's first unpack, it was back on the GPU at the peak)."""
+    torch.manual_seed(0)
+    model = MLPStack(dim=1024, layers=4).cuda()
+    x, y = torch.randn(4096, 16, device="cuda"), torch.randn(4096, 1, device="cuda")
+    peaks, offloaded = {}, 0
+    for name, policy in (("keep", "keep"), ("first", lambda i: "offload" if i == 0 else "keep")):
+        offloader = Offloader(model, HostStore(), policy=policy, keep_last=0)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with offloader:
+            loss = model(x, y)
+            offloader.flush()  # the write has landed (the block's memory is gone) whatever the timing
+            loss.backward()
+        torch.cuda.synchronize()
+        peaks[name] = torch.cuda.max_memory_allocated() - before
+        del loss
+        offloaded = offloaded or offloader.stats.total.offloaded_bytes
+        model.zero_grad(set_to_none=True)
+    assert offloaded > 0
+    assert peaks["keep"] - peaks["first"] > 0.5 * offloaded, (peaks, offloaded)
+
+
 @pytest.mark.full
 def test_training_on_the_generated_corpus_converges_identically_with_offloading(disk):
     """The convergence check: 150 AdamW steps of a tiny Llama on the Markov language, keep against
