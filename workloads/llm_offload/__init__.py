@@ -25,7 +25,10 @@ micro-batch 16. A sixth, ``convergence``: a small model trained for many steps o
 Markov language under keep, recompute and offloading, every step's loss checked bit-identical.
 A seventh, ``frontier_models`` (GPU only): on model families of other shapes (Mistral, Qwen2),
 the planner on compiled blocks at several budgets against torch's own activation memory budget:
-the two frontiers of step time against activation peak.
+the two frontiers of step time against activation peak. An eighth, ``compiled_models`` (GPU
+only): the same on the other families at the headline shape (GPT-2, BERT, T5), so that part
+``models``' comparison has torch's frontier beside the suite's policies (a part of its own: the
+compiles do not fit in ``models``' run).
 """
 
 from harness.topic import Part, Topic
@@ -45,6 +48,7 @@ TOPIC = Topic(
         Part("shapes", gpus=1, cpu=False),  # the paper's full-size shapes: a GPU's work
         Part("convergence", gpus=1, cpu=True),
         Part("frontier_models", gpus=1, cpu=False),  # compiled blocks at several budgets: minutes of inductor a model
+        Part("compiled_models", gpus=1, cpu=False),  # the same on part models' families
     ),
     packages=("transformers",),
 )

@@ -54,6 +54,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)  # tiny configs draw w
 
 __all__ = [
     "NotBitIdentical",
+    "compiled_models",
     "convergence",
     "frontier_models",
     "memory_bound",
@@ -136,6 +137,12 @@ def shapes(params, writer, **kwargs):
 def frontier_models(params, writer, **kwargs):
     """The same policies as :func:`policies`, usually the compiled ones at several budgets, on
     models of other families and shapes: the planner's frontier against torch's budgets there."""
+    return policies(params, writer, **kwargs)
+
+
+def compiled_models(params, writer, **kwargs):
+    """The same policies as :func:`policies`, the compiled ones at several budgets, on part
+    ``models``' families: torch's frontier and the planner's beside that part's policies."""
     return policies(params, writer, **kwargs)
 
 
