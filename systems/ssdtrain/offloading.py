@@ -100,7 +100,7 @@ class Offloading:
     """One policy applied to one model; enter it (``with``) around the training it covers. Made by
     :func:`offload`, which documents the arguments. After (or during) a block: ``stats`` (what it
     saved and moved, a ``StepStats``; None under ``save_on_cpu``, whose hooks are torch's),
-    ``decisions`` (per block: keep, offload or recompute; None until a planned policy has planned)
+    ``decisions`` (per block: keep, offload, recompute or a Plan's budget; None until a planned policy planned)
     and ``plan`` (a planned policy's ``Plan``)."""
 
     def __init__(
