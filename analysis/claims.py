@@ -25,7 +25,7 @@ import pandas as pd
 from analysis.common import lacking, load_results, machine_label, same_code_reruns, summarize
 from harness.config import ConfigError, _check, _read_yaml, _relative
 from harness.errors import UserError, exit_on_user_error
-from harness.results import load_provenance
+from harness.results import committed, load_provenance, results_in, results_name
 from harness.topic import discover
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -111,10 +111,10 @@ class Folder:
     _loaded: dict = field(default_factory=dict)
 
     def committed(self, topic: str, part: str) -> Path:
-        return self.root / topic / f"{part}-{self.scale}.csv"
+        return committed(self.root / topic / f"{part}-{self.scale}.csv")
 
     def reruns(self, topic: str, part: str) -> list[Path]:
-        return sorted((self.root / topic / "reruns").glob(f"*/{part}-{self.scale}.csv"))
+        return results_in(self.root / topic / "reruns", f"*/{part}-{self.scale}")
 
     @staticmethod
     def _whole(path: Path) -> bool:
@@ -515,7 +515,7 @@ class Ceilings:
 def machine_ceilings(folder: Folder) -> Ceilings:
     """What the claims' machine column shows, from the ceilings results and the provenance."""
     found = Ceilings()
-    records = [load_provenance(p) for p in sorted(folder.root.glob(f"*/*-{folder.scale}.csv"))]
+    records = [load_provenance(p) for p in results_in(folder.root, f"*/*-{folder.scale}")]
     for record in records:
         gpus = record.get("machine", {}).get("gpus", [])
         if gpus and not found.gpus:
@@ -628,7 +628,8 @@ def render(
 
 def scales_of(root: Path) -> list[str]:
     """The scales a machine folder has results of (files are named <part>-<scale>.csv)."""
-    return sorted({p.stem.rsplit("-", 1)[-1] for p in root.glob("*/*.csv") if "-" in p.stem})
+    names = [results_name(p) for p in results_in(root, "*/*")]
+    return sorted({name.rsplit("-", 1)[-1] for name in names if "-" in name})
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -9,7 +9,12 @@ import pandas as pd
 
 from harness.contention import NOTED_SHARE
 from harness.errors import UserError
-from harness.results import load, load_provenance
+from harness.results import load, load_provenance, results_name
+
+
+def _name(path) -> str:
+    """``<part>-<scale>`` of a results file (``X.csv`` or ``X.csv.gz``)."""
+    return results_name(path) or Path(path).stem
 
 
 def load_results(files: list[str], schema, *, cut_short: bool = False) -> tuple[pd.DataFrame, list[dict]]:
@@ -20,10 +25,10 @@ def load_results(files: list[str], schema, *, cut_short: bool = False) -> tuple[
         raise UserError(f"no results files were passed for topic {schema.topic}")
     files = [Path(f) for f in files]
     frame = load(files, schema, cut_short=cut_short)
-    frame["part"] = frame["source"].map(lambda s: Path(s).stem.rsplit("-", 1)[0])
+    frame["part"] = frame["source"].map(lambda s: _name(s).rsplit("-", 1)[0])
     records = [load_provenance(f) for f in files]
     for f, record in zip(files, records):
-        part = f.stem.rsplit("-", 1)[0]
+        part = _name(f).rsplit("-", 1)[0]
         # A record beside the wrong file (another topic's, a renamed copy of a part) would label
         # and count rows as what they are not.
         if record.get("topic", schema.topic) != schema.topic:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import csv
 import glob
+import gzip
 import hashlib
+import io
 import json
 import math
 import os
@@ -116,8 +118,46 @@ class Schema:
                 raise TypeError(f"{self.topic}: column {name!r} expects {kind.__name__}, got {value!r}")
 
 
+# A results file as a part writes it, or gzip-compressed as committed (tools/compress_results.py):
+# ``X.csv.gz`` holds the bytes of ``X.csv`` and stands for it wherever ``X.csv`` is not there.
+CSV, COMPRESSED = ".csv", ".csv.gz"
+
+
+def results_name(path: Path | str) -> str | None:
+    """``<part>-<scale>`` of a results file's name (either form), or None for another file."""
+    name = Path(path).name
+    for suffix in (COMPRESSED, CSV):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return None
+
+
+def committed(path: Path | str) -> Path:
+    """The file that stands for results file ``X.csv``: itself where it exists (a part's fresh
+    output wins), else ``X.csv.gz`` where that exists, else ``X.csv`` (missing)."""
+    path = Path(path)
+    compressed = path.with_name(path.name + ".gz")
+    return compressed if not path.exists() and compressed.exists() else path
+
+
+def results_in(folder: Path | str, pattern: str) -> list[Path]:
+    """The results files in ``folder`` whose ``<part>-<scale>`` matches the glob ``pattern`` (which
+    may hold folders: ``*/*-h200``), one per name and folder (``X.csv`` over ``X.csv.gz``), sorted."""
+    found: dict[Path, Path] = {}
+    for suffix in (COMPRESSED, CSV):  # .csv second: it replaces its compressed twin
+        for path in Path(folder).glob(pattern + suffix):
+            found[path.with_name(results_name(path))] = path
+    return [found[key] for key in sorted(found)]
+
+
+def results_bytes(path: Path | str) -> bytes:
+    """The CSV bytes of a results file of either form."""
+    data = Path(path).read_bytes()
+    return gzip.decompress(data) if str(path).endswith(COMPRESSED) else data
+
+
 def provenance_path(csv_path: Path) -> Path:
-    return csv_path.with_name(csv_path.name.removesuffix(".csv") + PROVENANCE_SUFFIX)
+    return csv_path.with_name((results_name(csv_path) or csv_path.name) + PROVENANCE_SUFFIX)
 
 
 def write_both(record: Path, record_text: str, csv_path: Path, csv_text: str) -> None:
@@ -376,7 +416,7 @@ def _parse_row(raw: dict, schema: Schema, where: str) -> dict:
 
 def _scale_of(path: Path) -> str:
     """Results files are named <part>-<scale>.csv."""
-    stem = path.name.removesuffix(".csv")
+    stem = results_name(path) or path.name
     if "-" not in stem:
         raise ResultsFormatError(f"{path}: results files are named <part>-<scale>.csv")
     return stem.rsplit("-", 1)[1]
@@ -397,12 +437,16 @@ def read_rows(path: Path | str, schema: Schema, *, cut_short: bool = False) -> l
         raise ResultsFormatError(
             f"{path}: its provenance record says scale {provenance.get('scale')!r}, its name says {scale!r}"
         )
-    if ROWS_DIGEST in provenance and provenance[ROWS_DIGEST] != _digest(path.read_bytes()):
+    try:
+        data = results_bytes(path)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise ResultsFormatError(f"{path}: cannot be read ({err})") from None
+    if ROWS_DIGEST in provenance and provenance[ROWS_DIGEST] != _digest(data):
         raise ResultsFormatError(
             f"{path}: its rows are not those its record was written with (edited, or another run's): measure the "
             "part again rather than edit its file"
         )
-    with open(path, newline="") as f:
+    with io.TextIOWrapper(io.BytesIO(data), newline="") as f:
         reader = csv.DictReader(f)
         header = tuple(reader.fieldnames or ())
         # Configuration columns added to the schema after the file was written read as NA.

@@ -12,10 +12,13 @@ from harness.results import (
     ResultsFormatError,
     ResultsWriter,
     Schema,
+    committed,
     load,
     load_provenance,
     provenance_path,
     read_rows,
+    results_in,
+    results_name,
 )
 from harness.timing import Measurement
 
@@ -383,3 +386,68 @@ def test_rows_edited_after_they_were_written_are_refused(tmp_path):
     path.write_text("\n".join([header, ",".join(cells), *rest]) + "\n")
     with pytest.raises(ResultsFormatError, match="its rows are not those its record was written with"):
         load([path], SCHEMA)
+
+
+# --- compressed results: X.csv.gz stands for X.csv (tools/compress_results.py) ---
+
+
+def _compress(path):
+    from tools.compress_results import main
+
+    assert main([str(path.parent)]) == 0
+    return path.with_name(path.name + ".gz")
+
+
+def test_a_compressed_results_file_reads_as_the_file_it_was(tmp_path):
+    path, _ = _write(tmp_path, rows=5)
+    want = read_rows(path, SCHEMA)
+    gz = _compress(path)
+    assert not path.exists() and gz.exists() and gz.read_bytes()[:2] == b"\x1f\x8b"
+    assert read_rows(gz, SCHEMA) == want
+    assert load_provenance(gz) == load_provenance(path)  # the record beside both forms
+    assert committed(path) == gz and results_name(gz) == "demo-cpu"
+    # The same bytes always compress to the same file (no name or time inside).
+    again = tmp_path / "again"
+    again.mkdir()
+    copy, _ = _write(again, rows=5)
+    assert _compress(copy).read_bytes() == gz.read_bytes()
+
+
+def test_a_fresh_csv_wins_over_its_compressed_twin_and_a_folder_lists_each_once(tmp_path, capsys):
+    path, _ = _write(tmp_path, rows=2)
+    gz = _compress(path)
+    assert results_in(tmp_path, "*-cpu") == [gz]
+    fresh, _ = _write(tmp_path, rows=4)  # measured again: X.csv beside the committed X.csv.gz
+    assert committed(fresh) == fresh and results_in(tmp_path, "*-cpu") == [fresh]
+    assert results_in(tmp_path, "*-h200") == [] and committed(tmp_path / "other-cpu.csv").name == "other-cpu.csv"
+    from tools.compress_results import main
+
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert "there in both forms" in capsys.readouterr().err
+
+
+def test_a_compressed_file_edited_or_broken_is_refused_in_one_line(tmp_path):
+    import gzip
+
+    path, _ = _write(tmp_path, rows=3)
+    gz = _compress(path)
+    text = gzip.decompress(gz.read_bytes()).decode().replace("0.", "0.9", 1)
+    gz.write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(ResultsFormatError, match="its rows are not those its record was written with"):
+        read_rows(gz, SCHEMA)
+    gz.write_bytes(gz.read_bytes()[:20])  # cut short
+    with pytest.raises(ResultsFormatError, match=r"demo-cpu\.csv\.gz: cannot be read") as err:
+        read_rows(gz, SCHEMA)
+    assert "\n" not in str(err.value)
+
+
+def test_the_tool_refuses_to_compress_rows_their_record_does_not_hold(tmp_path, capsys):
+    from tools.compress_results import main
+
+    path, _ = _write(tmp_path, rows=3)
+    path.write_text(path.read_text().replace("0.", "0.8", 1))
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert "its rows are not those its record was written with: not compressed" in capsys.readouterr().err
+    assert path.exists() and not path.with_name(path.name + ".gz").exists()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UserError
+from harness.results import committed
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # The topics with renderers: each module registers its tables when imported.
@@ -81,7 +82,7 @@ def results_files(machine: str, topic: str, parts: Sequence[str], scale: str, re
     folder = REPO_ROOT / "results" / machine / topic
     if rerun is not None:
         folder = folder / "reruns" / rerun
-    files = [folder / f"{part}-{scale}.csv" for part in parts]
+    files = [committed(folder / f"{part}-{scale}.csv") for part in parts]
     missing = [str(f.relative_to(REPO_ROOT)) for f in files if not f.exists()]
     if missing:
         raise UserError(f"doc table needs results files that are not there: {', '.join(missing)}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from analysis.common import summarize
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
+from harness.results import results_in
 from systems.pytorch_direct import dispatch
 from workloads.feature_gather.dispatch_table import build, process_files
 
@@ -26,7 +27,7 @@ def _processes(part: str) -> list:
     folder = REPO_ROOT / "results" / MACHINE / "feature_gather"
     return [
         *results_files(MACHINE, "feature_gather", [part], SCALE),
-        *sorted(folder.glob(f"reruns/*/{part}-{SCALE}.csv")),
+        *results_in(folder, f"reruns/*/{part}-{SCALE}"),
     ]
 
 

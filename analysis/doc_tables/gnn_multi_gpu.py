@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from analysis.common import summarize
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
+from harness.results import results_in, results_name
 from workloads.gnn_multi_gpu.launch import PIPELINES
 
 KEYS = ["variant", "world_size", "train_threads"]
@@ -16,7 +16,11 @@ BASELINE, BOUND = "cpu_gather", "all_in_gpu"
 def _world_parts(machine: str, scale: str) -> list[str]:
     folder = REPO_ROOT / "results" / machine / "gnn_multi_gpu"
     return sorted(
-        (m[1] for p in folder.glob(f"world*-{scale}.csv") if (m := re.fullmatch(rf"(world\d+)-{scale}", Path(p).stem))),
+        (
+            m[1]
+            for p in results_in(folder, f"world*-{scale}")
+            if (m := re.fullmatch(rf"(world\d+)-{scale}", results_name(p)))
+        ),
         key=lambda part: int(part.removeprefix("world")),
     )
 

@@ -17,7 +17,7 @@ import pandas as pd
 from analysis import style
 from analysis.common import same_code_reruns
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
-from harness.results import load_provenance
+from harness.results import load_provenance, results_in
 from workloads.gnn.pipelines import PIPELINE_KINDS
 from workloads.gnn_training import BUDGET_SWEEPS
 
@@ -137,9 +137,9 @@ def committed_and_reruns(
 ) -> tuple[list[Path], list[Path]]:
     """The committed files of ``parts`` measured on ``machine``, and their re-runs of the same code."""
     folder = REPO_ROOT / "results" / machine / "gnn_training"
-    parts = [p for p in parts if (folder / f"{p}-{scale}.csv").exists()]
+    parts = [p for p in parts if results_in(folder, f"{p}-{scale}")]
     committed = results_files(machine, "gnn_training", parts, scale)
-    reruns = sorted(f for p in parts for f in folder.glob(f"reruns/*/{p}-{scale}.csv"))
+    reruns = sorted(f for p in parts for f in results_in(folder, f"reruns/*/{p}-{scale}"))
     kept, _ = same_code_reruns([str(f) for f in reruns], [str(f) for f in committed])
     return committed, [Path(f) for f in kept]
 
@@ -501,7 +501,7 @@ STEP_PROFILE_NUMBERS = (
 def step_profile_files(machine: str = MACHINE, scale: str = SCALE) -> list[Path]:
     """The committed step profiles of ``machine`` at ``scale``, one per graph profiled."""
     folder = REPO_ROOT / "results" / machine / "gnn_training" / STEP_PROFILE_FOLDER
-    return sorted(folder.glob(f"*-{scale}.csv"))
+    return results_in(folder, f"*-{scale}")
 
 
 def read_step_profile(path: Path) -> pd.DataFrame:
@@ -510,10 +510,10 @@ def read_step_profile(path: Path) -> pd.DataFrame:
     import hashlib
 
     from harness.errors import UserError
-    from harness.results import ROWS_DIGEST
+    from harness.results import ROWS_DIGEST, results_bytes
 
     record = load_provenance(path)
-    if record.get(ROWS_DIGEST) != hashlib.sha256(path.read_bytes()).hexdigest():
+    if record.get(ROWS_DIGEST) != hashlib.sha256(results_bytes(path)).hexdigest():
         raise UserError(f"{path}: its rows are not those its provenance record was written with (edited since?)")
     frame = pd.read_csv(path, dtype={"note": str})
     missing = [

@@ -14,7 +14,7 @@ import pandas as pd
 from analysis.common import same_code_reruns, summarize
 from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
 from harness.errors import UserError
-from harness.results import load_provenance
+from harness.results import load_provenance, results_in
 from systems.ssdtrain import POLICIES, STORES
 
 MACHINE, SCALE, TOPIC = "h200", "h200", "llm_offload"
@@ -29,7 +29,7 @@ def process_files(part: str) -> list[Path]:
     nothing of this code's spread."""
     committed = results_files(MACHINE, TOPIC, [part], SCALE)[0]
     folder = REPO_ROOT / "results" / MACHINE / TOPIC / "reruns"
-    reruns, _ = same_code_reruns([str(f) for f in sorted(folder.glob(f"*/{part}-{SCALE}.csv"))], [str(committed)])
+    reruns, _ = same_code_reruns([str(f) for f in results_in(folder, f"*/{part}-{SCALE}")], [str(committed)])
     return [committed, *map(Path, reruns)]
 
 

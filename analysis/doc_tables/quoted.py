@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.doc_tables import REPO_ROOT, blocks
+from harness.results import committed
 
 # A number with the unit of a measured quantity; a range joins two numbers with "-", "–" or " to ".
 _NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
@@ -118,7 +119,7 @@ UNCOMMITTED = "local"  # results/local/: this machine's own runs, ignored by git
 def _results_path(path: str) -> Path:
     if Path(path).parts[:1] == (UNCOMMITTED,):
         raise LookupError(f"results/{path} is this machine's own run, not committed: quote a committed machine's")
-    full = REPO_ROOT / "results" / (path if path.endswith(".csv") else f"{path}.csv")
+    full = committed(REPO_ROOT / "results" / (path if path.endswith(".csv") else f"{path}.csv"))
     if not full.exists():
         raise LookupError(f"no results file results/{path}")
     return full

@@ -25,9 +25,9 @@ CLAIM_TOPICS = sorted(
 CLAIMS_SCALE = {MACHINE: SCALE}
 for _folder in sorted(Path("results").glob("*/")):
     _counts = {}
-    for _csv in _folder.glob("*/*.csv"):
+    for _csv in results_in(_folder, "*/*"):
         if RESULTS_NAME.fullmatch(f"{_folder.name}/{_csv.name}"):
-            _scale = _csv.stem.rsplit("-", 1)[-1]
+            _scale = results_name(_csv).rsplit("-", 1)[-1]
             _counts[_scale] = _counts.get(_scale, 0) + 1
     if _counts and _folder.name != MACHINE:
         CLAIMS_SCALE[_folder.name] = SCALE if SCALE in _counts else max(sorted(_counts), key=_counts.get)

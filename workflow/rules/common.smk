@@ -17,6 +17,7 @@ from snakemake.io import IOFile
 from harness import config as suite_config
 from harness import machine as suite_machine
 from harness.errors import NeedsGpuError, UserError
+from harness.results import results_in, results_name
 from harness.topic import discover
 
 TOPICS = discover()
@@ -67,8 +68,8 @@ wildcard_constraints:
 
 
 # <machine>/<part>-<scale>.csv, as the measuring rule names its files (machine names as the config
-# schema allows them).
-RESULTS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[a-z0-9_]+-[A-Za-z0-9_]+\.csv")
+# schema allows them), or .csv.gz as committed results may be (harness.results).
+RESULTS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[a-z0-9_]+-[A-Za-z0-9_]+\.csv(\.gz)?")
 
 
 def parts_here(topic, scale):
@@ -89,14 +90,14 @@ def results_of(topic, machine, scale):
     folder = f"results/{machine}/{topic}"
     if machine == MACHINE and not CANNOT_MEASURE_HERE:  # (a scale it cannot measure: its committed files)
         return [f"{folder}/{part}-{scale}.csv" for part in parts_here(topic, scale)]
-    return [str(p) for p in sorted(Path(folder).glob(f"*-{scale}.csv"))]
+    return [str(p) for p in results_in(folder, f"*-{scale}")]
 
 
 def reruns_of(topic, machine, scale):
     """Other processes of a topic's parts, committed beside a machine's results as
     ``results/<machine>/<topic>/reruns/<name>/<part>-<scale>.csv``, so that a figure can show the
     spread across processes and a table ratios over them."""
-    return [str(p) for p in sorted(Path(f"results/{machine}/{topic}/reruns").glob(f"*/*-{scale}.csv"))]
+    return [str(p) for p in results_in(f"results/{machine}/{topic}/reruns", f"*/*-{scale}")]
 
 
 def figure_inputs(topic):
@@ -158,10 +159,10 @@ def committed_figures(topic):
     machine only complete sets (its own and those of the topics it reads), so rendering never
     triggers a measurement (the others are in UNRENDERED)."""
     pairs, seen = set(), set()
-    for csv in Path("results").glob(f"*/{topic}/*.csv"):
+    for csv in results_in("results", f"*/{topic}/*"):
         if not RESULTS_NAME.fullmatch(f"{csv.parent.parent.name}/{csv.name}"):
             continue  # not a results file the workflow writes (a copy, a note): leave it alone
-        machine, scale = csv.parent.parent.name, csv.stem.rsplit("-", 1)[-1]
+        machine, scale = csv.parent.parent.name, results_name(csv).rsplit("-", 1)[-1]
         if (machine, scale) in seen:
             continue  # another part of the same set: decided once
         seen.add((machine, scale))

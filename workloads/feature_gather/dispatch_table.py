@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.results import load, load_provenance
+from harness.results import load, load_provenance, results_in
 from systems.pytorch_direct import dispatch
 from workloads.feature_gather.schema import SCHEMA
 
@@ -31,7 +31,7 @@ PARTS = ("table_sizes", "row_sizes")
 
 def process_files(folder: Path) -> list[Path]:
     """The table_sizes and row_sizes results of every process in a machine's feature_gather folder."""
-    files = [f for part in PARTS for where in ("", "reruns/*/") for f in sorted(folder.glob(f"{where}{part}-*.csv"))]
+    files = [f for part in PARTS for where in ("", "reruns/*/") for f in results_in(folder, f"{where}{part}-*")]
     if not files:
         raise UserError(
             f"{folder}: no table_sizes-*.csv or row_sizes-*.csv (here or under reruns/*/) to build a table from"
