@@ -144,7 +144,7 @@ def test_every_renderer_renders_a_table_with_its_source(name):
     if re.search(r"^Source: none yet \((?:part `\w+`|`tools/\w+\.py`) has not run on the H200\)\.$", body, re.M):
         assert "not measured" in body  # a table of no results says so in its rows too
         return
-    assert re.search(r"^Source: `results/[^`]+\.csv`.* \(commit `[0-9a-f]{7}", body, re.M)
+    assert re.search(r"^Source: `results/[^`]+\.csv(\.gz)?`.* \(commit `[0-9a-f]{7}", body, re.M)
 
 
 # --- speedups written by hand -------------------------------------------------------------------

@@ -14,6 +14,7 @@ on one worker where the installed pytest and xdist honour groups, so no worker w
 lock. The interrupted run and the load test make copies of their own and run beside them.
 """
 
+import gzip
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import copy_repository, run_directory, taking_turns
 
+from harness import results
 from harness.topic import discover
 
 TOPICS = discover()
@@ -181,14 +183,15 @@ def test_a_failed_render_keeps_the_committed_figure(workdir):
     committed = workdir / "results" / "h200" / "ceilings"
     if not committed.exists():
         pytest.skip("no committed H200 results in this checkout")
-    csv = committed / "disk-h200.csv"
+    csv = results.committed(committed / "disk-h200.csv")  # compressed where committed so
     figure = workdir / "paper_figs" / "h200" / "ceilings-h200.png"
     summary = figure.with_suffix(".md")
-    before = figure.read_bytes(), summary.read_bytes(), csv.read_text()
+    before = figure.read_bytes(), summary.read_bytes(), csv.read_bytes()
     try:
         other = workdir / "paper_figs" / "h200" / "gnn_multi_gpu-h200.png"
         os.utime(other, (1, 1))
-        csv.write_text(before[2].replace("GB/s", "furlongs", 1))  # a corrupted results file
+        corrupted = results.results_bytes(csv).replace(b"GB/s", b"furlongs", 1)  # a corrupted results file
+        csv.write_bytes(gzip.compress(corrupted) if csv.name.endswith(".gz") else corrupted)
         forced = ["--forcerun", "ceilings_figure", "gnn_multi_gpu_figure"]
         result = snakemake(workdir, "--cores", "1", "figures", *forced, check=False)
         assert result.returncode != 0
@@ -200,7 +203,7 @@ def test_a_failed_render_keeps_the_committed_figure(workdir):
         again = snakemake(workdir, "--cores", "1", "figures", "-n")
         assert planned_outputs(again, "ceilings_figure")
     finally:
-        csv.write_text(before[2])
+        csv.write_bytes(before[2])
 
 
 @pytest.mark.full
