@@ -534,9 +534,7 @@ def _budgeted_blocks(plan: Plan, layers: list[nn.Module]) -> CompiledBlocks | No
                 f"the plan runs block {index} under activation memory budget {budgets[index]:g}, and the block is "
                 "compiled already: pass the block uncompiled (offload() compiles it at the plan's budget)"
             )
-    blocks = CompiledBlocks([layers[i] for i in chosen], numbers=chosen)
-    blocks.use([budgets[i] for i in chosen])
-    return blocks
+    return CompiledBlocks([layers[i] for i in chosen], numbers=chosen, budgets=[budgets[i] for i in chosen])
 
 
 def _name(policy) -> str:

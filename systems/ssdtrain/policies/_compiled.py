@@ -78,13 +78,19 @@ class CompiledBlocks:
     activation memory budget): a block's forward at a budget is the shared backend's, so a mix of
     budgets compiles once per distinct budget, not once per block."""
 
-    def __init__(self, layers: list[nn.Module], budget: float | None = None, numbers: list[int] | None = None):
-        self.budget = check_budget(budget)
+    def __init__(
+        self,
+        layers: list[nn.Module],
+        budget: float | None = None,
+        numbers: list[int] | None = None,
+        budgets: list[float | None] | None = None,
+    ):
+        """``budget`` for every block, or ``budgets``: one per block (as :meth:`use` takes them)."""
         self.layers = list(layers)
         # How messages name each block: its place among the model's blocks (some may not be here).
         self.numbers = list(range(len(self.layers))) if numbers is None else list(numbers)
         self._made: dict[tuple[int, float | None], Callable] = {}
-        self.use([self.budget] * len(self.layers))
+        self.use([check_budget(budget)] * len(self.layers) if budgets is None else budgets)
 
     def use(self, budgets: list[float | None]) -> None:
         """From the next :meth:`installed` on, block i runs compiled under ``budgets[i]``."""
