@@ -503,21 +503,29 @@ PREDICTION_TOLERANCE = 0.10
 
 
 def prediction_errors(frame: pd.DataFrame, record: dict) -> dict[tuple[str, str], tuple[float, float | None]]:
-    """Per planned run (dataset, variant) of one process: the predicted activation bytes over the measured
-    ``activation_peak`` (the allocator's peak of forward and backward above the weights, gradients and
+    """Per planned run (dataset, variant) of one process: the predicted activation peak
+    (``predicted_activation_peak``; where a run has none, its predicted activation bytes when forward
+    ends) over the measured ``activation_peak`` (the allocator's peak of forward and backward above the weights, gradients and
     optimizer state), and the predicted step time over the measured ``time`` less the run's own AdamW step
     (``optimizer_seconds`` in the provenance: the prediction is of forward and backward, the measured step
     holds the optimizer's too), each less 1; the time's None where the optimizer's seconds were not recorded
     (the prediction has nothing like-for-like to meet)."""
     medians = {
         m: summarize(frame, m, KEYS).set_index(["dataset", "variant"])["median"]
-        for m in ("predicted_time", "predicted_activation_bytes", "activation_peak", "time")
+        for m in (
+            "predicted_time",
+            "predicted_activation_bytes",
+            "predicted_activation_peak",
+            "activation_peak",
+            "time",
+        )
     }
     out = {}
     for key in medians["predicted_activation_bytes"].index:
         if key not in medians["activation_peak"].index or key not in medians["time"].index:
             continue
-        peak = medians["predicted_activation_bytes"][key] / medians["activation_peak"][key] - 1
+        predicted_peak = medians["predicted_activation_peak"].get(key, medians["predicted_activation_bytes"][key])
+        peak = predicted_peak / medians["activation_peak"][key] - 1
         optimizer = record.get("models", {}).get(key[0], {}).get("optimizer_seconds", {}).get(key[1])
         step = medians["time"][key] - float(pd.Series(optimizer).median()) if optimizer else None
         predicted = medians["predicted_time"].get(key)

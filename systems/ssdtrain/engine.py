@@ -247,6 +247,9 @@ class Offloader:
         self.cache = TensorCache(store, always_read_back=always_read_back)
         self.stats = StepStats()
         self.backwards = 0
+        # Called with the layer (None: outside the layers) each time a backward first unpacks one of
+        # its tensors: where backward is (planning.PeakTrace measures memory by it).
+        self.backward_listeners: list[Callable[[int | None], None]] = []
         self._active = False
 
     # -- a step --------------------------------------------------------------------------------
@@ -442,6 +445,8 @@ class Offloader:
             return
         first = not self._backward_layers
         self._backward_layers.add(layer)
+        for listener in self.backward_listeners:
+            listener(layer)
         if not self.prefetch or (layer is None and not first):
             return  # a tensor saved outside the layers after the first: backward is below them all
         lowest = (len(self.layers) if layer is None else layer) - self.prefetch

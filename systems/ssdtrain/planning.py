@@ -21,6 +21,15 @@ backward, the bytes of its input, its forward time) and the store's bandwidth:
   when backward ends (a step waits for its transfers). Activation bytes = what is held on the
   device when forward ends: kept layers, recomputed layers' inputs, and the bytes of offloaded
   layers not yet written.
+* Activation peak (on a GPU, where the profile measured the allocator's peak in each segment of a
+  kept step: each layer's forward, to the next layer's start, and each layer's backward, the
+  head's before the top layer's): per segment, keep's measured peak less what the plan holds below
+  it that keep holds. In layer k's forward the layers below hold what they saved (an offloaded
+  one: its bytes not yet written when layer k ends); in layer i's backward the layers below hold
+  what they held when forward ended, except layer i - 1, read back in full. The running layer
+  itself counts as keep's (a recomputed layer saves its tensors again in its backward), and so do
+  the transients of the head and of each backward (the logits' gradient, a block's workspace),
+  which keep's peaks hold and no plan moves. The step's peak is the largest segment's.
 
 ``adaptive`` is SSDTrain's rule: offload the longest run of leading layers whose writes finish
 by the end of forward (so offloading frees memory and costs no time), keep the rest. ``plan``
@@ -90,6 +99,11 @@ class LayerProfile:
     input_bytes: int  # its input: what recomputation keeps instead
     forward_seconds: float
     alternatives: tuple[Alternative, ...] = ()  # compiled layers: the budgets it was profiled at
+    # The allocator's peak above the step's starting allocation in a kept step while the layer's
+    # forward ran (to the next layer's start) and while backward ran through it (None: unmeasured,
+    # as on a CPU; see PeakTrace).
+    forward_peak: int | None = None
+    backward_peak: int | None = None
 
     def alternative(self, decision: str) -> Alternative | None:
         return next((a for a in self.alternatives if a.decision == decision), None)
@@ -118,6 +132,7 @@ class Plan:
     bandwidth: float = 0.0  # the store's B/s the plan was made for
     budget_bytes: int | None = None  # the activation budget it was made within (plan()); None: no budget
     budgets: tuple[float | None, ...] = ()  # per layer: the activation memory budget it is compiled under
+    predicted_peak_bytes: int | None = None  # the step's activation peak (None: the profile has no peaks)
 
     def count(self, decision: str) -> int:
         return self.decisions.count(decision)
@@ -182,7 +197,39 @@ def predict(
     extra = sum(p.held_and_extra(d)[1] for p, d in zip(profiles, decisions) if d != OFFLOAD)
     budgets = tuple(a.budget if (a := p.alternative(d)) else None for p, d in zip(profiles, decisions))
     seconds = keep_seconds + extra + stall + tail
-    return Plan(tuple(decisions), seconds, round(held), stall + tail, bandwidth, budgets=budgets)
+    holds = [
+        unwritten(i, forward_end) if d == OFFLOAD else p.held_and_extra(d)[0]
+        for i, (p, d) in enumerate(zip(profiles, decisions))
+    ]
+    peak = _peak(profiles, holds, ends, {i: functools.partial(unwritten, i) for i in written})
+    return Plan(
+        tuple(decisions), seconds, round(held), stall + tail, bandwidth, budgets=budgets, predicted_peak_bytes=peak
+    )
+
+
+def _peak(profiles: list[LayerProfile], holds: list[float], ends: list[float], offloaded: dict) -> int | None:
+    """The step's activation peak (see the module) from keep's measured segment peaks: ``holds``,
+    what each layer holds when forward ends; ``offloaded``, per offloaded layer, its bytes not yet
+    written at a time. None where a layer that ran has no measured peaks."""
+    ran = [i for i, p in enumerate(profiles) if p.forward_seconds or p.saved_bytes]
+    if not ran or any(profiles[i].forward_peak is None or profiles[i].backward_peak is None for i in ran):
+        return None
+    peak = 0.0
+    freed = 0.0  # what the layers below the segment's hold less than keep's, when forward ends
+    in_flight: list[int] = []  # offloaded layers below, whose writes may still run
+    for k, p in enumerate(profiles):
+        if p.forward_peak is not None:
+            in_flight = [j for j in in_flight if offloaded[j](ends[k]) > 0]
+            unwritten_now = sum(offloaded[j](ends[k]) - holds[j] for j in in_flight)
+            peak = max(peak, p.forward_peak - freed + unwritten_now)
+        if p.backward_peak is not None:
+            below = k - 1
+            read_back = profiles[below].saved_bytes - holds[below] if below in offloaded else 0.0
+            peak = max(peak, p.backward_peak - freed + read_back)
+        freed += p.saved_bytes - holds[k]
+        if k in offloaded:
+            in_flight.append(k)
+    return round(max(peak, 0.0))
 
 
 def _timeline(profiles: list[LayerProfile]) -> tuple[list[float], list[float]]:
@@ -406,9 +453,112 @@ class LayerTimer:
         self._hooks = []
 
 
-def profiles_of(stats, timer: LayerTimer, count: int) -> tuple[list[LayerProfile], int]:
+class PeakTrace:
+    """The allocator's peak in each segment of one step, above what was allocated when it started
+    (:meth:`start`; given ``model``, when the model's forward starts: a step that frees gradients
+    before its forward and allocates them again in backward counts them, one that zeroes them in
+    place does not): layer i's forward runs from its start to the next layer's (the embeddings
+    before layer 0 count with layer 0's), its backward from backward's first unpack of its tensors
+    to the next layer's; the head's backward (from backward's first unpack until the first layer's)
+    counts with the first layer backward reaches, and what runs below layer 0 with layer 0's. A
+    layer run twice in one step keeps its larger peak. Forward is told by forward pre-hooks on the
+    layers (a recomputation in backward belongs to backward), backward by the Offloader's
+    ``backward_listeners``. Reading the peak resets the device's peak statistics
+    (``torch.cuda.reset_peak_memory_stats``) at every segment.
+
+    ``meter``: ``allocated()``, ``peak()`` (since the last ``reset()``) and ``reset()``: the CUDA
+    allocator's (:class:`CudaMeter`) in :func:`profile`, another in a test."""
+
+    def __init__(self, layers, meter, model=None):
+        self.meter = meter
+        self.forward: dict[int, int] = {}
+        self.backward: dict[int, int] = {}
+        self._armed = self._awaiting_model = False
+        self._hooks = [
+            layer.register_forward_pre_hook(StepHook(functools.partial(self._forward_started, index)))
+            for index, layer in enumerate(layers)
+        ]
+        if model is not None:
+            self._hooks.append(model.register_forward_pre_hook(StepHook(self._model_started)))
+        self._model = model
+
+    def start(self) -> None:
+        """Measure from now on (the segments of the step that starts now)."""
+        self.forward, self.backward = {}, {}
+        self.meter.reset()
+        self._base = self.meter.allocated()
+        self._segment: tuple[str, int | None] = ("forward", 0)
+        self._head = 0  # the head's backward's peak, until the first layer's backward takes it
+        self._armed = True
+        self._awaiting_model = self._model is not None
+
+    def _model_started(self, module, args) -> None:
+        if self._awaiting_model and torch._C._current_graph_task_id() == -1:
+            self._awaiting_model = False
+            self.meter.reset()
+            self._base = self.meter.allocated()
+
+    def stop(self) -> None:
+        """The step has ended: close its last segment and measure nothing more."""
+        if self._armed:
+            self._close()
+            self._armed = False
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def backward_reached(self, layer: int | None) -> None:
+        if not self._armed:
+            return
+        if layer is None:
+            if self._segment[0] == "forward":  # the first unpack: forward is over, the head's backward runs
+                self._close()
+                self._segment = ("head", None)
+            return
+        self._close()
+        self._segment = ("backward", layer)
+        if self._head:
+            self.backward[layer] = max(self.backward.get(layer, 0), self._head)
+            self._head = 0
+
+    def _forward_started(self, index, module, args) -> None:
+        if self._armed and torch._C._current_graph_task_id() == -1 and torch.is_grad_enabled():
+            self._close()
+            self._segment = ("forward", index)
+
+    def _close(self) -> None:
+        peak = max(0, self.meter.peak() - self._base)
+        kind, index = self._segment
+        if kind == "head":
+            self._head = max(self._head, peak)
+        else:
+            table = self.forward if kind == "forward" else self.backward
+            table[index] = max(table.get(index, 0), peak)
+        self.meter.reset()
+
+
+class CudaMeter:
+    """The CUDA caching allocator's bytes on ``device``, for :class:`PeakTrace`."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reset(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = None) -> tuple[list[LayerProfile], int]:
     """The ``count`` layers' profiles from one step's ``StepStats`` (under an Offloader that keeps
-    everything) and its ``LayerTimer``, and the bytes saved outside the layers. A layer that did not
+    everything), its ``LayerTimer`` and its ``PeakTrace`` (where one measured), and the bytes saved
+    outside the layers. A layer that did not
     run in the step (LayerDrop, a block run on some inputs only) saved nothing and took no time: its
     profile is empty (:meth:`LayerTimer.ran` tells it apart); if none ran, the layers are not the model's."""
     forward = timer.forward_seconds()
@@ -427,7 +577,10 @@ def profiles_of(stats, timer: LayerTimer, count: int) -> tuple[list[LayerProfile
     for i, input_bytes in enumerate(timer.input_bytes(count)):
         layer = stats.layers.get(i)
         saved = 0 if layer is None else layer.unique_bytes - layer.parameter_bytes
-        profiles.append(LayerProfile(saved, input_bytes, forward.get(i, 0.0)))
+        measured = peaks is not None and timer.ran(i)
+        forward_peak = peaks.forward.get(i, 0) if measured else None
+        backward_peak = peaks.backward.get(i, 0) if measured else None
+        profiles.append(LayerProfile(saved, input_bytes, forward.get(i, 0.0), (), forward_peak, backward_peak))
     outside = stats.layers.get(None)
     return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
 
@@ -445,23 +598,37 @@ def profile(
     (policies/_compiled.py). The layer hooks and the saved-tensor hooks stay outside the compiled
     code, so the profile is then of the compiled blocks: what their compiled forwards save for
     backward (AOTAutograd's choice, not eager autograd's) and how long they run; the warm-up step
-    compiles them."""
+    compiles them.
+
+    On a CUDA device the measured step also traces the allocator's peak per layer above what was
+    allocated when the model's forward started (:class:`PeakTrace`, which resets the device's peak
+    memory statistics), from which plans predict their activation peak: a ``run_step`` that zeroes
+    the gradients in place (``zero_grad(set_to_none=False)``) leaves them out of it."""
     device = device_of(device)
     within = within or contextlib.nullcontext
     timer = LayerTimer(layers, device)
+    peaks = PeakTrace(layers, CudaMeter(device), model) if device.type == "cuda" else None
     counter = Offloader(model, HostStore(), policy="keep", layers=layers, min_bytes=min_bytes, keep_last=0)
+    if peaks is not None:
+        counter.backward_listeners.append(peaks.backward_reached)
     try:
         seconds = 0.0
-        for _ in range(2):  # the first step warms up
+        for step in range(2):  # the first step warms up
+            if peaks is not None and step == 1:
+                peaks.start()
             started = _mark(device)
             with within(), counter:
                 run_step()
             stopped = _mark(device)
+            if peaks is not None:
+                peaks.stop()
             _synchronize(device)
             seconds = timing.elapsed(started, stopped)
-        profiles, outside = profiles_of(counter.stats, timer, len(layers))
+        profiles, outside = profiles_of(counter.stats, timer, len(layers), peaks)
     finally:
         timer.remove()
+        if peaks is not None:
+            peaks.remove()
     return profiles, seconds, outside
 
 

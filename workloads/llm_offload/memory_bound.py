@@ -291,6 +291,8 @@ def scaled(profiles, keep_seconds: float, fixed: int, factor: float):
             saved_bytes=round(p.saved_bytes * factor),
             input_bytes=round(p.input_bytes * factor),
             forward_seconds=p.forward_seconds * factor,
+            forward_peak=None if p.forward_peak is None else round(p.forward_peak * factor),
+            backward_peak=None if p.backward_peak is None else round(p.backward_peak * factor),
             alternatives=tuple(
                 dataclasses.replace(
                     a, saved_bytes=round(a.saved_bytes * factor), extra_seconds=a.extra_seconds * factor
@@ -520,6 +522,8 @@ class Trials:
         if variant.plan is not None:  # scaled from the check's micro-batch: per micro-step
             row("predicted_time", variant.plan.predicted_seconds, 0)
             row("predicted_activation_bytes", variant.plan.predicted_activation_bytes, 0)
+            if variant.plan.predicted_peak_bytes is not None:
+                row("predicted_activation_peak", variant.plan.predicted_peak_bytes, 0)
         first_timed = len(history) - len(m.seconds) * micro_steps  # the warm-up steps come first
         for rep, seconds in enumerate(m.seconds):
             row("tokens_per_second", base["global_batch"] * self.shape.sequence / seconds, rep)

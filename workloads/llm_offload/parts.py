@@ -343,6 +343,8 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
     if variant.plan is not None:  # what the cost model predicted, beside what was measured
         row("predicted_time", variant.plan.predicted_seconds, 0)
         row("predicted_activation_bytes", variant.plan.predicted_activation_bytes, 0)
+        if variant.plan.predicted_peak_bytes is not None:
+            row("predicted_activation_peak", variant.plan.predicted_peak_bytes, 0)
     if bound is not None:  # the most its store could free at no time overhead, beside what it freed
         row("bound_activation_bytes", bound, 0)
     for rep in range(repeat):

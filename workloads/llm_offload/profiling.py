@@ -23,7 +23,8 @@ class Profiler:
             self._record(label, measured)
 
     def _step(self):
-        self.model.zero_grad(set_to_none=True)
+        # Zeroed in place, as the timed steps do: the profile's peaks leave the gradients out.
+        self.model.zero_grad(set_to_none=False)
         self.model(**self.batch).loss.backward()
 
     def _profile(self, budget=None, compiled=False):
@@ -50,6 +51,9 @@ class Profiler:
                 "saved_bytes": [p.saved_bytes for p in profiles],
                 "input_bytes": [p.input_bytes for p in profiles],
                 "forward_seconds": [p.forward_seconds for p in profiles],
+                # The allocator's peaks per layer of the kept step (GPU; None on a CPU): planning.PeakTrace.
+                "forward_peaks": [p.forward_peak for p in profiles],
+                "backward_peaks": [p.backward_peak for p in profiles],
                 "bytes_saved_outside_layers": fixed,
             } | {
                 f"at_budget_{planning.number_text(budget)}": {

@@ -29,7 +29,8 @@ time with a transfer of that direction in flight: bytes over them is the bandwid
 the host on a GPU count as written and read, every save again, parameters included; on a CPU it
 moves nothing). The planned policies (``offload_adaptive``: SSDTrain's rule; ``planner``: keep,
 offload or recompute per layer within a budget) record their plan's predictions as the metrics
-``predicted_time`` and ``predicted_activation_bytes`` (repetition 0), beside the measured ones.
+``predicted_time``, ``predicted_activation_bytes`` and, on a GPU, ``predicted_activation_peak``
+(repetition 0), beside the measured ones.
 ``offload_all`` records ``bound_activation_bytes`` (repetition 0): the largest activation-peak
 reduction its store's measured bandwidth allows at no time overhead (systems/ssdtrain/bound.py),
 beside the reduction it measured. The provenance record's notes hold, per model, the bound's
@@ -90,6 +91,7 @@ SCHEMA = Schema(
         "tokens_per_second": "tokens/s",  # memory_bound: at the policy's largest micro-batch under the cap
         "predicted_time": "s",  # the plan's predicted step time (systems/ssdtrain/planning.py)
         "predicted_activation_bytes": "B",  # ...and activation bytes when forward ends
+        "predicted_activation_peak": "B",  # ...and activation_peak (GPU: from the profile's traced peaks)
         "bound_activation_bytes": "B",  # offload_all: the most its store could free at no time overhead
     },
 )

@@ -1,0 +1,236 @@
+"""The activation-peak model of plans (systems/ssdtrain/planning.py): the per-layer peaks a kept
+step's trace measures, checked on a meter whose every byte the test decides, the prediction worked
+out by hand, and on a GPU against the allocator's peak of steps run under the plans."""
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from systems.ssdtrain import HostStore, Offloader, planning
+from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, LayerProfile
+
+
+class Meter:
+    """Bytes that the test's layers allocate and free, with a peak since the last reset."""
+
+    def __init__(self, start: int = 1000):
+        self.now = self.top = start
+
+    def allocated(self) -> int:
+        return self.now
+
+    def peak(self) -> int:
+        return self.top
+
+    def reset(self) -> None:
+        self.top = self.now
+
+    def change(self, nbytes: int) -> None:
+        self.now += nbytes
+        self.top = max(self.top, self.now)
+
+
+class Charged(torch.autograd.Function):
+    """Doubles its input; charges the meter a transient and the bytes it keeps in forward, and a
+    transient in backward, after which what it kept is freed."""
+
+    @staticmethod
+    def forward(ctx, x, meter, transient, kept, backward_transient):
+        meter.change(transient)
+        meter.change(kept - transient)
+        ctx.save_for_backward(x)
+        ctx.meter, ctx.kept, ctx.backward_transient = meter, kept, backward_transient
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors  # the unpack tells the trace that backward reached the layer
+        ctx.meter.change(ctx.backward_transient)
+        ctx.meter.change(-ctx.backward_transient - ctx.kept)
+        return grad * 2 + 0 * x, None, None, None, None
+
+
+class Layer(nn.Module):
+    def __init__(self, meter, transient, kept, backward_transient):
+        super().__init__()
+        self.meter, self.charges = meter, (transient, kept, backward_transient)
+
+    def forward(self, x):
+        return Charged.apply(x, self.meter, *self.charges)
+
+
+class Head(torch.autograd.Function):
+    """The loss: saves its input outside the layers; its backward charges the logits' gradient."""
+
+    @staticmethod
+    def forward(ctx, x, meter, backward_transient):
+        ctx.save_for_backward(x)
+        ctx.meter, ctx.backward_transient = meter, backward_transient
+        return x.square().sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        ctx.meter.change(ctx.backward_transient)
+        ctx.meter.change(-ctx.backward_transient)
+        return 2 * x * grad, None, None
+
+
+class Charging(nn.Module):
+    def __init__(self, meter, charges, head):
+        super().__init__()
+        self.meter, self.head = meter, head
+        self.layers = nn.ModuleList(Layer(meter, *c) for c in charges)
+        self.weight = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return Head.apply(x * self.weight, self.meter, self.head)
+
+
+# Per layer: forward transient, bytes kept, backward transient.
+CHARGES = [(300, 100, 50), (40, 200, 500), (10, 400, 20)]
+HEAD = 650
+
+
+def traced(model, meter, x, with_model_hook=False):
+    layers = list(model.layers)
+    trace = planning.PeakTrace(layers, meter, model if with_model_hook else None)
+    counter = Offloader(model, HostStore(), policy="keep", layers=layers, min_bytes=0, keep_last=0)
+    counter.backward_listeners.append(trace.backward_reached)
+    trace.start()
+    with counter:
+        model(x).backward()
+    trace.stop()
+    trace.remove()
+    return trace
+
+
+def test_the_trace_puts_each_peak_in_its_layer_s_forward_or_backward():
+    meter = Meter()
+    model = Charging(meter, CHARGES, HEAD)
+    trace = traced(model, meter, torch.randn(7, generator=torch.Generator().manual_seed(1), requires_grad=True))
+    # Forward k: what the layers below keep, then its transient or its own kept bytes.
+    assert trace.forward == {0: 300, 1: 100 + 200, 2: 300 + 400}
+    # Backward i: what layers 0..i keep plus its transient; the head's gradient counts with the top
+    # layer (the first backward reaches), where everything is still kept: 700 + 650.
+    assert trace.backward == {2: 700 + HEAD, 1: 300 + 500, 0: 100 + 50}
+    assert meter.now == 1000  # everything charged was freed
+
+
+def test_the_trace_measures_from_the_model_s_forward_when_given_the_model():
+    """A step that frees 60 B (gradients set to None) before the model's forward: its peaks are
+    above what the forward started with, not above what the step started with."""
+    meter = Meter()
+    model = Charging(meter, CHARGES, HEAD)
+    trace = planning.PeakTrace(list(model.layers), meter, model)
+    counter = Offloader(model, HostStore(), policy="keep", layers=list(model.layers), min_bytes=0, keep_last=0)
+    counter.backward_listeners.append(trace.backward_reached)
+    trace.start()
+    meter.change(-60)
+    with counter:
+        model(torch.randn(3, requires_grad=True)).backward()
+    trace.stop()
+    trace.remove()
+    assert trace.forward[2] == 700 and trace.backward[2] == 700 + HEAD
+
+
+PROFILES = [
+    LayerProfile(100, 10, 1.0, forward_peak=300, backward_peak=150),
+    LayerProfile(200, 20, 1.0, forward_peak=300, backward_peak=800),
+    LayerProfile(400, 40, 1.0, forward_peak=700, backward_peak=1350),
+]
+
+
+def test_keep_predicts_the_largest_measured_peak():
+    plan = planning.predict(PROFILES, [KEEP] * 3, 1e12, 1.0)
+    assert plan.predicted_peak_bytes == 1350
+
+
+def test_a_plan_s_peak_is_keep_s_less_what_the_layers_below_hold_less():
+    # Layer 0 recomputed holds its 10 B input instead of 100 B: every segment above it is 90 B lower.
+    assert planning.predict(PROFILES, [RECOMPUTE, KEEP, KEEP], 1e12, 1.0).predicted_peak_bytes == 1350 - 90
+    # Layers 0 and 1 recomputed: the top's backward holds 30 B of their 300.
+    assert planning.predict(PROFILES, [RECOMPUTE, RECOMPUTE, KEEP], 1e12, 1.0).predicted_peak_bytes == 1350 - 270
+    # Layer 1 offloaded at a bandwidth that writes it during its forward: the top's backward reads it
+    # back in full (the layer below the running one), so only the top's forward and layer 1's own
+    # backward segments could fall; the peak stays the top's backward.
+    assert planning.predict(PROFILES, [KEEP, OFFLOAD, KEEP], 1e12, 1.0).predicted_peak_bytes == 1350
+    # Layer 0 offloaded: read back only when backward reaches layer 1, so the top's backward holds
+    # 100 B less (1250) and layer 1's backward holds it again (800).
+    assert planning.predict(PROFILES, [OFFLOAD, KEEP, KEEP], 1e12, 1.0).predicted_peak_bytes == 1250
+
+
+def test_an_offloaded_layer_s_unwritten_bytes_count_in_the_forward_above_it():
+    # 100 B/s: layer 0's 100 B are written by t = 1 + ... its write starts at 0 and ends at 1 s (as
+    # fast as it arrives); layer 1's 200 B take 2 s, from 1 to 3, so at the end of layer 2's forward
+    # (t = 3) nothing is left: forward 2 holds 300 B less than keep's; at the end of layer 1's
+    # forward (t = 2) 100 B of layer 1's are unwritten, but layer 1's own forward counts as keep's.
+    profiles = [
+        LayerProfile(100, 10, 1.0, forward_peak=300, backward_peak=0),
+        LayerProfile(200, 20, 1.0, forward_peak=300, backward_peak=0),
+        LayerProfile(400, 40, 1.0, forward_peak=2000, backward_peak=0),
+    ]
+    plan = planning.predict(profiles, [OFFLOAD, OFFLOAD, KEEP], 100.0, 1.0)
+    assert plan.predicted_peak_bytes == 2000 - 300
+    # At 50 B/s layer 0's write ends at 2 s and layer 1's at 6 s: at t = 3, 150 B of layer 1 are unwritten.
+    slow = planning.predict(profiles, [OFFLOAD, OFFLOAD, KEEP], 50.0, 1.0)
+    assert slow.predicted_peak_bytes == 2000 - 300 + 150
+
+
+def test_no_peak_is_predicted_from_a_profile_without_peaks():
+    flat = [LayerProfile(p.saved_bytes, p.input_bytes, p.forward_seconds) for p in PROFILES]
+    assert planning.predict(flat, [KEEP] * 3, 1e12, 1.0).predicted_peak_bytes is None
+    # A layer that did not run (nothing saved, no time) has no peaks and needs none.
+    idle = [*PROFILES, LayerProfile(0, 0, 0.0)]
+    assert planning.predict(idle, [KEEP] * 4, 1e12, 1.0).predicted_peak_bytes == 1350
+
+
+def test_a_cpu_profile_has_no_peaks():
+    meter = Meter()
+    model = Charging(meter, CHARGES, HEAD)
+    x = torch.randn(5, requires_grad=True)
+    profiles, _, _ = planning.profile(model, list(model.layers), lambda: model(x).backward(), "cpu")
+    assert all(p.forward_peak is None and p.backward_peak is None for p in profiles)
+
+
+@pytest.mark.gpu
+def test_gpu_predicted_peaks_meet_the_allocator_s_peak_of_the_planned_steps():
+    """Every keep / offload / recompute plan of the tiny Llama on a batch of 32 sequences (host
+    store): keep's predicted peak is the measured one, and every plan's within the planner's 10%."""
+    from systems.ssdtrain import POLICIES
+    from workloads.llm.data import batches
+    from workloads.llm.layers import blocks
+    from workloads.llm.models import build, spec
+
+    s = spec("llama", "tiny")
+    model = build(s, seed=0).model.cuda()
+    batch = {k: v.repeat(32, *[1] * (v.dim() - 1)).cuda() for k, v in next(batches(s, seed=0)).items()}
+    layers = [block for _, block in blocks(model)]
+
+    def step():
+        model.zero_grad(set_to_none=False)  # the gradients stay allocated: not activations
+        model(**batch).loss.backward()
+
+    profiles, _, fixed = planning.profile(model, layers, step, "cuda")
+    assert all(p.forward_peak > 0 and p.backward_peak > p.saved_bytes for p in profiles)
+    with HostStore() as store:
+        for decisions in itertools.product((KEEP, OFFLOAD, RECOMPUTE), repeat=len(layers)):
+            plan = planning.predict(profiles, decisions, 1e12, 1.0, fixed_bytes=fixed)
+            policy = POLICIES["planner"].build(model, store=store, plan=plan, min_bytes=0, keep_last=0)
+            peaks = []
+            for _ in range(2):  # the first warms the plan's path (recomputation) up
+                model.zero_grad(set_to_none=False)
+                torch.cuda.synchronize()
+                before = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                with policy.step():
+                    model(**batch).loss.backward()
+                peaks.append(torch.cuda.max_memory_allocated() - before)
+            policy.close()
+            if decisions == (KEEP,) * len(layers):
+                assert plan.predicted_peak_bytes == pytest.approx(peaks[-1], rel=0.02)
+            assert plan.predicted_peak_bytes == pytest.approx(peaks[-1], rel=0.10), (decisions, peaks)
