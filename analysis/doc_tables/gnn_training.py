@@ -592,21 +592,33 @@ STEP_PROFILE_NOTE = (
 )
 
 
-@table("gnn_training-h200-step_profile", topic="gnn_training")
-def step_profile_h200() -> Table:
-    """Where a SAGE-2 and a GAT-2 training step's time goes per pipeline and model form, from the
-    committed profiles of tools/gnn_step_profile.py; "not measured" until one is committed."""
-    files = step_profile_files()
+def step_profile_table(machine: str, gpu: str) -> Table:
+    """Where a SAGE-2 and a GAT-2 training step's time goes per pipeline and model form on ``gpu``
+    (results/``machine``/), from the committed profiles of tools/gnn_step_profile.py; "not
+    measured" until one is committed."""
+    files = step_profile_files(machine)
     if not files:
         unmeasured = "| SAGE 2, GAT 2 | every pipeline | every form | not measured |" + " |" * 8
         return Table(
             [STEP_PROFILE_HEADER, "|---" * 12 + "|", unmeasured],
             [],
-            not_measured="Source: none yet (`tools/gnn_step_profile.py` has not run on the H200).",
+            not_measured=f"Source: none yet (`tools/gnn_step_profile.py` has not run on the {gpu}).",
         )
     frame = pd.concat(
         [read_step_profile(path).assign(graph=path.stem.rsplit("-", 1)[0]) for path in files], ignore_index=True
     )
     graphs = ", ".join(sorted(set(frame.dataset.dropna()))) if "dataset" in frame else "the graph"
     steps = "/".join(str(int(n)) for n in sorted(set(frame.steps[frame.steps > 0])))
-    return Table(step_profile_lines(frame), files, note=f"On {graphs}, {steps} profiled steps. {STEP_PROFILE_NOTE}")
+    note = f"On {graphs}, {steps} profiled steps, on the {gpu}. {STEP_PROFILE_NOTE}"
+    return Table(step_profile_lines(frame), files, note=note)
+
+
+@table("gnn_training-h200-step_profile", topic="gnn_training")
+def step_profile_h200() -> Table:
+    return step_profile_table(MACHINE, "H200")
+
+
+@table("gnn_training-h100-step_profile", topic="gnn_training")
+def step_profile_h100() -> Table:
+    """The same profile on an NVIDIA H100 (the H200's settings and graph, another GPU)."""
+    return step_profile_table("h100", "H100")

@@ -504,12 +504,13 @@ PREDICTION_TOLERANCE = 0.10
 
 def prediction_errors(frame: pd.DataFrame, record: dict) -> dict[tuple[str, str], tuple[float, float | None]]:
     """Per planned run (dataset, variant) of one process: the predicted activation peak
-    (``predicted_activation_peak``; where a run has none, its predicted activation bytes when forward
-    ends) over the measured ``activation_peak`` (the allocator's peak of forward and backward above the weights, gradients and
-    optimizer state), and the predicted step time over the measured ``time`` less the run's own AdamW step
-    (``optimizer_seconds`` in the provenance: the prediction is of forward and backward, the measured step
-    holds the optimizer's too), each less 1; the time's None where the optimizer's seconds were not recorded
-    (the prediction has nothing like-for-like to meet)."""
+    (``predicted_activation_peak``; where a run has none, its predicted activation bytes when
+    forward ends) over the measured ``activation_peak`` (the allocator's peak of forward and
+    backward above the weights, gradients and optimizer state), and the predicted step time over
+    the measured ``time`` less the run's own AdamW step (``optimizer_seconds`` in the provenance:
+    the prediction is of forward and backward, the measured step holds the optimizer's too), each
+    less 1; the time's None where the optimizer's seconds were not recorded (the prediction has
+    nothing like-for-like to meet)."""
     medians = {
         m: summarize(frame, m, KEYS).set_index(["dataset", "variant"])["median"]
         for m in (
