@@ -142,7 +142,10 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
         assert planned.planned_gbps.notna().all() and (planned.planned_gbps > 0).all()
         assert (planned.layers_offloaded + planned.layers_recomputed <= 2).all()
         predicted = planned[planned.metric.str.startswith("predicted_")]
-        assert set(predicted.metric) == {"predicted_time", "predicted_activation_bytes"} | ({"predicted_activation_peak"} if ON_GPU else set())
+        expected = {"predicted_time", "predicted_activation_bytes"} | (
+            {"predicted_activation_peak"} if ON_GPU else set()
+        )
+        assert set(predicted.metric) == expected
         assert (predicted.groupby(["variant", "metric"]).size() == 1).all() and (predicted.value > 0).all()
         assert planned[planned.policy == "planner"].budget_fraction.eq(0.5).all()
         assert planned[planned.policy == "offload_adaptive"].budget_fraction.isna().all()

@@ -263,6 +263,7 @@ class Offloading:
         cold = not self._warmed_up and any(holds_compiled_code(layer) for layer in self.layers)
         profiled_backwards = 2 if cold else 1  # the backward after which the plan is made
         warm_bytes: list[StepStats] = []  # the saved bytes at the end of the warm-up, once it ended
+        peaks = self._trace_peaks(stack, start=not cold)
 
         def profiled_stats() -> StepStats:
             return warm_bytes[0] if warm_bytes else self.offloader.stats
@@ -288,9 +289,11 @@ class Offloading:
                 if self.offloader.backwards < profiled_backwards:
                     if self.offloader.backwards and not warm_bytes:  # the warm-up's backward ended
                         warm_bytes.append(_layer_bytes(self.offloader.stats))
+                        if peaks is not None:
+                            peaks.start()  # the profiled step begins
                     return  # still the profiled step
                 timer.stop()  # its hooks go with the with block's end (see LayerTimer.stop)
-                self._make_plan(timer, profiled_stats())
+                self._make_plan(timer, profiled_stats(), peaks)
                 if self._recomputed():
                     _no_key_value_cache(self.model, stack)
                     warn_of_generators(self._recomputed(), stacklevel=6)
@@ -317,7 +320,7 @@ class Offloading:
                 self._warmed_up = True  # compiled blocks have compiled: the next block profiles at once
             # A block entered once per step ends after the profiled step: plan now, for the next block.
             if exc_type is None and self.decisions is None and self.offloader.backwards >= profiled_backwards:
-                self._make_plan(timer, profiled_stats())
+                self._make_plan(timer, profiled_stats(), peaks)
             elif exc_type is None and self.decisions is None and self._hooks_saw_nothing(timer):
                 warnings.warn(
                     f"SSDTrain {self.policy}: the blocks ran with gradients but saved no tensor through this "
@@ -329,12 +332,38 @@ class Offloading:
 
         stack.push(plan_at_exit)
 
+    def _trace_peaks(self, stack: contextlib.ExitStack, start: bool) -> planning.PeakTrace | None:
+        """The allocator's peaks per block in the profiled step's forward and backward (GPU; None
+        elsewhere), for the plan's predicted peak: started now (``start``) or by the caller when the
+        profiled step begins, stopped when that step's backward ends (before the optimizer's step,
+        whose first call allocates its state)."""
+        meter = planning.meter_for(_device(self.model))
+        if meter is None:
+            return None
+        peaks = planning.PeakTrace(self.layers, meter, self.model)
+        stack.callback(peaks.remove)
+        queued = []
+
+        def stop_when_backward_ends(layer) -> None:
+            if peaks.measuring and not queued:  # the first unpack of the profiled backward
+                queued.append(True)
+                torch.autograd.Variable._execution_engine.queue_callback(peaks.stop)
+
+        listeners = self.offloader.backward_listeners
+        for listener in (peaks.backward_reached, stop_when_backward_ends):
+            listeners.append(listener)
+            stack.callback(listeners.remove, listener)
+        if start:
+            peaks.start()
+        return peaks
+
     def _hooks_saw_nothing(self, timer: planning.LayerTimer) -> bool:
         ran = any(timer.ran(i) for i in range(len(self.layers)))
         return ran and not self.offloader.stats.total.packed_tensors
 
-    def _make_plan(self, timer: planning.LayerTimer, stats: StepStats) -> None:
-        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers))
+    def _make_plan(self, timer: planning.LayerTimer, stats: StepStats, peaks: planning.PeakTrace | None) -> None:
+        traced = peaks if peaks is not None and peaks.measured else None
+        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), traced)
         bandwidth = self.bandwidth
         if bandwidth is None:
             probe = min(max(max(p.saved_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's bytes

@@ -473,6 +473,7 @@ class PeakTrace:
         self.meter = meter
         self.forward: dict[int, int] = {}
         self.backward: dict[int, int] = {}
+        self.measured = False  # whether a step was traced through a backward (and has stopped)
         self._armed = self._awaiting_model = False
         self._hooks = [
             layer.register_forward_pre_hook(StepHook(functools.partial(self._forward_started, index)))
@@ -482,9 +483,13 @@ class PeakTrace:
             self._hooks.append(model.register_forward_pre_hook(StepHook(self._model_started)))
         self._model = model
 
+    @property
+    def measuring(self) -> bool:
+        return self._armed
+
     def start(self) -> None:
         """Measure from now on (the segments of the step that starts now)."""
-        self.forward, self.backward = {}, {}
+        self.forward, self.backward, self.measured = {}, {}, False
         self.meter.reset()
         self._base = self.meter.allocated()
         self._segment: tuple[str, int | None] = ("forward", 0)
@@ -503,6 +508,7 @@ class PeakTrace:
         if self._armed:
             self._close()
             self._armed = False
+            self.measured = bool(self.backward)
 
     def remove(self) -> None:
         for hook in self._hooks:
@@ -537,6 +543,12 @@ class PeakTrace:
             table = self.forward if kind == "forward" else self.backward
             table[index] = max(table.get(index, 0), peak)
         self.meter.reset()
+
+
+def meter_for(device: torch.device):
+    """What measures the allocator's bytes on ``device`` for a :class:`PeakTrace`: a
+    :class:`CudaMeter` on a CUDA device, None elsewhere (no allocator statistics)."""
+    return CudaMeter(device) if device.type == "cuda" else None
 
 
 class CudaMeter:
@@ -607,7 +619,8 @@ def profile(
     device = device_of(device)
     within = within or contextlib.nullcontext
     timer = LayerTimer(layers, device)
-    peaks = PeakTrace(layers, CudaMeter(device), model) if device.type == "cuda" else None
+    meter = meter_for(device)
+    peaks = PeakTrace(layers, meter, model) if meter is not None else None
     counter = Offloader(model, HostStore(), policy="keep", layers=layers, min_bytes=min_bytes, keep_last=0)
     if peaks is not None:
         counter.backward_listeners.append(peaks.backward_reached)
