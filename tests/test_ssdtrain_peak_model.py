@@ -3,6 +3,7 @@ step's trace measures, checked on a meter whose every byte the test decides, the
 out by hand, and on a GPU against the allocator's peak of steps run under the plans."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -62,12 +63,13 @@ class Layer(nn.Module):
 
 
 class Head(torch.autograd.Function):
-    """The loss: saves its input outside the layers; its backward charges the logits' gradient."""
+    """The loss: saves its input outside the layers; its backward charges the logits' gradient
+    (and, given ``replay``, runs it with gradients on, as a recomputation in backward would)."""
 
     @staticmethod
-    def forward(ctx, x, meter, backward_transient):
+    def forward(ctx, x, meter, backward_transient, replay):
         ctx.save_for_backward(x)
-        ctx.meter, ctx.backward_transient = meter, backward_transient
+        ctx.meter, ctx.backward_transient, ctx.replay = meter, backward_transient, replay
         return x.square().sum()
 
     @staticmethod
@@ -75,20 +77,27 @@ class Head(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         ctx.meter.change(ctx.backward_transient)
         ctx.meter.change(-ctx.backward_transient)
-        return 2 * x * grad, None, None
+        if ctx.replay is not None:
+            with torch.enable_grad():
+                ctx.replay(x.detach().requires_grad_())
+            ctx.meter.change(-ctx.replay.charges[1])  # what the replay kept, dropped unused
+        return 2 * x * grad, None, None, None
 
 
 class Charging(nn.Module):
-    def __init__(self, meter, charges, head):
+    def __init__(self, meter, charges, head, replay: int | None = None, repeat: int | None = None):
         super().__init__()
-        self.meter, self.head = meter, head
+        self.meter, self.head, self.replay, self.repeat = meter, head, replay, repeat
         self.layers = nn.ModuleList(Layer(meter, *c) for c in charges)
         self.weight = nn.Parameter(torch.tensor(1.5))
 
     def forward(self, x):
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x = layer(x)
-        return Head.apply(x * self.weight, self.meter, self.head)
+            if i == self.repeat:
+                x = layer(x)
+        replay = None if self.replay is None else self.layers[self.replay]
+        return Head.apply(x * self.weight, self.meter, self.head, replay)
 
 
 # Per layer: forward transient, bytes kept, backward transient.
@@ -115,10 +124,50 @@ def test_the_trace_puts_each_peak_in_its_layer_s_forward_or_backward():
     trace = traced(model, meter, torch.randn(7, generator=torch.Generator().manual_seed(1), requires_grad=True))
     # Forward k: what the layers below keep, then its transient or its own kept bytes.
     assert trace.forward == {0: 300, 1: 100 + 200, 2: 300 + 400}
-    # Backward i: what layers 0..i keep plus its transient; the head's gradient counts with the top
-    # layer (the first backward reaches), where everything is still kept: 700 + 650.
-    assert trace.backward == {2: 700 + HEAD, 1: 300 + 500, 0: 100 + 50}
-    assert meter.now == 1000  # everything charged was freed
+    # The head's backward, before the top layer's (the first backward reaches): everything kept
+    # and the logits' gradient.
+    assert (trace.head, trace.head_layer) == (700 + HEAD, 2)
+    # Backward i: what layers 0..i keep plus its transient.
+    assert trace.backward == {2: 700 + 20, 1: 300 + 500, 0: 100 + 50}
+    assert trace.measured and meter.now == 1000  # everything charged was freed
+
+
+def test_a_forward_run_inside_backward_is_backward_s():
+    """The head's backward runs layer 0's forward with gradients on (as a recomputation does): its
+    300 B transient is the head's, not a forward of layer 0."""
+    meter = Meter()
+    model = Charging(meter, CHARGES, HEAD, replay=0)
+    trace = traced(model, meter, torch.randn(4, requires_grad=True))
+    assert trace.forward == {0: 300, 1: 300, 2: 700}
+    assert (trace.head, trace.head_layer) == (700 + HEAD, 2) and trace.backward == {2: 720, 1: 800, 0: 150}
+
+
+def test_a_layer_run_twice_in_a_step_leaves_the_trace_unmeasured():
+    """Layer 1 runs twice in forward: backward cannot tell its two calls apart, so the trace gives no
+    peaks (a profile then has none) rather than booking one call's backward to another layer."""
+    meter = Meter()
+    model = Charging(meter, CHARGES, HEAD, repeat=1)
+    trace = traced(model, meter, torch.randn(4, requires_grad=True))
+    assert not trace.measured
+
+
+def test_the_trace_ends_with_the_step_s_first_backward():
+    """What runs after backward (the optimizer's first step allocates its state) and a second
+    backward are not the profiled step's."""
+    meter = Meter()
+    model = Charging(meter, CHARGES, HEAD)
+    layers = list(model.layers)
+    trace = planning.PeakTrace(layers, meter)
+    counter = Offloader(model, HostStore(), policy="keep", layers=layers, min_bytes=0, keep_last=0)
+    counter.backward_listeners.append(trace.backward_reached)
+    trace.start()
+    with counter:
+        model(torch.randn(4, requires_grad=True)).backward()
+        assert trace.measured  # stopped as backward ended
+        meter.change(5000)
+        model(torch.randn(4, requires_grad=True)).backward()
+    trace.stop()
+    assert trace.backward == {2: 720, 1: 800, 0: 150} and trace.forward == {0: 300, 1: 300, 2: 700}
 
 
 def test_the_trace_measures_from_the_model_s_forward_when_given_the_model():
@@ -135,13 +184,14 @@ def test_the_trace_measures_from_the_model_s_forward_when_given_the_model():
         model(torch.randn(3, requires_grad=True)).backward()
     trace.stop()
     trace.remove()
-    assert trace.forward[2] == 700 and trace.backward[2] == 700 + HEAD
+    assert trace.forward[2] == 700 and trace.head == 700 + HEAD
 
 
+# The trace of CHARGES as profiles: saved bytes, input bytes, forward seconds and peaks.
 PROFILES = [
     LayerProfile(100, 10, 1.0, forward_peak=300, backward_peak=150),
     LayerProfile(200, 20, 1.0, forward_peak=300, backward_peak=800),
-    LayerProfile(400, 40, 1.0, forward_peak=700, backward_peak=1350),
+    LayerProfile(400, 40, 1.0, forward_peak=700, backward_peak=720, head_peak=1350),
 ]
 
 
@@ -155,30 +205,33 @@ def test_a_plan_s_peak_is_keep_s_less_what_the_layers_below_hold_less():
     assert planning.predict(PROFILES, [RECOMPUTE, KEEP, KEEP], 1e12, 1.0).predicted_peak_bytes == 1350 - 90
     # Layers 0 and 1 recomputed: the top's backward holds 30 B of their 300.
     assert planning.predict(PROFILES, [RECOMPUTE, RECOMPUTE, KEEP], 1e12, 1.0).predicted_peak_bytes == 1350 - 270
-    # Layer 1 offloaded at a bandwidth that writes it during its forward: the top's backward reads it
-    # back in full (the layer below the running one), so only the top's forward and layer 1's own
-    # backward segments could fall; the peak stays the top's backward.
-    assert planning.predict(PROFILES, [KEEP, OFFLOAD, KEEP], 1e12, 1.0).predicted_peak_bytes == 1350
-    # Layer 0 offloaded: read back only when backward reaches layer 1, so the top's backward holds
-    # 100 B less (1250) and layer 1's backward holds it again (800).
+    # Layer 1 offloaded at a bandwidth that writes it during its forward: the head's backward holds
+    # 200 B less (1150); the top's backward reads it back in full (the layer below the running one:
+    # 720) and layer 1's own backward is keep's (800). The head's segment stays the largest.
+    assert planning.predict(PROFILES, [KEEP, OFFLOAD, KEEP], 1e12, 1.0).predicted_peak_bytes == 1350 - 200
+    # Layer 0 offloaded: the head's and the top's backward hold 100 B less (1250, 620), layer 1's
+    # backward reads it back (800).
     assert planning.predict(PROFILES, [OFFLOAD, KEEP, KEEP], 1e12, 1.0).predicted_peak_bytes == 1250
+    # So at an infinite bandwidth: nothing is left unwritten when forward ends.
+    infinite = planning.predict(PROFILES, [OFFLOAD, KEEP, KEEP], math.inf, 1.0)
+    assert (infinite.predicted_peak_bytes, infinite.predicted_activation_bytes) == (1250, 600)
 
 
 def test_an_offloaded_layer_s_unwritten_bytes_count_in_the_forward_above_it():
-    # 100 B/s: layer 0's 100 B are written by t = 1 + ... its write starts at 0 and ends at 1 s (as
-    # fast as it arrives); layer 1's 200 B take 2 s, from 1 to 3, so at the end of layer 2's forward
-    # (t = 3) nothing is left: forward 2 holds 300 B less than keep's; at the end of layer 1's
-    # forward (t = 2) 100 B of layer 1's are unwritten, but layer 1's own forward counts as keep's.
+    """Four 1 s layers, the first two offloaded at 50 B/s. Layer 0's 100 B are written from 0 to
+    2 s, layer 1's 200 B from 2 to 6 s; forward ends at 4 s with 100 B of layer 1 unwritten. Layer
+    2's forward ends at 3 s, when 150 B of layer 1 are unwritten: 50 B more than at the end of
+    forward, so its segment holds 200 - 50 B less than keep's (4850); layer 3's forward ends at
+    4 s and holds 200 B less (3800)."""
     profiles = [
-        LayerProfile(100, 10, 1.0, forward_peak=300, backward_peak=0),
-        LayerProfile(200, 20, 1.0, forward_peak=300, backward_peak=0),
-        LayerProfile(400, 40, 1.0, forward_peak=2000, backward_peak=0),
+        LayerProfile(100, 10, 1.0, forward_peak=10, backward_peak=0),
+        LayerProfile(200, 20, 1.0, forward_peak=10, backward_peak=0),
+        LayerProfile(100, 10, 1.0, forward_peak=5000, backward_peak=0),
+        LayerProfile(400, 40, 1.0, forward_peak=4000, backward_peak=0),
     ]
-    plan = planning.predict(profiles, [OFFLOAD, OFFLOAD, KEEP], 100.0, 1.0)
-    assert plan.predicted_peak_bytes == 2000 - 300
-    # At 50 B/s layer 0's write ends at 2 s and layer 1's at 6 s: at t = 3, 150 B of layer 1 are unwritten.
-    slow = planning.predict(profiles, [OFFLOAD, OFFLOAD, KEEP], 50.0, 1.0)
-    assert slow.predicted_peak_bytes == 2000 - 300 + 150
+    plan = planning.predict(profiles, [OFFLOAD, OFFLOAD, KEEP, KEEP], 50.0, 1.0)
+    assert plan.predicted_activation_bytes == 100 + 100 + 400
+    assert plan.predicted_peak_bytes == 5000 - 200 + 50
 
 
 def test_no_peak_is_predicted_from_a_profile_without_peaks():
@@ -189,12 +242,24 @@ def test_no_peak_is_predicted_from_a_profile_without_peaks():
     assert planning.predict(idle, [KEEP] * 4, 1e12, 1.0).predicted_peak_bytes == 1350
 
 
-def test_a_cpu_profile_has_no_peaks():
+def test_profile_traces_the_peaks_where_the_device_has_a_meter(monkeypatch):
+    """A CPU has no allocator statistics: no peaks. With a meter (a GPU's; here a fake one) the
+    profile's measured step gives each layer its traced peaks, the head's to the top layer."""
     meter = Meter()
     model = Charging(meter, CHARGES, HEAD)
     x = torch.randn(5, requires_grad=True)
     profiles, _, _ = planning.profile(model, list(model.layers), lambda: model(x).backward(), "cpu")
-    assert all(p.forward_peak is None and p.backward_peak is None for p in profiles)
+    assert all(p.forward_peak is None and p.backward_peak is None and p.head_peak is None for p in profiles)
+    monkeypatch.setattr(planning, "meter_for", lambda device: meter)
+    profiles, _, _ = planning.profile(model, list(model.layers), lambda: model(x).backward(), "cpu")
+    assert [(p.forward_peak, p.backward_peak, p.head_peak) for p in profiles] == [
+        (300, 150, None),
+        (300, 800, None),
+        (700, 720, 1350),
+    ]
+    # A step without a backward measured nothing: no peaks, rather than backward peaks of 0.
+    profiles, _, _ = planning.profile(model, list(model.layers), lambda: model(x), "cpu")
+    assert all(p.forward_peak is None for p in profiles)
 
 
 @pytest.mark.gpu
@@ -269,9 +334,13 @@ def test_offload_s_planner_profiles_the_peaks_of_its_first_forward_and_backward_
                 with session:
                     step()
     (profiles,) = seen
-    assert [p.forward_peak for p in profiles] == [300, 300, 700]
-    assert [p.backward_peak for p in profiles] == [150, 800, 1350]
-    assert session.plan.predicted_peak_bytes is not None
+    assert [(p.forward_peak, p.backward_peak, p.head_peak) for p in profiles] == [
+        (300, 150, None),
+        (300, 800, None),
+        (700, 720, 1350),
+    ]
+    predicted = planning.predict(profiles, session.plan.decisions, 1e9, 1.0).predicted_peak_bytes
+    assert session.plan.predicted_peak_bytes == predicted and 0 < predicted <= 1350
 
 
 @pytest.mark.gpu
@@ -289,7 +358,8 @@ def test_gpu_offload_s_planner_predicts_the_peak_of_the_steps_it_plans():
     layers = [block for _, block in blocks(model)]
     model(**batch).loss.backward()  # the gradients exist from here on, zeroed in place
     peaks = []
-    with HostStore() as store, offload(model, store=store, policy="planner", budget=0.5, layers=layers) as session:
+    options = dict(policy="planner", budget=0.5, layers=layers, min_bytes=0)
+    with HostStore() as store, offload(model, store=store, **options) as session:
         for _ in range(3):
             model.zero_grad(set_to_none=False)
             torch.cuda.synchronize()
@@ -298,3 +368,18 @@ def test_gpu_offload_s_planner_predicts_the_peak_of_the_steps_it_plans():
             model(**batch).loss.backward()
             peaks.append(torch.cuda.max_memory_allocated() - before)
     assert session.plan.predicted_peak_bytes == pytest.approx(peaks[-1], rel=0.10), (session.plan, peaks)
+
+
+def test_a_stopped_trace_leaves_the_device_s_peak_statistics_alone():
+    """Started, then stopped before the model's forward began (a profiled step that never came):
+    the model's later forwards must not reset the user's peak statistics."""
+    meter = Meter()
+    model = Charging(meter, CHARGES, HEAD)
+    trace = planning.PeakTrace(list(model.layers), meter, model)
+    trace.start()
+    trace.stop()
+    resets = []
+    meter.reset = lambda: resets.append(True)
+    model(torch.randn(3, requires_grad=True)).backward()
+    trace.remove()
+    assert not resets and not trace.measured

@@ -27,6 +27,9 @@ the model's repeated class; or pass ``layers=[...]``):
   that step (a block entered once per step), in the next one, and is kept (``session.plan``). Where
   the model itself is not called (a container whose parts the loop calls, ``model.forward(...)``),
   the next forward's first block plans: offloading from then on, recomputation from the next forward.
+  On a GPU the profiled step also traces the allocator's peak per block (``planning.PeakTrace``:
+  it resets the device's peak memory statistics as it goes), and the plan predicts the step's
+  activation peak (``session.plan.predicted_peak_bytes``).
 - a ``planning.Plan``: its decisions, one per block, applied as they are (``keep_last`` does not
   apply: the plan was made with it). A block the plan runs under one of torch's activation memory
   budgets (``Plan.budgets``, a plan over compiled blocks' profiles) is compiled here, with inductor
@@ -335,24 +338,15 @@ class Offloading:
     def _trace_peaks(self, stack: contextlib.ExitStack, start: bool) -> planning.PeakTrace | None:
         """The allocator's peaks per block in the profiled step's forward and backward (GPU; None
         elsewhere), for the plan's predicted peak: started now (``start``) or by the caller when the
-        profiled step begins, stopped when that step's backward ends (before the optimizer's step,
+        profiled step begins; it stops when that step's backward ends (before the optimizer's step,
         whose first call allocates its state)."""
         meter = planning.meter_for(_device(self.model))
         if meter is None:
             return None
         peaks = planning.PeakTrace(self.layers, meter, self.model)
         stack.callback(peaks.remove)
-        queued = []
-
-        def stop_when_backward_ends(layer) -> None:
-            if peaks.measuring and not queued:  # the first unpack of the profiled backward
-                queued.append(True)
-                torch.autograd.Variable._execution_engine.queue_callback(peaks.stop)
-
-        listeners = self.offloader.backward_listeners
-        for listener in (peaks.backward_reached, stop_when_backward_ends):
-            listeners.append(listener)
-            stack.callback(listeners.remove, listener)
+        self.offloader.backward_listeners.append(peaks.backward_reached)
+        stack.callback(self.offloader.backward_listeners.remove, peaks.backward_reached)
         if start:
             peaks.start()
         return peaks
@@ -362,8 +356,7 @@ class Offloading:
         return ran and not self.offloader.stats.total.packed_tensors
 
     def _make_plan(self, timer: planning.LayerTimer, stats: StepStats, peaks: planning.PeakTrace | None) -> None:
-        traced = peaks if peaks is not None and peaks.measured else None
-        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), traced)
+        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), peaks)
         bandwidth = self.bandwidth
         if bandwidth is None:
             probe = min(max(max(p.saved_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's bytes

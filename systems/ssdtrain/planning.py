@@ -22,14 +22,16 @@ backward, the bytes of its input, its forward time) and the store's bandwidth:
   device when forward ends: kept layers, recomputed layers' inputs, and the bytes of offloaded
   layers not yet written.
 * Activation peak (on a GPU, where the profile measured the allocator's peak in each segment of a
-  kept step: each layer's forward, to the next layer's start, and each layer's backward, the
-  head's before the top layer's): per segment, keep's measured peak less what the plan holds below
-  it that keep holds. In layer k's forward the layers below hold what they saved (an offloaded
-  one: its bytes not yet written when layer k ends); in layer i's backward the layers below hold
-  what they held when forward ended, except layer i - 1, read back in full. The running layer
-  itself counts as keep's (a recomputed layer saves its tensors again in its backward), and so do
-  the transients of the head and of each backward (the logits' gradient, a block's workspace),
-  which keep's peaks hold and no plan moves. The step's peak is the largest segment's.
+  kept step: each layer's forward, to the next layer's start; the head's backward, from the end of
+  forward to the first layer backward reaches; each layer's backward): per segment, keep's
+  measured peak less what the plan holds below it that keep holds. In layer k's forward the
+  layers below hold what they saved (an offloaded one: its bytes not yet written when layer k
+  ends); in the head's backward every layer below the top one holds what it held when forward
+  ended; in layer i's backward the layers below do too, except layer i - 1, read back in full. The
+  running layer itself counts as keep's (a recomputed layer saves its tensors again in its
+  backward), and so do the transients of the head and of each backward (the logits' gradient, a
+  block's workspace), which keep's peaks hold and no plan moves. The step's peak is the largest
+  segment's.
 
 ``adaptive`` is SSDTrain's rule: offload the longest run of leading layers whose writes finish
 by the end of forward (so offloading frees memory and costs no time), keep the rest. ``plan``
@@ -104,6 +106,7 @@ class LayerProfile:
     # as on a CPU; see PeakTrace).
     forward_peak: int | None = None
     backward_peak: int | None = None
+    head_peak: int | None = None  # the head's backward's (on the layer backward reaches first, else None)
 
     def alternative(self, decision: str) -> Alternative | None:
         return next((a for a in self.alternatives if a.decision == decision), None)
@@ -174,7 +177,8 @@ def predict(
             queue = written[i] = _write_end(queue, starts[i], ends[i], p.saved_bytes, bandwidth)
 
     def unwritten(i: int, at: float) -> float:
-        return min(profiles[i].saved_bytes, max(0.0, written[i] - at) * bandwidth)
+        # Tested first: an infinite bandwidth times the zero time left is no number.
+        return 0.0 if written[i] <= at else min(profiles[i].saved_bytes, (written[i] - at) * bandwidth)
 
     held = float(fixed_bytes)
     for i, (p, d) in enumerate(zip(profiles, decisions)):
@@ -222,6 +226,8 @@ def _peak(profiles: list[LayerProfile], holds: list[float], ends: list[float], o
             in_flight = [j for j in in_flight if offloaded[j](ends[k]) > 0]
             unwritten_now = sum(offloaded[j](ends[k]) - holds[j] for j in in_flight)
             peak = max(peak, p.forward_peak - freed + unwritten_now)
+        if p.head_peak is not None:  # the head's backward, before this (the top) layer's
+            peak = max(peak, p.head_peak - freed)
         if p.backward_peak is not None:
             below = k - 1
             read_back = profiles[below].saved_bytes - holds[below] if below in offloaded else 0.0
@@ -457,13 +463,15 @@ class PeakTrace:
     """The allocator's peak in each segment of one step, above what was allocated when it started
     (:meth:`start`; given ``model``, when the model's forward starts: a step that frees gradients
     before its forward and allocates them again in backward counts them, one that zeroes them in
-    place does not): layer i's forward runs from its start to the next layer's (the embeddings
-    before layer 0 count with layer 0's), its backward from backward's first unpack of its tensors
-    to the next layer's; the head's backward (from backward's first unpack until the first layer's)
-    counts with the first layer backward reaches, and what runs below layer 0 with layer 0's. A
-    layer run twice in one step keeps its larger peak. Forward is told by forward pre-hooks on the
-    layers (a recomputation in backward belongs to backward), backward by the Offloader's
-    ``backward_listeners``. Reading the peak resets the device's peak statistics
+    place does not), until the step's first backward ends: layer i's forward runs from its start
+    to the next layer's (the embeddings before layer 0 count with layer 0's), its backward from
+    backward's first unpack of its tensors to the next layer's (what runs below layer 0 counts
+    with layer 0's); the head's backward runs from backward's first unpack until the first
+    layer's (``head``, of layer ``head_layer``). Forward is told by forward pre-hooks on the layers
+    (a recomputation in backward belongs to backward), backward by the Offloader's
+    ``backward_listeners``. A layer whose forward runs twice in the step (a block shared by two
+    places) cannot be told apart in backward: the trace then measures nothing (``measured`` stays
+    False). Reading the peak resets the device's peak statistics
     (``torch.cuda.reset_peak_memory_stats``) at every segment.
 
     ``meter``: ``allocated()``, ``peak()`` (since the last ``reset()``) and ``reset()``: the CUDA
@@ -473,7 +481,8 @@ class PeakTrace:
         self.meter = meter
         self.forward: dict[int, int] = {}
         self.backward: dict[int, int] = {}
-        self.measured = False  # whether a step was traced through a backward (and has stopped)
+        self.head, self.head_layer = 0, None
+        self.measured = False  # whether a step was traced through its backward (and has stopped)
         self._armed = self._awaiting_model = False
         self._hooks = [
             layer.register_forward_pre_hook(StepHook(functools.partial(self._forward_started, index)))
@@ -483,22 +492,20 @@ class PeakTrace:
             self._hooks.append(model.register_forward_pre_hook(StepHook(self._model_started)))
         self._model = model
 
-    @property
-    def measuring(self) -> bool:
-        return self._armed
-
     def start(self) -> None:
         """Measure from now on (the segments of the step that starts now)."""
         self.forward, self.backward, self.measured = {}, {}, False
+        self.head, self.head_layer = 0, None
         self.meter.reset()
         self._base = self.meter.allocated()
         self._segment: tuple[str, int | None] = ("forward", 0)
-        self._head = 0  # the head's backward's peak, until the first layer's backward takes it
+        self._forwards: set[int] = set()  # the layers whose forward ran in the step
+        self._repeated = self._stopping = False
         self._armed = True
         self._awaiting_model = self._model is not None
 
     def _model_started(self, module, args) -> None:
-        if self._awaiting_model and torch._C._current_graph_task_id() == -1:
+        if self._armed and self._awaiting_model and torch._C._current_graph_task_id() == -1:
             self._awaiting_model = False
             self.meter.reset()
             self._base = self.meter.allocated()
@@ -508,7 +515,7 @@ class PeakTrace:
         if self._armed:
             self._close()
             self._armed = False
-            self.measured = bool(self.backward)
+            self.measured = bool(self.backward) and not self._repeated
 
     def remove(self) -> None:
         for hook in self._hooks:
@@ -516,8 +523,13 @@ class PeakTrace:
         self._hooks = []
 
     def backward_reached(self, layer: int | None) -> None:
-        if not self._armed:
+        """Backward unpacked a tensor of ``layer`` (None: saved outside the layers) for the first
+        time: an Offloader's listener (an unpack outside a backward is not one)."""
+        if not self._armed or torch._C._current_graph_task_id() == -1:
             return
+        if not self._stopping:  # the step's first backward: the trace ends with it
+            self._stopping = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.stop)
         if layer is None:
             if self._segment[0] == "forward":  # the first unpack: forward is over, the head's backward runs
                 self._close()
@@ -525,12 +537,13 @@ class PeakTrace:
             return
         self._close()
         self._segment = ("backward", layer)
-        if self._head:
-            self.backward[layer] = max(self.backward.get(layer, 0), self._head)
-            self._head = 0
+        if self.head_layer is None:
+            self.head_layer = layer
 
     def _forward_started(self, index, module, args) -> None:
         if self._armed and torch._C._current_graph_task_id() == -1 and torch.is_grad_enabled():
+            self._repeated |= index in self._forwards
+            self._forwards.add(index)
             self._close()
             self._segment = ("forward", index)
 
@@ -538,7 +551,7 @@ class PeakTrace:
         peak = max(0, self.meter.peak() - self._base)
         kind, index = self._segment
         if kind == "head":
-            self._head = max(self._head, peak)
+            self.head = max(self.head, peak)
         else:
             table = self.forward if kind == "forward" else self.backward
             table[index] = max(table.get(index, 0), peak)
@@ -569,8 +582,8 @@ class CudaMeter:
 
 def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = None) -> tuple[list[LayerProfile], int]:
     """The ``count`` layers' profiles from one step's ``StepStats`` (under an Offloader that keeps
-    everything), its ``LayerTimer`` and its ``PeakTrace`` (where one measured), and the bytes saved
-    outside the layers. A layer that did not
+    everything), its ``LayerTimer`` and its ``PeakTrace`` (where one measured the step), and the
+    bytes saved outside the layers. A layer that did not
     run in the step (LayerDrop, a block run on some inputs only) saved nothing and took no time: its
     profile is empty (:meth:`LayerTimer.ran` tells it apart); if none ran, the layers are not the model's."""
     forward = timer.forward_seconds()
@@ -589,10 +602,13 @@ def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = 
     for i, input_bytes in enumerate(timer.input_bytes(count)):
         layer = stats.layers.get(i)
         saved = 0 if layer is None else layer.unique_bytes - layer.parameter_bytes
-        measured = peaks is not None and timer.ran(i)
+        measured = peaks is not None and peaks.measured and timer.ran(i)
         forward_peak = peaks.forward.get(i, 0) if measured else None
         backward_peak = peaks.backward.get(i, 0) if measured else None
-        profiles.append(LayerProfile(saved, input_bytes, forward.get(i, 0.0), (), forward_peak, backward_peak))
+        head_peak = peaks.head if measured and i == peaks.head_layer else None
+        profiles.append(
+            LayerProfile(saved, input_bytes, forward.get(i, 0.0), (), forward_peak, backward_peak, head_peak)
+        )
     outside = stats.layers.get(None)
     return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
 
