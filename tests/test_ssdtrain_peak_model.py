@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from harness.errors import UserError
 from systems.ssdtrain import HostStore, Offloader, planning
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, LayerProfile
 
@@ -383,3 +384,24 @@ def test_a_stopped_trace_leaves_the_device_s_peak_statistics_alone():
     model(torch.randn(3, requires_grad=True)).backward()
     trace.remove()
     assert not resets and not trace.measured
+
+
+def test_the_planner_keeps_within_a_peak_budget():
+    """With a peak budget the planner takes the fastest plan whose predicted peak fits it (checked
+    against every plan's prediction), and without a fitting one the lowest peak; a profile without
+    peaks cannot be planned by peak."""
+    everything = 10**9
+    plans = [planning.predict(PROFILES, d, 100.0, 1.0) for d in itertools.product((KEEP, OFFLOAD, RECOMPUTE), repeat=3)]
+    peaks = sorted({p.predicted_peak_bytes for p in plans})
+    assert len(peaks) >= 4  # budgets that each leave other plans out
+    for peak_budget in peaks:
+        chosen = planning.plan(PROFILES, 100.0, 1.0, everything, keep_last=0, peak_budget_bytes=peak_budget)
+        fitting = [p for p in plans if p.predicted_peak_bytes <= peak_budget]
+        assert fitting and chosen.predicted_peak_bytes <= peak_budget
+        assert chosen.predicted_seconds == min(p.predicted_seconds for p in fitting)
+        assert chosen.peak_budget_bytes == peak_budget
+    tightest = planning.plan(PROFILES, 100.0, 1.0, everything, keep_last=0, peak_budget_bytes=1)
+    assert tightest.predicted_peak_bytes == min(p.predicted_peak_bytes for p in plans) > 1
+    flat = [LayerProfile(p.saved_bytes, p.input_bytes, p.forward_seconds) for p in PROFILES]
+    with pytest.raises(UserError, match="a peak budget needs a profile with the layers' peaks"):
+        planning.plan(flat, 100.0, 1.0, everything, peak_budget_bytes=1000)

@@ -134,6 +134,7 @@ class Plan:
     stall_seconds: float  # read stalls and the wait for writes at the step's end
     bandwidth: float = 0.0  # the store's B/s the plan was made for
     budget_bytes: int | None = None  # the activation budget it was made within (plan()); None: no budget
+    peak_budget_bytes: int | None = None  # ...and the activation peak's, where plan() was given one
     budgets: tuple[float | None, ...] = ()  # per layer: the activation memory budget it is compiled under
     predicted_peak_bytes: int | None = None  # the step's activation peak (None: the profile has no peaks)
 
@@ -275,25 +276,43 @@ def plan(
     keep_seconds: float,
     budget_bytes: int,
     keep_last: int = 1,
+    *,
+    peak_budget_bytes: int | None = None,
     **model,
 ) -> Plan:
     """The keep / offload / recompute choice per layer (or a profiled activation memory budget,
     for compiled layers) with the smallest predicted step time whose activation bytes fit
-    ``budget_bytes``; if none fits, the one that holds the least. The last ``keep_last`` layers are
-    never offloaded (the engine keeps them). Exhaustive up to ``EXHAUSTIVE`` choices (3^10: ten
-    layers of three choices); beyond that, offloading a leading run and trading memory for time in
-    the rest greedily."""
+    ``budget_bytes`` and, given ``peak_budget_bytes``, whose predicted activation peak fits that
+    (the memory a GPU must have room for: the profile must hold peaks, as a GPU's does); if none
+    fits, the one that holds the least (the lowest peak, given a peak budget). The last
+    ``keep_last`` layers are never offloaded (the engine keeps them). Exhaustive up to
+    ``EXHAUSTIVE`` choices (3^10: ten layers of three choices); beyond that, offloading a leading
+    run and trading memory for time in the rest greedily."""
     _check(profiles, bandwidth, keep_last)
     n = len(profiles)
     options = [p.options(offloadable=i < n - keep_last) for i, p in enumerate(profiles)]
     candidates = _all(options) if math.prod(map(len, options)) <= EXHAUSTIVE else _greedy(profiles, options)
     plans = [predict(profiles, c, bandwidth, keep_seconds, **model) for c in candidates]
-    fitting = [p for p in plans if p.predicted_activation_bytes <= budget_bytes]
+    if peak_budget_bytes is not None and plans[0].predicted_peak_bytes is None:
+        raise UserError(
+            "a peak budget needs a profile with the layers' peaks (planning.profile on a CUDA device traces them); "
+            "this one has none"
+        )
+
+    def held(p: Plan) -> tuple[int, ...]:
+        return (p.predicted_activation_bytes,) if peak_budget_bytes is None else (p.predicted_peak_bytes,)
+
+    fitting = [
+        p
+        for p in plans
+        if p.predicted_activation_bytes <= budget_bytes
+        and (peak_budget_bytes is None or p.predicted_peak_bytes <= peak_budget_bytes)
+    ]
     if fitting:
-        best = min(fitting, key=lambda p: (p.predicted_seconds, p.predicted_activation_bytes))
+        best = min(fitting, key=lambda p: (p.predicted_seconds, *held(p), p.predicted_activation_bytes))
     else:
-        best = min(plans, key=lambda p: (p.predicted_activation_bytes, p.predicted_seconds))
-    return dataclasses.replace(best, budget_bytes=budget_bytes)
+        best = min(plans, key=lambda p: (*held(p), p.predicted_activation_bytes, p.predicted_seconds))
+    return dataclasses.replace(best, budget_bytes=budget_bytes, peak_budget_bytes=peak_budget_bytes)
 
 
 def _all(options):

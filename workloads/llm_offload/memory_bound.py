@@ -26,9 +26,10 @@ part: recompute, offloading, the eager planner, and where ``compiled`` is set co
 torch's activation memory budget at each of ``budgets`` (the best of them is torch's number) and
 the planner over compiled blocks. A planned policy is planned per micro-batch: the blocks are
 profiled once at the check's micro-batch and the profile scaled to each candidate (bytes and
-seconds grow with the micro-batch), and each plan is the fastest predicted one whose activation
-bytes fit ``planner_headroom`` of what the cap leaves after the model's state (the rest for the
-step's temporaries). Every distinct plan is checked against its reference before anything is timed.
+seconds grow with the micro-batch, as do a GPU profile's traced peaks), and each plan is the
+fastest predicted one whose activation bytes and, on a GPU, predicted activation peak fit
+``planner_headroom`` of what the cap leaves after the model's state (the rest for the allocator's
+fragmentation and what the peak model does not see). Every distinct plan is checked against its reference before anything is timed.
 """
 
 from __future__ import annotations
@@ -293,6 +294,7 @@ def scaled(profiles, keep_seconds: float, fixed: int, factor: float):
             forward_seconds=p.forward_seconds * factor,
             forward_peak=None if p.forward_peak is None else round(p.forward_peak * factor),
             backward_peak=None if p.backward_peak is None else round(p.backward_peak * factor),
+            head_peak=None if p.head_peak is None else round(p.head_peak * factor),
             alternatives=tuple(
                 dataclasses.replace(
                     a, saved_bytes=round(a.saved_bytes * factor), extra_seconds=a.extra_seconds * factor
@@ -320,10 +322,19 @@ def _scheduled(entry, setups, profiler, params, rows: int, candidates: list[int]
     for setup in setups:
         bandwidth = profiler.bandwidth(setup)
         plans = {}
+        # On a GPU the profile holds the blocks' traced peaks: a plan must fit its predicted
+        # activation peak (backward's transients included), not only what forward leaves, in the room.
+        peak_room = room if any(p.forward_peak is not None for p in profiles) else None
         for micro in candidates:
             at = scaled(profiles, keep_seconds, fixed, micro / rows)
             plans[micro] = entry.planner(
-                at[0], bandwidth, at[1], keep_last=params["keep_last"], budget_bytes=room, fixed_bytes=at[2]
+                at[0],
+                bandwidth,
+                at[1],
+                keep_last=params["keep_last"],
+                budget_bytes=room,
+                fixed_bytes=at[2],
+                peak_budget_bytes=peak_room,
             )
         variant = Scheduled(entry, setup, plans=plans)
         variant.at(candidates[0])

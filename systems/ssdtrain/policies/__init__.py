@@ -71,7 +71,9 @@ class PolicyEntry(Entry):
 
     ``uses_store``: it offloads, so it runs with a store (a comparison runs it once per store).
     ``planner``: a planned policy's plan maker, ``planner(profiles, bandwidth, keep_seconds, *,
-    keep_last, budget_bytes, fixed_bytes) -> Plan`` (systems/ssdtrain/planning.py); such a policy
+    keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None) -> Plan``
+    (systems/ssdtrain/planning.py; the peak budget is given only where the plan must fit a
+    memory cap, and a plan maker without budgets may ignore both); such a policy
     is built with the plan. ``make`` may raise :class:`Unavailable` with the reason it cannot run
     here beyond ``needs_gpu`` and ``packages`` (see :meth:`missing`).
 

@@ -42,12 +42,20 @@ class Planned(OffloaderPolicy):
         return list(plan.budgets) if plan.budgeted else None
 
 
-def _adaptive(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes):
+def _adaptive(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None):
     return planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed_bytes)
 
 
-def _planner(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes):
-    return planning.plan(profiles, bandwidth, keep_seconds, budget_bytes, keep_last, fixed_bytes=fixed_bytes)
+def _planner(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None):
+    return planning.plan(
+        profiles,
+        bandwidth,
+        keep_seconds,
+        budget_bytes,
+        keep_last,
+        fixed_bytes=fixed_bytes,
+        peak_budget_bytes=peak_budget_bytes,
+    )
 
 
 register(
