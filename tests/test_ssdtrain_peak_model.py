@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from harness.errors import UserError
-from systems.ssdtrain import HostStore, Offloader, planning
+from systems.ssdtrain import HostStore, Offloader, offload, planning
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, LayerProfile
 
 
@@ -405,3 +405,48 @@ def test_the_planner_keeps_within_a_peak_budget():
     flat = [LayerProfile(p.saved_bytes, p.input_bytes, p.forward_seconds) for p in PROFILES]
     with pytest.raises(UserError, match="a peak budget needs a profile with the layers' peaks"):
         planning.plan(flat, 100.0, 1.0, everything, peak_budget_bytes=1000)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"policy": "planner", "peak_budget": 1000}, "needs the model on a CUDA device"),
+        ({"policy": "offload_all", "peak_budget": 1000}, "peak_budget= is the planner's"),
+        ({"policy": "planner"}, "needs budget= .* or peak_budget="),
+    ],
+)
+def test_offload_refuses_a_peak_budget_it_cannot_plan_for(options, message):
+    model = Charging(Meter(), CHARGES, HEAD)
+    with HostStore() as store, pytest.raises(UserError, match=message):
+        offload(model, store=store, layers=list(model.layers), **options)
+
+
+@pytest.mark.parametrize("peak_budget", [0, -5, 2.5, "1000", True])
+def test_offload_refuses_a_peak_budget_that_is_not_bytes(monkeypatch, peak_budget):
+    meter = Meter()
+    monkeypatch.setattr(planning, "meter_for", lambda device: meter)
+    model = Charging(meter, CHARGES, HEAD)
+    with HostStore() as store, pytest.raises(UserError, match="peak_budget must be a positive whole number"):
+        offload(model, store=store, policy="planner", layers=list(model.layers), peak_budget=peak_budget)
+
+
+def test_offload_s_planner_fits_its_peak_budget(monkeypatch):
+    """offload(peak_budget=...) plans the fastest plan whose predicted peak fits: the traced CHARGES
+    peak at 1350 B under keep, and each layer saves a 28 B tensor that offloading frees, so 1330
+    needs a block offloaded; a budget nothing fits warns and takes the lowest peak."""
+    meter = Meter()
+    monkeypatch.setattr(planning, "meter_for", lambda device: meter)
+    model = Charging(meter, CHARGES, HEAD)
+    x = torch.randn(7, requires_grad=True)
+    options = dict(policy="planner", layers=list(model.layers), min_bytes=0, bandwidth=1e9, keep_last=0)
+    with HostStore() as store:
+        with offload(model, store=store, peak_budget=1330, **options) as session:
+            model(x).backward()
+            model(x).backward()
+        assert session.plan.peak_budget_bytes == 1330 and session.plan.predicted_peak_bytes <= 1330
+        assert session.plan.decisions != (KEEP,) * 3
+        with pytest.warns(UserWarning, match="no plan fits peak_budget=1 B"):
+            with offload(model, store=store, peak_budget=1, **options) as tight:
+                model(x).backward()
+                model(x).backward()
+        assert tight.plan.predicted_peak_bytes > 1

@@ -21,7 +21,8 @@ the model's repeated class; or pass ``layers=[...]``):
 - ``"offload_adaptive"``: SSDTrain's adaptive rule: the leading blocks whose writes end by the end
   of forward are offloaded, the rest kept. ``"planner"``: keep, offload or recompute per block,
   the fastest predicted step whose activation bytes fit ``budget`` (a fraction of what keep
-  holds). Both are planned (planning.py) from a profile of the first forward and backward, which
+  holds) and whose predicted activation peak fits ``peak_budget`` (bytes; a model on a GPU), each
+  where given. Both are planned (planning.py) from a profile of the first forward and backward, which
   keeps everything, and the store's bandwidth (measured then, unless ``bandwidth`` gives it in
   B/s); the plan applies from the next forward on, in this block or, where the block ended after
   that step (a block entered once per step), in the next one, and is kept (``session.plan``). Where
@@ -119,6 +120,7 @@ class Offloading:
         always_read_back: bool,
         budget: float | None,
         bandwidth: float | None,
+        peak_budget: int | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise UserError(f"offload() takes an nn.Module, got {type(model).__name__}")
@@ -129,12 +131,27 @@ class Offloading:
         self.model = model
         self.layers = _blocks(model, layers)
         self.policy, self.store = _check_policy(policy, store, len(self.layers)), store
-        if self.policy == "planner" and not (real_number(budget) is not None and 0 < budget <= 1):
+        if peak_budget is not None:
+            if self.policy != "planner":
+                raise UserError(f"peak_budget= is the planner's; policy {_name(self.policy)} does not take it")
+            if not whole_number(peak_budget):
+                raise UserError(f"peak_budget must be a positive whole number of bytes, got {peak_budget!r}")
+            if planning.meter_for(_device(model)) is None:
+                raise UserError(
+                    f"peak_budget= needs the model on a CUDA device (the profile traces the allocator's peaks there); "
+                    f"it is on {_device(model)}"
+                )
+        if self.policy == "planner" and budget is None and peak_budget is None:
             raise UserError(
-                f"policy planner needs budget=, the fraction of keep's activation bytes to fit (0-1]; got {budget!r}"
+                "policy planner needs budget= (a fraction of keep's activation bytes) or peak_budget= (bytes)"
+            )
+        if budget is not None and not (real_number(budget) is not None and 0 < budget <= 1):
+            raise UserError(
+                f"policy planner needs budget= in (0, 1], the fraction of keep's activation bytes; got {budget!r}"
             )
         if budget is not None and self.policy != "planner":
             raise UserError(f"budget= is the planner's; policy {_name(self.policy)} does not take it")
+        self.peak_budget = whole_number(peak_budget) if peak_budget is not None else None
         if bandwidth is not None and (real_number(bandwidth) is None or bandwidth <= 0):
             raise UserError(f"bandwidth must be the store's speed in B/s, a positive number; got {bandwidth!r}")
         if bandwidth is not None and self.policy not in PLANNED:
@@ -373,9 +390,29 @@ class Offloading:
         if self.policy == "offload_adaptive":
             self.plan = planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed)
         else:
-            budget = int(self.budget * (sum(p.saved_bytes for p in profiles) + fixed))
-            self.plan = planning.plan(profiles, bandwidth, keep_seconds, budget, keep_last, fixed_bytes=fixed)
-            if self.plan.predicted_activation_bytes > budget:
+            kept = sum(p.saved_bytes for p in profiles) + fixed
+            budget = int(self.budget * kept) if self.budget is not None else kept
+            if self.peak_budget is not None and any(p.forward_peak is None for p in profiles if p.forward_seconds):
+                raise UserError(
+                    "SSDTrain planner: the profiled step traced no peaks (a block ran twice in it, or it ran no "
+                    "backward), so peak_budget= cannot be planned for; plan with budget= instead"
+                )
+            self.plan = planning.plan(
+                profiles,
+                bandwidth,
+                keep_seconds,
+                budget,
+                keep_last,
+                fixed_bytes=fixed,
+                peak_budget_bytes=self.peak_budget,
+            )
+            if self.peak_budget is not None and self.plan.predicted_peak_bytes > self.peak_budget:
+                warnings.warn(
+                    f"SSDTrain planner: no plan fits peak_budget={self.peak_budget} B; the plan with the lowest "
+                    f"predicted peak, {self.plan.predicted_peak_bytes} B, is used: raise the budget",
+                    stacklevel=2,
+                )
+            elif self.plan.predicted_activation_bytes > budget:
                 warnings.warn(
                     f"SSDTrain planner: no plan fits budget={self.budget} ({budget} B of activations); the plan that "
                     f"holds the least, {self.plan.predicted_activation_bytes} B, is used: raise the budget",
@@ -456,6 +493,7 @@ def offload(
     always_read_back: bool = False,
     budget: float | None = None,
     bandwidth: float | None = None,
+    peak_budget: int | None = None,
 ) -> Offloading:
     """``policy`` (see the module) applied to ``model`` within a ``with`` block.
 
@@ -466,6 +504,8 @@ def offload(
     ``min_bytes``: saved tensors of smaller storages are kept. ``prefetch``: how many blocks ahead backward
     reads back. ``always_read_back``: backward waits for each write and reads it back (checks of
     the stored bytes). ``budget``: the planner's activation budget, a fraction of keep's bytes.
+    ``peak_budget``: the planner's budget for the step's predicted activation peak, in bytes above
+    what the model's forward starts with (a model on a CUDA device, whose profile traces the peaks).
     ``bandwidth``: the store's B/s for the planned policies (default: measured)."""
     return Offloading(
         model,
@@ -478,6 +518,7 @@ def offload(
         always_read_back=always_read_back,
         budget=budget,
         bandwidth=bandwidth,
+        peak_budget=peak_budget,
     )
 
 
