@@ -134,9 +134,9 @@ class Plan:
     stall_seconds: float  # read stalls and the wait for writes at the step's end
     bandwidth: float = 0.0  # the store's B/s the plan was made for
     budget_bytes: int | None = None  # the activation budget it was made within (plan()); None: no budget
-    peak_budget_bytes: int | None = None  # ...and the activation peak's, where plan() was given one
     budgets: tuple[float | None, ...] = ()  # per layer: the activation memory budget it is compiled under
     predicted_peak_bytes: int | None = None  # the step's activation peak (None: the profile has no peaks)
+    peak_budget_bytes: int | None = None  # the peak budget it was made within (plan()), where given one
 
     def count(self, decision: str) -> int:
         return self.decisions.count(decision)
