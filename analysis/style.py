@@ -482,6 +482,16 @@ def mosaic(layout: list[list[str]], width: float, height: float):
     return fig, fig.subplot_mosaic(layout)
 
 
+TITLE_CHARACTERS_PER_INCH = 12  # about what fits across an inch at the title's 10 pt
+
+
 def title(fig, text: str, measured: str) -> None:
-    """The figure's title: what it shows in plain words, then where and when it was measured."""
-    fig.suptitle(f"{text}\n{measured}", fontsize=10)
+    """The figure's title: what it shows in plain words, then where and when it was measured, each
+    wrapped to the figure's width (a long line would widen the saved figure beyond its panels)."""
+    import textwrap
+
+    width = max(40, int(fig.get_figwidth() * TITLE_CHARACTERS_PER_INCH))
+    lines = [
+        textwrap.fill(line, width, break_on_hyphens=False) for part in (text, measured) for line in part.split("\n")
+    ]
+    fig.suptitle("\n".join(lines), fontsize=10)

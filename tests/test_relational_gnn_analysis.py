@@ -125,9 +125,10 @@ def render(tmp_path, first_calls: bool, step_ms=STEP_MS, graphs=GRAPHS, commit=N
 
 
 def figure_titles(tmp_path) -> list[str]:
-    """The own words (title and notes) of the headline figure and of each supporting figure."""
+    """The own words (title and notes) of the headline figure and of each supporting figure, with
+    the line breaks that wrap a long title to the figure's width read as spaces."""
     records = [tmp_path / "nb.text.json", *sorted(tmp_path.glob("nb-*.text.json"))]
-    return [" ".join(json.loads(record.read_text())[0]) for record in records]
+    return [" ".join(" ".join(json.loads(record.read_text())[0]).split()) for record in records]
 
 
 def section(text: str, heading: str) -> str:
