@@ -29,7 +29,8 @@ profiled once at the check's micro-batch and the profile scaled to each candidat
 seconds grow with the micro-batch, as do a GPU profile's traced peaks), and each plan is the
 fastest predicted one whose activation bytes and, on a GPU, predicted activation peak fit
 ``planner_headroom`` of what the cap leaves after the model's state (the rest for the allocator's
-fragmentation and what the peak model does not see). Every distinct plan is checked against its reference before anything is timed.
+fragmentation and what the peak model does not see). Every distinct plan is checked against its
+reference before anything is timed.
 """
 
 from __future__ import annotations
