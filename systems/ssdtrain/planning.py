@@ -181,9 +181,12 @@ def predict(
         # Tested first: an infinite bandwidth times the zero time left is no number.
         return 0.0 if written[i] <= at else min(profiles[i].saved_bytes, (written[i] - at) * bandwidth)
 
-    held = float(fixed_bytes)
-    for i, (p, d) in enumerate(zip(profiles, decisions)):
-        held += unwritten(i, forward_end) if d == OFFLOAD else p.held_and_extra(d)[0]
+    # What each layer holds when forward ends (its peak segments start from these too).
+    holds = [
+        unwritten(i, forward_end) if d == OFFLOAD else p.held_and_extra(d)[0]
+        for i, (p, d) in enumerate(zip(profiles, decisions))
+    ]
+    held = sum(holds, float(fixed_bytes))
     # Backward, from the last layer down; `clock` includes the stalls so far, `above` is when
     # backward reached the layer above (the engine prefetches a layer from then).
     clock = above = forward_end
@@ -202,10 +205,6 @@ def predict(
     extra = sum(p.held_and_extra(d)[1] for p, d in zip(profiles, decisions) if d != OFFLOAD)
     budgets = tuple(a.budget if (a := p.alternative(d)) else None for p, d in zip(profiles, decisions))
     seconds = keep_seconds + extra + stall + tail
-    holds = [
-        unwritten(i, forward_end) if d == OFFLOAD else p.held_and_extra(d)[0]
-        for i, (p, d) in enumerate(zip(profiles, decisions))
-    ]
     peak = _peak(profiles, holds, ends, {i: functools.partial(unwritten, i) for i in written})
     return Plan(
         tuple(decisions), seconds, round(held), stall + tail, bandwidth, budgets=budgets, predicted_peak_bytes=peak
