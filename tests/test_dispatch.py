@@ -114,7 +114,53 @@ def test_unified_tensor_refuses_a_path_it_cannot_take(kwargs, message, monkeypat
         UnifiedTensor(random_table(10, 4, torch.float32), **kwargs)
 
 
+@pytest.mark.parametrize("lazy", ["conj", "neg"])
+def test_a_table_with_a_lazy_conjugate_or_negative_bit_is_refused_before_it_is_pinned(lazy, monkeypatch):
+    """The paths read the table's raw bytes, which do not have the bit applied: a .conj() view
+    would give the unconjugated rows on the torch paths, so it is refused in one line. (The op
+    itself gets torch's resolved copy: right on the CPU, refused as not pinned on a GPU.)"""
+    from systems.pytorch_direct import unified as unified_module
+    from systems.pytorch_direct.ops import gather
+
+    table = torch.randn(6, 3, dtype=torch.complex64, generator=torch.Generator().manual_seed(3))
+    view = table.conj() if lazy == "conj" else torch._neg_view(table)
+    assert view.is_conj() or view.is_neg()
+    monkeypatch.setattr(unified_module, "_cudart", lambda: pytest.fail("the driver is not reached"))
+    call = "resolve_conj" if lazy == "conj" else "resolve_neg"
+    with pytest.raises(ValueError, match=rf"^the tensor has torch's lazy .* bit set .* pass tensor\.{call}\(\)$"):
+        UnifiedTensor(view)
+    idx = torch.tensor([1, 0, 1])
+    assert torch.equal(gather(view, idx), view.resolve_conj().resolve_neg()[idx])
+
+
 # --- GPU: every path against the reference (skipped without a GPU) ------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", dispatch.PATHS)
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_every_path_gives_a_table_that_requires_grad_its_gradient(path, when):
+    """A learnable table in host memory (an embedding): ``unified[idx]`` trains it on every path,
+    with requires_grad_() set before or after pinning (the torch paths' alias has no autograd link,
+    so they give way to the kernel); under no_grad the chosen path runs and nothing is recorded."""
+    table = random_table(300, 8, torch.float32, seed=50)
+    if when == "before":
+        table.requires_grad_()
+    with UnifiedTensor(table, path=path) as unified:
+        if when == "after":
+            table.requires_grad_()
+        idx = torch.randint(0, 300, (500,), generator=torch.Generator().manual_seed(51)).cuda()  # repeats
+        weights = torch.randn(500, 8, generator=torch.Generator().manual_seed(52)).cuda()
+        rows = unified[idx]
+        assert rows.requires_grad and unified.path == path
+        (rows * weights).sum().backward()
+        want = torch.zeros(300, 8).index_add_(0, idx.cpu(), weights.cpu())
+        torch.testing.assert_close(table.grad, want, rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            assert not unified[idx].requires_grad
+            unified.launch_into(idx, torch.empty(500, 8, device="cuda"))()
+        with pytest.raises(RuntimeError, match="launch_into writes into out=, which autograd cannot follow"):
+            unified.launch_into(idx, torch.empty(500, 8, device="cuda"))
 
 
 @pytest.mark.gpu

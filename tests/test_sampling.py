@@ -416,3 +416,80 @@ def test_gpu_sampling_waits_for_the_device_once_per_batch(graph, place):
         expected = cpu.sample(seeds, batch)
         assert torch.equal(sub.n_id.cpu(), expected.n_id) and torch.equal(sub.edge_index.cpu(), expected.edge_index)
     assert (sampler.position == -1).all()
+
+
+def _six_node_graph():
+    """Nodes 0-4: neighbours i + 1 and i + 2 (mod 6); node 5: none."""
+    indptr = torch.tensor([0, 2, 4, 6, 8, 10, 10])
+    indices = torch.tensor([1, 2, 2, 3, 3, 4, 4, 5, 5, 0])
+    return indptr, indices
+
+
+def _refusals_of(indptr, indices, to):
+    """The error type and message of each bad input to both ops, CSR and seeds moved by ``to``."""
+    bad_neighbor = indices.clone()
+    bad_neighbor[3] = 99
+    long_row = indptr.clone()
+    long_row[2] = 40  # row 1 runs past the indices
+    cases = {
+        "seed out of range": (indptr, indices, torch.tensor([2, 6])),
+        "negative seed": (indptr, indices, torch.tensor([-1, 2])),
+        "neighbour id not a node": (indptr, bad_neighbor, torch.tensor([1, 2])),
+        "row past the indices": (long_row, indices, torch.tensor([0, 1])),
+        "int32 CSR": (indptr.int(), indices.int(), torch.tensor([0, 1])),
+    }
+    seen = {}
+    for name, (ip, ix, seeds) in cases.items():
+        for op in ("neighbors", "slots"):
+            try:
+                if op == "neighbors":
+                    sample_neighbors(to(ip), to(ix), to(seeds), 2, False, 3)
+                else:
+                    sample_into_slots(to(ip), to(ix), to(seeds), to(torch.tensor([2])), 2, False, 3)
+            except (ValueError, IndexError) as err:
+                seen[name, op] = (type(err), str(err))
+            else:
+                seen[name, op] = None
+    return seen
+
+
+def test_slot_op_reports_no_error_on_the_cpu_and_refuses_bad_input():
+    indptr, indices = _six_node_graph()
+    counts, slots, error = sample_into_slots_op(indptr, indices, torch.tensor([0, 4]), torch.tensor([2]), 2, False, 3)
+    assert counts.tolist() == [2, 2] and slots.tolist() == [1, 2, 5, 0] and error.tolist() == [0]
+    refusals = _refusals_of(indptr, indices, lambda t: t)
+    assert all(refusals.values()), [case for case, error in refusals.items() if error is None]
+    assert refusals["seed out of range", "slots"] == (IndexError, "seed node 6 is out of range for a graph of 6 nodes")
+    assert refusals["int32 CSR", "slots"][1].startswith("indptr must be a 1-D int64 tensor")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("place", ["cuda", "uva"])
+def test_gpu_ops_refuse_what_the_cpu_ops_refuse_with_the_same_error(place):
+    indptr, indices = _six_node_graph()
+
+    def to(t):
+        if place == "uva" and t.numel() > 2:  # the CSR in pinned host memory, the seeds on the GPU
+            return t.pin_memory()
+        return t.cuda()
+
+    assert _refusals_of(indptr, indices, to) == _refusals_of(indptr, indices, lambda t: t)
+    torch.cuda.synchronize()  # the context is still usable: nothing was written out of bounds
+
+
+@pytest.mark.gpu
+def test_unchecked_gpu_slots_sample_nothing_for_bad_seeds_and_keep_the_good_ones():
+    """check=False: no wait; a seed out of range gets no draws (it used to read a row past the
+    CSR and write before its slots, over its neighbour's), and the op's error word says so."""
+    indptr, indices = _six_node_graph()
+    seeds = torch.tensor([2, 6, -3, 0], device="cuda")
+    counts, slots, error = sample_into_slots_op(
+        indptr.cuda(), indices.cuda(), seeds, torch.tensor([4], device="cuda"), 2, False, 3
+    )
+    expected_counts, expected_slots = sample_into_slots(
+        indptr, indices, torch.tensor([2, 0]), torch.tensor([2]), 2, False, 3
+    )
+    assert counts.tolist() == [2, 0, 0, 2] and error.tolist() == [1]
+    assert slots.view(4, 2)[[0, 3]].tolist() == expected_slots.view(2, 2).tolist()
+    assert (slots.view(4, 2)[[1, 2]] == -1).all()
+    assert expected_counts.tolist() == [2, 2]

@@ -142,7 +142,10 @@ def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, sl
     _check(table, idx, loads, slots, cache, max_threads)
     refuse_other_gpus(idx=idx)
     if not table.is_pinned():
-        raise ValueError("table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers")
+        raise ValueError(
+            "table must be page-locked (UnifiedTensor or pin_memory()) for zero-copy gathers (a .conj() view of "
+            "a pinned table arrives here as torch's unpinned copy: pin the resolved table)"
+        )
     options = dict(kernel=loads, max_threads=max_threads, slots=slots, cache=cache)
     out = torch.empty((idx.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
     if table.shape[1] == 0:  # no bytes to read: only the bounds are checked

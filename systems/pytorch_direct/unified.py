@@ -132,6 +132,9 @@ class UnifiedTensor:
             raise ValueError("cannot pin an empty table (or a scalar)")
         if not tensor.is_contiguous():
             raise ValueError("the tensor is not contiguous; pass tensor.contiguous() (a copy)")
+        if tensor.is_conj() or tensor.is_neg():  # the paths read the raw bytes, without the bit
+            bit, call = ("conjugate", "resolve_conj()") if tensor.is_conj() else ("negative", "resolve_neg()")
+            raise ValueError(f"the tensor has torch's lazy {bit} bit set (a .conj() view?): pass tensor.{call}")
         storage = tensor.untyped_storage()
         nbytes = tensor.numel() * tensor.element_size()
         if tensor.storage_offset() != 0 or storage.nbytes() != nbytes:
@@ -157,10 +160,15 @@ class UnifiedTensor:
         resources.note_registered_pinned(nbytes)
         self.tensor = tensor
         self.nbytes = nbytes
-        self._rows = tensor.view(tensor.shape[0], -1)
         self._release = weakref.finalize(self, _unregister, tensor, nbytes)
         self._aliases = weakref.WeakSet()  # the _DeviceBytes of every alias still in use
         self._rows_alias = None  # the torch paths' own alias, made on first use, dropped by close()
+
+    @property
+    def _rows(self) -> torch.Tensor:
+        """The table as 2-D rows, viewed anew each time: a view taken once would miss a
+        ``requires_grad_()`` made on the table after construction."""
+        return self.tensor.view(self.tensor.shape[0], -1)
 
     @property
     def shape(self) -> torch.Size:
@@ -208,9 +216,17 @@ class UnifiedTensor:
         self._check_open()
         if not isinstance(idx, torch.Tensor) or not idx.is_cuda:
             raise TypeError("index a UnifiedTensor with an int32/int64 CUDA tensor of row ids")
-        alias = self._rows_alias_for_torch() if self.path.startswith("torch") else None
-        rows = dispatch.gather_rows(self.path, self._rows, alias, idx.reshape(-1), **self.options)
+        path = self.path
+        if path.startswith("torch") and self._needs_grad():
+            # The torch paths read an alias with no autograd link to the table: the kernel reads
+            # the same rows and has a backward.
+            path = path.replace("torch", "kernel")
+        alias = self._rows_alias_for_torch() if path.startswith("torch") else None
+        rows = dispatch.gather_rows(path, self._rows, alias, idx.reshape(-1), **self.options)
         return rows.view(idx.shape + self.tensor.shape[1:])
+
+    def _needs_grad(self) -> bool:
+        return self.tensor.requires_grad and torch.is_grad_enabled()
 
     def launch_into(self, idx: torch.Tensor, out: torch.Tensor, *, max_threads: int | None = None):
         """Queue ``self[idx]`` into ``out`` along :attr:`path` and return at once, without waiting
@@ -228,6 +244,11 @@ class UnifiedTensor:
             raise TypeError("index a UnifiedTensor with an int32/int64 CUDA tensor of row ids")
         if self.options.get("dedup"):
             raise ValueError("launch_into cannot de-duplicate without waiting for the GPU: use self[idx]")
+        if self._needs_grad():  # as torch refuses out= for an input that requires grad
+            raise RuntimeError(
+                "launch_into writes into out=, which autograd cannot follow, and the table requires grad: "
+                "use self[idx], or launch under torch.no_grad()"
+            )
         threads = self.options.get("max_threads", 0) if max_threads is None else max_threads
         if (threads := whole_number(given := threads)) is None:
             raise ValueError(f"max_threads must be a whole number >= 0 (0: all), got {given!r}")

@@ -13,7 +13,10 @@ are tested against.
 ``sample_into_slots(indptr, indices, seeds, num_valid, fanout, replace, rng_seed)`` draws the same
 neighbours into fixed slots (seed i's at ``i * fanout``, unused slots -1) for the first
 ``num_valid`` seeds only, a count held in a tensor: its output sizes never depend on the data, so
-on a GPU the multi-hop sampler chains hops without reading anything back.
+on a GPU the multi-hop sampler chains hops without reading anything back. Its checks of the seeds,
+``num_valid`` and the CSR wait for the GPU once after the draws; ``check=False`` skips that wait
+for a caller that checked its seeds and CSR itself (``NeighborSampler``): the kernel then still
+reads and writes nothing out of bounds (a seed or CSR row out of range samples nothing there).
 
 Both are plain functions that check their integer arguments and call the ``torch.library`` ops
 ``sample_neighbors_op`` and ``sample_into_slots_op``: a fanout or seed beyond int64 would
@@ -37,6 +40,8 @@ CPU_KERNEL_SOURCE = Path(__file__).parent / "kernels" / "sample_cpu.cpp"
 MAX_FANOUT = 64  # the kernels keep the chosen positions in a local array of this size
 BAD_CSR = -1  # what the C++ kernels return for a CSR that points out of range
 BAD_CSR_MESSAGE = "the CSR is inconsistent: a row or a neighbour id points outside the graph (corrupt graph file?)"
+# The bits the CUDA kernels set in their error word (kernels/sample.cu) instead of reading out of bounds.
+SEED_OUT_OF_RANGE, BAD_CSR_BIT = 1, 2
 THREADS_PER_BLOCK = 128
 
 
@@ -55,10 +60,14 @@ def draw(rng_seed: int, nodes: np.ndarray, counters: np.ndarray) -> np.ndarray:
         return _mix64(base + counters.astype(np.uint64))
 
 
-def check_arguments(indptr, indices, seeds, fanout, rng_seed) -> None:
-    for name, t in (("indptr", indptr), ("indices", indices), ("seeds", seeds)):
+def check_int64_vectors(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
         if t.dtype != torch.int64 or t.dim() != 1:
             raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} of shape {tuple(t.shape)}")
+
+
+def check_arguments(indptr, indices, seeds, fanout, rng_seed) -> None:
+    check_int64_vectors(indptr=indptr, indices=indices, seeds=seeds)
     if not 1 <= fanout <= MAX_FANOUT:
         raise ValueError(f"fanout must be between 1 and {MAX_FANOUT}, got {fanout}")
     if indptr.numel() == 0:
@@ -66,8 +75,12 @@ def check_arguments(indptr, indices, seeds, fanout, rng_seed) -> None:
     if not 0 <= rng_seed < 2**63:
         raise ValueError(f"rng_seed must be in [0, 2^63), got {rng_seed}")
     if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= indptr.numel() - 1):
-        bad = seeds[(seeds < 0) | (seeds >= indptr.numel() - 1)][0]
-        raise IndexError(f"seed node {int(bad)} is out of range for a graph of {indptr.numel() - 1} nodes")
+        _raise_seed_out_of_range(seeds, indptr.numel() - 1)
+
+
+def _raise_seed_out_of_range(seeds: torch.Tensor, num_nodes: int) -> None:
+    bad = seeds[(seeds < 0) | (seeds >= num_nodes)][0]
+    raise IndexError(f"seed node {int(bad)} is out of range for a graph of {num_nodes} nodes")
 
 
 def reference(
@@ -132,11 +145,23 @@ def sample_neighbors(indptr, indices, seeds, fanout, replace, rng_seed) -> tuple
 
 
 def sample_into_slots(
-    indptr, indices, seeds, num_valid, fanout, replace, rng_seed
+    indptr, indices, seeds, num_valid, fanout, replace, rng_seed, *, check: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One hop into fixed slots (the module docstring says how they are laid out)."""
+    """One hop into fixed slots (the module docstring says how they are laid out, and what
+    ``check=False`` leaves out)."""
     check_scalars(fanout, replace, rng_seed)
-    return sample_into_slots_op(indptr, indices, seeds, num_valid, int(fanout), bool(replace), int(rng_seed))
+    counts, out, error = sample_into_slots_op(
+        indptr, indices, seeds, num_valid, int(fanout), bool(replace), int(rng_seed)
+    )
+    if check and seeds.is_cuda:  # the CPU op raised already
+        word, valid = torch.stack([error.to(torch.int64)[0], num_valid.reshape(())]).tolist()  # one wait
+        if not 0 <= valid <= seeds.numel():
+            raise ValueError(f"num_valid must be in [0, {seeds.numel()}], got {valid}")
+        if word & SEED_OUT_OF_RANGE:
+            _raise_seed_out_of_range(seeds[:valid], indptr.numel() - 1)
+        if word & BAD_CSR_BIT:
+            raise ValueError(BAD_CSR_MESSAGE)
+    return counts, out
 
 
 @torch.library.custom_op("sampling::sample_neighbors", mutates_args=())
@@ -229,7 +254,9 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
         return counts, torch.empty(0, dtype=torch.int64, device=seeds.device)
     module = nvrtc.load_module(KERNEL_SOURCE)
     grid = (-(-n // THREADS_PER_BLOCK),)
+    graph = (np.int64(indptr.numel() - 1), np.int64(indices.numel()))
     indptr_at, indices_at = np.uint64(_address(indptr)), np.uint64(_address(indices))
+    error = torch.zeros(1, dtype=torch.int32, device=seeds.device)
     nvrtc.launch(
         module,
         "count_samples",
@@ -237,15 +264,19 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
         (THREADS_PER_BLOCK,),
         (
             indptr_at,
+            *graph,
             np.uint64(seeds.data_ptr()),
             np.int64(n),
             np.int32(fanout),
             np.int32(replace),
             np.uint64(counts.data_ptr()),
+            np.uint64(error.data_ptr()),
         ),
     )
     offsets = torch.cumsum(counts, 0) - counts
-    total = int(counts.sum())  # the output size: one wait for the GPU
+    total, word = torch.stack([counts.sum(), error.to(torch.int64)[0]]).tolist()  # the output size: one wait
+    if word:  # check_arguments checked the seeds: a row of the CSR is out of range
+        raise ValueError(BAD_CSR_MESSAGE)
     neighbors = torch.empty(total, dtype=torch.int64, device=seeds.device)
     nvrtc.launch(
         module,
@@ -255,6 +286,7 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
         (
             indptr_at,
             indices_at,
+            *graph,
             np.uint64(seeds.data_ptr()),
             np.int64(n),
             np.int32(fanout),
@@ -262,8 +294,11 @@ def _(indptr, indices, seeds, fanout, replace, rng_seed):
             np.uint64(rng_seed),
             np.uint64(offsets.data_ptr()),
             np.uint64(neighbors.data_ptr()),
+            np.uint64(error.data_ptr()),
         ),
     )
+    if int(error):  # a neighbour id that is not a node (the CPU kernel checks each one too)
+        raise ValueError(BAD_CSR_MESSAGE)
     return counts, neighbors
 
 
@@ -276,8 +311,10 @@ def sample_into_slots_op(
     fanout: int,
     replace: bool,
     rng_seed: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_slot_arguments(seeds, num_valid, fanout)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(counts, slots, error): error is one int32, the CUDA kernel's error bits (SEED_OUT_OF_RANGE,
+    BAD_CSR_BIT); on the CPU bad input raises instead, and it is 0."""
+    _check_slot_arguments(indptr, indices, seeds, num_valid, fanout)
     valid = int(num_valid)  # on the host, reading it costs nothing
     if not 0 <= valid <= seeds.numel():
         raise ValueError(f"num_valid must be in [0, {seeds.numel()}], got {valid}")
@@ -288,14 +325,15 @@ def sample_into_slots_op(
     first_of_seed = torch.cumsum(counts_of_valid, 0) - counts_of_valid
     within = torch.arange(neighbors.numel()) - torch.repeat_interleave(first_of_seed, counts_of_valid)
     out[torch.repeat_interleave(torch.arange(valid) * fanout, counts_of_valid) + within] = neighbors
-    return counts, out
+    return counts, out, torch.zeros(1, dtype=torch.int32)
 
 
-def _check_slot_arguments(seeds: torch.Tensor, num_valid: torch.Tensor, fanout: int) -> None:
-    """What can be checked without reading device memory (seed ids are not: the sampler checks its
-    seeds on the host and reads neighbours from a CSR it validated)."""
-    if seeds.dtype != torch.int64 or seeds.dim() != 1:
-        raise ValueError(f"seeds must be a 1-D int64 tensor, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+def _check_slot_arguments(indptr, indices, seeds: torch.Tensor, num_valid: torch.Tensor, fanout: int) -> None:
+    """What can be checked without reading device memory (the seed ids and the CSR's contents are
+    checked by the kernel, which sets its error word instead of reading out of bounds)."""
+    check_int64_vectors(indptr=indptr, indices=indices, seeds=seeds)
+    if indptr.numel() == 0:
+        raise ValueError("indptr must hold at least one entry (a graph of n nodes has n + 1)")
     if num_valid.dtype != torch.int64 or num_valid.numel() != 1 or num_valid.device != seeds.device:
         raise ValueError("num_valid must be one int64 on the seeds' device")
     if not 1 <= fanout <= MAX_FANOUT:
@@ -304,20 +342,22 @@ def _check_slot_arguments(seeds: torch.Tensor, num_valid: torch.Tensor, fanout: 
 
 @sample_into_slots_op.register_fake
 def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
-    return seeds.new_empty(seeds.shape), seeds.new_empty((seeds.numel() * fanout,))
+    error = seeds.new_empty((1,), dtype=torch.int32)
+    return seeds.new_empty(seeds.shape), seeds.new_empty((seeds.numel() * fanout,)), error
 
 
 @sample_into_slots_op.register_kernel("cuda")
 def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
-    _check_slot_arguments(seeds, num_valid, fanout)
+    _check_slot_arguments(indptr, indices, seeds, num_valid, fanout)
     refuse_other_gpus(seeds=seeds, indptr=indptr, indices=indices)
     if not 0 <= rng_seed < 2**63:
         raise ValueError(f"rng_seed must be in [0, 2^63), got {rng_seed}")
     n = seeds.numel()
     counts = torch.empty(n, dtype=torch.int64, device=seeds.device)
     out = torch.empty(n * fanout, dtype=torch.int64, device=seeds.device)
+    error = torch.zeros(1, dtype=torch.int32, device=seeds.device)
     if n == 0:
-        return counts, out
+        return counts, out, error
     seeds, num_valid = seeds.contiguous(), num_valid.contiguous()
     nvrtc.launch(
         nvrtc.load_module(KERNEL_SOURCE),
@@ -327,6 +367,8 @@ def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
         (
             np.uint64(_address(indptr)),
             np.uint64(_address(indices)),
+            np.int64(indptr.numel() - 1),
+            np.int64(indices.numel()),
             np.uint64(seeds.data_ptr()),
             np.int64(n),
             np.uint64(num_valid.data_ptr()),
@@ -335,6 +377,7 @@ def _(indptr, indices, seeds, num_valid, fanout, replace, rng_seed):
             np.uint64(rng_seed),
             np.uint64(counts.data_ptr()),
             np.uint64(out.data_ptr()),
+            np.uint64(error.data_ptr()),
         ),
     )
-    return counts, out
+    return counts, out, error

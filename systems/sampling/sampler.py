@@ -216,8 +216,16 @@ class NeighborSampler:
         try:
             position.scatter_(0, seeds, torch.arange(seeds.numel(), device=dev))
             for hop, fanout in enumerate(self.fanouts):
+                # The seeds and the CSR were checked already: check=False spares the wait for the GPU.
                 counts, drawn = sample_into_slots(
-                    self.indptr, self.indices, frontier, frontier_size, fanout, self.replace, self.rng_seed(batch, hop)
+                    self.indptr,
+                    self.indices,
+                    frontier,
+                    frontier_size,
+                    fanout,
+                    self.replace,
+                    self.rng_seed(batch, hop),
+                    check=False,
                 )
                 real = (torch.arange(fanout, device=dev) < counts[:, None]).reshape(-1)
                 ordered = torch.sort(torch.where(real, drawn, absent)).values
