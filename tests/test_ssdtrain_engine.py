@@ -246,6 +246,61 @@ def test_a_reused_address_is_a_different_storage():
     assert storage_key(b)[0].data_ptr == key.data_ptr and storage_key(b)[0] != key
 
 
+class UnsafeGates(nn.Module):
+    """Two gates cut from one product by ``unsafe_chunk`` and squashed in place, one after the
+    other (a GRU cell's gates on the CPU): the pieces share a storage, not a version counter."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, 2 * dim)
+
+    def forward(self, x):
+        update, reset = self.proj(x).unsafe_chunk(2, dim=1)
+        return x + torch.sigmoid_(update) * torch.tanh_(reset)
+
+
+@pytest.mark.parametrize("block", ["unsafe_chunk", "gru"])
+def test_pieces_of_one_storage_changed_in_place_one_after_another_each_come_back_as_saved(block):
+    """The second piece was squashed after the first was saved and put: served from the first
+    one's entry it came back unsquashed (gradients off by up to 0.1)."""
+
+    def run(with_offloader: bool):
+        torch.manual_seed(0)
+        if block == "gru":
+            blocks = nn.ModuleList(nn.GRUCell(12, 12) for _ in range(3))
+        else:
+            blocks = nn.ModuleList(UnsafeGates(12) for _ in range(3))
+        x = torch.randn(5, 12, generator=torch.Generator().manual_seed(1))
+        with Offloader(blocks, HostStore(), min_bytes=0, keep_last=0) if with_offloader else contextlib.nullcontext():
+            h = x
+            for layer in blocks:
+                h = layer(h) if block == "unsafe_chunk" else layer(x, h)
+            h.square().mean().backward()
+        return [p.grad for p in blocks.parameters()]
+
+    plain, offloaded = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, offloaded))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_buffer_its_op_fills_after_saving_it_is_stored_filled(inplace):
+    """RReLU in training saves its noise buffer, then draws into it without a version change: a
+    put started at the save stored unwritten bytes (gradients inf or garbage)."""
+
+    def run(with_offloader: bool):
+        torch.manual_seed(0)
+        blocks = nn.Sequential(*(nn.Sequential(nn.Linear(12, 12), nn.RReLU(inplace=inplace)) for _ in range(3)))
+        x = torch.randn(5, 12, generator=torch.Generator().manual_seed(1))
+        with Offloader(blocks, HostStore(), min_bytes=0, keep_last=0) if with_offloader else contextlib.nullcontext():
+            torch.manual_seed(2)  # the noise
+            blocks(x).square().mean().backward()
+        return [p.grad for p in blocks.parameters()]
+
+    plain, offloaded = run(False), run(True)
+    assert all(torch.isfinite(g).all() for g in plain)
+    assert all(torch.equal(a, b) for a, b in zip(plain, offloaded))
+
+
 class FreshTensors(nn.Module):
     """Saves tensors made one after another, each freed (once offloaded) before the next is made."""
 

@@ -10,6 +10,10 @@ reference to its StorageImpl (``StorageWeakRef``). A weak reference keeps the St
 allocated, not its data, so its address cannot be reused while the entry exists; the key leaves the
 index with the entry. The data address in the key catches a storage whose memory was replaced
 (``resize_``, ``set_``), and the version one modified in place between two saves (other bytes).
+The version counter is shared by a tensor and its views, but not by the pieces of ``unsafe_chunk``
+and ``unsafe_split`` (a GRU cell's gates on the CPU): one piece changed in place after another was
+saved leaves the other's counter as it was, so a tensor that is no view yet covers only part of its
+storage gets a key of its own (``offload_key``), never an entry made for another tensor.
 
 Life of an entry. ``offload`` starts the store's put and keeps the whole storage in memory until
 the put completes. An entry backward asks for (by ``prefetch`` or an unpack) while still in memory
@@ -25,6 +29,12 @@ tensor is let go (holding it would keep the memory offloading frees), a later ch
 and backward uses the bytes as they were saved: the values the forward computed with. So whether
 such a change raises depends on how fast the store writes (a host store on a CPU writes within
 ``put``); the gradient is right either way.
+
+Deferred puts. An op may save a tensor before it fills it in place without a version change
+(``rrelu_with_noise`` saves its ``noise`` buffer, then draws into it): a put started at once would
+store bytes never written. Tensors without autograd history (the only kind such a buffer can be)
+are offloaded with ``defer=True``: their puts start at ``start_deferred``, which the engine calls
+when their block's forward has ended, after every op of the block has run.
 """
 
 from __future__ import annotations
@@ -60,6 +70,20 @@ def storage_key(tensor: torch.Tensor) -> tuple[StorageKey, StorageWeakRef]:
     return StorageKey(ref.cdata, storage.data_ptr(), tensor._version), ref
 
 
+_own_keys = itertools.count(1)  # versions of keys that match nothing else (negative: no real version)
+
+
+def offload_key(tensor: torch.Tensor) -> tuple[StorageKey, StorageWeakRef]:
+    """``storage_key``, except for a tensor that may not share its storage's version counter (no
+    view, yet not all of its storage: see the module), whose key is unique."""
+    key, ref = storage_key(tensor)
+    covered = tensor.numel() * tensor.element_size()
+    partial = tensor.storage_offset() != 0 or covered != tensor.untyped_storage().nbytes()
+    if partial and not tensor._is_view():
+        key = key._replace(version=-next(_own_keys))
+    return key, ref
+
+
 def whole_storage(tensor: torch.Tensor) -> torch.Tensor:
     """A uint8 tensor over all of ``tensor``'s storage (no copy)."""
     return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
@@ -78,6 +102,7 @@ class Entry:
     def __init__(self, tensor: torch.Tensor, key: StorageKey, ref: StorageWeakRef, layer: int):
         self.store_key = next(_store_keys)
         self.key, self.ref, self.layer = key, ref, layer
+        self.version = tensor._version  # as saved (the key's may be a unique one: offload_key)
         self.device = tensor.device
         self.nbytes = tensor.untyped_storage().nbytes()
         self.source = tensor  # the saved tensor, until its bytes are in the store (version check)
@@ -125,6 +150,7 @@ class TensorCache:
         self._index: dict[StorageKey, Entry] = {}
         self._by_layer: dict[int, dict[int, Entry]] = {}
         self._transfers: list[Future] = []  # every put and get started since the last reset, unfinished
+        self._deferred: list[Entry] = []  # entries whose puts wait for start_deferred (see the module)
         self._prune_at = PRUNE_AT
         self.error: BaseException | None = None  # the first failed transfer, for the engine to raise
         # Reads back started by prefetch, and by an unpack that found nothing on its way (a stall).
@@ -148,9 +174,11 @@ class TensorCache:
         with self._lock:
             return key in self._index
 
-    def offload(self, tensor: torch.Tensor, layer: int, key: StorageKey, ref: StorageWeakRef) -> tuple[Handle, bool]:
+    def offload(
+        self, tensor: torch.Tensor, layer: int, key: StorageKey, ref: StorageWeakRef, *, defer: bool = False
+    ) -> tuple[Handle, bool]:
         """A handle for ``tensor``, whose ``storage_key`` is ``key, ref``; True when its storage is
-        new to the cache (its put has started)."""
+        new to the cache (its put has started, or with ``defer`` waits for ``start_deferred``)."""
         with self._lock:
             entry = self._index.get(key)
             new = entry is None
@@ -166,12 +194,29 @@ class TensorCache:
                 entry.layer = layer
             entry.refs += 1
             handle = Handle(self, entry, tensor)
-            if new:
-                entry.put = self.store.put(entry.store_key, entry.memory)
-                self._track(entry.put)
-        if new:
+            if new and defer:
+                self._deferred.append(entry)
+            elif new:
+                self._start_put(entry)
+        if new and not defer:
             entry.put.add_done_callback(lambda future: self._written(entry, future))
         return handle, new
+
+    def _start_put(self, entry: Entry) -> None:
+        """Under the lock; the caller adds the completion callback once the lock is released."""
+        entry.put = self.store.put(entry.store_key, entry.memory)
+        self._track(entry.put)
+
+    def start_deferred(self) -> None:
+        """Start the puts offloaded with ``defer`` (see the module)."""
+        if not self._deferred:
+            return
+        with self._lock:
+            entries, self._deferred = [e for e in self._deferred if not e.released], []
+            for entry in entries:
+                self._start_put(entry)
+        for entry in entries:
+            entry.put.add_done_callback(functools.partial(self._written, entry))
 
     def _written(self, entry: Entry, future: Future) -> None:
         """The put of ``entry`` has ended: let go of its memory unless backward wants it."""
@@ -182,10 +227,10 @@ class TensorCache:
             if entry.released or entry.written:
                 return
             entry.written = True
-            if entry.source._version != entry.key.version:
+            if entry.source._version != entry.version:
                 # Changed while being written: the stored bytes may be either version. Only an
                 # unpack raises, as autograd would: a tensor never used again is no error.
-                entry.problem = modified_error(entry.key.version, entry.source._version)
+                entry.problem = modified_error(entry.version, entry.source._version)
             entry.source = None
             if not entry.wanted:
                 entry.memory = None  # the store has the bytes; the device memory may go
@@ -211,8 +256,8 @@ class TensorCache:
                     "a saved activation was used after the Offloader freed it (its step ended: the end of the "
                     "with block, reset() or an error); run backward inside the with block"
                 )
-            if entry.source is not None and entry.source._version != entry.key.version:
-                raise modified_error(entry.key.version, entry.source._version)
+            if entry.source is not None and entry.source._version != entry.version:
+                raise modified_error(entry.version, entry.source._version)
             entry.wanted = True  # if still in memory (forwarding: its put has not ended), it stays
             memory, reading = entry.memory, None
             if memory is None:
@@ -276,7 +321,9 @@ class TensorCache:
             self.store.free(entry.store_key)  # the store waits for the entry's transfers in flight
 
     def wait_puts(self) -> None:
-        """Wait until every put started so far has ended and its entry has let go of the memory."""
+        """Wait until every put started so far, deferred ones included, has ended and its entry has
+        let go of the memory."""
+        self.start_deferred()
         with self._lock:
             entries = [e for e in self._index.values() if e.put is not None]
         wait([e.put for e in entries])
@@ -288,7 +335,7 @@ class TensorCache:
         """Wait for every transfer in flight, also those of entries already gone (their frees wait
         for them), then free every entry: the store holds nothing after."""
         with self._lock:
-            transfers, self._transfers = self._transfers, []
+            transfers, self._transfers, self._deferred = self._transfers, [], []
         wait(transfers)
         with self._lock:
             for entry in list(self._index.values()):

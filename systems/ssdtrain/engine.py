@@ -67,7 +67,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.arguments import whole_number
 from harness.errors import UserError
-from systems.ssdtrain.cache import TensorCache, modified_error, storage_key
+from systems.ssdtrain.cache import TensorCache, modified_error, offload_key
 from systems.ssdtrain.layers import block_name, find_layers, refuse_lazy
 from systems.ssdtrain.stats import StepStats
 from systems.ssdtrain.stores import Store
@@ -356,6 +356,7 @@ class Offloader:
 
     def _leave_layer(self, module, args, output) -> None:
         self._layer = None
+        self.cache.start_deferred()
 
     def _attribute_library_checkpoints(self) -> list[tuple[nn.Module, Callable]]:
         """Wrap the checkpoint function of each layer that Hugging Face checkpoints, so that what it
@@ -374,6 +375,7 @@ class Offloader:
                     return _func(*args, **kwargs)
                 finally:
                     self._layer = outer
+                    self.cache.start_deferred()
 
             layer._gradient_checkpointing_func = attributed
             replaced.append((layer, func))
@@ -388,7 +390,7 @@ class Offloader:
         if self.cache.error is not None:
             raise self.cache.error  # a failed put: stop the step now rather than at its end
         layer = self._layer
-        key = storage_key(tensor) if has_storage_identity(tensor) else None
+        key = offload_key(tensor) if has_storage_identity(tensor) else None
         parameter = key is not None and (key[0].impl in self._parameter_storages or self._is_parameter_cast(tensor))
         offload = (
             key is not None
@@ -405,7 +407,10 @@ class Offloader:
             self.stats.record(tensor, layer, key, parameter=parameter)
             return _Kept(tensor, getattr(_local, "block", None), layer)
         with torch.no_grad():
-            handle, new = self.cache.offload(tensor, layer, *key)
+            # Without autograd history it may be a buffer its op fills after saving it: written
+            # once the block's forward has ended (cache: deferred puts).
+            no_history = tensor.grad_fn is None and not tensor.requires_grad
+            handle, new = self.cache.offload(tensor, layer, *key, defer=no_history)
         self.stats.record(tensor, layer, key, offloaded=new)
         return handle
 
@@ -423,6 +428,7 @@ class Offloader:
     def _unpack(self, packed) -> torch.Tensor:
         if isinstance(packed, _Foreign):
             return packed.owner._unpack(packed.packed)
+        self.cache.start_deferred()  # a block that never returned (its forward hook did not run)
         if not self._offloading_checked:
             self._offloading_checked = True
             self._warn_if_nothing_offloaded()
