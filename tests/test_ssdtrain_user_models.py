@@ -284,6 +284,80 @@ def test_recomputing_a_batchnorm_block_updates_its_running_statistics_once():
     assert torch.equal(got[f"{block}.running_var"], want[f"{block}.running_var"])
 
 
+@pytest.mark.parametrize("policy", ["recompute", "plan"])
+def test_recomputing_a_block_called_with_substituted_parameters_uses_them(policy):
+    """torch.func.functional_call puts other tensors in the parameters' places for one call (a
+    meta-learner's fast weights): the recomputation, run after the call restored them, must run
+    with the substituted ones (it ran with the module's own: gradients off by 0.2)."""
+
+    def run(session=None):
+        torch.manual_seed(0)
+        model = MLP(blocks=3)
+        x, y = batch("mlp", 0)
+        with session(model) if session else contextlib.nullcontext():
+            fast = {name: p - 0.3 * torch.randn_like(p) for name, p in model.named_parameters()}
+            torch.manual_seed(5)  # the dropout masks
+            torch.func.functional_call(model, fast, (x, y)).backward()
+        return [p.grad for p in model.parameters()], [p.clone() for p in model.parameters()]
+
+    args = {"policy": "recompute"} if policy == "recompute" else policy_args("plan", 3, HostStore())
+    (want, weights), (got, after) = run(), run(lambda model: offload(model, **args))
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and all(torch.equal(a, b) for a, b in zip(after, weights))
+
+
+def test_a_parameter_changed_in_place_before_backward_is_refused_as_autograd_refuses_it():
+    """A block's weight changed between forward and backward (an optimizer step in between):
+    plain autograd raises; recomputing with the changed weight gave other gradients without a word."""
+    torch.manual_seed(0)
+    model = MLP(blocks=2)
+
+    def step_of_the_first_block():
+        with torch.no_grad():
+            model.blocks[0].up.weight.mul_(0.9)
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss = model(*batch("mlp", 0))
+        step_of_the_first_block()
+        loss.backward()
+    with offload(model, policy="recompute"):
+        loss = model(*batch("mlp", 0))
+        step_of_the_first_block()
+        with pytest.raises(RuntimeError, match=r"^parameter weight of a recomputed MLPBlock was modified in place"):
+            loss.backward()
+
+
+class SelfCheckpointing(nn.Module):
+    """A model that checkpoints its own blocks (torch.utils.checkpoint), BatchNorm in them: in
+    backward its checkpoint runs each block's forward again, which updates the running
+    statistics again, as it does without any policy."""
+
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.reentrant = reentrant
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Tanh()) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_model_checkpointing_its_own_blocks_keeps_its_running_statistics_under_recompute(reentrant):
+    def run(session=None):
+        torch.manual_seed(0)
+        model = SelfCheckpointing(reentrant)
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1), requires_grad=reentrant)
+        with session(model) if session else contextlib.nullcontext():
+            model(x).backward()
+        return model.state_dict(), [p.grad for p in model.parameters()]
+
+    (want_state, want_grads), (got_state, got_grads) = run(), run(lambda m: offload(m, policy="recompute"))
+    assert int(want_state["blocks.0.1.num_batches_tracked"]) == 2  # once in forward, once in backward
+    assert all(torch.equal(got_state[k], want_state[k]) for k in want_state)
+    assert all(torch.equal(a, b) for a, b in zip(got_grads, want_grads))
+
+
 class CountingBlock(MLPBlock):
     """A block that counts its forwards in a buffer it assigns anew each time (not in place)."""
 

@@ -23,10 +23,18 @@ Another library's checkpointing (DeepSpeed's, which keeps the inputs on the host
 ``checkpoint``, a function with ``torch.utils.checkpoint``'s signature.
 
 What a recomputation replays is the global CPU and CUDA random generators (the checkpoint's), the
-block's registered buffers (above) and each of its modules' training or eval mode (a model switched
-to eval between a forward and its backward recomputes in the mode the forward ran in). State kept
-elsewhere, a ``torch.Generator`` or a plain tensor attribute the block changes, is found as the
-forward left it: a block holding a generator gets a warning.
+block's registered buffers (above), its parameters as the forward found them (tensors put in their
+place for the call, as ``torch.func.functional_call`` does with a meta-learner's fast weights; one
+changed in place since, by an optimizer step before backward, raises as autograd does without
+recomputation) and each of its modules' training or eval mode (a model switched to eval between a
+forward and its backward recomputes in the mode the forward ran in). State kept elsewhere, a
+``torch.Generator`` or a plain tensor attribute the block changes, is found as the forward left it:
+a block holding a generator gets a warning.
+
+Which call is the recomputation: every call of the block's function after the first within one
+checkpointed call (backward alone does not tell: another library's recomputation runs the whole
+forward again in backward). A block that already runs inside torch's checkpoint (a model that
+checkpoints its own blocks) is left to it (``inside_a_checkpoint``).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from systems.ssdtrain.cache import StorageKey, storage_key
-from systems.ssdtrain.engine import StepHook, has_storage_identity, in_backward, saving_inputs_of
+from systems.ssdtrain.engine import StepHook, has_storage_identity, saving_inputs_of
 from systems.ssdtrain.layers import InstalledForward
 
 TORCH_CHECKPOINT = functools.partial(torch_checkpoint, use_reentrant=False)
@@ -127,6 +135,8 @@ def _recomputed(
             return forward(*args, **kwargs)  # nothing saved, nothing recomputed (checkpoint does the same)
         if when is not None and not when(layer):
             return forward(*args, **kwargs)
+        if inside_a_checkpoint():
+            return forward(*args, **kwargs)  # the model's own checkpoint recomputes the block already
         if checkpoint is TORCH_CHECKPOINT:
             tensors: list[torch.Tensor] = []
             shapes = _lift(args, tensors), _lift(kwargs, tensors)  # the arguments, each tensor an index
@@ -137,6 +147,9 @@ def _recomputed(
             # arguments only, the keyword ones bound, as it expects.
             tensors, shapes = list(args), None
         modes = _modes_of(layer)  # train/eval of each submodule, as this forward ran them
+        parameters = _parameters_of(layer)  # the tensors in their places, as this forward found them
+        parameter_versions = [p._version for _, _, p in parameters]
+        calls = []  # one entry per call of body: the first is the forward
         found = _buffers_of(layer) if with_buffers else []
         # One copy per tensor: a buffer two submodules share must stay one tensor in the replay.
         copies = {id(buffer): buffer.clone() for _, _, buffer in found}
@@ -144,15 +157,17 @@ def _recomputed(
 
         @functools.wraps(forward)  # the block's forward, its keyword arguments bound: ``__wrapped__`` names it
         def body(*inputs):
+            recomputing = bool(calls)
+            calls.append(None)
             if shapes is None:  # another library's checkpoint: its positional inputs, the keywords bound
                 again, kw_again = inputs, kwargs
-            elif not in_backward():  # the forward: the very arguments it was given (a list it appends to...)
+            elif not recomputing:  # the forward: the very arguments it was given (a list it appends to...)
                 return forward(*args, **kwargs)
             else:  # recomputing: the tensors as the checkpoint gives them back, in copies of their containers
                 again, kw_again = _place(shapes[0], inputs), _place(shapes[1], inputs)
-            if not in_backward():
+            if not recomputing:
                 return forward(*again, **kw_again)
-            with _modes_as(layer, modes):
+            with _modes_as(layer, modes), _parameters_as(layer, parameters, parameter_versions):
                 if not with_buffers:
                     return forward(*again, **kw_again)
                 return replay_from_buffers(again, kw_again)
@@ -190,6 +205,21 @@ def _recomputed(
     return run
 
 
+def inside_a_checkpoint() -> bool:
+    """Whether torch's (non-reentrant) checkpoint runs the caller: a model that checkpoints its own
+    blocks, in forward or recomputing in backward. Its saved-tensor hooks are then the innermost
+    (torch names no public call for this: their functions' names tell). A second checkpoint inside
+    would recompute nothing more, and the outer one, which stops its recomputation once it has the
+    tensors it saved, would not rerun the block, so a BatchNorm's statistics would be updated once
+    where without the policy they are updated twice."""
+    try:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+    name = getattr(hooks[0], "__qualname__", "") if hooks else ""
+    return name.startswith(("_checkpoint_hook.", "_recomputation_hook."))
+
+
 def _modes_of(layer: nn.Module) -> list[bool]:
     return [module.training for module in layer.modules()]
 
@@ -210,6 +240,38 @@ def _modes_as(layer: nn.Module, modes: list[bool]):
     finally:
         for module, training in zip(modules, now, strict=True):
             module.training = training
+
+
+_ABSENT = object()  # a parameter name its module did not have
+
+
+def _parameters_of(layer: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    return [(m, name, p) for m in layer.modules() for name, p in m._parameters.items() if p is not None]
+
+
+@contextlib.contextmanager
+def _parameters_as(layer: nn.Module, found: list[tuple[nn.Module, str, torch.Tensor]], versions: list[int]):
+    """The parameters of ``layer`` as the forward found them (``found``), in their places for the
+    recomputation and back after; refused if one was changed in place since (``versions``)."""
+    for (_, name, tensor), version in zip(found, versions, strict=True):
+        if tensor._version != version:
+            raise RuntimeError(
+                f"parameter {name} of a recomputed {type(layer).__name__} was modified in place between its forward "
+                f"and its recomputation (version {version}, now {tensor._version}: an optimizer step before "
+                "backward?); autograd raises the same without recomputation"
+            )
+    swapped = [(module, name, tensor) for module, name, tensor in found if module._parameters.get(name) is not tensor]
+    before = [(module, name, module._parameters.get(name, _ABSENT)) for module, name, _ in swapped]
+    for module, name, tensor in swapped:
+        module._parameters[name] = tensor
+    try:
+        yield
+    finally:
+        for module, name, tensor in before:
+            if tensor is _ABSENT:
+                module._parameters.pop(name, None)
+            else:
+                module._parameters[name] = tensor
 
 
 def _buffers_of(layer: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
