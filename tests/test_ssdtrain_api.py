@@ -308,6 +308,25 @@ def test_an_empty_batch_warns_that_the_saved_storages_are_empty_not_that_min_byt
     assert "is empty (0 B" in message and "lower min_bytes" not in message
 
 
+@pytest.mark.parametrize("policy", ["offload_adaptive", "planner"])
+def test_a_plan_profiled_on_an_empty_batch_says_so_once(policy):
+    """The profiled step is the first: on a batch of 0 rows every block saves empty tensors, and
+    the plan made from it would hold for the whole block without a word."""
+    model = ThreeBlocks()
+    planned = {"budget": 0.5} if policy == "planner" else {}
+    with pytest.warns(UserWarning) as caught, offload(model, store=HostStore(), policy=policy, **planned):
+        for rows in (0, 6, 6):
+            loss = model(torch.randn(rows, 40))
+            loss.backward() if loss.requires_grad else None
+    said = [str(w.message) for w in caught if "profiled step's blocks saved was empty" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith(f"SSDTrain {policy}: every tensor") and "\n" not in said[0]
+    with warnings.catch_warnings():  # a real batch profiled: no such warning
+        warnings.simplefilter("error")
+        with offload(model, store=HostStore(), policy=policy, min_bytes=0, **planned):
+            for _ in range(2):
+                model(torch.randn(6, 40)).backward()
+
+
 @pytest.mark.parametrize("outer", ["offload_adaptive", "planner"])
 def test_a_planned_block_around_another_that_takes_every_tensor_says_it_planned_nothing(outer):
     model = ThreeBlocks()

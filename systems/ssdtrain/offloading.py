@@ -374,6 +374,13 @@ class Offloading:
 
     def _make_plan(self, timer: planning.LayerTimer, stats: StepStats, peaks: planning.PeakTrace | None) -> None:
         profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), peaks)
+        packed = any(stats.layers[i].packed_tensors for i in range(len(profiles)) if i in stats.layers)
+        if packed and not any(p.saved_bytes for p in profiles):  # tensors, all of them empty
+            warnings.warn(
+                f"SSDTrain {_name(self.policy)}: every tensor the profiled step's blocks saved was empty (a batch of "
+                "0 rows?), so the plan made from it offloads and recomputes nothing; profile on a real batch",
+                stacklevel=3,
+            )
         bandwidth = self.bandwidth
         if bandwidth is None:
             probe = min(max(max(p.saved_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's bytes
