@@ -166,6 +166,29 @@ def test_16_bit_tensors_give_results_and_gradients_of_their_type_close_to_float3
         torch.testing.assert_close(a.float(), b, rtol=tol, atol=tol * b.abs().max().item(), msg=name)
 
 
+@model
+def bounded_squash(m):
+    """sigmoid(3x) + x through an exponential that leaves float16's range at x = 5 (e^15 > 65504)."""
+    x = m.input("x", "in")
+    e = m.exp(x * 3.0)
+    return e / (1.0 + e) + x
+
+
+def test_a_float16_layer_saves_what_float16_cannot_hold_in_float32_so_its_gradients_stay_finite():
+    """The forward's result fits float16; a value saved for the backward (e^15) does not: rounded
+    to float16 it was inf, and the gradient NaN."""
+    graph = RelGraph.build([0, 1], [1, 2], [0, 0], num_nodes=3, num_relations=1)
+    layer = op.Layer(bounded_squash())
+    x = torch.tensor([[5.0], [0.25], [-6.0]], dtype=torch.float64)
+    wide = x.clone().requires_grad_()
+    want = torch.autograd.grad(layer(graph, x=wide).sum(), wide)[0]
+    narrow = x.half().requires_grad_()
+    out = layer(graph, x=narrow)
+    got = torch.autograd.grad(out.sum(), narrow)[0]
+    assert out.dtype == got.dtype == torch.float16 and torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=4e-3, atol=4e-3)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
 def test_tensors_that_are_not_floating_point_are_refused_naming_the_type(dtype):
     (src, dst, etype), nodes, relations = edges(seed=6)
@@ -260,7 +283,7 @@ def test_a_max_over_tied_edges_splits_the_gradient_evenly_between_them():
         torch.testing.assert_close(a, w, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_the_ops_pass_torch_opcheck(dtype):
     (src, dst, etype), nodes, relations = edges(seed=13)
     g = RelGraph.build(src, dst, etype, nodes, relations)

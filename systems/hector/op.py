@@ -16,7 +16,8 @@ A call's tensors (features, weights, the gradient) hold one type: float32, or bf
 generated kernels store in bf16 and compute in float32 (systems/hector/codegen.py), and which the
 reference computes in float32 on the bf16 values; the results are in the tensors' type. Mixed
 types are refused in one line naming the tensors of each. Off CUDA the reference also takes
-float64 (computed in float64) and float16 (computed as bf16 is). A layer is differentiable once:
+float64 (computed in float64) and float16 (computed as bf16 is; the values saved for the backward
+stay float32: see ``saved_types``). A layer is differentiable once:
 differentiating its gradients is refused.
 """
 
@@ -183,6 +184,12 @@ def element_type(tensors: dict[str, torch.Tensor], tensor_cores: bool = False, g
     return dtype
 
 
+def _called_with(bound: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The caller's tensors and the gradient of a bound call, without the values the forward saved
+    (float32 in a float16 call: see ``saved_types``)."""
+    return {name: t for name, t in bound.items() if not name.startswith("saved:")}
+
+
 def _short(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -271,13 +278,22 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
         return bound if grad is None else bound | {"grad:0": grad}
 
     def on_cpu(prog, graph, bound, given):
-        dtype = element_type(bound, tensor_cores, generated=False)
+        dtype = element_type(_called_with(bound), tensor_cores, generated=False)
         if dtype in (torch.bfloat16, torch.float16):
             # float32 arithmetic on the 16-bit values, the results rounded to their type (the graph's
             # float32 data would otherwise promote a float16 layer's results to float32)
             wide = reference.run(prog, _graph(graph), {name: t.float() for name, t in bound.items()})
-            return _distinct([t.to(dtype) for t in wide], given)
+            types = saved_types(prog, dtype, len(wide))
+            return _distinct([t.to(to) for t, to in zip(wide, types, strict=True)], given)
         return _distinct(reference.run(prog, _graph(graph), bound), given)
+
+    def saved_types(prog, dtype, count: int) -> list[torch.dtype]:
+        """The types of ``prog``'s results on ``dtype`` tensors: the tensors' type, except for the
+        values the training forward saves for the backward on float16 ones, kept in float32: float16's
+        range (65504) does not hold every value a backward reads (an exponential in attention), and a
+        saved inf would make the gradients NaN where the output is finite."""
+        wide = prog is forward_program and dtype == torch.float16
+        return [dtype] + [torch.float32 if wide else dtype] * (count - 1)
 
     def on_gpu(prog, graph, bound, given):
         g = _graph(graph)
@@ -296,7 +312,8 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
         for value in prog.outputs:
             count = rows[value.domain] if value.domain in rows else len(lower.GraphIndex.of(g)["pair_src"])
             shapes.append((count, value.width if isinstance(value.width, int) else widths[value.width]))
-        return [tensors[0].new_empty(shape) for shape in shapes]
+        types = saved_types(prog, tensors[0].dtype, len(shapes))
+        return [tensors[0].new_empty(shape, dtype=to) for shape, to in zip(shapes, types, strict=True)]
 
     def define(name: str, schema: str, run, fake):
         """``run(backend, graph, *args)`` on every device, the kernels on CUDA; returns the op."""

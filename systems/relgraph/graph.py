@@ -21,7 +21,10 @@ _BUILDING: ContextVar[bool] = ContextVar("_BUILDING", default=False)
 @dataclass(frozen=True)
 class RelGraph:
     """Edges ``src -> dst`` of relation ``etype`` (int64 tensors on one device), over
-    ``num_nodes`` nodes and ``num_relations`` relations. Construct with :meth:`build`."""
+    ``num_nodes`` nodes and ``num_relations`` relations. Construct with :meth:`build`, which copies
+    the ids it is given. The tensors are the graph's own: editing them in place leaves what was
+    derived from them (``norm``, the orders and offsets, the layers' cached indices) describing the
+    old edges; for other edges, build another graph."""
 
     num_nodes: int
     num_relations: int
