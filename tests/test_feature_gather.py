@@ -191,9 +191,18 @@ def rows_gathered_when_built(b):
     return lambda: rows.clone()
 
 
+def indices_sorted_in_place(b):
+    def run():
+        b.idx.copy_(b.idx.sort().values)  # rows in sorted order, checked against the sorted indices
+        return torch.index_select(b.table, 0, b.idx)
+
+    return run
+
+
 @pytest.mark.parametrize(
     "make, refusal",
     [
+        (indices_sorted_in_place, r"^feature_gather: variant 'demo_wrong' changed batch.idx \(the indices it was"),
         (
             rows_gathered_when_built,
             r"rows 0 to 4095 of 20011 hold a difference\): it must read batch.idx on every call",
@@ -204,7 +213,7 @@ def rows_gathered_when_built(b):
         (lambda b: lambda: torch.index_select(b.table, 0, b.idx).double(), r"returned \(20011, 8\) torch.float64"),
         (lambda b: lambda: None, r"returned NoneType; the batch's rows are \(20011, 8\) torch.float32"),
     ],
-    ids=["gathered_when_built", "one_middle_row", "handed_back", "a_row_short", "float64", "none"],
+    ids=["sorted_in_place", "gathered_when_built", "one_middle_row", "handed_back", "a_row_short", "float64", "none"],
 )
 def test_every_row_of_every_call_is_checked_and_a_wrong_result_is_one_line(make, refusal):
     with registered(GatherVariant("demo_wrong", "optimized", make=make)):

@@ -233,11 +233,22 @@ def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reorde
     earlier call's rows fails the check run again after timing (``run`` checks twice). ``run`` checks
     a third time with the batch's indices reordered in place (``reordered``): a variant must read
     ``batch.idx`` on every call, as a pipeline hands it new indices each batch, so one that gathered
-    the rows once when it was built, and copies them out on each call, fails there."""
+    the rows once when it was built, and copies them out on each call, fails there. A variant must
+    leave ``batch.idx`` as it found it: one that sorted it in place would be checked against its own
+    order, and would hand its sorted indices to every variant timed after it."""
     batch.staging.view(torch.uint8).fill_(POISON)
     if batch.out is not None:
         batch.out.view(torch.uint8).fill_(POISON)
+    given = batch.idx.clone()
     out = run()
+    if batch.device == "cuda":
+        torch.cuda.synchronize()  # a variant may still be writing where it should not
+    if not torch.equal(batch.idx, given):
+        batch.idx.copy_(given)
+        raise WrongResult(
+            f"feature_gather: variant '{variant}' changed batch.idx (the indices it was given, in place): a variant "
+            "must leave its inputs as it found them"
+        )
     n, table = batch.idx.shape[0], batch.table
     if not isinstance(out, torch.Tensor) or out.shape != (n, *table.shape[1:]) or out.dtype != table.dtype:
         got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__

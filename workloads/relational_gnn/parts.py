@@ -247,6 +247,10 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
     x = torch.randn(graph.num_nodes, dim, generator=generator).to(**as_measured)
     target = torch.randn(graph.num_nodes, dim, generator=generator).to(**as_measured)
     weights = model.make_weights(graph, dim, dim, seed=params["seed"]).to(**as_measured)
+    # Other features for the check after timing (kept on the host until then): a form that hands
+    # back a result it kept from an earlier call would match on the same x.
+    x_again = torch.randn(graph.num_nodes, dim, generator=generator).to(dtype=as_measured["dtype"])
+    reference_again = None
     forms = [form for form in forms_of(model) if form.name not in params.get("leave_out", [])]
     reference, reference_gradients, checked = None, None, []
     trains = any(mode != "inference" for mode in params["modes"])
@@ -292,6 +296,14 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
             # same rounded values, so every bf16 form (the reference's bf16 run too) is checked
             # against arithmetic that rounds nothing further.
             reference = out if element_type == EXACT else _float32_reference(model, weights, graph, x)
+            with torch.no_grad(), raised_in(f"form {form.name} ({where})"):
+                again_on_device = x_again.to(device)
+                reference_again = (
+                    layer(again_on_device)
+                    if element_type == EXACT
+                    else _float32_reference(model, weights, graph, again_on_device)
+                ).to("cpu", copy=True)
+                del again_on_device
         _check(out, reference, _tolerance(form, element_type), f"{where}: differs from {model.reference}")
         del out
         # Training is timed too: its gradients are checked as well (a form whose forward is right
@@ -334,7 +346,7 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
     # Kept on the host for the check after each form's timed calls, with the weights the checks
     # ran on (training's steps change them).
     kept = _moved(reference, "cpu", copy=True), _moved(reference_gradients, "cpu", copy=True)
-    again = _Recheck(*kept, weights, x, target, model)
+    again = _Recheck(*kept, weights, x, target, model, x_again, reference_again)
     del reference, reference_gradients
     # On a GPU the fused Adam (one launch for all parameters): the for-each one launches several
     # kernels a parameter from Python, host time that on a small graph outweighs the layer itself,
@@ -369,11 +381,14 @@ def _layer(dataset, graph, model_name, dim, params, writer, notes, config, *, re
 class _Recheck:
     """Each form checked again after its timed calls, from the weights its first check ran on: a
     form right on its first calls and wrong on later ones (a cache that goes stale, a buffer
-    reused too early) stops the part instead of being recorded."""
+    reused too early) stops the part instead of being recorded. Its forward is checked on other
+    features (``x_again``, against the reference form's result on them): a form that handed back a
+    result kept from its first call would match on the features it was timed on."""
 
-    def __init__(self, reference, reference_gradients, weights, x, target, model):
+    def __init__(self, reference, reference_gradients, weights, x, target, model, x_again, reference_again):
         self.reference, self.reference_gradients = reference, reference_gradients
         self.weights, self.x, self.target, self.model = weights, x, target, model
+        self.x_again, self.reference_again = x_again, reference_again
         self.checked_weights = _moved(weights.state_dict(), "cpu", copy=True)
 
     def check(self, form, layer, tol: float, where: str, notes: dict, checks_training: bool) -> None:
@@ -383,8 +398,9 @@ class _Recheck:
         device = self.x.device
         try:
             with torch.no_grad():
-                out = layer(self.x)
-            _check(out, self.reference.to(device), tol, f"{where}: differs from {self.model.reference}")
+                out = layer(self.x_again.to(device))
+            differs = f"{where}, on other features: differs from {self.model.reference}"
+            _check(out, self.reference_again.to(device), tol, differs)
             del out
             if checks_training and self.reference_gradients is not None:
                 gradients = _gradients(layer, self.x, self.target, self.weights)
