@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis import style
 from analysis.common import load_results, machine_label, same_code_reruns, summarize
 from analysis.doc_tables.llm_offload import setting_text
 from systems.ssdtrain import POLICIES, STORES, planning
@@ -41,6 +42,8 @@ from workloads.llm import cost
 from workloads.llm.models import spec
 from workloads.llm_offload.schema import SCHEMA
 
+style.entry_labels(POLICIES)  # a user's own entries under the labels they register
+style.entry_labels(STORES)
 frame, provenance = load_results(results["llm_offload"], SCHEMA)
 PARTS_HERE = list(dict.fromkeys(frame.part))  # the parts these results hold, in the order read
 # Separate processes of the same parts, where the machine's results have them (the workflow passes
@@ -492,8 +495,6 @@ print("\n".join(lines))
 from matplotlib.lines import Line2D
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
-
-from analysis import style
 
 MEASURED = machine_label(provenance)
 MEMORY_AXIS = {
