@@ -149,7 +149,14 @@ def load_plugins() -> None:
     for name in filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))):
         try:
             importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name is None or not name.startswith(err.name):
+                raise UserError(f"{PLUGINS_ENV} names module {name!r}, which failed to import: {err}") from err
+            raise UserError(
+                f"{PLUGINS_ENV} names module {name!r}, which Python cannot find ({err}): is its folder on PYTHONPATH?"
+            ) from err
         except Exception as err:  # noqa: BLE001 - whatever a plugin raises, the user gets one line naming it
             raise UserError(
-                f"{PLUGINS_ENV} names module {name!r}, which does not import: {type(err).__name__}: {err}"
+                f"{PLUGINS_ENV} names module {name!r}, which raised while importing (registering its entries "
+                f"included): {type(err).__name__}: {err}"
             ) from err
