@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 import zlib
 from pathlib import Path
 
@@ -488,8 +489,6 @@ TITLE_CHARACTERS_PER_INCH = 12  # about what fits across an inch at the title's 
 def title(fig, text: str, measured: str) -> None:
     """The figure's title: what it shows in plain words, then where and when it was measured, each
     wrapped to the figure's width (a long line would widen the saved figure beyond its panels)."""
-    import textwrap
-
     width = max(40, int(fig.get_figwidth() * TITLE_CHARACTERS_PER_INCH))
     lines = [
         textwrap.fill(line, width, break_on_hyphens=False) for part in (text, measured) for line in part.split("\n")

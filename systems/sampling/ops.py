@@ -66,12 +66,17 @@ def check_int64_vectors(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} of shape {tuple(t.shape)}")
 
 
-def check_arguments(indptr, indices, seeds, fanout, rng_seed) -> None:
+def _check_shapes(indptr, indices, seeds, fanout) -> None:
+    """What both ops check without reading any tensor's values."""
     check_int64_vectors(indptr=indptr, indices=indices, seeds=seeds)
     if not 1 <= fanout <= MAX_FANOUT:
         raise ValueError(f"fanout must be between 1 and {MAX_FANOUT}, got {fanout}")
     if indptr.numel() == 0:
         raise ValueError("indptr must hold at least one entry (a graph of n nodes has n + 1)")
+
+
+def check_arguments(indptr, indices, seeds, fanout, rng_seed) -> None:
+    _check_shapes(indptr, indices, seeds, fanout)
     if not 0 <= rng_seed < 2**63:
         raise ValueError(f"rng_seed must be in [0, 2^63), got {rng_seed}")
     if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= indptr.numel() - 1):
@@ -331,13 +336,9 @@ def sample_into_slots_op(
 def _check_slot_arguments(indptr, indices, seeds: torch.Tensor, num_valid: torch.Tensor, fanout: int) -> None:
     """What can be checked without reading device memory (the seed ids and the CSR's contents are
     checked by the kernel, which sets its error word instead of reading out of bounds)."""
-    check_int64_vectors(indptr=indptr, indices=indices, seeds=seeds)
-    if indptr.numel() == 0:
-        raise ValueError("indptr must hold at least one entry (a graph of n nodes has n + 1)")
+    _check_shapes(indptr, indices, seeds, fanout)
     if num_valid.dtype != torch.int64 or num_valid.numel() != 1 or num_valid.device != seeds.device:
         raise ValueError("num_valid must be one int64 on the seeds' device")
-    if not 1 <= fanout <= MAX_FANOUT:
-        raise ValueError(f"fanout must be between 1 and {MAX_FANOUT}, got {fanout}")
 
 
 @sample_into_slots_op.register_fake

@@ -298,8 +298,8 @@ def plan(
             "this one has none"
         )
 
-    def held(p: Plan) -> tuple[int, ...]:
-        return (p.predicted_activation_bytes,) if peak_budget_bytes is None else (p.predicted_peak_bytes,)
+    def held(p: Plan) -> int:  # what a budget bounds: the activation bytes, or the peak given a peak budget
+        return p.predicted_activation_bytes if peak_budget_bytes is None else p.predicted_peak_bytes
 
     fitting = [
         p
@@ -308,9 +308,9 @@ def plan(
         and (peak_budget_bytes is None or p.predicted_peak_bytes <= peak_budget_bytes)
     ]
     if fitting:
-        best = min(fitting, key=lambda p: (p.predicted_seconds, *held(p), p.predicted_activation_bytes))
+        best = min(fitting, key=lambda p: (p.predicted_seconds, held(p), p.predicted_activation_bytes))
     else:
-        best = min(plans, key=lambda p: (*held(p), p.predicted_activation_bytes, p.predicted_seconds))
+        best = min(plans, key=lambda p: (held(p), p.predicted_activation_bytes, p.predicted_seconds))
     return dataclasses.replace(best, budget_bytes=budget_bytes, peak_budget_bytes=peak_budget_bytes)
 
 
