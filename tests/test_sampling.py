@@ -493,3 +493,37 @@ def test_unchecked_gpu_slots_sample_nothing_for_bad_seeds_and_keep_the_good_ones
     assert slots.view(4, 2)[[0, 3]].tolist() == expected_slots.view(2, 2).tolist()
     assert (slots.view(4, 2)[[1, 2]] == -1).all()
     assert expected_counts.tolist() == [2, 2]
+
+
+def _seed_views(n: int, device: str) -> dict[str, torch.Tensor]:
+    """Seeds as users pass them: every-other row of a larger tensor, a view at an offset, one id
+    expanded (stride 0), a column of a 2-D tensor; each a view, never copied beforehand."""
+    base = torch.randperm(n, generator=torch.Generator().manual_seed(8)).to(device)
+    grid = base[:40].view(8, 5)
+    return {
+        "strided": base[::3][:30],
+        "offset": base[17:47],
+        "expanded": base[5:6].expand(12),
+        "column": grid[:, 2],
+    }
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("view", ["strided", "offset", "expanded", "column"])
+def test_seed_views_draw_what_their_contiguous_copies_draw(graph, device, view):
+    indptr, indices = (t.to(device) for t in graph)
+    seeds = _seed_views(indptr.numel() - 1, device)[view]
+    assert not seeds.is_contiguous() or seeds.storage_offset() > 0
+    copy = seeds.contiguous().clone()
+    valid = torch.tensor([seeds.numel() - 1], device=device)  # the last seed is padding
+    for replace in (False, True):
+        got = sample_neighbors(indptr, indices, seeds, 7, replace, 19)
+        want = sample_neighbors(indptr, indices, copy, 7, replace, 19)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        got = sample_into_slots(indptr, indices, seeds, valid, 7, replace, 19)
+        want = sample_into_slots(indptr, indices, copy, valid, 7, replace, 19)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # and they are the reference's draws, not merely the same wrong ones
+    counts, neighbors = sample_neighbors(indptr, indices, seeds, 7, False, 19)
+    ref_counts, ref_neighbors = reference(indptr.cpu().numpy(), indices.cpu().numpy(), copy.cpu().numpy(), 7, False, 19)
+    assert counts.tolist() == ref_counts.tolist() and neighbors.tolist() == ref_neighbors.tolist()
