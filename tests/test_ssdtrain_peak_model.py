@@ -2,6 +2,7 @@
 step's trace measures, checked on a meter whose every byte the test decides, the prediction worked
 out by hand, and on a GPU against the allocator's peak of steps run under the plans."""
 
+import dataclasses
 import itertools
 import math
 
@@ -403,8 +404,13 @@ def test_the_planner_keeps_within_a_peak_budget():
     tightest = planning.plan(PROFILES, 100.0, 1.0, everything, keep_last=0, peak_budget_bytes=1)
     assert tightest.predicted_peak_bytes == min(p.predicted_peak_bytes for p in plans) > 1
     flat = [LayerProfile(p.saved_bytes, p.input_bytes, p.forward_seconds) for p in PROFILES]
-    with pytest.raises(UserError, match="a peak budget needs a profile with the layers' peaks"):
-        planning.plan(flat, 100.0, 1.0, everything, peak_budget_bytes=1000)
+    no_backward = [dataclasses.replace(p, backward_peak=None) if i == 1 else p for i, p in enumerate(PROFILES)]
+    for lacking in (flat, no_backward):
+        assert not planning.has_peaks(lacking)
+        with pytest.raises(UserError, match="a peak budget needs a profile with the layers' peaks"):
+            planning.plan(lacking, 100.0, 1.0, everything, peak_budget_bytes=1000)
+    idle = LayerProfile(0, 0, 0.0)  # a block that did not run in the profiled step has no peaks to trace
+    assert planning.has_peaks([*PROFILES, idle]) and not planning.has_peaks([idle])
 
 
 @pytest.mark.parametrize(

@@ -399,7 +399,7 @@ class Offloading:
         else:
             kept = sum(p.saved_bytes for p in profiles) + fixed
             budget = int(self.budget * kept) if self.budget is not None else kept
-            if self.peak_budget is not None and any(p.forward_peak is None for p in profiles if p.forward_seconds):
+            if self.peak_budget is not None and not planning.has_peaks(profiles):
                 raise UserError(
                     "SSDTrain planner: the profiled step traced no peaks (a block ran twice in it, or it ran no "
                     "backward), so peak_budget= cannot be planned for; plan with budget= instead"

@@ -211,12 +211,18 @@ def predict(
     )
 
 
+def has_peaks(profiles: list[LayerProfile]) -> bool:
+    """Whether the profile traced the allocator's peaks of every layer that ran (forward and
+    backward), as a step profiled on a CUDA device does: what a peak prediction needs."""
+    ran = [p for p in profiles if p.forward_seconds or p.saved_bytes]
+    return bool(ran) and all(p.forward_peak is not None and p.backward_peak is not None for p in ran)
+
+
 def _peak(profiles: list[LayerProfile], holds: list[float], ends: list[float], offloaded: dict) -> int | None:
     """The step's activation peak (see the module) from keep's measured segment peaks: ``holds``,
     what each layer holds when forward ends; ``offloaded``, per offloaded layer, its bytes not yet
     written at a time. None where a layer that ran has no measured peaks."""
-    ran = [i for i, p in enumerate(profiles) if p.forward_seconds or p.saved_bytes]
-    if not ran or any(profiles[i].forward_peak is None or profiles[i].backward_peak is None for i in ran):
+    if not has_peaks(profiles):
         return None
     peak = 0.0
     freed = 0.0  # what the layers below the segment's hold less than keep's, when forward ends
@@ -291,12 +297,12 @@ def plan(
     n = len(profiles)
     options = [p.options(offloadable=i < n - keep_last) for i, p in enumerate(profiles)]
     candidates = _all(options) if math.prod(map(len, options)) <= EXHAUSTIVE else _greedy(profiles, options)
-    plans = [predict(profiles, c, bandwidth, keep_seconds, **model) for c in candidates]
-    if peak_budget_bytes is not None and plans[0].predicted_peak_bytes is None:
+    if peak_budget_bytes is not None and not has_peaks(profiles):
         raise UserError(
             "a peak budget needs a profile with the layers' peaks (planning.profile on a CUDA device traces them); "
             "this one has none"
         )
+    plans = [predict(profiles, c, bandwidth, keep_seconds, **model) for c in candidates]
 
     def held(p: Plan) -> int:  # what a budget bounds: the activation bytes, or the peak given a peak budget
         return p.predicted_activation_bytes if peak_budget_bytes is None else p.predicted_peak_bytes
