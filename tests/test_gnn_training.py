@@ -164,6 +164,47 @@ def test_a_label_beyond_the_models_classes_is_refused_naming_the_node():
         accuracy(model, pipeline_with_label_7_at(5))
 
 
+@pytest.mark.parametrize(
+    "layers, in_dim, message",
+    [
+        (2, 3, r"^the model has 2 layers and the pipeline samples 1 hops \(fan-outs \[2\]\)"),
+        (1, 5, r"^the model takes rows of 5 features and the graph's rows have 3$"),
+    ],
+)
+def test_a_model_that_does_not_fit_the_batches_is_refused(layers, in_dim, message):
+    """A 2-layer model trained on 1-hop subgraphs ran without complaint (neighbourhoods cut
+    short); a model of another input width failed deep in PyG (mat1 and mat2 shapes)."""
+    from workloads.gnn.epoch import accuracy
+
+    model = build("sage", in_dim, 4, 2, layers, [2] * layers)
+    pipeline = Pipeline("cpu_gather", Graph(_tiny(), "cpu"), [2], 2, seed=0)
+    with pytest.raises(UserError, match=message):
+        train_epoch(model, torch.optim.Adam(model.parameters()), pipeline, 0)
+    with pytest.raises(UserError, match=message):
+        accuracy(model, pipeline)
+
+
+@pytest.mark.parametrize("dropout", [-0.1, 1.5, float("nan"), "0.5", True])
+def test_a_dropout_that_is_no_probability_is_refused(dropout):
+    with pytest.raises(ValueError, match="dropout must be a probability in"):
+        build("gat", 3, 4, 2, 1, [2], dropout=dropout)
+
+
+def test_no_seeds_make_no_batch_and_no_two_runs_share_an_epoch_s_order():
+    """Empty seeds made one empty batch (a NaN loss); seed + epoch gave run 1's epoch 0 the order
+    of run 0's epoch 1."""
+    from workloads.gnn.pipelines import epoch_seeds
+
+    pipeline = Pipeline("cpu_gather", Graph(_tiny(), "cpu"), [2], 2, seed=0)
+    assert list(pipeline.batches(0, seeds=torch.tensor([], dtype=torch.int64))) == []
+    assert epoch_seeds(torch.tensor([], dtype=torch.int64), 2, seed=0, epoch=0) == []
+    train_idx = torch.arange(1000)
+    orders = {(s, e): torch.cat(epoch_seeds(train_idx, 100, seed=s, epoch=e)) for s in range(3) for e in range(3)}
+    assert len({tuple(order.tolist()) for order in orders.values()}) == len(orders)
+    assert all(sorted(order.tolist()) == list(range(1000)) for order in orders.values())
+    assert torch.equal(orders[1, 2], torch.cat(epoch_seeds(train_idx, 100, seed=1, epoch=2)))  # repeatable
+
+
 def test_non_finite_features_are_refused_with_the_rows_that_hold_them(monkeypatch):
     from workloads.gnn import pipelines
 

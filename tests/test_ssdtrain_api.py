@@ -433,6 +433,26 @@ def test_keep_last_covering_every_block_warns_that_nothing_is_offloaded(keep_las
     assert all("\n" not in m for m in messages)
 
 
+@pytest.mark.parametrize(
+    ("policy", "options", "leaves"),
+    [
+        ("offload_adaptive", {}, "nothing to offload"),
+        ("planner", {"budget": 0.5}, "only recompute to choose"),
+    ],
+)
+def test_a_planned_policy_whose_keep_last_covers_every_block_warns(policy, options, leaves):
+    """One block shared by every position (ALBERT's) is one block: the default keep_last=1 keeps
+    it, and offload_adaptive offloaded nothing without a word."""
+    model = ThreeBlocks()
+    with pytest.warns(UserWarning) as caught:
+        session = run_steps(
+            model, offload(model, store=HostStore(), policy=policy, keep_last=3, min_bytes=0, **options)
+        )
+    assert OFFLOAD not in session.decisions and session.stats.total.offloaded_tensors == 0
+    said = [str(w.message) for w in caught if "keeps every one of the model's 3 blocks" in str(w.message)]
+    assert len(said) == 1 and leaves in said[0] and "\n" not in said[0], [str(w.message) for w in caught]
+
+
 def test_the_planners_store_traffic_is_training_s_only(monkeypatch):
     """The bandwidth probe the planner runs inside the block is not counted as training's. The
     probe writes through the store as ever; it reports a store fast enough that the plan offloads,

@@ -536,6 +536,15 @@ def test_a_store_leaves_its_folder_as_it_found_it(disk):
     assert list(disk.iterdir()) == []
 
 
+def test_a_folder_given_from_the_home_folder_is_found(disk, monkeypatch):
+    """'~/scratch' was refused as missing though it exists: the store did not expand '~'."""
+    monkeypatch.setenv("HOME", str(disk.parent))
+    with DirectFileStore(f"~/{disk.name}", block_bytes=BLOCK) as store:
+        assert store.folder == disk and store.directory.parent == disk
+        round_trip(store, 0, random_tensor((BLOCK // 4 + 3,), torch.float32))
+    assert list(disk.iterdir()) == []
+
+
 def test_a_missing_folder_on_tmpfs_is_refused_and_not_left_behind():
     shm = Path("/dev/shm")
     if not shm.is_dir() or fileio.filesystem_type(shm) != "tmpfs":

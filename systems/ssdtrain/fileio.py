@@ -86,7 +86,7 @@ def make_scratch(folder: Path, *, direct: bool) -> tuple[Path, int | None]:
     is made, and removed again when a check fails. Returns it with the descriptor that holds its
     owner lock (None on a file system without locks; remove_scratch closes it). Scratch folders
     that dead processes of this host left in ``folder`` are removed first, with a warning."""
-    folder = Path(folder)
+    folder = Path(folder).expanduser()  # "~/scratch" as a shell reads it
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         raise UserError(f"{folder} {what}: pass an existing folder on a local disk (the store makes its own inside)")

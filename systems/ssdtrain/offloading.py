@@ -394,6 +394,13 @@ class Offloading:
         # Every candidate's predicted time shares this term; it sets the plan's predicted_seconds only.
         keep_seconds = (1 + 2) * sum(p.forward_seconds for p in profiles)
         keep_last = min(self.keep_last, len(profiles))
+        if keep_last == len(profiles):
+            leaves = "nothing to offload" if self.policy == "offload_adaptive" else "only recompute to choose"
+            warnings.warn(
+                f"SSDTrain {_name(self.policy)} offloads nothing: keep_last={self.keep_last} keeps every one of the "
+                f"model's {len(profiles)} blocks, which leaves it {leaves}; lower keep_last",
+                stacklevel=3,
+            )
         if self.policy == "offload_adaptive":
             self.plan = planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed)
         else:

@@ -27,6 +27,7 @@ def train_epoch(
     model, optimizer, pipeline: Pipeline, epoch: int, clock: PhaseClock | None = None
 ) -> tuple[list[float], int]:
     """One epoch; returns the losses (one wait, at the end) and the feature bytes gathered."""
+    check_model(model, pipeline)
     model.train()
     pipeline.clock = clock
     losses, gathered = [], 0
@@ -49,6 +50,23 @@ def train_epoch(
     return [float(loss) for loss in losses], int(gathered)  # a GPU count (a cache's misses) is read here
 
 
+def check_model(model, pipeline: Pipeline) -> None:
+    """Refuse, in one line, a model that does not fit the pipeline's batches, where the model says
+    what it takes: ``hops`` (its layers, one per sampling hop: a deeper model would run on
+    neighbourhoods cut short, a shallower one ignore the outer hop) and ``in_dim`` (the width of
+    its input rows). The suite's models say both; a model that says neither is not checked."""
+    hops, width = getattr(model, "hops", None), getattr(model, "in_dim", None)
+    fanouts = pipeline.sampler.fanouts
+    if hops is not None and hops != len(fanouts):
+        raise UserError(
+            f"the model has {hops} layers and the pipeline samples {len(fanouts)} hops (fan-outs {fanouts}): "
+            "give the pipeline one fan-out per layer"
+        )
+    features = pipeline.graph.features.shape[1]
+    if width is not None and width != features:
+        raise UserError(f"the model takes rows of {width} features and the graph's rows have {features}")
+
+
 def check_classes(pipeline: Pipeline, split: str, classes: int) -> None:
     """Refuse a label the model has no class for, in one line: the loss would fail deep in torch
     (``Target 7 is out of bounds``) and accuracy count the node as a miss. The graph knows each
@@ -63,6 +81,7 @@ def check_classes(pipeline: Pipeline, split: str, classes: int) -> None:
 
 @torch.no_grad()
 def accuracy(model, pipeline: Pipeline) -> float:
+    check_model(model, pipeline)
     model.eval()
     correct = total = 0
     for batch in pipeline.batches(epoch=0, seeds=pipeline.graph.val_idx):

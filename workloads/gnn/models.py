@@ -28,6 +28,7 @@ class GraphSAGE(nn.Module):
         dims = [in_dim] + [hidden] * (layers - 1) + [classes]
         self.convs = nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.dropout = dropout
+        self.hops, self.in_dim = layers, in_dim  # what the training loop checks its batches against
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         return self.forward_layers(x, self.edges_for_layers(edge_index, x.size(0)))
@@ -57,6 +58,7 @@ class GAT(nn.Module):
             + [GATConv(dims[-1], classes, heads=1, add_self_loops=False)]
         )
         self.dropout = dropout
+        self.hops, self.in_dim = layers, in_dim  # what the training loop checks its batches against
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         return self.forward_layers(x, self.edges_for_layers(edge_index, x.size(0)))
@@ -93,4 +95,6 @@ def build(
         # PyG takes a size <= 0 for a lazy layer: its weights would stay uninitialised memory
         if whole_number(size, at_least=1) is None:
             raise ValueError(f"{what} must be a whole number >= 1, got {size!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout <= 1:
+        raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
     return (GraphSAGE if name == "sage" else GAT)(in_dim, hidden, classes, layers, dropout=dropout)

@@ -35,7 +35,7 @@ class FileStore(Store):
         if not isinstance(folder, str | os.PathLike) or str(folder) == "":
             raise UserError(f"{type(self).__name__}: folder must be the path of an existing folder, got {folder!r}")
         super().__init__()
-        self.folder = Path(folder)
+        self.folder = Path(folder).expanduser()
         self.directory, owner = fileio.make_scratch(self.folder, direct=direct)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"ssdtrain-{self.name}")
         self._cleanup = weakref.finalize(self, _close_files, self._pool, self.directory, owner)

@@ -39,6 +39,7 @@ the same batches (the sampler's random numbers depend only on seeds), so their l
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -307,6 +308,13 @@ def _host_tensor(array, name: str) -> torch.Tensor:
     raise UserError(f"{name} must be a numpy array or a host tensor, got {type(array).__name__}")
 
 
+def shuffle_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch's shuffle: a hash of (seed, epoch), so that no two pairs share one
+    (``seed + epoch`` would give run 1's epoch 0 the order of run 0's epoch 1)."""
+    key = f"shuffle,{seed},{epoch}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # [0, 2^63)
+
+
 def epoch_seeds(
     train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int, shard: tuple[int, int] = (0, 1)
 ) -> list[torch.Tensor]:
@@ -317,9 +325,10 @@ def epoch_seeds(
     and this rank's batch i is slice ``rank`` of global batch i.
     """
     rank, world = shard
-    order = train_idx[torch.randperm(train_idx.numel(), generator=torch.Generator().manual_seed(seed + epoch))]
+    shuffle = torch.Generator().manual_seed(shuffle_seed(seed, epoch))
+    order = train_idx[torch.randperm(train_idx.numel(), generator=shuffle)]
     if world == 1:
-        return list(order.split(batch_size))
+        return list(order.split(batch_size)) if order.numel() else []  # no seeds: no batch (not one empty one)
     steps = order.numel() // (world * batch_size)
     return [order[(i * world + rank) * batch_size : (i * world + rank + 1) * batch_size] for i in range(steps)]
 
@@ -329,7 +338,8 @@ BATCHES_PER_EPOCH = 2**32  # batch numbers an epoch owns: no epoch's batches eve
 
 def batch_number(epoch: int, index: int) -> int:
     """What picks a batch's random draws: batch ``index`` of ``epoch`` always gets the same ones,
-    and no other batch of any epoch gets them."""
+    and no other training batch of any epoch gets them (batches of given seeds, as evaluation
+    passes them, are numbered as the training batches of the epoch they are asked for)."""
     if not 0 <= index < BATCHES_PER_EPOCH or epoch < 0:
         raise ValueError(
             f"batch {index} of epoch {epoch}: an epoch has batches 0..{BATCHES_PER_EPOCH - 1}, from epoch 0"
@@ -647,7 +657,7 @@ class Pipeline:
         if seeds is not None and not _node_ids(seeds):
             kind = f"{seeds.dtype} {tuple(seeds.shape)}" if isinstance(seeds, torch.Tensor) else type(seeds).__name__
             raise UserError(f"seeds must be a 1-D tensor of integer node ids (mask.nonzero() of a mask), got {kind}")
-        seeds = None if seeds is None else list(seeds.split(self.batch_size))
+        seeds = None if seeds is None else list(seeds.split(self.batch_size)) if seeds.numel() else []
         items = self._items(epoch, seeds)
         count = len(self.seeds(epoch)) if seeds is None else len(seeds)
         try:
