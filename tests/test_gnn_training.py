@@ -190,6 +190,14 @@ def test_a_dropout_that_is_no_probability_is_refused(dropout):
         build("gat", 3, 4, 2, 1, [2], dropout=dropout)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.uint64, np.float64])
+def test_a_csr_of_another_type_is_refused_when_the_graph_is_made(dtype):
+    """An int32 CSR was taken, then refused when the first pipeline was made, with no hint."""
+    arrays = _tiny(indptr=np.arange(7, dtype=dtype), indices=((np.arange(6) + 1) % 6).astype(dtype))
+    with pytest.raises(UserError, match=r"^indptr and indices must be 1-D int64 tensors, got .* \(convert them once"):
+        Graph(arrays, "cpu")
+
+
 def test_no_seeds_make_no_batch_and_no_two_runs_share_an_epoch_s_order():
     """Empty seeds made one empty batch (a NaN loss); seed + epoch gave run 1's epoch 0 the order
     of run 0's epoch 1."""

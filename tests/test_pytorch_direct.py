@@ -231,6 +231,9 @@ def test_unified_tensor_refuses_non_tensors():
 # --- CPU: the alias's lifetime rule, with a stand-in for the CUDA driver ------------------------
 
 
+PAGE = 4096
+
+
 class FakeDriver:
     """Stands in for the CUDA runtime: records what is registered; unregistering twice fails."""
 
@@ -238,6 +241,10 @@ class FakeDriver:
         self.registered = {}
 
     def cudaHostRegister(self, address, nbytes, flags):
+        pages = range(address // PAGE, (address + nbytes - 1) // PAGE + 1)
+        for start, size in self.registered.items():  # as the driver: a page is registered once
+            if range(max(pages.start, start // PAGE), min(pages.stop, (start + size - 1) // PAGE + 1)):
+                return unified_module.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
         self.registered[address] = nbytes
         return 0
 
@@ -277,6 +284,33 @@ def test_alias_has_the_table_shape_and_dtype_over_the_same_memory(fake_driver, d
     assert same_bytes(alias, table)
     del alias
     unified.close()
+
+
+def _two_views_of_one_array() -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.from_numpy of two numpy slices of one array: each tensor owns a storage of exactly its
+    bytes at offset 0, so neither looks like a view, yet they share a page."""
+    array = np.random.default_rng(5).standard_normal((10, 4)).astype(np.float32)
+    return torch.from_numpy(array[1:4]), torch.from_numpy(array[6:9])
+
+
+def test_a_second_table_in_pinned_pages_is_refused_in_one_line(fake_driver):
+    first, second = _two_views_of_one_array()
+    unified = UnifiedTensor(first)
+    with pytest.raises(ValueError, match=r"^part of the tensor's memory is already page-locked"):
+        UnifiedTensor(second)
+    assert list(fake_driver.registered) == [first.data_ptr()]
+    unified.close()
+
+
+@pytest.mark.gpu
+def test_the_driver_refuses_a_second_table_in_pinned_pages_as_the_fake_one_does():
+    first, second = _two_views_of_one_array()
+    unified = UnifiedTensor(first)
+    try:
+        with pytest.raises(ValueError, match="already page-locked"):
+            UnifiedTensor(second)
+    finally:
+        unified.close()
 
 
 def test_close_is_refused_while_an_alias_or_a_view_of_it_lives(fake_driver):

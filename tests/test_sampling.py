@@ -527,3 +527,22 @@ def test_seed_views_draw_what_their_contiguous_copies_draw(graph, device, view):
     counts, neighbors = sample_neighbors(indptr, indices, seeds, 7, False, 19)
     ref_counts, ref_neighbors = reference(indptr.cpu().numpy(), indices.cpu().numpy(), copy.cpu().numpy(), 7, False, 19)
     assert counts.tolist() == ref_counts.tolist() and neighbors.tolist() == ref_neighbors.tolist()
+
+
+def test_arguments_that_are_no_tensors_are_named_and_num_valid_may_be_an_integer():
+    indptr, indices = _six_node_graph()
+    seeds = torch.tensor([0, 4, 2])
+    for bad in ([0, 4], np.array([0, 4]), None):
+        with pytest.raises(ValueError, match=f"^seeds must be a torch tensor, got {type(bad).__name__}$"):
+            sample_neighbors(indptr, indices, bad, 2, False, 3)
+        with pytest.raises(ValueError, match=f"^indptr must be a torch tensor, got {type(bad).__name__}$"):
+            sample_into_slots(bad, indices, seeds, 2, 2, False, 3)
+    want = sample_into_slots(indptr, indices, seeds, torch.tensor([2]), 2, False, 3)
+    for count in (2, np.int64(2)):
+        got = sample_into_slots(indptr, indices, seeds, count, 2, False, 3)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(ValueError, match="num_valid must be an int64 tensor of one element or an integer"):
+            sample_into_slots(indptr, indices, seeds, bad, 2, False, 3)
+    with pytest.raises(ValueError, match=r"num_valid must be in \[0, 3\], got 4"):
+        sample_into_slots(indptr, indices, seeds, 4, 2, False, 3)

@@ -45,6 +45,7 @@ from systems.pytorch_direct import dispatch
 from systems.pytorch_direct.ops import KERNELS
 
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
+CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 
 
 class NoGpuError(NeedsGpuError, RuntimeError):
@@ -151,6 +152,13 @@ class UnifiedTensor:
         if tensor.is_pinned():
             raise ValueError("the tensor's memory is already page-locked (pin_memory() or another UnifiedTensor)")
         error = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, CUDA_HOST_REGISTER_PORTABLE_MAPPED)
+        if int(error) == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+            # A view the check above cannot see as one: torch.from_numpy of a numpy view owns a
+            # storage of exactly its bytes, inside an array another UnifiedTensor pinned a part of.
+            raise ValueError(
+                "part of the tensor's memory is already page-locked (a view of an array that another UnifiedTensor "
+                "pins, such as torch.from_numpy of a numpy slice?): pin the array that owns the memory once"
+            )
         if int(error) != 0:
             raise RuntimeError(
                 f"cudaHostRegister of {nbytes} bytes ({nbytes / 2**30:.2f} GiB) failed with CUDA error "

@@ -143,8 +143,16 @@ def check_scalars(fanout, replace, rng_seed) -> None:
             raise ValueError(f"{name} must be an integer {shown}, got {value!r} ({type(value).__name__})")
 
 
+def check_tensors(**tensors) -> None:
+    """Refuse, by name, an argument that is no tensor (the dispatcher's schema error names none)."""
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} must be a torch tensor, got {type(value).__name__}")
+
+
 def sample_neighbors(indptr, indices, seeds, fanout, replace, rng_seed) -> tuple[torch.Tensor, torch.Tensor]:
     """One hop (the module docstring says what it returns)."""
+    check_tensors(indptr=indptr, indices=indices, seeds=seeds)
     check_scalars(fanout, replace, rng_seed)
     return sample_neighbors_op(indptr, indices, seeds, int(fanout), bool(replace), int(rng_seed))
 
@@ -153,7 +161,13 @@ def sample_into_slots(
     indptr, indices, seeds, num_valid, fanout, replace, rng_seed, *, check: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One hop into fixed slots (the module docstring says how they are laid out, and what
-    ``check=False`` leaves out)."""
+    ``check=False`` leaves out). ``num_valid`` may be given as a Python integer too: it is then
+    put in a tensor on the seeds' device (a copy to the GPU, where the seeds are there)."""
+    check_tensors(indptr=indptr, indices=indices, seeds=seeds)
+    if not isinstance(num_valid, torch.Tensor):
+        if isinstance(num_valid, bool) or not isinstance(num_valid, int | np.integer):
+            raise ValueError(f"num_valid must be an int64 tensor of one element or an integer, got {num_valid!r}")
+        num_valid = torch.tensor([int(num_valid)], device=seeds.device)
     check_scalars(fanout, replace, rng_seed)
     counts, out, error = sample_into_slots_op(
         indptr, indices, seeds, num_valid, int(fanout), bool(replace), int(rng_seed)

@@ -59,10 +59,20 @@ class SlottedSubgraph:
     batch_size: int
 
 
+def check_csr_types(indptr: torch.Tensor, indices: torch.Tensor) -> None:
+    """Refuse a CSR that is not two 1-D int64 tensors, naming what it is (a copy of the user's
+    CSR to int64, for a graph of billions of edges, is a choice for its owner to make)."""
+    if indptr.dtype != torch.int64 or indices.dtype != torch.int64 or indptr.dim() != 1 or indices.dim() != 1:
+        got = f"{indptr.dtype} {tuple(indptr.shape)} and {indices.dtype} {tuple(indices.shape)}"
+        raise UserError(
+            f"indptr and indices must be 1-D int64 tensors, got {got} (convert them once: .long(), or "
+            "numpy's .astype(np.int64))"
+        )
+
+
 def _check_csr(indptr: torch.Tensor, indices: torch.Tensor) -> None:
     """Refuse a CSR the kernels would read out of bounds with (one pass, when a sampler is made)."""
-    if indptr.dtype != torch.int64 or indices.dtype != torch.int64 or indptr.dim() != 1 or indices.dim() != 1:
-        raise UserError("indptr and indices must be 1-D int64 tensors")
+    check_csr_types(indptr, indices)
     n = indptr.numel() - 1
     if n < 1:
         raise UserError(f"the graph has no nodes (indptr has {indptr.numel()} entries): give one per node, plus one")

@@ -54,7 +54,7 @@ from harness.arguments import whole_number
 from harness.errors import NeedsGpuError, UserError
 from harness.machine import usable_cores
 from harness.registry import Entry, Registry
-from systems.sampling.sampler import NeighborSampler, SampledSubgraph
+from systems.sampling.sampler import NeighborSampler, SampledSubgraph, check_csr_types
 from workloads.graphs.shared import shared_anonymous_copy
 
 MAX_SEED = MAX_EPOCH = 2**62  # a seed plus an epoch seeds torch's generator, which takes 64 bits
@@ -176,6 +176,7 @@ class Graph:
             raise NeedsGpuError("device='cuda' needs a CUDA GPU, and torch sees none here: use device='cpu'")
         host = {name: _host_tensor(arrays[name], name) for name in self.ARRAYS if name in given - {"features"}}
         self.indptr, self.indices = host["indptr"], host["indices"]
+        check_csr_types(self.indptr, self.indices)  # here, not when the first pipeline is made
         if features is not None and not isinstance(features, torch.Tensor):
             raise UserError(f"features= must be a torch tensor in host memory, got {type(features).__name__}")
         # The table is pinned in place for zero-copy: shared anonymous memory, not the
