@@ -41,7 +41,7 @@ GATHER_VARIANTS = {  # systems/pytorch_direct/gather_variants: baselines in grey
     "vectorized_kernel": ("#8c564b", ":"),
     "sorted": ("#2ca02c", "-"),
     "hot_cache": ("#008080", "-"),  # teal: far from sorted's green, which it is drawn beside
-    "split": ("#17becf", "-"),
+    "split": ("#00bfff", "-"),
     "default": ("#f4a582", "-"),  # UnifiedTensor[idx]: the measured dispatch of the paths above
 }
 GNN_TRAINING_VARIANTS = {  # workloads/gnn_training: where features live and how they reach the GPU
@@ -68,7 +68,7 @@ OFFLOAD_POLICIES = {  # systems/ssdtrain POLICIES: colour by policy, the store i
     "compiled_keep": ("#969696", "--"),
     "offload_all_compiled": ("#6baed6", "--"),
     "planned_compiled": ("#fdae6b", "--"),
-    "torch_budget": ("#9467bd", "-"),  # torch.compile's activation_memory_budget, one point per budget
+    "torch_budget": ("#6a3d9a", "-"),  # torch.compile's activation_memory_budget, one point per budget
 }
 STORE_MARKERS = {"host": "o", "file": "s", "kvikio": "D", "emulated": "v", None: "o"}
 RELATIONAL_FORMS = {  # systems/rgnn/forms: a compiled form is a lighter tint of its eager form
@@ -83,7 +83,7 @@ RELATIONAL_FORMS = {  # systems/rgnn/forms: a compiled form is a lighter tint of
     "dense": ("#7f7f7f", "-"),
     "dense_compiled": ("#c7c7c7", "--"),
     # Hector's generated layers: four hues a reader tells apart, the headline the darkest.
-    "hector_unopt": ("#c2a5cf", "-"),
+    "hector_unopt": ("#9970ab", "-"),
     "hector_compact": ("#01665e", "-"),
     "hector_reorder": ("#e6ab02", "-"),  # gold: told apart from pyg_compiled's light orange
     "hector_best": ("#40004b", "-"),
