@@ -372,7 +372,11 @@ def margin_label(ax, y: float, text: str, color: str = "#444444", shift: float =
         fontsize=7.5,
         color=color,
         annotation_clip=False,
-        arrowprops=dict(arrowstyle="-", color=color, linewidth=0.6, shrinkA=1, shrinkB=0) if leader else None,
+        # relpos: the leader meets the words at their left end, not their middle (from which it
+        # crossed the words of a neighbour pushed below).
+        arrowprops=dict(arrowstyle="-", color=color, linewidth=0.6, shrinkA=1, shrinkB=0, relpos=(0, 0.5))
+        if leader
+        else None,
     )
 
 
