@@ -256,6 +256,51 @@ def test_the_blocks_of_any_model_are_found():
         find_layers(nn.Linear(3, 3))
 
 
+class _Adapted(nn.Module):
+    """A layer of a hybrid model: its own weights, and a list of small adapters (Zamba2's LoRA)."""
+
+    def __init__(self, width: int, mixer: type):
+        super().__init__()
+        self.mixer = mixer(width, width)
+        self.adapters = nn.ModuleList(nn.Sequential(nn.Linear(width, 2), nn.Linear(2, width)) for _ in range(2))
+
+    def forward(self, x):
+        return x + self.mixer(x) + sum(adapter(x) for adapter in self.adapters)
+
+
+class _MambaLayer(_Adapted):
+    pass
+
+
+class _HybridLayer(_Adapted):
+    pass
+
+
+class _Stage(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.blocks = nn.Sequential(*(_Adapted(width, nn.Linear) for _ in range(2)))
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+def test_a_hybrid_model_s_layers_of_several_classes_are_refused_not_its_adapters_taken():
+    """Zamba2's layers (Mamba and hybrid ones in one list): the only repeated class was the tiny
+    adapters inside them, taken as the blocks without a word (17 KB of 1.4 MB offloaded)."""
+    hybrid = nn.Sequential(nn.Embedding(10, 32))
+    hybrid.layers = nn.ModuleList(kind(32, nn.Linear) for kind in (_MambaLayer, _HybridLayer) * 2)
+    message = (
+        r"^Sequential\.layers holds the model's blocks in one list of several classes \(_HybridLayer, _MambaLayer\)"
+    )
+    with pytest.raises(UserError, match=message) as err:
+        find_layers(hybrid)
+    assert "layers=list(model.layers)" in str(err.value) and "\n" not in str(err.value)
+    # A stem, stages of blocks and a head in one nn.Sequential: the stages' blocks, as before.
+    staged = nn.Sequential(nn.Linear(32, 32), _Stage(32), nn.LayerNorm(32), _Stage(32), nn.Linear(32, 4))
+    assert find_layers(staged) == [*staged[1].blocks, *staged[3].blocks]
+
+
 def test_bad_arguments_are_one_line():
     model = qwen3()
     cases = [
@@ -433,24 +478,22 @@ def test_keep_last_covering_every_block_warns_that_nothing_is_offloaded(keep_las
     assert all("\n" not in m for m in messages)
 
 
-@pytest.mark.parametrize(
-    ("policy", "options", "leaves"),
-    [
-        ("offload_adaptive", {}, "nothing to offload"),
-        ("planner", {"budget": 0.5}, "only recompute to choose"),
-    ],
-)
-def test_a_planned_policy_whose_keep_last_covers_every_block_warns(policy, options, leaves):
+def test_offload_adaptive_whose_keep_last_covers_every_block_warns_and_the_planner_recomputes_quietly():
     """One block shared by every position (ALBERT's) is one block: the default keep_last=1 keeps
-    it, and offload_adaptive offloaded nothing without a word."""
+    it, and offload_adaptive offloaded nothing without a word. The planner may still recompute
+    it: no warning there."""
     model = ThreeBlocks()
     with pytest.warns(UserWarning) as caught:
         session = run_steps(
-            model, offload(model, store=HostStore(), policy=policy, keep_last=3, min_bytes=0, **options)
+            model, offload(model, store=HostStore(), policy="offload_adaptive", keep_last=3, min_bytes=0)
         )
     assert OFFLOAD not in session.decisions and session.stats.total.offloaded_tensors == 0
     said = [str(w.message) for w in caught if "keeps every one of the model's 3 blocks" in str(w.message)]
-    assert len(said) == 1 and leaves in said[0] and "\n" not in said[0], [str(w.message) for w in caught]
+    assert len(said) == 1 and "offload_adaptive offloads nothing" in said[0], [str(w.message) for w in caught]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_steps(model, offload(model, store=HostStore(), policy="planner", budget=0.5, keep_last=3, min_bytes=0))
+    assert not [w for w in caught if "keeps every one" in str(w.message)]
 
 
 def test_the_planners_store_traffic_is_training_s_only(monkeypatch):

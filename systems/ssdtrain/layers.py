@@ -46,11 +46,14 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     refuse_lazy(model)
     blocks: dict[object, list[nn.Module]] = {}  # by class; those of containers by the set of their classes
     stacks: dict[object, int] = {}  # by the same key: how many lists the blocks come from
-    for module in model.modules():
+    mixed: list[tuple[str, nn.Module]] = []  # lists of called modules of several classes, by name
+    for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList | nn.Sequential) or not len(module):
             continue
         members = list(module)
         if len({block_class(m) for m in members}) != 1:
+            if name and all(_called(m) for m in members):
+                mixed.append((name, module))
             continue
         if not _called(members[0]):  # containers: the modules they hold are the blocks
             inside = [block for member in members for block in _called_modules(member)]
@@ -63,6 +66,7 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         blocks.setdefault(key, []).extend(members)
         stacks[key] = stacks.get(key, 0) + 1
     if not blocks:
+        _refuse_mixed_stack(model, mixed, 0)
         raise UserError(
             f"{type(model).__name__} has no list of repeated blocks (an nn.ModuleList or nn.Sequential of modules "
             "of one class); pass the blocks explicitly (layers=[...])"
@@ -88,9 +92,32 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         if others:
             order = {id(m): i for i, m in enumerate(model.modules())}
             chosen = sorted([*chosen, *(b for key in others for b in blocks[key])], key=lambda b: order[id(b)])
+    _refuse_mixed_stack(model, mixed, sum(p.numel() for p in _parameters_of(chosen)))
     unique = list({id(block): block for block in chosen}.values())  # a block listed twice is one block
     inside = {id(m) for block in unique for m in block.modules() if m is not block}
     return [block for block in unique if id(block) not in inside]  # a block nested in another is the other's
+
+
+def _parameters_of(modules) -> list:
+    return list({id(p): p for m in modules for p in m.parameters()}.values())
+
+
+def _refuse_mixed_stack(model: nn.Module, mixed: list[tuple[str, nn.Module]], chosen: int) -> None:
+    """Refuse, naming it, a list of modules of several classes that holds more than twice the
+    parameters of the blocks found (``chosen``, a count): a hybrid model's layers (Jamba's or
+    Zamba2's, Mamba and attention layers in one list), whose repeated classes are then only small
+    parts of them (Zamba2's LoRA adapters), so that offloading them would move almost nothing. A
+    list that holds the blocks found and little else (a stem, stages of blocks and a head in one
+    ``nn.Sequential``) is no such list."""
+    for name, stack in mixed:
+        held = sum(p.numel() for p in _parameters_of([stack]))
+        if held > 2 * chosen:
+            classes = sorted({block_class(m).__name__ for m in stack})
+            raise UserError(
+                f"{type(model).__name__}.{name} holds the model's blocks in one list of several classes "
+                f"({', '.join(classes)}), which find_layers does not take as blocks; pass the blocks explicitly, "
+                f"e.g. layers=list(model.{name})"
+            )
 
 
 def refuse_lazy(model: nn.Module) -> None:

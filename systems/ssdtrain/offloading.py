@@ -394,11 +394,10 @@ class Offloading:
         # Every candidate's predicted time shares this term; it sets the plan's predicted_seconds only.
         keep_seconds = (1 + 2) * sum(p.forward_seconds for p in profiles)
         keep_last = min(self.keep_last, len(profiles))
-        if keep_last == len(profiles):
-            leaves = "nothing to offload" if self.policy == "offload_adaptive" else "only recompute to choose"
+        if keep_last == len(profiles) and self.policy == "offload_adaptive":  # (the planner may still recompute)
             warnings.warn(
-                f"SSDTrain {_name(self.policy)} offloads nothing: keep_last={self.keep_last} keeps every one of the "
-                f"model's {len(profiles)} blocks, which leaves it {leaves}; lower keep_last",
+                f"SSDTrain offload_adaptive offloads nothing: keep_last={self.keep_last} keeps every one of the "
+                f"model's {len(profiles)} blocks; lower keep_last",
                 stacklevel=3,
             )
         if self.policy == "offload_adaptive":
