@@ -730,6 +730,14 @@ def rok_draw(ax, dataset, points) -> None:
     place_labels(ax, labels, obstacles_of(ax, points, [*rings, *([bound] if bound else [])]))
 
 
+def bound_tick_text(variant: str) -> str:
+    """The words under a bound's tick: an emulated SSD's GB/s, as beside its points; else the store."""
+    gbps = setups.loc[variant].emulated_gbps
+    if pd.notna(gbps):
+        return f"{gbps:g}"
+    return {"host": "host", "file": "file", "kvikio": "KvikIO"}.get(store_of(variant), str(store_of(variant)))
+
+
 def bound_line(ax, dataset):
     """The offloading bound at keep's step time: from keep's memory down by the most any measured
     store could free at no time overhead, a tick where each store's bound ends. Returns its box in
@@ -743,9 +751,31 @@ def bound_line(ax, dataset):
     colour = style.color(ALL_OFFLOADED)
     ax.plot([min(x for x, _ in ends), x0], [y, y], color=colour, linestyle="--", linewidth=1.2, zorder=2)
     ax.plot([x for x, _ in ends], [y] * len(ends), "|", color=colour, markersize=12, markeredgewidth=1.5, zorder=2)
+    # Which store's bound each tick is (its GB/s, emulated, or its name) below it; ticks closer than
+    # a word's width share one label ("55/host"), written at their middle.
+    pt = ax.figure.dpi / 72
+    groups: list[list[tuple[float, str]]] = []
+    for x, variant in sorted(ends):
+        at = ax.transData.transform((x, y))[0]
+        if groups and at - ax.transData.transform((groups[-1][-1][0], y))[0] < 16 * pt:
+            groups[-1].append((x, variant))
+        else:
+            groups.append([(x, variant)])
+    for group in groups:
+        words = list(dict.fromkeys(bound_tick_text(variant) for _, variant in group))
+        ax.annotate(
+            "/".join(words),
+            (sum(x for x, _ in group) / len(group), y),
+            xytext=(0, -8),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontsize=6,
+            color=colour,
+        )
     (left, middle), (right, _) = ax.transData.transform([(min(x for x, _ in ends), y), (x0, y)])
-    half = 6 * ax.figure.dpi / 72  # the ticks' half height
-    return Bbox.from_extents(left, middle - half, right, middle + half)
+    # The ticks (6 pt either side) and the words under them (8 pt down, 6 pt type).
+    return Bbox.from_extents(left, middle - 15 * pt, right, middle + 6 * pt)
 
 
 def rok_legend(fig, datasets) -> None:
@@ -764,7 +794,7 @@ def rok_legend(fig, datasets) -> None:
             entries[f"store: {name}"] = Line2D([], [], color="#555555", marker=marker, linestyle="none")
     entries["yellow ring: on the frontier (no point both smaller and faster)"] = Line2D([], [], **FRONTIER_RING)
     if any(BOUNDS.get(d) for d in datasets):
-        entries["bound: memory a store's bandwidth frees at keep all's time (|: each store)"] = Line2D(
+        entries["bound: memory a store's bandwidth frees at keep all's time (|: each store, named below)"] = Line2D(
             [], [], color=style.color(ALL_OFFLOADED), linestyle="--", linewidth=1.2, marker="|", markersize=10
         )
     entries["side by side: points that would cover each other (the same memory)"] = Line2D(
