@@ -68,7 +68,7 @@ OFFLOAD_POLICIES = {  # systems/ssdtrain POLICIES: colour by policy, the store i
     "compiled_keep": ("#969696", "--"),
     "offload_all_compiled": ("#6baed6", "--"),
     "planned_compiled": ("#fdae6b", "--"),
-    "torch_budget": ("#6a3d9a", "-"),  # torch.compile's activation_memory_budget, one point per budget
+    "torch_budget": ("#660088", "-"),  # torch.compile's activation_memory_budget, one point per budget
 }
 STORE_MARKERS = {"host": "o", "file": "s", "kvikio": "D", "emulated": "v", None: "o"}
 RELATIONAL_FORMS = {  # systems/rgnn/forms: a compiled form is a lighter tint of its eager form
@@ -83,7 +83,7 @@ RELATIONAL_FORMS = {  # systems/rgnn/forms: a compiled form is a lighter tint of
     "dense": ("#7f7f7f", "-"),
     "dense_compiled": ("#c7c7c7", "--"),
     # Hector's generated layers: four hues a reader tells apart, the headline the darkest.
-    "hector_unopt": ("#9970ab", "-"),
+    "hector_unopt": ("#cc99dd", "-"),
     "hector_compact": ("#01665e", "-"),
     "hector_reorder": ("#e6ab02", "-"),  # gold: told apart from pyg_compiled's light orange
     "hector_best": ("#40004b", "-"),

@@ -596,6 +596,36 @@ def test_hugging_face_gradient_checkpointing_is_composed_with(style):
             assert all("forward" not in vars(b) for b in session.layers)
 
 
+def test_what_a_hugging_face_reentrant_checkpoint_recomputes_belongs_to_its_layer():
+    """Hugging Face checkpoints a layer's forward, its hooks outside: the recomputation in backward
+    ran no hook of the layer's, and the tensors it saved were counted as saved outside the layers
+    (a planner's base of bytes it cannot reduce, several times too large)."""
+
+    def run(reentrant: bool, **args):
+        torch.manual_seed(0)
+        model = qwen3(2)
+        model.train()
+        ids = torch.randint(0, 96, (3, 19), generator=torch.Generator().manual_seed(1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+            with offload(model, **args) as session:
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+        return loss, [p.grad for p in model.parameters()], session
+
+    want_loss, want_grads, plain = run(False, policy="keep")
+    for args in (dict(policy="keep"), dict(store=HostStore(), min_bytes=0, keep_last=0)):
+        loss, grads, session = run(True, **args)
+        assert torch.equal(loss, want_loss) and all(torch.equal(a, b) for a, b in zip(grads, want_grads))
+        outside = session.stats.layers[None]
+        assert (outside.packed_tensors, outside.packed_bytes) == (
+            plain.stats.layers[None].packed_tensors,
+            plain.stats.layers[None].packed_bytes,
+        )
+        assert all(session.stats.layers[i].packed_tensors > 1 for i in range(len(session.layers)))
+
+
 # -- prefetch, autocast ---------------------------------------------------------------------------
 def test_every_backward_of_a_block_prefetches_its_read_backs():
     """Two micro-batches of gradient accumulation in one block: on the CPU a host store's write ends

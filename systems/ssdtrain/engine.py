@@ -361,21 +361,33 @@ class Offloader:
     def _attribute_library_checkpoints(self) -> list[tuple[nn.Module, Callable]]:
         """Wrap the checkpoint function of each layer that Hugging Face checkpoints, so that what it
         saves (the layer's inputs) belongs to the layer even where the library calls it before the
-        layer's forward hooks run. Returns the functions to put back."""
+        layer's forward hooks run, and so does what the function it checkpoints saves when backward
+        runs it again: Hugging Face checkpoints the layer's ``forward``, its hooks outside, so a
+        reentrant checkpoint's recomputation in backward runs no hook of the layer's (its tensors
+        were counted as saved outside the layers). Returns the functions to put back."""
         replaced = []
         for index, layer in enumerate(self.layers):
             func = vars(layer).get("_gradient_checkpointing_func")
             if func is None or not getattr(layer, "gradient_checkpointing", False):
                 continue
 
+            def in_layer(function, index, layer):
+                @functools.wraps(function)
+                def run(*args, **kwargs):
+                    outer = self._layer
+                    self._enter_layer(index, layer, args)
+                    try:
+                        return function(*args, **kwargs)
+                    finally:
+                        self._layer = outer
+                        self.cache.start_deferred()
+
+                return run
+
             def attributed(*args, _index=index, _layer=layer, _func=func, **kwargs):
-                outer = self._layer
-                self._enter_layer(_index, _layer, args)
-                try:
-                    return _func(*args, **kwargs)
-                finally:
-                    self._layer = outer
-                    self.cache.start_deferred()
+                if args and callable(args[0]):  # checkpoint(function, *inputs): the function, in the layer
+                    args = (in_layer(args[0], _index, _layer), *args[1:])
+                return in_layer(_func, _index, _layer)(*args, **kwargs)
 
             layer._gradient_checkpointing_func = attributed
             replaced.append((layer, func))
