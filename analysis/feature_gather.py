@@ -622,12 +622,22 @@ def draw_thread_cap(ax) -> None:
             v = d[d.variant == variant]
             draw_variant(ax, v[v.max_threads > 0], "max_threads", variant, style.readable(variant),
                          variant in SUITE_EMPHASISED, marker=row_marker(row_bytes))  # fmt: skip
+            # The same kernel without a cap, what a cap's share is read against: a dashed level in
+            # its colour, unlabelled (the curve of its row size runs up to it; a label would sit on
+            # the uncapped variants' labels, a few GB/s away).
+            free = v[v.max_threads == 0]
+            if not free.empty:
+                ax.axhline(
+                    free["median"].iloc[0], color=style.color(variant), linestyle="--", linewidth=0.9, label="_ref"
+                )
+    tables = ", ".join(size_label(b) for b in sorted(set(data.table_bytes.dropna())))
+    names = ", ".join(map(style.readable, capped))
     ax.set(
         xscale="log",
         xlabel="cap on the gather's GPU threads (log scale)",
         ylabel="bandwidth (GB/s)",
         ylim=(0, None),
-        title=f"Capped GPU threads: {', '.join(map(style.readable, capped))}",
+        title=f"Capped GPU threads: {names}\n({tables} table; dashed: the same, no cap)",
     )
     measured_ticks(ax, data.max_threads[data.max_threads > 0].dropna())
 
