@@ -199,6 +199,30 @@ for part, notes in sorted(NOTES.items()):
         remain = [v for v in ran if v not in out]
         lines.append(f"- {budget:g} GiB: remain {', '.join(remain) or 'none'}")
         lines += [f"  - not {case}: {why}" for case, why in sorted(missed.items())]
+# The figure's stacks of phases, as numbers: each phase timed alone in one more epoch (a device
+# sync at every phase), beside the timed epoch, in which the phases overlap.
+PHASE_NAMES = {"sample": "sampling", "gather": "feature gather + transfer", "train": "training"}
+if not phases.empty:
+    lines += [
+        "",
+        "## Where an epoch goes (committed run; seconds)",
+        "",
+        "Each phase timed alone in one more epoch, with a device sync at every phase; in the timed epoch "
+        "the phases overlap, so their sum need not match it.",
+        "",
+        f"| dataset | model | pipeline | {' | '.join(PHASE_NAMES.values())} | sum of phases | timed epoch |",
+        "|---|---|---|" + "---|" * (len(PHASE_NAMES) + 2),
+    ]
+    for key in GROUPS:
+        e, p = select(epoch, key), select(phases, key)
+        for variant in in_order(p.variant):
+            seconds = [p[(p.variant == variant) & (p.phase == ph)]["median"].sum() for ph in PHASE_NAMES]
+            timed = e[e.variant == variant]["median"]
+            cells = " | ".join(f"{s:.3f}" for s in seconds)
+            epoch_cell = f"{timed.iloc[0]:.3f}" if not timed.empty else ""
+            lines.append(
+                f"| {key[1]} | {key[2]} {key[3]}L {key[4]} | {variant} | {cells} | {sum(seconds):.3f} | {epoch_cell} |"
+            )
 Path(summary).parent.mkdir(parents=True, exist_ok=True)
 Path(summary).write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
