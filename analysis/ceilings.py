@@ -132,6 +132,7 @@ SIZE_RAMP = ["#35306f", "#3c4f8a", "#2a788e", "#1f9f88", "#63c05a", "#b5de2b"]
 SIZE_MARKERS = ["o", "s", "^", "D", "v", "P"]
 THREAD_RAMP = ["#b5de2b", "#1f9f88", "#35306f"]  # few threads light, many dark
 DISK_LOOKS = {"write": ("-", "o"), "overwrite": ("--", "s"), "read": (":", "^")}
+DISK_WORDS = {"write": "write (new file)", "overwrite": "overwrite (existing file)", "read": "read"}
 DIRECTION_COLOURS = {"h2d": "#7570b3", "d2h": "#cd853f"}
 MEMORY_LOOKS = {"pinned": ("-", "o", "full"), "pageable": ("--", "s", "none")}  # line, marker, fill
 ALLOCATION_LOOKS = {"pinned": ("-", "o"), "registered": ("--", "s"), "registered_thp": (":", "^")}
@@ -163,6 +164,7 @@ def legend_under(ax, columns=3, handles=None, title=None) -> None:
         loc="upper center",
         bbox_to_anchor=(0.5, -0.2),
         frameon=False,
+        handlelength=3.0,  # long enough that a dashed or dotted line's pattern shows in its key
     )
 
 
@@ -379,7 +381,7 @@ def draw(ax, panel) -> None:
             for t in thread_counts
         ]
         handles += [
-            Line2D([], [], color="#444444", linestyle=ls, marker=m, label=v)
+            Line2D([], [], color="#444444", linestyle=ls, marker=m, label=DISK_WORDS[v])
             for v, (ls, m) in DISK_LOOKS.items()
             if v in set(d_all.variant)
         ]
