@@ -164,20 +164,22 @@ def test_a_label_beyond_the_models_classes_is_refused_naming_the_node():
         accuracy(model, pipeline_with_label_7_at(5))
 
 
+@pytest.mark.parametrize("name", ["sage", "gat"])
 @pytest.mark.parametrize(
-    "layers, in_dim, message",
+    "layers, in_dim, fanouts, message",
     [
-        (2, 3, r"^the model has 2 layers and the pipeline samples 1 hops \(fan-outs \[2\]\)"),
-        (1, 5, r"^the model takes rows of 5 features and the graph's rows have 3$"),
+        (2, 3, [2], r"^the model has 2 layers and the pipeline samples 1 hops \(fan-outs \[2\]\)"),
+        (1, 3, [2, 2], r"^the model has 1 layers and the pipeline samples 2 hops \(fan-outs \[2, 2\]\)"),
+        (1, 5, [2], r"^the model takes rows of 5 features and the graph's rows have 3$"),
     ],
 )
-def test_a_model_that_does_not_fit_the_batches_is_refused(layers, in_dim, message):
+def test_a_model_that_does_not_fit_the_batches_is_refused(name, layers, in_dim, fanouts, message):
     """A 2-layer model trained on 1-hop subgraphs ran without complaint (neighbourhoods cut
     short); a model of another input width failed deep in PyG (mat1 and mat2 shapes)."""
     from workloads.gnn.epoch import accuracy
 
-    model = build("sage", in_dim, 4, 2, layers, [2] * layers)
-    pipeline = Pipeline("cpu_gather", Graph(_tiny(), "cpu"), [2], 2, seed=0)
+    model = build(name, in_dim, 4, 2, layers, [2] * layers)
+    pipeline = Pipeline("cpu_gather", Graph(_tiny(), "cpu"), fanouts, 2, seed=0)
     with pytest.raises(UserError, match=message):
         train_epoch(model, torch.optim.Adam(model.parameters()), pipeline, 0)
     with pytest.raises(UserError, match=message):
@@ -190,10 +192,19 @@ def test_a_dropout_that_is_no_probability_is_refused(dropout):
         build("gat", 3, 4, 2, 1, [2], dropout=dropout)
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.uint64, np.float64])
-def test_a_csr_of_another_type_is_refused_when_the_graph_is_made(dtype):
+@pytest.mark.parametrize(
+    "indptr_type, indices_type",
+    [
+        (np.int32, np.int32),
+        (np.uint64, np.uint64),
+        (np.float64, np.float64),
+        (np.int64, np.int32),
+        (np.int32, np.int64),
+    ],
+)
+def test_a_csr_of_another_type_is_refused_when_the_graph_is_made(indptr_type, indices_type):
     """An int32 CSR was taken, then refused when the first pipeline was made, with no hint."""
-    arrays = _tiny(indptr=np.arange(7, dtype=dtype), indices=((np.arange(6) + 1) % 6).astype(dtype))
+    arrays = _tiny(indptr=np.arange(7, dtype=indptr_type), indices=((np.arange(6) + 1) % 6).astype(indices_type))
     with pytest.raises(UserError, match=r"^indptr and indices must be 1-D int64 tensors, got .* \(convert them once"):
         Graph(arrays, "cpu")
 
@@ -207,7 +218,8 @@ def test_no_seeds_make_no_batch_and_no_two_runs_share_an_epoch_s_order():
     assert list(pipeline.batches(0, seeds=torch.tensor([], dtype=torch.int64))) == []
     assert epoch_seeds(torch.tensor([], dtype=torch.int64), 2, seed=0, epoch=0) == []
     train_idx = torch.arange(1000)
-    orders = {(s, e): torch.cat(epoch_seeds(train_idx, 100, seed=s, epoch=e)) for s in range(3) for e in range(3)}
+    pairs = [(s, e) for s in range(3) for e in range(3)] + [(1, 12), (11, 2)]  # (1, 12) and (11, 2): "112"
+    orders = {(s, e): torch.cat(epoch_seeds(train_idx, 100, seed=s, epoch=e)) for s, e in pairs}
     assert len({tuple(order.tolist()) for order in orders.values()}) == len(orders)
     assert all(sorted(order.tolist()) == list(range(1000)) for order in orders.values())
     assert torch.equal(orders[1, 2], torch.cat(epoch_seeds(train_idx, 100, seed=1, epoch=2)))  # repeatable

@@ -244,7 +244,7 @@ class FakeDriver:
         pages = range(address // PAGE, (address + nbytes - 1) // PAGE + 1)
         for start, size in self.registered.items():  # as the driver: a page is registered once
             if range(max(pages.start, start // PAGE), min(pages.stop, (start + size - 1) // PAGE + 1)):
-                return unified_module.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+                return 712  # cudaErrorHostMemoryAlreadyRegistered
         self.registered[address] = nbytes
         return 0
 

@@ -537,6 +537,11 @@ def test_arguments_that_are_no_tensors_are_named_and_num_valid_may_be_an_integer
             sample_neighbors(indptr, indices, bad, 2, False, 3)
         with pytest.raises(ValueError, match=f"^indptr must be a torch tensor, got {type(bad).__name__}$"):
             sample_into_slots(bad, indices, seeds, 2, 2, False, 3)
+        for op in (sample_neighbors, lambda *a: sample_into_slots(*a[:3], 2, *a[3:])):
+            with pytest.raises(ValueError, match=f"^indices must be a torch tensor, got {type(bad).__name__}$"):
+                op(indptr, bad, seeds, 2, False, 3)
+            with pytest.raises(ValueError, match=f"^seeds must be a torch tensor, got {type(bad).__name__}$"):
+                op(indptr, indices, bad, 2, False, 3)
     want = sample_into_slots(indptr, indices, seeds, torch.tensor([2]), 2, False, 3)
     for count in (2, np.int64(2)):
         got = sample_into_slots(indptr, indices, seeds, count, 2, False, 3)
@@ -546,3 +551,12 @@ def test_arguments_that_are_no_tensors_are_named_and_num_valid_may_be_an_integer
             sample_into_slots(indptr, indices, seeds, bad, 2, False, 3)
     with pytest.raises(ValueError, match=r"num_valid must be in \[0, 3\], got 4"):
         sample_into_slots(indptr, indices, seeds, 4, 2, False, 3)
+
+
+@pytest.mark.gpu
+def test_an_integer_num_valid_is_put_beside_gpu_seeds():
+    indptr, indices = (t.cuda() for t in _six_node_graph())
+    seeds = torch.tensor([0, 4, 2], device="cuda")
+    want = sample_into_slots(indptr, indices, seeds, torch.tensor([2], device="cuda"), 2, False, 3)
+    got = sample_into_slots(indptr, indices, seeds, 2, 2, False, 3)
+    assert all(a.is_cuda and torch.equal(a, b) for a, b in zip(got, want))

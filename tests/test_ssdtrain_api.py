@@ -276,6 +276,10 @@ class _HybridLayer(_Adapted):
     pass
 
 
+class _Conv1dLike(nn.Linear):  # a class of its own beside nn.Linear, as a Mamba layer is beside attention
+    pass
+
+
 class _Stage(nn.Module):
     def __init__(self, width: int):
         super().__init__()
@@ -296,9 +300,18 @@ def test_a_hybrid_model_s_layers_of_several_classes_are_refused_not_its_adapters
     with pytest.raises(UserError, match=message) as err:
         find_layers(hybrid)
     assert "layers=list(model.layers)" in str(err.value) and "\n" not in str(err.value)
-    # A stem, stages of blocks and a head in one nn.Sequential: the stages' blocks, as before.
+    # Layers of alternating classes and no repeated part inside them: the same refusal, not "no list".
+    plain = nn.Module()  # no list of one class anywhere: the refusal names the list all the same
+    plain.layers = nn.ModuleList(kind(32, 32) for kind in (nn.Linear, _Conv1dLike) * 2)
+    with pytest.raises(UserError, match=r"^Module\.layers holds the model's blocks in one list of several classes"):
+        find_layers(plain)
+    # A stem, stages of blocks and a head in one nn.Sequential (the model's own or a submodule): the
+    # stages' blocks, as before; the stem and head hold far less than twice what the blocks hold.
     staged = nn.Sequential(nn.Linear(32, 32), _Stage(32), nn.LayerNorm(32), _Stage(32), nn.Linear(32, 4))
     assert find_layers(staged) == [*staged[1].blocks, *staged[3].blocks]
+    nested = nn.Module()
+    nested.body = staged
+    assert find_layers(nested) == [*staged[1].blocks, *staged[3].blocks]
 
 
 def test_bad_arguments_are_one_line():

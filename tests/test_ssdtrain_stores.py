@@ -543,6 +543,13 @@ def test_a_folder_given_from_the_home_folder_is_found(disk, monkeypatch):
         assert store.folder == disk and store.directory.parent == disk
         round_trip(store, 0, random_tensor((BLOCK // 4 + 3,), torch.float32))
     assert list(disk.iterdir()) == []
+    scratch, owner = fileio.make_scratch(f"~/{disk.name}", direct=False)  # the check a store's folder meets
+    assert scratch.parent == disk
+    fileio.remove_scratch(scratch, owner)
+    # The suite's own scratch folder, made on first use, is made in the home folder too, not in "./~".
+    made = REGISTRY["file"].build({"file_threads": 1, "file_block_mib": 1}, f"~/{disk.name}/suite")
+    made.close()
+    assert (disk / "suite").is_dir() and not Path("~").exists()
 
 
 def test_a_missing_folder_on_tmpfs_is_refused_and_not_left_behind():

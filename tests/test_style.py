@@ -97,8 +97,8 @@ def test_a_new_entrys_colour_is_never_one_the_eye_takes_for_a_suite_variants():
 def test_variants_drawn_together_in_one_line_style_are_colours_the_eye_tells_apart(registry):
     """A figure draws the variants of one registry side by side; two in the same line style must
     differ by hue or lightness a reader sees (CIELAB distance >= 28, as the unseen palette keeps;
-    "dense, compiled" and "Hector, no passes" were 26.7 apart). A dashed tint of a solid colour
-    (a compiled form of its eager one) is told apart by its line."""
+    the gather's solid "split" and "hot_cache" were 25.2 apart). Variants of other line styles are
+    told apart by the line as well (a dashed tint of a solid colour: a compiled form of its eager one)."""
     looks = list(style.REGISTRIES[registry].items())
     close = [
         (a, b, round(math.dist(_lab(look_a[0]), _lab(look_b[0])), 1))

@@ -64,8 +64,10 @@ class StoreEntry(Entry):
             raise ValueError(f"offload store {self.name} writes files and needs a scratch folder")
         if self.scratch:
             # The suite's own scratch folder (config.yaml's scratch_dir) is made on first use; a
-            # store given a folder directly refuses a missing one (fileio.make_scratch).
-            Path(folder).mkdir(parents=True, exist_ok=True)
+            # store given a folder directly refuses a missing one (fileio.make_scratch). "~/x" is
+            # the home folder's x here too, not a folder named "~".
+            folder = Path(folder).expanduser()
+            folder.mkdir(parents=True, exist_ok=True)
         return self.make(params, folder, **setting)
 
 
