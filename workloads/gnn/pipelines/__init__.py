@@ -57,7 +57,7 @@ from harness.registry import Entry, Registry
 from systems.sampling.sampler import NeighborSampler, SampledSubgraph, check_csr_types
 from workloads.graphs.shared import shared_anonymous_copy
 
-MAX_SEED = MAX_EPOCH = 2**62  # a seed plus an epoch seeds torch's generator, which takes 64 bits
+MAX_SEED = MAX_EPOCH = 2**62  # the range taken: (seed, epoch) keys the shuffle (shuffle_seed) and the draws
 WORKER_TIMEOUT_S = 600  # a sampling worker that delivers nothing for this long is stuck: fail, never hang
 OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
 PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
@@ -495,7 +495,7 @@ class Pipeline:
             raise UserError(f"pipeline {name!r} needs a GPU")
         if whole_number(batch_size, at_least=1) is None:
             raise UserError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
-        if whole_number(seed, at_most=MAX_SEED) is None:  # it seeds torch's generator with the epoch added
+        if whole_number(seed, at_most=MAX_SEED) is None:  # with the epoch, it keys each epoch's shuffle
             raise UserError(f"seed must be a whole number in 0..2**62, got {seed!r}")
         self.name, self.graph, self.batch_size, self.seed = name, graph, whole_number(batch_size), whole_number(seed)
         whole = lambda v: whole_number(v) is not None  # noqa: E731
