@@ -639,6 +639,27 @@ def test_what_a_hugging_face_reentrant_checkpoint_recomputes_belongs_to_its_laye
         assert all(session.stats.layers[i].packed_tensors > 1 for i in range(len(session.layers)))
 
 
+def test_after_a_checkpointed_call_what_is_saved_is_outside_the_layer_again():
+    """The wrapper puts the layer back as it found it: a tensor saved after the checkpointed call
+    returns is not the layer's (it would be offloaded or counted as the layer's)."""
+    torch.manual_seed(0)
+    model = qwen3(2)
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with offload(model, policy="keep") as session:
+        checkpointed = session.layers[0]._gradient_checkpointing_func
+        x = torch.randn(3, 5, requires_grad=True, generator=torch.Generator().manual_seed(2))
+        y = checkpointed(lambda t: t.sin(), x, use_reentrant=False)
+        inside = session.stats.layers[0].packed_tensors
+        loss = y.exp().sum()  # exp saves its output: outside every layer
+        assert session.stats.layers[0].packed_tensors == inside
+        assert session.stats.layers[None].packed_tensors == 1
+        loss.backward()
+    assert torch.allclose(x.grad, (x.sin().exp() * x.cos()))
+
+
 # -- prefetch, autocast ---------------------------------------------------------------------------
 def test_every_backward_of_a_block_prefetches_its_read_backs():
     """Two micro-batches of gradient accumulation in one block: on the CPU a host store's write ends
