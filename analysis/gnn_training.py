@@ -200,7 +200,8 @@ for part, notes in sorted(NOTES.items()):
         lines.append(f"- {budget:g} GiB: remain {', '.join(remain) or 'none'}")
         lines += [f"  - not {case}: {why}" for case, why in sorted(missed.items())]
 # The figure's stacks of phases, as numbers: each phase timed alone in one more epoch (a device
-# sync at every phase), beside the timed epoch, in which the phases overlap.
+# sync at every phase), beside the timed epoch, in which the phases overlap. (The figure names them
+# the same, PHASES below.)
 PHASE_NAMES = {"sample": "sampling", "gather": "feature gather + transfer", "train": "training"}
 if not phases.empty:
     lines += [
@@ -251,10 +252,10 @@ from analysis import style
 
 # Phases bottom to top. Each segment is drawn in the pipeline's own colour; the phase is the
 # pattern: white with dots in that colour, the colour with white stripes, the colour alone.
+PATTERN_WORDS = {"dots": "dotted", "stripes": "striped", "solid": "solid"}
 PHASES = {
-    "sample": ("sampling (dotted)", "dots"),
-    "gather": ("feature gather + transfer (striped)", "stripes"),
-    "train": ("training (solid)", "solid"),
+    phase: (f"{PHASE_NAMES[phase]} ({PATTERN_WORDS[look]})", look)
+    for phase, look in (("sample", "dots"), ("gather", "stripes"), ("train", "solid"))
 }
 NEUTRAL = "#444444"  # the phase legend's swatches: the colour of the reference lines, no pipeline's
 EPOCH_TICK = "#000000"  # the timed epoch across each stack of phases

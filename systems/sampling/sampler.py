@@ -157,8 +157,7 @@ class NeighborSampler:
     def rng_seed(self, batch: int, hop: int) -> int:
         """The seed of one hop's draws: a hash of (the sampler's seed, batch, hop), so that no two
         of them share a stream (a packing such as ``seed * P + batch`` would repeat one past P)."""
-        key = f"{self.seed},{_draw_number(batch, 'batch')},{_draw_number(hop, 'hop')}".encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # [0, 2^63)
+        return stream_seed(self.seed, _draw_number(batch, "batch"), _draw_number(hop, "hop"))
 
     def sample(self, seeds: torch.Tensor, batch: int, *, native_kernel: bool = True) -> SampledSubgraph:
         """The subgraph of one batch; ``batch`` numbers the batch (it picks the random draws)."""
@@ -323,6 +322,13 @@ class NeighborSampler:
                 kernels.reset_positions(p(position), p(ids), ids.numel())
         edge_index = torch.stack([torch.cat(sources), torch.cat(targets)])
         return SampledSubgraph(n_id, edge_index, num_nodes, num_edges, seeds.numel())
+
+
+def stream_seed(*key) -> int:
+    """A seed in [0, 2^63) for the random stream named by ``key`` (its parts joined by commas): a
+    hash, so that no two keys share a stream, as a packing such as ``seed + epoch`` would."""
+    joined = ",".join(map(str, key)).encode()
+    return int.from_bytes(hashlib.blake2b(joined, digest_size=8).digest(), "little") >> 1
 
 
 def _draw_number(value, name: str) -> int:

@@ -371,27 +371,30 @@ class Offloader:
             if func is None or not getattr(layer, "gradient_checkpointing", False):
                 continue
 
-            def in_layer(function, index, layer):
-                @functools.wraps(function)
-                def run(*args, **kwargs):
-                    outer = self._layer
-                    self._enter_layer(index, layer, args)
-                    try:
-                        return function(*args, **kwargs)
-                    finally:
-                        self._layer = outer
-                        self.cache.start_deferred()
-
-                return run
-
             def attributed(*args, _index=index, _layer=layer, _func=func, **kwargs):
                 if args and callable(args[0]):  # checkpoint(function, *inputs): the function, in the layer
-                    args = (in_layer(args[0], _index, _layer), *args[1:])
-                return in_layer(_func, _index, _layer)(*args, **kwargs)
+                    args = (self._in_layer(args[0], _index, _layer), *args[1:])
+                return self._in_layer(_func, _index, _layer)(*args, **kwargs)
 
             layer._gradient_checkpointing_func = attributed
             replaced.append((layer, func))
         return replaced
+
+    def _in_layer(self, function: Callable, index: int, layer: nn.Module) -> Callable:
+        """``function``, run as part of layer ``index``: what it saves is the layer's, and the layer
+        the caller was in is put back when it returns."""
+
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            outer = self._layer
+            self._enter_layer(index, layer, args)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._layer = outer
+                self.cache.start_deferred()
+
+        return run
 
     # -- saved tensors -------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor):

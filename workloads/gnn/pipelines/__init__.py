@@ -39,7 +39,6 @@ the same batches (the sampler's random numbers depend only on seeds), so their l
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -54,7 +53,7 @@ from harness.arguments import whole_number
 from harness.errors import NeedsGpuError, UserError
 from harness.machine import usable_cores
 from harness.registry import Entry, Registry
-from systems.sampling.sampler import NeighborSampler, SampledSubgraph, check_csr_types
+from systems.sampling.sampler import NeighborSampler, SampledSubgraph, check_csr_types, stream_seed
 from workloads.graphs.shared import shared_anonymous_copy
 
 MAX_SEED = MAX_EPOCH = 2**62  # the range taken: (seed, epoch) keys the shuffle (shuffle_seed) and the draws
@@ -310,10 +309,9 @@ def _host_tensor(array, name: str) -> torch.Tensor:
 
 
 def shuffle_seed(seed: int, epoch: int) -> int:
-    """The seed of one epoch's shuffle: a hash of (seed, epoch), so that no two pairs share one
-    (``seed + epoch`` would give run 1's epoch 0 the order of run 0's epoch 1)."""
-    key = f"shuffle,{seed},{epoch}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # [0, 2^63)
+    """The seed of one epoch's shuffle, its own stream for each (seed, epoch) (``seed + epoch``
+    would give run 1's epoch 0 the order of run 0's epoch 1)."""
+    return stream_seed("shuffle", seed, epoch)
 
 
 def epoch_seeds(
