@@ -289,8 +289,12 @@ def test_alias_has_the_table_shape_and_dtype_over_the_same_memory(fake_driver, d
 def _two_views_of_one_array() -> tuple[torch.Tensor, torch.Tensor]:
     """torch.from_numpy of two numpy slices of one array: each tensor owns a storage of exactly its
     bytes at offset 0, so neither looks like a view, yet they share a page."""
-    array = np.random.default_rng(5).standard_normal((10, 4)).astype(np.float32)
-    return torch.from_numpy(array[1:4]), torch.from_numpy(array[6:9])
+    array = np.random.default_rng(5).standard_normal(3 * PAGE // 4).astype(np.float32)  # three pages
+    start = (-array.ctypes.data % PAGE) // 4  # the first element at a page's start: both views in that page
+    return (
+        torch.from_numpy(array[start + 8 : start + 40].reshape(8, 4)),
+        torch.from_numpy(array[start + 200 : start + 232].reshape(8, 4)),
+    )
 
 
 def test_a_second_table_in_pinned_pages_is_refused_in_one_line(fake_driver):
