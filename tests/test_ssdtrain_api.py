@@ -660,6 +660,28 @@ def test_after_a_checkpointed_call_what_is_saved_is_outside_the_layer_again():
     assert torch.allclose(x.grad, (x.sin().exp() * x.cos()))
 
 
+def test_a_checkpointed_call_starts_the_puts_it_deferred_when_it_returns():
+    """A reentrant checkpoint saves its inputs after the layer's forward hooks have run; an input
+    without autograd history is offloaded with a deferred put (its op may still be filling it).
+    The wrapper starts that put when the call returns: nothing else would before backward, and
+    the tensor would stay in device memory through the rest of forward."""
+    torch.manual_seed(0)
+    model = qwen3(2)
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    store = Recording()
+    with offload(model, store=store, min_bytes=0, keep_last=0) as session:
+        checkpointed = session.layers[-1]._gradient_checkpointing_func
+        constant = torch.randn(3, 5, generator=torch.Generator().manual_seed(2))  # no history: deferred
+        weight = torch.randn(3, 5, requires_grad=True, generator=torch.Generator().manual_seed(3))
+        y = checkpointed(lambda c, w: (c * w).sin(), constant, weight, use_reentrant=True)
+        assert sorted(store.stored) == [constant.nbytes, weight.nbytes], "the deferred put did not start"
+        y.square().sum().backward()
+    assert torch.allclose(weight.grad, 2 * (constant * weight).sin() * (constant * weight).cos() * constant)
+
+
 # -- prefetch, autocast ---------------------------------------------------------------------------
 def test_every_backward_of_a_block_prefetches_its_read_backs():
     """Two micro-batches of gradient accumulation in one block: on the CPU a host store's write ends
