@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,7 +252,11 @@ def _show(ratio: float, measure: dict) -> float:
 
 
 def _geomean(values) -> float:
-    return float(np.exp(np.log(np.asarray(list(values), dtype=float)).mean()))
+    values = np.asarray(list(values), dtype=float)
+    bad = values[~(np.isfinite(values) & (values > 0))]
+    if bad.size:  # a metric of 0 on one side (an empty peak): no geometric mean says it
+        raise NotMeasured(f"a ratio of {bad[0]:g} among the groups: a geometric mean needs positive, finite ratios")
+    return float(np.exp(np.log(values).mean()))
 
 
 def _format(value: float, shown: str) -> str:
@@ -280,39 +285,42 @@ def _process_rows(by_process: dict, measure: dict) -> dict[str, pd.DataFrame]:
 
 
 def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[tuple]], dict, str]:
-    """Per process, the shown value of each group, the committed run's group ratios, and a note
-    on the re-run groups the committed run's ratio stood in for. A re-run's group is its own only
-    where it measured every variant the committed run measured there: without the fastest
-    competitor (it failed, or was left out) its ratio would be against a slower one."""
+    """Per process, the group ratios the verdict reads, the committed run's group ratios, and a
+    note on the re-runs left out. A process counts only where it measured every group of the
+    committed run, each against every variant the committed run measured there: a re-run of some
+    of the parts, or one that lost the fastest competitor somewhere, says nothing of a maximum or a
+    geomean over all of them, and no other run's ratio may stand in for its missing groups."""
     ratios = {name: _group_ratios(rows, measure) for name, rows in rows_by_process.items()}
     committed = ratios.get(COMMITTED, {})
     if not committed:
         sides = f"{_describe_side(measure['numerator'])} against {_describe_side(measure['baseline'])}"
         raise NotMeasured(f"no group ({', '.join(measure['per'])}) has both sides ({sides}) with {measure['metric']}")
-    committed, uncompared = _comparable(committed)
-    values, absent, incomplete = {}, set(), set()
+    committed, uncompared = _comparable(committed, measure["per"])
+    values, partial = {}, []
     for name, found in ratios.items():
         own = {k: g for k, g in found.items() if k in committed and g.variants >= committed[k].variants}
-        if name != COMMITTED and not own:
+        if len(own) < len(committed):
+            partial.append(f"{name} {len(own)}")
             continue
-        absent |= set(committed) - set(found)
-        incomplete |= {k for k in found.keys() & committed.keys() if k not in own}
-        values[name] = [(key, own.get(key, committed[key])) for key in committed]
-    notes = []
-    if absent and len(values) > 1:
-        notes.append(f"{len(absent)} of {len(committed)} groups not in every re-run")
-    if incomplete:
-        notes.append(f"{len(incomplete)} group(s) re-run without a variant the committed run measured")
-    note = f" ({' and '.join(notes)}: the committed run's ratio stands in)" if notes else ""
+        values[name] = [(key, own[key]) for key in committed]
+    note = ""
+    if partial:
+        note = (
+            f" ({len(partial)} re-run(s) left out, measuring only some of the {len(committed)} groups, or some "
+            f"without a variant the committed run measured: {', '.join(partial)} of {len(committed)})"
+        )
     return values, committed, note + uncompared
 
 
-def _comparable(groups: dict) -> tuple[dict, str]:
+def _comparable(groups: dict, per: list[str]) -> tuple[dict, str]:
     """The groups measured against every competitor their sibling groups (the other graphs of one
     model and mode: :func:`analysis.common.lacking`) tried, and a note on those left out; where no
     group has them all, every group stays and the note says the fields differ. A competitor that
-    suits only some models is expected only where it suits."""
-    missing = lacking({key: g.competitors for key, g in groups.items()})
+    suits only some models is expected only where it suits. Without a graph column (``dataset``)
+    in ``per`` no two groups are graphs of one field."""
+    if "dataset" not in per:
+        return groups, ""
+    missing = lacking({key: g.competitors for key, g in groups.items()}, graph=per.index("dataset"))
     if not missing:
         return groups, ""
     names = ", ".join(sorted(frozenset().union(*missing.values())))
@@ -386,15 +394,23 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
 def _apply_guard(guard: dict, values: dict, text: str, result: str, reason: str) -> tuple[str, str, str]:
     """A second ratio of the same variants (geomean over the groups, per process) that must stay
     at most ``at_most``; out of bounds, or not recorded, the verdict is at best partly."""
-    over = {}
+    over, unknown = {}, 0
     for name, groups in values.items():
         measured = [g.guard for _, g in groups if g.guard is not None]
+        unknown += len(groups) - len(measured)
         if measured:
             over[name] = _geomean(measured)
     bound, metric = guard["at_most"], guard["metric"]
     capped = PARTLY if result == HOLDS else result
     if not over:
         return text, capped, reason + f"; {metric} not recorded: the overhead is unknown"
+    if unknown:  # a geomean over the groups that recorded it would say nothing of the others
+        total = sum(len(groups) for groups in values.values())
+        return (
+            text,
+            capped,
+            reason + f"; {metric} not recorded in {unknown} of {total} groups: the overhead is unknown there",
+        )
     low, high = min(over.values()), max(over.values())
     text += f"; {metric} x baseline: {_format(low, 'ratio')}" + (f" to {_format(high, 'ratio')}" if high > low else "")
     if high > bound:
@@ -423,13 +439,16 @@ def _evaluate_no_oom(rows_by_process: dict, measure: dict, verdict: dict) -> Out
         oom = rows[rows.metric == "out_of_memory"]
         cases = _side(oom, measure["baseline"]).groupby(per, dropna=False).size().index
         ours = _side(rows, measure["numerator"])
+        expected = set(ours.variant)  # the numerator variants this process ran anywhere
         ran = failed = 0
         for case in cases:
             key = case if isinstance(case, tuple) else (case,)
             mine = ours[(ours[per].apply(tuple, axis=1) == key).to_numpy()] if len(ours) else ours
             if mine.empty:
                 continue  # the technique was not run in this case: it counts neither way
-            if (mine.metric == "out_of_memory").any() or not (mine.metric == measure["metric"]).any():
+            timed = set(mine[mine.metric == measure["metric"]].variant)
+            # Every variant ran: one without a row here, where it ran elsewhere, failed here.
+            if (mine.metric == "out_of_memory").any() or timed != expected:
                 failed += 1
             else:
                 ran += 1
@@ -493,6 +512,13 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
         }
         why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items() if names)
         outcome.value += f" (without {why})"
+    records = [load_provenance(p) for p in map(functools.partial(folder.committed, topic), parts) if p.exists()]
+    left_out = sorted({variant for r in records for variant in r.get("parameters", {}).get("leave_out", [])})
+    if left_out and outcome.value:
+        outcome.value += f" ({', '.join(left_out)} not measured: the config leaves them out of some of its parts)"
+    versions = {r.get("code", {}).get("digest") or r.get("git", {}).get("commit") for r in records}
+    if len(versions) > 1 and outcome.value:  # one process's parts, measured at different code
+        outcome.value += f" (its parts measured at {len(versions)} versions of the code)"
     if found.other_runs:
         outcome.value += f" ({len(found.other_runs)} re-run file(s) of other code or hardware left out)"
     if found.cut_short_reruns:

@@ -74,25 +74,29 @@ def same_code_reruns(rerun_files: list[str], committed_files: list[str]) -> tupl
     """The rerun files (other processes of a part) that measured the same code as the committed
     file of the same part, on the same hardware, and the others: a process of other code, or of
     another machine, says nothing of this code's spread here."""
-    committed = {Path(f).name: load_provenance(f) for f in committed_files}
+    # By part and scale: a re-run's fresh ``.csv`` beside a committed ``.csv.gz`` is the same part.
+    committed = {results_name(f): load_provenance(f) for f in committed_files}
     kept, other = [], []
     for f in rerun_files:
-        match, record = committed.get(Path(f).name), load_provenance(f)
+        match, record = committed.get(results_name(f)), load_provenance(f)
         same = match is not None and same_code(record, match) and same_hardware(record, match)
         (kept if same else other).append(f)
     return kept, other
 
 
-def lacking(tried: dict, ran: dict | None = None) -> dict:
-    """Of groups keyed by tuples whose last item is the graph (a scalar key: one graph each), those
-    whose ``tried`` competitors lack one that ran (``ran``, by default ``tried``) in a group that
-    differs only in that last item, with what each lacks. Such a group was measured against a
+def lacking(tried: dict, ran: dict | None = None, graph: int = -1) -> dict:
+    """Of groups keyed by tuples whose item at ``graph`` is the graph (a scalar key: one graph
+    each), those whose ``tried`` competitors lack one that ran (``ran``, by default ``tried``) in a
+    group that differs only in the graph, with what each lacks. Such a group was measured against a
     slower field (a part measured before that competitor was added): a geomean or a maximum over
     graphs leaves it out, as the claims table and the figures do."""
     ran = tried if ran is None else ran
 
     def siblings(key) -> tuple:
-        return key[:-1] if isinstance(key, tuple) else ()
+        if not isinstance(key, tuple):
+            return ()
+        at = graph % len(key)
+        return key[:at] + key[at + 1 :]
 
     field: dict[tuple, frozenset] = {}
     for key in tried:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.common import load_results, machine_label, parts_not_measured, same_code_reruns
+from analysis.common import lacking, load_results, machine_label, parts_not_measured, same_code_reruns
 from harness import config as suite_config
 from harness.errors import UserError
 from harness.topic import discover
@@ -177,3 +177,31 @@ def test_a_loaded_machine_is_named_on_the_label_with_the_largest_share():
     assert "LOADED" not in machine_label([quiet, record("llm_offload", "stores")], missing_parts=False)
     label = machine_label([quiet, loaded], missing_parts=False)
     assert label.endswith("; LOADED MACHINE: other processes used up to 37% of its CPU time while measuring")
+
+
+def test_a_group_lacking_a_competitor_is_found_wherever_its_key_holds_the_graph():
+    """Claims key groups (dataset, model, layers, fanouts): the graph first. Products measured the
+    worker baseline, reddit did not: reddit is the group measured against a slower field, whatever
+    the last item of the key is."""
+    tried = {
+        ("products", "sage", 2, "15,10"): {"cpu_gather", "cpu_gather_workers"},
+        ("reddit", "sage", 2, "15,10"): {"cpu_gather"},
+        ("reddit", "sage", 2, "25,10"): {"cpu_gather"},  # no sibling of another graph: nothing lacks
+    }
+    assert lacking(tried, graph=0) == {("reddit", "sage", 2, "15,10"): frozenset({"cpu_gather_workers"})}
+    # Read with the last item as the graph, the two reddit groups would be siblings and none would lack.
+    assert lacking(tried) == {}
+
+
+def test_a_fresh_rerun_beside_a_compressed_committed_file_is_a_process_of_the_same_part(tmp_path):
+    """Committed results are kept compressed (``X.csv.gz``), a re-run is written as ``X.csv``:
+    the two are one part, and a re-run of the same code counts."""
+    record = Path(__file__).parents[1] / "results" / "h100" / "relational_gnn" / "shapes-h200.provenance.json"
+    rerun = tmp_path / "reruns" / "run2"
+    rerun.mkdir(parents=True)
+    for folder in (tmp_path, rerun):
+        shutil.copy(record, folder / record.name)
+    committed, fresh = tmp_path / "shapes-h200.csv.gz", rerun / "shapes-h200.csv"
+    assert same_code_reruns([str(fresh)], [str(committed)]) == ([str(fresh)], [])
+    shutil.copy(record, tmp_path / "datasets-h200.provenance.json")  # another part: no match
+    assert same_code_reruns([str(fresh)], [str(tmp_path / "datasets-h200.csv.gz")]) == ([], [str(fresh)])
