@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.results import committed
+from harness.results import committed, results_in
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # The topics with renderers: each module registers its tables when imported.
@@ -87,6 +87,17 @@ def results_files(machine: str, topic: str, parts: Sequence[str], scale: str, re
     if missing:
         raise UserError(f"doc table needs results files that are not there: {', '.join(missing)}")
     return files
+
+
+def same_code_processes(machine: str, topic: str, part: str, scale: str) -> list[Path]:
+    """The committed file of ``part``, then its re-runs (``reruns/*/``) of the same code on the same
+    hardware, each its own process: a re-run of other code says nothing of this code's spread."""
+    from analysis.common import same_code_reruns
+
+    committed_file = results_files(machine, topic, [part], scale)[0]
+    reruns = results_in(REPO_ROOT / "results" / machine / topic, f"reruns/*/{part}-{scale}")
+    same, _ = same_code_reruns([str(f) for f in reruns], [str(committed_file)])
+    return [committed_file, *map(Path, same)]
 
 
 def load(files: Sequence[Path], topic: str):

@@ -11,8 +11,7 @@ import functools
 from dataclasses import dataclass
 
 from analysis.common import summarize
-from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
-from harness.results import results_in
+from analysis.doc_tables import REPO_ROOT, Table, load, results_files, same_code_processes, table
 from systems.pytorch_direct import dispatch
 from workloads.feature_gather.dispatch_table import build, process_files
 
@@ -23,12 +22,8 @@ STOCK = ("torch_uva", "torch_uva_sorted")
 
 
 def _processes(part: str) -> list:
-    """The committed file of ``part`` and its re-runs, each its own process."""
-    folder = REPO_ROOT / "results" / MACHINE / "feature_gather"
-    return [
-        *results_files(MACHINE, "feature_gather", [part], SCALE),
-        *results_in(folder, f"reruns/*/{part}-{SCALE}"),
-    ]
+    """The committed file of ``part`` and its re-runs of the same code, each its own process."""
+    return same_code_processes(MACHINE, "feature_gather", part, SCALE)
 
 
 @functools.cache
@@ -58,7 +53,7 @@ def dispatch_cells() -> Table:
     """Every cell of the dispatch table, rebuilt from the results as the table's builder does."""
     files = process_files(REPO_ROOT / "results" / MACHINE / "feature_gather")
     built = build(files)
-    rates, _ = _per_process("table_sizes")
+    rates, same_code = _per_process("table_sizes")
     rows_rates, _ = _per_process("row_sizes")
     both = rates.combine_first(rows_rates)
     lines = [
@@ -86,7 +81,9 @@ def dispatch_cells() -> Table:
         )
     note = (
         f"GB/s, median over {min(c['processes'] for c in built['cells'])} processes of each process's median; "
-        "uniform distinct rows; bold: the fastest path. The last column is the range over processes."
+        "uniform distinct rows; bold: the fastest path (the table's builder reads every process, of any code). "
+        f"The last column is the range over the {len(same_code)} processes of "
+        "the committed run's code."
     )
     return Table(lines, files, note=note)
 

@@ -11,10 +11,10 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from analysis.common import same_code_reruns, summarize
-from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
+from analysis.common import summarize
+from analysis.doc_tables import Table, load, results_files, same_code_processes, table
 from harness.errors import UserError
-from harness.results import load_provenance, results_in
+from harness.results import load_provenance
 from systems.ssdtrain import POLICIES, STORES
 
 MACHINE, SCALE, TOPIC = "h200", "h200", "llm_offload"
@@ -25,12 +25,8 @@ GIB = 2**30
 
 def process_files(part: str) -> list[Path]:
     """The committed file of ``part`` and the same part's reruns (other processes) that measured the
-    same code (analysis.common.same_code_reruns), committed first: a rerun of other code says
-    nothing of this code's spread."""
-    committed = results_files(MACHINE, TOPIC, [part], SCALE)[0]
-    folder = REPO_ROOT / "results" / MACHINE / TOPIC / "reruns"
-    reruns, _ = same_code_reruns([str(f) for f in results_in(folder, f"*/{part}-{SCALE}")], [str(committed)])
-    return [committed, *map(Path, reruns)]
+    same code, committed first: a rerun of other code says nothing of this code's spread."""
+    return same_code_processes(MACHINE, TOPIC, part, SCALE)
 
 
 def over(files: Sequence[Path]) -> str:

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.common import same_code_reruns, summarize
-from analysis.doc_tables import REPO_ROOT, Table, load, results_files, table
+from analysis.common import summarize
+from analysis.doc_tables import Table, load, results_files, same_code_processes, table
 from harness.registry import COMPETITOR_ROLES
-from harness.results import results_in
 
 MACHINE, SCALE, TOPIC = "h200", "h200", "relational_gnn"
 PARTS = ("knowledge_graphs", "more_knowledge_graphs", "datasets", "large_datasets", "largest_datasets")
@@ -41,10 +40,7 @@ SHAPE_PARTS = ("shapes",)
 
 def process_files(part: str) -> list[Path]:
     """The committed file of ``part``, then its re-runs of the same code (each its own process)."""
-    committed = results_files(MACHINE, TOPIC, [part], SCALE)
-    reruns = results_in(REPO_ROOT / "results" / MACHINE / TOPIC, f"reruns/*/{part}-{SCALE}")
-    same, _ = same_code_reruns([str(f) for f in reruns], [str(f) for f in committed])
-    return committed + [Path(f) for f in same]
+    return same_code_processes(MACHINE, TOPIC, part, SCALE)
 
 
 def medians(files: Sequence[Path]):
