@@ -161,20 +161,31 @@ def geomean(values) -> float:
     return float(np.exp(np.log(np.array(values)).mean()))
 
 
+def _competitors(found, key) -> set:
+    return set(found[key][2].variant) & set(COMPETITORS)
+
+
 def measured_in(by_process, key) -> list[float]:
-    """The speedup of ``key`` in each process that measured it, the committed one first."""
-    return [found[key][3] for found in by_process if key in found]
+    """The speedup of ``key`` in each process that measured it against every competitor the
+    committed process had there (a rerun's competitor that failed would leave a slower field), the
+    committed one first."""
+    committed = by_process[0]
+    return [
+        found[key][3]
+        for found in by_process
+        if key in found and _competitors(found, key) >= _competitors(committed, key)
+    ]
 
 
 def geomeans(by_process, keys) -> list[float]:
     """The geomean over ``keys`` in the committed process, then in each other process that measured
-    any of them; a key that process did not measure counts with the committed process's speedup,
-    so that each geomean is over the same graphs."""
+    every one of them against every competitor the committed process had there: no process's
+    speedup stands in for another's, and none is against a slower field."""
     committed = by_process[0]
     each = [geomean([committed[k][3] for k in keys])]
     for found in by_process[1:]:
-        if any(k in found for k in keys):
-            each.append(geomean([(found if k in found else committed)[k][3] for k in keys]))
+        if all(k in found and _competitors(found, k) >= _competitors(committed, k) for k in keys):
+            each.append(geomean([found[k][3] for k in keys]))
     return each
 
 
@@ -329,10 +340,11 @@ if OPTIMIZED:
     if groups and len(processes) > 1:
         lines += [
             "",
-            "Geomean range: the committed run's geomean and each rerun's (reruns/run*/, each a separate process), "
-            "over the same graphs; where a rerun did not measure a graph, the committed run's speedup stands in "
-            "for it. Faster: the side ahead in every process's geomean, else not settled. Ideal geomean: the "
-            "committed process's, over the same graphs, of the best variant per graph picked after measuring.",
+            "Geomean range: the committed run's geomean and that of each rerun (reruns/run*/, each a separate "
+            "process) that measured every graph of the row against every competitor the committed run had there "
+            "(count in brackets). Faster: the side ahead in every such process's geomean, else not settled. "
+            "Ideal geomean: the committed process's, over the same graphs, of the best variant per graph picked "
+            "after measuring.",
         ]
     for widths, label in ((oom.in_dim == width, f"width {width}"), (oom.in_dim != width, "the other widths")):
         ooms = oom[widths].groupby(oom[widths].role == "optimized").size()
