@@ -239,14 +239,20 @@ class FakeDriver:
 
     def __init__(self):
         self.registered = {}
+        self.last_error = 0  # as the runtime: a failed call's error stays until read
 
     def cudaHostRegister(self, address, nbytes, flags):
         pages = range(address // PAGE, (address + nbytes - 1) // PAGE + 1)
         for start, size in self.registered.items():  # as the driver: a page is registered once
             if range(max(pages.start, start // PAGE), min(pages.stop, (start + size - 1) // PAGE + 1)):
-                return 712  # cudaErrorHostMemoryAlreadyRegistered
+                self.last_error = 712  # cudaErrorHostMemoryAlreadyRegistered
+                return self.last_error
         self.registered[address] = nbytes
         return 0
+
+    def cudaGetLastError(self):
+        error, self.last_error = self.last_error, 0
+        return error
 
     def cudaHostUnregister(self, address):
         del self.registered[address]
@@ -266,6 +272,7 @@ class HostBytes:
 def fake_driver(monkeypatch):
     driver = FakeDriver()
     monkeypatch.setattr(unified_module, "_cudart", lambda: driver)
+    monkeypatch.setattr(unified_module, "_process_cudart", lambda: driver)
     monkeypatch.setattr(nvrtc, "device_pointer_of_pinned", lambda tensor: tensor.data_ptr())
     monkeypatch.setattr(
         unified_module, "_wrap_device_bytes", lambda memory: torch.from_numpy(np.asarray(HostBytes(memory)))
@@ -303,16 +310,20 @@ def test_a_second_table_in_pinned_pages_is_refused_in_one_line(fake_driver):
     with pytest.raises(ValueError, match=r"^part of the tensor's memory is already page-locked"):
         UnifiedTensor(second)
     assert list(fake_driver.registered) == [first.data_ptr()]
+    assert fake_driver.last_error == 0, "the refused registration's error was left for torch's next launch check"
     unified.close()
 
 
 @pytest.mark.gpu
 def test_the_driver_refuses_a_second_table_in_pinned_pages_as_the_fake_one_does():
+    """And the refusal leaves no CUDA error behind: the next kernel launch succeeds (the failed
+    registration is the thread's last error until read, and torch's launch check would raise it)."""
     first, second = _two_views_of_one_array()
     unified = UnifiedTensor(first)
     try:
         with pytest.raises(ValueError, match="already page-locked"):
             UnifiedTensor(second)
+        assert torch.arange(5, device="cuda").mul(3).sum().item() == 30
     finally:
         unified.close()
 

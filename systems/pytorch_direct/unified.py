@@ -31,6 +31,8 @@ finished: synchronise first); and writing ``t`` on the CPU while GPU work reads 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import gc
 import weakref
 
@@ -69,6 +71,26 @@ def _check_options(kernel, dedup, max_threads) -> None:
         raise ValueError(f"max_threads must be a whole number >= 0 (0: all), got {max_threads!r}")
 
 
+@functools.cache
+def _process_cudart() -> ctypes.CDLL | None:
+    """The CUDA runtime library this process loaded (torch's), or None where none is loaded."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "/libcudart.so" in line})
+    except OSError:
+        return None
+    return ctypes.CDLL(paths[0]) if paths else None
+
+
+def _forget_failed_call() -> None:
+    """A failed runtime call stays the thread's last error, which torch's check after its next
+    kernel launch would raise as that kernel's: read it, which resets it (a refusal the caller
+    handles must not fail an unrelated operation later)."""
+    cudart = _process_cudart()
+    if cudart is not None:
+        cudart.cudaGetLastError()
+
+
 def _unregister(tensor: torch.Tensor, nbytes: int) -> None:
     # `tensor` is held here so its memory outlives the registration. Kernels already queued (an
     # asynchronous sorted gather, a read through an alias just dropped) may still read it.
@@ -77,6 +99,7 @@ def _unregister(tensor: torch.Tensor, nbytes: int) -> None:
     error = _cudart().cudaHostUnregister(tensor.data_ptr())
     resources.note_registered_pinned(-nbytes)
     if int(error) != 0:
+        _forget_failed_call()
         raise RuntimeError(f"cudaHostUnregister failed with CUDA error {int(error)}")
 
 
@@ -152,6 +175,8 @@ class UnifiedTensor:
         if tensor.is_pinned():
             raise ValueError("the tensor's memory is already page-locked (pin_memory() or another UnifiedTensor)")
         error = cudart.cudaHostRegister(tensor.data_ptr(), nbytes, CUDA_HOST_REGISTER_PORTABLE_MAPPED)
+        if int(error) != 0:
+            _forget_failed_call()
         if int(error) == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
             # A view the check above cannot see as one: torch.from_numpy of a numpy view owns a
             # storage of exactly its bytes, inside an array another UnifiedTensor pinned a part of.
