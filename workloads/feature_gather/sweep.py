@@ -243,6 +243,10 @@ def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reorde
     out = run()
     if batch.device == "cuda":
         torch.cuda.synchronize()  # a variant may still be writing where it should not
+    # The rows as they are the moment the variant returns: one that returns while its own work
+    # (a thread, a stream it did not wait for) still writes them would pass a check that reads
+    # the live rows after that work ended, and be timed without it.
+    returned = out.detach().to("cpu", copy=True) if isinstance(out, torch.Tensor) else out
     if not torch.equal(batch.idx, given):
         batch.idx.copy_(given)
         raise WrongResult(
@@ -256,7 +260,7 @@ def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reorde
         raise WrongResult(f"feature_gather: variant '{variant}' returned {got}; the batch's rows are {wanted}")
     for start in range(0, n, CHECKED_ROWS):
         rows = slice(start, start + CHECKED_ROWS)
-        got = out[rows].cpu().contiguous().view(torch.uint8)
+        got = returned[rows].contiguous().view(torch.uint8)
         expected = table[batch.idx[rows].cpu()].contiguous().view(torch.uint8)
         if not torch.equal(got, expected):
             raise WrongResult(
@@ -264,6 +268,13 @@ def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reorde
                 f"{min(start + CHECKED_ROWS, n) - 1} of {n} hold a difference)"
                 + (": it must read batch.idx on every call (the indices were reordered)" if reordered else "")
             )
+    if batch.device == "cuda":
+        torch.cuda.synchronize()
+    if not torch.equal(out.detach().cpu().contiguous().view(torch.uint8), returned.contiguous().view(torch.uint8)):
+        raise WrongResult(
+            f"feature_gather: variant '{variant}' changed the rows it returned after returning them: it must finish "
+            "its work (join its threads, wait for its streams) before it returns"
+        )
     if not _shares_memory(out, table):
         (out.view(torch.uint8) if out.is_contiguous() else out).fill_(POISON)
 
