@@ -227,6 +227,18 @@ def test_a_rerun_that_lost_the_fastest_competitor_is_no_process_of_that_graph(tm
     assert cells(row(geomeans, "rgcn", "inference", "dataset-shaped"))[8:10] == ["(1)", "Hector (1/1)"]
 
 
+def test_a_users_own_optimized_form_is_not_counted_as_one_of_hectors(tmp_path, monkeypatch):
+    """A form of role optimized that is not Hector's (a user's own technique, faster than every
+    Hector variant on toy) is no part of Hector's ideal or ablation, and the table says so."""
+    monkeypatch.setitem(ROLES, "my_technique", "optimized")
+    text, _ = render(tmp_path, first_calls=False, step_ms={**STEP_MS, "my_technique": {"toy": 0.5, "toy-like": 0.5}})
+    speedups = section(text, "Hector (hector_best) against the fastest competitor")
+    assert cells(row(speedups, "rgcn", "inference", "toy"))[-2:] == ["hector_novel 1.000", "2.00"]
+    assert "Not Hector's, so in no column here: my_technique" in speedups
+    assert "my_technique" not in section(text, "Hector's ablation")
+    assert row(text, "toy", "2.00", "rgcn", "64", "inference", "my_technique")  # listed with every form
+
+
 def test_results_without_first_calls_print_no_first_call_table(tmp_path):
     text, _ = render(tmp_path, first_calls=False)
     assert "## First call" not in text
