@@ -1273,6 +1273,23 @@ def test_a_figure_of_cpu_baselines_alone_neither_names_pytorch_direct_nor_draws_
     assert not [w for w in words if "PyTorch-Direct" in w or "paper" in w]
 
 
+def test_a_users_own_pipeline_is_not_named_pytorch_direct_nor_given_its_paper_line(tmp_path, monkeypatch):
+    pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
+    from analysis.render import main as render_notebook
+
+    monkeypatch.setitem(ROLE, "my_pipeline", "optimized")
+    results = tmp_path / "products-test.csv"
+    write_part(results, "products", {"cpu_gather": 3.0, "my_pipeline": 1.5})
+    render_notebook(
+        ["analysis/gnn_training.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]
+        + ["-p", "scale=test", "--topic", "gnn_training", "--results", f"gnn_training={results}"]
+        + ["--figure", str(tmp_path / "gt.png"), "--summary", str(tmp_path / "gt.md")]
+    )
+    words = figure_words(tmp_path / "nb.text.json")
+    assert words[0].startswith("Minibatch GNN training: my_pipeline (no PyTorch-Direct pipeline ran)"), words[0]
+    assert not [w for w in words if "paper" in w]
+
+
 def test_holds_in_all_runs_on_a_synthetic_frame():
     import pandas as pd
 
