@@ -147,3 +147,24 @@ def test_rows_of_another_type_are_refused_even_where_their_values_are_equal():
         return x.half(), moved  # the ring's values are whole numbers, exact in float16
 
     _refused_before_timing("user_half_rows", half_rows)
+
+
+@pytest.mark.parametrize(
+    "gather, got",
+    [
+        (lambda pipeline, sub: gather_in_process(pipeline, sub)[0], "Tensor"),  # the rows alone
+        (lambda pipeline, sub: (*gather_in_process(pipeline, sub), 0), "a tuple of 3"),
+        (lambda pipeline, sub: None, "NoneType"),
+    ],
+    ids=["rows alone", "three items", "none"],
+)
+def test_a_gather_that_returns_no_pair_is_refused_in_one_line_naming_the_pipeline(gather, got):
+    """Unpacked as it came, the rows of a batch of two nodes would pass for the pair."""
+    from harness.errors import UserError
+
+    PIPELINE_KINDS.register(PipelineKind("user_no_pair", "baseline", gather=gather))
+    try:
+        with pytest.raises(UserError, match=rf"^pipeline user_no_pair: gather\(pipeline, item\) returned {got};"):
+            train.check_rows(Pipeline("user_no_pair", _ring(), [2, 2], 8, seed=0), "before")
+    finally:
+        PIPELINE_KINDS.unregister("user_no_pair")

@@ -269,7 +269,7 @@ def _check_batches(pipeline: Pipeline, when: str, device: int | None) -> None:
     graph, size = pipeline.graph, pipeline.batch_size
     for index, seeds in enumerate(graph.train_idx[: CHECKED_BATCHES * size].split(size)):
         item = pipeline.training_batches.finish(pipeline.sampler.sample(seeds, batch_number(0, index)))
-        x, _ = pipeline.kind.gather(pipeline, item)
+        x, _ = pipeline.gathered(item)
         if device is not None:
             torch.cuda.synchronize()  # a gather may run on the pipeline's side stream
         n_id = (item.subgraph if isinstance(item, GatheredBatch) else item).n_id.cpu()

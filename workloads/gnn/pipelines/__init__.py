@@ -627,7 +627,7 @@ class Pipeline:
         with self._phase("sample"):  # with workers: the wait for the next finished batch
             item = next(items)
         with self._phase("gather"):
-            x, moved = self.kind.gather(self, item)
+            x, moved = self.gathered(item)
             if isinstance(item, GatheredBatch):
                 sub, y = item.subgraph, item.y
             else:
@@ -635,6 +635,18 @@ class Pipeline:
             edge_index = self._to_device(sub.edge_index)
             y = self._to_device(y)
         return Minibatch(x, edge_index, y, sub.batch_size, moved)
+
+    def gathered(self, item) -> tuple[torch.Tensor, int | torch.Tensor]:
+        """The kind's ``gather`` of ``item``, refused in one line naming the pipeline where it is
+        not (rows, feature bytes moved): unpacked as it comes, two rows would pass for the pair."""
+        result = self.kind.gather(self, item)
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
+            got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+            raise UserError(
+                f"pipeline {self.name}: gather(pipeline, item) returned {got}; it returns (rows on the training "
+                "device, feature bytes moved)"
+            )
+        return result
 
     def row_bytes(self) -> int:
         return self.graph.features.shape[1] * self.graph.features.element_size()
