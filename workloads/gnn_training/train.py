@@ -61,9 +61,13 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     started = time.perf_counter()
     if "scale_factor" not in params and not params.get("published_dir"):
         raise UserError(f"part {part} has no block at this scale in config/gnn_training.yaml (its scale_factor)")
-    unknown = sorted(set(params.get("pipelines") or ()) - set(PIPELINES) - set(UNAVAILABLE_PIPELINES))
+    known = set(PIPELINES) | set(UNAVAILABLE_PIPELINES)
+    unknown = sorted(set(params.get("pipelines") or ()) - known)
     if unknown:  # refused before the graph is made (minutes at full size)
         raise UserError(f"part {part}: unknown pipelines {unknown}; the registry has {', '.join(PIPELINES)}")
+    unknown = sorted(set(shared.get("pipeline_datasets", {})) - known)
+    if unknown:
+        raise UserError(f"pipeline_datasets names unknown pipelines {unknown}; the registry has {', '.join(PIPELINES)}")
     for model_spec in params.get("models", shared["models"]):  # also before the graph is made
         try:
             check_model(model_spec["name"], model_spec["layers"], model_spec["fanouts"])
