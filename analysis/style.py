@@ -207,15 +207,23 @@ def color(variant: str) -> str:
 
 
 # An offload store this module has never seen (a user's own) gets a marker none of the suite's
-# stores has, the same in every figure and every run (a checksum of its name).
+# stores has: the one a checksum of its name picks, or where an unseen store drawn before took
+# that one, the next free one, so that two of them in one figure never share a marker.
 UNSEEN_MARKERS = ["P", "X", "*", "h", "p", "<", ">", "d"]
+_UNSEEN_STORES: dict[str, str] = {}
 
 
 def store_marker(store) -> str:
     """The marker of an offload store in the offloading figures (None: a policy without one)."""
     if store in STORE_MARKERS:
         return STORE_MARKERS[store]
-    return UNSEEN_MARKERS[zlib.crc32(str(store).encode()) % len(UNSEEN_MARKERS)]
+    name = str(store)
+    if name not in _UNSEEN_STORES:
+        start = zlib.crc32(name.encode()) % len(UNSEEN_MARKERS)
+        taken = set(_UNSEEN_STORES.values())
+        free = [UNSEEN_MARKERS[(start + i) % len(UNSEEN_MARKERS)] for i in range(len(UNSEEN_MARKERS))]
+        _UNSEEN_STORES[name] = next((m for m in free if m not in taken), free[0])  # past 8: shared again
+    return _UNSEEN_STORES[name]
 
 
 # The labels registry entries give (``Entry.label``), by name, once a notebook has read them from

@@ -51,6 +51,8 @@ def test_a_users_own_store_gets_a_marker_no_suite_store_has_and_its_registered_l
         marker = style.store_marker(store)
         assert marker not in style.STORE_MARKERS.values() and marker == style.store_marker(store)
     assert style.store_marker("file") == style.STORE_MARKERS["file"]
+    # Two whose names' checksums pick the same marker are still told apart.
+    assert style.store_marker("zlib_host") != style.store_marker("my_clone_store")
     assert style.readable("my_nvme", "NVMe RAID") == "NVMe RAID"
     assert style.readable("my_nvme") == "my_nvme" and style.readable("host", "ignored") == "host memory"
 
