@@ -182,6 +182,12 @@ def test_a_new_store_and_a_new_policy_are_measured_from_their_entries_alone(scra
     assert "test_host_copy" not in STORES and "test_every_other" not in POLICIES  # gone with the block
 
 
+def test_a_stores_make_of_another_signature_is_refused_in_one_line_naming_the_store(tmp_path):
+    entry = StoreEntry("test_one_argument", "optimized", make=lambda params: HostStore())
+    with pytest.raises(UserError, match=r"^offload store test_one_argument: make\(params\) cannot be called as make"):
+        entry.build({}, tmp_path)
+
+
 def test_names_are_checked_against_the_registries_in_one_line(scratch):
     notes = {"skipped": {}}
     with pytest.raises(UserError, match=r"unknown offloading policy 'nope'; one of .*offload_all"):

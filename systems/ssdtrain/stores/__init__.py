@@ -19,10 +19,12 @@ store and hand it to an ``Offloader`` or a policy (systems/ssdtrain/policies).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.errors import UserError
 from harness.registry import Entry, Registry
 from systems.ssdtrain.stores._base import READ, WRITE, Store, StoreCorrupted, StoreCounters
 
@@ -68,6 +70,13 @@ class StoreEntry(Entry):
             # the home folder's x here too, not a folder named "~".
             folder = Path(folder).expanduser()
             folder.mkdir(parents=True, exist_ok=True)
+        try:  # a make of another signature would fail inside, with a TypeError naming no store
+            inspect.signature(self.make).bind(params, folder, **setting)
+        except TypeError as error:
+            raise UserError(
+                f"offload store {self.name}: make{inspect.signature(self.make)} cannot be called as "
+                f"make(params, folder{''.join(f', {k}=...' for k in setting)}): {error}"
+            ) from None
         return self.make(params, folder, **setting)
 
 
