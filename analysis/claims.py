@@ -513,7 +513,11 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
         why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items() if names)
         outcome.value += f" (without {why})"
     records = [load_provenance(p) for p in map(functools.partial(folder.committed, topic), parts) if p.exists()]
-    left_out = sorted({variant for r in records for variant in r.get("parameters", {}).get("leave_out", [])})
+    left_out = {variant for r in records for variant in r.get("parameters", {}).get("leave_out", [])}
+    baseline = measure.get("baseline", {})
+    if "variants" in baseline:  # else (roles) any left out may have been a competitor
+        left_out &= set(baseline["variants"])
+    left_out = sorted(left_out)
     if left_out and outcome.value:
         outcome.value += f" ({', '.join(left_out)} not measured: the config leaves them out of some of its parts)"
     versions = {r.get("code", {}).get("digest") or r.get("git", {}).get("commit") for r in records}
