@@ -312,6 +312,10 @@ def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[
     return values, committed, note + uncompared
 
 
+def _left_out_note(names: list[str]) -> str:
+    return f" ({len(names)} re-run(s) of only some of the parts left out: {', '.join(names)})" if names else ""
+
+
 def _comparable(groups: dict, per: list[str]) -> tuple[dict, str]:
     """The groups measured against every competitor their sibling groups (the other graphs of one
     model and mode: :func:`analysis.common.lacking`) tried, and a note on those left out; where no
@@ -357,7 +361,7 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
         baseline_oom = any(
             (_side(rows, measure["baseline"]).metric == "out_of_memory").any() for rows in rows_by_process.values()
         )
-    values, committed, stood_in = _ratio_values(rows_by_process, measure)
+    values, committed, left_out = _ratio_values(rows_by_process, measure)
     shown, higher = measure["value"], _higher_is_better(measure)
     per_process = {name: _aggregate(groups, measure) for name, groups in values.items()}
     head = per_process[COMMITTED]
@@ -375,7 +379,7 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
             text += f", at {_group_label(measure['per'], key)}: {g.numerator} vs {g.baseline}"
         elif len({g.baseline for g in committed.values()}) > 1:
             text += f"; baselines picked: {', '.join(sorted({g.baseline for g in committed.values()}))}"
-    text += f"; {_spread(list(per_process.values()), shown)}{stood_in}"
+    text += f"; {_spread(list(per_process.values()), shown)}{left_out}"
     if measure.get("requires_baseline_oom") and not baseline_oom:
         return Outcome(
             NOT_MEASURED,
@@ -396,7 +400,7 @@ def _apply_guard(guard: dict, values: dict, text: str, result: str, reason: str)
     at most ``at_most``; out of bounds, or not recorded, the verdict is at best partly."""
     over, unknown = {}, 0
     for name, groups in values.items():
-        measured = [g.guard for _, g in groups if g.guard is not None]
+        measured = [g.guard for _, g in groups if g.guard is not None and np.isfinite(g.guard) and g.guard > 0]
         unknown += len(groups) - len(measured)
         if measured:
             over[name] = _geomean(measured)
@@ -405,12 +409,8 @@ def _apply_guard(guard: dict, values: dict, text: str, result: str, reason: str)
     if not over:
         return text, capped, reason + f"; {metric} not recorded: the overhead is unknown"
     if unknown:  # a geomean over the groups that recorded it would say nothing of the others
-        total = sum(len(groups) for groups in values.values())
-        return (
-            text,
-            capped,
-            reason + f"; {metric} not recorded in {unknown} of {total} groups: the overhead is unknown there",
-        )
+        where = f"{unknown} group(s)" + (f" of {len(values)} processes" if len(values) > 1 else "")
+        return text, capped, reason + f"; {metric} not recorded in {where}: the overhead is unknown there"
     low, high = min(over.values()), max(over.values())
     text += f"; {metric} x baseline: {_format(low, 'ratio')}" + (f" to {_format(high, 'ratio')}" if high > low else "")
     if high > bound:
@@ -439,16 +439,15 @@ def _evaluate_no_oom(rows_by_process: dict, measure: dict, verdict: dict) -> Out
         oom = rows[rows.metric == "out_of_memory"]
         cases = _side(oom, measure["baseline"]).groupby(per, dropna=False).size().index
         ours = _side(rows, measure["numerator"])
-        expected = set(ours.variant)  # the numerator variants this process ran anywhere
         ran = failed = 0
         for case in cases:
             key = case if isinstance(case, tuple) else (case,)
             mine = ours[(ours[per].apply(tuple, axis=1) == key).to_numpy()] if len(ours) else ours
             if mine.empty:
                 continue  # the technique was not run in this case: it counts neither way
-            timed = set(mine[mine.metric == measure["metric"]].variant)
-            # Every variant ran: one without a row here, where it ran elsewhere, failed here.
-            if (mine.metric == "out_of_memory").any() or timed != expected:
+            # A variant that ran out of memory left a row saying so; one without a row did not run
+            # there (the part's config left it out).
+            if (mine.metric == "out_of_memory").any() or not (mine.metric == measure["metric"]).any():
                 failed += 1
             else:
                 ran += 1
@@ -456,10 +455,15 @@ def _evaluate_no_oom(rows_by_process: dict, measure: dict, verdict: dict) -> Out
             per_process[name], counts[name] = ran / (ran + failed), (ran, ran + failed)
     if COMMITTED not in per_process:
         raise NotMeasured(f"no case here where {_describe_side(measure['baseline'])} ran out of memory")
+    # A re-run of some of the parts met fewer of the cases: no process of this claim.
+    partial = [name for name in per_process if counts[name][1] < counts[COMMITTED][1]]
+    for name in partial:
+        del per_process[name]
     ran, cases = counts[COMMITTED]
     text = (
-        f"{_describe_side(measure['numerator'])} ran in {ran} of {cases} cases ({', '.join(per)}) where "
-        f"some {_describe_side(measure['baseline'])} ran out of memory; {_spread(list(per_process.values()), 'no_oom')}"
+        f"no out-of-memory failure of {_describe_side(measure['numerator'])} in {ran} of {cases} cases "
+        f"({', '.join(per)}) where some {_describe_side(measure['baseline'])} ran out of memory; "
+        f"{_spread(list(per_process.values()), 'no_oom')}{_left_out_note(partial)}"
     )
     grades = {name: _grade(v, verdict, True) for name, v in per_process.items()}
     result, reason = _verdict_of(grades, verdict, True, "no_oom")
@@ -467,15 +471,19 @@ def _evaluate_no_oom(rows_by_process: dict, measure: dict, verdict: dict) -> Out
 
 
 def _evaluate_largest(rows_by_process: dict, measure: dict, verdict: dict) -> Outcome:
-    column, per_process = measure["column"], {}
+    column, per_process, graphs = measure["column"], {}, {}
     for name, rows in rows_by_process.items():
         mine = _side(rows, measure["numerator"])
         mine = mine[mine.metric == measure["metric"]]
         if not mine.empty:
-            per_process[name] = float(mine[column].max())
+            per_process[name], graphs[name] = float(mine[column].max()), set(mine.dataset)
     if COMMITTED not in per_process:
         raise NotMeasured(f"no {measure['metric']} rows of {_describe_side(measure['numerator'])}")
-    text = f"{_format(per_process[COMMITTED], 'largest')} ({column})"
+    # A re-run of some of the parts never measured the largest graph: no process of this claim.
+    partial = [name for name in per_process if not graphs[name] >= graphs[COMMITTED]]
+    for name in partial:
+        del per_process[name]
+    text = f"{_format(per_process[COMMITTED], 'largest')} ({column})" + _left_out_note(partial)
     grades = {name: _grade(v, verdict, True) for name, v in per_process.items()}
     result, reason = _verdict_of(grades, verdict, True, "largest")
     return Outcome(result, text, reason)
@@ -520,7 +528,8 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
     left_out = sorted(left_out)
     if left_out and outcome.value:
         outcome.value += f" ({', '.join(left_out)} not measured: the config leaves them out of some of its parts)"
-    versions = {r.get("code", {}).get("digest") or r.get("git", {}).get("commit") for r in records}
+    digests = [(r.get("code") or {}).get("digest") for r in records]
+    versions = set(digests) if all(digests) else {(r.get("git") or {}).get("commit") for r in records}
     if len(versions) > 1 and outcome.value:  # one process's parts, measured at different code
         outcome.value += f" (its parts measured at {len(versions)} versions of the code)"
     if found.other_runs:

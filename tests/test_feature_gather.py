@@ -400,3 +400,56 @@ def test_the_notebook_shows_a_variant_it_has_never_seen(tmp_path, no_gpu):
     # The title names only what is drawn: the row-size panel, not the table sizes nobody measured.
     assert "bandwidth of each path, by row size (bold: the suite's paths" in words[0]
     assert "table size" not in words[0]
+
+
+@pytest.mark.parametrize("late", ["the tail", "a row rewritten"])
+def test_a_variant_whose_thread_still_writes_after_it_returns_is_refused(monkeypatch, late):
+    """Its thread writes once the variant has returned (sequenced here through the check's copy of
+    the returned rows, so the race is the same on every run): the rows it returned are incomplete
+    ("the tail": rows the thread had not written yet), or change after it returned ("a row
+    rewritten")."""
+    import threading
+
+    from workloads.feature_gather import sweep as sweep_module
+
+    returned, written = threading.Event(), threading.Event()
+    real = sweep_module._as_returned
+
+    def copy_then_let_the_thread_write(out):
+        rows = real(out)
+        returned.set()
+        written.wait(timeout=60)
+        return rows
+
+    monkeypatch.setattr(sweep_module, "_as_returned", copy_then_let_the_thread_write)
+
+    def racy(b):
+        def run():
+            returned.clear(), written.clear()
+            n = b.idx.shape[0]
+            out = b.staging[:n]
+            head = n // 4 if late == "the tail" else n
+            torch.index_select(b.table, 0, b.idx[:head], out=out[:head])
+
+            def finish():
+                returned.wait(timeout=60)
+                if late == "the tail":
+                    torch.index_select(b.table, 0, b.idx[head:], out=out[head:])
+                else:
+                    out[n // 2] += 1
+                written.set()
+
+            threading.Thread(target=finish, daemon=True).start()
+            return out
+
+        return run
+
+    refusal = "returned rows that differ from the table" if late == "the tail" else "changed the rows it returned"
+    with registered(GatherVariant("demo_racy", "optimized", make=racy)):
+        sweep = cpu_sweep(["demo_racy"], ResultsWriter(SCHEMA, scale="tiny"))
+        table = sweep.host.view(1 << 20, "fp32", 8)
+        batch = sweep.batch(table, uniform_rows(table.shape[0], 20011, sweep.generator))
+        with pytest.raises(WrongResult, match=refusal):
+            sweep.run_batch(batch, {})
+        del batch
+        sweep.close()

@@ -272,7 +272,7 @@ class HostBytes:
 def fake_driver(monkeypatch):
     driver = FakeDriver()
     monkeypatch.setattr(unified_module, "_cudart", lambda: driver)
-    monkeypatch.setattr(unified_module, "_process_cudart", lambda: driver)
+    monkeypatch.setattr(unified_module, "_process_cudarts", lambda: (driver,))
     monkeypatch.setattr(nvrtc, "device_pointer_of_pinned", lambda tensor: tensor.data_ptr())
     monkeypatch.setattr(
         unified_module, "_wrap_device_bytes", lambda memory: torch.from_numpy(np.asarray(HostBytes(memory)))

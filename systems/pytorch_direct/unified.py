@@ -72,22 +72,31 @@ def _check_options(kernel, dedup, max_threads) -> None:
 
 
 @functools.cache
-def _process_cudart() -> ctypes.CDLL | None:
-    """The CUDA runtime library this process loaded (torch's), or None where none is loaded."""
+def _process_cudarts() -> tuple[ctypes.CDLL, ...]:
+    """The CUDA runtime libraries this process loaded (torch's among them; none without CUDA)."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "/libcudart.so" in line})
+            fields = [line.split(maxsplit=5) for line in maps]
     except OSError:
-        return None
-    return ctypes.CDLL(paths[0]) if paths else None
+        return ()
+    paths = sorted({f[5].strip() for f in fields if len(f) == 6 and "/libcudart.so" in f[5]})
+    found = []
+    for path in paths:
+        if path.endswith("(deleted)"):  # replaced on disk since it was loaded: not to be opened again
+            continue
+        try:
+            found.append(ctypes.CDLL(path))
+        except OSError:
+            continue
+    return tuple(found)
 
 
 def _forget_failed_call() -> None:
     """A failed runtime call stays the thread's last error, which torch's check after its next
     kernel launch would raise as that kernel's: read it, which resets it (a refusal the caller
-    handles must not fail an unrelated operation later)."""
-    cudart = _process_cudart()
-    if cudart is not None:
+    handles must not fail an unrelated operation later). Each runtime loaded keeps its own; the
+    failed call was torch's, whichever of them that is."""
+    for cudart in _process_cudarts():
         cudart.cudaGetLastError()
 
 

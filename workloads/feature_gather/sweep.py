@@ -224,8 +224,10 @@ class Sweep:
 
 
 def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reordered: bool = False) -> None:
-    """Compare every row a variant returns with the reference ``table[idx]``, byte for byte (in
-    chunks, so that the reference never takes a whole batch's memory).
+    """Compare every row a variant returns with the reference ``table[idx]``, byte for byte: the
+    rows as they were when it returned (a host copy of the batch), against the reference in chunks
+    (which so never takes a whole batch's memory), and the rows once more after that, which must
+    not have changed: a variant whose own threads still write them has returned too early.
 
     The batch's buffers are poisoned first: several variants write into the same ``out`` and
     staging buffers, so one that wrote nothing would otherwise pass on the rows the one before
@@ -243,10 +245,7 @@ def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reorde
     out = run()
     if batch.device == "cuda":
         torch.cuda.synchronize()  # a variant may still be writing where it should not
-    # The rows as they are the moment the variant returns: one that returns while its own work
-    # (a thread, a stream it did not wait for) still writes them would pass a check that reads
-    # the live rows after that work ended, and be timed without it.
-    returned = out.detach().to("cpu", copy=True) if isinstance(out, torch.Tensor) else out
+    returned = _as_returned(out)
     if not torch.equal(batch.idx, given):
         batch.idx.copy_(given)
         raise WrongResult(
@@ -277,6 +276,13 @@ def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reorde
         )
     if not _shares_memory(out, table):
         (out.view(torch.uint8) if out.is_contiguous() else out).fill_(POISON)
+
+
+def _as_returned(out):
+    """A host copy of the rows as they are the moment the variant returned: one that returns while
+    its own threads still write them would pass a check reading the live rows after those threads
+    ended, and be timed without their work (a GPU's queued work has been waited for already)."""
+    return out.detach().to("cpu", copy=True) if isinstance(out, torch.Tensor) else out
 
 
 @contextmanager
