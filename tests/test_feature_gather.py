@@ -216,8 +216,13 @@ def indices_sorted_in_place(b):
     ids=["sorted_in_place", "gathered_when_built", "one_middle_row", "handed_back", "a_row_short", "float64", "none"],
 )
 def test_every_row_of_every_call_is_checked_and_a_wrong_result_is_one_line(make, refusal):
-    with registered(GatherVariant("demo_wrong", "optimized", make=make)):
-        sweep = cpu_sweep(["demo_wrong"], ResultsWriter(SCHEMA, scale="tiny"))
+    assert_refused(GatherVariant("demo_wrong", "optimized", make=make), refusal)
+
+
+def assert_refused(variant: GatherVariant, refusal: str) -> None:
+    """``variant`` alone, on a batch of 20011 rows of a 1 Mi-row table, is refused with ``refusal``."""
+    with registered(variant):
+        sweep = cpu_sweep([variant.name], ResultsWriter(SCHEMA, scale="tiny"))
         table = sweep.host.view(1 << 20, "fp32", 8)
         batch = sweep.batch(table, uniform_rows(table.shape[0], 20011, sweep.generator))
         with pytest.raises(WrongResult, match=refusal):
@@ -445,11 +450,4 @@ def test_a_variant_whose_thread_still_writes_after_it_returns_is_refused(monkeyp
         return run
 
     refusal = "returned rows that differ from the table" if late == "the tail" else "changed the rows it returned"
-    with registered(GatherVariant("demo_racy", "optimized", make=racy)):
-        sweep = cpu_sweep(["demo_racy"], ResultsWriter(SCHEMA, scale="tiny"))
-        table = sweep.host.view(1 << 20, "fp32", 8)
-        batch = sweep.batch(table, uniform_rows(table.shape[0], 20011, sweep.generator))
-        with pytest.raises(WrongResult, match=refusal):
-            sweep.run_batch(batch, {})
-        del batch
-        sweep.close()
+    assert_refused(GatherVariant("demo_racy", "optimized", make=racy), refusal)

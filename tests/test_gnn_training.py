@@ -1263,35 +1263,30 @@ def test_the_figure_names_all_in_gpu_for_what_it_is_and_draws_phases_in_their_ow
     assert "paper: up to 1.6x" in words and words[0].startswith("PyTorch-Direct in minibatch GNN training")
 
 
-def test_a_figure_of_cpu_baselines_alone_neither_names_pytorch_direct_nor_draws_its_paper_line(tmp_path):
+def products_figure_words(tmp_path, epochs: dict) -> list[str]:
+    """The words of the figure rendered from a products part of ``epochs`` alone."""
     pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
     from analysis.render import main as render_notebook
 
     results = tmp_path / "products-test.csv"
-    write_part(results, "products", {"cpu_gather": 3.0, "cpu_gather_workers": 2.4})
+    write_part(results, "products", epochs)
     render_notebook(
         ["analysis/gnn_training.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]
         + ["-p", "scale=test", "--topic", "gnn_training", "--results", f"gnn_training={results}"]
         + ["--figure", str(tmp_path / "gt.png"), "--summary", str(tmp_path / "gt.md")]
     )
-    words = figure_words(tmp_path / "nb.text.json")
+    return figure_words(tmp_path / "nb.text.json")
+
+
+def test_a_figure_of_cpu_baselines_alone_neither_names_pytorch_direct_nor_draws_its_paper_line(tmp_path):
+    words = products_figure_words(tmp_path, {"cpu_gather": 3.0, "cpu_gather_workers": 2.4})
     assert words[0].startswith("Minibatch GNN training, CPU pipelines only")
     assert not [w for w in words if "PyTorch-Direct" in w or "paper" in w]
 
 
 def test_a_users_own_pipeline_is_not_named_pytorch_direct_nor_given_its_paper_line(tmp_path, monkeypatch):
-    pytest.importorskip("jupytext", reason="notebook rendering needs jupytext (the CPU environment has it)")
-    from analysis.render import main as render_notebook
-
     monkeypatch.setitem(ROLE, "my_pipeline", "optimized")
-    results = tmp_path / "products-test.csv"
-    write_part(results, "products", {"cpu_gather": 3.0, "my_pipeline": 1.5})
-    render_notebook(
-        ["analysis/gnn_training.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]
-        + ["-p", "scale=test", "--topic", "gnn_training", "--results", f"gnn_training={results}"]
-        + ["--figure", str(tmp_path / "gt.png"), "--summary", str(tmp_path / "gt.md")]
-    )
-    words = figure_words(tmp_path / "nb.text.json")
+    words = products_figure_words(tmp_path, {"cpu_gather": 3.0, "my_pipeline": 1.5})
     assert words[0].startswith("Minibatch GNN training: my_pipeline (no PyTorch-Direct pipeline ran)"), words[0]
     assert not [w for w in words if "paper" in w]
 
