@@ -639,15 +639,21 @@ def test_what_a_hugging_face_reentrant_checkpoint_recomputes_belongs_to_its_laye
         assert all(session.stats.layers[i].packed_tensors > 1 for i in range(len(session.layers)))
 
 
-def test_after_a_checkpointed_call_what_is_saved_is_outside_the_layer_again():
-    """The wrapper puts the layer back as it found it: a tensor saved after the checkpointed call
-    returns is not the layer's (it would be offloaded or counted as the layer's)."""
+def checkpointed_qwen3(reentrant: bool) -> nn.Module:
+    """A two-layer Qwen3 in training mode with Hugging Face's gradient checkpointing on."""
     torch.manual_seed(0)
     model = qwen3(2)
     model.train()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        warnings.simplefilter("ignore", FutureWarning)  # gradient_checkpointing_enable's new name
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    return model
+
+
+def test_after_a_checkpointed_call_what_is_saved_is_outside_the_layer_again():
+    """The wrapper puts the layer back as it found it: a tensor saved after the checkpointed call
+    returns is not the layer's (it would be offloaded or counted as the layer's)."""
+    model = checkpointed_qwen3(reentrant=False)
     with offload(model, policy="keep") as session:
         checkpointed = session.layers[0]._gradient_checkpointing_func
         x = torch.randn(3, 5, requires_grad=True, generator=torch.Generator().manual_seed(2))
@@ -665,12 +671,7 @@ def test_a_checkpointed_call_starts_the_puts_it_deferred_when_it_returns():
     without autograd history is offloaded with a deferred put (its op may still be filling it).
     The wrapper starts that put when the call returns: nothing else would before backward, and
     the tensor would stay in device memory through the rest of forward."""
-    torch.manual_seed(0)
-    model = qwen3(2)
-    model.train()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    model = checkpointed_qwen3(reentrant=True)
     store = Recording()
     with offload(model, store=store, min_bytes=0, keep_last=0) as session:
         checkpointed = session.layers[-1]._gradient_checkpointing_func
