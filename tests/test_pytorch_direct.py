@@ -242,9 +242,9 @@ class FakeDriver:
         self.last_error = 0  # as the runtime: a failed call's error stays until read
 
     def cudaHostRegister(self, address, nbytes, flags):
-        pages = range(address // PAGE, (address + nbytes - 1) // PAGE + 1)
-        for start, size in self.registered.items():  # as the driver: a page is registered once
-            if range(max(pages.start, start // PAGE), min(pages.stop, (start + size - 1) // PAGE + 1)):
+        # As the driver: a byte is registered once; ranges that only share a page both register.
+        for start, size in self.registered.items():
+            if address < start + size and start < address + nbytes:
                 self.last_error = 712  # cudaErrorHostMemoryAlreadyRegistered
                 return self.last_error
         self.registered[address] = nbytes
@@ -293,19 +293,22 @@ def test_alias_has_the_table_shape_and_dtype_over_the_same_memory(fake_driver, d
     unified.close()
 
 
-def _two_views_of_one_array() -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.from_numpy of two numpy slices of one array: each tensor owns a storage of exactly its
-    bytes at offset 0, so neither looks like a view, yet they share a page."""
+def _two_views_of_one_array(overlapping: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.from_numpy of two numpy slices of one array, in one page: each tensor owns a storage
+    of exactly its bytes at offset 0, so neither looks like a view. Their bytes overlap, or they
+    only share the page (which the driver accepts: it tracks registered bytes, not pages). The
+    second starts before the first, so no query of its first byte finds it pinned: the driver decides."""
     array = np.random.default_rng(5).standard_normal(3 * PAGE // 4).astype(np.float32)  # three pages
-    start = (-array.ctypes.data % PAGE) // 4  # the first element at a page's start: both views in that page
+    page = (-array.ctypes.data % PAGE) // 4  # the first element at a page's start: both views in that page
+    first, second = (page + 24, page + 8) if overlapping else (page + 8, page + 200)
     return (
-        torch.from_numpy(array[start + 8 : start + 40].reshape(8, 4)),
-        torch.from_numpy(array[start + 200 : start + 232].reshape(8, 4)),
+        torch.from_numpy(array[first : first + 32].reshape(8, 4)),
+        torch.from_numpy(array[second : second + 32].reshape(8, 4)),
     )
 
 
-def test_a_second_table_in_pinned_pages_is_refused_in_one_line(fake_driver):
-    first, second = _two_views_of_one_array()
+def test_a_second_table_over_pinned_bytes_is_refused_in_one_line(fake_driver):
+    first, second = _two_views_of_one_array(overlapping=True)
     unified = UnifiedTensor(first)
     with pytest.raises(ValueError, match=r"^part of the tensor's memory is already page-locked"):
         UnifiedTensor(second)
@@ -314,11 +317,18 @@ def test_a_second_table_in_pinned_pages_is_refused_in_one_line(fake_driver):
     unified.close()
 
 
+def test_two_tables_that_only_share_a_page_both_register(fake_driver):
+    first, second = _two_views_of_one_array(overlapping=False)
+    with UnifiedTensor(first) as one, UnifiedTensor(second) as other:
+        assert sorted(fake_driver.registered) == sorted([first.data_ptr(), second.data_ptr()])
+        assert same_bytes(one.cuda_alias(), first) and same_bytes(other.cuda_alias(), second)
+
+
 @pytest.mark.gpu
-def test_the_driver_refuses_a_second_table_in_pinned_pages_as_the_fake_one_does():
+def test_the_driver_refuses_a_second_table_over_pinned_bytes_as_the_fake_one_does():
     """And the refusal leaves no CUDA error behind: the next kernel launch succeeds (the failed
     registration is the thread's last error until read, and torch's launch check would raise it)."""
-    first, second = _two_views_of_one_array()
+    first, second = _two_views_of_one_array(overlapping=True)
     unified = UnifiedTensor(first)
     try:
         with pytest.raises(ValueError, match="already page-locked"):
@@ -326,6 +336,14 @@ def test_the_driver_refuses_a_second_table_in_pinned_pages_as_the_fake_one_does(
         assert torch.arange(5, device="cuda").mul(3).sum().item() == 30
     finally:
         unified.close()
+
+
+@pytest.mark.gpu
+def test_the_driver_registers_two_tables_that_only_share_a_page_as_the_fake_one_does():
+    first, second = _two_views_of_one_array(overlapping=False)
+    idx = torch.tensor([7, 0, 3, 3], device="cuda")
+    with UnifiedTensor(first) as one, UnifiedTensor(second) as other:
+        assert same_bytes(one[idx].cpu(), first[idx.cpu()]) and same_bytes(other[idx].cpu(), second[idx.cpu()])
 
 
 def test_close_is_refused_while_an_alias_or_a_view_of_it_lives(fake_driver):

@@ -230,6 +230,9 @@ def profile_steps(model, optimizer, pipeline, steps: int, warmup: int) -> Profil
                 with record_function(f"{STEP_PREFIX}{i}"):
                     train_step()
             torch.cuda.synchronize()
+            # The prefetch thread stops before the profiler does: the profiler's teardown while
+            # another thread launches kernels crashed the process (a segfault, on an H100).
+            batches.close()
     finally:
         batches.close()
     with tempfile.TemporaryDirectory() as folder:
