@@ -1381,3 +1381,10 @@ def test_accuracy_over_no_validation_nodes_is_refused_not_zero(arrays):
     model = build("sage", graph.features.shape[1], 8, int(graph.labels.max()) + 1, 1, [5])
     with pytest.raises(UserError, match="no validation nodes"):
         accuracy(model, pipeline)
+
+
+def test_exactly_the_suites_zero_copy_uva_and_cache_pipelines_are_pytorch_direct():
+    from workloads.gnn.pipelines import PIPELINE_KINDS, PYTORCH_DIRECT
+
+    direct = {kind.name for kind in PIPELINE_KINDS if kind.technique == PYTORCH_DIRECT}
+    assert direct == {"zero_copy", "zero_copy_overlap", "hot_cache", "uva_sampling"}

@@ -75,6 +75,9 @@ class Minibatch:
     feature_bytes: int | torch.Tensor
 
 
+PYTORCH_DIRECT = "PyTorch-Direct"  # the technique of the zero-copy, UVA-sampling and hot-cache pipelines
+
+
 @dataclass(frozen=True)
 class PipelineKind(Entry):
     """One way of feeding minibatches, and the hooks that make it differ from the plain path
@@ -104,6 +107,9 @@ class PipelineKind(Entry):
     # A loader whose workers' split within a CPU budget is swept per case (loader_workers in the
     # config): None: not swept; (): the config's threads per worker; else these threads per worker.
     swept_worker_threads: tuple[int, ...] | None = None
+    # The published technique it implements ("" for none): figures draw a paper's numbers only
+    # beside that paper's pipelines, so a user's own optimized pipeline is never taken for it.
+    technique: str = ""
 
     def __post_init__(self):
         super().__post_init__()

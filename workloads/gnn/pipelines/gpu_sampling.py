@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from workloads.gnn.pipelines import OVERLAP_GATHER_THREADS, PipelineKind, register
+from workloads.gnn.pipelines import OVERLAP_GATHER_THREADS, PYTORCH_DIRECT, PipelineKind, register
 
 
 def gather_uva(pipeline, sub):
@@ -51,6 +51,7 @@ register(
     PipelineKind(
         "uva_sampling",
         "optimized",
+        technique=PYTORCH_DIRECT,
         label="UVA sampling",
         needs_gpu=True,
         sampling="uva",

@@ -22,7 +22,7 @@ from harness.arguments import whole_number
 from harness.errors import UserError
 from systems.pytorch_direct.hot_rows import HotRows, count_rows, hottest_rows
 from systems.pytorch_direct.ops import launch_gather, launch_sorted_gather
-from workloads.gnn.pipelines import PipelineKind, batch_number, epoch_seeds, register
+from workloads.gnn.pipelines import PYTORCH_DIRECT, PipelineKind, batch_number, epoch_seeds, register
 from workloads.gnn.pipelines.zero_copy import checked_ids_on_gpu
 
 # Batch numbers of the learned fill's own batches: an epoch index no training run reaches, so
@@ -122,6 +122,7 @@ register(
     PipelineKind(
         "hot_cache",
         "optimized",
+        technique=PYTORCH_DIRECT,
         label="zero-copy, learned hot-row cache",
         needs_gpu=True,
         gather=gather_cached,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from workloads.gnn.pipelines import OVERLAP_GATHER_THREADS, PipelineKind, register
+from workloads.gnn.pipelines import OVERLAP_GATHER_THREADS, PYTORCH_DIRECT, PipelineKind, register
 
 
 def checked_ids_on_gpu(pipeline, n_id: torch.Tensor) -> torch.Tensor:
@@ -45,6 +45,7 @@ register(
     PipelineKind(
         "zero_copy",
         "optimized",
+        technique=PYTORCH_DIRECT,
         label="zero-copy",
         needs_gpu=True,
         gather=gather_zero_copy,
@@ -56,6 +57,7 @@ register(
     PipelineKind(
         "zero_copy_overlap",
         "optimized",
+        technique=PYTORCH_DIRECT,
         label="zero-copy, overlapped",
         needs_gpu=True,
         gather=gather_zero_copy,
