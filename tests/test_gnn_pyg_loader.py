@@ -16,10 +16,16 @@ import torch
 from workloads.gnn.epoch import accuracy, train_epoch
 from workloads.gnn.models import build
 from workloads.gnn.pipelines import PIPELINES, ROLE, UNAVAILABLE_PIPELINES, Graph, Pipeline, batch_number
-from workloads.gnn.pipelines.pyg_neighbor_loader import NAME, backend_missing
+from workloads.gnn.pipelines.pyg_neighbor_loader import NAME, backend, backend_missing
 
 MISSING = backend_missing()
 needs_backend = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+BACKEND = backend() if MISSING is None else None
+# torch-sparse's sampler never draws a node's last neighbour at fan-out 1 (the module's docstring):
+# on these degree-ordered lists that raises the mean degree drawn far past the tolerance.
+SKEWED_AT_FANOUT_1 = pytest.mark.xfail(
+    BACKEND == "torch_sparse", reason="torch-sparse never draws a node's last neighbour at fan-out 1", strict=True
+)
 TOLERANCE = 0.05  # relative, on means over at least SEEDS seeds of two different random number generators
 SEEDS = 4_000  # 200 batches of 20: enough that the heavy-tailed degrees' means settle within it
 
@@ -141,9 +147,59 @@ def test_sampling_agrees_with_the_suites_sampler():
 
 @needs_backend
 @pytest.mark.full
-@pytest.mark.parametrize("fanouts, batch_size, workers", [([15, 10, 5], 37, 2), ([3], 9, 1), ([25, 1], 16, 0)])
+@pytest.mark.parametrize(
+    "fanouts, batch_size, workers",
+    [([15, 10, 5], 37, 2), ([3], 9, 1), pytest.param([25, 1], 16, 0, marks=SKEWED_AT_FANOUT_1)],
+)
 def test_sampling_agrees_with_the_suites_sampler_across_depths(fanouts, batch_size, workers):
     compare(fanouts, batch_size, workers)
+
+
+def two_neighbour_graph(nodes: int) -> dict:
+    """Node v's neighbours are v+1 and v+2 (mod nodes), in that order."""
+    rng = np.random.default_rng(9)
+    ids = np.arange(nodes)
+    order = rng.permutation(nodes)
+    return {
+        "indptr": np.arange(0, 2 * nodes + 1, 2, dtype=np.int64),
+        "indices": np.stack([(ids + 1) % nodes, (ids + 2) % nodes], axis=1).reshape(-1).astype(np.int64),
+        "features": rng.integers(-8, 8, (nodes, 4)).astype(np.float32),
+        "labels": rng.integers(0, 3, nodes).astype(np.int64),
+        "train_idx": np.sort(order[: nodes * 3 // 4]).astype(np.int64),
+        "val_idx": np.sort(order[nodes * 3 // 4 :]).astype(np.int64),
+    }
+
+
+def share_of_second_neighbours(n_id: torch.Tensor, edge_index: torch.Tensor, nodes: int) -> tuple[int, int]:
+    """(edges to a node's second neighbour, edges) of a one-hop subgraph of two_neighbour_graph."""
+    src, dst = n_id[edge_index[0].cpu()], n_id[edge_index[1].cpu()]
+    second = src == (dst + 2) % nodes
+    assert bool((second | (src == (dst + 1) % nodes)).all()), "every sampled edge is an edge of the graph"
+    return int(second.sum()), src.numel()
+
+
+@needs_backend
+def test_at_fan_out_1_the_second_of_two_neighbours_is_drawn_as_the_backend_draws():
+    """The suite's sampler draws each of two neighbours about half the time; so does pyg-lib,
+    while torch-sparse never draws the second (what the docs say of it)."""
+    nodes = 2_000
+    graph = Graph(two_neighbour_graph(nodes), "cpu")
+    pipeline = Pipeline(NAME, graph, [1], 50, seed=3)
+    try:
+        theirs, ours = [0, 0], [0, 0]
+        for index, (batch, seeds) in enumerate(zip(pyg_batches(pipeline, 0), pipeline.seeds(0))):
+            sub = pipeline.sampler.sample(seeds, batch_number(0, index))
+            for counts, n_id, edge_index in ((theirs, batch.n_id, batch.edge_index), (ours, sub.n_id, sub.edge_index)):
+                second, edges = share_of_second_neighbours(n_id, edge_index, nodes)
+                counts[0], counts[1] = counts[0] + second, counts[1] + edges
+    finally:
+        pipeline.close()
+    assert ours[1] == theirs[1] == nodes * 3 // 4, "one neighbour per seed"
+    assert 0.45 < ours[0] / ours[1] < 0.55  # 1,500 fair draws: outside 0.05 of a half about 1 time in 10^4 (and seeded)
+    if BACKEND == "torch_sparse":
+        assert theirs[0] == 0, "torch-sparse drew a last neighbour at fan-out 1: its skew is gone, update the docs"
+    else:
+        assert 0.45 < theirs[0] / theirs[1] < 0.55
 
 
 def check_batches(pipeline: Pipeline, graph: Graph, epoch: int) -> int:

@@ -18,6 +18,13 @@ process); PyG's workers run one torch thread each.
 Registered only where a sampling backend imports: PyG's NeighborLoader needs pyg-lib or
 torch-sparse, which the suite's environments do not pin (PyPI has no pyg-lib wheels; torch-sparse
 builds from its source release). Elsewhere :data:`UNAVAILABLE_PIPELINES` says why.
+
+With torch-sparse (PyG's fallback where pyg-lib is missing) the neighbours drawn are not uniform:
+its CPU sampler (0.6.18) draws k of a node's n neighbours by Floyd's method with each random
+index one value short of its range, so with a fan-out of 1 a node's last neighbour is never drawn,
+and with other fan-outs below n the later neighbours are drawn less often than the earlier. It
+also seeds C's ``rand()`` from the clock, so its draws do not repeat under torch's seed. pyg-lib
+draws uniformly. :func:`backend` says which of them PyG uses here.
 """
 
 from __future__ import annotations
@@ -49,6 +56,15 @@ def backend_missing() -> str | None:
         else:
             why.append(f"{module}: imports, but PyG does not use it")
     return "PyG's NeighborLoader needs pyg-lib or torch-sparse, which are not installed here: " + "; ".join(why)
+
+
+def backend() -> str | None:
+    """The backend NeighborLoader samples with here (PyG prefers pyg-lib), or None."""
+    import torch_geometric.typing as pyg_typing
+
+    if pyg_typing.WITH_PYG_LIB:
+        return "pyg_lib"
+    return "torch_sparse" if pyg_typing.WITH_TORCH_SPARSE else None
 
 
 def graph_data(graph):
