@@ -173,12 +173,17 @@ def test_a_label_beyond_the_models_classes_is_refused_naming_the_node():
         (1, 5, [2], r"^the model takes rows of 5 features and the graph's rows have 3$"),
     ],
 )
-def test_a_model_that_does_not_fit_the_batches_is_refused(name, layers, in_dim, fanouts, message):
+@pytest.mark.parametrize("form", ["eager", "compiled", "cuda_graph"])
+def test_a_model_that_does_not_fit_the_batches_is_refused(name, layers, in_dim, fanouts, message, form):
     """A 2-layer model trained on 1-hop subgraphs ran without complaint (neighbourhoods cut
-    short); a model of another input width failed deep in PyG (mat1 and mat2 shapes)."""
+    short); a model of another input width failed deep in PyG (mat1 and mat2 shapes). In a form
+    (compiled, CUDA graphs; made directly, as the latter runs only on a GPU) it is refused alike."""
     from workloads.gnn.epoch import accuracy
+    from workloads.gnn.model_forms.compiled import CompiledModel
+    from workloads.gnn.model_forms.cuda_graph import GraphedModel
 
-    model = build(name, in_dim, 4, 2, layers, [2] * layers)
+    wrap = {"eager": lambda m: m, "compiled": CompiledModel, "cuda_graph": GraphedModel}[form]
+    model = wrap(build(name, in_dim, 4, 2, layers, [2] * layers))
     pipeline = Pipeline("cpu_gather", Graph(_tiny(), "cpu"), fanouts, 2, seed=0)
     with pytest.raises(UserError, match=message):
         train_epoch(model, torch.optim.Adam(model.parameters()), pipeline, 0)
@@ -1388,3 +1393,39 @@ def test_exactly_the_suites_zero_copy_uva_and_cache_pipelines_are_pytorch_direct
 
     direct = {kind.name for kind in PIPELINE_KINDS if kind.technique == PYTORCH_DIRECT}
     assert direct == {"zero_copy", "zero_copy_overlap", "hot_cache", "uva_sampling"}
+
+
+def test_each_rank_of_a_data_parallel_run_draws_its_own_neighbours(arrays):
+    """Ranks take the same batch numbers in a step: with one stream, a node sampled on two ranks
+    got the same neighbours on both. A single process keeps the pipeline seed's stream."""
+    from systems.sampling.sampler import NeighborSampler
+    from workloads.gnn.pipelines import batch_number
+
+    graph = Graph(arrays, "cpu")
+    seeds = graph.train_idx[:64]
+    draws = {}
+    for shard in [(0, 1), (0, 2), (1, 2)]:
+        pipeline = Pipeline("cpu_gather", graph, [3, 3], 8, seed=4, shard=shard)
+        sub = pipeline.sampler.sample(seeds, batch_number(0, 0))
+        draws[shard] = sub.n_id[sub.edge_index].T.tolist()  # the drawn edges, as global ids
+        pipeline.close()
+    alone = NeighborSampler(graph.indptr, graph.indices, [3, 3], seed=4).sample(seeds, batch_number(0, 0))
+    assert draws[(0, 1)] == alone.n_id[alone.edge_index].T.tolist()
+    assert draws[(0, 2)] != draws[(1, 2)] and draws[(0, 2)] != draws[(0, 1)]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_closed_pipeline_refuses_to_train_or_evaluate_in_one_line(workers):
+    from workloads.gnn.epoch import accuracy
+
+    pipeline = Pipeline("cpu_gather_workers" if workers else "cpu_gather", Graph(_tiny(), "cpu"), [2], 2, seed=0,
+                        sampler_workers=workers)  # fmt: skip
+    pipeline.close()
+    model = build("sage", 3, 4, 2, 1, [2])
+    closed = rf"^pipeline {pipeline.name} is closed: make a new one"
+    with pytest.raises(UserError, match=closed):
+        train_epoch(model, torch.optim.Adam(model.parameters()), pipeline, 0)
+    with pytest.raises(UserError, match=closed):
+        accuracy(model, pipeline)
+    with pytest.raises(UserError, match=closed):
+        next(pipeline.batches(1))

@@ -52,6 +52,22 @@ class ModelForm(Entry):
 MODEL_FORMS: Registry[ModelForm] = Registry("model form", __name__)
 
 
+class RunsModel(nn.Module):
+    """A form's module, which runs ``self.model``: it says what the model takes (``hops``,
+    ``in_dim``) as the model does, so the training loop checks a model in a form as it checks
+    the model itself."""
+
+    model: nn.Module
+
+    @property
+    def hops(self) -> int | None:
+        return getattr(self.model, "hops", None)
+
+    @property
+    def in_dim(self) -> int | None:
+        return getattr(self.model, "in_dim", None)
+
+
 def in_order(names) -> list[str]:
     """Form names as tables list them: the baseline (eager) first, then the others by name (the
     registry's own order is the order its modules were imported in)."""

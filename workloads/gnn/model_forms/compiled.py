@@ -28,7 +28,7 @@ from torch import nn
 from torch._dynamo.exc import TorchDynamoException
 from torch._dynamo.utils import counters
 
-from workloads.gnn.model_forms import MODEL_FORMS, FormFailed, ModelForm
+from workloads.gnn.model_forms import MODEL_FORMS, FormFailed, ModelForm, RunsModel
 
 
 def _compiled_frames() -> int:
@@ -49,7 +49,7 @@ def _why(err: BaseException) -> str:
     return first_line(err) if cause is err else f"{first_line(err)}: {type(cause).__name__}: {first_line(cause)}"
 
 
-class CompiledModel(nn.Module):
+class CompiledModel(RunsModel):
     """``model`` under ``torch.compile(dynamic=True)``; called as the model is, training its
     parameters. ``backend``: torch.compile's (inductor; tests may pass another)."""
 

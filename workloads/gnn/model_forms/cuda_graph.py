@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from systems.current_gpu import refuse_other_gpus
-from workloads.gnn.model_forms import MODEL_FORMS, FormFailed, ModelForm
+from workloads.gnn.model_forms import MODEL_FORMS, FormFailed, ModelForm, RunsModel
 
 STEPS_PER_DOUBLING = 4  # bucket sizes per doubling: padding of at most 2^(1/4) - 1, 19%
 ALIGN = 32  # bucket sizes are multiples of this
@@ -174,7 +174,7 @@ def capture_layers(layers, parameters: tuple[torch.Tensor, ...], x: torch.Tensor
     return _Captured(x, edges, parameters, forward_graph, backward_graph, output, grad_output, grads)
 
 
-class GraphedModel(nn.Module):
+class GraphedModel(RunsModel):
     """``model`` with its layers replayed from CUDA graphs captured per bucket (see the module's
     docstring); called as the model is, training its parameters."""
 

@@ -344,7 +344,8 @@ BATCHES_PER_EPOCH = 2**32  # batch numbers an epoch owns: no epoch's batches eve
 def batch_number(epoch: int, index: int) -> int:
     """What picks a batch's random draws: batch ``index`` of ``epoch`` always gets the same ones,
     and no other training batch of any epoch gets them (batches of given seeds, as evaluation
-    passes them, are numbered as the training batches of the epoch they are asked for)."""
+    passes them, are numbered as the training batches of the epoch they are asked for). Ranks of
+    a data-parallel run share the numbers and draw from streams of their own (the sampler's seed)."""
     if not 0 <= index < BATCHES_PER_EPOCH or epoch < 0:
         raise ValueError(
             f"batch {index} of epoch {epoch}: an epoch has batches 0..{BATCHES_PER_EPOCH - 1}, from epoch 0"
@@ -517,7 +518,10 @@ class Pipeline:
         self.clock = clock  # a harness.timing.PhaseClock for a breakdown, or None
         self.device = torch.device(graph.device)
         csr = graph.pinned_csr() if kind.sampling == "uva" else (graph.indptr, graph.indices)
-        self.sampler = NeighborSampler(*csr, fanouts, place=kind.sampling, seed=self.seed)
+        # Each rank draws from its own stream: ranks take the same batch numbers in a step, and a
+        # node sampled on two ranks would otherwise get the same neighbours on both.
+        draws = self.seed if shard[1] == 1 else stream_seed("rank", self.seed, *shard)
+        self.sampler = NeighborSampler(*csr, fanouts, place=kind.sampling, seed=draws)
         self.labels = graph.labels.to(self.sampler.device)  # indexed where the sampler puts the ids
         if not whole(sampler_workers):
             raise UserError(f"sampler_workers must be a whole number >= 0, got {sampler_workers!r}")
@@ -578,6 +582,10 @@ class Pipeline:
         self._stop_workers()
         self._loader = None
         self.table = self.side_stream = self.cache = self.sampler = self.training_batches = None
+
+    def refuse_if_closed(self) -> None:
+        if self.sampler is None:
+            raise UserError(f"pipeline {self.name} is closed: make a new one to train or evaluate")
 
     def epoch_metrics(self) -> dict[str, tuple[float, str]]:
         """The kind's own measurements of the epoch just trained ({metric: (value, unit)}); call
@@ -668,6 +676,7 @@ class Pipeline:
 
     def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
         """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
+        self.refuse_if_closed()
         if whole_number(epoch, at_most=MAX_EPOCH) is None:
             raise UserError(f"epoch must be a whole number in 0..2**62, got {epoch!r}")
         epoch = whole_number(epoch)

@@ -120,6 +120,7 @@ def make_loader(pipeline: Pipeline) -> None:
     in_suite_order = pipeline.batches  # validation: the suite's batches, gathered in the process
 
     def batches(epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
+        pipeline.refuse_if_closed()
         if seeds is not None:
             return in_suite_order(epoch, seeds)
         order.epoch = epoch
