@@ -114,6 +114,9 @@ def test_a_graph_takes_tensors_as_it_takes_arrays_and_names_what_is_missing(arra
         Graph({name: a for name, a in arrays.items() if name != "val_idx"}, "cpu")
     with pytest.raises(UserError, match="features= must be a torch tensor in host memory, got ndarray"):
         Graph(arrays, "cpu", features=np.asarray(arrays["features"]))
+    narrower = torch.from_numpy(np.ascontiguousarray(np.asarray(arrays["features"])[:, :3]))
+    with pytest.raises(UserError, match=r"^features= \(shape \(\d+, 3\)\) stands for arrays\['features'\], whose"):
+        Graph(arrays, "cpu", features=narrower)  # the table of arrays was ignored without a word
     with pytest.raises(UserError, match="labels must be a numpy array or a host tensor, got list"):
         Graph(dict(arrays) | {"labels": list(arrays["labels"])}, "cpu")
     with pytest.raises(UserError, match="device must be 'cpu' or 'cuda', got 'gpu'"):

@@ -3,8 +3,10 @@
 ``sample_neighbors(indptr, indices, seeds, fanout, replace, rng_seed)`` returns ``(counts,
 neighbors)``: ``counts[i]`` neighbours of ``seeds[i]``, listed one seed after another in
 ``neighbors``. Without replacement a seed with at most ``fanout`` neighbours keeps all of them
-(in CSR order), else ``fanout`` distinct ones; with replacement ``fanout`` draws (none for a node
-without neighbours). The draws are a function of (rng_seed, node, counter) only, so the CPU
+(in CSR order), else ``fanout`` of its CSR entries, no entry twice (a neighbour the CSR lists twice,
+a repeated edge, may come twice, as in training on all edges), a uniformly drawn set whose order
+is not itself random (order-sensitive aggregators should not rely on it); with replacement
+``fanout`` draws (none for a node without neighbours). The draws are a function of (rng_seed, node, counter) only, so the CPU
 reference here and the CUDA kernel return identical samples. With CUDA ``seeds`` the kernel runs;
 the CSR may then be on the GPU or in pinned host memory (read over PCIe). With CPU ``seeds`` the
 C++ kernel (kernels/sample_cpu.cpp) runs; ``reference`` is the numpy specification both kernels
