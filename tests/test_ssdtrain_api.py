@@ -256,6 +256,57 @@ def test_the_blocks_of_any_model_are_found():
         find_layers(nn.Linear(3, 3))
 
 
+class _Headed(nn.Module):
+    """A transformer-like layer: four small heads in a list, and most of its weights beside them."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(width, width // 4) for _ in range(4))
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        x = x + torch.cat([head(x) for head in self.heads], -1)
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class _InADict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleDict({f"layer{i}": _Headed() for i in range(3)})
+
+    def forward(self, x):
+        for layer in self.layers.values():
+            x = layer(x)
+        return x.square().mean()
+
+
+class _AsAttributes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer0, self.layer1, self.layer2 = _Headed(), _Headed(), _Headed()
+
+    def forward(self, x):
+        return self.layer2(self.layer1(self.layer0(x))).square().mean()
+
+
+def test_blocks_in_a_module_dict_are_found_and_blocks_held_as_attributes_are_asked_for():
+    """Both took the four heads of each layer as the blocks, without a word: a fraction of the
+    saved bytes (the heads') was offloaded or recomputed, the rest held outside every block."""
+    in_a_dict = _InADict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert find_layers(in_a_dict) == list(in_a_dict.layers.values())
+    with pytest.warns(UserWarning) as caught:
+        heads = find_layers(_AsAttributes())
+    assert [type(h).__name__ for h in heads] == ["Linear"] * 12 and len(caught) == 1
+    message = str(caught[0].message)
+    assert re.fullmatch(
+        r"find_layers: the 12 blocks found \(Linear\) hold \d+% of the parameters of the 3 _Headed modules "
+        r"around them: if those are the model's blocks, pass them \(layers=\[\.\.\.\]\)",
+        message,
+    ), message
+
+
 class _Adapted(nn.Module):
     """A layer of a hybrid model: its own weights, and a list of small adapters (Zamba2's LoRA)."""
 
@@ -356,6 +407,56 @@ def test_min_bytes_above_every_saved_tensor_warns_once_in_one_line():
     assert "offloaded nothing" in message and "below min_bytes=1048576" in message and "\n" not in message
 
 
+@pytest.mark.parametrize("policy", ["offload_adaptive", "planner"])
+def test_a_planned_policy_whose_min_bytes_is_above_every_saved_storage_says_so(policy):
+    """Its first forward keeps every block while it profiles: the check at that backward found
+    nothing planned to offload, and the planned steps after it offloaded nothing silently, in a
+    ``with`` around the whole loop as in one per step."""
+    model = ThreeBlocks()
+    planned = {"budget": 0.5} if policy == "planner" else {"bandwidth": 1e12}
+    with pytest.warns(UserWarning) as caught, offload(model, store=HostStore(), policy=policy, **planned) as session:
+        for _ in range(3):
+            model(torch.randn(6, 40)).backward()
+    messages = [str(w.message) for w in caught]
+    assert session.stats.total.offloaded_tensors == 0
+    assert f"SSDTrain {policy}: every storage the profiled step's blocks saved is below min_bytes=1048576" in " ".join(
+        messages
+    )
+    if OFFLOAD in session.decisions:  # a plan that offloads: the step that ran it says it moved nothing
+        assert any(m.startswith("SSDTrain offloaded nothing in this forward") for m in messages), messages
+    assert all("\n" not in m for m in messages)
+
+
+class Bottlenecks(nn.Module):
+    """Blocks that save storages on both sides of min_bytes=10_000 at 17 rows: their input and
+    output (17 x 256 float32, 17,408 B) and their narrow middle (17 x 64, 4,352 B)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(256, 64), nn.Tanh(), nn.Linear(64, 256), nn.Tanh()) for _ in range(4)
+        )
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x.square().mean()
+
+
+def test_the_plan_counts_storages_below_min_bytes_as_held_whatever_it_decides():
+    """The planner predicted what the blocks hold from every saved storage, as if those below
+    min_bytes could be offloaded: a plan that offloads then held more than it predicted."""
+    model = Bottlenecks()
+    session = offload(model, store=HostStore(), policy="planner", budget=0.5, bandwidth=1e12, min_bytes=10_000)
+    for _ in range(3):  # one step each: the stats are the last step's
+        with session:
+            model(torch.randn(17, 256)).backward()
+    predicted, held = session.plan.predicted_activation_bytes, session.stats.total.kept_bytes
+    small = sum(s.unoffloadable_bytes for layer, s in session.stats.layers.items() if layer is not None)
+    assert OFFLOAD in session.decisions and small > 0, session.decisions
+    assert held <= predicted, (session.decisions, held, predicted)
+
+
 def test_an_empty_batch_warns_that_the_saved_storages_are_empty_not_that_min_bytes_is_too_high():
     model = ThreeBlocks()
     with pytest.warns(UserWarning) as caught, offload(model, store=HostStore(), min_bytes=0) as session:
@@ -377,7 +478,7 @@ def test_a_plan_profiled_on_an_empty_batch_says_so_once(policy):
             loss = model(torch.randn(rows, 40))
             loss.backward() if loss.requires_grad else None
     said = [str(w.message) for w in caught if "profiled step's blocks saved was empty" in str(w.message)]
-    assert len(said) == 1 and said[0].startswith(f"SSDTrain {policy}: every tensor") and "\n" not in said[0]
+    assert len(said) == 1 and said[0].startswith(f"SSDTrain {policy}: every storage") and "\n" not in said[0]
     with warnings.catch_warnings():  # a real batch profiled: no such warning
         warnings.simplefilter("error")
         with offload(model, store=HostStore(), policy=policy, min_bytes=0, **planned):

@@ -105,5 +105,5 @@ def bound_of_profile(profiles, bandwidth: float, keep_last: int = 1, backward_ra
     backward taken as ``backward_ratio`` times its forward as the cost model takes it."""
     forward = [p.forward_seconds for p in profiles]
     return offload_bound(
-        [p.saved_bytes for p in profiles], forward, [backward_ratio * f for f in forward], bandwidth, None, keep_last
+        [p.movable_bytes for p in profiles], forward, [backward_ratio * f for f in forward], bandwidth, None, keep_last
     )

@@ -32,9 +32,10 @@ and reads the tensor back, so what the store moves in a step does not depend on 
 
 A step. Entering the context starts a step and its ``stats``; leaving it (normally or by an
 exception) waits for the transfers in flight and frees everything the step stored, so files never
-accumulate. Backward must run inside the context. A step whose policy offloads some layer but whose
-first forward offloaded nothing (every saved tensor below ``min_bytes``, or the layers' tensors
-saved by another mechanism), or whose first forward ran none of its layers, warns once, in one line.
+accumulate. Backward must run inside the context. A step whose first forward to offload some layer
+offloaded nothing (every saved tensor below ``min_bytes``, or the layers' tensors saved by another
+mechanism; a planned policy's first forward keeps every layer while it profiles), or whose first
+forward ran none of its layers, warns once, in one line.
 
 Two offloaders at once, each on its own model (a GAN's generator and discriminator, a teacher and
 its student, each in its own ``with``): torch runs only the innermost saved-tensor hooks, so the
@@ -276,7 +277,7 @@ class Offloader:
         self._backward_layers: set[int | None] = set()  # layers whose unpack this backward has seen
         self._backward_since_forward = False  # a backward ran since the last forward began
         self.backwards = 0  # the backward passes this step has run so far
-        self._offloading_checked = False  # whether the first forward's offloading was checked
+        self._offloading_checked = False  # whether the first offloading forward's offloading was checked
         self._ran_with_grad = False  # whether a block ran where autograd saves tensors
         # A parameter's storage lives as long as the model, so its address identifies it all step.
         tensors = [*self.model.parameters(), *self.model.buffers()]
@@ -419,7 +420,8 @@ class Offloader:
             and (not self.stats.has(key[0]) or self.cache.holds(key[0]))
         )
         if not offload:
-            self.stats.record(tensor, layer, key, parameter=parameter)
+            small = key is not None and tensor.untyped_storage().nbytes() < max(self.min_bytes, 1)
+            self.stats.record(tensor, layer, key, parameter=parameter, unoffloadable=small)
             return _Kept(tensor, getattr(_local, "block", None), layer)
         with torch.no_grad():
             # Without autograd history it may be a buffer its op fills after saving it: written
@@ -444,7 +446,9 @@ class Offloader:
         if isinstance(packed, _Foreign):
             return packed.owner._unpack(packed.packed)
         self.cache.start_deferred()  # a block that never returned (its forward hook did not run)
-        if not self._offloading_checked:
+        # Checked at the first backward after a forward that offloads a layer (or ran none): a
+        # planned policy's first forward, which profiles, keeps every layer.
+        if not self._offloading_checked and (OFFLOAD in self._decisions.values() or not self._decisions):
             self._offloading_checked = True
             self._warn_if_nothing_offloaded()
         self._backward_since_forward = True

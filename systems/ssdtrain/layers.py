@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
+import warnings
 from collections.abc import Callable
 
 from torch import nn
@@ -48,9 +49,9 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     stacks: dict[object, int] = {}  # by the same key: how many lists the blocks come from
     mixed: list[tuple[str, nn.Module]] = []  # lists of called modules of several classes, by name
     for name, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList | nn.Sequential) or not len(module):
+        if not isinstance(module, nn.ModuleList | nn.Sequential | nn.ModuleDict) or not len(module):
             continue
-        members = list(module)
+        members = list(module.values() if isinstance(module, nn.ModuleDict) else module)
         if len({block_class(m) for m in members}) != 1:
             if name and all(_called(m) for m in members):
                 mixed.append((name, module))
@@ -95,7 +96,36 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     _refuse_mixed_stack(model, mixed, sum(p.numel() for p in _parameters_of(chosen)))
     unique = list({id(block): block for block in chosen}.values())  # a block listed twice is one block
     inside = {id(m) for block in unique for m in block.modules() if m is not block}
-    return [block for block in unique if id(block) not in inside]  # a block nested in another is the other's
+    found = [block for block in unique if id(block) not in inside]  # a block nested in another is the other's
+    _warn_of_larger_enclosing_blocks(model, found)
+    return found
+
+
+def _warn_of_larger_enclosing_blocks(model: nn.Module, found: list[nn.Module]) -> None:
+    """Warn, in one line, where the blocks found sit inside several called modules of one class
+    that hold more than twice their parameters: the model's real blocks, held where no list shows
+    them (attributes ``block0``, ``block1``...), of which the blocks found are small parts
+    (attention heads), so that offloading them would move a fraction of the activations. Stacks
+    that hold little besides their blocks (T5's encoder and decoder, a ResNet's stages) are not."""
+    ids = {id(block) for block in found}
+    enclosing: dict[type, list[nn.Module]] = {}
+    for module in model.modules():
+        if module is model or id(module) in ids or not _called(module):
+            continue
+        if any(id(m) in ids for m in module.modules()):
+            enclosing.setdefault(block_class(module), []).append(module)
+    for cls, modules in enclosing.items():
+        within = {id(m) for module in modules for m in module.modules()}
+        held = sum(p.numel() for p in _parameters_of(modules))
+        theirs = sum(p.numel() for p in _parameters_of([b for b in found if id(b) in within]))
+        if len(modules) >= 2 and held > 2 * theirs:
+            warnings.warn(
+                f"find_layers: the {len(found)} blocks found ({block_class(found[0]).__name__}) hold "
+                f"{theirs / held:.0%} of the parameters of the {len(modules)} {cls.__name__} modules around them: "
+                f"if those are the model's blocks, pass them (layers=[...])",
+                stacklevel=3,
+            )
+            return
 
 
 def _parameters_of(modules) -> list:

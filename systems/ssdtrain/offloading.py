@@ -375,12 +375,17 @@ class Offloading:
     def _make_plan(self, timer: planning.LayerTimer, stats: StepStats, peaks: planning.PeakTrace | None) -> None:
         profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), peaks)
         packed = any(stats.layers[i].packed_tensors for i in range(len(profiles)) if i in stats.layers)
-        if packed and not any(p.saved_bytes for p in profiles):  # tensors, all of them empty
-            warnings.warn(
-                f"SSDTrain {_name(self.policy)}: every tensor the profiled step's blocks saved was empty (a batch of "
-                "0 rows?), so the plan made from it offloads and recomputes nothing; profile on a real batch",
-                stacklevel=3,
+        if packed and not any(p.movable_bytes for p in profiles):  # nothing offloading could move
+            largest = max((stats.largest.get(i, 0) for i in range(len(profiles))), default=0)
+            why = (
+                "was empty (a batch of 0 rows?), so the plan made from it offloads and recomputes nothing; profile "
+                "on a real batch"
+                if largest == 0
+                else f"is below min_bytes={self.offloader.min_bytes} (the largest is {largest} B), so no block "
+                "can offload anything (a plan can only keep or recompute): lower min_bytes"
             )
+            warnings.warn(f"SSDTrain {_name(self.policy)}: every storage the profiled step's blocks saved {why}",
+                          stacklevel=3)  # fmt: skip
         bandwidth = self.bandwidth
         if bandwidth is None:
             probe = min(max(max(p.saved_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's bytes
@@ -444,6 +449,7 @@ def _layer_bytes(stats: StepStats) -> StepStats:
     """A copy of ``stats``'s counts per layer (what a profile reads), as they are now."""
     copy = StepStats()
     copy.layers = {layer: dataclasses.replace(counts) for layer, counts in stats.layers.items()}
+    copy.largest = dict(stats.largest)
     return copy
 
 

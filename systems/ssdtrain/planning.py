@@ -97,7 +97,7 @@ def number_text(value: float) -> str:
 
 @dataclass(frozen=True)
 class LayerProfile:
-    saved_bytes: int  # what the layer saves for backward and offloading could move (no parameters)
+    saved_bytes: int  # what the layer saves for backward (no parameters): what keep holds
     input_bytes: int  # its input: what recomputation keeps instead
     forward_seconds: float
     alternatives: tuple[Alternative, ...] = ()  # compiled layers: the budgets it was profiled at
@@ -107,6 +107,13 @@ class LayerProfile:
     forward_peak: int | None = None
     backward_peak: int | None = None
     head_peak: int | None = None  # the head's backward's (on the layer backward reaches first, else None)
+    # Of saved_bytes, what offloading never moves (storages below min_bytes): held when offloaded too.
+    unoffloadable_bytes: int = 0
+
+    @property
+    def movable_bytes(self) -> int:
+        """What offloading the layer writes to the store and reads back."""
+        return self.saved_bytes - self.unoffloadable_bytes
 
     def alternative(self, decision: str) -> Alternative | None:
         return next((a for a in self.alternatives if a.decision == decision), None)
@@ -175,15 +182,15 @@ def predict(
     written, queue = {}, 0.0  # layer -> when its write finishes
     for i, (p, d) in enumerate(zip(profiles, decisions)):
         if d == OFFLOAD:
-            queue = written[i] = _write_end(queue, starts[i], ends[i], p.saved_bytes, bandwidth)
+            queue = written[i] = _write_end(queue, starts[i], ends[i], p.movable_bytes, bandwidth)
 
     def unwritten(i: int, at: float) -> float:
         # Tested first: an infinite bandwidth times the zero time left is no number.
-        return 0.0 if written[i] <= at else min(profiles[i].saved_bytes, (written[i] - at) * bandwidth)
+        return 0.0 if written[i] <= at else min(profiles[i].movable_bytes, (written[i] - at) * bandwidth)
 
     # What each layer holds when forward ends (its peak segments start from these too).
     holds = [
-        unwritten(i, forward_end) if d == OFFLOAD else p.held_and_extra(d)[0]
+        unwritten(i, forward_end) + p.unoffloadable_bytes if d == OFFLOAD else p.held_and_extra(d)[0]
         for i, (p, d) in enumerate(zip(profiles, decisions))
     ]
     held = sum(holds, float(fixed_bytes))
@@ -193,7 +200,7 @@ def predict(
     reads = stall = 0.0
     for i in reversed(range(len(profiles))):
         if i in written:
-            back = profiles[i].saved_bytes - unwritten(i, above)  # what the prefetch finds written
+            back = profiles[i].movable_bytes - unwritten(i, above)  # what the prefetch finds written
             if back > 0:
                 reads = max(reads, above) + back / bandwidth
                 if reads > clock:
@@ -230,7 +237,7 @@ def _peak(profiles: list[LayerProfile], holds: list[float], ends: list[float], o
     for k, p in enumerate(profiles):
         if p.forward_peak is not None:
             in_flight = [j for j in in_flight if offloaded[j](ends[k]) > 0]
-            unwritten_now = sum(offloaded[j](ends[k]) - holds[j] for j in in_flight)
+            unwritten_now = sum(offloaded[j](ends[k]) + profiles[j].unoffloadable_bytes - holds[j] for j in in_flight)
             peak = max(peak, p.forward_peak - freed + unwritten_now)
         if p.head_peak is not None:  # the head's backward, before this (the top) layer's
             peak = max(peak, p.head_peak - freed)
@@ -268,7 +275,7 @@ def adaptive(profiles: list[LayerProfile], bandwidth: float, keep_seconds: float
     starts, ends = _timeline(profiles)
     queue = 0.0
     for k in range(1, len(profiles) - keep_last + 1):
-        queue = _write_end(queue, starts[k - 1], ends[k - 1], profiles[k - 1].saved_bytes, bandwidth)
+        queue = _write_end(queue, starts[k - 1], ends[k - 1], profiles[k - 1].movable_bytes, bandwidth)
         if queue > ends[-1]:
             break
         best = predict(profiles, [OFFLOAD] * k + [KEEP] * (len(profiles) - k), bandwidth, keep_seconds, **model)
@@ -626,12 +633,15 @@ def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = 
     for i, input_bytes in enumerate(timer.input_bytes(count)):
         layer = stats.layers.get(i)
         saved = 0 if layer is None else layer.unique_bytes - layer.parameter_bytes
+        unoffloadable = 0 if layer is None else layer.unoffloadable_bytes
         measured = peaks is not None and peaks.measured and timer.ran(i)
         forward_peak = peaks.forward.get(i, 0) if measured else None
         backward_peak = peaks.backward.get(i, 0) if measured else None
         head_peak = peaks.head if measured and i == peaks.head_layer else None
         profiles.append(
-            LayerProfile(saved, input_bytes, forward.get(i, 0.0), (), forward_peak, backward_peak, head_peak)
+            LayerProfile(
+                saved, input_bytes, forward.get(i, 0.0), (), forward_peak, backward_peak, head_peak, unoffloadable
+            )
         )
     outside = stats.layers.get(None)
     return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
@@ -644,7 +654,7 @@ def profile(
     outside the layers, from one ``run_step()`` (forward and backward) under a counting,
     keep-everything Offloader, after one warm-up step. ``device``: any way torch names one. Forward
     times come from CUDA events (GPU) or the host clock (CPU) around each layer; saved bytes are the
-    layer's unique saved storages less parameters (what offloading could move).
+    layer's unique saved storages less parameters, of which those below ``min_bytes`` offloading never moves.
 
     ``within``: a context each step runs in, such as the blocks' compiled forwards installed
     (policies/_compiled.py). The layer hooks and the saved-tensor hooks stay outside the compiled

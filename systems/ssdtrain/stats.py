@@ -5,7 +5,8 @@ saved by three operations counts three times); ``unique`` counts each storage on
 layer that saved it first. The unique bytes split into ``offloaded`` (sent to the store),
 ``parameter`` (the model's parameters and buffers and their casts under autocast, never
 offloaded) and ``kept`` (the rest, held on the device for backward: the policy's keep, the last
-layers, tensors below ``min_bytes`` and those saved outside the layers).
+layers, tensors below ``min_bytes`` and those saved outside the layers). ``unoffloadable`` counts
+the kept storages no policy could offload: below ``min_bytes``, or without a storage of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class LayerStats:
     offloaded_tensors: int = 0
     offloaded_bytes: int = 0
     parameter_bytes: int = 0
+    unoffloadable_bytes: int = 0
 
     @property
     def kept_bytes(self) -> int:
@@ -70,9 +72,11 @@ class StepStats:
         *,
         parameter: bool = False,
         offloaded: bool = False,
+        unoffloadable: bool = False,
     ) -> None:
         """One save of ``tensor``; ``key`` is its storage's identity (None: a tensor without one,
-        counted as unique), ``offloaded`` says that this save sent a new storage to the store."""
+        counted as unique and unoffloadable), ``offloaded`` says that this save sent a new storage
+        to the store, ``unoffloadable`` that no policy would (below ``min_bytes``)."""
         stats = self.layers.setdefault(layer, LayerStats())
         nbytes = tensor.numel() * tensor.element_size()
         stats.packed_tensors += 1
@@ -83,6 +87,7 @@ class StepStats:
         if key is None:
             stats.unique_tensors += 1
             stats.unique_bytes += nbytes
+            stats.unoffloadable_bytes += nbytes
             return
         if key[0] not in self._seen:
             self._seen[key[0]] = key[1]
@@ -92,6 +97,7 @@ class StepStats:
             stats.unique_tensors += 1
             stats.unique_bytes += storage_bytes
             stats.parameter_bytes += storage_bytes if parameter else 0
+            stats.unoffloadable_bytes += storage_bytes if unoffloadable and not parameter else 0
         if offloaded:
             stats.offloaded_tensors += 1
             stats.offloaded_bytes += storage_bytes

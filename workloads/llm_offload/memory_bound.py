@@ -291,6 +291,7 @@ def scaled(profiles, keep_seconds: float, fixed: int, factor: float):
         dataclasses.replace(
             p,
             saved_bytes=round(p.saved_bytes * factor),
+            unoffloadable_bytes=round(p.unoffloadable_bytes * factor),
             input_bytes=round(p.input_bytes * factor),
             forward_seconds=p.forward_seconds * factor,
             forward_peak=None if p.forward_peak is None else round(p.forward_peak * factor),
