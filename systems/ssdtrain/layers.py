@@ -1,8 +1,8 @@
 """Finding a model's repeated blocks, the unit the offloader numbers, keeps, offloads, recomputes
 and prefetches.
 
-A block is a module that a ``nn.ModuleList`` or ``nn.Sequential`` holds among modules of its own
-class: a transformer's layers (GPT-2's ``transformer.h``, Llama's ``model.layers``, T5's encoder
+A block is a module that a ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` holds among
+modules of its own class: a transformer's layers (GPT-2's ``transformer.h``, Llama's ``model.layers``, T5's encoder
 and decoder blocks), a ResNet's ``BasicBlock``s (two in each of ``layer1`` to ``layer4``). The
 class whose blocks hold the most parameters is taken, and every block of it, in the order the
 model lists its modules (the order forward runs them in these models); other repeated classes
@@ -69,8 +69,8 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     if not blocks:
         _refuse_mixed_stack(model, mixed, 0)
         raise UserError(
-            f"{type(model).__name__} has no list of repeated blocks (an nn.ModuleList or nn.Sequential of modules "
-            "of one class); pass the blocks explicitly (layers=[...])"
+            f"{type(model).__name__} has no list of repeated blocks (an nn.ModuleList, nn.Sequential or "
+            "nn.ModuleDict of modules of one class); pass the blocks explicitly (layers=[...])"
         )
 
     def size(key) -> tuple[bool, bool, int, int]:
