@@ -49,13 +49,15 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
         Pipeline("magic", Graph(arrays, "cpu"), [5], 64, seed=0)
     with pytest.raises(UserError, match="needs a GPU"):
         Pipeline("zero_copy", Graph(arrays, "cpu"), [5], 64, seed=0)
-    for batch_size in (0, -1, 2.5, True):
-        with pytest.raises(UserError, match="batch_size must be a whole number of seed nodes >= 1"):
+    for batch_size in (0, -1, 2.5, True, 2**63):  # 2**63 was taken and failed at the first batch (overflow)
+        with pytest.raises(UserError, match=r"batch_size must be a whole number of seed nodes in 1\.\.2\*\*40"):
             Pipeline("cpu_gather", Graph(arrays, "cpu"), [5], batch_size, seed=0)
     # Numbers that are not whole were taken and failed at the first batch (or inside a worker).
     graph = Graph(arrays, "cpu")
-    with pytest.raises(UserError, match="pipeline 'hot_cache' needs the options rows, warmup_batches"):
+    with pytest.raises(UserError, match="^pipeline 'hot_cache' needs a GPU$"):  # not first its options
         Pipeline("hot_cache", graph, [5], 64, seed=0, options={})
+    with pytest.raises(UserError, match="^options must be a dict of the pipeline's options by name, got str$"):
+        Pipeline("cpu_gather", graph, [5], 64, seed=0, options="rows")
     for bad, message in (
         ({"sampler_workers": 1.5}, "sampler_workers must be a whole number >= 0, got 1.5"),
         ({"sampler_workers": True}, "sampler_workers must be a whole number >= 0, got True"),
@@ -94,6 +96,9 @@ def test_unknown_model_and_pipeline_are_refused(arrays):
         (lambda a: {"train_idx": np.isin(np.arange(len(a["labels"])), a["train_idx"])}, "train_idx must be a 1-D"),
         (lambda a: {"train_idx": a["train_idx"][:4].reshape(2, 2)}, r"train_idx must be a 1-D .*\(2, 2\)"),
         (lambda a: {"val_idx": a["val_idx"].astype(np.float64)}, r"val_idx must be a 1-D .*float64"),
+        # torch.from_numpy's own errors came through as they were
+        (lambda a: {"indices": a["indices"].astype(">i8")}, r"^indices has dtype >i8, the other byte order"),
+        (lambda a: {"train_idx": a["train_idx"].astype(object)}, r"^train_idx must be a numeric array, got dtype obj"),
         (
             lambda a: {"labels": np.where(np.arange(len(a["labels"])) == a["train_idx"][7], -1, a["labels"])},
             "label is -1",

@@ -57,6 +57,7 @@ from systems.sampling.sampler import NeighborSampler, SampledSubgraph, check_csr
 from workloads.graphs.shared import shared_anonymous_copy
 
 MAX_SEED = MAX_EPOCH = 2**62  # the range taken: (seed, epoch) keys the shuffle (shuffle_seed) and the draws
+MAX_BATCH = 2**40  # seed nodes in a batch: beyond any graph, and within what torch can split by
 WORKER_TIMEOUT_S = 600  # a sampling worker that delivers nothing for this long is stuck: fail, never hang
 OVERLAP_GATHER_THREADS = 10_240  # the zero-copy gather's thread cap while training runs beside it
 PREFETCH_BATCHES = 2  # batches zero_copy_overlap prepares ahead of the one training
@@ -311,6 +312,13 @@ def _count(number: int, what: str) -> str:
 def _host_tensor(array, name: str) -> torch.Tensor:
     """One of a graph's arrays as a host tensor sharing its memory: a numpy array or a tensor."""
     if isinstance(array, np.ndarray):
+        if array.dtype.kind not in "biuf":
+            raise UserError(f"{name} must be a numeric array, got dtype {array.dtype}")
+        if not array.dtype.isnative:  # torch takes the machine's byte order only
+            raise UserError(
+                f"{name} has dtype {array.dtype.str}, the other byte order than this machine's: convert it once "
+                f"(array.astype(array.dtype.newbyteorder('=')))"
+            )
         return torch.from_numpy(np.ascontiguousarray(array))
     if isinstance(array, torch.Tensor):
         if array.device.type != "cpu":
@@ -494,6 +502,10 @@ class Pipeline:
         if name not in PIPELINE_KINDS:
             raise UserError(f"pipeline must be one of {PIPELINE_KINDS.names()}, got {name!r}")
         self.kind = kind = PIPELINE_KINDS[name]
+        if options is not None and not isinstance(options, dict):
+            raise UserError(f"options must be a dict of the pipeline's options by name, got {type(options).__name__}")
+        if kind.needs_gpu and graph.device != "cuda":  # before its options: none makes it run here
+            raise UserError(f"pipeline {name!r} needs a GPU")
         self.options = dict(options or {})
         unknown = set(self.options) - set(kind.options)
         if unknown:
@@ -501,10 +513,8 @@ class Pipeline:
         missing = [option for option in kind.options if option not in self.options]  # each is read
         if missing:
             raise UserError(f"pipeline {name!r} needs the options {', '.join(missing)} (options={{...}})")
-        if kind.needs_gpu and graph.device != "cuda":
-            raise UserError(f"pipeline {name!r} needs a GPU")
-        if whole_number(batch_size, at_least=1) is None:
-            raise UserError(f"batch_size must be a whole number of seed nodes >= 1, got {batch_size!r}")
+        if whole_number(batch_size, at_least=1, at_most=MAX_BATCH) is None:
+            raise UserError(f"batch_size must be a whole number of seed nodes in 1..2**40, got {batch_size!r}")
         if whole_number(seed, at_most=MAX_SEED) is None:  # with the epoch, it keys each epoch's shuffle
             raise UserError(f"seed must be a whole number in 0..2**62, got {seed!r}")
         self.name, self.graph, self.batch_size, self.seed = name, graph, whole_number(batch_size), whole_number(seed)
