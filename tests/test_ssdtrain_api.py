@@ -457,6 +457,32 @@ def test_the_plan_counts_storages_below_min_bytes_as_held_whatever_it_decides():
     assert held <= predicted, (session.decisions, held, predicted)
 
 
+class _BlocksUnderNoGrad(nn.Module):
+    """Trainable blocks run as a frozen feature extractor, a head trained on their output."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(40, 40), nn.Tanh()) for _ in range(3))
+        self.head = nn.Linear(40, 1)
+
+    def forward(self, x):
+        with torch.no_grad():
+            for block in self.blocks:
+                x = x + block(x)
+        return self.head(x).mean()
+
+
+def test_blocks_run_under_no_grad_are_named_as_the_reason_nothing_was_offloaded():
+    """The warning blamed another saved-tensor hook."""
+    model = _BlocksUnderNoGrad()
+    with pytest.warns(UserWarning) as caught, offload(model, store=HostStore(), min_bytes=0, keep_last=0):
+        model(torch.randn(6, 40)).backward()
+    assert [str(w.message) for w in caught] == [
+        "SSDTrain offloaded nothing in this forward: the blocks ran with gradients off (torch.no_grad or "
+        "inference_mode), so autograd saved nothing in them"
+    ]
+
+
 def test_an_empty_batch_warns_that_the_saved_storages_are_empty_not_that_min_bytes_is_too_high():
     model = ThreeBlocks()
     with pytest.warns(UserWarning) as caught, offload(model, store=HostStore(), min_bytes=0) as session:

@@ -139,7 +139,7 @@ def test_bad_requests_are_refused_clearly(kind, disk):
             store.get(0, torch.empty(8, 8).t())
         with pytest.raises(TypeError, match="keys are ints"):
             store.put("a", tensor)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(UserError, match=r": the store is closed \(a with block or close\(\) ended it\)"):
         store.put(2, tensor)
     store.close()  # idempotent
     store.free(0)  # after close: nothing left to free, no error
@@ -289,6 +289,15 @@ def test_a_folder_without_permission_is_one_line(disk, monkeypatch):
         monkeypatch.setattr(os, "open", denied)
         with pytest.raises(UserError, match="permission denied"):
             store.put(0, torch.ones(100)).result()
+
+
+@pytest.mark.parametrize("folder", ["/proc", "/sys"])
+def test_the_kernels_virtual_file_systems_are_refused_with_the_reason(folder):
+    """/proc failed deep in tempfile with FileNotFoundError."""
+    if not Path(folder).is_dir() or fileio.filesystem_type(Path(folder)) not in fileio.VIRTUAL_FILESYSTEMS:
+        pytest.skip(f"{folder} is no virtual file system here")
+    with pytest.raises(UserError, match=rf"^{folder} is on \w+, the kernel's virtual file system, not a disk"):
+        DirectFileStore(folder)
 
 
 def test_tmpfs_is_refused_with_the_reason():

@@ -6,11 +6,11 @@ neighbors)``: ``counts[i]`` neighbours of ``seeds[i]``, listed one seed after an
 (in CSR order), else ``fanout`` of its CSR entries, no entry twice (a neighbour the CSR lists twice,
 a repeated edge, may come twice, as in training on all edges), a uniformly drawn set whose order
 is not itself random (order-sensitive aggregators should not rely on it); with replacement
-``fanout`` draws (none for a node without neighbours). The draws are a function of (rng_seed, node, counter) only, so the CPU
-reference here and the CUDA kernel return identical samples. With CUDA ``seeds`` the kernel runs;
-the CSR may then be on the GPU or in pinned host memory (read over PCIe). With CPU ``seeds`` the
-C++ kernel (kernels/sample_cpu.cpp) runs; ``reference`` is the numpy specification both kernels
-are tested against.
+``fanout`` draws (none for a node without neighbours). The draws are a function of (rng_seed,
+node, counter) only, so the CPU reference here and the CUDA kernel return identical samples.
+With CUDA ``seeds`` the kernel runs; the CSR may then be on the GPU or in pinned host memory (read
+over PCIe). With CPU ``seeds`` the C++ kernel (kernels/sample_cpu.cpp) runs; ``reference`` is the
+numpy specification both kernels are tested against.
 
 ``sample_into_slots(indptr, indices, seeds, num_valid, fanout, replace, rng_seed)`` draws the same
 neighbours into fixed slots (seed i's at ``i * fanout``, unused slots -1) for the first

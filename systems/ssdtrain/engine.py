@@ -510,6 +510,10 @@ class Offloader:
                 "the offloaded layers saved no tensor for backward: their parameters are frozen (requires_grad=False) "
                 "and their inputs need no gradient, so there is nothing to offload"
             )
+        elif not self._ran_with_grad:
+            why = (
+                "the blocks ran with gradients off (torch.no_grad or inference_mode), so autograd saved nothing in them"
+            )
         else:
             why = "the offloaded layers saved no tensor through the offloader (another saved-tensor hook holds them?)"
         warnings.warn(f"SSDTrain offloaded nothing in this forward: {why}", stacklevel=3)

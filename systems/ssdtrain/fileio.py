@@ -29,7 +29,9 @@ from harness.errors import UserError
 ALIGN = 4096
 # Memory-backed file systems: their "files" are RAM. Before Linux 6.6 tmpfs refuses O_DIRECT
 # (EINVAL); later kernels accept it and serve it from memory, so nothing would reach a disk.
-MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
+# The kernel's views of itself: no disk behind them, and no files a store could write.
+VIRTUAL_FILESYSTEMS = ("proc", "sysfs", "devpts", "cgroup", "cgroup2", "debugfs", "securityfs", "configfs", "tracefs")
 
 
 def align_up(nbytes: int) -> int:
@@ -91,6 +93,10 @@ def make_scratch(folder: Path, *, direct: bool) -> tuple[Path, int | None]:
         what = "is not a folder" if folder.exists() else "does not exist"
         raise UserError(f"{folder} {what}: pass an existing folder on a local disk (the store makes its own inside)")
     fs_type = filesystem_type(folder)
+    if fs_type in VIRTUAL_FILESYSTEMS:
+        raise UserError(
+            f"{folder} is on {fs_type}, the kernel's virtual file system, not a disk: pass a folder on a local disk"
+        )
     if fs_type in MEMORY_FILESYSTEMS:
         raise UserError(
             f"{folder} is on {fs_type}, which is memory, not a disk: O_DIRECT there fails (EINVAL) on "

@@ -223,7 +223,7 @@ class Store(abc.ABC):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(f"{self.name}: the store is closed")
+            raise UserError(f"{self.name}: the store is closed (a with block or close() ended it): make a new one")
 
     def _transfer(self, record: _Record, direction: str, start) -> Future:
         """Run ``start()`` (which returns the subclass's future) under the counters; returns a
