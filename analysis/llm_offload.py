@@ -258,10 +258,7 @@ for dataset in sorted(set(step.dataset)):
     if record is None:
         continue
     prof = record["profile"]
-    layers = [
-        planning.LayerProfile(*values)
-        for values in zip(prof["saved_bytes"], prof["input_bytes"], prof["forward_seconds"])
-    ]
+    layers = planning.profiles_of_record(prof)
     keep_t = step[(step.dataset == dataset) & (step.variant == "keep")]["median"]
     for _, r in step[(step.dataset == dataset) & (step.policy == ALL_OFFLOADED)].iterrows():
         rows = frame[(frame.dataset == dataset) & (frame.variant == r.variant)]
@@ -322,9 +319,7 @@ for dataset in sorted(set(step.dataset)):
             continue
         rows = frame[(frame.dataset == dataset) & (frame.variant == r.variant)]
         keep_last = int(rows.keep_last.dropna().iloc[0]) if rows.keep_last.notna().any() else 1
-        layers = [
-            planning.LayerProfile(*v) for v in zip(prof["saved_bytes"], prof["input_bytes"], prof["forward_seconds"])
-        ]
+        layers = planning.profiles_of_record(prof)
         BOUNDS.setdefault(dataset, []).append(
             (r.variant, bound_of_profile(layers, gbps * 1e9, keep_last).activation_bytes)
         )

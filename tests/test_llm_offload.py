@@ -1018,3 +1018,12 @@ def test_each_comparison_against_recompute_says_what_both_hold():
         for line in table.lines[2:]:
             cells = [cell for cell in line.strip("|").split(" | ")[2:] if cell.strip()]
             assert cells and all(" (peaks " in cell and " and " in cell for cell in cells), line
+
+
+def test_a_profile_scaled_to_a_larger_micro_batch_scales_what_offloading_cannot_move_too():
+    from systems.ssdtrain.planning import LayerProfile
+    from workloads.llm_offload.memory_bound import scaled
+
+    grown, seconds, fixed = scaled([LayerProfile(100, 10, 1.0, unoffloadable_bytes=40)], 3.0, 5, 2.0)
+    layer = grown[0]
+    assert (layer.saved_bytes, layer.unoffloadable_bytes, layer.input_bytes, seconds, fixed) == (200, 80, 20, 6.0, 10)

@@ -307,6 +307,39 @@ def test_blocks_in_a_module_dict_are_found_and_blocks_held_as_attributes_are_ask
     ), message
 
 
+class _NamedParts(nn.Module):
+    """A model whose parts are a dict of several classes, its blocks in a list inside one of them."""
+
+    def __init__(self):
+        super().__init__()
+        body = nn.Module()
+        body.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(4))
+        self.parts = nn.ModuleDict({"embed": nn.Embedding(50, 16), "body": body, "head": nn.Linear(16, 2)})
+
+
+def test_a_dict_of_parts_of_several_classes_is_no_stack_and_shared_embeddings_raise_no_warning():
+    """The dict was taken for a hybrid model's list of layers (refused, naming its keys' class,
+    str); T5's stacks, which hold the shared embedding table, were warned of as larger modules."""
+    named = _NamedParts()
+    config = transformers.T5Config(vocab_size=32128, d_model=64, d_kv=8, d_ff=128, num_layers=2, num_decoder_layers=2)
+    t5 = transformers.T5ForConditionalGeneration(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert find_layers(named) == list(named.parts["body"].blocks)
+        assert find_layers(t5) == [*t5.encoder.block, *t5.decoder.block]
+
+
+def test_blocks_that_hold_a_dict_of_one_module_per_relation_are_the_blocks():
+    """A list of PyG's HeteroConv (a dict of one conv per edge type in each): the convs inside,
+    of the same parameters in all, were taken, so keep_last kept one relation's conv."""
+    from torch_geometric.nn import HeteroConv, SAGEConv
+
+    relations = [("a", "to", "b"), ("b", "to", "a"), ("a", "self", "a")]
+    model = nn.Module()
+    model.layers = nn.ModuleList(HeteroConv({r: SAGEConv(8, 8) for r in relations}) for _ in range(3))
+    assert find_layers(model) == list(model.layers)
+
+
 class _Adapted(nn.Module):
     """A layer of a hybrid model: its own weights, and a list of small adapters (Zamba2's LoRA)."""
 

@@ -9,6 +9,7 @@ import torch
 
 from harness.errors import UserError
 from systems.ssdtrain import HostStore, planning
+from systems.ssdtrain.bound import bound_of_profile
 from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, LayerProfile
 from systems.ssdtrain.stores import StoreCorrupted
 from workloads.llm.data import batches
@@ -321,3 +322,63 @@ def test_budgets_six_digits_cannot_tell_apart_get_distinct_decisions():
     assert budget_decision(0.1234567) != budget_decision(0.1234568)
     assert float(budget_decision(0.1234567).removeprefix("budget_")) == 0.1234567
     assert number_text(1234567) == "1234567" and number_text(True) == "True"
+
+
+# -- storages below min_bytes: held whatever the decision, never written -----------------------
+def _with_unoffloadable(seed: int, peaks: bool):
+    """Random layers whose saved bytes include some below min_bytes (``unoffloadable_bytes``)."""
+    generator = torch.Generator().manual_seed(seed)
+    numbers = lambda n, high: torch.randint(1, high, (n,), generator=generator).tolist()  # noqa: E731
+    saved, small, inputs, peak = numbers(5, 4000), numbers(5, 1000), numbers(5, 300), numbers(5, 9000)
+    forward = [0.5 + s / 1000 for s in numbers(5, 1000)]
+    return [
+        LayerProfile(
+            s + u,
+            i,
+            f,
+            forward_peak=p + 4 * s if peaks else None,  # forward peaks above backward ones: the unwritten bytes count
+            backward_peak=p if peaks else None,
+            unoffloadable_bytes=u,
+        )
+        for s, u, i, f, p in zip(saved, small, inputs, forward, peak)
+    ]
+
+
+def _movable_only(profiles, decisions):
+    """The same layers with what an offloaded layer cannot move taken out of it (to be held as
+    fixed bytes instead): the model must predict the same step."""
+    return [
+        LayerProfile(p.movable_bytes, p.input_bytes, p.forward_seconds, forward_peak=p.forward_peak,
+                     backward_peak=p.backward_peak) if d == OFFLOAD else p
+        for p, d in zip(profiles, decisions)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("bandwidth", [150.0, 2_000.0, 1e9])  # writes behind forward, near it, instant
+def test_an_offloaded_layer_holds_what_it_cannot_move_and_writes_only_the_rest(seed, bandwidth):
+    """Storages below min_bytes were counted as written and freed: the plan held more than it
+    predicted (and its writes were predicted longer than they were)."""
+    profiles = _with_unoffloadable(seed, peaks=True)
+    for decisions in itertools.product((KEEP, OFFLOAD, RECOMPUTE), repeat=5):
+        got = planning.predict(profiles, decisions, bandwidth, keep_seconds=10.0, fixed_bytes=7)
+        small = sum(p.unoffloadable_bytes for p, d in zip(profiles, decisions) if d == OFFLOAD)
+        moved = planning.predict(_movable_only(profiles, decisions), decisions, bandwidth, 10.0, fixed_bytes=7 + small)
+        assert got.predicted_activation_bytes == moved.predicted_activation_bytes, decisions
+        assert got.predicted_seconds == pytest.approx(moved.predicted_seconds), decisions
+        assert got.predicted_peak_bytes == moved.predicted_peak_bytes, decisions
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adaptive_and_the_bound_time_only_the_bytes_offloading_moves(seed):
+    profiles = _with_unoffloadable(seed, peaks=False)
+    movable = [LayerProfile(p.movable_bytes, p.input_bytes, p.forward_seconds) for p in profiles]
+    for bandwidth in (150.0, 400.0, 2_000.0):
+        assert (
+            planning.adaptive(profiles, bandwidth, 10.0).decisions
+            == planning.adaptive(movable, bandwidth, 10.0).decisions
+        )
+        assert bound_of_profile(profiles, bandwidth) == bound_of_profile(movable, bandwidth)
+    # a case where the difference decides: the movable bytes fit the forward's time, all of them do not
+    tight = [LayerProfile(1000, 1, 1.0, unoffloadable_bytes=900) for _ in range(3)]
+    assert planning.adaptive(tight, 150.0, 9.0).decisions == (OFFLOAD, OFFLOAD, KEEP)

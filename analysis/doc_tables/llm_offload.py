@@ -270,7 +270,7 @@ def bound_rows_of(frame: pd.DataFrame, record: dict) -> list[BoundRow]:
     the measured activation-peak reduction below its keep's and the step time over its keep's. A run
     without its keep, a profile or a bandwidth has no row: it is not measured."""
     from systems.ssdtrain.bound import bound_of_profile
-    from systems.ssdtrain.planning import LayerProfile
+    from systems.ssdtrain.planning import profiles_of_record
 
     peak = summarize(frame, "activation_peak", KEYS).set_index(["dataset", "variant"])["median"]
     time = summarize(frame, "time", KEYS).set_index(["dataset", "variant"])["median"]
@@ -292,10 +292,7 @@ def bound_rows_of(frame: pd.DataFrame, record: dict) -> list[BoundRow]:
                 gbps = float(row.emulated_gbps) if emulated else probed
                 if profile is None or gbps is None:
                     continue
-                layers = [
-                    LayerProfile(*v)
-                    for v in zip(profile["saved_bytes"], profile["input_bytes"], profile["forward_seconds"])
-                ]
+                layers = profiles_of_record(profile)
                 keep_last = int(float(row.keep_last)) if _given(row.keep_last) else 1
                 bound = bound_of_profile(layers, gbps * 1e9, keep_last).activation_bytes
             reduction = peak[(dataset, reference)] - peak[(dataset, row.variant)]

@@ -4,7 +4,8 @@ measured profile and a store's measured bandwidth.
 The peak of a training step's activations is at the end of forward, so offloading lowers it by the
 bytes whose writes have ended by then; and it costs no time only if backward never waits for a read,
 so every byte read back must arrive before backward reaches its block. With each block's forward
-time ``f_i``, backward time ``b_i`` and saved bytes ``s_i``, and bandwidths ``W`` (writes) and
+time ``f_i``, backward time ``b_i`` and saved bytes ``s_i`` that offloading can move (none below
+``min_bytes``), and bandwidths ``W`` (writes) and
 ``R`` (reads, independent of the writes: PCIe and NVMe are full duplex):
 
 * Writes. Block i's bytes are saved steadily over its forward, from ``S_i`` to ``E_i``, and join

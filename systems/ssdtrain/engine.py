@@ -273,6 +273,7 @@ class Offloader:
         self._counters_at_start = self.store.counters
         self._layer: int | None = None  # the layer running forward now
         self._decisions: dict[int, str] = {}  # this forward's decision per layer
+        self._offloads_a_layer = False  # whether one of this forward's decisions is to offload
         self._backward_task: int | None = None  # autograd's graph task of the backward running now
         self._backward_layers: set[int | None] = set()  # layers whose unpack this backward has seen
         self._backward_since_forward = False  # a backward ran since the last forward began
@@ -344,6 +345,7 @@ class Offloader:
             # A new forward (the next micro-batch): the policy decides again, so a plan made
             # meanwhile applies from this forward on.
             self._decisions.clear()
+            self._offloads_a_layer = False
             self._backward_since_forward = False
         self._layer = index
         self._ran_with_grad = self._ran_with_grad or torch.is_grad_enabled()
@@ -354,6 +356,7 @@ class Offloader:
                     f"the offloading policy returned {decision!r} for layer {index}; expected 'keep' or 'offload'"
                 )
             self._decisions[index] = decision
+            self._offloads_a_layer = self._offloads_a_layer or decision == OFFLOAD
 
     def _leave_layer(self, module, args, output) -> None:
         self._layer = None
@@ -448,7 +451,7 @@ class Offloader:
         self.cache.start_deferred()  # a block that never returned (its forward hook did not run)
         # Checked at the first backward after a forward that offloads a layer (or ran none): a
         # planned policy's first forward, which profiles, keeps every layer.
-        if not self._offloading_checked and (OFFLOAD in self._decisions.values() or not self._decisions):
+        if not self._offloading_checked and (self._offloads_a_layer or not self._decisions):
             self._offloading_checked = True
             self._warn_if_nothing_offloaded()
         self._backward_since_forward = True
@@ -480,8 +483,8 @@ class Offloader:
                 self.cache.prefetch(target)
 
     def _warn_if_nothing_offloaded(self) -> None:
-        """One line when the first forward offloaded nothing although the policy offloads a layer,
-        or ran none of the layers (no policy then applies to anything)."""
+        """One line when the first forward to offload a layer offloaded nothing, or when the first
+        forward ran none of the layers (no policy then applies to anything)."""
         if not self._decisions and self.layers:
             warnings.warn(
                 f"SSDTrain: none of the {len(self.layers)} blocks ran in this forward, so no policy applied to "

@@ -53,7 +53,8 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
             continue
         members = list(module.values() if isinstance(module, nn.ModuleDict) else module)
         if len({block_class(m) for m in members}) != 1:
-            if name and all(_called(m) for m in members):
+            # (A dict of parts of several classes names them: a model's embedding, body and head.)
+            if name and not isinstance(module, nn.ModuleDict) and all(_called(m) for m in members):
                 mixed.append((name, module))
             continue
         if not _called(members[0]):  # containers: the modules they hold are the blocks
@@ -73,10 +74,17 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
             "nn.ModuleDict of modules of one class); pass the blocks explicitly (layers=[...])"
         )
 
-    def size(key) -> tuple[bool, bool, int, int]:
+    inner = {
+        key: {id(m) for block in found for m in block.modules() if m is not block} for key, found in blocks.items()
+    }
+
+    def size(key) -> tuple[bool, bool, int, bool, int]:
         parameters = sum(p.numel() for block in blocks[key] for p in block.parameters())
         composite = any(True for block in blocks[key] for _ in unwrapped(block).children())
-        return parameters > 0, composite, parameters, len(blocks[key])
+        # Of two classes with the same parameters, the blocks that hold the others' (a list of
+        # PyG's HeteroConv, each holding a dict of one conv per relation) are the model's blocks.
+        nested = any(other != key and all(id(b) in inner[other] for b in blocks[key]) for other in blocks)
+        return parameters > 0, composite, parameters, not nested, len(blocks[key])
 
     largest = max(blocks, key=size)
     chosen = list(blocks[largest])
@@ -116,8 +124,9 @@ def _warn_of_larger_enclosing_blocks(model: nn.Module, found: list[nn.Module]) -
             enclosing.setdefault(block_class(module), []).append(module)
     for cls, modules in enclosing.items():
         within = {id(m) for module in modules for m in module.modules()}
-        held = sum(p.numel() for p in _parameters_of(modules))
-        theirs = sum(p.numel() for p in _parameters_of([b for b in found if id(b) in within]))
+        # Embedding tables left out: stacks that share one (T5's encoder and decoder) hold it too.
+        held = sum(p.numel() for p in _parameters_of(modules, embeddings=False))
+        theirs = sum(p.numel() for p in _parameters_of([b for b in found if id(b) in within], embeddings=False))
         if len(modules) >= 2 and held > 2 * theirs:
             warnings.warn(
                 f"find_layers: the {len(found)} blocks found ({block_class(found[0]).__name__}) hold "
@@ -128,8 +137,14 @@ def _warn_of_larger_enclosing_blocks(model: nn.Module, found: list[nn.Module]) -
             return
 
 
-def _parameters_of(modules) -> list:
-    return list({id(p): p for m in modules for p in m.parameters()}.values())
+def _parameters_of(modules, embeddings: bool = True) -> list:
+    """The distinct parameters of ``modules``; without those of embedding tables if not ``embeddings``."""
+    tables = (
+        set()
+        if embeddings
+        else {id(p) for m in modules for e in m.modules() if isinstance(e, nn.Embedding) for p in e.parameters()}
+    )
+    return [p for p in {id(p): p for m in modules for p in m.parameters()}.values() if id(p) not in tables]
 
 
 def _refuse_mixed_stack(model: nn.Module, mixed: list[tuple[str, nn.Module]], chosen: int) -> None:

@@ -377,18 +377,23 @@ class Offloading:
         packed = any(stats.layers[i].packed_tensors for i in range(len(profiles)) if i in stats.layers)
         if packed and not any(p.movable_bytes for p in profiles):  # nothing offloading could move
             largest = max((stats.largest.get(i, 0) for i in range(len(profiles))), default=0)
-            why = (
-                "was empty (a batch of 0 rows?), so the plan made from it offloads and recomputes nothing; profile "
-                "on a real batch"
-                if largest == 0
-                else f"is below min_bytes={self.offloader.min_bytes} (the largest is {largest} B), so no block "
-                "can offload anything (a plan can only keep or recompute): lower min_bytes"
-            )
-            warnings.warn(f"SSDTrain {_name(self.policy)}: every storage the profiled step's blocks saved {why}",
-                          stacklevel=3)  # fmt: skip
+            saved = "every storage the profiled step's blocks saved"
+            if largest == 0:
+                why = (
+                    f"{saved} was empty (a batch of 0 rows?), so the plan made from it offloads and recomputes "
+                    "nothing; profile on a real batch"
+                )
+            elif largest < max(self.offloader.min_bytes, 1):
+                why = (
+                    f"{saved} is below min_bytes={self.offloader.min_bytes} (the largest is {largest} B), so no "
+                    "block can offload anything (a plan can only keep or recompute): lower min_bytes"
+                )
+            else:  # tensors without a storage of their own (subclasses): nothing to hand to a store
+                why = "the profiled step's blocks saved no tensor with a storage of its own, so no block can offload"
+            warnings.warn(f"SSDTrain {_name(self.policy)}: {why}", stacklevel=3)
         bandwidth = self.bandwidth
         if bandwidth is None:
-            probe = min(max(max(p.saved_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's bytes
+            probe = min(max(max(p.movable_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's writes
             # The probe's random bytes must not draw from the model's generators: dropout after the
             # plan would draw other masks than training without offloading.
             device = _device(self.model)

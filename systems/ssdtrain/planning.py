@@ -1,12 +1,14 @@
 """Which layers to keep, offload or recompute: a cost model, SSDTrain's adaptive rule and a planner.
 
 A step is modelled from a profile of its layers (``LayerProfile``: the bytes each layer saves for
-backward, the bytes of its input, its forward time) and the store's bandwidth:
+backward, of which those in storages below the offloader's ``min_bytes`` no decision but
+recomputation frees, the bytes of its input, its forward time) and the store's bandwidth:
 
 * Forward runs the layers in order; layer i runs from S_i to E_i. The engine starts a tensor's
   write when the tensor is saved, so an offloaded layer's bytes join one write queue (first in,
   first out, drained at the store's bandwidth B) as a steady stream over its forward: its write
-  ends at W_i = max(E_i, max(W_{i-1}, S_i) + bytes_i / B). At a time T after E_i, the bytes of
+  ends at W_i = max(E_i, max(W_{i-1}, S_i) + bytes_i / B), bytes_i being what it can move (its
+  storages below ``min_bytes`` stay in memory, held like a kept layer's). At a time T after E_i, the bytes of
   layer i not yet written are min(bytes_i, (W_i - T) B), at least 0: the queue runs at B from T on.
 * Backward runs the layers in reverse, each taking ``backward_ratio`` times its forward. When it
   reaches the layer above layer i (the engine's prefetch of one layer; the start of backward for
@@ -19,8 +21,8 @@ backward, the bytes of its input, its forward time) and the store's bandwidth:
   inside its compiled backward).
 * Step time = the measured keep step + recomputed forwards + read stalls + writes still running
   when backward ends (a step waits for its transfers). Activation bytes = what is held on the
-  device when forward ends: kept layers, recomputed layers' inputs, and the bytes of offloaded
-  layers not yet written.
+  device when forward ends: kept layers, recomputed layers' inputs, and of offloaded layers the
+  bytes not yet written and those they cannot move.
 * Activation peak (on a GPU, where the profile measured the allocator's peak in each segment of a
   kept step: each layer's forward, to the next layer's start; the head's backward, from the end of
   forward to the first layer backward reaches; each layer's backward): per segment, keep's
@@ -645,6 +647,17 @@ def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = 
         )
     outside = stats.layers.get(None)
     return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
+
+
+def profiles_of_record(record: dict) -> list[LayerProfile]:
+    """The blocks' profiles as a part records them (its provenance's ``profile``: saved and input
+    bytes, forward seconds, and the unoffloadable bytes where the record has them, else none)."""
+    saved = record["saved_bytes"]
+    unoffloadable = record.get("unoffloadable_bytes") or [0] * len(saved)
+    return [
+        LayerProfile(s, i, f, unoffloadable_bytes=u)
+        for s, i, f, u in zip(saved, record["input_bytes"], record["forward_seconds"], unoffloadable, strict=True)
+    ]
 
 
 def profile(

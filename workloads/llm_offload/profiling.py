@@ -29,7 +29,9 @@ class Profiler:
 
     def _profile(self, budget=None, compiled=False):
         within = CompiledBlocks(self.layers, budget).installed if compiled else None
-        measured = planning.profile(self.model, self.layers, self._step, self.device, within=within)
+        # At the part's min_bytes, as its policies run: storages below it are held whatever the plan.
+        min_bytes = self.params["min_bytes"]
+        measured = planning.profile(self.model, self.layers, self._step, self.device, min_bytes, within=within)
         self.model.zero_grad(set_to_none=True)
         return measured
 
@@ -49,6 +51,7 @@ class Profiler:
             self.notes["profile" + ("_compiled" if compiled else "")] = {
                 "keep_step_seconds": seconds,
                 "saved_bytes": [p.saved_bytes for p in profiles],
+                "unoffloadable_bytes": [p.unoffloadable_bytes for p in profiles],
                 "input_bytes": [p.input_bytes for p in profiles],
                 "forward_seconds": [p.forward_seconds for p in profiles],
                 # The allocator's peaks per layer of the kept step (GPU; None on a CPU): planning.PeakTrace.
