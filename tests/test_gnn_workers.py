@@ -3,6 +3,8 @@
 every worker; a budget confines the workers; the split of a budget is picked from candidates
 that leave training a core. On a GPU, the copy one batch ahead hands over the same batches."""
 
+import os
+import signal
 from dataclasses import replace
 
 import psutil
@@ -118,6 +120,30 @@ def test_an_error_of_the_loader_itself_keeps_its_type_and_first_line():
 
     died = RuntimeError("DataLoader worker (pid(s) 123) exited unexpectedly\nsee dmesg")
     assert _worker_error(died) == "RuntimeError: DataLoader worker (pid(s) 123) exited unexpectedly"
+
+
+def test_a_worker_whose_pipe_closed_is_said_to_have_died():
+    """A worker killed mid-epoch surfaced as a bare EOFError or ConnectionResetError."""
+    from workloads.gnn.pipelines import _worker_error
+
+    for error in (EOFError(), ConnectionResetError(104, "Connection reset by peer")):
+        said = _worker_error(error)
+        assert said.startswith("a worker process died (killed, or out of memory?): ") and type(error).__name__ in said
+
+
+def test_a_worker_killed_mid_epoch_is_reported_as_a_dead_worker(arrays):
+    """Which error says so depends on where the main process is when the worker's end is seen
+    (torch's SIGCHLD handler, its queue's timeout check, the pipe): each names the death."""
+    pipeline = Pipeline("cpu_gather_workers", Graph(arrays, "cpu"), [5], 7, seed=1, sampler_workers=2)
+    batches = pipeline.batches(0)
+    try:
+        next(batches)
+        assert len(pipeline.seeds(0)) > 50  # more than the workers can have prepared ahead
+        with pytest.raises(RuntimeError, match=r"exited unexpectedly|killed by signal|a worker process died"):
+            os.kill(pipeline.worker_pids()[0], signal.SIGKILL)
+            list(batches)
+    finally:
+        pipeline.close()
 
 
 def test_an_interrupt_in_training_stops_every_worker(arrays):

@@ -472,7 +472,10 @@ def _worker_error(error: BaseException) -> str:
     lines = [line for line in str(error).splitlines() if line.strip()]
     starts = [i for i, line in enumerate(lines) if line.rstrip().endswith("Traceback (most recent call last):")]
     if not starts:  # no traceback: an error of the loader itself (a worker that died, a timeout)
-        return f"{type(error).__name__}: {lines[0].strip()}" if lines else type(error).__name__
+        said = f"{type(error).__name__}: {lines[0].strip()}" if lines else type(error).__name__
+        if isinstance(error, EOFError | ConnectionError):  # the pipe to a worker closed mid-batch
+            return f"a worker process died (killed, or out of memory?): {said}"
+        return said
     # After the last traceback's header, its frames are indented; the first line that is not
     # names the worker's exception, as "module.Type: message".
     raised = next((line for line in lines[starts[-1] + 1 :] if not line[0].isspace()), type(error).__name__)
