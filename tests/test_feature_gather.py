@@ -48,6 +48,11 @@ def test_window_rows_stay_inside_their_windows():
     assert windows.unique().numel() <= 32 and rows.unique().numel() == 2_000
     with pytest.raises(ValueError, match="do not fit"):
         window_rows(1024, 512, 64 << 10, 1_000, 10, g)
+    # A row wider than the window divided by zero; no window in the union timed an empty batch.
+    with pytest.raises(UserError, match="^a window of 1024 B holds no row of 2048 B: widen window_kib$"):
+        window_rows(1 << 20, 2048, 1024, 4, 10, g)
+    with pytest.raises(UserError, match="^no window of 65536 B fits the union of rows"):
+        window_rows(1 << 20, 512, 64 << 10, 0, 10, g)
 
 
 # --- the registry and the sweep, on the CPU ------------------------------------------------------

@@ -149,6 +149,49 @@ def test_reference_refuses_bad_arguments(args, kwargs, message):
         gather(*args, **kwargs)
 
 
+def misaligned_table() -> torch.Tensor:
+    """float32 rows at an address 1 byte past a multiple of 4: each load of them faults on a GPU."""
+    table = torch.frombuffer(bytearray(41), dtype=torch.float32, offset=1).view(5, 2)
+    if table.data_ptr() % 4 == 0:
+        pytest.skip("the buffer landed aligned after all")
+    return table
+
+
+def test_a_misaligned_table_and_the_naive_kernel_with_a_cache_are_refused():
+    """The first faulted on the GPU (the context lost); the second ran the aligned kernel under
+    the naive one's name."""
+    with pytest.raises(ValueError, match=r"^the table's address is not a multiple of its element size \(4 B"):
+        gather(misaligned_table(), torch.tensor([1]))
+    cached = {"slots": torch.full((10,), -1, dtype=torch.int32), "cache": torch.ones(3, 4)}
+    with pytest.raises(ValueError, match="^the naive kernel has no hot-row cache form"):
+        gather(torch.ones(10, 4), torch.tensor([1]), loads="naive", **cached)
+
+
+@pytest.mark.parametrize(
+    "table, idx, message",
+    [
+        (torch.arange(40.0).view(10, 4)[:, :2], torch.tensor([1, 3]), "densely packed"),
+        (torch.arange(40.0).view(10, 4)[::2], torch.tensor([1, 3]), "densely packed"),
+        (torch.arange(40.0).view(10, 4)[:1].expand(10, 4), torch.tensor([1, 3]), "densely packed"),
+        (torch.arange(40.0).view(10, 4), torch.tensor([1, 3], dtype=torch.int16), "int32 or int64"),
+    ],
+)
+def test_the_launch_checks_the_table_and_index_it_reads_by_offsets(table, idx, message):
+    """The launch read rows at r * row bytes of whatever it was given: a column slice gave other
+    rows' values, an expanded table memory past its one row, an int16 index was read as int64."""
+    out = torch.empty(2, table.shape[1], dtype=table.dtype)
+    with pytest.raises(ValueError, match=message):
+        launch_gather(table, idx, out)
+
+
+def test_an_int32_index_into_a_table_of_2_31_rows_or_more_is_in_range():
+    """``idx >= rows`` wrapped the row count to int32: index 5 was 'out of range'."""
+    table = torch.empty(2**31 + 16, 0)  # no bytes
+    assert gather(table, torch.tensor([5, 2**31 - 1], dtype=torch.int32)).shape == (2, 0)
+    with pytest.raises(IndexError, match="index -1 is out of range"):
+        gather(table, torch.tensor([5, -1], dtype=torch.int32))
+
+
 @pytest.mark.parametrize(
     "out, message",
     [
@@ -216,6 +259,7 @@ def test_forward_mode_differentiation_is_refused_not_zero():
         (lambda: torch.ones(8, 100).t(), "not contiguous"),
         (lambda: torch.ones(0, 8), "empty table"),
         (lambda: torch.tensor(3.0), "empty table"),
+        (misaligned_table, "not a multiple of its element size"),
     ],
 )
 def test_unified_tensor_refuses_what_cannot_be_pinned_safely(make, message):

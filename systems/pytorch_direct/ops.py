@@ -10,14 +10,15 @@ reference). Options (each one an ablation step of the benchmark):
   (the warp's reads start on the 128-byte line holding the row, lanes outside it masked), or
   ``"vectorized"`` (aligned, and 16-byte loads wherever row size and addresses allow).
 * ``sort``: gather the rows in ascending index order (neighbouring rows share address
-  translations), then put them back in the order asked for. Asynchronous: no host sync.
+  translations), then put them back in the order asked for. Waits for the GPU once, as every
+  path does: for the bounds check's flag.
 * ``dedup``: sort and de-duplicate the indices, gather each distinct row once, scatter back
-  (waits for the GPU once, to learn how many distinct rows there are).
+  (waits for the GPU twice: to learn how many distinct rows there are, and for the bounds check).
 * ``slots`` / ``cache``: a GPU-resident copy of some rows (``slots[row]`` is the row's position
   in ``cache``, or -1); those rows are read from GPU memory instead of over PCIe. A slot outside
   the cache is read from the table (checking the slots per call would wait for the GPU).
 * ``max_threads``: cap on the threads the gather uses (0: enough to fill the GPU), so that it
-  can run beside training kernels.
+  can run beside training kernels; in whole blocks of 256 threads (1 to 511: one block).
 
 An index outside the table raises ``IndexError`` naming the value; the kernel never reads it. A
 table that requires grad gets the gradient of ``table[idx]``: the rows' gradients summed into its
@@ -45,6 +46,7 @@ KERNEL_SOURCE = Path(__file__).parent / "kernels" / "gather.cu"
 THREADS_PER_BLOCK = 256
 KERNELS = ("naive", "aligned", "vectorized")
 INDEX_DTYPES = (torch.int32, torch.int64)
+NAIVE_HAS_NO_CACHE = "the naive kernel has no hot-row cache form: with slots and cache, use 'aligned' or 'vectorized'"
 
 
 def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache, max_threads: int = 0) -> None:
@@ -60,18 +62,11 @@ def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache, max
         raise ValueError(f"loads must be one of {KERNELS}, got {loads!r}")
     if max_threads < 0:  # the op's schema makes it an int; a negative cap would be taken as none
         raise ValueError(f"max_threads must be >= 0 (0: as many as fill the GPU), got {max_threads}")
-    if table.dim() != 2:
-        raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
-    if table.device.type != "cpu":
-        raise ValueError(f"table must be in host memory, got a tensor on {table.device}")
-    # A stride of a dimension of size 1 is never stepped over (torch calls such a tensor contiguous).
-    dense = (table.shape[1] <= 1 or table.stride(1) == 1) and (table.shape[0] <= 1 or table.stride(0) == table.shape[1])
-    if table.shape[1] and not dense:  # rows of no features have no layout to get wrong
-        raise ValueError("table rows must be contiguous and densely packed")
-    if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES:
-        raise ValueError(f"idx must be a 1-D int32 or int64 tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
+    _check_table_and_idx(table, idx)
     if (slots is None) != (cache is None):
         raise ValueError("slots and cache go together: give both or neither")
+    if slots is not None and loads == "naive":  # the cached kernel reads rows as the aligned one does
+        raise ValueError(NAIVE_HAS_NO_CACHE)
     if slots is not None:
         if slots.dtype != torch.int32 or slots.shape != (table.shape[0],):
             raise ValueError(
@@ -85,6 +80,34 @@ def _check(table: torch.Tensor, idx: torch.Tensor, loads: str, slots, cache, max
             # The kernel reads slots[row] and cache rows by plain offsets; a contiguous copy per
             # call could cost as much as the gather, so the caller makes it once.
             raise ValueError("slots and cache must be contiguous (make them so once with .contiguous())")
+
+
+def _check_table_and_idx(table: torch.Tensor, idx: torch.Tensor) -> None:
+    """What every path reads by plain offsets: row r at ``table + r * row bytes``, index i at
+    ``idx + i * its size``, each element at an address its size divides (the GPU's loads fault
+    on a misaligned one, and the CUDA context with them)."""
+    if table.dim() != 2:
+        raise ValueError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
+    if table.device.type != "cpu":
+        raise ValueError(f"table must be in host memory, got a tensor on {table.device}")
+    # A stride of a dimension of size 1 is never stepped over (torch calls such a tensor contiguous).
+    dense = (table.shape[1] <= 1 or table.stride(1) == 1) and (table.shape[0] <= 1 or table.stride(0) == table.shape[1])
+    if table.shape[1] and not dense:  # rows of no features have no layout to get wrong
+        raise ValueError("table rows must be contiguous and densely packed")
+    if table.data_ptr() % table.element_size():
+        raise ValueError(
+            f"the table's address is not a multiple of its element size ({table.element_size()} B; a view of a "
+            "byte buffer at an odd offset?): the GPU cannot load its elements; pass table.clone()"
+        )
+    if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES:
+        raise ValueError(f"idx must be a 1-D int32 or int64 tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
+
+
+def _out_of_range(idx: torch.Tensor, rows: int) -> torch.Tensor:
+    """The indices outside ``rows`` rows, in order (``idx >= rows`` would wrap ``rows`` past the
+    index dtype's range: no int32 index reaches a table of 2**31 rows or more)."""
+    too_high = idx >= rows if rows <= torch.iinfo(idx.dtype).max else torch.zeros_like(idx, dtype=torch.bool)
+    return idx[(idx < 0) | too_high]
 
 
 def _raise_out_of_range(value: int, rows: int) -> None:
@@ -104,7 +127,7 @@ def gather(
 ) -> torch.Tensor:
     """CPU reference: ``table[idx]`` with the same checks (options do not change the result)."""
     _check(table, idx, loads, slots, cache, max_threads)
-    bad = idx[(idx < 0) | (idx >= table.shape[0])]
+    bad = _out_of_range(idx, table.shape[0])
     if bad.numel():
         _raise_out_of_range(int(bad[0]), table.shape[0])
     return table.index_select(0, idx.long())
@@ -149,7 +172,7 @@ def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, sl
     options = dict(kernel=loads, max_threads=max_threads, slots=slots, cache=cache)
     out = torch.empty((idx.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
     if table.shape[1] == 0:  # no bytes to read: only the bounds are checked
-        bad = idx[(idx < 0) | (idx >= table.shape[0])]
+        bad = _out_of_range(idx, table.shape[0])
         if bad.numel():
             _raise_out_of_range(int(bad[0]), table.shape[0])
         return out
@@ -211,6 +234,9 @@ def launch_gather(
     # (ids[::3], ids[:1].expand(n)) must become a dense copy first, or other memory is read as
     # indices. A contiguous index (offset views included) is passed through as it is.
     idx = idx.contiguous()
+    _check_table_and_idx(table, idx)  # (a few attribute reads: negligible beside a launch)
+    if slots is not None and kernel == "naive":
+        raise ValueError(NAIVE_HAS_NO_CACHE)
     n = idx.shape[0]
     _check_out(out, table, idx)
     if n == 0:

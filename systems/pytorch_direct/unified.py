@@ -175,6 +175,11 @@ class UnifiedTensor:
                 "the tensor is a view into a larger allocation; the driver pins whole allocations, "
                 "so pin the tensor that owns the memory (or pass view.clone())"
             )
+        if tensor.data_ptr() % tensor.element_size():
+            raise ValueError(
+                f"the tensor's address is not a multiple of its element size ({tensor.element_size()} B; a view of a "
+                "byte buffer at an odd offset?): the GPU cannot load its elements; pin tensor.clone()"
+            )
         _check_options(kernel, dedup, max_threads)
         self.options = {
             k: v for k, v in (("loads", kernel), ("dedup", dedup), ("max_threads", max_threads)) if v is not None

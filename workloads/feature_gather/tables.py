@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.errors import UserError
 from workloads.buffers import MIB, PinnedHostBuffer, fill_random_
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -100,6 +101,10 @@ def window_rows(
     """``n`` distinct rows drawn from ``windows`` randomly placed windows of ``window_bytes``."""
     device = generator.device
     rows_per_window = window_bytes // row_bytes
+    if rows_per_window == 0:
+        raise UserError(f"a window of {window_bytes} B holds no row of {row_bytes} B: widen window_kib")
+    if windows < 1:
+        raise UserError(f"no window of {window_bytes} B fits the union of rows: make union_mib a window or more")
     slots = num_rows // rows_per_window
     if windows > slots:
         raise ValueError(f"{windows} windows of {window_bytes} B do not fit in a table of {num_rows} rows")
