@@ -185,10 +185,11 @@ class Graph:
         check_csr_types(self.indptr, self.indices)  # here, not when the first pipeline is made
         if features is not None and not isinstance(features, torch.Tensor):
             raise UserError(f"features= must be a torch tensor in host memory, got {type(features).__name__}")
-        if features is not None and "features" in arrays and tuple(features.shape) != tuple(arrays["features"].shape):
+        given_shape = tuple(getattr(arrays.get("features"), "shape", ()))
+        if features is not None and "features" in arrays and tuple(features.shape) != given_shape:
             raise UserError(
                 f"features= (shape {tuple(features.shape)}) stands for arrays['features'], whose shape is "
-                f"{tuple(arrays['features'].shape)}: give the same table, or one of them"
+                f"{given_shape}: give the same table, or one of them"
             )
         # The table is pinned in place for zero-copy: shared anonymous memory, not the
         # copy-on-write file mapping, nor private memory (a fork copies pinned private pages into
