@@ -131,8 +131,9 @@ class HotRows:
 
     def misses(self, idx: torch.Tensor) -> torch.Tensor:
         """How many of ``idx`` (on the cache's device) are not cached: a 0-d tensor, so the count
-        on a GPU does not wait for it. On the CPU a negative id is refused (on a GPU it would cost a
-        wait; the sampler's ids are never negative)."""
+        on a GPU does not wait for it. On the CPU an id outside the table is refused; on a GPU
+        checking would cost a wait, so the ids must be the table's (a sampler's are; an id past the
+        table trips torch's device-side assert, a negative one counts the last row's slot)."""
         if not isinstance(idx, torch.Tensor) or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
             kind = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise UserError(f"idx must be a tensor of integer row ids, got {kind}")
