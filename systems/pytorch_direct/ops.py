@@ -94,13 +94,19 @@ def _check_table_and_idx(table: torch.Tensor, idx: torch.Tensor) -> None:
     dense = (table.shape[1] <= 1 or table.stride(1) == 1) and (table.shape[0] <= 1 or table.stride(0) == table.shape[1])
     if table.shape[1] and not dense:  # rows of no features have no layout to get wrong
         raise ValueError("table rows must be contiguous and densely packed")
-    if table.data_ptr() % table.element_size():
-        raise ValueError(
-            f"the table's address is not a multiple of its element size ({table.element_size()} B; a view of a "
-            "byte buffer at an odd offset?): the GPU cannot load its elements; pass table.clone()"
-        )
+    refuse_misaligned(table, "table")
     if idx.dim() != 1 or idx.dtype not in INDEX_DTYPES:
         raise ValueError(f"idx must be a 1-D int32 or int64 tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
+
+
+def refuse_misaligned(tensor: torch.Tensor, name: str) -> None:
+    """A one-line ValueError where the element size does not divide ``tensor``'s address: the
+    GPU's loads of its elements would fault (and the CUDA context with them)."""
+    if tensor.data_ptr() % tensor.element_size():
+        raise ValueError(
+            f"the {name}'s address is not a multiple of its element size ({tensor.element_size()} B; a view of a "
+            f"byte buffer at an odd offset?): the GPU cannot load its elements; pass {name}.clone()"
+        )
 
 
 def _out_of_range(idx: torch.Tensor, rows: int) -> torch.Tensor:

@@ -44,7 +44,7 @@ from harness.arguments import whole_number
 from harness.errors import NeedsGpuError
 from systems import nvrtc
 from systems.pytorch_direct import dispatch
-from systems.pytorch_direct.ops import KERNELS
+from systems.pytorch_direct.ops import KERNELS, refuse_misaligned
 
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
@@ -175,11 +175,7 @@ class UnifiedTensor:
                 "the tensor is a view into a larger allocation; the driver pins whole allocations, "
                 "so pin the tensor that owns the memory (or pass view.clone())"
             )
-        if tensor.data_ptr() % tensor.element_size():
-            raise ValueError(
-                f"the tensor's address is not a multiple of its element size ({tensor.element_size()} B; a view of a "
-                "byte buffer at an odd offset?): the GPU cannot load its elements; pin tensor.clone()"
-            )
+        refuse_misaligned(tensor, "tensor")
         _check_options(kernel, dedup, max_threads)
         self.options = {
             k: v for k, v in (("loads", kernel), ("dedup", dedup), ("max_threads", max_threads)) if v is not None

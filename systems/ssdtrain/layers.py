@@ -116,11 +116,12 @@ def _warn_of_larger_enclosing_blocks(model: nn.Module, found: list[nn.Module]) -
     (attention heads), so that offloading them would move a fraction of the activations. Stacks
     that hold little besides their blocks (T5's encoder and decoder, a ResNet's stages) are not."""
     ids = {id(block) for block in found}
+    names = [name for name, module in model.named_modules() if id(module) in ids]
+    # Every module above a block, found by its name's prefixes: one pass, however deep the model.
+    above = {name.rsplit(".", depth)[0] for name in names for depth in range(1, name.count(".") + 1)}
     enclosing: dict[type, list[nn.Module]] = {}
-    for module in model.modules():
-        if module is model or id(module) in ids or not _called(module):
-            continue
-        if any(id(m) in ids for m in module.modules()):
+    for name, module in model.named_modules():
+        if name in above and id(module) not in ids and _called(module):
             enclosing.setdefault(block_class(module), []).append(module)
     for cls, modules in enclosing.items():
         within = {id(m) for module in modules for m in module.modules()}

@@ -43,9 +43,7 @@ BACKENDS = ("pyg_lib", "torch_sparse")
 
 def backend_missing() -> str | None:
     """Why NeighborLoader cannot sample here (one line), or None where it can."""
-    import torch_geometric.typing as pyg_typing
-
-    if pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE:
+    if backend() is not None:
         return None
     why = []
     for module in BACKENDS:
