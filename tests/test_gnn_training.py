@@ -15,7 +15,15 @@ from harness.errors import NeedsGpuError, UserError
 from harness.results import load, load_provenance
 from workloads.gnn.epoch import timed_epochs, train_epoch
 from workloads.gnn.models import build
-from workloads.gnn.pipelines import GPU_PIPELINES, PIPELINES, ROLE, UNAVAILABLE_PIPELINES, Graph, Pipeline
+from workloads.gnn.pipelines import (
+    GPU_PIPELINES,
+    PIPELINE_KINDS,
+    PIPELINES,
+    ROLE,
+    UNAVAILABLE_PIPELINES,
+    Graph,
+    Pipeline,
+)
 from workloads.gnn_training.schema import SCHEMA
 from workloads.graphs import store
 from workloads.graphs.generate import GeneratorParams
@@ -423,8 +431,20 @@ def test_every_pipeline_sees_the_same_batches_and_loss_curve(arrays):
     graph.close()
     base = torch.tensor(curves["cpu_gather"])
     for name, curve in curves.items():
+        if PIPELINE_KINDS[name].own_sampler:
+            assert_follows_on_other_neighbours(curve, base, name)
+            continue
         # Same batches and weights; only the order of floating-point sums on the GPU differs.
         torch.testing.assert_close(torch.tensor(curve), base, rtol=1e-3, atol=1e-3, msg=f"pipeline {name}")
+
+
+def assert_follows_on_other_neighbours(curve, base, name):
+    """A pipeline with a sampler of its own (PyG's loader) trains on the suite's seed batches with
+    other neighbours drawn: as many batches, finite losses, and the first loss (the same initial
+    weights, the same seeds) near the suite's, as neighbour draws move it by a few percent."""
+    curve = torch.as_tensor(curve, dtype=base.dtype)
+    assert curve.shape == base.shape and bool(torch.isfinite(curve).all()), name
+    torch.testing.assert_close(curve[0], base[0], rtol=0.1, atol=0, msg=f"pipeline {name}: first loss")
 
 
 @pytest.mark.gpu
@@ -1367,12 +1387,10 @@ def test_gpu_papers_full_part_pins_the_table_generated_in_memory(tmp_path):
     pcie = frame[frame.metric == "pcie_bytes"].groupby("variant").value.median()
     assert pcie["zero_copy"] == pcie["cpu_gather"] > 0
     first = frame[(frame.metric == "loss") & (frame.repetition == 0)].groupby("variant").value.first()
-    torch.testing.assert_close(
-        torch.tensor(first.values),
-        torch.full((len(first),), first["cpu_gather"], dtype=torch.float64),
-        rtol=1e-3,
-        atol=1e-3,
-    )
+    for variant, loss in first.items():
+        # the same batches give the same loss; a sampler of its own, the seeds' loss near it
+        close = {"rtol": 0.1, "atol": 0} if PIPELINE_KINDS[variant].own_sampler else {"rtol": 1e-3, "atol": 1e-3}
+        torch.testing.assert_close(loss, first["cpu_gather"], **close, msg=f"pipeline {variant}")
 
 
 def test_pipelines_are_listed_in_one_order_whatever_this_machine_can_run():
@@ -1397,7 +1415,7 @@ def test_accuracy_over_no_validation_nodes_is_refused_not_zero(arrays):
 
 
 def test_exactly_the_suites_zero_copy_uva_and_cache_pipelines_are_pytorch_direct():
-    from workloads.gnn.pipelines import PIPELINE_KINDS, PYTORCH_DIRECT
+    from workloads.gnn.pipelines import PYTORCH_DIRECT
 
     direct = {kind.name for kind in PIPELINE_KINDS if kind.technique == PYTORCH_DIRECT}
     assert direct == {"zero_copy", "zero_copy_overlap", "hot_cache", "uva_sampling"}

@@ -111,6 +111,10 @@ class PipelineKind(Entry):
     # The published technique it implements ("" for none): figures draw a paper's numbers only
     # beside that paper's pipelines, so a user's own optimized pipeline is never taken for it.
     technique: str = ""
+    # It draws each batch's neighbours with a sampler of its own (another random number
+    # generator): the suite's seeds, other neighbours, so its losses follow the others' only
+    # approximately (a PyG loader). False: the suite's sampler, the same batches as every pipeline.
+    own_sampler: bool = False
 
     def __post_init__(self):
         super().__post_init__()

@@ -152,6 +152,7 @@ if (_missing := backend_missing()) is None:
             label="PyG NeighborLoader",
             gather=gather_in_process,  # the validation batches' rows (the suite's sampler)
             swept_worker_threads=(1,),  # PyG's workers run one torch thread each
+            own_sampler=True,
             prepare=make_loader,
             notes="PyG's NeighborLoader (pyg-lib or torch-sparse) in loader workers, pinned, copied non-blocking",
         )
