@@ -156,6 +156,22 @@ def test_the_fastest_peer_is_the_baseline(tmp_path, machine):
     assert f"{over_baseline:.2f}x" in rows["baseline_only"]
 
 
+def test_a_listed_baseline_never_measured_is_named_and_the_others_stand_alone(tmp_path, machine):
+    """A baseline of several variants (the faster of them) whose committed run lacks one: the
+    ratio is against the others, and the value says so; with all of them there, no note."""
+    over_pyg = reference_geomean(machine, ["pyg"])
+    rows = render(
+        tmp_path,
+        [
+            claim("one_missing", holds=1e3, partly=0.1, baseline={"variants": ["pyg", "my_loader"]}),
+            claim("both_there", holds=1e3, partly=0.1, baseline={"variants": ["pyg", "segment_mm"]}),
+        ],
+    )
+    assert f"{over_pyg:.2f}x" in rows["one_missing"]
+    assert "(my_loader not measured: against pyg alone)" in rows["one_missing"]
+    assert "not measured: against" not in rows["both_there"]
+
+
 def test_range_over_reruns_of_the_same_code(tmp_path, machine):
     rng = np.random.default_rng(11)
     again = random_times(rng, speedup=5.0)

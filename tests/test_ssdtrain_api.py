@@ -669,6 +669,54 @@ def test_offload_adaptive_whose_keep_last_covers_every_block_warns_and_the_plann
     assert not [w for w in caught if "keeps every one" in str(w.message)]
 
 
+def test_offload_adaptive_whose_store_is_too_slow_for_any_block_says_so():
+    """A store too slow for the first block's writes to end within forward: the adaptive plan
+    keeps every block, and says why (it had said nothing, and saved nothing)."""
+    model = ThreeBlocks()
+    with pytest.warns(
+        UserWarning, match=r"offload_adaptive offloads nothing: the first block's writes \(\d+ B at"
+    ) as caught:
+        session = run_steps(
+            model, offload(model, store=HostStore(), policy="offload_adaptive", bandwidth=1.0, min_bytes=0)
+        )
+    assert session.decisions == [KEEP] * 3 and session.stats.total.offloaded_tensors == 0
+    assert all("\n" not in str(w.message) for w in caught)
+    with warnings.catch_warnings(record=True) as caught:  # a store fast enough: it offloads, quietly
+        warnings.simplefilter("always")
+        session = run_steps(
+            model, offload(model, store=HostStore(), policy="offload_adaptive", bandwidth=1e15, min_bytes=0)
+        )
+    assert OFFLOAD in session.decisions and not [w for w in caught if "offloads nothing" in str(w.message)]
+
+
+def test_blocks_given_out_of_forward_order_warn_once_and_train_as_without_offloading():
+    """keep_last and prefetch follow the list's order: a list in another order than forward's keeps
+    and reads back the wrong blocks first. It is said once (naming the blocks); the gradients stay
+    exact. A block that runs again later in forward (a shared one) is no disorder."""
+    reference = ThreeBlocks()
+    model = ThreeBlocks()
+    model.load_state_dict(reference.state_dict())
+    run_steps(reference, contextlib.nullcontext(), steps=2)
+    backwards = list(model.blocks)[::-1]
+    with pytest.warns(UserWarning) as caught:
+        run_steps(model, offload(model, store=HostStore(), layers=backwards, min_bytes=0), steps=2)
+    said = [str(w.message) for w in caught if "not in forward order" in str(w.message)]
+    assert said == [
+        "SSDTrain: the blocks are not in forward order: block 1 (blocks.1) first ran after block 2 (blocks.0); "
+        "keep_last and prefetch follow the list's order, so the blocks kept and read back first are not the last "
+        "to run: pass layers= in the order forward calls them"
+    ]
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(mine.grad, theirs.grad)
+    shared = ThreeBlocks()
+    shared.blocks = nn.ModuleList([shared.blocks[0]] * 3)  # one block at every position
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_steps(shared, offload(shared, store=HostStore(), layers=[shared.blocks[0]], keep_last=0, min_bytes=0))
+        run_steps(model, offload(model, store=HostStore(), layers=list(model.blocks), min_bytes=0))
+    assert not [w for w in caught if "forward order" in str(w.message)]
+
+
 def test_the_planners_store_traffic_is_training_s_only(monkeypatch):
     """The bandwidth probe the planner runs inside the block is not counted as training's. The
     probe writes through the store as ever; it reports a store fast enough that the plan offloads,

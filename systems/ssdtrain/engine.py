@@ -252,6 +252,7 @@ class Offloader:
         # its tensors: where backward is (planning.PeakTrace measures memory by it).
         self.backward_listeners: list[Callable[[int | None], None]] = []
         self._active = False
+        self._order_warned = False  # whether the layers were found out of forward order (once)
 
     # -- a step --------------------------------------------------------------------------------
     def __enter__(self) -> Offloader:
@@ -350,6 +351,8 @@ class Offloader:
         self._layer = index
         self._ran_with_grad = self._ran_with_grad or torch.is_grad_enabled()
         if index not in self._decisions:
+            if self._decisions and index < max(self._decisions) and not in_backward():
+                self._warn_out_of_order(index, max(self._decisions))
             decision = KEEP if index >= len(self.layers) - self.keep_last else self.decide(index)
             if decision not in (KEEP, OFFLOAD):
                 raise UserError(
@@ -357,6 +360,24 @@ class Offloader:
                 )
             self._decisions[index] = decision
             self._offloads_a_layer = self._offloads_a_layer or decision == OFFLOAD
+
+    def _warn_out_of_order(self, index: int, later: int) -> None:
+        """Block ``index`` first ran after block ``later`` in this forward: keep_last and prefetch
+        follow the list's order, which is then not the order backward meets the blocks in."""
+        if self._order_warned:
+            return
+        self._order_warned = True
+        names = {id(module): name or "the model" for name, module in self.model.named_modules()}
+
+        def name(i: int) -> str:
+            return f"{i} ({names.get(id(self.layers[i]), type(self.layers[i]).__name__)})"
+
+        warnings.warn(
+            f"SSDTrain: the blocks are not in forward order: block {name(index)} first ran after block "
+            f"{name(later)}; keep_last and prefetch follow the list's order, so the blocks kept and read back "
+            "first are not the last to run: pass layers= in the order forward calls them",
+            stacklevel=3,
+        )
 
     def _leave_layer(self, module, args, output) -> None:
         self._layer = None

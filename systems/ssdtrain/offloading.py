@@ -412,6 +412,15 @@ class Offloading:
             )
         if self.policy == "offload_adaptive":
             self.plan = planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed)
+            if keep_last < len(profiles) and OFFLOAD not in self.plan.decisions:
+                forward = sum(p.forward_seconds for p in profiles)
+                warnings.warn(
+                    f"SSDTrain offload_adaptive offloads nothing: the first block's writes "
+                    f"({profiles[0].movable_bytes} B at the store's {bandwidth / 1e9:.3g} GB/s) would not end "
+                    f"within the profiled forward ({forward * 1e3:.3g} ms), so every block is kept; a faster "
+                    "store, or the planner with a budget, saves memory here",
+                    stacklevel=3,
+                )
         else:
             kept = sum(p.saved_bytes for p in profiles) + fixed
             budget = int(self.budget * kept) if self.budget is not None else kept
