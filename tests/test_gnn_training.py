@@ -1454,4 +1454,8 @@ def test_a_closed_pipeline_refuses_to_train_or_evaluate_in_one_line(workers):
     with pytest.raises(UserError, match=closed):
         accuracy(model, pipeline)
     with pytest.raises(UserError, match=closed):
-        next(pipeline.batches(1))
+        pipeline.batches(1)  # at the call, not at the first batch
+    open_one = Pipeline("cpu_gather", Graph(_tiny(), "cpu"), [2], 2, seed=0)
+    with pytest.raises(UserError, match=r"^epoch must be a whole number"):
+        open_one.batches(-1)
+    open_one.close()

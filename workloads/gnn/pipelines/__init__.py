@@ -707,6 +707,9 @@ class Pipeline:
             kind = f"{seeds.dtype} {tuple(seeds.shape)}" if isinstance(seeds, torch.Tensor) else type(seeds).__name__
             raise UserError(f"seeds must be a 1-D tensor of integer node ids (mask.nonzero() of a mask), got {kind}")
         seeds = None if seeds is None else list(seeds.split(self.batch_size)) if seeds.numel() else []
+        return self._epoch(epoch, seeds)  # checked here, at the call; the batches come as they are asked
+
+    def _epoch(self, epoch: int, seeds: list[torch.Tensor] | None) -> Iterator[Minibatch]:
         items = self._items(epoch, seeds)
         count = len(self.seeds(epoch)) if seeds is None else len(seeds)
         try:
