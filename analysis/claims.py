@@ -402,7 +402,24 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
     guard = measure.get("guard")
     if guard:
         text, result, reason = _apply_guard(guard, values, text, result, reason)
+    if measure.get("baseline_is_bound"):
+        text, result, reason = _check_bound(committed, measure, text, result, reason)
     return Outcome(result, text, reason)
+
+
+def _check_bound(committed: dict, measure: dict, text: str, result: str, reason: str) -> tuple[str, str, str]:
+    """A claim of parity with an upper bound (all features in GPU memory): where the numerator
+    beat the bound in the committed run, the bound bounded nothing there (it ran with other
+    handicaps), so parity there says little: named, and the verdict is at best partly."""
+    lower = measure.get("lower_is_better", True)
+    beaten = [g for g in committed.values() if (g.ratio < 1 if lower else g.ratio > 1)]
+    if not beaten:
+        return text, result, reason
+    names = sorted({(g.numerator, g.baseline) for g in beaten})
+    who = "; ".join(f"{n} faster than {b}" for n, b in names)
+    text += f"; {who} in {len(beaten)} of {len(committed)} groups: no bound there"
+    capped = PARTLY if result == HOLDS else result
+    return text, capped, reason + "; but the bound was beaten, so the parity is with a slower run, not a bound"
 
 
 def _apply_guard(guard: dict, values: dict, text: str, result: str, reason: str) -> tuple[str, str, str]:

@@ -172,6 +172,29 @@ def test_a_listed_baseline_never_measured_is_named_and_the_others_stand_alone(tm
     assert "not measured: against" not in rows["both_there"]
 
 
+def test_a_bound_the_technique_beat_is_named_and_caps_the_verdict(tmp_path, machine):
+    """Parity with an upper bound: hector_best is faster than segment_mm everywhere in the
+    fixture, so segment_mm "bounds" nothing: the groups are named and holds becomes partly. A
+    bound faster everywhere (hector_best over PyG) is left alone."""
+    bound = {"value": "ratio", "aggregate": "min", "baseline_is_bound": True}
+    rows = render(
+        tmp_path,
+        [
+            claim("beaten", holds=10.0, partly=20.0, baseline={"variants": ["segment_mm"]}, **bound),
+            claim(
+                "plain", holds=10.0, partly=20.0, baseline={"variants": ["segment_mm"]}, value="ratio", aggregate="min"
+            ),
+        ],
+    )
+    assert "hector_best faster than segment_mm in 3 of 3 groups: no bound there" in rows["beaten"]
+    assert verdict_of(rows["beaten"]) == "partly" and verdict_of(rows["plain"]) == "holds"
+    assert "no bound there" not in rows["plain"]
+    kept = claim("kept", holds=100.0, partly=200.0, numerator={"variants": ["pyg"]},
+                 baseline={"variants": ["hector_best"]}, **bound)  # fmt: skip
+    slower = render(tmp_path, [kept])
+    assert "no bound there" not in slower["kept"] and verdict_of(slower["kept"]) == "holds"
+
+
 def test_range_over_reruns_of_the_same_code(tmp_path, machine):
     rng = np.random.default_rng(11)
     again = random_times(rng, speedup=5.0)

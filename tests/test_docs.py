@@ -161,6 +161,7 @@ SPREAD = re.compile(r"one process|range \S+ to \S+ over \d+ processes|the same t
 CAVEAT = re.compile(
     r"\(its parts measured at \d+ versions of the code\)"
     r"|\([\w, ]+ not measured: against [\w, ]+ alone\)"
+    r"|\w+ faster than \w+ in \d+ of \d+ groups: no bound there"
 )
 
 
