@@ -373,6 +373,47 @@ class _Stage(nn.Module):
         return self.blocks(x)
 
 
+class _DoubleConv(nn.Module):
+    """A U-Net's conv block: an nn.Sequential of single operators of several classes."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        self.double_conv = nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),
+            nn.Conv2d(c_out, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.double_conv(x)
+
+
+def test_a_head_or_classifier_of_several_operator_classes_never_hides_the_blocks():
+    """A GPT whose lm_head (LayerNorm, Linear to a large vocabulary) holds more than the blocks, a
+    CNN whose classifier (Linear, ReLU, Dropout, Linear) does: the blocks are found, not refused
+    in favour of the head."""
+    gpt = nn.Module()
+    gpt.emb = nn.Embedding(3000, 32)
+    gpt.blocks = nn.ModuleList(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True) for _ in range(3))
+    gpt.lm_head = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 3000))
+    assert sum(p.numel() for p in gpt.lm_head.parameters()) > 2 * sum(p.numel() for p in gpt.blocks.parameters())
+    assert find_layers(gpt) == list(gpt.blocks)
+    cnn = nn.Module()
+    cnn.features = nn.ModuleList(_DoubleConv(3 if i == 0 else 8, 8) for i in range(4))
+    cnn.classifier = nn.Sequential(nn.Linear(8 * 64, 256), nn.ReLU(), nn.Dropout(), nn.Linear(256, 10))
+    assert find_layers(cnn) == list(cnn.features)
+
+
+def test_a_unet_of_named_blocks_is_told_to_pass_them_not_pointed_at_a_conv_block_s_operators():
+    """A U-Net whose blocks are attributes (inc, down1, up1...): no list of blocks. The refusal is
+    the plain one, not 'pass layers=list(model.inc.double_conv)' (12% of its activations)."""
+    unet = nn.Module()
+    for name, (c_in, c_out) in {"inc": (3, 8), "down1": (8, 16), "down2": (16, 32), "up1": (48, 16)}.items():
+        setattr(unet, name, _DoubleConv(c_in, c_out))
+    with pytest.raises(UserError, match=r"^Module has no list of repeated blocks.*pass the blocks explicitly") as err:
+        find_layers(unet)
+    assert "double_conv" not in str(err.value)
+
+
 def test_a_hybrid_model_s_layers_of_several_classes_are_refused_not_its_adapters_taken():
     """Zamba2's layers (Mamba and hybrid ones in one list): the only repeated class was the tiny
     adapters inside them, taken as the blocks without a word (17 KB of 1.4 MB offloaded)."""
@@ -386,9 +427,20 @@ def test_a_hybrid_model_s_layers_of_several_classes_are_refused_not_its_adapters
     assert "layers=list(model.layers)" in str(err.value) and "\n" not in str(err.value)
     # Layers of alternating classes and no repeated part inside them: the same refusal, not "no list".
     plain = nn.Module()  # no list of one class anywhere: the refusal names the list all the same
-    plain.layers = nn.ModuleList(kind(32, 32) for kind in (nn.Linear, _Conv1dLike) * 2)
+    plain.layers = nn.ModuleList(kind(32, nn.Linear) for kind in (_MambaLayer, _HybridLayer))
     with pytest.raises(UserError, match=r"^Module\.layers holds the model's blocks in one list of several classes"):
         find_layers(plain)
+    # Of two such lists, the larger is named (the first met was, however small).
+    two = nn.Module()
+    two.small = nn.ModuleList(kind(4, nn.Linear) for kind in (_MambaLayer, _HybridLayer))  # met first
+    two.layers = plain.layers
+    with pytest.raises(UserError, match=r"^Module\.layers holds the model's blocks"):
+        find_layers(two)
+    # A list of single operators of several classes is a part of a model, not its layers.
+    operators = nn.Module()
+    operators.layers = nn.ModuleList(kind(32, 32) for kind in (nn.Linear, _Conv1dLike) * 2)
+    with pytest.raises(UserError, match=r"^Module has no list of repeated blocks"):
+        find_layers(operators)
     # A stem, stages of blocks and a head in one nn.Sequential (the model's own or a submodule): the
     # stages' blocks, as before; the stem and head hold far less than twice what the blocks hold.
     staged = nn.Sequential(nn.Linear(32, 32), _Stage(32), nn.LayerNorm(32), _Stage(32), nn.Linear(32, 4))
@@ -438,6 +490,36 @@ def test_min_bytes_above_every_saved_tensor_warns_once_in_one_line():
     assert len(caught) == 1
     message = str(caught[0].message)
     assert "offloaded nothing" in message and "below min_bytes=1048576" in message and "\n" not in message
+
+
+def test_warnings_point_at_the_user_s_line_not_at_torch_or_the_library():
+    """Warned from a hook in backward (min_bytes above every tensor), from the with block's set-up
+    (keep_last covering every block) and from a block's forward hook (blocks out of forward
+    order): each warning's file is the caller's, this test's."""
+    model = ThreeBlocks()
+    x = torch.randn(17, 40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with offload(model, store=HostStore()):  # min_bytes 1 MiB: nothing this small moves
+            model(x).backward()
+        with offload(model, store=HostStore(), keep_last=3, min_bytes=0):
+            model(x).backward()
+        with offload(model, store=HostStore(), layers=list(model.blocks)[::-1], min_bytes=0):
+            model(x).backward()
+    said = {str(w.message)[:40]: w.filename for w in caught if "SSDTrain" in str(w.message)}
+    assert len(said) >= 3 and set(said.values()) == {__file__}, said
+
+
+def test_saved_tensors_a_store_cannot_take_are_not_blamed_on_min_bytes():
+    """Meta tensors (no storage to hand to a store) of 1 MiB with min_bytes=0: nothing moves, and
+    the warning said "below min_bytes=0 (the largest is 1048576 B)"."""
+    with torch.device("meta"):
+        model = nn.Sequential(*(nn.Sequential(nn.Linear(512, 512), nn.Tanh()) for _ in range(3)))
+    with pytest.warns(UserWarning) as caught, offload(model, store=HostStore(), min_bytes=0) as session:
+        model(torch.randn(512, 512, device="meta")).sum().backward()
+    assert session.stats.total.offloaded_tensors == 0
+    said = [str(w.message) for w in caught if "offloaded nothing" in str(w.message)]
+    assert len(said) == 1 and "no tensor a store can take" in said[0] and "min_bytes" not in said[0], said
 
 
 @pytest.mark.parametrize("policy", ["offload_adaptive", "planner"])

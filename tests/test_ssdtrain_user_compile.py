@@ -9,6 +9,7 @@ Most tests compile with a counting AOTAutograd backend that runs the traced grap
 inductor, whose compile of a tiny Qwen3 takes tens of seconds on 2 CPU cores."""
 
 import contextlib
+import gc
 import logging
 import re
 import time
@@ -258,9 +259,9 @@ def test_a_model_compiled_as_a_whole_is_refused_in_one_line(compile_whole, polic
 
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_a_compiled_model_called_inside_the_block_is_refused_at_its_first_block(dynamo, fullgraph):
-    """The loop calls a compiled model that offload() was not given: the first block's hook finds
-    itself traced by Dynamo and raises in one line (with fullgraph=True, Dynamo's own error gives
-    the reason)."""
+    """The loop calls a compiled model that offload() was not given: the first hook that finds
+    itself traced by Dynamo raises in one line (with fullgraph=True, Dynamo's own error gives the
+    reason)."""
     model = qwen3()
     compiled = torch.compile(model, backend=counting_backend(Counter()), fullgraph=fullgraph)
     ids = ids_of(0)
@@ -269,6 +270,35 @@ def test_a_compiled_model_called_inside_the_block_is_refused_at_its_first_block(
         with offload(model, policy="keep"):
             compiled(input_ids=ids, labels=ids).loss.backward()
     assert fullgraph or "\n" not in str(err.value)
+
+
+class _Stemmed(nn.Module):
+    """A stem that saves tensors before the first block, then three blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(16, 64)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(3))
+
+    def forward(self, x):
+        x = torch.tanh(self.stem(x))
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def test_a_compiled_model_whose_stem_saves_first_is_refused_before_any_storage_is_read(dynamo, capfd):
+    """Dynamo traces the saved-tensor hook at the stem's first saved tensor: it refuses there,
+    before it reads a storage (a traced one is a fake's, whose weak reference torch reported as
+    an error when freed, a dozen times above the one line)."""
+    model = _Stemmed()
+    capfd.readouterr()
+    with pytest.raises(UserError, match=r"^SSDTrain: a saved-tensor hook ran inside .*compiled as a whole") as err:
+        with offload(model, store=HostStore(), min_bytes=0):
+            torch.compile(model, backend="eager")(torch.randn(8, 16)).sum().backward()
+    gc.collect()
+    assert "\n" not in str(err.value)
+    assert "Exception ignored" not in capfd.readouterr().err
 
 
 COMPILE_SECONDS = 0.5

@@ -59,7 +59,6 @@ import contextlib
 import functools
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -68,6 +67,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.arguments import whole_number
 from harness.errors import UserError
+from systems.ssdtrain._warn import warn
 from systems.ssdtrain.cache import TensorCache, modified_error, offload_key
 from systems.ssdtrain.layers import block_name, find_layers, refuse_lazy
 from systems.ssdtrain.stats import StepStats
@@ -318,11 +318,10 @@ class Offloader:
         ):
             if not any(stats.packed_tensors for stats in self.stats.layers.values()):
                 # The blocks ran, decided to offload, and no saved tensor reached this offloader's hooks.
-                warnings.warn(
+                warn(
                     "SSDTrain: the blocks ran and offloaded nothing: none of their saved tensors reached this "
                     "offloader (a saved-tensor hook entered after it took them: another offload() or "
-                    "save_on_cpu around the same blocks)",
-                    stacklevel=2,
+                    "save_on_cpu around the same blocks)"
                 )
 
     def leave_out_of_stats(self, counters) -> None:
@@ -372,11 +371,10 @@ class Offloader:
         def name(i: int) -> str:
             return f"{i} ({names.get(id(self.layers[i]), type(self.layers[i]).__name__)})"
 
-        warnings.warn(
+        warn(
             f"SSDTrain: the blocks are not in forward order: block {name(index)} first ran after block "
             f"{name(later)}; keep_last and prefetch follow the list's order, so the blocks kept and read back "
-            "first are not the last to run: pass layers= in the order forward calls them",
-            stacklevel=3,
+            "first are not the last to run: pass layers= in the order forward calls them"
         )
 
     def _leave_layer(self, module, args, output) -> None:
@@ -423,6 +421,9 @@ class Offloader:
 
     # -- saved tensors -------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor):
+        # Dynamo traces this hook in a model compiled as a whole: refused before any storage is
+        # looked at (a traced one would be a fake's, and torch prints an error as each is freed).
+        refuse_if_traced(None)
         if self._layer is None:
             owner = next((o for o in reversed(_active_offloaders()) if o._layer is not None and o is not self), None)
             if owner is not None:  # a block of another model's offloader is running: its tensor
@@ -507,10 +508,9 @@ class Offloader:
         """One line when the first forward to offload a layer offloaded nothing, or when the first
         forward ran none of the layers (no policy then applies to anything)."""
         if not self._decisions and self.layers:
-            warnings.warn(
+            warn(
                 f"SSDTrain: none of the {len(self.layers)} blocks ran in this forward, so no policy applied to "
-                f"anything: the blocks (layers=) must be modules the model's forward calls",
-                stacklevel=3,
+                f"anything: the blocks (layers=) must be modules the model's forward calls"
             )
             return
         offloading = sorted(layer for layer, d in self._decisions.items() if d == OFFLOAD)
@@ -522,10 +522,17 @@ class Offloader:
         if any(s.packed_tensors for s in saved) and largest == 0:
             # Every saved storage empty (a batch of 0 rows): no min_bytes would offload anything.
             why = "every storage the offloaded layers saved is empty (0 B: an empty batch?)"
-        elif any(s.packed_tensors for s in saved):
+        elif any(s.packed_tensors for s in saved) and largest < max(self.min_bytes, 1):
             why = (
                 f"every storage the offloaded layers saved is below min_bytes={self.min_bytes} (the largest is "
                 f"{largest} B): lower min_bytes"
+            )
+        elif any(s.packed_tensors for s in saved):
+            # Large enough, and still kept: tensors a store cannot take (meta, subclasses without
+            # a storage of their own) or the model's own weights.
+            why = (
+                "the offloaded layers saved no tensor a store can take: those large enough have no storage of "
+                "their own (meta or subclass tensors) or are the model's weights"
             )
         elif weights and not any(p.requires_grad for p in weights):
             # Frozen blocks whose inputs need no gradient: autograd saves nothing in them, and
@@ -540,7 +547,7 @@ class Offloader:
             )
         else:
             why = "the offloaded layers saved no tensor through the offloader (another saved-tensor hook holds them?)"
-        warnings.warn(f"SSDTrain offloaded nothing in this forward: {why}", stacklevel=3)
+        warn(f"SSDTrain offloaded nothing in this forward: {why}")
 
 
 def in_backward() -> bool:

@@ -17,7 +17,6 @@ import os
 import shutil
 import socket
 import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 
 from harness import resources
 from harness.errors import UserError
+from systems.ssdtrain._warn import warn
 
 ALIGN = 4096
 # Memory-backed file systems: their "files" are RAM. Before Linux 6.6 tmpfs refuses O_DIRECT
@@ -172,10 +172,9 @@ def remove_abandoned(folder: Path) -> None:
         finally:
             os.close(fd)
     if removed:
-        warnings.warn(
+        warn(
             f"removed {len(removed)} scratch folder(s) in {folder} left by stores whose process ended without "
-            f"closing them ({total / 2**20:.2f} MiB): {', '.join(removed)}",
-            stacklevel=4,
+            f"closing them ({total / 2**20:.2f} MiB): {', '.join(removed)}"
         )
 
 

@@ -32,13 +32,13 @@ from __future__ import annotations
 import functools
 import sys
 import types
-import warnings
 from collections.abc import Callable
 
 from torch import nn
 from torch.nn.parameter import is_lazy
 
 from harness.errors import UserError
+from systems.ssdtrain._warn import warn
 
 
 def find_layers(model: nn.Module) -> list[nn.Module]:
@@ -54,7 +54,11 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         members = list(module.values() if isinstance(module, nn.ModuleDict) else module)
         if len({block_class(m) for m in members}) != 1:
             # (A dict of parts of several classes names them: a model's embedding, body and head.)
-            if name and not isinstance(module, nn.ModuleDict) and all(_called(m) for m in members):
+            # Layers are modules of modules: a list of single operators (a head's LayerNorm and
+            # Linear, a classifier's Linear, ReLU and Dropout, a conv block's Conv2d and BatchNorm)
+            # is a part of a model, never its layers, whatever it holds.
+            composite = sum(1 for m in members if any(True for _ in unwrapped(m).children()))
+            if name and not isinstance(module, nn.ModuleDict) and all(_called(m) for m in members) and composite >= 2:
                 mixed.append((name, module))
             continue
         if not _called(members[0]):  # containers: the modules they hold are the blocks
@@ -129,11 +133,10 @@ def _warn_of_larger_enclosing_blocks(model: nn.Module, found: list[nn.Module]) -
         held = sum(p.numel() for p in _parameters_of(modules, embeddings=False))
         theirs = sum(p.numel() for p in _parameters_of([b for b in found if id(b) in within], embeddings=False))
         if len(modules) >= 2 and held > 2 * theirs:
-            warnings.warn(
+            warn(
                 f"find_layers: the {len(found)} blocks found ({block_class(found[0]).__name__}) hold "
                 f"{theirs / held:.0%} of the parameters of the {len(modules)} {cls.__name__} modules around them: "
-                f"if those are the model's blocks, pass them (layers=[...])",
-                stacklevel=3,
+                f"if those are the model's blocks, pass them (layers=[...])"
             )
             return
 
@@ -154,9 +157,10 @@ def _refuse_mixed_stack(model: nn.Module, mixed: list[tuple[str, nn.Module]], ch
     Zamba2's, Mamba and attention layers in one list), whose repeated classes are then only small
     parts of them (Zamba2's LoRA adapters), so that offloading them would move almost nothing. A
     list that holds the blocks found and little else (a stem, stages of blocks and a head in one
-    ``nn.Sequential``) is no such list."""
-    for name, stack in mixed:
-        held = sum(p.numel() for p in _parameters_of([stack]))
+    ``nn.Sequential``) is no such list. Of several, the largest is named."""
+    held_by = {name: sum(p.numel() for p in _parameters_of([stack])) for name, stack in mixed}
+    for name, stack in sorted(mixed, key=lambda named: -held_by[named[0]]):
+        held = held_by[name]
         if held > 2 * chosen:
             classes = sorted({block_class(m).__name__ for m in stack})
             raise UserError(

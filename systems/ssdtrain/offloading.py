@@ -69,7 +69,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -78,6 +77,7 @@ from torch import nn
 from harness.arguments import real_number, whole_number
 from harness.errors import UserError
 from systems.ssdtrain import planning
+from systems.ssdtrain._warn import warn
 from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_offloaders, in_backward
 from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan, budget_decision
@@ -230,10 +230,9 @@ class Offloading:
         asked = [self._first_decision(i) for i in range(count)]
         decisions = [KEEP if d == OFFLOAD and i >= count - self.keep_last else d for i, d in enumerate(asked)]
         if OFFLOAD in asked and OFFLOAD not in decisions:
-            warnings.warn(
+            warn(
                 f"SSDTrain offloads nothing: keep_last={self.keep_last} keeps the last {min(self.keep_last, count)} "
-                f"of the model's {count} blocks, every block policy {_name(self.policy)} offloads; lower keep_last",
-                stacklevel=4,
+                f"of the model's {count} blocks, every block policy {_name(self.policy)} offloads; lower keep_last"
             )
         return decisions
 
@@ -316,7 +315,7 @@ class Offloading:
                 self._make_plan(timer, profiled_stats(), peaks)
                 if self._recomputed():
                     _no_key_value_cache(self.model, stack)
-                    warn_of_generators(self._recomputed(), stacklevel=6)
+                    warn_of_generators(self._recomputed())
                 if module is not self.model:
                     # A forward has begun (a Hugging Face key-value cache may be on in it, which a
                     # recomputed block would find filled): the plan offloads from this block on and
@@ -342,11 +341,10 @@ class Offloading:
             if exc_type is None and self.decisions is None and self.offloader.backwards >= profiled_backwards:
                 self._make_plan(timer, profiled_stats(), peaks)
             elif exc_type is None and self.decisions is None and self._hooks_saw_nothing(timer):
-                warnings.warn(
+                warn(
                     f"SSDTrain {self.policy}: the blocks ran with gradients but saved no tensor through this "
                     "offload() block (another saved-tensor hook holds them: an offload() inside this one?), so "
-                    "nothing was profiled or planned",
-                    stacklevel=2,
+                    "nothing was profiled or planned"
                 )
             return False
 
@@ -390,7 +388,7 @@ class Offloading:
                 )
             else:  # tensors without a storage of their own (subclasses): nothing to hand to a store
                 why = "the profiled step's blocks saved no tensor with a storage of its own, so no block can offload"
-            warnings.warn(f"SSDTrain {_name(self.policy)}: {why}", stacklevel=3)
+            warn(f"SSDTrain {_name(self.policy)}: {why}")
         bandwidth = self.bandwidth
         if bandwidth is None:
             probe = min(max(max(p.movable_bytes for p in profiles), 1 << 20), 64 << 20)  # about a block's writes
@@ -405,21 +403,19 @@ class Offloading:
         keep_seconds = (1 + 2) * sum(p.forward_seconds for p in profiles)
         keep_last = min(self.keep_last, len(profiles))
         if keep_last == len(profiles) and self.policy == "offload_adaptive":  # (the planner may still recompute)
-            warnings.warn(
+            warn(
                 f"SSDTrain offload_adaptive offloads nothing: keep_last={self.keep_last} keeps every one of the "
-                f"model's {len(profiles)} blocks; lower keep_last",
-                stacklevel=3,
+                f"model's {len(profiles)} blocks; lower keep_last"
             )
         if self.policy == "offload_adaptive":
             self.plan = planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed)
             if keep_last < len(profiles) and OFFLOAD not in self.plan.decisions:
                 forward = sum(p.forward_seconds for p in profiles)
-                warnings.warn(
+                warn(
                     f"SSDTrain offload_adaptive offloads nothing: the first block's writes "
                     f"({profiles[0].movable_bytes} B at the store's {bandwidth / 1e9:.3g} GB/s) would not end "
                     f"within the profiled forward ({forward * 1e3:.3g} ms), so every block is kept; a faster "
-                    "store, or the planner with a budget, saves memory here",
-                    stacklevel=3,
+                    "store, or the planner with a budget, saves memory here"
                 )
         else:
             kept = sum(p.saved_bytes for p in profiles) + fixed
@@ -439,16 +435,14 @@ class Offloading:
                 peak_budget_bytes=self.peak_budget,
             )
             if self.peak_budget is not None and self.plan.predicted_peak_bytes > self.peak_budget:
-                warnings.warn(
+                warn(
                     f"SSDTrain planner: no plan fits peak_budget={self.peak_budget} B; the plan with the lowest "
-                    f"predicted peak, {self.plan.predicted_peak_bytes} B, is used: raise the budget",
-                    stacklevel=2,
+                    f"predicted peak, {self.plan.predicted_peak_bytes} B, is used: raise the budget"
                 )
             elif self.plan.predicted_activation_bytes > budget:
-                warnings.warn(
+                warn(
                     f"SSDTrain planner: no plan fits budget={self.budget} ({budget} B of activations); the plan that "
-                    f"holds the least, {self.plan.predicted_activation_bytes} B, is used: raise the budget",
-                    stacklevel=2,
+                    f"holds the least, {self.plan.predicted_activation_bytes} B, is used: raise the budget"
                 )
         # A block that did not run in the profiled step (LayerDrop, a conditional block) is kept: its
         # empty profile costs nothing whatever it is decided, and nothing is known of what it saves.
@@ -485,10 +479,9 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
     def say_once() -> None:
         if not said:
             said.append(True)
-            warnings.warn(
+            warn(
                 f"{type(model).__name__}: use_cache is off inside the offload() block, as blocks are recomputed "
-                "(a recomputed block cannot reuse the key-value cache its forward filled)",
-                stacklevel=5,
+                "(a recomputed block cannot reuse the key-value cache its forward filled)"
             )
 
     for config in configs.values():

@@ -43,13 +43,13 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from systems.ssdtrain._warn import warn
 from systems.ssdtrain.cache import StorageKey, storage_key
 from systems.ssdtrain.engine import StepHook, has_storage_identity, saving_inputs_of
 from systems.ssdtrain.layers import InstalledForward
@@ -320,17 +320,16 @@ def _rebuilt(value, each: Callable):
     return value
 
 
-def warn_of_generators(layers: list[nn.Module], stacklevel: int = 7) -> None:
+def warn_of_generators(layers: list[nn.Module]) -> None:
     """Warn where a recomputed block holds a ``torch.Generator``: the recomputation draws from it
     again (dropout of other masks), so its gradients would not be those of a plain run."""
     for layer in layers:
         for module in layer.modules():
             name = next((n for n, v in vars(module).items() if isinstance(v, torch.Generator)), None)
             if name is not None:
-                warnings.warn(
+                warn(
                     f"a recomputed {type(layer).__name__} holds a torch.Generator ({type(module).__name__}.{name}): "
                     "its recomputation draws from it again, so its gradients differ from a plain run's; keep or "
-                    "offload this block, or draw from the global generator",
-                    stacklevel=stacklevel,  # 7: offload()'s with statement
+                    "offload this block, or draw from the global generator"
                 )
                 return

@@ -141,24 +141,26 @@ TRACED = f"SSDTrain: a block's hooks ran inside the graph of a model compiled as
 
 
 @torch._disable_dynamo  # never traced: Dynamo breaks the graph before it and runs it as it is
-def _refuse_traced_block(name: str) -> None:
+def _refuse_traced(what: str) -> None:
     raise UserError(
-        f"SSDTrain: a {name} block ran inside torch.compile's graph of a model compiled as a whole, where its "
-        f"hooks cannot tell what it saves; call the uncompiled model and {COMPILE_BLOCKS}"
+        f"SSDTrain: {what} inside torch.compile's graph of a model compiled as a whole, where the offloader cannot "
+        f"tell what it saves; call the uncompiled model and {COMPILE_BLOCKS}"
     )
 
 
-def refuse_if_traced(layer: nn.Module) -> None:
-    """Called by a block's hook: a one-line UserError if Dynamo is tracing it (the model around it is
-    compiled as a whole). An error raised in traced code would only make Dynamo run the frame
-    uncompiled, where nothing raises: the graph breaks here instead (under ``fullgraph=True``
-    Dynamo's error gives the reason), and the error is raised by a function Dynamo runs untraced."""
+def refuse_if_traced(layer: nn.Module | None) -> None:
+    """Called by a block's hook (``layer``) or by the saved-tensor hook (None: a tensor saved before
+    the first block, in the model's stem): a one-line UserError if Dynamo is tracing it (the model
+    around it is compiled as a whole). An error raised in traced code would only make Dynamo run
+    the frame uncompiled, where nothing raises: the graph breaks here instead (under
+    ``fullgraph=True`` Dynamo's error gives the reason), and the error is raised by a function
+    Dynamo runs untraced."""
     if torch.compiler.is_dynamo_compiling():
         if _break_message["takes_one"]:
             torch._dynamo.graph_break(msg=TRACED)
         else:
             torch._dynamo.graph_break()
-        _refuse_traced_block(block_name(layer))
+        _refuse_traced("a saved-tensor hook ran" if layer is None else f"a {block_name(layer)} block ran")
 
 
 # Whether this torch's graph_break takes a message (older releases' does not; the error raised

@@ -4,7 +4,6 @@ a pool of I/O threads, and the device's byte counters to tell disk reads from th
 from __future__ import annotations
 
 import os
-import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,6 +12,7 @@ from harness.arguments import whole_number
 from harness.errors import UserError
 from harness.resources import block_device_counters, device_bytes
 from systems.ssdtrain import fileio
+from systems.ssdtrain._warn import warn
 from systems.ssdtrain.stores._base import READ, WRITE, Store
 
 
@@ -60,10 +60,9 @@ class FileStore(Store):
             with self._lock:
                 said, self._said_left_behind = self._said_left_behind, True
             if not said:
-                warnings.warn(
+                warn(
                     f"{type(self).__name__}: removing {self.path_of(key)} failed ({err.strerror}); "
-                    f"files may be left in {self.directory}",
-                    stacklevel=2,
+                    f"files may be left in {self.directory}"
                 )
 
     def _close(self):
