@@ -279,14 +279,15 @@ def _grade(value: float, verdict: dict, higher: bool) -> str:
     return HOLDS if reaches(verdict["holds"]) else PARTLY if reaches(verdict["partly"]) else FAILS
 
 
-def _baselines_never_measured(rows: pd.DataFrame, measure: dict, noted: set[str]) -> list[str]:
+def _baselines_never_measured(rows: pd.DataFrame, measure: dict, noted: set[str]) -> tuple[list[str], list[str]]:
     """The baseline variants a claim lists (the fastest of them is its baseline) of which the
-    committed run has no row of the claim's metric: the ratio is then against the others alone."""
+    committed run has no row of the claim's metric, those ``noted`` (left out by the config, said
+    already) aside, and the listed variants it measured: the ratio is against those alone."""
     listed = measure.get("baseline", {}).get("variants", [])
     if _kind(measure) != "ratio" or len(listed) < 2:
-        return []
+        return [], []
     measured = set(rows.loc[rows.metric == measure["metric"], "variant"])
-    return [v for v in listed if v not in measured and v not in noted]
+    return [v for v in listed if v not in measured and v not in noted], [v for v in listed if v in measured]
 
 
 def _process_rows(by_process: dict, measure: dict) -> dict[str, pd.DataFrame]:
@@ -555,9 +556,8 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
     left_out = sorted(left_out)
     if left_out and outcome.value:
         outcome.value += f" ({', '.join(left_out)} not measured: the config leaves them out of some of its parts)"
-    unmeasured = _baselines_never_measured(rows[COMMITTED], measure, set(left_out))
+    unmeasured, present = _baselines_never_measured(rows[COMMITTED], measure, set(left_out))
     if unmeasured and outcome.value:
-        present = [v for v in baseline["variants"] if v not in unmeasured]
         outcome.value += f" ({', '.join(unmeasured)} not measured: against {', '.join(present)} alone)"
     digests = [(r.get("code") or {}).get("digest") for r in records]
     versions = set(digests) if all(digests) else {(r.get("git") or {}).get("commit") for r in records}

@@ -195,6 +195,41 @@ def test_a_bound_the_technique_beat_is_named_and_caps_the_verdict(tmp_path, mach
     assert "no bound there" not in slower["kept"] and verdict_of(slower["kept"]) == "holds"
 
 
+def test_a_bound_beaten_in_some_groups_or_with_higher_better_is_judged_by_the_metric_s_direction(tmp_path, machine):
+    """PyG beats the segment_mm form on bgs-like only: 1 of 3 groups named. With a metric where
+    higher is better, the sides swap: hector_best's lower times 'beat' nothing, segment_mm's
+    higher ones beat hector_best everywhere."""
+    bound = {"value": "ratio", "aggregate": "min", "baseline_is_bound": True}
+    some = claim("some", holds=100.0, partly=200.0, numerator={"variants": ["pyg"]},
+                 baseline={"variants": ["segment_mm"]}, **bound)  # fmt: skip
+    higher = {"lower_is_better": False, **bound}
+    none = claim("none", holds=100.0, partly=200.0, baseline={"variants": ["segment_mm"]}, **higher)
+    every = claim("every", holds=100.0, partly=200.0, numerator={"variants": ["segment_mm"]},
+                  baseline={"variants": ["hector_best"]}, **higher)  # fmt: skip
+    rows = render(tmp_path, [some, none, every])
+    assert "pyg faster than segment_mm in 1 of 3 groups: no bound there" in rows["some"]
+    assert "no bound there" not in rows["none"]
+    assert "segment_mm faster than hector_best in 3 of 3 groups: no bound there" in rows["every"]
+
+
+def test_a_baseline_variant_the_config_left_out_is_named_once_and_never_as_measured(tmp_path, machine):
+    """A variant the part's config leaves out is said so once, and the others are the ones the
+    ratio is against (the left-out one was listed as measured)."""
+    import json
+
+    from harness.results import provenance_path
+
+    path = tmp_path / "results" / "m" / "relational_gnn" / f"datasets-{SCALE}.csv"
+    record = provenance_path(path)
+    data = json.loads(record.read_text())
+    data["parameters"] = {"leave_out": ["dgl"]}
+    record.write_text(json.dumps(data))
+    listed = {"variants": ["dgl", "my_loader", "pyg"]}
+    (row,) = render(tmp_path, [claim("listed", holds=1e3, partly=0.1, baseline=listed)]).values()
+    assert "(dgl not measured: the config leaves them out of some of its parts)" in row
+    assert "(my_loader not measured: against pyg alone)" in row and row.count("dgl") == 1
+
+
 def test_range_over_reruns_of_the_same_code(tmp_path, machine):
     rng = np.random.default_rng(11)
     again = random_times(rng, speedup=5.0)

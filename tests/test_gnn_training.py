@@ -1458,4 +1458,7 @@ def test_a_closed_pipeline_refuses_to_train_or_evaluate_in_one_line(workers):
     open_one = Pipeline("cpu_gather", Graph(_tiny(), "cpu"), [2], 2, seed=0)
     with pytest.raises(UserError, match=r"^epoch must be a whole number"):
         open_one.batches(-1)
-    open_one.close()
+    asked = open_one.batches(0)
+    open_one.close()  # after the call, before the first batch
+    with pytest.raises(UserError, match=rf"^pipeline {open_one.name} is closed"):
+        next(asked)

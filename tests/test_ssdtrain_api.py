@@ -364,6 +364,21 @@ class _Conv1dLike(nn.Linear):  # a class of its own beside nn.Linear, as a Mamba
     pass
 
 
+class _RawMamba(nn.Module):
+    """A layer whose weights are its own parameters, no modules inside."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(width, width) / width)
+
+    def forward(self, x):
+        return x + torch.tanh(x @ self.weight)
+
+
+class _RawAttention(_RawMamba):
+    pass
+
+
 class _Stage(nn.Module):
     def __init__(self, width: int):
         super().__init__()
@@ -430,15 +445,27 @@ def test_a_hybrid_model_s_layers_of_several_classes_are_refused_not_its_adapters
     plain.layers = nn.ModuleList(kind(32, nn.Linear) for kind in (_MambaLayer, _HybridLayer))
     with pytest.raises(UserError, match=r"^Module\.layers holds the model's blocks in one list of several classes"):
         find_layers(plain)
+    # Layers of the user's classes holding parameters of their own, no modules inside: layers all
+    # the same, not LayerNorms repeated beside them taken as the blocks.
+    raw = nn.Module()
+    raw.layers = nn.ModuleList(kind(64) for kind in (_RawMamba, _RawMamba, _RawAttention) * 4)
+    raw.norms = nn.ModuleList(nn.LayerNorm(64) for _ in range(12))
+    with pytest.raises(UserError, match=r"^Module\.layers holds the model's blocks in one list of several classes"):
+        find_layers(raw)
     # Of two such lists, the larger is named (the first met was, however small).
     two = nn.Module()
-    two.small = nn.ModuleList(kind(4, nn.Linear) for kind in (_MambaLayer, _HybridLayer))  # met first
-    two.layers = plain.layers
+    two.small = nn.ModuleList(kind(4) for kind in (_RawMamba, _RawAttention))  # met first
+    two.layers = nn.ModuleList(kind(64) for kind in (_RawMamba, _RawAttention) * 2)
     with pytest.raises(UserError, match=r"^Module\.layers holds the model's blocks"):
         find_layers(two)
+    # One nested in another (a body holding the layers, in a stem-body-head Sequential): the inner.
+    wrapped = nn.Module()
+    wrapped.net = nn.Sequential(nn.Linear(64, 64), nn.Sequential(*two.layers), _RawAttention(64))
+    with pytest.raises(UserError, match=r"^Module\.net\.1 holds the model's blocks"):
+        find_layers(wrapped)
     # A list of single operators of several classes is a part of a model, not its layers.
     operators = nn.Module()
-    operators.layers = nn.ModuleList(kind(32, 32) for kind in (nn.Linear, _Conv1dLike) * 2)
+    operators.layers = nn.ModuleList([nn.Linear(32, 32), nn.LayerNorm(32)] * 2)
     with pytest.raises(UserError, match=r"^Module has no list of repeated blocks"):
         find_layers(operators)
     # A stem, stages of blocks and a head in one nn.Sequential (the model's own or a submodule): the
@@ -506,8 +533,20 @@ def test_warnings_point_at_the_user_s_line_not_at_torch_or_the_library():
             model(x).backward()
         with offload(model, store=HostStore(), layers=list(model.blocks)[::-1], min_bytes=0):
             model(x).backward()
-    said = {str(w.message)[:40]: w.filename for w in caught if "SSDTrain" in str(w.message)}
-    assert len(said) >= 3 and set(said.values()) == {__file__}, said
+        # Planned at a step's exit, through contextlib's ExitStack; one with block per step.
+        session = offload(model, store=HostStore(), policy="offload_adaptive", bandwidth=1.0, min_bytes=0)
+        for _ in range(2):
+            with session:
+                model(x).backward()
+        # A Hugging Face model: transformers' forward calls the blocks.
+        hf, loss_of = make("qwen3")
+        with offload(hf, store=HostStore(), layers=list(hf.model.layers)[::-1], min_bytes=0):
+            loss_of(0).backward()
+    said = [(str(w.message), w.filename) for w in caught if "SSDTrain" in str(w.message)]
+    assert {filename for _, filename in said} == {__file__}, said
+    for expected in ("offloaded nothing", "offloads nothing: keep_last", "offload_adaptive offloads nothing"):
+        assert any(expected in message for message, _ in said), (expected, said)
+    assert sum("not in forward order" in message for message, _ in said) == 2, said  # ThreeBlocks', Qwen3's
 
 
 def test_saved_tensors_a_store_cannot_take_are_not_blamed_on_min_bytes():
@@ -745,6 +784,7 @@ def test_offload_adaptive_whose_keep_last_covers_every_block_warns_and_the_plann
     assert OFFLOAD not in session.decisions and session.stats.total.offloaded_tensors == 0
     said = [str(w.message) for w in caught if "keeps every one of the model's 3 blocks" in str(w.message)]
     assert len(said) == 1 and "offload_adaptive offloads nothing" in said[0], [str(w.message) for w in caught]
+    assert not [w for w in caught if "first block's writes" in str(w.message)]  # keep_last is the reason
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_steps(model, offload(model, store=HostStore(), policy="planner", budget=0.5, keep_last=3, min_bytes=0))
@@ -790,6 +830,16 @@ def test_blocks_given_out_of_forward_order_warn_once_and_train_as_without_offloa
     ]
     for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(mine.grad, theirs.grad)
+    # A forward that skips a block (LayerDrop), then another before backward: in order both times.
+    dropping = ThreeBlocks()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with offload(dropping, store=HostStore(), min_bytes=0):
+            y = torch.randn(17, 40)
+            skipped = y + dropping.blocks[0](y)
+            skipped = skipped + dropping.blocks[2](skipped)
+            (skipped.square().mean() + dropping(y)).backward()
+    assert not [w for w in caught if "forward order" in str(w.message)]
     shared = ThreeBlocks()
     shared.blocks = nn.ModuleList([shared.blocks[0]] * 3)  # one block at every position
     with warnings.catch_warnings(record=True) as caught:

@@ -19,12 +19,14 @@ _LIBRARY_FILES = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__fi
 
 
 def _library(filename: str) -> bool:
-    return filename.startswith(_LIBRARY_FILES) or filename == contextlib.__file__
+    # Installed packages too: a Hugging Face model's forward (transformers') calls the blocks.
+    installed = f"{os.sep}site-packages{os.sep}" in filename or f"{os.sep}dist-packages{os.sep}" in filename
+    return installed or filename.startswith(_LIBRARY_FILES) or filename == contextlib.__file__
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn(message)`` at the first calling frame outside torch and this package (the
-    outermost frame where every one is theirs: a thread of their own)."""
+    """``warnings.warn(message)`` at the first calling frame outside the libraries (the outermost
+    frame where every one is theirs: a thread of their own)."""
     frame, level = sys._getframe(1), 2  # stacklevel 2: warn's caller
     while frame.f_back is not None and _library(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1

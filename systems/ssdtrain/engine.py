@@ -274,6 +274,7 @@ class Offloader:
         self._counters_at_start = self.store.counters
         self._layer: int | None = None  # the layer running forward now
         self._decisions: dict[int, str] = {}  # this forward's decision per layer
+        self._last_entered = -1  # the block forward entered last (its order is checked against the list's)
         self._offloads_a_layer = False  # whether one of this forward's decisions is to offload
         self._backward_task: int | None = None  # autograd's graph task of the backward running now
         self._backward_layers: set[int | None] = set()  # layers whose unpack this backward has seen
@@ -345,13 +346,18 @@ class Offloader:
             # A new forward (the next micro-batch): the policy decides again, so a plan made
             # meanwhile applies from this forward on.
             self._decisions.clear()
+            self._last_entered = -1
             self._offloads_a_layer = False
             self._backward_since_forward = False
         self._layer = index
         self._ran_with_grad = self._ran_with_grad or torch.is_grad_enabled()
+        if not in_backward():
+            # Against the block entered just before, not every block so far: a forward that skips
+            # a block (LayerDrop), then another before backward, runs it in order.
+            if index not in self._decisions and index < self._last_entered:
+                self._warn_out_of_order(index, self._last_entered)
+            self._last_entered = index
         if index not in self._decisions:
-            if self._decisions and index < max(self._decisions) and not in_backward():
-                self._warn_out_of_order(index, max(self._decisions))
             decision = KEEP if index >= len(self.layers) - self.keep_last else self.decide(index)
             if decision not in (KEEP, OFFLOAD):
                 raise UserError(

@@ -54,11 +54,11 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         members = list(module.values() if isinstance(module, nn.ModuleDict) else module)
         if len({block_class(m) for m in members}) != 1:
             # (A dict of parts of several classes names them: a model's embedding, body and head.)
-            # Layers are modules of modules: a list of single operators (a head's LayerNorm and
-            # Linear, a classifier's Linear, ReLU and Dropout, a conv block's Conv2d and BatchNorm)
-            # is a part of a model, never its layers, whatever it holds.
-            composite = sum(1 for m in members if any(True for _ in unwrapped(m).children()))
-            if name and not isinstance(module, nn.ModuleDict) and all(_called(m) for m in members) and composite >= 2:
+            # A list of torch's single operators (a head's LayerNorm and Linear, a classifier's
+            # Linear, ReLU and Dropout, a conv block's Conv2d and BatchNorm) is a part of a model,
+            # never its layers, whatever it holds; a class of the user's is a layer.
+            layers = sum(1 for m in members if not _torch_operator(m))
+            if name and not isinstance(module, nn.ModuleDict) and all(_called(m) for m in members) and layers >= 2:
                 mixed.append((name, module))
             continue
         if not _called(members[0]):  # containers: the modules they hold are the blocks
@@ -141,6 +141,12 @@ def _warn_of_larger_enclosing_blocks(model: nn.Module, found: list[nn.Module]) -
             return
 
 
+def _torch_operator(module: nn.Module) -> bool:
+    """Whether ``module`` is one of torch's own single operators (``nn.Linear``, ``nn.ReLU``...)."""
+    module = unwrapped(module)
+    return type(module).__module__.startswith("torch.nn.") and not any(True for _ in module.children())
+
+
 def _parameters_of(modules, embeddings: bool = True) -> list:
     """The distinct parameters of ``modules``; without those of embedding tables if not ``embeddings``."""
     tables = (
@@ -157,17 +163,19 @@ def _refuse_mixed_stack(model: nn.Module, mixed: list[tuple[str, nn.Module]], ch
     Zamba2's, Mamba and attention layers in one list), whose repeated classes are then only small
     parts of them (Zamba2's LoRA adapters), so that offloading them would move almost nothing. A
     list that holds the blocks found and little else (a stem, stages of blocks and a head in one
-    ``nn.Sequential``) is no such list. Of several, the largest is named."""
+    ``nn.Sequential``) is no such list. Of several, the largest of those that hold no other is
+    named (a list nested in another: the inner one is the layers)."""
     held_by = {name: sum(p.numel() for p in _parameters_of([stack])) for name, stack in mixed}
-    for name, stack in sorted(mixed, key=lambda named: -held_by[named[0]]):
-        held = held_by[name]
-        if held > 2 * chosen:
-            classes = sorted({block_class(m).__name__ for m in stack})
-            raise UserError(
-                f"{type(model).__name__}.{name} holds the model's blocks in one list of several classes "
-                f"({', '.join(classes)}), which find_layers does not take as blocks; pass the blocks explicitly, "
-                f"e.g. layers=list(model.{name})"
-            )
+    over = [(name, stack) for name, stack in mixed if held_by[name] > 2 * chosen]
+    inner = [(name, stack) for name, stack in over if not any(o.startswith(f"{name}.") for o, _ in over)]
+    if inner:
+        name, stack = max(inner, key=lambda named: held_by[named[0]])
+        classes = sorted({block_class(m).__name__ for m in stack})
+        raise UserError(
+            f"{type(model).__name__}.{name} holds the model's blocks in one list of several classes "
+            f"({', '.join(classes)}), which find_layers does not take as blocks; pass the blocks explicitly, "
+            f"e.g. layers=list(model.{name})"
+        )
 
 
 def refuse_lazy(model: nn.Module) -> None:

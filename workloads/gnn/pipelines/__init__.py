@@ -710,6 +710,7 @@ class Pipeline:
         return self._epoch(epoch, seeds)  # checked here, at the call; the batches come as they are asked
 
     def _epoch(self, epoch: int, seeds: list[torch.Tensor] | None) -> Iterator[Minibatch]:
+        self.refuse_if_closed()  # closed between the call and the first batch
         items = self._items(epoch, seeds)
         count = len(self.seeds(epoch)) if seeds is None else len(seeds)
         try:
