@@ -1,9 +1,10 @@
-"""Warnings attributed to the user's line, not to a frame of torch or of this package.
+"""Warnings attributed to the user's line, not to a frame of torch, of a library or of this package.
 
 SSDTrain warns from hooks that torch calls (a block's forward hook, an unpack in backward, the
 ``with`` block's exit through ``contextlib``): a fixed ``stacklevel`` points at torch's files from
 some of them, or past the user's frame from others. ``warn`` counts the frames up to the first
-outside torch, this package and ``contextlib``.
+outside torch, this package, ``contextlib`` and installed packages (transformers' model code calls
+the blocks of a Hugging Face model).
 """
 
 from __future__ import annotations
