@@ -60,7 +60,10 @@ frame = complete(frame)
 # Other processes of some parts (results/<machine>/relational_gnn/reruns/*/) of the committed
 # run's code: the speedups below are also given as their range over every process that measured them.
 rerun_files, other_code = same_code_reruns(results.get("relational_gnn_reruns", []), results["relational_gnn"])
-reruns = complete(load_results(rerun_files, SCHEMA)[0]) if rerun_files else frame.iloc[0:0]
+rerun_frame, rerun_provenance = load_results(rerun_files, SCHEMA) if rerun_files else (None, [])
+reruns = complete(rerun_frame) if rerun_files else frame.iloc[0:0]
+# Where and when: every process whose numbers are shown (the ranges take the re-runs in too).
+MEASURED = machine_label(provenance + rerun_provenance)
 gemm_frame = frame[frame.model == "gemm"]  # part gemm_template: the GEMM template alone
 frame = frame[frame.model != "gemm"]
 KEYS = ["dataset", "model", "mode", "in_dim", "variant", "edges", "unique_pairs"]
@@ -96,7 +99,7 @@ OTHER_TECHNIQUES = [v for v in OPTIMIZED if v not in HECTOR]
 GRAPHS = list(frame.drop_duplicates("dataset").sort_values("edges").dataset)
 width = 64 if 64 in set(time.in_dim) else max(time.in_dim)  # the main comparison's width (Hector's)
 on_gpu = set(frame.device) == {"cuda"}  # else Hector's variants ran its reference backend
-print(machine_label(provenance))
+print(MEASURED)
 for f in other_code:
     print(f"left out (measured at other code, or on other hardware, than the committed run): {f}")
 
@@ -107,7 +110,7 @@ for f in other_code:
 lines = [
     f"# Relational GNN layers on `{machine}` at scale `{scale}`",
     "",
-    machine_label(provenance),
+    MEASURED,
     "",
     "Time: median of the timed calls. Memory: intermediate memory (GPU). Best: the fastest form of the row's "
     "model, dataset, width and mode. Edges / pairs: edges per distinct (source, relation) pair, the most "
@@ -648,7 +651,6 @@ from analysis import style
 
 style.entry_labels(REGISTRY)  # a user's own entries under the labels they register
 
-MEASURED = machine_label(provenance)
 # What a "-like" graph is, in the same words in every figure that shows one.
 GENERATED_WORDS = '"-like" graphs: synthetic, generated with the statistics of the datasets they are named after'
 
