@@ -235,3 +235,21 @@ def test_the_norm_in_float64_is_one_over_each_target_and_relations_edge_count():
     assert torch.equal(graph.norm_as(torch.float64), 1 / counts)
     assert torch.equal(graph.norm_as(torch.float32), graph.norm)
     assert torch.equal(graph.norm_as(torch.bfloat16), graph.norm.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "ids, words",
+    [
+        # numpy reads these lists as float64 (a negative id beside one past int64) or as objects
+        ([-1, 2**63], r"^src\[1\] = 9223372036854775808 is past int64's range, so no id of any graph \(1 such ids\)$"),
+        ([5, 2**64, 2**70], r"^src\[1\] = 18446744073709551616 is past int64's range, .* \(2 such ids\)$"),
+        ([0, -(2**63) - 1], r"^src\[1\] = -9223372036854775809 is below int64's range, so no id of any graph"),
+        (np.array([1, 2**100], dtype=object), r"^src\[1\] = 1267650600228229401496703205376 is past int64's range"),
+        ([0, 1.5, 2**64], r"^src must hold integer ids, got object$"),  # a float among them: the type is the error
+    ],
+    ids=["negative-and-past", "two-past", "below", "object-array", "with-a-float"],
+)
+def test_python_ids_past_int64_are_refused_naming_the_id_not_the_type_numpy_gave_them(ids, words):
+    dst = list(range(len(ids)))
+    with pytest.raises(UserError, match=words):
+        RelGraph.build(ids, dst, [0] * len(ids), num_nodes=len(ids), num_relations=1)

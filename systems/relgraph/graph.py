@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.arguments import whole_number
+from harness.arguments import integer, whole_number
 from harness.errors import UserError
 
 # Set while RelGraph.build constructs a graph: every other construction (``RelGraph(...)``,
@@ -174,6 +174,8 @@ def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
             raise UserError(f"{name} must be a flat sequence of integer ids, got ragged nested ones") from None
         if array.size == 0:  # [] is float64 to numpy: an empty list has no wrong dtype
             array = array.astype(np.int64)
+        if array.dtype.kind in "fO":  # numpy's type for integers int64 cannot hold, or for floats
+            _refuse_past_int64(name, ids)
         if array.dtype.kind not in "iu":
             raise UserError(f"{name} must hold integer ids, got {array.dtype}")
         if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
@@ -190,6 +192,24 @@ def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
         if largest > np.iinfo(np.int64).max:
             raise UserError(f"{name} holds ids past int64's range (largest {largest})")
     return ids.to(device=device, dtype=torch.int64, copy=True)
+
+
+def _refuse_past_int64(name: str, ids) -> None:
+    """Refuse, naming the first, integer ids that int64 cannot hold. Python ints past it (``2**63``,
+    or below ``-2**63``) make numpy read the whole sequence as float64 (beside a negative id) or as
+    objects, so without this the error would name that type, not the id."""
+    values = np.asarray(ids, dtype=object).ravel()
+    as_ints = [integer(v) for v in values]
+    if any(v is None for v in as_ints):  # a float or another non-integer among them: the type is the error
+        return
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    outside = [i for i, v in enumerate(as_ints) if not low <= v <= high]
+    if outside:
+        i = outside[0]
+        side = "below" if as_ints[i] < 0 else "past"
+        raise UserError(
+            f"{name}[{i}] = {as_ints[i]} is {side} int64's range, so no id of any graph ({len(outside)} such ids)"
+        )
 
 
 def segment_offsets(ids: torch.Tensor, count: int) -> torch.Tensor:
