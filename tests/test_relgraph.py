@@ -333,3 +333,24 @@ def test_a_well_formed_csr_gives_the_graph_of_its_edges_and_missing_arrays_are_n
         UserError, match=r"^arrays must hold indptr, indices and edge_type .*; missing \['edge_type'\]$"
     ):
         RelGraph.from_store({"indptr": arrays["indptr"], "indices": arrays["indices"]}, relations)
+
+
+def test_a_count_whose_tables_the_machine_cannot_hold_is_refused_with_the_sizes_before_any_allocation(monkeypatch):
+    """num_nodes = 2**40 reached the allocator (8 TiB of node types) and failed there in words
+    about memory naming no argument; now the count is refused with what its tables would take."""
+    src, dst = [3, 5, 0], [1, 2, 5]
+    with pytest.raises(
+        UserError,
+        match=r"^num_nodes = 1099511627776 is more than cpu can hold: the graph's tables per node would take "
+        r"24\.0 TiB \(24 bytes a node\), [\d.]+ [KMGT]iB is available; the ids given reach node 5$",
+    ):
+        RelGraph.build(src, dst, [0, 1, 0], num_nodes=2**40, num_relations=2)
+    # With 1 GiB free, 2**26 relations (16 bytes each: 1 GiB) and 2 node types' tables do not fit.
+    monkeypatch.setattr("harness.machine.available_memory_bytes", lambda: 2**30)
+    with pytest.raises(UserError, match=r"^num_relations = 67108864 .* would take 1\.0 GiB .*, 1\.0 GiB is available;"):
+        RelGraph.build(src, dst, [0, 1, 0], num_nodes=6, num_relations=2**26)
+    with pytest.raises(
+        UserError, match=r"^num_node_types = 134217728 .* per node type .*; the ids given reach node type 1$"
+    ):
+        RelGraph.build(src, dst, [0, 1, 0], 6, 2, node_type=[0, 1, 1, 0, 0, 1], num_node_types=2**27)
+    assert RelGraph.build(src, dst, [0, 1, 0], num_nodes=6, num_relations=2).num_nodes == 6  # small: not asked

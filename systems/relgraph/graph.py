@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from harness import machine
 from harness.arguments import integer, whole_number
 from harness.errors import UserError
 
@@ -69,11 +70,15 @@ class RelGraph:
         )
         device = _device(device)
         src, dst, etype = (_ids(name, a, device) for name, a in (("src", src), ("dst", dst), ("etype", etype)))
-        node_type = (
-            torch.zeros(num_nodes, dtype=torch.int64, device=device)
-            if node_type is None
-            else _ids("node_type", node_type, device)
+        node_type = None if node_type is None else _ids("node_type", node_type, device)
+        _refuse_tables_past_memory(
+            device,
+            num_nodes=(num_nodes, (src, dst)),
+            num_relations=(num_relations, (etype,)),
+            num_node_types=(num_node_types, () if node_type is None else (node_type,)),
         )
+        if node_type is None:  # one type, allocated once the count is known to fit
+            node_type = torch.zeros(num_nodes, dtype=torch.int64, device=device)
         if node_type.shape != (num_nodes,):
             raise UserError(f"node_type must hold one type per node ({num_nodes}), got {tuple(node_type.shape)}")
         if not src.shape == dst.shape == etype.shape or src.dim() != 1:
@@ -200,6 +205,52 @@ def _device(device) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device {device} asked for, but this machine has no CUDA GPU (torch sees none)")
     return device
+
+
+# What the graph allocates per node, relation and node type, in bytes: per node, its int64 type
+# (when not given), and torch.sort's sorted copy and order of the types (by_type); per relation and
+# per node type, the int64 bincount and the offsets summed from it.
+TABLE_BYTES = {"num_nodes": 24, "num_relations": 16, "num_node_types": 16}
+KIND = {"num_nodes": "node", "num_relations": "relation", "num_node_types": "node type"}
+
+
+def _refuse_tables_past_memory(device: torch.device, **counts: tuple[int, tuple]) -> None:
+    """Refuse, with the sizes, counts whose tables the device cannot hold (``counts``: each count's
+    value and the ids that count bounds). A count is the user's word (isolated nodes have no ids to
+    show them), so the refusal is by memory, not by the ids: a num_nodes of 2**40 would otherwise
+    reach the allocator and fail there with a message about memory that names no argument."""
+    sizes = {name: count * TABLE_BYTES[name] for name, (count, _) in counts.items()}
+    if sum(sizes.values()) < 2**30:  # a graph of tables this small is no reason to ask the machine
+        return
+    available = _available_bytes(device)
+    if available is None or sum(sizes.values()) <= available:
+        return
+    name = max(sizes, key=sizes.get)  # the count that asks for the most
+    count, ids = counts[name]
+    kind = KIND[name]
+    largest = max((int(t.max()) for t in ids if t.numel()), default=None)
+    reached = f"the ids given reach {kind} {largest}" if largest is not None else f"no {kind} ids given"
+    raise UserError(
+        f"{name} = {count} is more than {device} can hold: the graph's tables per {kind} would take "
+        f"{_size(sizes[name])} ({TABLE_BYTES[name]} bytes a {kind}), {_size(available)} is available; {reached}"
+    )
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Memory ``device`` could hand out now (on a GPU, with what torch's allocator holds unused);
+    None where it is not known."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return machine.available_memory_bytes()
+
+
+def _size(nbytes: int) -> str:
+    """A size in the largest binary unit under it (bytes below 1 KiB)."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.1f} {unit}"
+    return f"{nbytes} bytes"
 
 
 def _norm_counts(dst: torch.Tensor, etype: torch.Tensor, num_relations: int) -> torch.Tensor:
