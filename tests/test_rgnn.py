@@ -676,3 +676,38 @@ def test_pyg_layers_that_fail_on_a_graph_of_no_relations_are_refused_in_one_line
     model = MODELS[layer]
     with pytest.raises(UserError, match=r"PyG's (RGCNConv|HGTConv) cannot take a graph with no relations"):
         FORMS["pyg"].build(model, model.make_weights(graph, 6, 6), graph)
+
+
+def _within(got: torch.Tensor, want: torch.Tensor, tolerance: float, what: str) -> None:
+    """``got`` is finite and within ``tolerance`` of ``want``'s largest magnitude of it (the
+    topic's check of a form in another precision)."""
+    assert torch.isfinite(got).all(), f"{what}: not finite"
+    error = (got.double() - want.double()).abs().max().item()
+    assert error <= tolerance * want.abs().max().item(), f"{what}: off by {error:.3g}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("layer, name", OWN)
+def test_the_plain_forms_run_under_bfloat16_autocast_within_its_tolerance_of_float32(layer, name, device):
+    """RGCN's grouped_mm and RGAT's per_edge, segment_mm and dense raised dtype errors under
+    autocast (a float32 grouped_mm beside bfloat16 products; bfloat16 rows summed into a float32
+    bias). Forward under autocast, backward after it, as torch's autocast recipe has it."""
+    from systems.rgnn.forms import TOLERANCE
+
+    graph = _on(random_graph(nodes=37, relations=5, edges=211, seed=6), device)
+    weights = MODELS[layer].make_weights(graph, 8, 8, seed=3).to(device)
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(graph.num_nodes, 8, generator=generator).to(device).requires_grad_()
+    projection = torch.randn(graph.num_nodes, 8, generator=generator).to(device)
+    parameters = [x, *weights.parameters()]
+    form = build(layer, name, weights, graph)
+    exact = form(x)
+    want = torch.autograd.grad((exact * projection).sum(), parameters, allow_unused=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        cast = form(x)
+    got = torch.autograd.grad((cast.float() * projection).sum(), parameters, allow_unused=True)
+    _within(cast, exact, TOLERANCE["bfloat16"], "output")
+    names = ["x", *(n for n, _ in weights.named_parameters())]
+    for what, a, b in zip(names, got, want, strict=True):
+        if b is not None:
+            _within(a, b, TOLERANCE["bfloat16"], what)
