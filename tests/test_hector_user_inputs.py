@@ -644,3 +644,38 @@ def test_a_tensor_off_the_graphs_device_is_refused_naming_it_and_both_devices():
             moved = tensors | {name: tensors[name].detach().to("meta")}
             with pytest.raises(UserError, match=f"^gated_attention: {name} is on meta, the graph on cpu: "):
                 layer(g, **moved)
+
+
+@pytest.mark.parametrize("applied", PASS_SETS, ids=lambda p: "+".join(p) or "none")
+def test_features_of_another_width_than_the_layers_are_refused_naming_the_features_and_both_widths(applied):
+    """The weights are the layer: features of another width are what a mismatch names, with their
+    width and the layer's (it named the weight whose width disagreed with the features)."""
+    (src, dst, etype), nodes, relations = edges(seed=23)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    layer = op.Layer(passes.optimize(gated_attention(), *applied))
+    tensors = attention_tensors(g, torch.float32, width=(5, 6, 3))
+    wide_x = torch.randn(nodes, 7, generator=torch.Generator().manual_seed(3))
+    for grad in (True, False):  # the training op and the inference op
+        with torch.set_grad_enabled(grad), pytest.raises(UserError) as refused:
+            layer(g, **tensors | {"x": wide_x})
+        assert str(refused.value) == f"input x: [{nodes} nodes, 5] wanted (width 'in' is 5 in W), got ({nodes}, 7)"
+    # An edge input is named the same way, by its own width symbol.
+    with pytest.raises(UserError, match=rf"^input attr: \[{g.edges} edges, 3\] wanted \(width 'd' is 3 in We\), got"):
+        layer(g, **tensors | {"attr": torch.randn(g.edges, 2)})
+
+
+@pytest.mark.parametrize("model_name", ["rgcn", "rgat", "hgt"])
+def test_hectors_forms_name_the_features_width_and_the_layers_when_they_differ(model_name):
+    from systems.rgnn.forms import FORMS
+    from systems.rgnn.models import MODELS
+
+    (src, dst, etype), nodes, relations = edges(seed=29)
+    g = RelGraph.build(src, dst, etype, nodes, relations)
+    weights = MODELS[model_name].make_weights(g, 8, 8, seed=4)
+    width = "out" if model_name == "hgt" else "in"  # HGT's program reads x at the width of its output
+    for form in ("hector_unopt", "hector_best"):
+        layer = FORMS[form].build(MODELS[model_name], weights, g)
+        with pytest.raises(
+            UserError, match=rf"^input x: \[{nodes} nodes, 8\] wanted \(width '{width}' is 8 in \w+\), "
+        ):
+            layer(torch.randn(nodes, 5, generator=torch.Generator().manual_seed(6)).requires_grad_())

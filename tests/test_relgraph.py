@@ -235,3 +235,122 @@ def test_the_norm_in_float64_is_one_over_each_target_and_relations_edge_count():
     assert torch.equal(graph.norm_as(torch.float64), 1 / counts)
     assert torch.equal(graph.norm_as(torch.float32), graph.norm)
     assert torch.equal(graph.norm_as(torch.bfloat16), graph.norm.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "ids, words",
+    [
+        # numpy reads these lists as float64 (a negative id beside one past int64) or as objects
+        ([-1, 2**63], r"^src\[1\] = 9223372036854775808 is past int64's range, so no id of any graph \(1 such ids\)$"),
+        ([5, 2**64, 2**70], r"^src\[1\] = 18446744073709551616 is past int64's range, .* \(2 such ids\)$"),
+        ([0, -(2**63) - 1], r"^src\[1\] = -9223372036854775809 is below int64's range, so no id of any graph"),
+        (np.array([1, 2**100], dtype=object), r"^src\[1\] = 1267650600228229401496703205376 is past int64's range"),
+        ([0, 1.5, 2**64], r"^src must hold integer ids, got object$"),  # a float among them: the type is the error
+    ],
+    ids=["negative-and-past", "two-past", "below", "object-array", "with-a-float"],
+)
+def test_python_ids_past_int64_are_refused_naming_the_id_not_the_type_numpy_gave_them(ids, words):
+    dst = list(range(len(ids)))
+    with pytest.raises(UserError, match=words):
+        RelGraph.build(ids, dst, [0] * len(ids), num_nodes=len(ids), num_relations=1)
+
+
+def _csr(seed: int = 7):
+    """A random graph's store arrays (a CSR by target) and the graph build makes of its edges."""
+    src, dst, etype, nodes, relations = _random_edges(seed)
+    order = torch.sort(dst, stable=True).indices
+    indptr = np.zeros(nodes + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(np.bincount(dst.numpy(), minlength=nodes))
+    arrays = {"indptr": indptr, "indices": src[order].numpy(), "edge_type": etype[order].numpy()}
+    return arrays, RelGraph.build(src[order], dst[order], etype[order], nodes, relations), relations
+
+
+def _decreasing(indptr):
+    return np.concatenate([indptr[:3], [indptr[2] - 1], indptr[4:]])
+
+
+MALFORMED_CSR = {  # what is changed in a well-formed CSR -> the one line that refuses it
+    "indptr-from-1": (
+        lambda a: {"indptr": a["indptr"] + 1},
+        r"^indptr\[0\] must be 0 \(where the first node's edges start\), got 1$",
+    ),
+    "decreasing": (
+        lambda a: {"indptr": _decreasing(a["indptr"])},
+        r"^indptr must be non-decreasing \(each node's edges start where the last's end\), but indptr\[3\] = \d+ < ",
+    ),
+    "short-indptr": (
+        lambda a: {"indptr": a["indptr"][:-1]},
+        r"^indptr's last offset must be the edge count, len\(indices\) = 37, got \d+$",
+    ),
+    "short-indices": (
+        lambda a: {"indices": a["indices"][:-1], "edge_type": a["edge_type"][:-1]},
+        r"^indptr's last offset must be the edge count, len\(indices\) = 36, got 37$",
+    ),
+    "float-indptr": (
+        lambda a: {"indptr": a["indptr"].astype(np.float64)},
+        r"^indptr must hold integer offsets, got float64$",
+    ),
+    "float-indices": (
+        lambda a: {"indices": a["indices"].astype(np.float32)},
+        r"^indices must hold integer ids, got float32$",
+    ),
+    "bool-edge-type": (lambda a: {"edge_type": a["edge_type"] > 0}, r"^edge_type must hold integer ids, got bool$"),
+    "2d-indptr": (
+        lambda a: {"indptr": a["indptr"].reshape(1, -1)},
+        r"^indptr must be 1-d, one offset per node and one more, got shape \(1, 12\)$",
+    ),
+    "empty-indptr": (
+        lambda a: {"indptr": np.array([], dtype=np.int64)},
+        r"^indptr must be 1-d, one offset per node and one more, got shape \(0,\)$",
+    ),
+    "index-out-of-range": (
+        lambda a: {"indices": np.where(np.arange(37) == 5, 11, a["indices"])},
+        r"^indices\[5\] = 11 is not a node id of this graph \(0 to 10; 1 such ids\)$",
+    ),
+    "negative-relation": (
+        lambda a: {"edge_type": np.where(np.arange(37) >= 30, -2, a["edge_type"])},
+        r"^edge_type\[30\] = -2 is not a relation id of this graph \(0 to 4; 7 such ids\)$",
+    ),
+    "short-edge-type": (
+        lambda a: {"edge_type": a["edge_type"][:-2]},
+        r"^edge_type must hold one relation per edge \(37, as indices\), got shape \(35,\)$",
+    ),
+}
+
+
+@pytest.mark.parametrize("change, words", MALFORMED_CSR.values(), ids=MALFORMED_CSR.keys())
+def test_a_malformed_csr_from_the_store_is_refused_in_one_line_naming_the_array(change, words):
+    arrays, _, relations = _csr()
+    with pytest.raises(UserError, match=words):
+        RelGraph.from_store(arrays | change(arrays), relations)
+
+
+def test_a_well_formed_csr_gives_the_graph_of_its_edges_and_missing_arrays_are_named():
+    arrays, expected, relations = _csr()
+    _assert_same(RelGraph.from_store(arrays, relations), expected)
+    _assert_same(RelGraph.from_store({k: torch.from_numpy(v) for k, v in arrays.items()}, relations), expected)
+    with pytest.raises(
+        UserError, match=r"^arrays must hold indptr, indices and edge_type .*; missing \['edge_type'\]$"
+    ):
+        RelGraph.from_store({"indptr": arrays["indptr"], "indices": arrays["indices"]}, relations)
+
+
+def test_a_count_whose_tables_the_machine_cannot_hold_is_refused_with_the_sizes_before_any_allocation(monkeypatch):
+    """num_nodes = 2**40 reached the allocator (8 TiB of node types) and failed there in words
+    about memory naming no argument; now the count is refused with what its tables would take."""
+    src, dst = [3, 5, 0], [1, 2, 5]
+    with pytest.raises(
+        UserError,
+        match=r"^num_nodes = 1099511627776 is more than cpu can hold: the graph's tables per node would take "
+        r"24\.0 TiB \(24 bytes a node\), [\d.]+ [KMGT]iB is available; the ids given reach node 5$",
+    ):
+        RelGraph.build(src, dst, [0, 1, 0], num_nodes=2**40, num_relations=2)
+    # With 1 GiB free, 2**26 relations (16 bytes each: 1 GiB) and 2 node types' tables do not fit.
+    monkeypatch.setattr("harness.machine.available_memory_bytes", lambda: 2**30)
+    with pytest.raises(UserError, match=r"^num_relations = 67108864 .* would take 1\.0 GiB .*, 1\.0 GiB is available;"):
+        RelGraph.build(src, dst, [0, 1, 0], num_nodes=6, num_relations=2**26)
+    with pytest.raises(
+        UserError, match=r"^num_node_types = 134217728 .* per node type .*; the ids given reach node type 1$"
+    ):
+        RelGraph.build(src, dst, [0, 1, 0], 6, 2, node_type=[0, 1, 1, 0, 0, 1], num_node_types=2**27)
+    assert RelGraph.build(src, dst, [0, 1, 0], num_nodes=6, num_relations=2).num_nodes == 6  # small: not asked

@@ -676,3 +676,62 @@ def test_pyg_layers_that_fail_on_a_graph_of_no_relations_are_refused_in_one_line
     model = MODELS[layer]
     with pytest.raises(UserError, match=r"PyG's (RGCNConv|HGTConv) cannot take a graph with no relations"):
         FORMS["pyg"].build(model, model.make_weights(graph, 6, 6), graph)
+
+
+def _within(got: torch.Tensor, want: torch.Tensor, tolerance: float, what: str) -> None:
+    """``got`` is finite and within ``tolerance`` times the largest magnitude of ``want`` (the
+    topic's check of a form in another precision)."""
+    assert torch.isfinite(got).all(), f"{what}: not finite"
+    error = (got.double() - want.double()).abs().max().item()
+    assert error <= tolerance * want.abs().max().item(), f"{what}: off by {error:.3g}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("layer, name", OWN)
+def test_the_plain_forms_run_under_bfloat16_autocast_within_its_tolerance_of_float32(layer, name, device):
+    """RGCN's grouped_mm and RGAT's per_edge, segment_mm and dense raised dtype errors under
+    autocast (a float32 grouped_mm beside bfloat16 products; bfloat16 rows summed into a float32
+    bias). Forward under autocast, backward after it, as torch's autocast recipe has it."""
+    from systems.rgnn.forms import TOLERANCE
+
+    graph = _on(random_graph(nodes=37, relations=5, edges=211, seed=6), device)
+    weights = MODELS[layer].make_weights(graph, 8, 8, seed=3).to(device)
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(graph.num_nodes, 8, generator=generator).to(device).requires_grad_()
+    projection = torch.randn(graph.num_nodes, 8, generator=generator).to(device)
+    parameters = [x, *weights.parameters()]
+    form = build(layer, name, weights, graph)
+    exact = form(x)
+    want = torch.autograd.grad((exact * projection).sum(), parameters, allow_unused=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        cast = form(x)
+    got = torch.autograd.grad((cast.float() * projection).sum(), parameters, allow_unused=True)
+    _within(cast, exact, TOLERANCE["bfloat16"], "output")
+    names = ["x", *(n for n, _ in weights.named_parameters())]
+    for what, a, b in zip(names, got, want, strict=True):
+        if b is not None:
+            _within(a, b, TOLERANCE["bfloat16"], what)
+
+
+@pytest.mark.parametrize("name", ["per_edge", "segment_mm", "grouped_mm", "dense"])
+def test_hgt_in_float16_on_features_of_magnitude_300_stays_finite_and_close_to_float32(name):
+    """Query-key products of such rows pass float16's 65504: the forms gave NaN (inf - inf in the
+    softmax) where float32 is finite. The logits are now computed in float32, as Hector computes
+    them; every float16 result is then within float16's rounding of float32's (1e-2 of the scale)."""
+    graph = random_graph(nodes=37, relations=5, edges=211, seed=8)
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randn(graph.num_nodes, 8, generator=generator) * 300
+    projection = torch.randn(graph.num_nodes, 8, generator=generator)
+    results = []
+    for dtype in (torch.float32, torch.float16):
+        weights = MODELS["hgt"].make_weights(graph, 8, 8, seed=7).to(dtype)
+        given = x.to(dtype).requires_grad_()
+        out = build("hgt", name, weights, graph)(given)
+        grads = torch.autograd.grad((out.float() * projection).sum(), [given, *weights.parameters()])
+        results.append((out, grads))
+    (exact, exact_grads), (half, half_grads) = results
+    assert half.dtype == torch.float16 and torch.isfinite(exact).all()
+    _within(half, exact, 1e-2, "output")
+    names = ["x", *(n for n, _ in weights.named_parameters())]
+    for what, a, b in zip(names, half_grads, exact_grads, strict=True):
+        _within(a, b, 1e-2, what)

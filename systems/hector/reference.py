@@ -38,7 +38,7 @@ def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> 
     """The program's outputs for ``graph``, with its inputs and weights from ``tensors`` by name."""
     widths: dict[str, tuple[int, str]] = {}  # each width symbol's size, and the tensor that set it
     pairs = Pairs(graph) if any(v.domain == "pair" for v in program.values) else None
-    results = {id(v): _bind(v, tensors, graph, widths, pairs) for v in program.values if v.op in ("input", "weight")}
+    results = {id(v): _bind(v, tensors, graph, widths, pairs) for v in _leaves_weights_first(program)}
     _check_heads(program, widths)
     # The graph's data and constants in float64 where the tensors are: in float32 they would make
     # a float64 run only as exact as a float32 one.
@@ -53,9 +53,8 @@ def run(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> 
 def bind_widths(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> dict[str, int]:
     """Each width symbol's size for these tensors (checked as :func:`run` checks them)."""
     widths: dict[str, tuple[int, str]] = {}
-    for value in program.values:
-        if value.op in ("input", "weight"):
-            _bind(value, tensors, graph, widths)
+    for value in _leaves_weights_first(program):
+        _bind(value, tensors, graph, widths)
     _check_heads(program, widths)
     return {symbol: size for symbol, (size, _) in widths.items()}
 
@@ -239,6 +238,13 @@ def _type_ids(by: str, domain: str, graph: RelGraph, pairs: Pairs | None) -> tor
     return pairs.etype if domain == "pair" else graph.etype
 
 
+def _leaves_weights_first(program: Program) -> list[Value]:
+    """The program's inputs and weights, the weights first: the weights are the layer, so they set
+    its widths, and features of another width are then the tensor a mismatch names."""
+    leaves = [v for v in program.values if v.op in ("input", "weight")]
+    return sorted(leaves, key=lambda v: v.op == "input")
+
+
 def _bind(value: Value, tensors, graph: RelGraph, widths, pairs: Pairs | None = None) -> torch.Tensor:
     if value.name not in tensors:
         raise BindingError(f"no tensor named {value.name!r} given (given: {', '.join(sorted(tensors))})")
@@ -248,6 +254,12 @@ def _bind(value: Value, tensors, graph: RelGraph, widths, pairs: Pairs | None = 
         rows = len(pairs if pairs is not None else Pairs(graph)) if rows is None else rows
         if t.dim() != 2 or t.shape[0] != rows:
             raise BindingError(f"input {value.name}: [{rows} {value.domain}s, width] wanted, got {tuple(t.shape)}")
+        wanted, where = widths.get(value.width, (t.shape[1], None))
+        if where is not None and t.shape[1] != wanted and t.shape[1]:
+            raise BindingError(
+                f"input {value.name}: [{rows} {value.domain}s, {wanted}] wanted (width {value.width!r} is {wanted} "
+                f"in {where}), got {tuple(t.shape)}"
+            )
         _unify(value.width, t.shape[1], value.name, widths)
         return t
     leading = {"relation": graph.num_relations, "node_type": graph.num_node_types, None: None}[value.per]

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.arguments import whole_number
+from harness import machine
+from harness.arguments import integer, whole_number
 from harness.errors import UserError
 
 # Set while RelGraph.build constructs a graph: every other construction (``RelGraph(...)``,
@@ -59,25 +60,25 @@ class RelGraph:
         ``num_relations``, every node type below ``num_node_types``: a clear error names the first
         offender) and precomputes the rest on ``device``. The ids may be sequences, numpy arrays or
         tensors on any device, of any integer dtype."""
-        counts = {"num_nodes": num_nodes, "num_relations": num_relations, "num_node_types": num_node_types}
-        for name, count in counts.items():
-            if whole_number(count) is None:
-                raise UserError(f"{name} must be a non-negative integer, got {count!r}")
-        num_nodes, num_relations, num_node_types = (whole_number(count) for count in counts.values())
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError):  # torch's own message lists every device type it knows
-            raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}") from None
-        if device.type not in ("cpu", "cuda"):  # the graph's kernels and the forms run on these two
-            raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {str(device)!r}")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"device {device} asked for, but this machine has no CUDA GPU (torch sees none)")
-        src, dst, etype = (_ids(name, a, device) for name, a in (("src", src), ("dst", dst), ("etype", etype)))
-        node_type = (
-            torch.zeros(num_nodes, dtype=torch.int64, device=device)
-            if node_type is None
-            else _ids("node_type", node_type, device)
+        num_nodes, num_relations, num_node_types = (
+            _count(name, count)
+            for name, count in (
+                ("num_nodes", num_nodes),
+                ("num_relations", num_relations),
+                ("num_node_types", num_node_types),
+            )
         )
+        device = _device(device)
+        src, dst, etype = (_ids(name, a, device) for name, a in (("src", src), ("dst", dst), ("etype", etype)))
+        node_type = None if node_type is None else _ids("node_type", node_type, device)
+        _refuse_tables_past_memory(
+            device,
+            num_nodes=(num_nodes, (src, dst)),
+            num_relations=(num_relations, (etype,)),
+            num_node_types=(num_node_types, () if node_type is None else (node_type,)),
+        )
+        if node_type is None:  # one type, allocated once the count is known to fit
+            node_type = torch.zeros(num_nodes, dtype=torch.int64, device=device)
         if node_type.shape != (num_nodes,):
             raise UserError(f"node_type must hold one type per node ({num_nodes}), got {tuple(node_type.shape)}")
         if not src.shape == dst.shape == etype.shape or src.dim() != 1:
@@ -92,13 +93,7 @@ class RelGraph:
             ("node_type", node_type, num_node_types, "node type"),
         )
         for name, ids, bound, kind in checks:
-            bad = torch.nonzero((ids < 0) | (ids >= bound)).flatten()
-            if bad.numel():
-                i = int(bad[0])
-                valid = f"0 to {bound - 1}" if bound else f"it has no {kind}s"
-                raise UserError(
-                    f"{name}[{i}] = {int(ids[i])} is not a {kind} id of this graph ({valid}; {bad.numel()} such ids)"
-                )
+            _refuse_out_of_range(name, ids, bound, kind)
         norm = 1.0 / _norm_counts(dst, etype, num_relations).to(torch.float32)
         by_relation = torch.sort(etype, stable=True).indices
         offsets = segment_offsets(etype, num_relations)
@@ -125,14 +120,49 @@ class RelGraph:
 
     @classmethod
     def from_store(cls, arrays: dict, num_relations: int, device="cpu", num_node_types: int = 1) -> RelGraph:
-        """From a graph in the store's layout (a CSR by target: each target's sources)."""
-        indptr = np.asarray(arrays["indptr"])
-        dst = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        """From a graph in the store's layout: a CSR by target (``indptr``, nodes + 1 offsets from 0
+        to the edge count; ``indices``, each target's sources), ``edge_type`` (one per edge) and,
+        if typed, ``node_type``. A malformed CSR is refused in one line naming the array: read as
+        it is, it fails deep in numpy or builds another graph without a word (offsets from 1 to
+        edges + 1 still count the right number of edges)."""
+        missing = [name for name in ("indptr", "indices", "edge_type") if name not in arrays]
+        if missing:
+            raise UserError(f"arrays must hold indptr, indices and edge_type (a CSR by target); missing {missing}")
+        num_relations, device = _count("num_relations", num_relations), _device(device)
+        indptr = _ids("indptr", arrays["indptr"], torch.device("cpu"), what="offsets")  # read on the host
+        indices, edge_type = (_ids(name, arrays[name], device) for name in ("indices", "edge_type"))
+        if indptr.dim() != 1 or len(indptr) == 0:
+            raise UserError(f"indptr must be 1-d, one offset per node and one more, got shape {tuple(indptr.shape)}")
+        if indices.dim() != 1:
+            raise UserError(f"indices must be 1-d, one source per edge, got shape {tuple(indices.shape)}")
+        if edge_type.shape != indices.shape:
+            raise UserError(
+                f"edge_type must hold one relation per edge ({len(indices)}, as indices), got shape "
+                f"{tuple(edge_type.shape)}"
+            )
+        if int(indptr[0]) != 0:
+            raise UserError(f"indptr[0] must be 0 (where the first node's edges start), got {int(indptr[0])}")
+        falls = torch.nonzero(indptr.diff() < 0).flatten()
+        if falls.numel():
+            i = int(falls[0]) + 1
+            raise UserError(
+                f"indptr must be non-decreasing (each node's edges start where the last's end), but "
+                f"indptr[{i}] = {int(indptr[i])} < indptr[{i - 1}] = {int(indptr[i - 1])}"
+            )
+        if int(indptr[-1]) != len(indices):
+            raise UserError(
+                f"indptr's last offset must be the edge count, len(indices) = {len(indices)}, got {int(indptr[-1])}"
+            )
+        num_nodes = len(indptr) - 1
+        # Named as given here, not as build's src and etype.
+        _refuse_out_of_range("indices", indices, num_nodes, "node")
+        _refuse_out_of_range("edge_type", edge_type, num_relations, "relation")
+        dst = torch.repeat_interleave(torch.arange(num_nodes), indptr.diff())
         return cls.build(
-            arrays["indices"],
+            indices,
             dst,
-            arrays["edge_type"],
-            len(indptr) - 1,
+            edge_type,
+            num_nodes,
             num_relations,
             device,
             node_type=arrays.get("node_type"),
@@ -155,6 +185,74 @@ class RelGraph:
         return int(torch.unique(self.src * self.num_relations + self.etype).numel())
 
 
+def _count(name: str, count) -> int:
+    """A count of the graph's nodes, relations or node types as a Python int, refused in one line
+    unless it is a whole number."""
+    number = whole_number(count)
+    if number is None:
+        raise UserError(f"{name} must be a non-negative integer, got {count!r}")
+    return number
+
+
+def _device(device) -> torch.device:
+    """``device`` as a torch device the graph can live on (the CPU, or a CUDA GPU this machine has)."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):  # torch's own message lists every device type it knows
+        raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}") from None
+    if device.type not in ("cpu", "cuda"):  # the graph's kernels and the forms run on these two
+        raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {str(device)!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {device} asked for, but this machine has no CUDA GPU (torch sees none)")
+    return device
+
+
+# What the graph allocates per node, relation and node type, in bytes: per node, its int64 type
+# (when not given), and torch.sort's sorted copy and order of the types (by_type); per relation and
+# per node type, the int64 bincount and the offsets summed from it.
+TABLE_BYTES = {"num_nodes": 24, "num_relations": 16, "num_node_types": 16}
+KIND = {"num_nodes": "node", "num_relations": "relation", "num_node_types": "node type"}
+
+
+def _refuse_tables_past_memory(device: torch.device, **counts: tuple[int, tuple]) -> None:
+    """Refuse, with the sizes, counts whose tables the device cannot hold (``counts``: each count's
+    value and the ids that count bounds). A count is the user's word (isolated nodes have no ids to
+    show them), so the refusal is by memory, not by the ids: a num_nodes of 2**40 would otherwise
+    reach the allocator and fail there with a message about memory that names no argument."""
+    sizes = {name: count * TABLE_BYTES[name] for name, (count, _) in counts.items()}
+    if sum(sizes.values()) < 2**30:  # a graph of tables this small is no reason to ask the machine
+        return
+    available = _available_bytes(device)
+    if available is None or sum(sizes.values()) <= available:
+        return
+    name = max(sizes, key=sizes.get)  # the count that asks for the most
+    count, ids = counts[name]
+    kind = KIND[name]
+    largest = max((int(t.max()) for t in ids if t.numel()), default=None)
+    reached = f"the ids given reach {kind} {largest}" if largest is not None else f"no {kind} ids given"
+    raise UserError(
+        f"{name} = {count} is more than {device} can hold: the graph's tables per {kind} would take "
+        f"{_size(sizes[name])} ({TABLE_BYTES[name]} bytes a {kind}), {_size(available)} is available; {reached}"
+    )
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Memory ``device`` could hand out now (on a GPU, with what torch's allocator holds unused);
+    None where it is not known."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return machine.available_memory_bytes()
+
+
+def _size(nbytes: int) -> str:
+    """A size in the largest binary unit under it (bytes below 1 KiB)."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
 def _norm_counts(dst: torch.Tensor, etype: torch.Tensor, num_relations: int) -> torch.Tensor:
     """Each edge's (target, relation)'s edge count (int64). Counted over the pairs that occur, not
     a nodes x relations table (wikikg2's would be 2.5 M x 535 floats: 5.4 GB)."""
@@ -162,7 +260,7 @@ def _norm_counts(dst: torch.Tensor, etype: torch.Tensor, num_relations: int) -> 
     return counts[pair]
 
 
-def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
+def _ids(name: str, ids, device: torch.device, what: str = "ids") -> torch.Tensor:
     """A copy of ``ids`` as int64 on ``device``, refused in one line unless they are integers: a
     float id truncated or a bool read as 0/1 would build another graph without a word. A copy, as
     the graph's segments and norms are derived once: a caller's later edit of its own buffer (the
@@ -171,16 +269,18 @@ def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
         try:
             array = np.asarray(ids)
         except ValueError:  # numpy's refusal of nested lists of unequal lengths
-            raise UserError(f"{name} must be a flat sequence of integer ids, got ragged nested ones") from None
+            raise UserError(f"{name} must be a flat sequence of integer {what}, got ragged nested ones") from None
         if array.size == 0:  # [] is float64 to numpy: an empty list has no wrong dtype
             array = array.astype(np.int64)
+        if array.dtype.kind in "fO":  # numpy's type for integers int64 cannot hold, or for floats
+            _refuse_past_int64(name, ids)
         if array.dtype.kind not in "iu":
-            raise UserError(f"{name} must hold integer ids, got {array.dtype}")
+            raise UserError(f"{name} must hold integer {what}, got {array.dtype}")
         if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
             raise UserError(f"{name} holds ids past int64's range (largest {array.max()})")
         return torch.from_numpy(np.array(array, dtype=np.int64, order="C", copy=True)).to(device)
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
-        raise UserError(f"{name} must hold integer ids, got {ids.dtype}")
+        raise UserError(f"{name} must hold integer {what}, got {ids.dtype}")
     if ids.layout != torch.strided or ids.is_nested or ids.is_meta:  # no values to read
         kind = "a meta" if ids.is_meta else "a nested" if ids.is_nested else f"a {ids.layout}"
         raise UserError(f"{name} must be a dense tensor of ids, got {kind} tensor")
@@ -190,6 +290,36 @@ def _ids(name: str, ids, device: torch.device) -> torch.Tensor:
         if largest > np.iinfo(np.int64).max:
             raise UserError(f"{name} holds ids past int64's range (largest {largest})")
     return ids.to(device=device, dtype=torch.int64, copy=True)
+
+
+def _refuse_out_of_range(name: str, ids: torch.Tensor, bound: int, kind: str) -> None:
+    """Refuse ids outside ``[0, bound)``, naming the first and counting them (the same words on
+    every device)."""
+    bad = torch.nonzero((ids < 0) | (ids >= bound)).flatten()
+    if bad.numel():
+        i = int(bad[0])
+        valid = f"0 to {bound - 1}" if bound else f"it has no {kind}s"
+        raise UserError(
+            f"{name}[{i}] = {int(ids[i])} is not a {kind} id of this graph ({valid}; {bad.numel()} such ids)"
+        )
+
+
+def _refuse_past_int64(name: str, ids) -> None:
+    """Refuse, naming the first, integer ids that int64 cannot hold. Python ints past it (``2**63``,
+    or below ``-2**63``) make numpy read the whole sequence as float64 (beside a negative id) or as
+    objects, so without this the error would name that type, not the id."""
+    values = np.asarray(ids, dtype=object).ravel()
+    as_ints = [integer(v) for v in values]
+    if any(v is None for v in as_ints):  # a float or another non-integer among them: the type is the error
+        return
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    outside = [i for i, v in enumerate(as_ints) if not low <= v <= high]
+    if outside:
+        i = outside[0]
+        side = "below" if as_ints[i] < 0 else "past"
+        raise UserError(
+            f"{name}[{i}] = {as_ints[i]} is {side} int64's range, so no id of any graph ({len(outside)} such ids)"
+        )
 
 
 def segment_offsets(ids: torch.Tensor, count: int) -> torch.Tensor:

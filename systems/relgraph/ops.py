@@ -68,7 +68,10 @@ def grouped_products(
     operands' rows must be multiples of 16 bytes, so odd sizes are zero-padded (adding nothing).
     ``ends``: grouped_mm's ``offs`` (``offsets[1:]`` as int32), when the caller made them once.
     grouped_mm multiplies float32, bfloat16 and float16 only: other types are refused in one line
-    (this form is that one call; :func:`segment_products` takes any type)."""
+    (this form is that one call; :func:`segment_products` takes any type). Under autocast its
+    operands are cast as autocast casts a matrix product's (torch's autocast lists leave grouped_mm
+    out on the CPU): the form then computes what segment_products computes there."""
+    rows, weight = autocast_operands(rows, weight)
     if rows.dtype not in GROUPED_MM_TYPES:
         raise UserError(
             f"grouped_mm multiplies float32, bfloat16 or float16 tensors, got {str(rows.dtype).removeprefix('torch.')}"
@@ -81,6 +84,17 @@ def grouped_products(
         weight = F.pad(weight, (0, pad_out, 0, pad_in))
     out = F.grouped_mm(rows, weight, offs=offsets[1:].to(torch.int32) if ends is None else ends)
     return out[:, : out.shape[1] - pad_out]
+
+
+def autocast_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` as autocast gives them to a matrix product where it is on for their device:
+    float32 ones in its lower type, others as they are. For an operator autocast leaves out, which
+    would otherwise compute in float32 beside the rest of a form's products in bfloat16."""
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    low = torch.get_autocast_dtype(device)
+    return tuple(t.to(low) if t.dtype == torch.float32 else t for t in tensors)
 
 
 def edge_softmax(scores: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:

@@ -89,9 +89,13 @@ class _Form(RelationalLayer):
         dst = g.dst if self.order is None else g.dst[self.order]
         etype = g.etype if self.order is None else g.etype[self.order]
         keys, values = self._from_sources(k, src, w.k_rel), self._from_sources(v, src, w.v_rel)
-        scores = (take_rows(q, dst) * keys).sum(1) * take_rows(w.p_rel, etype) / math.sqrt(w.out_dim)
+        # The logits in float32 at least, as Hector computes them: a query-key product of float16
+        # rows passes 65504 (features of magnitude 300 do), and inf - inf in the softmax is NaN.
+        wide = torch.promote_types(keys.dtype, torch.float32)
+        dots = (take_rows(q, dst).to(wide) * keys.to(wide)).sum(1)
+        scores = dots * take_rows(w.p_rel, etype).to(wide) / math.sqrt(w.out_dim)
         alpha = edge_softmax(scores, dst, g.num_nodes)
-        summed = torch.zeros_like(q).index_add(0, dst, alpha.unsqueeze(1) * values)
+        summed = torch.zeros_like(q).index_add(0, dst, (alpha.unsqueeze(1) * values).to(q.dtype))
         out = self._typed(F.gelu(summed), w.stacked("out_weight"), w.out_bias)
         if w.in_dim != w.out_dim:
             return out

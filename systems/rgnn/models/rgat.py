@@ -46,7 +46,8 @@ class _Form(RelationalLayer):
         scores = F.leaky_relu(target_side @ self.w.q + source_side @ self.w.k, NEGATIVE_SLOPE).squeeze(1)
         alpha = edge_softmax(scores, dst, g.num_nodes)
         out = self.w.bias.expand(g.num_nodes, -1)
-        return out.index_add(0, dst, alpha.unsqueeze(1) * source_side)
+        # Summed in the bias's type: under autocast the products are bfloat16 and the bias float32.
+        return out.index_add(0, dst, (alpha.unsqueeze(1) * source_side).to(out.dtype))
 
 
 class PerEdge(_Form):
