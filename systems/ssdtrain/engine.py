@@ -70,7 +70,7 @@ from harness.errors import UserError
 from systems.ssdtrain._warn import warn
 from systems.ssdtrain.cache import TensorCache, modified_error, offload_key
 from systems.ssdtrain.layers import block_name, find_layers, refuse_lazy
-from systems.ssdtrain.stats import StepStats
+from systems.ssdtrain.stats import BELOW_MIN_BYTES, EMPTY, NOT_STORABLE, StepStats, why_nothing_moved
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.user_compiled import (
     as_called,
@@ -525,21 +525,19 @@ class Offloader:
         saved = [self.stats.layers[i] for i in offloading if i in self.stats.layers]
         weights = [p for i in offloading for p in self.layers[i].parameters()]
         largest = max(self.stats.largest.get(i, 0) for i in offloading)
-        if any(s.packed_tensors for s in saved) and largest == 0:
-            # Every saved storage empty (a batch of 0 rows): no min_bytes would offload anything.
-            why = "every storage the offloaded layers saved is empty (0 B: an empty batch?)"
-        elif any(s.packed_tensors for s in saved) and largest < max(self.min_bytes, 1):
-            why = (
-                f"every storage the offloaded layers saved is below min_bytes={self.min_bytes} (the largest is "
-                f"{largest} B): lower min_bytes"
-            )
-        elif any(s.packed_tensors for s in saved):
-            # Large enough, and still kept: tensors a store cannot take (meta, subclasses without
-            # a storage of their own) or the model's own weights.
-            why = (
-                "the offloaded layers saved no tensor a store can take: those large enough have no storage of "
-                "their own (meta or subclass tensors) or are the model's weights"
-            )
+        if any(s.packed_tensors for s in saved):
+            why = {
+                # Every saved storage empty (a batch of 0 rows): no min_bytes would offload anything.
+                EMPTY: "every storage the offloaded layers saved is empty (0 B: an empty batch?)",
+                BELOW_MIN_BYTES: (
+                    f"every storage the offloaded layers saved is below min_bytes={self.min_bytes} (the largest "
+                    f"is {largest} B): lower min_bytes"
+                ),
+                NOT_STORABLE: (
+                    "the offloaded layers saved no tensor a store can take: those large enough have no storage "
+                    "of their own (meta or subclass tensors) or are the model's weights"
+                ),
+            }[why_nothing_moved(largest, self.min_bytes)]
         elif weights and not any(p.requires_grad for p in weights):
             # Frozen blocks whose inputs need no gradient: autograd saves nothing in them, and
             # no other hook is to blame (fine-tuning a head on a frozen backbone).

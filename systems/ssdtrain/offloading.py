@@ -83,7 +83,7 @@ from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan, budget_decision
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget
 from systems.ssdtrain.recompute import checkpointed, warn_of_generators
-from systems.ssdtrain.stats import StepStats
+from systems.ssdtrain.stats import BELOW_MIN_BYTES, EMPTY, NOT_STORABLE, StepStats, why_nothing_moved
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.stores.host import HostStore
 from systems.ssdtrain.user_compiled import as_called, holds_compiled_code
@@ -376,18 +376,20 @@ class Offloading:
         if packed and not any(p.movable_bytes for p in profiles):  # nothing offloading could move
             largest = max((stats.largest.get(i, 0) for i in range(len(profiles))), default=0)
             saved = "every storage the profiled step's blocks saved"
-            if largest == 0:
-                why = (
+            why = {
+                EMPTY: (
                     f"{saved} was empty (a batch of 0 rows?), so the plan made from it offloads and recomputes "
                     "nothing; profile on a real batch"
-                )
-            elif largest < max(self.offloader.min_bytes, 1):
-                why = (
+                ),
+                BELOW_MIN_BYTES: (
                     f"{saved} is below min_bytes={self.offloader.min_bytes} (the largest is {largest} B), so no "
                     "block can offload anything (a plan can only keep or recompute): lower min_bytes"
-                )
-            else:  # tensors without a storage of their own (subclasses): nothing to hand to a store
-                why = "the profiled step's blocks saved no tensor with a storage of its own, so no block can offload"
+                ),
+                # Tensors without a storage of their own (subclasses): nothing to hand to a store.
+                NOT_STORABLE: (
+                    "the profiled step's blocks saved no tensor with a storage of its own, so no block can offload"
+                ),
+            }[why_nothing_moved(largest, self.offloader.min_bytes)]
             warn(f"SSDTrain {_name(self.policy)}: {why}")
         bandwidth = self.bandwidth
         if bandwidth is None:

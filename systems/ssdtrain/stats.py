@@ -19,6 +19,21 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from systems.ssdtrain.cache import StorageKey
 from systems.ssdtrain.stores import StoreCounters
 
+# Why saved tensors gave a store nothing, decided from the largest storage saved: every one empty
+# (a batch of 0 rows), every one below min_bytes, or large enough but none a store can take (no
+# storage of its own: meta or subclass tensors; or the model's weights).
+EMPTY, BELOW_MIN_BYTES, NOT_STORABLE = "empty", "below_min_bytes", "not_storable"
+
+
+def why_nothing_moved(largest: int, min_bytes: int) -> str:
+    """One of :data:`EMPTY`, :data:`BELOW_MIN_BYTES` or :data:`NOT_STORABLE` for saved tensors none
+    of which was offloaded, ``largest`` being the largest storage among them in bytes."""
+    if largest == 0:
+        return EMPTY
+    if largest < max(min_bytes, 1):
+        return BELOW_MIN_BYTES
+    return NOT_STORABLE
+
 
 @dataclass
 class LayerStats:
