@@ -569,6 +569,26 @@ def test_gpu_out_of_range_index_raises_and_is_never_read(bad):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_gpu_names_the_first_bad_index_in_the_callers_order_on_every_path(index_dtype):
+    # Several bad indices, the first in order neither the smallest nor the largest: sorting or
+    # taking each value once reads them in another order, and must still name the one the CPU does.
+    table = random_table(5000, 16, torch.float32, seed=5, pin=True)
+    idx = torch.randint(0, 5000, (1000,), device="cuda", dtype=index_dtype)
+    idx[[100, 400, 700]] = torch.tensor([7000, 9000, -3], dtype=index_dtype, device="cuda")
+    with pytest.raises(IndexError, match="^index 7000 is out of range for a table of 5000 rows$"):
+        gather(table.clone(), idx.cpu())  # the CPU reference, the one every path must agree with
+    for kernel in KERNELS:
+        for order in ORDERS:
+            with pytest.raises(IndexError, match="^index 7000 is out of range"):
+                gather(table, idx, loads=kernel, **order)
+    for launch in (launch_gather, launch_sorted_gather):
+        bounds_check = launch(table, idx, poisoned_like((1000, 16), torch.float32), check=False)
+        with pytest.raises(IndexError, match="^index 7000 is out of range"):
+            bounds_check()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("view, kernel, option", each_value_once(list(INDEX_VIEWS), KERNELS, list(GPU_OPTIONS)))
 def test_every_kernel_and_option_reads_index_views(view, kernel, option, poisoned_allocations):
     table = mid_line_table(seed=22)

@@ -185,8 +185,11 @@ def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, sl
     if dedup:
         unique, inverse = torch.unique(idx, sorted=True, return_inverse=True)
         rows = torch.empty((unique.shape[0], table.shape[1]), dtype=table.dtype, device=idx.device)
-        launch_gather(table, unique, rows, **options)
-        return torch.index_select(rows, 0, inverse, out=out)
+        bounds_check = launch_gather(table, unique, rows, check=False, **options)
+        bounds_check.asked = idx  # an error names the first bad index in idx's order, as on the CPU
+        torch.index_select(rows, 0, inverse, out=out)  # queued before the check waits
+        bounds_check()
+        return out
     if sort:
         launch_sorted_gather(table, idx, out, **options)
         return out
@@ -203,6 +206,7 @@ def launch_sorted_gather(table, idx, out, *, check: bool = True, **options) -> B
     # back to back. Rows of out-of-range indices are never read (their slots hold garbage),
     # and the check raises before ``out`` reaches anyone.
     bounds_check = launch_gather(table, order, rows, check=False, **options)
+    bounds_check.asked = idx  # an error names the first bad index in idx's order, not the smallest
     out.index_copy_(0, positions, rows)
     if check:
         bounds_check()
@@ -376,7 +380,9 @@ def _check_out(out: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> Non
 @dataclass
 class BoundsCheck:
     """The out-of-range flag of one launched gather; calling it waits for the gather and raises
-    ``IndexError`` naming the first out-of-range index it met.
+    ``IndexError`` naming the first out-of-range index it met, or, where the kernel read the
+    indices in another order than the caller's (sorted, or each value once), the first in
+    ``asked``, the caller's index (so every path names the index the CPU reference names).
 
     The wait polls (``cudaEventSynchronize`` on a default event, which spins or yields): a blocking
     event sleeps until an interrupt wakes the thread, which cost about 250 us per call on an H200
@@ -388,6 +394,7 @@ class BoundsCheck:
     idx: torch.Tensor
     table_rows: int
     stream: torch.cuda.Stream | None = None  # where the gather was launched
+    asked: torch.Tensor | None = None  # the caller's index, where the kernel read another order
 
     def __call__(self) -> None:
         if self.bad_pos is None:
@@ -400,6 +407,8 @@ class BoundsCheck:
         done.synchronize()
         position = int(host[0])
         if position < self.idx.shape[0]:
+            if self.asked is not None:  # the error path only: one pass over the caller's index
+                _raise_out_of_range(int(_out_of_range(self.asked, self.table_rows)[0]), self.table_rows)
             _raise_out_of_range(int(self.idx[position]), self.table_rows)
 
 
