@@ -16,7 +16,9 @@ from harness.results import load, load_provenance
 from workloads.gnn.epoch import timed_epochs, train_epoch
 from workloads.gnn.models import build
 from workloads.gnn.pipelines import (
+    BATCHES_PER_EPOCH,
     GPU_PIPELINES,
+    MAX_EPOCH,
     PIPELINE_KINDS,
     PIPELINES,
     ROLE,
@@ -693,8 +695,11 @@ def test_the_learned_fill_is_timed_and_samples_only_its_own_batches(skewed, monk
     monkeypatch.setattr(pipeline.sampler, "sample", lambda seeds, number: drawn.append(number) or sample(seeds, number))
     hot_cache.fill_learned(pipeline)
     assert len(drawn) == 30 == len(set(drawn))
-    first_training_epochs = 1_000  # far more than any measurement trains
-    assert min(drawn) >= hot_cache.batch_number(first_training_epochs, 0)
+    # Past the last batch of the last epoch training accepts: no training batch shares its draws.
+    last_training_batch = hot_cache.batch_number(MAX_EPOCH, BATCHES_PER_EPOCH - 1)
+    assert min(drawn) > last_training_batch
+    with pytest.raises(UserError, match="epoch"):
+        pipeline.batches(MAX_EPOCH + 1)  # training refuses the fill's epochs
     seconds, unit = pipeline.setup_metrics["cache_fill_time"]
     assert unit == "s" and seconds > 0
     assert pipeline.setup_metrics["cache_bytes"] == (300 * 8 * 4 + graph.features.shape[0] * 4, "B")

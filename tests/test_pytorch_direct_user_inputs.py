@@ -189,6 +189,13 @@ def test_counts_that_are_not_integer_reads_per_row_are_refused(counts):
         hottest_rows(counts, 1)
 
 
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", 3.5])
+def test_hot_rows_refuse_a_device_torch_does_not_know_in_one_line(device):
+    table = random_table(10, 3, torch.float32, seed=21)
+    with pytest.raises(UserError, match=r"^device must be 'cpu' or 'cuda' \(or 'cuda:N'\), got "):
+        HotRows(table, torch.tensor([2, 7]), device)
+
+
 def test_misses_counts_uncached_ids_and_refuses_ids_that_are_not_rows():
     table = random_table(10, 3, torch.float32, seed=20)
     hot = HotRows(table, torch.tensor([2, 7]), "cpu")

@@ -111,7 +111,11 @@ class HotRows:
             raise UserError(f"table must be a torch tensor (torch.from_numpy for an array), got {type(table).__name__}")
         if table.dim() != 2:
             raise UserError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():  # not torch's AssertionError
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError):  # torch's message lists every device type it knows
+            raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():  # not torch's AssertionError
             raise NeedsGpuError(f"HotRows on {str(device)!r} needs a CUDA GPU; none is available (use 'cpu')")
         rows = _row_ids(rows, "rows")
         if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < table.shape[0]:

@@ -22,12 +22,13 @@ from harness.arguments import whole_number
 from harness.errors import UserError
 from systems.pytorch_direct.hot_rows import HotRows, count_rows, hottest_rows
 from systems.pytorch_direct.ops import launch_gather, launch_sorted_gather
-from workloads.gnn.pipelines import PYTORCH_DIRECT, PipelineKind, batch_number, epoch_seeds, register
+from workloads.gnn.pipelines import MAX_EPOCH, PYTORCH_DIRECT, PipelineKind, batch_number, epoch_seeds, register
 from workloads.gnn.pipelines.zero_copy import checked_ids_on_gpu
 
-# Batch numbers of the learned fill's own batches: an epoch index no training run reaches, so
-# the fill never sees the batches it then serves.
-PRESAMPLE_EPOCH = 9_000
+# The learned fill's own batches are numbered from the first epoch past those training accepts
+# (Pipeline.batches refuses epochs past MAX_EPOCH): their shuffles and draws are streams no
+# training batch ever uses, so the fill never sees the batches it then serves.
+PRESAMPLE_EPOCH = MAX_EPOCH + 1
 
 
 def presampled_ids(pipeline, batches: int) -> Iterator[torch.Tensor]:
