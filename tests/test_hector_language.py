@@ -297,6 +297,10 @@ def test_bad_uses_of_the_new_features_are_refused_by_name():
         trace(lambda m: m.dot(m.input("x", "in"), m.input("y", "in"), heads=0))
     with pytest.raises(ModelError, match="edge_softmax takes a score per head"):
         trace(lambda m: m.sum_into_dst(m.edge_softmax(m.src(m.input("x", "in")))))
+    # Literal widths are known while tracing: a head count that does not divide one is refused then.
+    with pytest.raises(ModelError, match=r"^dot with heads=2 of width 5: the width must be a multiple of the heads"):
+        trace(lambda m: m.dot(m.input("x", 5), m.input("y", 5), heads=2))
+    trace(lambda m: m.dot(m.input("x", 6), m.input("y", 6), heads=2))  # a multiple: traced
     with pytest.raises(ModelError, match="div of widths 2 and 3"):
         trace(lambda m: m.input("x", 2) / m.input("y", 3))
     with pytest.raises(ModelError, match="the name 'e' is used twice"):
@@ -509,10 +513,24 @@ def test_rsqrt_of_a_width_only_an_unused_input_declares_is_refused_when_traced()
         return m.sum_into_dst(e * m.rsqrt("in", e))
 
     words = (
-        "rsqrt of width 'in': no input or weight the model uses has that width (widths: d); x declares it but is unused"
+        "rsqrt of width 'in': no input or weight the model uses has that width (widths: d); x declares it but no "
+        "output reads it (a value used only as rsqrt's like gives the rows, not the width)"
     )
     with pytest.raises(ModelError, match=f"^{re.escape(words)}$"):
         edge_only()
+
+
+def test_a_matrix_weight_in_elementwise_arithmetic_is_named_as_written():
+    """``src(x) * W[m.relation]`` with a matrix W named each_edge, which the user never wrote."""
+
+    @model
+    def times_a_matrix(m):
+        x = m.input("x", "in")
+        return m.sum_into_dst(m.src(x) * m.weight("W", ("in", "out"), per="relation")[m.relation])
+
+    words = "mul takes a vector weight per type, but W[m.relation] is a matrix (a matrix multiplies rows with @)"
+    with pytest.raises(ModelError, match=f"^{re.escape(words)}$"):
+        times_a_matrix()
 
 
 @model
@@ -687,3 +705,25 @@ def test_a_leaf_named_like_graph_data_is_refused_as_reserved_where_the_model_rea
         ModelError, match=f"^the name '{name}' is reserved for graph data .*: name the input otherwise$"
     ):
         layer()
+
+
+def test_the_docs_run_your_own_model_example_runs_as_written():
+    """docs/hector.md's GATv2 model and the snippet that runs it on a user's graph, executed as
+    printed there: the layer's output and gradient against the reference backend run directly."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "hector.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    defined = next(b for b in blocks if "def relational_gatv2(m)" in b)
+    running = next(b for b in blocks if "RelGraph.build(" in b and "Layer(" in b)
+    scope = {"torch": torch, "model": model}
+    torch.manual_seed(0)
+    exec(defined + running, scope)  # noqa: S102 (the docs' own code)
+    out, x, graph, weights = scope["out"], scope["x"], scope["graph"], scope["weights"]
+    assert out.shape == (3, 8) and x.grad.shape == (3, 16)
+    leaf = x.detach().clone().requires_grad_()
+    expected = reference.run(scope["relational_gatv2"](), graph, {"x": leaf, **weights})[0]
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, leaf.grad)
+    assert bool(x.grad.abs().sum() > 0)

@@ -216,6 +216,11 @@ class Builder:
         self._same(a, b, "dot")
         if a.value.width != b.value.width:
             raise ModelError(f"dot of widths {a.value.width} and {b.value.width}")
+        if isinstance(a.value.width, int) and a.value.width % heads:  # a named width is checked when bound
+            raise ModelError(
+                f"dot with heads={heads} of width {a.value.width}: the width must be a multiple of the heads "
+                "(heads are blocks of equal width)"
+            )
         attrs = (("heads", heads),) if heads > 1 else ()
         return self._op("dot", (a.value, b.value), a.value.domain, heads, a.value.depends | b.value.depends, attrs)
 
@@ -301,6 +306,12 @@ class Builder:
             # fits a float64 one.
             return self._op("const", (), like.value.domain, 1, frozenset(), (("value", _real(operand)),))
         if isinstance(operand, Selected):
+            if len(operand.weight.shape) != 1:  # named here: each_edge/each_node are not what the user wrote
+                by = "m.node_type" if operand.by == "node_type" else "m.relation"
+                raise ModelError(
+                    f"{what} takes a vector weight per type, but {operand.weight.name}[{by}] is a matrix (a matrix "
+                    "multiplies rows with @)"
+                )
             return self.each_node(operand) if operand.by == "node_type" else self.each_edge(operand)
         if isinstance(operand, Expr) and operand.value.domain == "weight":
             w = operand.value
@@ -409,7 +420,12 @@ def _check_rsqrt_widths(program: Program, builder: Builder) -> None:
         if isinstance(width, str) and width not in used:
             known = ", ".join(sorted(used)) or "none"
             unused = [n for n, leaf in builder._names.items() if width in (leaf.width, *leaf.shape)]
-            hint = f"; {', '.join(unused)} declares it but is unused" if unused else ""
+            hint = (
+                f"; {', '.join(unused)} declares it but no output reads it (a value used only as rsqrt's like "
+                "gives the rows, not the width)"
+                if unused
+                else ""
+            )
             raise ModelError(
                 f"rsqrt of width {width!r}: no input or weight the model uses has that width (widths: {known}){hint}"
             )

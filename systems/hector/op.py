@@ -10,7 +10,7 @@ of index tensors with precomputed orders, which the ops' schema would otherwise 
 by one. On CUDA tensors they run the generated kernels (systems/hector/codegen.py), on any other device
 the reference backend (systems/hector/reference.py). ``Layer(program, tensor_cores=True)`` is the
 labelled TF32 variant: its products run on tensor cores (inputs rounded to TF32, fp32
-accumulate); on a CPU it is the reference, in float32.
+accumulate); off CUDA it is the reference, which computes in the tensors' type as without it.
 
 A call's tensors (features, weights, the gradient) hold one type: float32, or bfloat16, which the
 generated kernels store in bf16 and compute in float32 (systems/hector/codegen.py), and which the

@@ -67,7 +67,9 @@ def _check_heads(program: Program, widths: dict[str, tuple[int, str]]) -> None:
 
     for value in program.values:
         if value.op == "dot" and value.attr("heads", 1) > 1:
-            wide, heads, what = size(value.args[0].width), value.attr("heads"), f"width {value.args[0].width!r}"
+            width = value.args[0].width
+            wide, heads = size(width), value.attr("heads")
+            what = f"width {width} is" if isinstance(width, int) else f"width {width!r} is {wide} here,"
         elif value.op in ("add", "sub", "mul", "div", "equal"):
             # A literal width (a head count) broadcasts over the named one, whose binding must be a
             # multiple of it: the result takes the named width (lang.broadcast_width), never the
@@ -76,13 +78,12 @@ def _check_heads(program: Program, widths: dict[str, tuple[int, str]]) -> None:
             named = [arg.width for arg in value.args if not isinstance(arg.width, int)]
             if len(literal) != 1 or len(named) != 1:
                 continue
-            wide, heads, what = size(named[0]), literal[0], f"width {named[0]!r}"
+            wide, heads = size(named[0]), literal[0]
+            what = f"width {named[0]!r} is {wide} here,"
         else:
             continue
         if wide is not None and heads > 1 and wide % heads:
-            raise BindingError(
-                f"{value.op}: {what} is {wide} here, not a multiple of {heads} (heads are blocks of equal width)"
-            )
+            raise BindingError(f"{value.op}: {what} not a multiple of {heads} (heads are blocks of equal width)")
 
 
 def output_width(program: Program, graph: RelGraph, tensors: dict[str, torch.Tensor]) -> int:

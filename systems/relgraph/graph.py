@@ -93,7 +93,10 @@ class RelGraph:
             ("node_type", node_type, num_node_types, "node type"),
         )
         for name, ids, bound, kind in checks:
-            _refuse_out_of_range(name, ids, bound, kind)
+            # Types given with the count left at its default: the count, not the types, is what is missing.
+            forgot = name == "node_type" and num_node_types == 1
+            hint = ": num_node_types is 1 (its default); give the number of node types" if forgot else ""
+            _refuse_out_of_range(name, ids, bound, kind, hint)
         norm = 1.0 / _norm_counts(dst, etype, num_relations).to(torch.float32)
         by_relation = torch.sort(etype, stable=True).indices
         offsets = segment_offsets(etype, num_relations)
@@ -292,15 +295,16 @@ def _ids(name: str, ids, device: torch.device, what: str = "ids") -> torch.Tenso
     return ids.to(device=device, dtype=torch.int64, copy=True)
 
 
-def _refuse_out_of_range(name: str, ids: torch.Tensor, bound: int, kind: str) -> None:
+def _refuse_out_of_range(name: str, ids: torch.Tensor, bound: int, kind: str, hint: str = "") -> None:
     """Refuse ids outside ``[0, bound)``, naming the first and counting them (the same words on
-    every device)."""
+    every device); ``hint`` ends the message where the ids are too high."""
     bad = torch.nonzero((ids < 0) | (ids >= bound)).flatten()
     if bad.numel():
         i = int(bad[0])
         valid = f"0 to {bound - 1}" if bound else f"it has no {kind}s"
         raise UserError(
             f"{name}[{i}] = {int(ids[i])} is not a {kind} id of this graph ({valid}; {bad.numel()} such ids)"
+            + (hint if int(ids[i]) >= bound else "")
         )
 
 
