@@ -66,6 +66,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def check_config_file(path) -> None:
+    """Read ``path`` as the suite reads its config files, refusing in one line what they refuse (a
+    key given twice, malformed YAML): for files another reader merged (Snakemake's ``configfile``
+    keeps a repeated key's last value without a word)."""
+    _read_yaml(Path(path))
+
+
 def _read_yaml(path: Path, what: str = "config file"):
     try:
         return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader

@@ -168,7 +168,10 @@ def write_both(record: Path, record_text: str, csv_path: Path, csv_text: str) ->
     moved aside, the record put in place (where that fails, the earlier CSV is put back: the
     earlier pair stands), and the CSV last: a stop after the record leaves a record without rows,
     never this run's record beside an earlier run's rows."""
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the caller checked the folder before measuring, but a check is not the making (root passes os.access)
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"could not make the folder of {csv_path}: {error.strerror or error}") from None
     _remove_files_of_dead_writers(record, csv_path)
     pending, aside = [], csv_path.with_name(f".{csv_path.name}.earlier{os.getpid()}")
     destination = {}  # a temporary file's final name, for the error

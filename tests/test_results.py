@@ -131,6 +131,15 @@ def test_writer_refuses_to_write_nothing(tmp_path):
     assert not (tmp_path / "x.csv").exists()
 
 
+def test_a_folder_that_cannot_be_made_is_refused_in_one_line(tmp_path):
+    """The entry point checks the folder before measuring, but that check is os.access, which root
+    passes: the making itself is refused in one line, not a PermissionError traceback."""
+    (tmp_path / "a_file").write_text("in the way")
+    writer = _write(tmp_path / "first")[1]
+    with pytest.raises(UserError, match=r"^could not make the folder of .*a_file/sub/demo-cpu\.csv: "):
+        writer.write(tmp_path / "a_file" / "sub" / "demo-cpu.csv", PROVENANCE)
+
+
 def test_a_write_that_fails_leaves_the_earlier_pair_and_no_file_of_its_own(tmp_path, monkeypatch):
     """A full disk (or a folder in the way) is refused in one line; nothing of the failed run is
     left, and an earlier run's CSV never ends up beside this run's record."""

@@ -309,6 +309,19 @@ def test_bad_input_is_refused_in_one_line(workdir, args, env, message):
         assert len(errors) == 1 and "Traceback" not in output
 
 
+@SHARED_COPY
+@pytest.mark.full
+def test_a_key_given_twice_in_a_config_file_is_refused_in_one_line(workdir, tmp_path):
+    """Snakemake's own reader keeps a repeated key's last value: scale cpu, then scale tiny, planned tiny."""
+    repeated = tmp_path / "config.yaml"
+    repeated.write_text((workdir / "config" / "config.yaml").read_text() + "scale: tiny\n")
+    result = snakemake(workdir, "ceilings", "-n", "--configfile", str(repeated), check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "key 'scale' is given twice" in errors[0] and "Traceback" not in output
+
+
 def committed_figures():
     """Every PNG under paper_figs/ that git tracks (relative paths)."""
     listed = subprocess.run(

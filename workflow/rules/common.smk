@@ -25,6 +25,9 @@ TOPICS = discover()
 # Refuse a malformed config, an unknown scale or a topic without a block for the scale in one
 # line, before any job starts (sys.exit prints just the message).
 try:
+    # Snakemake merged the config files with a reader that keeps a repeated key's last value.
+    for path in workflow.configfiles:
+        suite_config.check_config_file(path)
     config.update(suite_config.complete(config))
     for name in TOPICS:
         suite_config.topic_params(config, name, config["scale"], check_gpu=False)
