@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 import pandas as pd
 
 from harness.contention import NOTED_SHARE
 from harness.errors import UserError
-from harness.results import load, load_provenance, results_name
+from harness.results import load, load_provenance, results_bytes, results_name
 
 
 def _name(path) -> str:
@@ -76,12 +77,29 @@ def same_code_reruns(rerun_files: list[str], committed_files: list[str]) -> tupl
     another machine, says nothing of this code's spread here."""
     # By part and scale: a re-run's fresh ``.csv`` beside a committed ``.csv.gz`` is the same part.
     committed = {results_name(f): load_provenance(f) for f in committed_files}
+    _refuse_copies([*committed_files, *rerun_files])
     kept, other = [], []
     for f in rerun_files:
         match, record = committed.get(results_name(f)), load_provenance(f)
         same = match is not None and same_code(record, match) and same_hardware(record, match)
         (kept if same else other).append(f)
     return kept, other
+
+
+def _refuse_copies(files: list[str]) -> None:
+    """Refuse, in one line, two files of one part with the same rows: a copy of a process is not
+    another process (a range or an "in every process" over it would count one run twice)."""
+    seen: dict[tuple[str, str], str] = {}
+    for f in files:
+        if not Path(f).is_file():  # the readers refuse it in their own words
+            continue
+        key = (results_name(f), hashlib.sha256(results_bytes(f)).hexdigest())
+        if key in seen:
+            raise UserError(
+                f"{f} holds the same rows as {seen[key]}: a copy of one process, not another process of "
+                "the part (remove it, or measure the part again)"
+            )
+        seen[key] = f
 
 
 def lacking(tried: dict, ran: dict | None = None, graph: int = -1) -> dict:

@@ -1,6 +1,7 @@
 """The label every figure and summary carries: where it was measured, and which of its topic's
 parts were not (analysis/common.py)."""
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -128,10 +129,9 @@ COMMITTED = Path(__file__).resolve().parents[1] / "results" / "h200" / "gnn_trai
 
 def copy_part(folder: Path, name: str, source: str = "reddit-h200", record_of: Path | None = None) -> Path:
     """A copy of a committed results file named ``name`` (and its record, or ``record_of``'s)."""
-    if not (COMMITTED / f"{source}.csv").exists():
-        pytest.skip("no committed H200 gnn_training results in this checkout")
+    committed = COMMITTED / f"{source}.csv.gz"  # results are committed compressed
     csv = folder / f"{name}.csv"
-    shutil.copy(COMMITTED / f"{source}.csv", csv)
+    csv.write_bytes(gzip.decompress(committed.read_bytes()))
     shutil.copy(record_of or COMMITTED / f"{source}.provenance.json", folder / f"{name}.provenance.json")
     return csv
 
@@ -158,7 +158,9 @@ def test_a_rerun_on_other_hardware_is_not_a_process_of_this_machine(tmp_path):
     same, other = (tmp_path / "reruns" / run for run in ("run2", "run3"))
     for folder in (same, other):
         folder.mkdir(parents=True)
-        copy_part(folder, "reddit-h200")
+        csv = copy_part(folder, "reddit-h200")
+        rows = csv.read_text().splitlines(keepends=True)
+        csv.write_text("".join(rows[:-1] if folder is same else rows[:-2]))  # other processes: other rows
     record = other / "reddit-h200.provenance.json"
     changed = json.loads(record.read_text())
     changed["machine"]["gpus"] = [{"name": "NVIDIA A100-SXM4-80GB", "driver": "550.1", "memory_mib": 81920}]
@@ -205,3 +207,28 @@ def test_a_fresh_rerun_beside_a_compressed_committed_file_is_a_process_of_the_sa
     assert same_code_reruns([str(fresh)], [str(committed)]) == ([str(fresh)], [])
     shutil.copy(record, tmp_path / "datasets-h200.provenance.json")  # another part: no match
     assert same_code_reruns([str(fresh)], [str(tmp_path / "datasets-h200.csv.gz")]) == ([], [str(fresh)])
+
+
+def test_a_copied_rerun_is_refused_not_counted_as_another_process(tmp_path):
+    """A copy of the committed file (or of another re-run) in reruns/runN would make a range and an
+    "in every process" count one process twice."""
+    part = Path(__file__).parents[1] / "results" / "h100" / "relational_gnn"
+    committed = tmp_path / "shapes-h200.csv.gz"
+    for name in ("shapes-h200.csv.gz", "shapes-h200.provenance.json"):
+        shutil.copy(part / name, tmp_path / name)
+    runs = []
+    for n, source in ((2, part / "reruns" / "run2"), (3, part / "reruns" / "run3")):
+        folder = tmp_path / "reruns" / f"run{n}"
+        folder.mkdir(parents=True)
+        for name in ("shapes-h200.csv.gz", "shapes-h200.provenance.json"):
+            shutil.copy(source / name, folder / name)
+        runs.append(str(folder / "shapes-h200.csv.gz"))
+    assert same_code_reruns(runs, [str(committed)]) == (runs, [])  # three processes
+    copy = tmp_path / "reruns" / "run4"
+    copy.mkdir()
+    for name in ("shapes-h200.csv.gz", "shapes-h200.provenance.json"):
+        shutil.copy(tmp_path / "reruns" / "run2" / name, copy / name)
+    with pytest.raises(
+        UserError, match=r"run4/shapes-h200\.csv\.gz holds the same rows as .*run2/shapes-h200\.csv\.gz"
+    ):
+        same_code_reruns([*runs, str(copy / "shapes-h200.csv.gz")], [str(committed)])
