@@ -113,13 +113,17 @@ class Registry(Generic[E]):
     def _load(self) -> None:
         if self._loaded:
             return
-        self._loaded = True
-        if self.package:
-            pkg = importlib.import_module(self.package)
-            for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
-                if not info.name.startswith("_"):
-                    importlib.import_module(f"{self.package}.{info.name}")
-        load_plugins()
+        self._loaded = True  # first: a module being imported may read the registry
+        try:
+            if self.package:
+                pkg = importlib.import_module(self.package)
+                for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+                    if not info.name.startswith("_"):
+                        _import_entries_module(f"{self.package}.{info.name}")
+            load_plugins()
+        except BaseException:
+            self._loaded = False  # never read as whole while a module of it failed: the next read fails too
+            raise
 
     def __getitem__(self, name: str) -> E:
         self._load()
@@ -142,6 +146,22 @@ class Registry(Generic[E]):
     def names(self, *roles: str) -> tuple[str, ...]:
         """Entry names, in registration order; only those of ``roles`` when given."""
         return tuple(e.name for e in self if not roles or e.role in roles)
+
+
+def _import_entries_module(name: str) -> None:
+    """Import one module of a registry's package; whatever it raises (a name registered twice, a
+    bad role, a typo in its code) becomes one line naming the module and its file."""
+    try:
+        importlib.import_module(name)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's new file: one line naming it
+        spec = importlib.util.find_spec(name)
+        where = f" ({os.path.relpath(spec.origin)})" if spec is not None and spec.origin else ""
+        raise UserError(
+            f"module {name}{where} raised while importing (registering its entries included): "
+            f"{type(err).__name__}: {err}"
+        ) from err
 
 
 def load_plugins() -> None:

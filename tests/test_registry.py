@@ -71,6 +71,36 @@ def test_every_module_of_the_package_registers_on_first_read(tmp_path, monkeypat
     monkeypatch.delitem(sys.modules, "fake_entries")
 
 
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("Entry('one', 'optimized')", "ValueError: fake 'one' is registered twice, by bad_entries.first and by "),
+        ("Entry('My-Entry', 'baseline')", "ValueError: entry name 'My-Entry': use lowercase"),
+        ("Entry('mine', 'fast')", "ValueError: entry mine: role 'fast' is not one of"),
+    ],
+)
+def test_a_bad_entry_in_a_module_of_the_package_is_one_line_naming_the_module(tmp_path, monkeypatch, entry, words):
+    """The path the guide teaches (a new file in the package) fails as a plugin does: one line
+    naming the module and its file, and the registry is not read as whole afterwards."""
+    pkg = tmp_path / "bad_entries"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from harness.registry import Registry, Entry\nREG = Registry('fake', __name__)\n")
+    (pkg / "first.py").write_text("from bad_entries import REG, Entry\nREG.register(Entry('one', 'baseline'))\n")
+    (pkg / "mine.py").write_text(f"from bad_entries import REG, Entry\nREG.register({entry})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import bad_entries
+
+        with pytest.raises(UserError, match=r"^module bad_entries\.mine \(.*bad_entries/mine\.py\) raised") as err:
+            bad_entries.REG.names()
+        assert words in str(err.value)
+        with pytest.raises(UserError, match="bad_entries.mine"):  # again, not a partial table
+            bad_entries.REG.names()
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "bad_entries"]:
+            del sys.modules[name]
+
+
 def test_plugins_named_in_the_environment_register_and_a_bad_one_is_one_line(monkeypatch):
     reg = Registry("thing")
     plugin = types.ModuleType("my_plugin_xyz")
