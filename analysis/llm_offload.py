@@ -174,6 +174,18 @@ lines = [
     machine_label(provenance),
     "",
 ]
+# Variants with a store whose checked step wrote nothing to it (min_bytes above every tensor, or a
+# plan that kept every block): they ran as keep there, named so their rows are not read as an offloader's.
+wrote_nothing = sorted(
+    {
+        f"{variant} ({dataset})"
+        for record in provenance
+        for dataset, notes in record.get("models", {}).items()
+        for variant in notes.get("checked_without_offloading", [])
+    }
+)
+if wrote_nothing:
+    lines += [f"Wrote nothing to their store in the checked step (ran as keep there): {', '.join(wrote_nothing)}.", ""]
 if STEPS:
     lines += [
         f"Activation memory: `{memory_metric}`. Emulated stores are throttled host memory, not a disk.",

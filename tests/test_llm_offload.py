@@ -912,6 +912,11 @@ def test_the_notebook_shows_a_store_and_a_policy_it_has_never_seen(tmp_path, scr
     unseen_store = rows[rows.variant == "offload_all_host"].assign(variant="offload_all_ramdisk", store="ramdisk")
     unseen_policy = rows[rows.variant == "recompute"].assign(variant="half_recompute", policy="half_recompute")
     rewrite_rows(out, pd.concat([rows, unseen_store, unseen_policy.assign(role="optimized")]))
+    # A store-using variant whose checked step wrote nothing (it ran as keep there) is named above the table.
+    record_path = out.with_name("policies-tiny.provenance.json")
+    record = json.loads(record_path.read_text())
+    record["models"]["llama-tiny"]["checked_without_offloading"] = ["offload_all_ramdisk"]
+    record_path.write_text(json.dumps(record))
     figure, summary = tmp_path / "llm.png", tmp_path / "llm.md"
     render(
         ["analysis/llm_offload.py", "--executed", str(tmp_path / "nb.ipynb"), "-p", "machine=test"]
@@ -919,6 +924,10 @@ def test_the_notebook_shows_a_store_and_a_policy_it_has_never_seen(tmp_path, scr
         + ["--results", f"llm_offload={out}", "--figure", str(figure), "--summary", str(summary)]
     )
     table = summary.read_text().split("\n\n## ")[0]
+    assert (
+        "Wrote nothing to their store in the checked step (ran as keep there): offload_all_ramdisk (llama-tiny)."
+        in table
+    )
     legend = json.loads((tmp_path / "nb.text.json").read_text())[0]  # the figure's words
     for label, legend_entry in (("offload_all, ramdisk", "store: ramdisk"), ("half_recompute", "half_recompute")):
         assert f"| llama-tiny | {label} |" in table

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import sys
 import time
 
 import torch
@@ -235,6 +236,10 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
                     # Its check compared keep with keep (min_bytes above every tensor, or every block
                     # kept): say so, where the rows alone would count it among the checked offloaders.
                     model_notes.setdefault("checked_without_offloading", []).append(variant.label)
+                    print(
+                        f"note: {variant.label} ({dataset}) wrote nothing to its store in the checked step",
+                        file=sys.stderr,
+                    )
                 if variant.policy.name == choose.COMPILED_REFERENCE:
                     model_notes.setdefault("deviation_from_keep", {})[variant.label] = deviation
                     compiled_reference = result
