@@ -173,6 +173,24 @@ def _filtered(rows: pd.DataFrame, filters: dict) -> pd.DataFrame:
     return rows
 
 
+def _named_but_absent(rows: pd.DataFrame, measure: dict) -> str:
+    """The values the claim names (filters, and each side's variants or roles) that no row of
+    ``rows`` holds, said with what the rows do hold: a typo in the claims file reads as such, not
+    as a part this machine did not measure."""
+    named = [(column, wanted) for column, wanted in measure.get("filters", {}).items()]
+    for side in (measure.get("numerator"), measure.get("baseline")):
+        for column, key in (("variant", "variants"), ("role", "roles")):
+            if side and key in side:
+                named.append((column, side[key]))
+    absent = []
+    for column, wanted in named:
+        held = set(rows[column].dropna().astype(str)) if column in rows else set()
+        missing = [w for w in (wanted if isinstance(wanted, list) else [wanted]) if str(w) not in held]
+        if missing:
+            absent.append(f"{column} {', '.join(map(repr, missing))} (there: {', '.join(sorted(held)) or 'none'})")
+    return f"; in no row here: {'; '.join(absent)}" if absent else ""
+
+
 def _side(rows: pd.DataFrame, side: dict) -> pd.DataFrame:
     if "variants" in side:
         return rows[rows.variant.isin(side["variants"])]
@@ -536,11 +554,12 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
     if COMMITTED not in rows:
         filters = ", ".join(f"{k}={v}" for k, v in measure.get("filters", {}).items())
         present = ", ".join(p for p in parts if folder.committed(topic, p).exists())
-        return Outcome(NOT_MEASURED, "", f"no rows of {topic} ({present}) match {filters}")
+        absent = _named_but_absent(by_process[COMMITTED], measure) if COMMITTED in by_process else ""
+        return Outcome(NOT_MEASURED, "", f"no rows of {topic} ({present}) match {filters}{absent}")
     try:
         outcome = EVALUATORS[_kind(measure)](rows, measure, claim["verdict"])
     except NotMeasured as err:
-        return Outcome(NOT_MEASURED, "", str(err))
+        return Outcome(NOT_MEASURED, "", f"{err}{_named_but_absent(rows[COMMITTED], measure)}")
     if missing:
         reasons = {
             "no such file": [f.name for f in missing if not f.exists()],

@@ -471,3 +471,18 @@ def test_a_case_counts_as_run_only_where_no_variant_of_the_technique_ran_out_of_
                [r for r in rows if r["dataset"] == "bgs-like"], rerun="run2")  # fmt: skip
     row = render(tmp_path, [entry])["oom"]
     assert "; one process (1 re-run(s) of only some of the parts left out: run2)" in row, row
+
+
+def test_a_name_no_row_holds_is_said_with_what_the_rows_hold(tmp_path, machine):
+    """A typo in the claims file (a variant, a filter's value) reads "not measured here" with the
+    name that matched nothing and what the rows hold, not as a part this machine did not run."""
+    rows = render(
+        tmp_path,
+        [
+            claim("variant", holds=2.0, partly=1.0, numerator={"variants": ["hector_bset"]}),
+            claim("filter", holds=2.0, partly=1.0, filters={"device": "cuda", "in_dim": 46}),
+        ],
+    )
+    assert verdict_of(rows["variant"]) == verdict_of(rows["filter"]) == "not measured here"
+    assert "in no row here: variant 'hector_bset' (there: hector_best, pyg, segment_mm)" in rows["variant"]
+    assert "in no row here: in_dim 46 (there: 64)" in rows["filter"]
