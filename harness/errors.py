@@ -36,8 +36,29 @@ def exit_on_user_error(main: Callable[..., T]) -> Callable[..., T]:
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
+        except (MemoryError, RuntimeError) as err:
+            if not out_of_memory(err):
+                raise
+            # A size the config asks for that this machine cannot hold (a table, a transfer, a
+            # model): the allocator's own words say how much, a traceback would add nothing.
+            where = " ".join(getattr(err, "__notes__", []))
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(
+                f"error: ran out of memory{' ' + where if where else ''}: {first} (does the config ask for more than "
+                "this machine holds?)",
+                file=sys.stderr,
+            )
+            raise SystemExit(2) from None
 
     return wrapped
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocation that failed: Python's MemoryError, torch's CPU allocator's
+    RuntimeError, or its OutOfMemoryError on a GPU (a RuntimeError too)."""
+    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
 
 
 @contextlib.contextmanager

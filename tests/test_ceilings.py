@@ -133,6 +133,23 @@ def test_disk_probe_refuses_a_directory_without_byte_counters(tmp_path, monkeypa
     assert not (tmp_path / "scratch").exists()  # a refused scratch folder is not left behind, made and empty
 
 
+def test_disk_probe_refuses_a_file_larger_than_the_free_space_before_writing(tmp_path, monkeypatch, capsys):
+    """A full disk mid-write ended in a BufferError that hid the ENOSPC: the size is checked first."""
+    import collections
+
+    from workloads.ceilings import disk
+
+    monkeypatch.setattr(disk, "block_device_counters", lambda path: tmp_path / "stat")
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: usage(2**40, 2**40 - 4096, 4096))
+    with pytest.raises(SystemExit):
+        _run(tmp_path, "disk")
+    assert re.search(
+        r"disk: file_size_mib=\d+ needs [\d.]+ GiB on scratch_dir .* which has 0\.0 GiB free", capsys.readouterr().err
+    )
+    assert not (tmp_path / "scratch").exists()
+
+
 def test_disk_probe_refuses_reads_served_from_the_page_cache(tmp_path, monkeypatch):
     from workloads.ceilings import disk
 

@@ -18,6 +18,7 @@ import itertools
 import mmap
 import os
 import secrets
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -94,7 +95,10 @@ class _Transfer:
     def close(self) -> None:
         self.pool.shutdown()
         for buf in self.buffers:
-            buf.close()
+            # A failed request's traceback still holds views of its buffer: that buffer is freed
+            # with them, and its BufferError would hide the failure that is being raised (ENOSPC).
+            with contextlib.suppress(BufferError):
+                buf.close()
 
 
 class _CountedCall:
@@ -124,6 +128,12 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
         raise UserError(
             f"scratch_dir {scratch_dir} is not on a block device (tmpfs or overlay?), so the disk "
             "probe cannot prove its bytes reached a disk; set scratch_dir to a directory on a local disk"
+        )
+    free = shutil.disk_usage(existing).free
+    if params["file_size_mib"] * MIB > free:
+        raise UserError(
+            f"disk: file_size_mib={params['file_size_mib']} needs {params['file_size_mib'] / 1024:.1f} GiB on "
+            f"scratch_dir {scratch_dir}'s disk, which has {free / 2**30:.1f} GiB free"
         )
     scratch_dir.mkdir(parents=True, exist_ok=True)
     path = scratch_dir / f"disk-probe-{os.getpid()}.bin"
