@@ -285,6 +285,11 @@ def test_interrupted_run_redoes_only_unfinished_jobs(tmp_path):
                 (["claims", "--config", "scale=h200"], {}, "error: scale 'h200' needs a CUDA GPU"),
                 (["reproduce", "--config", "machine=../x"], {}, "error: config key 'machine': '../x' does not match"),
                 (
+                    ["reproduce", "--config", "machine=h200"],
+                    {},
+                    "error: results/h200/ holds results measured on other hardware (NVIDIA H200;",
+                ),
+                (
                     ["reproduce", "--config", "scale=tiny", "topics={gnn_training: {}}"],
                     {},
                     "error: topic 'gnn_training' has no block for scale 'tiny' (config/gnn_training.yaml",

@@ -22,14 +22,14 @@ CLAIM_TOPICS = sorted(
 # The scale each machine's claims are computed at: this machine's configured one; another
 # machine's is the scale of its committed results (the configured one, or else the one with the
 # most files, where it has several).
-CLAIMS_SCALE = {MACHINE: SCALE}
+CLAIMS_SCALE = {} if FOREIGN_FOLDER else {MACHINE: SCALE}  # another machine's folder: its own scale
 for _folder in sorted(Path("results").glob("*/")):
     _counts = {}
     for _csv in results_in(_folder, "*/*"):
         if RESULTS_NAME.fullmatch(f"{_folder.name}/{_csv.name}"):
             _scale = results_name(_csv).rsplit("-", 1)[-1]
             _counts[_scale] = _counts.get(_scale, 0) + 1
-    if _counts and _folder.name != MACHINE:
+    if _counts and _folder.name not in CLAIMS_SCALE:
         CLAIMS_SCALE[_folder.name] = SCALE if SCALE in _counts else max(sorted(_counts), key=_counts.get)
 
 # Every results file (and re-run) of the claims' topics for one machine at its claims scale.

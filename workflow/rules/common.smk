@@ -6,6 +6,7 @@
 # requirements in envs/ (the machines it targets have no conda), and each results file records
 # the software versions it was measured with.
 import hashlib
+import json
 import os
 import re
 import sys
@@ -44,6 +45,33 @@ except NeedsGpuError as err:
 MACHINE = config["machine"]
 SCALE = config["scale"]
 GPU_COUNT = suite_machine.gpu_count()
+
+
+def hardware_measured_in(machine):
+    """The kinds of machine (GPU names, CPU model) the records in results/<machine>/ were measured
+    on, other than this one: a machine folder holds one machine's results."""
+    here = suite_machine.describe()
+    this = (tuple(g.name for g in here.gpus), here.cpu_model)
+    found = set()
+    for record in Path("results", machine).glob("*/*.provenance.json"):
+        try:
+            measured = json.loads(record.read_text()).get("machine") or {}
+        except (OSError, ValueError):
+            continue  # the readers refuse it in their own words
+        kind = (tuple(g.get("name") for g in measured.get("gpus", [])), measured.get("cpu_model"))
+        if kind != this:
+            found.add(f"{', '.join(kind[0]) or 'no GPU'}; {kind[1]}")
+    return sorted(found)
+
+
+# Measuring here into a folder of another machine's results would mix the two in its figures and
+# rewrite its claims: refused by the measuring targets, in one line; rendering what is there works.
+FOREIGN_FOLDER = hardware_measured_in(MACHINE)
+if FOREIGN_FOLDER and not CANNOT_MEASURE_HERE:
+    CANNOT_MEASURE_HERE = (
+        f"error: results/{MACHINE}/ holds results measured on other hardware ({' | '.join(FOREIGN_FOLDER)}): "
+        f"measure this machine into a folder of its own, --config machine=NAME"
+    )
 # Jobs run the Python of the environment Snakemake runs in (the suite's venv); no conda here.
 PYTHON = sys.executable
 
