@@ -456,3 +456,27 @@ def test_a_variant_whose_thread_still_writes_after_it_returns_is_refused(monkeyp
 
     refusal = "returned rows that differ from the table" if late == "the tail" else "changed the rows it returned"
     assert_refused(GatherVariant("demo_racy", "optimized", make=racy), refusal)
+
+
+def test_thread_counts_past_the_usable_cpus_are_left_out_and_said(no_gpu):
+    """threads: [1, 100000] measured 1 and said nothing of 100000; [100000] alone ended in
+    "no rows were measured"."""
+    from harness.results import ResultsWriter
+    from workloads.feature_gather import parts
+
+    shared = {"batch_rows": 1024, "zipf_exponent": 1.0, "cache_fraction": 0.1}
+    params = {"table_mib": 4, "row_bytes": [128], "threads": [1, 100000], "variants": ["cpu_gather"]}
+    writer = ResultsWriter(SCHEMA, "tiny")
+    notes = parts.cpu_threads(params, writer, shared=shared, repeat=1, warmup=0, device="cpu")
+    assert notes["threads_left_out"] == {"100000": f"more than the {notes['usable_cpus']} usable CPUs"}
+    assert {row["threads"] for row in writer.rows} == {1}
+    words = r"^cpu_threads: threads \[100000\] are all more than the \d+ usable CPUs here$"
+    with pytest.raises(UserError, match=words):
+        parts.cpu_threads(
+            params | {"threads": [100000]},
+            ResultsWriter(SCHEMA, "tiny"),
+            shared=shared,
+            repeat=1,
+            warmup=0,
+            device="cpu",
+        )

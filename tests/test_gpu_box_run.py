@@ -51,6 +51,21 @@ def test_an_empty_list_of_runs_is_refused_not_a_run_that_measures_nothing(tmp_pa
     assert done.returncode == 2 and "SUITE_RUNS is empty" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"SUITE_SKIP_TESTS": "true"}, "SUITE_SKIP_TESTS must be 1 (measure only) or 0, not 'true'"),
+        ({"SUITE_GIT_COMMIT": "HEAD"}, "SUITE_GIT_COMMIT must be a commit hash (7 to 64 hex digits), not 'HEAD'"),
+        ({"SUITE_GIT_DIRTY": "maybe"}, "SUITE_GIT_DIRTY must be 1 or 0 (or true/false, yes/no), not 'maybe'"),
+    ],
+)
+def test_a_bad_environment_value_is_refused_before_the_tests_run(tmp_path, env, message):
+    """SUITE_SKIP_TESTS=true ran the tests (only 1 skipped them); a bad commit or dirty flag was
+    refused by each part after the tests' minutes."""
+    done = _run(tmp_path, tmp_path / "out", env, "ceilings")
+    assert done.returncode == 2 and done.stderr.strip() == message
+
+
 def test_each_part_is_measured_in_every_run_before_the_next_part(tmp_path):
     for folder in TREE:
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))

@@ -41,6 +41,14 @@ runs=${SUITE_RUNS-${SUITE_RUN:-1}}
 for run in $runs; do
   case $run in ''|0*|*[!0-9]*) echo "SUITE_RUN(S) must hold whole numbers from 1 (1: the committed run), not '$run'" >&2; exit 2;; esac
 done
+# Checked before the tests run (the parts would refuse them one by one, after the tests' minutes).
+case ${SUITE_SKIP_TESTS:-0} in 0|1) ;; *) echo "SUITE_SKIP_TESTS must be 1 (measure only) or 0, not '$SUITE_SKIP_TESTS'" >&2; exit 2;; esac
+if [ -n "${SUITE_GIT_COMMIT+set}" ] && ! [[ $SUITE_GIT_COMMIT =~ ^[0-9a-fA-F]{7,64}$ ]]; then
+  echo "SUITE_GIT_COMMIT must be a commit hash (7 to 64 hex digits), not '$SUITE_GIT_COMMIT'" >&2; exit 2
+fi
+dirty=${SUITE_GIT_DIRTY-}
+case ${dirty,,} in ''|0|1|true|false|yes|no) ;;
+  *) echo "SUITE_GIT_DIRTY must be 1 or 0 (or true/false, yes/no), not '$SUITE_GIT_DIRTY'" >&2; exit 2;; esac
 export PYTHONUNBUFFERED=1 SUITE_NO_PROGRESS=${SUITE_NO_PROGRESS:-1} CUPY_CACHE_DIR=$PWD/.cache/cupy
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # The plan, one line per topic ("TOPIC PART..."): the parts that run on this machine and are

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.errors import UserError
 from harness.progress import progress
 from workloads.feature_gather.sweep import Sweep
 from workloads.feature_gather.tables import HostTable, Popularity, mib, uniform_rows, window_rows
@@ -71,6 +72,12 @@ def cpu_threads(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         accepts=_gathers_on_cpu_threads,
     )
     batch = None  # a sweep with no cases still reaches the del below
+    # More threads than this process may run on would time the scheduler, not the gather: left out,
+    # and said so (in the record, or in one line where nothing is left).
+    beyond = [t for t in params["threads"] if t > sweep.threads]
+    if beyond and len(beyond) == len(params["threads"]):
+        sweep.close()
+        raise UserError(f"cpu_threads: threads {beyond} are all more than the {sweep.threads} usable CPUs here")
     cases = [(rb, t) for rb in params["row_bytes"] for t in params["threads"] if t <= sweep.threads]
     for row_bytes, threads in progress(cases, desc="cpu_threads"):
         table = host.view(mib(params["table_mib"]), "fp32", row_bytes // 4)
@@ -81,7 +88,8 @@ def cpu_threads(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
         sweep.run_table_copies(table, [(batch, config)], threads=threads)
     del batch
     sweep.close()
-    return {"usable_cpus": sweep.threads, **sweep.notes()}
+    beyond_note = {"threads_left_out": {str(t): f"more than the {sweep.threads} usable CPUs" for t in beyond}}
+    return {"usable_cpus": sweep.threads, **sweep.notes(), **(beyond_note if beyond else {})}
 
 
 def table_sizes(params, writer, *, shared, repeat, warmup, device, **_) -> dict:
