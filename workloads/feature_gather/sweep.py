@@ -262,9 +262,11 @@ def check(run: Callable[[], torch.Tensor], batch: Batch, variant: str, *, reorde
         got = returned[rows].contiguous().view(torch.uint8)
         expected = table[batch.idx[rows].cpu()].contiguous().view(torch.uint8)
         if not torch.equal(got, expected):
+            differ = (got.view(got.shape[0], -1) != expected.view(expected.shape[0], -1)).any(dim=1)
+            wrong = torch.nonzero(differ).flatten() + start
             raise WrongResult(
-                f"feature_gather: variant '{variant}' returned rows that differ from the table (rows {start} to "
-                f"{min(start + CHECKED_ROWS, n) - 1} of {n} hold a difference)"
+                f"feature_gather: variant '{variant}' returned rows that differ from the table (row {int(wrong[0])} "
+                f"first, {wrong.numel()} of rows {start} to {min(start + CHECKED_ROWS, n) - 1} of {n})"
                 + (": it must read batch.idx on every call (the indices were reordered)" if reordered else "")
             )
     if batch.device == "cuda":
