@@ -185,7 +185,9 @@ def _named_but_absent(rows: pd.DataFrame, measure: dict) -> str:
     absent = []
     for column, wanted in named:
         held = set(rows[column].dropna().astype(str)) if column in rows else set()
-        missing = [w for w in (wanted if isinstance(wanted, list) else [wanted]) if str(w) not in held]
+        values = wanted if isinstance(wanted, list) else [wanted]
+        # As the filters match (isin: 2 is 2.0), not as the values print.
+        missing = [w for w in values if column not in rows or not rows[column].isin([w]).any()]
         if missing:
             absent.append(f"{column} {', '.join(map(repr, missing))} (there: {', '.join(sorted(held)) or 'none'})")
     return f"; in no row here: {'; '.join(absent)}" if absent else ""

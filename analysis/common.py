@@ -87,13 +87,19 @@ def same_code_reruns(rerun_files: list[str], committed_files: list[str]) -> tupl
 
 
 def _refuse_copies(files: list[str]) -> None:
-    """Refuse, in one line, two files of one part with the same rows: a copy of a process is not
-    another process (a range or an "in every process" over it would count one run twice)."""
-    seen: dict[tuple[str, str], str] = {}
+    """Refuse, in one line, two files of one part with the same rows and the same record date: a
+    copy of a process (its record travels with it) is not another process, and a range or an "in
+    every process" over it would count one run twice. Two processes may write the same rows (a
+    seeded loss curve has no timings), never at the same second."""
+    seen: dict[tuple, str] = {}
     for f in files:
         if not Path(f).is_file():  # the readers refuse it in their own words
             continue
-        key = (results_name(f), hashlib.sha256(results_bytes(f)).hexdigest())
+        try:
+            date = load_provenance(f).get("date_utc")
+        except (OSError, ValueError, UserError):
+            date = None  # the readers refuse a missing or malformed record in their own words
+        key = (results_name(f), hashlib.sha256(results_bytes(f)).hexdigest(), date)
         if key in seen:
             raise UserError(
                 f"{f} holds the same rows as {seen[key]}: a copy of one process, not another process of "

@@ -151,6 +151,12 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def hardware() -> tuple[tuple[str, ...], str]:
+    """What kind of machine this is: its GPU models (each once, sorted; a host's eight H200s are
+    one kind) and its CPU model."""
+    return tuple(sorted({g.name for g in nvidia_gpus()})), _cpu_model()
+
+
 def describe() -> MachineInfo:
     return MachineInfo(
         host=platform.node(),

@@ -19,6 +19,7 @@ import importlib.util
 import os
 import pkgutil
 import sys
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -118,8 +119,17 @@ class Registry(Generic[E]):
             if self.package:
                 pkg = importlib.import_module(self.package)
                 for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
-                    if not info.name.startswith("_"):
-                        _import_entries_module(f"{self.package}.{info.name}")
+                    if info.name.startswith("_"):
+                        continue
+                    module = f"{self.package}.{info.name}"
+                    try:
+                        _import_entries_module(module)
+                    except BaseException:
+                        # What it registered before it failed goes with it: the next read imports
+                        # it anew and must meet its own error, not its earlier entries.
+                        for name in [n for n, m in self._modules.items() if m == module]:
+                            self.unregister(name)
+                        raise
             load_plugins()
         except BaseException:
             self._loaded = False  # never read as whole while a module of it failed: the next read fails too
@@ -157,7 +167,9 @@ def _import_entries_module(name: str) -> None:
         raise
     except Exception as err:  # noqa: BLE001 - the user's new file: one line naming it
         spec = importlib.util.find_spec(name)
-        where = f" ({os.path.relpath(spec.origin)})" if spec is not None and spec.origin else ""
+        origin = spec.origin if spec is not None else None
+        lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if origin and f.filename == origin]
+        where = f" ({os.path.relpath(origin)}{f', line {lines[-1]}' if lines else ''})" if origin else ""
         raise UserError(
             f"module {name}{where} raised while importing (registering its entries included): "
             f"{type(err).__name__}: {err}"

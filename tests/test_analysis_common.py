@@ -232,3 +232,14 @@ def test_a_copied_rerun_is_refused_not_counted_as_another_process(tmp_path):
         UserError, match=r"run4/shapes-h200\.csv\.gz holds the same rows as .*run2/shapes-h200\.csv\.gz"
     ):
         same_code_reruns([*runs, str(copy / "shapes-h200.csv.gz")], [str(committed)])
+    # A copy of the committed file is refused too.
+    for name in ("shapes-h200.csv.gz", "shapes-h200.provenance.json"):
+        shutil.copy(tmp_path / name, copy / name)
+    with pytest.raises(UserError, match=r"run4/shapes-h200\.csv\.gz holds the same rows as [^ ]*/shapes-h200\.csv\.gz"):
+        same_code_reruns([*runs, str(copy / "shapes-h200.csv.gz")], [str(committed)])
+    # The same rows from another process (another record date: a seeded curve without timings) count.
+    record = json.loads((copy / "shapes-h200.provenance.json").read_text())
+    record["date_utc"] = "2030-01-01T00:00:00+00:00"
+    (copy / "shapes-h200.provenance.json").write_text(json.dumps(record))
+    kept, _ = same_code_reruns([*runs, str(copy / "shapes-h200.csv.gz")], [str(committed)])
+    assert kept[-1] == str(copy / "shapes-h200.csv.gz")

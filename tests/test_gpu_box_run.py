@@ -56,6 +56,7 @@ def test_an_empty_list_of_runs_is_refused_not_a_run_that_measures_nothing(tmp_pa
     [
         ({"SUITE_SKIP_TESTS": "true"}, "SUITE_SKIP_TESTS must be 1 (measure only) or 0, not 'true'"),
         ({"SUITE_GIT_COMMIT": "HEAD"}, "SUITE_GIT_COMMIT must be a commit hash (7 to 64 hex digits), not 'HEAD'"),
+        ({"SUITE_GIT_COMMIT": "ABCDEF1"}, "SUITE_GIT_COMMIT must be a commit hash (7 to 64 hex digits), not 'ABCDEF1'"),
         ({"SUITE_GIT_DIRTY": "maybe"}, "SUITE_GIT_DIRTY must be 1 or 0 (or true/false, yes/no), not 'maybe'"),
     ],
 )

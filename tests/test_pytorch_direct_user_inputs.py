@@ -189,11 +189,22 @@ def test_counts_that_are_not_integer_reads_per_row_are_refused(counts):
         hottest_rows(counts, 1)
 
 
-@pytest.mark.parametrize("device", ["gpu", "cuda:x", 3.5])
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", 3.5, "meta", True])
 def test_hot_rows_refuse_a_device_torch_does_not_know_in_one_line(device):
     table = random_table(10, 3, torch.float32, seed=21)
-    with pytest.raises(UserError, match=r"^device must be 'cpu' or 'cuda' \(or 'cuda:N'\), got "):
+    with pytest.raises(
+        UserError, match=rf"^device must be 'cpu' or 'cuda' \(or 'cuda:N'\), got {re.escape(repr(device))}$"
+    ):
         HotRows(table, torch.tensor([2, 7]), device)
+
+
+def test_hot_rows_take_a_cuda_ordinal_as_torch_does():
+    table = random_table(10, 3, torch.float32, seed=21)
+    if torch.cuda.is_available():
+        assert HotRows(table, torch.tensor([2, 7]), 0).cache.device == torch.device("cuda", 0)
+    else:
+        with pytest.raises(NeedsGpuError, match="^HotRows on 'cuda:0' needs a CUDA GPU"):
+            HotRows(table, torch.tensor([2, 7]), 0)
 
 
 def test_misses_counts_uncached_ids_and_refuses_ids_that_are_not_rows():

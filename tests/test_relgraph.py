@@ -136,6 +136,10 @@ def test_ids_out_of_range_are_refused_with_the_same_words_on_every_device(device
     forgot = r"^node_type\[1\] = 1 is not a node type id of this graph \(0 to 0; 2 such ids\): num_node_types is 1 "
     with pytest.raises(UserError, match=forgot):
         RelGraph.build([0], [1], [0], 3, 1, device=device, node_type=torch.tensor([0, 1, 1], device=device))
+    with pytest.raises(
+        UserError, match=r"^node_type\[1\] = -1 is not a node type id of this graph \(0 to 0; 1 such ids\)$"
+    ):
+        RelGraph.build([0], [1], [0], 3, 1, device=device, node_type=torch.tensor([0, -1, 0], device=device))
     with pytest.raises(UserError, match=r"etype\[0\] = 0 is not a relation id of this graph \(it has no relations;"):
         RelGraph.build([0], [1], [0], 3, 0, device=device)
 

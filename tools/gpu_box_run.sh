@@ -43,10 +43,11 @@ for run in $runs; do
 done
 # Checked before the tests run (the parts would refuse them one by one, after the tests' minutes).
 case ${SUITE_SKIP_TESTS:-0} in 0|1) ;; *) echo "SUITE_SKIP_TESTS must be 1 (measure only) or 0, not '$SUITE_SKIP_TESTS'" >&2; exit 2;; esac
-if [ -n "${SUITE_GIT_COMMIT+set}" ] && ! [[ $SUITE_GIT_COMMIT =~ ^[0-9a-fA-F]{7,64}$ ]]; then
+if [ -n "${SUITE_GIT_COMMIT+set}" ] && ! [[ $SUITE_GIT_COMMIT =~ ^[0-9a-f]{7,64}$ ]]; then  # as harness/provenance.py
   echo "SUITE_GIT_COMMIT must be a commit hash (7 to 64 hex digits), not '$SUITE_GIT_COMMIT'" >&2; exit 2
 fi
 dirty=${SUITE_GIT_DIRTY-}
+dirty=${dirty//[[:space:]]/}  # the harness strips it too
 case ${dirty,,} in ''|0|1|true|false|yes|no) ;;
   *) echo "SUITE_GIT_DIRTY must be 1 or 0 (or true/false, yes/no), not '$SUITE_GIT_DIRTY'" >&2; exit 2;; esac
 export PYTHONUNBUFFERED=1 SUITE_NO_PROGRESS=${SUITE_NO_PROGRESS:-1} CUPY_CACHE_DIR=$PWD/.cache/cupy

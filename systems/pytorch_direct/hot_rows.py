@@ -111,10 +111,14 @@ class HotRows:
             raise UserError(f"table must be a torch tensor (torch.from_numpy for an array), got {type(table).__name__}")
         if table.dim() != 2:
             raise UserError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
-        try:
-            device = torch.device(device)
+        given = device
+        try:  # an int is a CUDA ordinal, as torch takes it
+            ordinal = isinstance(given, int) and not isinstance(given, bool)
+            device = torch.device("cuda", given) if ordinal else torch.device(given)
         except (RuntimeError, TypeError):  # torch's message lists every device type it knows
-            raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}") from None
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):  # the cache serves gathers on these two
+            raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {given!r}")
         if device.type == "cuda" and not torch.cuda.is_available():  # not torch's AssertionError
             raise NeedsGpuError(f"HotRows on {str(device)!r} needs a CUDA GPU; none is available (use 'cpu')")
         rows = _row_ids(rows, "rows")

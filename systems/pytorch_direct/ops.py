@@ -407,9 +407,10 @@ class BoundsCheck:
         done.synchronize()
         position = int(host[0])
         if position < self.idx.shape[0]:
-            if self.asked is not None:  # the error path only: one pass over the caller's index
-                _raise_out_of_range(int(_out_of_range(self.asked, self.table_rows)[0]), self.table_rows)
-            _raise_out_of_range(int(self.idx[position]), self.table_rows)
+            # The error path only: one pass over the caller's index (unless the caller has refilled
+            # it since the launch: then the value the kernel met).
+            bad = _out_of_range(self.asked, self.table_rows) if self.asked is not None else self.idx[:0]
+            _raise_out_of_range(int(bad[0] if bad.numel() else self.idx[position]), self.table_rows)
 
 
 _flag_words: dict[tuple[torch.device, int], torch.Tensor] = {}

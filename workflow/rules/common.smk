@@ -47,20 +47,23 @@ SCALE = config["scale"]
 GPU_COUNT = suite_machine.gpu_count()
 
 
+def shown_hardware(kind):
+    return f"{', '.join(kind[0]) or 'no GPU'}; {kind[1]}"
+
+
 def hardware_measured_in(machine):
-    """The kinds of machine (GPU names, CPU model) the records in results/<machine>/ were measured
+    """The kinds of machine (GPU models, CPU model) the records in results/<machine>/ were measured
     on, other than this one: a machine folder holds one machine's results."""
-    here = suite_machine.describe()
-    this = (tuple(g.name for g in here.gpus), here.cpu_model)
+    this = suite_machine.hardware()
     found = set()
     for record in Path("results", machine).glob("*/*.provenance.json"):
         try:
             measured = json.loads(record.read_text()).get("machine") or {}
         except (OSError, ValueError):
             continue  # the readers refuse it in their own words
-        kind = (tuple(g.get("name") for g in measured.get("gpus", [])), measured.get("cpu_model"))
+        kind = (tuple(sorted({g.get("name") for g in measured.get("gpus", [])})), measured.get("cpu_model"))
         if kind != this:
-            found.add(f"{', '.join(kind[0]) or 'no GPU'}; {kind[1]}")
+            found.add(shown_hardware(kind))
     return sorted(found)
 
 
@@ -69,8 +72,9 @@ def hardware_measured_in(machine):
 FOREIGN_FOLDER = hardware_measured_in(MACHINE)
 if FOREIGN_FOLDER and not CANNOT_MEASURE_HERE:
     CANNOT_MEASURE_HERE = (
-        f"error: results/{MACHINE}/ holds results measured on other hardware ({' | '.join(FOREIGN_FOLDER)}): "
-        f"measure this machine into a folder of its own, --config machine=NAME"
+        f"error: results/{MACHINE}/ holds results measured on other hardware ({' | '.join(FOREIGN_FOLDER)}) "
+        f"than this machine ({shown_hardware(suite_machine.hardware())}): measure it into a folder of its own, "
+        "--config machine=NAME"
     )
 # Jobs run the Python of the environment Snakemake runs in (the suite's venv); no conda here.
 PYTHON = sys.executable

@@ -132,8 +132,8 @@ def run(params: dict, writer, *, repeat: int, warmup: int, scratch_dir: Path, **
     free = shutil.disk_usage(existing).free
     if params["file_size_mib"] * MIB > free:
         raise UserError(
-            f"disk: file_size_mib={params['file_size_mib']} needs {params['file_size_mib'] / 1024:.1f} GiB on "
-            f"scratch_dir {scratch_dir}'s disk, which has {free / 2**30:.1f} GiB free"
+            f"disk: file_size_mib={params['file_size_mib']} needs that much space on scratch_dir {scratch_dir}'s "
+            f"disk, which has {free // MIB} MiB free"
         )
     scratch_dir.mkdir(parents=True, exist_ok=True)
     path = scratch_dir / f"disk-probe-{os.getpid()}.bin"
