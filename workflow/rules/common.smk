@@ -58,9 +58,11 @@ def hardware_measured_in(machine):
     found = set()
     for record in Path("results", machine).glob("*/*.provenance.json"):
         try:
-            measured = json.loads(record.read_text()).get("machine") or {}
-        except (OSError, ValueError):
+            measured = json.loads(record.read_text()).get("machine")
+        except (OSError, ValueError, AttributeError):
             continue  # the readers refuse it in their own words
+        if not isinstance(measured, dict) or "cpu_model" not in measured:
+            continue  # a record that names no machine is no evidence of another one (the readers refuse it)
         kind = (tuple(sorted({g.get("name") for g in measured.get("gpus", [])})), measured.get("cpu_model"))
         if kind != this:
             found.add(shown_hardware(kind))
