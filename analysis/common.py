@@ -76,30 +76,27 @@ def same_code_reruns(rerun_files: list[str], committed_files: list[str]) -> tupl
     file of the same part, on the same hardware, and the others: a process of other code, or of
     another machine, says nothing of this code's spread here."""
     # By part and scale: a re-run's fresh ``.csv`` beside a committed ``.csv.gz`` is the same part.
-    committed = {results_name(f): load_provenance(f) for f in committed_files}
-    _refuse_copies([*committed_files, *rerun_files])
+    records = {f: load_provenance(f) for f in [*committed_files, *rerun_files]}  # each read once
+    committed = {results_name(f): records[f] for f in committed_files}
+    _refuse_copies(records)
     kept, other = [], []
     for f in rerun_files:
-        match, record = committed.get(results_name(f)), load_provenance(f)
+        match, record = committed.get(results_name(f)), records[f]
         same = match is not None and same_code(record, match) and same_hardware(record, match)
         (kept if same else other).append(f)
     return kept, other
 
 
-def _refuse_copies(files: list[str]) -> None:
-    """Refuse, in one line, two files of one part with the same rows and the same record date: a
-    copy of a process (its record travels with it) is not another process, and a range or an "in
-    every process" over it would count one run twice. Two processes may write the same rows (a
-    seeded loss curve has no timings), never at the same second."""
+def _refuse_copies(records: dict[str, dict]) -> None:
+    """Refuse, in one line, two files (by path, with their provenance records) of one part with the
+    same rows and the same record date: a copy of a process (its record travels with it) is not
+    another process, and a range or an "in every process" over it would count one run twice. Two
+    processes may write the same rows (a seeded loss curve has no timings), never at the same second."""
     seen: dict[tuple, str] = {}
-    for f in files:
+    for f, record in records.items():
         if not Path(f).is_file():  # the readers refuse it in their own words
             continue
-        try:
-            date = load_provenance(f).get("date_utc")
-        except (OSError, ValueError, UserError):
-            date = None  # the readers refuse a missing or malformed record in their own words
-        key = (results_name(f), hashlib.sha256(results_bytes(f)).hexdigest(), date)
+        key = (results_name(f), hashlib.sha256(results_bytes(f)).hexdigest(), record.get("date_utc"))
         if key in seen:
             raise UserError(
                 f"{f} holds the same rows as {seen[key]}: a copy of one process, not another process of "
