@@ -41,3 +41,16 @@ def real_number(value) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+def cpu_or_cuda(value) -> torch.device | None:
+    """``value`` as a torch device where it names the CPU or a CUDA GPU the way torch takes one
+    (``"cpu"``, ``"cuda"``, ``"cuda:N"``, a ``torch.device``, an integer as a CUDA ordinal), else
+    None. Whether this machine has that GPU is the caller's to say (torch's own reading of an
+    ordinal fails with "Cannot access accelerator" on a machine without one, naming no argument)."""
+    ordinal = integer(value)
+    try:
+        device = torch.device("cuda", ordinal) if ordinal is not None else torch.device(value)
+    except (RuntimeError, TypeError):  # a name torch does not know, a negative ordinal, a float
+        return None
+    return device if device.type in ("cpu", "cuda") else None

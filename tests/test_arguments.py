@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.arguments import integer, real_number, whole_number
+from harness.arguments import cpu_or_cuda, integer, real_number, whole_number
 from harness.errors import UserError
 from systems.relgraph.graph import RelGraph
 from systems.ssdtrain import EmulatedStore, HostStore, offload
@@ -87,3 +87,32 @@ def test_an_emulated_store_takes_a_numpy_speed_as_a_float():
 def test_a_gpu_memory_budget_must_be_a_finite_size(budgets):
     with pytest.raises(UserError, match="gpu_memory_budget_gib must be a list of positive sizes"):
         parse_budgets(budgets)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("cpu", torch.device("cpu")),
+        ("cuda", torch.device("cuda")),
+        ("cuda:1", torch.device("cuda", 1)),
+        (torch.device("cuda", 2), torch.device("cuda", 2)),
+        (0, torch.device("cuda", 0)),  # an ordinal, read without asking whether a GPU is there
+        (np.int64(3), torch.device("cuda", 3)),
+    ],
+)
+def test_cpu_or_cuda_reads_a_device_as_torch_does_without_needing_the_gpu(value, expected):
+    assert cpu_or_cuda(value) == expected
+
+
+@pytest.mark.parametrize("value", ["gpu", "meta", torch.device("meta"), "cuda:x", -1, True, 1.0, None])
+def test_cpu_or_cuda_is_none_for_what_is_not_the_cpu_or_a_cuda_gpu(value):
+    assert cpu_or_cuda(value) is None
+
+
+def test_a_graph_asked_for_a_cuda_ordinal_on_a_machine_without_one_says_so():
+    if torch.cuda.is_available():
+        graph = RelGraph.build([0, 1], [1, 0], [0, 0], num_nodes=2, num_relations=1, device=0)
+        assert graph.src.device == torch.device("cuda", 0)
+    else:
+        with pytest.raises(UserError, match="^device cuda:0 asked for, but this machine has no CUDA GPU"):
+            RelGraph.build([0, 1], [1, 0], [0, 0], num_nodes=2, num_relations=1, device=0)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from harness.arguments import whole_number
+from harness.arguments import cpu_or_cuda, whole_number
 from harness.errors import NeedsGpuError, UserError
 
 
@@ -111,13 +111,8 @@ class HotRows:
             raise UserError(f"table must be a torch tensor (torch.from_numpy for an array), got {type(table).__name__}")
         if table.dim() != 2:
             raise UserError(f"table must be 2-D [rows, features], got shape {tuple(table.shape)}")
-        given = device
-        try:  # an int is a CUDA ordinal, as torch takes it
-            ordinal = isinstance(given, int) and not isinstance(given, bool)
-            device = torch.device("cuda", given) if ordinal else torch.device(given)
-        except (RuntimeError, TypeError):  # torch's message lists every device type it knows
-            device = None
-        if device is None or device.type not in ("cpu", "cuda"):  # the cache serves gathers on these two
+        given, device = device, cpu_or_cuda(device)
+        if device is None:  # the cache serves gathers on these two
             raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {given!r}")
         if device.type == "cuda" and not torch.cuda.is_available():  # not torch's AssertionError
             raise NeedsGpuError(f"HotRows on {str(device)!r} needs a CUDA GPU; none is available (use 'cpu')")

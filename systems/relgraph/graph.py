@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from harness import machine
-from harness.arguments import integer, whole_number
+from harness.arguments import cpu_or_cuda, integer, whole_number
 from harness.errors import UserError
 
 # Set while RelGraph.build constructs a graph: every other construction (``RelGraph(...)``,
@@ -199,15 +199,12 @@ def _count(name: str, count) -> int:
 
 def _device(device) -> torch.device:
     """``device`` as a torch device the graph can live on (the CPU, or a CUDA GPU this machine has)."""
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError):  # torch's own message lists every device type it knows
-        raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}") from None
-    if device.type not in ("cpu", "cuda"):  # the graph's kernels and the forms run on these two
-        raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {str(device)!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {device} asked for, but this machine has no CUDA GPU (torch sees none)")
-    return device
+    chosen = cpu_or_cuda(device)  # the graph's kernels and the forms run on these two
+    if chosen is None:
+        raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}")
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {chosen} asked for, but this machine has no CUDA GPU (torch sees none)")
+    return chosen
 
 
 # What the graph allocates per node, relation and node type, in bytes: per node, its int64 type
