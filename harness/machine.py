@@ -152,9 +152,14 @@ def gpu_count() -> int:
 
 
 def hardware() -> tuple[tuple[str, ...], str]:
-    """What kind of machine this is: its GPU models (each once, sorted; a host's eight H200s are
-    one kind) and its CPU model."""
-    return tuple(sorted({g.name for g in nvidia_gpus()})), _cpu_model()
+    """What kind of machine this is (:func:`kind`)."""
+    return kind((g.name for g in nvidia_gpus()), _cpu_model())
+
+
+def kind(gpu_names, cpu_model) -> tuple[tuple[str, ...], str]:
+    """A kind of machine: its GPU models (each once, sorted; a host's eight H200s are one kind) and
+    its CPU model. For this machine (:func:`hardware`) or a provenance record's."""
+    return tuple(sorted(set(gpu_names))), cpu_model
 
 
 def describe() -> MachineInfo:

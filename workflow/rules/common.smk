@@ -63,7 +63,7 @@ def hardware_measured_in(machine):
             continue  # the readers refuse it in their own words
         if not isinstance(measured, dict) or "cpu_model" not in measured:
             continue  # a record that names no machine is no evidence of another one (the readers refuse it)
-        kind = (tuple(sorted({g.get("name") for g in measured.get("gpus", [])})), measured.get("cpu_model"))
+        kind = suite_machine.kind((g.get("name") for g in measured.get("gpus", [])), measured.get("cpu_model"))
         if kind != this:
             found.add(shown_hardware(kind))
     return sorted(found)
