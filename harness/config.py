@@ -186,24 +186,30 @@ def load(path: Path | str = DEFAULT_CONFIG, overrides: dict | None = None) -> di
     return complete(config)
 
 
-def scale_params(config: dict, scale: str, check_gpu: bool = True) -> dict:
+def scale_params(config: dict, scale: str, check_gpu: bool = True, *, choose_with: str = "--scale ") -> dict:
     """The description of one named scale, refusing unknown scales and (unless ``check_gpu`` is
-    false: rendering other machines' results at that scale) GPU scales without a GPU."""
+    false: rendering other machines' results at that scale) GPU scales without a GPU.
+    ``choose_with``: how the caller's user names a scale (``--scale `` on the command line of the
+    parts, ``--config scale=`` in the workflow), for the refusals' hints."""
     scales = config["scales"]
     if scale not in scales:
-        raise ConfigError(f"unknown scale '{scale}'; choose one of {', '.join(scales)} (--config scale=NAME)")
+        raise ConfigError(f"unknown scale '{scale}'; choose one of {', '.join(scales)} ({choose_with}NAME)")
     params = scales[scale]
     if check_gpu and params.get("needs_gpu") and not machine.has_gpu():
+        here = " or ".join(f"{choose_with}{name}" for name, it in scales.items() if not it.get("needs_gpu"))
         raise NeedsGpuError(
             f"scale '{scale}' needs a CUDA GPU and this machine has none that torch can use; "
-            "use --config scale=cpu, or render committed results with the 'figures' target"
+            + (f"use {here}, or " if here else "")
+            + "render committed results with the 'figures' target"
         )
     return params
 
 
-def topic_params(config: dict, topic: str, scale: str, check_gpu: bool = True) -> dict:
+def topic_params(
+    config: dict, topic: str, scale: str, check_gpu: bool = True, *, choose_with: str = "--scale "
+) -> dict:
     """One topic's parameters at one scale (after the checks of :func:`scale_params`)."""
-    scale_params(config, scale, check_gpu)
+    scale_params(config, scale, check_gpu, choose_with=choose_with)
     blocks = config["topics"][topic]
     if scale not in blocks:
         raise ConfigError(

@@ -41,7 +41,13 @@ def _parser(topics: dict[str, Topic]) -> argparse.ArgumentParser:
     parser.add_argument("--part", help="the part to measure")
     parser.add_argument("--scale", help="the named scale to measure at (config/config.yaml)")
     parser.add_argument("--out", type=Path, help="results CSV to write")
-    parser.add_argument("--config", type=Path, default=suite_config.DEFAULT_CONFIG)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=suite_config.DEFAULT_CONFIG,
+        help="the suite's config file, a YAML file (default: %(default)s); "
+        "not Snakemake's KEY=VALUE: a changed topic block goes under its 'topics' key",
+    )
     parser.add_argument("--scratch-dir", type=Path, help="directory for files on disk (default: config's scratch_dir)")
     return parser
 

@@ -64,17 +64,23 @@ def test_malformed_config_is_refused_naming_the_key(cfg, edit, message):
         suite_config.validate(bad)
 
 
-def test_unknown_scale_lists_the_known_ones(cfg):
-    with pytest.raises(suite_config.ConfigError, match="unknown scale 'huge'; choose one of tiny, cpu, h200"):
+def test_unknown_scale_lists_the_known_ones_and_says_how_the_caller_names_one(cfg):
+    with pytest.raises(
+        suite_config.ConfigError, match=r"^unknown scale 'huge'; choose one of tiny, cpu, h200 \(--scale NAME\)$"
+    ):
         suite_config.scale_params(cfg, "huge")
+    with pytest.raises(suite_config.ConfigError, match=r"h200 \(--config scale=NAME\)$"):  # the workflow's
+        suite_config.scale_params(cfg, "huge", choose_with="--config scale=")
 
 
 def test_gpu_scale_without_gpu_says_what_to_do(cfg, monkeypatch):
     monkeypatch.setenv("SUITE_HIDE_GPU", "1")
     suite_config.machine.forget()
     try:
-        with pytest.raises(NeedsGpuError, match="needs a CUDA GPU.*scale=cpu.*figures"):
+        with pytest.raises(NeedsGpuError, match="needs a CUDA GPU.*; use --scale tiny or --scale cpu, or .*figures"):
             suite_config.scale_params(cfg, "h200")
+        with pytest.raises(NeedsGpuError, match="; use --config scale=tiny or --config scale=cpu, or "):
+            suite_config.scale_params(cfg, "h200", choose_with="--config scale=")
         assert suite_config.topic_params(cfg, "ceilings", "cpu")["repeat"] >= 1
         # Rendering at a GPU scale reads the scale's blocks without a GPU; unknown ones still fail.
         assert suite_config.topic_params(cfg, "ceilings", "h200", check_gpu=False)["repeat"] >= 1

@@ -108,6 +108,16 @@ def cpu_sweep(names, writer, **kwargs):
     return Sweep("demo", names, writer, host, repeat=2, warmup=0, device="cpu", **kwargs)
 
 
+def test_a_row_larger_than_the_table_is_refused_in_one_line():
+    """It made a table of no rows, "gathered" in no time, and the part failed on a zero bandwidth."""
+    host = HostTable(1 << 20, "cpu", seed=3)
+    with pytest.raises(
+        UserError, match=r"^a row of 300000 fp32 features \(1200000 bytes\) does not fit a table of 1048576 bytes"
+    ):
+        host.view(4 << 20, "fp32", 300_000)
+    assert host.view(4 << 20, "fp32", 200_000).shape == (1, 200_000)  # the buffer's bytes bound the table
+
+
 def test_a_new_variant_is_checked_measured_and_recorded_with_its_role_and_options():
     """One case per behaviour of the sweep: a new entry runs with its role; one that needs a GPU,
     a cache of hot rows or a table copy it cannot make is skipped or left out with the reason;

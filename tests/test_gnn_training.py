@@ -323,6 +323,25 @@ def test_seeds_and_epochs_are_whole_numbers_of_any_kind_or_refused_in_one_line(a
             next(iter(pipeline.batches(0, seeds=seeds)))
 
 
+def test_a_pipeline_name_or_graph_of_the_wrong_kind_is_refused_in_one_line():
+    with pytest.raises(UserError, match=r"^pipeline must be one of .*, got \['cpu_gather'\]$"):
+        Pipeline(["cpu_gather"], Graph(_tiny(), "cpu"), [2], 2, seed=0)
+    with pytest.raises(UserError, match=r"^graph must be a Graph \(Graph\(arrays, device\) of its arrays\), got dict$"):
+        Pipeline("cpu_gather", _tiny(), [2], 2, seed=0)
+
+
+def test_given_seeds_are_checked_whole_at_the_call_not_batch_by_batch():
+    """A bad id surfaced only when its batch was asked for, after the batches before it; a node named
+    in two batches passed (each batch's seeds were distinct), and in one batch was refused."""
+    pipeline = Pipeline("cpu_gather", Graph(_tiny(), "cpu"), [2], 2, seed=0)
+    for seeds in (torch.tensor([0, 1, 1, 2]), torch.tensor([0, 1, 2, 2])):  # across batches, within one
+        with pytest.raises(UserError, match="^seed nodes must be distinct: node (1|2) is named twice$"):
+            pipeline.batches(0, seeds=seeds)
+    with pytest.raises(UserError, match="^seed node 99 is out of range for a graph of 6 nodes$"):
+        pipeline.batches(0, seeds=torch.tensor([0, 1, 2, 99]))
+    assert [b.batch_size for b in pipeline.batches(0, seeds=torch.tensor([4, 0, 5], dtype=torch.int32))] == [2, 1]
+
+
 def test_two_epochs_at_once_from_sampling_workers_are_refused_not_mixed(arrays):
     """The workers serve one epoch's keys: a second epoch's iterator started while the first is
     being handed out would re-key them under the first (it went on with the second's batches)."""
@@ -1417,6 +1436,29 @@ def test_accuracy_over_no_validation_nodes_is_refused_not_zero(arrays):
     model = build("sage", graph.features.shape[1], 8, int(graph.labels.max()) + 1, 1, [5])
     with pytest.raises(UserError, match="no validation nodes"):
         accuracy(model, pipeline)
+
+
+def test_a_part_whose_graph_has_no_validation_nodes_is_refused_before_any_epoch(monkeypatch):
+    """A schema-valid scale_factor of 1e-9 made a graph without validation nodes: the part trained
+    the first pipeline's epochs, then failed at the accuracy without naming the part."""
+    from harness import config as suite_config
+    from harness.results import ResultsWriter
+    from workloads.gnn_training import train
+
+    monkeypatch.setattr(train, "train_case", lambda *a, **k: pytest.fail("an epoch trained"))
+    shared = suite_config.load()["topics"]["gnn_training"]["tiny"]
+    with pytest.raises(
+        UserError, match=r"^part papers: the .* graph \(.* nodes\) has no validation nodes: raise its scale_factor$"
+    ):
+        train.run_dataset(
+            "papers",
+            {"scale_factor": 1e-9},
+            ResultsWriter(SCHEMA, scale="tiny"),
+            shared=shared,
+            repeat=1,
+            warmup=0,
+            device="cpu",
+        )
 
 
 def test_exactly_the_suites_zero_copy_uva_and_cache_pipelines_are_pytorch_direct():

@@ -458,3 +458,16 @@ def test_negative_read_counts_and_a_negative_thread_cap_are_refused():
     table = torch.randn(9, 3)
     with pytest.raises(ValueError, match="max_threads must be >= 0"):
         gather(table, torch.tensor([1, 2]), max_threads=-7)
+
+
+def test_count_rows_refuses_one_tensor_for_a_list_of_batches():
+    # Iterated, a tensor is its ids one at a time: right counts, at ids x rows cost (hours at a real batch).
+    with pytest.raises(UserError, match=r"^id_batches must be an iterable of id tensors .* pass \[ids\]$"):
+        count_rows(torch.tensor([3, 1, 3]), 5)
+    assert count_rows([torch.tensor([3, 1, 3])], 5).tolist() == [0, 1, 0, 2, 0]
+
+
+def test_hit_rate_stays_a_share_when_counts_are_near_int64s_limit():
+    counts = torch.tensor([2**62, 2**62, 2**62, 2**61])  # their int64 sum wraps negative
+    assert hit_rate(counts, torch.tensor([0])) == pytest.approx(2 / 7)
+    assert hit_rate(counts, torch.tensor([0, 1, 2, 3])) == 1.0

@@ -55,6 +55,10 @@ def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
 
 def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tensor:
     """How many times each row is read in ``id_batches`` (int64 counts in host memory)."""
+    if isinstance(id_batches, torch.Tensor):
+        # Iterating a tensor yields its ids one by one, each a "batch" bincounted over every row:
+        # the right counts at (ids x rows) cost, hours for one real batch.
+        raise UserError("id_batches must be an iterable of id tensors (one per batch), got one tensor: pass [ids]")
     num_rows = _count(num_rows, "num_rows")
     counts = torch.zeros(num_rows, dtype=torch.int64)
     for ids in id_batches:
@@ -98,8 +102,9 @@ def hit_rate(counts: torch.Tensor, rows: torch.Tensor) -> float:
     rows = _row_ids(rows, "rows").unique()
     if rows.numel() and not 0 <= int(rows[0]) <= int(rows[-1]) < counts.numel():
         raise UserError(f"rows {int(rows[0])}..{int(rows[-1])} outside counts of {counts.numel()} rows")
-    total = int(counts.sum())
-    return int(counts[rows].sum()) / total if total else 0.0
+    # In float64: counts near int64's limit would wrap their int64 sum into a negative share.
+    total = float(counts.sum(dtype=torch.float64))
+    return min(1.0, float(counts[rows].sum(dtype=torch.float64)) / total) if total else 0.0
 
 
 class HotRows:

@@ -182,8 +182,9 @@ class NeighborSampler:
             bad = int(seeds[(seeds < 0) | (seeds >= self.num_nodes)][0])
             bad += 2**64 if wraps and bad < 0 else 0
             raise UserError(f"seed node {bad} is out of range for a graph of {self.num_nodes} nodes")
-        if seeds.unique().numel() != seeds.numel():
-            raise UserError("seed nodes of a batch must be distinct")
+        values, counts = seeds.unique(return_counts=True)
+        if values.numel() != seeds.numel():
+            raise UserError(f"seed nodes must be distinct: node {int(values[counts > 1][0])} is named twice")
         if seeds.device.type == self.device.type:  # "cuda:0" is the sampler's "cuda": no copy, no pinning
             return seeds.to(self.device)
         if self.device.type == "cpu":

@@ -31,13 +31,13 @@ try:
         suite_config.check_config_file(path)
     config.update(suite_config.complete(config))
     for name in TOPICS:
-        suite_config.topic_params(config, name, config["scale"], check_gpu=False)
+        suite_config.topic_params(config, name, config["scale"], check_gpu=False, choose_with="--config scale=")
 except UserError as err:
     sys.exit(f"error: {err}")
 # A GPU scale without a GPU is refused, in one line, by the targets that measure on this machine
 # only (measuring_targets): rendering committed results works at any scale.
 try:
-    suite_config.scale_params(config, config["scale"])
+    suite_config.scale_params(config, config["scale"], choose_with="--config scale=")
     CANNOT_MEASURE_HERE = None
 except NeedsGpuError as err:
     CANNOT_MEASURE_HERE = f"error: {err}"

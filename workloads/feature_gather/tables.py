@@ -39,6 +39,11 @@ class HostTable:
         """The table [rows, dim] of ``dtype`` in the first ``table_bytes`` of the buffer."""
         row_bytes = dim * DTYPES[dtype].itemsize
         rows = min(table_bytes, self.nbytes) // row_bytes
+        if rows == 0:  # else zero rows are "gathered" in no time, and the part fails far from here
+            raise UserError(
+                f"a row of {dim} {dtype} features ({row_bytes} bytes) does not fit a table of "
+                f"{min(table_bytes, self.nbytes)} bytes: raise table_mib or lower the row size"
+            )
         return self.buffer[: rows * row_bytes].view(DTYPES[dtype]).view(rows, dim)
 
     def cuda_view(self, table: torch.Tensor) -> torch.Tensor | None:

@@ -78,6 +78,10 @@ def run_dataset(part: str, params: dict, writer, *, shared: dict, repeat: int, w
     in_memory = bool(params.get("features_in_memory"))
     # A table generated in shared memory is used where it lies (pinned there by zero-copy).
     graph = Graph(arrays, device, features=torch.from_numpy(arrays["features"]) if in_memory else None)
+    if not graph.val_idx.numel():  # the accuracy after training needs some: said before any epoch trains
+        raise UserError(
+            f"part {part}: the {dataset} graph ({spec.nodes:,} nodes) has no validation nodes: raise its scale_factor"
+        )
     report(
         f"{dataset}: {spec.nodes:,} nodes, {spec.edges:,} edges, {spec.feature_dim} features; "
         f"ready in {time.perf_counter() - started:.1f} s"

@@ -505,6 +505,10 @@ class Pipeline:
         shard: tuple[int, int] = (0, 1),
         options: dict | None = None,
     ):
+        if not isinstance(name, str):  # a list is no key of the registries (a TypeError there)
+            raise UserError(f"pipeline must be one of {PIPELINE_KINDS.names()}, got {name!r}")
+        if not isinstance(graph, Graph):
+            raise UserError(f"graph must be a Graph (Graph(arrays, device) of its arrays), got {type(graph).__name__}")
         if name in UNAVAILABLE_PIPELINES:  # a pipeline of the suite that this machine cannot run: say why
             raise UserError(f"pipeline {name!r} is not available here: {UNAVAILABLE_PIPELINES[name]}")
         if name not in PIPELINE_KINDS:
@@ -706,7 +710,11 @@ class Pipeline:
         if seeds is not None and not _node_ids(seeds):
             kind = f"{seeds.dtype} {tuple(seeds.shape)}" if isinstance(seeds, torch.Tensor) else type(seeds).__name__
             raise UserError(f"seeds must be a 1-D tensor of integer node ids (mask.nonzero() of a mask), got {kind}")
-        seeds = None if seeds is None else list(seeds.split(self.batch_size)) if seeds.numel() else []
+        if seeds is not None:
+            # All of them, here: checked batch by batch, a bad id would surface after the batches
+            # before it were handed out, and a node named in two batches would pass.
+            self.sampler.checked_seeds(seeds)
+            seeds = list(seeds.split(self.batch_size)) if seeds.numel() else []
         return self._epoch(epoch, seeds)  # checked here, at the call; the batches come as they are asked
 
     def _epoch(self, epoch: int, seeds: list[torch.Tensor] | None) -> Iterator[Minibatch]:
