@@ -874,6 +874,36 @@ def test_a_budget_no_plan_fits_warns_and_holds_the_least():
     assert all("\n" not in str(w.message) for w in caught)
 
 
+@pytest.mark.parametrize("policy", ["planner", "offload_adaptive"])
+def test_a_new_planned_offload_each_step_is_warned_of_and_one_reused_is_not(policy):
+    """One offload() per step profiled a step keeping everything and planned for a step that never
+    came, every step, while ``decisions`` showed the plan: nothing was ever offloaded or recomputed."""
+    budget = {"budget": 0.3} if policy == "planner" else {}
+
+    def made(model):
+        return offload(model, policy=policy, bandwidth=1e9, store=HostStore(), min_bytes=0, **budget)
+
+    model = ThreeBlocks()
+    kept_by_keep = run_steps(model, offload(model, policy="keep", min_bytes=0), steps=1).stats.total.kept_bytes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reused = made(model)
+        for _ in range(3):
+            run_steps(model, reused, steps=1)
+        assert reused.stats.total.kept_bytes < kept_by_keep  # its plan ran
+        run_steps(model, made(model), steps=1)  # a new one after a plan that ran: no warning either
+    assert not [w for w in caught if "plan never ran" in str(w.message)]
+    model = ThreeBlocks()
+    first = run_steps(model, made(model), steps=1)
+    assert first.decisions is not None and first.stats.total.kept_bytes == kept_by_keep
+    message = rf"^SSDTrain {policy}: an earlier offload\(\) on this model planned at its block's end, "
+    message += r"and its plan never ran: "
+    with pytest.warns(
+        UserWarning, match=message + r".* Make offload\(\) once, before the loop, and enter it at every step$"
+    ):
+        run_steps(model, made(model), steps=1)
+
+
 def test_blocks_run_by_a_reentrant_checkpoint_are_named_as_the_reason_a_plan_cannot_be_made():
     model = ThreeBlocks()
     with pytest.raises(UserError, match="ran with gradients.*reentrant checkpoint.*use_reentrant=False"):

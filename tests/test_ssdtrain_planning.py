@@ -2,6 +2,7 @@
 profiles whose answers can be worked out by hand, and the profile and bandwidth probe on a real
 tiny model and store."""
 
+import concurrent.futures
 import itertools
 
 import pytest
@@ -199,6 +200,29 @@ class FlippingStore(HostStore):
 def test_store_bandwidth_refuses_a_store_that_changes_bytes():
     with FlippingStore() as store, pytest.raises(StoreCorrupted, match="FlippingStore returned other bytes"):
         planning.store_bandwidth(store, "cpu", nbytes=(1 << 20) + 7, repeat=1)
+
+
+class OnceFullStore(HostStore):
+    """A host store whose first write fails, as on a disk full for a moment."""
+
+    failed = False
+
+    def _put(self, key, src, ready):
+        if not self.failed:
+            self.failed = True
+            future = concurrent.futures.Future()
+            future.set_exception(OSError(28, "No space left on device"))
+            return future
+        return super()._put(key, src, ready)
+
+
+def test_a_probe_whose_write_failed_leaves_the_store_as_it_found_it():
+    """The failed write's key stayed taken: every later probe failed with "key -1 is already stored"."""
+    with OnceFullStore() as store:
+        with pytest.raises(OSError, match="No space left on device"):
+            planning.store_bandwidth(store, "cpu", nbytes=1 << 16, repeat=1)
+        assert len(store) == 0
+        assert planning.store_bandwidth(store, "cpu", nbytes=1 << 16, repeat=1) > 0
 
 
 class KeywordBlock(torch.nn.Module):

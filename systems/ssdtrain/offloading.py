@@ -69,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -98,6 +99,15 @@ MIXED_SAVE_ON_CPU = (
     "beside another offload(); put each model's step in a block of its own, or use offload_all with a HostStore"
 )
 DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)
+# Per model, the planned offload() (by id) whose plan was made at its block's end and has not run
+# yet: a new planned offload() on the model means the loop makes one per step, so every step
+# profiles with everything kept and plans for a step that never comes (said in __enter__).
+_PLAN_NOT_RUN: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+UNUSED_PLAN = (
+    "SSDTrain {policy}: an earlier offload() on this model planned at its block's end, and its plan never "
+    "ran: a new offload() profiles a step keeping everything and plans again. Make offload() once, before "
+    "the loop, and enter it at every step"
+)
 
 
 class Offloading:
@@ -207,6 +217,8 @@ class Offloading:
                     raise UserError(MIXED_SAVE_ON_CPU)
                 if self.decisions is None and self.policy not in PLANNED:
                     self.decisions = self._first_decisions()
+                if self.policy in PLANNED and _PLAN_NOT_RUN.pop(self.model, id(self)) != id(self):
+                    warn(UNUSED_PLAN.format(policy=self.policy))
                 stack.enter_context(self.offloader)
                 if self.decisions is None:
                     self._profile_first_step(stack)
@@ -340,6 +352,7 @@ class Offloading:
             # A block entered once per step ends after the profiled step: plan now, for the next block.
             if exc_type is None and self.decisions is None and self.offloader.backwards >= profiled_backwards:
                 self._make_plan(timer, profiled_stats(), peaks)
+                _PLAN_NOT_RUN[self.model] = id(self)  # until this object's next block runs it
             elif exc_type is None and self.decisions is None and self._hooks_saw_nothing(timer):
                 warn(
                     f"SSDTrain {self.policy}: the blocks ran with gradients but saved no tensor through this "

@@ -718,8 +718,13 @@ def store_bandwidth(store, device, nbytes: int = 64 << 20, repeat: int = 3) -> f
     for round_ in range(repeat + 1):  # one warm-up round
         key = -1 - round_
         started = timing.mark("cpu")  # the futures complete once the bytes have arrived
-        store.put(key, tensor).result()
-        store.get(key, out).result()
+        try:
+            store.put(key, tensor).result()
+            store.get(key, out).result()
+        except BaseException:  # a write that failed (a disk briefly full) must not hold its key for the next probe
+            with contextlib.suppress(KeyError):  # a put refused before it stored anything
+                store.free(key)
+            raise
         seconds = timing.elapsed(started, timing.mark("cpu"))
         store.free(key)
         if round_:
