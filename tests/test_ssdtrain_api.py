@@ -477,6 +477,79 @@ def test_a_hybrid_model_s_layers_of_several_classes_are_refused_not_its_adapters
     assert find_layers(nested) == [*staged[1].blocks, *staged[3].blocks]
 
 
+class _Residual(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class _Distillation(nn.Module):
+    """A large frozen teacher run under no_grad beside a small student that trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.teacher = nn.Sequential(*(_Residual(16, 64) for _ in range(6))).requires_grad_(False)
+        self.student = nn.Sequential(*(_Residual(16, 16) for _ in range(4)))
+
+    def forward(self, x):
+        with torch.no_grad():
+            target = self.teacher(x)
+        return (self.student(x) - target).square().mean()
+
+
+def test_a_frozen_teacher_s_blocks_are_not_taken_for_the_student_s():
+    """The teacher's six blocks hold the most parameters and were taken: recompute then kept exactly
+    what keep keeps (a block run without gradients saves nothing to recompute), without a word."""
+    model = _Distillation()
+    assert find_layers(model) == list(model.student)
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(5))
+    kept = {}
+    for policy in ("keep", "recompute"):
+        with offload(model, policy=policy, min_bytes=0) as session:
+            model(x).backward()
+        kept[policy] = session.stats.total.kept_bytes
+    assert kept["recompute"] < kept["keep"]
+    # A model frozen whole (tuned through its input: a soft prompt) still saves in its blocks.
+    frozen = nn.Sequential(*(_Residual(16, 16) for _ in range(3))).requires_grad_(False)
+    assert find_layers(frozen) == list(frozen)
+
+
+class _ScriptedHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(_Residual(16, 16) for _ in range(3))
+        self.head = nn.Sequential(torch.jit.script(nn.Linear(16, 4)), nn.LogSoftmax(-1))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).sum()
+
+
+def test_torchscript_modules_are_never_blocks_and_refused_as_given_blocks_in_one_line():
+    """A TorchScript module anywhere in a list made find_layers fail inside torch.jit (its class's
+    forward raises when read); given as blocks, torch refused the hooks deep in the first one."""
+    model = _ScriptedHead()
+    assert find_layers(model) == list(model.blocks)
+    scripted = nn.Sequential(*(torch.jit.script(_Residual(16, 16)) for _ in range(3)))
+    with pytest.raises(UserError, match=r"^\w+ has no list of repeated blocks"):
+        find_layers(scripted)
+    with pytest.raises(
+        UserError, match=r"^layers lists a TorchScript module \(\w+\), which takes no hooks: pass the eager"
+    ):
+        offload(scripted, policy="recompute", layers=list(scripted))
+
+
+def test_blocks_given_as_a_module_dict_are_its_members():
+    """list(ModuleDict) gives its keys: the dict was refused with "pass [block]"."""
+    model = _InADict()
+    session = offload(model, policy="recompute", layers=model.layers)
+    assert session.layers == list(model.layers.values())
+
+
 def test_bad_arguments_are_one_line():
     model = qwen3()
     cases = [

@@ -12,7 +12,10 @@ least a quarter of its parameters is a stack of its own and is taken too: BART's
 encoder and decoder layers, a vision-language model's vision and language layers. A block is
 made of modules: among the classes that hold parameters, a list of single operators (embedding
 tables, output heads) is taken only where the model has no list of composite blocks, however
-many parameters the operators hold.
+many parameters the operators hold. A list whose parameters are all frozen (a distillation's
+teacher, run under ``no_grad``) is taken only where no list trains: its blocks save nothing for a
+backward, so recomputing or offloading them would free nothing. A TorchScript module is never a
+block (it takes no hooks).
 
 A block is called: a module without a forward of its own (``nn.ModuleList``, ``nn.ModuleDict``, any
 module whose forward is ``nn.Module``'s unimplemented one) never runs, its hooks never fire, so it
@@ -34,6 +37,7 @@ import sys
 import types
 from collections.abc import Callable
 
+import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
@@ -45,13 +49,18 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     """Every block of the repeated class of ``model`` (see the module), in module order. Raises a
     UserError if it has none (pass the blocks explicitly then)."""
     refuse_lazy(model)
-    blocks: dict[object, list[nn.Module]] = {}  # by class; those of containers by the set of their classes
-    stacks: dict[object, int] = {}  # by the same key: how many lists the blocks come from
+    # By class; those of containers by the set of their classes. Lists whose every parameter is
+    # frozen (a distillation's teacher, run under no_grad) apart: such a list is taken only where
+    # no list trains (a frozen model tuned through its input, a soft prompt, still saves in them).
+    found_in: dict[bool, dict[object, list[nn.Module]]] = {True: {}, False: {}}
+    stacks_in: dict[bool, dict[object, int]] = {True: {}, False: {}}  # how many lists the blocks come from
     mixed: list[tuple[str, nn.Module]] = []  # lists of called modules of several classes, by name
     for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList | nn.Sequential | nn.ModuleDict) or not len(module):
             continue
         members = list(module.values() if isinstance(module, nn.ModuleDict) else module)
+        if any(_scripted(m) for m in members):
+            continue  # a TorchScript module takes no hooks: never a block, nor a list's member that runs
         if len({block_class(m) for m in members}) != 1:
             # (A dict of parts of several classes names them: a model's embedding, body and head.)
             # A list of torch's single operators (a head's LayerNorm and Linear, a classifier's
@@ -61,6 +70,10 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
             if name and not isinstance(module, nn.ModuleDict) and all(_called(m) for m in members) and layers >= 2:
                 mixed.append((name, module))
             continue
+        parameters = [p for member in members for p in member.parameters()]
+        blocks, stacks = (
+            it[not parameters or any(p.requires_grad for p in parameters)] for it in (found_in, stacks_in)
+        )
         if not _called(members[0]):  # containers: the modules they hold are the blocks
             inside = [block for member in members for block in _called_modules(member)]
             if inside:
@@ -71,6 +84,8 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         key = block_class(members[0])
         blocks.setdefault(key, []).extend(members)
         stacks[key] = stacks.get(key, 0) + 1
+    trains = bool(found_in[True])
+    blocks, stacks = found_in[trains], stacks_in[trains]
     if not blocks:
         _refuse_mixed_stack(model, mixed, 0)
         raise UserError(
@@ -193,7 +208,14 @@ def refuse_lazy(model: nn.Module) -> None:
 
 def _called(module: nn.Module) -> bool:
     """Whether ``module`` has a forward of its own (a container's is nn.Module's, which raises)."""
+    if _scripted(module):  # its class's forward is a descriptor that raises when the class reads it
+        return True
     return type(unwrapped(module)).forward is not nn.Module.forward
+
+
+def _scripted(module: nn.Module) -> bool:
+    """Whether ``module`` is a TorchScript module (``torch.jit.script`` or ``trace`` made it)."""
+    return isinstance(module, torch.jit.ScriptModule)
 
 
 def compiled_wrapper_class() -> type | None:

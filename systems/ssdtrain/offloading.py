@@ -566,6 +566,8 @@ def offload(
 def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     if layers is None:
         return find_layers(model)
+    if isinstance(layers, nn.ModuleDict):  # its members are its blocks, as find_layers reads one (list() gives its keys)
+        layers = list(layers.values())
     if isinstance(layers, nn.Module) and not isinstance(layers, nn.ModuleList | nn.Sequential):
         raise UserError(f"layers must be a list of blocks; got one {type(layers).__name__} (pass [block])")
     try:
@@ -575,6 +577,12 @@ def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     inside = {id(m) for m in model.modules()}
     if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
         raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
+    scripted = next((layer for layer in layers if isinstance(layer, torch.jit.ScriptModule)), None)
+    if scripted is not None:  # else torch's own error, deep in the first hook's registration
+        raise UserError(
+            f"layers lists a TorchScript module ({type(scripted).__name__}), which takes no hooks: "
+            "pass the eager modules (torch.compile them instead, if they must be compiled)"
+        )
     layers = as_called(model, layers)  # a module torch.compile wrapped: the wrapper, whose hooks run outside
     # A block inside another would be numbered, and recomputed, twice over: blocks are disjoint.
     for layer in layers:
