@@ -566,7 +566,7 @@ def offload(
 def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     if layers is None:
         return find_layers(model)
-    if isinstance(layers, nn.ModuleDict):  # its members are its blocks, as find_layers reads one (list() gives its keys)
+    if isinstance(layers, nn.ModuleDict):  # its members are the blocks, as find_layers reads it (list() gives keys)
         layers = list(layers.values())
     if isinstance(layers, nn.Module) and not isinstance(layers, nn.ModuleList | nn.Sequential):
         raise UserError(f"layers must be a list of blocks; got one {type(layers).__name__} (pass [block])")

@@ -434,7 +434,7 @@ def _compare(variant, results: dict, dtype, notes: dict, micro: int | None, spre
         notes.setdefault("deviation_from_keep", {})[label] = deviation
         results[choose.COMPILED_REFERENCE] = result
     elif variant.policy.compiled and not variant.exact:
-        deviation = check_close(label, results[choose.COMPILED_REFERENCE], result, dtype, "compiled keep")
+        deviation = check_close(label, results[choose.COMPILED_REFERENCE], result, dtype, "compiled keep", spread)
         notes.setdefault("deviation_from_compiled_keep", {})[label] = deviation
     elif variant.policy.compiled:
         check_identical(f"{label} under the memory cap", results[choose.COMPILED_REFERENCE], result, "compiled keep")

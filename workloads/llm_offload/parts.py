@@ -209,7 +209,9 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
         if variant.policy.name == choose.COMPILED_REFERENCE:
             return check_close(label, reference, result, built.dtype, spread=spread)
         if variant.policy.compiled and not variant.exact:
-            return check_close(label, compiled_reference, result, built.dtype, "compiled keep")
+            # Within keep's own rounding too: a gradient that is rounding noise (a key projection's bias,
+            # to which softmax is blind) differs between any two valid kernels by about its own size.
+            return check_close(label, compiled_reference, result, built.dtype, "compiled keep", spread=spread)
         against = ("compiled keep", compiled_reference) if variant.policy.compiled else ("keep", reference)
         check_identical(label, against[1], result, against[0])
         return None
