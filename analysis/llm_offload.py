@@ -56,6 +56,7 @@ for f in other_code:
 reruns = load_results(rerun_files, SCHEMA)[0] if rerun_files else frame.iloc[0:0]
 reruns = reruns.assign(process=reruns["source"].map(lambda s: Path(s).parent.name))
 OWN_PARTS = ["micro_batches", "memory_bound", "convergence"]
+capped_reruns = reruns[reruns.part == "memory_bound"]  # each process's point in the capped panel
 reruns = reruns[~reruns.part.isin(OWN_PARTS)]  # not compared across processes here
 # Parts micro_batches and memory_bound (the memory spent on a larger micro-batch) and convergence
 # (loss curves on the generated corpus) have their own tables and panels.
@@ -870,8 +871,10 @@ shared = [v for v in ORDER if all(((step.dataset == d) & (step.variant == v)).an
 shared = [v for v in shared if v != "keep"]
 
 
-def variant_label(variant: str) -> str:
-    v = setups.loc[variant]
+def variant_label(variant: str, row=None) -> str:
+    """The variant's label from its setup (``row``: one of its rows where a part sets it apart, as
+    part memory_bound's plans, made within the cap's room rather than a budget fraction)."""
+    v = setups.loc[variant] if row is None else row
     name = f"{style.readable(v.policy)}{setting_text(v)}"
     if pd.isna(v.store):
         return name
@@ -1064,7 +1067,7 @@ if STEPS:  # the models' needed bandwidths against the stores' achieved ones
 dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1))]
 training_panels = (2 if not sweep.empty else 0) + (1 if not capped.empty else 0) + (1 if not curves.empty else 0)
 if training_panels:
-    fig, axes = style.panels(training_panels, cols=3, width=5.0, height=3.8)
+    fig, axes = style.panels(training_panels, cols=2 if training_panels == 4 else 3, width=5.0, height=3.8)
     cells = iter(axes)
     if not sweep.empty:
         speed_ax, held_ax = next(cells), next(cells)
@@ -1107,16 +1110,48 @@ if training_panels:
     if not capped.empty:
         ax = next(cells)
         shown = [v for v in ORDER if v in set(capped_speed.variant)]
+        process_speed = (
+            summarize(capped_reruns, "tokens_per_second", [*capped_keys, "process"])
+            if not capped_reruns.empty
+            else capped_speed.iloc[0:0]
+        )
+        hatches, colours_seen = ["", "//", "..", "xx"], []  # variants of one policy (torch's budgets) by hatch
         for i, variant in enumerate(shown):
             r = capped_speed[capped_speed.variant == variant].iloc[0]
-            ax.bar(i, r["median"], color=policy_colour(variant), label=variant_label(variant))
-            ax.annotate(f"b={r.micro_batch}", (i, r["median"]), ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(range(len(shown)), [variant_label(v) for v in shown], rotation=30, ha="right", fontsize=7)
+            colour = policy_colour(variant)
+            hatch = hatches[colours_seen.count(colour) % len(hatches)]
+            colours_seen.append(colour)
+            label = variant_label(variant, capped[capped.variant == variant].iloc[0])
+            ax.bar(i, r["median"], color=colour, hatch=hatch, edgecolor="white", label=label)
+            others = process_speed[(process_speed.variant == variant) & (process_speed.micro_batch == r.micro_batch)][
+                "median"
+            ]
+            ax.plot(
+                [i] * (1 + len(others)),
+                [r["median"], *others],
+                "o",
+                color="black",
+                markersize=3,
+                zorder=3,
+                label="each process's median" if len(others) else None,
+            )
+            ax.annotate(
+                f"b={r.micro_batch}",
+                (i, r["median"]),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 3),
+                textcoords="offset points",
+            )
+        ticks = [variant_label(v, capped[capped.variant == v].iloc[0]) for v in shown]
+        ax.set_xticks(range(len(shown)), ticks, rotation=30, ha="right", fontsize=7)
         ax.set(
             ylabel="training throughput (tokens/s)",
             ylim=(0, None),
             title=f"{style.llm_model_label(capped_speed.dataset.iloc[0], short=True)} under a "
-            f"{capped_speed.memory_cap_gib.iloc[0]:g} GiB cap:\neach at its largest micro-batch (b) that fits",
+            f"{capped_speed.memory_cap_gib.iloc[0]:g} GiB cap: each at its largest\nmicro-batch (b) that fits"
+            + (f" ({1 + process_speed.process.nunique()} processes)" if not process_speed.empty else ""),
         )
     if not curves.empty:
         ax = next(cells)
@@ -1151,6 +1186,7 @@ if training_panels:
     style.legend_below(fig, style.collect_legend(axes), columns=5)
     subjects = ["micro-batch size"] if not (sweep.empty and capped.empty) else []
     subjects += ["convergence"] if not curves.empty else []
-    style.title(fig, f"Activation offloading in training: {' and '.join(subjects)} (one process each)", MEASURED)
+    processes = "one process each" if capped_reruns.empty else "one process each but the capped panel"
+    style.title(fig, f"Activation offloading in training: {' and '.join(subjects)} ({processes})", MEASURED)
     # The main figure where no part timed a step per policy (no frontier drawn above).
     style.save(fig, figure, "training" if MAIN_DRAWN else None)
