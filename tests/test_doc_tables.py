@@ -527,8 +527,8 @@ def test_llm_offload_memory_bound_ratios_are_within_each_process_and_met_only_in
                    offload_all_host=240, planner_host=260)  # fmt: skip
     second = speeds(keep=90, recompute=250, **{"torch_budget_0.2": 200, "torch_budget_0.5": 230},
                     offload_all_host=300, planner_host=290)  # fmt: skip
-    committed = first.assign(hidden=8192, layers=4, store=None, emulated_gbps=None)
-    committed = committed.assign(activation_budget=None, budget_fraction=None)
+    committed = first.assign(hidden=8192, layers=4, store=None, emulated_gbps=None, metric="tokens_per_second")
+    committed = committed.assign(activation_budget=None, budget_fraction=None, value=None)
     committed.loc[committed.variant.str.endswith("_host"), "store"] = "host"
     committed.loc[committed.variant == "torch_budget_0.2", "activation_budget"] = 0.2
     committed.loc[committed.variant == "torch_budget_0.5", "activation_budget"] = 0.5
@@ -549,6 +549,13 @@ def test_llm_offload_memory_bound_ratios_are_within_each_process_and_met_only_in
         line.split(" | ")[1]: line.split(" | ")[2:] for line in llm_offload.capped_rows([first, partial], committed)
     }
     assert rows["offload_all, host"][2:] == ["1.20x", "1.09–1.30x", "yes |"]
+    # Every micro-batch that fits is timed: a variant's row is its fastest, its largest said where
+    # that is another (from the committed run's fits rows), and its ratios are at its fastest.
+    larger = first[first.variant == "offload_all_host"].assign(micro_batch=8.0, median=230)
+    fits = larger.assign(metric="fits", value=1.0, hidden=8192, layers=4, store="host")
+    lines = llm_offload.capped_rows([pd.concat([first, larger]), second], pd.concat([committed, fits]))
+    offloading = [line.split(" | ")[2:] for line in lines if line.split(" | ")[1] == "offload_all, host"]
+    assert offloading == [["4 (largest 8)", "240–300", "1.20x", "1.09–1.30x", "yes |"]]
 
 
 # --- the command line: python -m analysis.doc_tables ----------------------------------------------

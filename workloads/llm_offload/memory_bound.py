@@ -6,9 +6,10 @@ Each policy trains ``global_batch`` sequences per optimizer step in micro-batche
 ``micro_batches`` (each dividing the global batch, gradient accumulation over the rest), under a
 cap of ``memory_cap_gib`` GiB on what the device may hold. :func:`largest_fitting` searches the
 micro-batches for the largest whose training steps run under the cap: a try that runs out of
-memory is recorded as not fitting, its memory given back before the next. At each policy's
-largest micro-batch its steps are timed; tokens per second there over keep's at keep's largest is
-the claim's number.
+memory is recorded as not fitting, its memory given back before the next. At every micro-batch up
+to each policy's largest its steps are timed (the largest is not always the fastest: a plan for it
+may recompute what a plan for a smaller one offloads); tokens per second at a policy's fastest over
+keep's at keep's fastest is the claim's number.
 
 The cap. On a GPU it is the caching allocator's limit (``torch.cuda.set_per_process_memory_fraction``:
 an allocation that would take the process's allocated and cached memory past it raises
@@ -252,7 +253,7 @@ def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row
                 search = largest_fitting(candidates, functools.partial(trials.fits, variant, policy))
                 tried = {str(micro): fit for micro, fit in search.tried.items()}
                 notes["searches"][variant.label] = {"tried": tried, "largest": search.largest}
-                failed = trials.record(variant, policy, search, writer, dataset, base, add_row)
+                failed = trials.record(variant, policy, search, candidates, writer, dataset, base, add_row)
                 if failed:
                     notes.setdefault("out_of_memory", {})[variant.label] = failed
         finally:
@@ -497,11 +498,15 @@ class Trials:
         free()
         return not self.cap.over(held)
 
-    def record(self, variant, policy, search: Search, writer, dataset: str, base: dict, add_row) -> str | None:
-        """A ``fits`` row per micro-batch tried (and ``out_of_memory`` where it did not fit); at the
-        largest that fit, the timed steps, their
-        tokens per second and the activation bytes a micro-step held. Returns why nothing was timed
-        where the timed steps ran out of memory after their probe fit (None otherwise)."""
+    def record(
+        self, variant, policy, search: Search, candidates: list[int], writer, dataset: str, base: dict, add_row
+    ) -> str | None:
+        """A ``fits`` row per micro-batch tried (and ``out_of_memory`` where it did not fit); then, at
+        every candidate up to the largest that fit (the search's monotone reading: each smaller one
+        fits too), the timed steps, their tokens per second and the activation bytes a micro-step
+        held: a policy's fastest micro-batch need not be its largest (a plan for a larger one may
+        recompute what it would offload at a smaller). Returns why a micro-batch was not timed where
+        its timed steps ran out of memory after all (None where every one was timed)."""
         for micro, fit in search.tried.items():
             if isinstance(variant, Scheduled):
                 variant.at(micro, policy)
@@ -511,7 +516,20 @@ class Trials:
                 add_row(writer, dataset, variant, config, "out_of_memory", 1, 0)
         if search.largest is None:
             return None
-        micro = search.largest
+        failed = []
+        for micro in sorted((c for c in set(candidates) if c <= search.largest), reverse=True):  # the largest first
+            if not self._time_at(variant, policy, micro, writer, dataset, base, add_row):
+                failed.append(micro)
+        if failed:
+            shown = ", ".join(map(str, failed))
+            return (
+                f"its timed steps at micro-batch {shown} ran out of memory (its search found {search.largest} to fit)"
+            )
+        return None
+
+    def _time_at(self, variant, policy, micro: int, writer, dataset: str, base: dict, add_row) -> bool:
+        """The timed steps at micro-batch ``micro`` and their rows; False where they ran out of memory
+        (an ``out_of_memory`` row then)."""
         if isinstance(variant, Scheduled):
             variant.at(micro, policy)
         step = self._train_step(policy, micro)
@@ -522,12 +540,13 @@ class Trials:
             desc = f"b={micro} {variant.label}"
             timed["m"] = measure(step, device=self.device, repeat=self.repeat, warmup=self.warmup, desc=desc)
 
+        config = base | {"micro_batch": micro} | _columns(variant, self.params)
         if runs_out_of_memory(time_steps):
             policy.reset()
-            return f"its timed steps at micro-batch {micro} ran out of memory (its probe step fit)"
+            add_row(writer, dataset, variant, config, "out_of_memory", 1, 0)
+            return False
         m, history = timed["m"], list(policy.history)
         free()
-        config = base | {"micro_batch": micro} | _columns(variant, self.params)
         micro_steps = base["global_batch"] // micro
         flops = training_flops(dataclasses.replace(self.shape, micro_batch=micro)) * micro_steps
         writer.add_measurement(m, role=variant.role, variant=variant.label, config=config, flops=flops, dataset=dataset)
@@ -543,4 +562,4 @@ class Trials:
             counts = history[first_timed + rep * micro_steps]
             if "activation_bytes" in counts:
                 row("activation_bytes", counts["activation_bytes"], rep)
-        return None
+        return True
