@@ -550,6 +550,35 @@ def test_blocks_given_as_a_module_dict_are_its_members():
     assert session.layers == list(model.layers.values())
 
 
+class _RenormalisingBlock(nn.Module):
+    """A block whose forward changes a parameter in place: an embedding with max_norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.position = nn.Embedding(8, 16, max_norm=1.0)
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + torch.tanh(self.linear(x + self.position(torch.arange(x.shape[1]))))
+
+
+def test_a_recomputed_block_whose_parameter_changed_says_whether_its_own_forward_changed_it():
+    """The block's own forward (max_norm) was blamed on "an optimizer step before backward?", and
+    autograd was said to raise the same without recomputation, which it does not."""
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(9))
+    model = nn.Sequential(_RenormalisingBlock(), _RenormalisingBlock())
+    own = r"^parameter weight of a recomputed _RenormalisingBlock is changed in place by the block's own forward "
+    with pytest.raises(RuntimeError, match=own + r"\(nn.Embedding's max_norm"), offload(model, policy="recompute"):
+        model(x).square().mean().backward()
+    model = nn.Sequential(*(_Residual(16, 16) for _ in range(2)))
+    with pytest.raises(RuntimeError, match=r"was modified in place between its forward and its recomputation"):
+        with offload(model, policy="recompute"):
+            loss = model(x).square().mean()
+            with torch.no_grad():
+                model[0].up.weight.add_(1.0)  # as an optimizer step would
+            loss.backward()
+
+
 def test_bad_arguments_are_one_line():
     model = qwen3()
     cases = [

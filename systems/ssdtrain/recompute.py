@@ -149,6 +149,7 @@ def _recomputed(
         modes = _modes_of(layer)  # train/eval of each submodule, as this forward ran them
         parameters = _parameters_of(layer)  # the tensors in their places, as this forward found them
         parameter_versions = [p._version for _, _, p in parameters]
+        forward_versions: list[int] = []  # the same once the forward has run (read at the recomputation)
         calls = []  # one entry per call of body: the first is the forward
         found = _buffers_of(layer) if with_buffers else []
         # One copy per tensor: a buffer two submodules share must stay one tensor in the replay.
@@ -167,7 +168,7 @@ def _recomputed(
                 again, kw_again = _place(shapes[0], inputs), _place(shapes[1], inputs)
             if not recomputing:
                 return forward(*again, **kw_again)
-            with _modes_as(layer, modes), _parameters_as(layer, parameters, parameter_versions):
+            with _modes_as(layer, modes), _parameters_as(layer, parameters, parameter_versions, forward_versions):
                 if not with_buffers:
                     return forward(*again, **kw_again)
                 return replay_from_buffers(again, kw_again)
@@ -195,6 +196,7 @@ def _recomputed(
 
         with saving_inputs_of(layer):  # what the hooks around see saved now are the block's inputs
             out = checkpoint(body, *tensors)
+        forward_versions.extend(p._version for _, _, p in parameters)
         # Only the copies of buffers this forward changed are needed (an unchanged one is its own
         # copy, made again at the recomputation): the others are let go now.
         for module, name, buffer in found:
@@ -250,10 +252,19 @@ def _parameters_of(layer: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]
 
 
 @contextlib.contextmanager
-def _parameters_as(layer: nn.Module, found: list[tuple[nn.Module, str, torch.Tensor]], versions: list[int]):
+def _parameters_as(
+    layer: nn.Module, found: list[tuple[nn.Module, str, torch.Tensor]], versions: list[int], after: list[int]
+):
     """The parameters of ``layer`` as the forward found them (``found``), in their places for the
-    recomputation and back after; refused if one was changed in place since (``versions``)."""
-    for (_, name, tensor), version in zip(found, versions, strict=True):
+    recomputation and back after; refused if one was changed in place since (``versions``; ``after``:
+    theirs when the forward ended, which tells a change the forward made itself)."""
+    for (_, name, tensor), version, ended in zip(found, versions, after or versions, strict=True):
+        if tensor._version != version and tensor._version == ended:
+            raise RuntimeError(
+                f"parameter {name} of a recomputed {type(layer).__name__} is changed in place by the block's own "
+                "forward (nn.Embedding's max_norm renormalises the rows it reads, for one): its recomputation would "
+                "run on other values than its forward did; keep or offload this block"
+            )
         if tensor._version != version:
             raise RuntimeError(
                 f"parameter {name} of a recomputed {type(layer).__name__} was modified in place between its forward "
