@@ -67,6 +67,8 @@ def same_hardware(one: dict, other: dict) -> bool:
 
 
 def _hardware(record: dict) -> tuple:
+    # Not harness.machine.kind (GPU models, each once): a re-run on two GPUs of a one-GPU part is
+    # other hardware for a range over processes, though the same kind of machine for its folder.
     machine = record.get("machine") or {}
     return tuple(g.get("name") for g in machine.get("gpus", [])), machine.get("cpu_model")
 

@@ -53,4 +53,9 @@ def cpu_or_cuda(value) -> torch.device | None:
         device = torch.device("cuda", ordinal) if ordinal is not None else torch.device(value)
     except (RuntimeError, TypeError):  # a name torch does not know, a negative ordinal, a float
         return None
+    # torch keeps an ordinal in 8 bits: 256 and "cuda:300" would come back as cuda:0 and cuda:44.
+    if ordinal is not None and device.index != ordinal:
+        return None
+    if isinstance(value, str) and str(device) != value:
+        return None
     return device if device.type in ("cpu", "cuda") else None

@@ -104,7 +104,10 @@ def test_cpu_or_cuda_reads_a_device_as_torch_does_without_needing_the_gpu(value,
     assert cpu_or_cuda(value) == expected
 
 
-@pytest.mark.parametrize("value", ["gpu", "meta", torch.device("meta"), "cuda:x", -1, True, 1.0, None])
+@pytest.mark.parametrize(
+    "value",
+    ["gpu", "meta", torch.device("meta"), "cuda:x", -1, True, 1.0, None, 128, 256, 2**40, "cuda:300", "cuda:255"],
+)
 def test_cpu_or_cuda_is_none_for_what_is_not_the_cpu_or_a_cuda_gpu(value):
     assert cpu_or_cuda(value) is None
 

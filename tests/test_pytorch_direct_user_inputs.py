@@ -460,11 +460,14 @@ def test_negative_read_counts_and_a_negative_thread_cap_are_refused():
         gather(table, torch.tensor([1, 2]), max_threads=-7)
 
 
-def test_count_rows_refuses_one_tensor_for_a_list_of_batches():
-    # Iterated, a tensor is its ids one at a time: right counts, at ids x rows cost (hours at a real batch).
-    with pytest.raises(UserError, match=r"^id_batches must be an iterable of id tensors .* pass \[ids\]$"):
-        count_rows(torch.tensor([3, 1, 3]), 5)
-    assert count_rows([torch.tensor([3, 1, 3])], 5).tolist() == [0, 1, 0, 2, 0]
+def test_count_rows_takes_one_tensor_as_one_batch_in_one_count(monkeypatch):
+    # Iterated, a tensor was its ids one at a time: right counts, at ids x rows cost (hours at a real batch).
+    calls = []
+    bincount = torch.bincount
+    monkeypatch.setattr(torch, "bincount", lambda *a, **k: calls.append(1) or bincount(*a, **k))
+    assert count_rows(torch.tensor([[3, 1], [3, 0]]), 5).tolist() == [1, 1, 0, 2, 0]
+    assert len(calls) == 1
+    assert count_rows([torch.tensor([3, 1]), torch.tensor([3, 0])], 5).tolist() == [1, 1, 0, 2, 0]
 
 
 def test_hit_rate_stays_a_share_when_counts_are_near_int64s_limit():

@@ -486,12 +486,16 @@ class _Residual(nn.Module):
         return x + self.down(torch.tanh(self.up(x)))
 
 
+class _Wide(_Residual):
+    """A teacher's block: a class of its own, wider than the student's."""
+
+
 class _Distillation(nn.Module):
     """A large frozen teacher run under no_grad beside a small student that trains."""
 
     def __init__(self):
         super().__init__()
-        self.teacher = nn.Sequential(*(_Residual(16, 64) for _ in range(6))).requires_grad_(False)
+        self.teacher = nn.Sequential(*(_Wide(16, 64) for _ in range(6))).requires_grad_(False)
         self.student = nn.Sequential(*(_Residual(16, 16) for _ in range(4)))
 
     def forward(self, x):
@@ -500,21 +504,42 @@ class _Distillation(nn.Module):
         return (self.student(x) - target).square().mean()
 
 
-def test_a_frozen_teacher_s_blocks_are_not_taken_for_the_student_s():
-    """The teacher's six blocks hold the most parameters and were taken: recompute then kept exactly
-    what keep keeps (a block run without gradients saves nothing to recompute), without a word."""
-    model = _Distillation()
-    assert find_layers(model) == list(model.student)
+class _AdaptedFrozenModel(nn.Module):
+    """A trained adapter's two blocks feeding a frozen model's six, which gradients flow through."""
+
+    def __init__(self):
+        super().__init__()
+        self.adapter = nn.Sequential(*(_Residual(16, 16) for _ in range(2)))
+        self.frozen = nn.Sequential(*(_Wide(16, 64) for _ in range(6))).requires_grad_(False)
+        self.drops = nn.ModuleList(nn.Dropout(0.0) for _ in range(6))  # a list without parameters
+
+    def forward(self, x):
+        return self.frozen(self.adapter(x)).square().mean()
+
+
+def test_frozen_blocks_are_found_with_a_warning_where_others_train():
+    """The largest list is taken, frozen or not: a frozen model the trained blocks feed saves
+    activations (taking the adapter's blocks instead held nearly all of keep's bytes under
+    recompute); where its blocks run under no_grad (a teacher), the warning says to pass the others."""
     x = torch.randn(64, 16, generator=torch.Generator().manual_seed(5))
-    kept = {}
-    for policy in ("keep", "recompute"):
-        with offload(model, policy=policy, min_bytes=0) as session:
-            model(x).backward()
-        kept[policy] = session.stats.total.kept_bytes
-    assert kept["recompute"] < kept["keep"]
-    # A model frozen whole (tuned through its input: a soft prompt) still saves in its blocks.
+    for model, others in ((_Distillation(), "student"), (_AdaptedFrozenModel(), "adapter")):
+        with pytest.warns(UserWarning, match=r"^find_layers: the 6 blocks found \(_Wide\) have no trainable"):
+            found = find_layers(model)
+        assert found == list(model.teacher if others == "student" else model.frozen)
+        kept = {}
+        for policy in ("keep", "recompute"):
+            layers = list(getattr(model, others)) if others == "student" else None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with offload(model, policy=policy, min_bytes=0, layers=layers) as session:
+                    model(x).backward()
+            kept[policy] = session.stats.total.kept_bytes
+        assert kept["recompute"] < kept["keep"], (others, kept)
+    # A model frozen whole (tuned through its input: a soft prompt) warns of nothing.
     frozen = nn.Sequential(*(_Residual(16, 16) for _ in range(3))).requires_grad_(False)
-    assert find_layers(frozen) == list(frozen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert find_layers(frozen) == list(frozen)
 
 
 class _ScriptedHead(nn.Module):
@@ -534,6 +559,10 @@ def test_torchscript_modules_are_never_blocks_and_refused_as_given_blocks_in_one
     forward raises when read); given as blocks, torch refused the hooks deep in the first one."""
     model = _ScriptedHead()
     assert find_layers(model) == list(model.blocks)
+    inside = nn.Module()
+    inside.layers = nn.ModuleList(nn.ModuleDict({"ff": torch.jit.script(nn.Linear(8, 8))}) for _ in range(3))
+    with pytest.raises(UserError, match=r"has no list of repeated blocks"):  # not the scripted modules inside
+        find_layers(inside)
     scripted = nn.Sequential(*(torch.jit.script(_Residual(16, 16)) for _ in range(3)))
     with pytest.raises(UserError, match=r"^\w+ has no list of repeated blocks"):
         find_layers(scripted)
@@ -979,31 +1008,38 @@ def test_a_budget_no_plan_fits_warns_and_holds_the_least():
 @pytest.mark.parametrize("policy", ["planner", "offload_adaptive"])
 def test_a_new_planned_offload_each_step_is_warned_of_and_one_reused_is_not(policy):
     """One offload() per step profiled a step keeping everything and planned for a step that never
-    came, every step, while ``decisions`` showed the plan: nothing was ever offloaded or recomputed."""
+    came, every step, while ``decisions`` showed the plan: nothing was ever offloaded or recomputed.
+    Two planners taking turns, or one made anew after a failed step, run their plans: no warning."""
     budget = {"budget": 0.3} if policy == "planner" else {}
 
-    def made(model):
-        return offload(model, policy=policy, bandwidth=1e9, store=HostStore(), min_bytes=0, **budget)
+    def made(model, **change):
+        return offload(model, policy=policy, bandwidth=1e9, store=HostStore(), min_bytes=0, **(budget | change))
+
+    def warned(steps) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for session, model in steps:
+                run_steps(model, session, steps=1)
+        return [str(w.message) for w in caught if "neither plan ran" in str(w.message)]
 
     model = ThreeBlocks()
     kept_by_keep = run_steps(model, offload(model, policy="keep", min_bytes=0), steps=1).stats.total.kept_bytes
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        reused = made(model)
-        for _ in range(3):
-            run_steps(model, reused, steps=1)
-        assert reused.stats.total.kept_bytes < kept_by_keep  # its plan ran
-        run_steps(model, made(model), steps=1)  # a new one after a plan that ran: no warning either
-    assert not [w for w in caught if "plan never ran" in str(w.message)]
+    reused = made(model)
+    assert not warned([(reused, model)] * 3 + [(made(model), model), (made(model), model)])
+    assert reused.stats.total.kept_bytes < kept_by_keep  # its plan ran
+    if policy == "planner":  # two planners at two budgets taking turns, each entered once per step
+        model = ThreeBlocks()
+        low, high = made(model, budget=0.2), made(model, budget=0.8)
+        assert not warned([(low, model), (high, model)] * 3)
     model = ThreeBlocks()
     first = run_steps(model, made(model), steps=1)
     assert first.decisions is not None and first.stats.total.kept_bytes == kept_by_keep
-    message = rf"^SSDTrain {policy}: an earlier offload\(\) on this model planned at its block's end, "
-    message += r"and its plan never ran: "
-    with pytest.warns(
-        UserWarning, match=message + r".* Make offload\(\) once, before the loop, and enter it at every step$"
-    ):
-        run_steps(model, made(model), steps=1)
+    messages = warned([(made(model), model), (made(model), model)])  # the second and third made anew
+    assert len(messages) == 1 and re.fullmatch(
+        rf"SSDTrain {policy}: the last two offload\(\) objects on this model planned at their block's end, and "
+        r"neither plan ran: .* Make offload\(\) once, before the loop, and enter it at every step",
+        messages[0],
+    )
 
 
 def test_blocks_run_by_a_reentrant_checkpoint_are_named_as_the_reason_a_plan_cannot_be_made():

@@ -748,8 +748,8 @@ def memory_bound() -> Table:
     where = (
         "its largest micro-batch that fits under the cap (these runs timed no other)"
         if only_largest
-        else "its fastest micro-batch among those that fit under the cap (its largest in parentheses where that "
-        "is another)"
+        else "its fastest micro-batch among those that fit under the cap (the committed run's; its largest in "
+        "parentheses where that is another)"
     )
     note = (
         f"Tokens per second of each variant at {where}, the global batch fixed; medians of the timed steps, "

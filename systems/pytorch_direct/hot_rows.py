@@ -56,9 +56,9 @@ def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
 def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tensor:
     """How many times each row is read in ``id_batches`` (int64 counts in host memory)."""
     if isinstance(id_batches, torch.Tensor):
-        # Iterating a tensor yields its ids one by one, each a "batch" bincounted over every row:
-        # the right counts at (ids x rows) cost, hours for one real batch.
-        raise UserError("id_batches must be an iterable of id tensors (one per batch), got one tensor: pass [ids]")
+        # One tensor is one batch (of any shape): iterated, its ids would come one at a time, each
+        # bincounted over every row (the right counts at ids x rows cost, hours for a real batch).
+        id_batches = [id_batches]
     num_rows = _count(num_rows, "num_rows")
     counts = torch.zeros(num_rows, dtype=torch.int64)
     for ids in id_batches:

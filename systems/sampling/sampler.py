@@ -170,6 +170,17 @@ class NeighborSampler:
         """The seeds as int64 on the sampler's device, refused unless distinct node ids. Seeds on
         the host (as the pipelines pass them) are checked there and copied without blocking;
         seeds already on the GPU are checked there, which waits for it."""
+        seeds = self.check_seeds(seeds)
+        if seeds.device.type == self.device.type:  # "cuda:0" is the sampler's "cuda": no copy, no pinning
+            return seeds.to(self.device)
+        if self.device.type == "cpu":
+            # Not non_blocking: a copy to the host that does not block hands back a tensor the GPU
+            # has yet to fill, and the C++ kernel would read it at once.
+            return seeds.to(self.device)
+        return seeds.pin_memory().to(self.device, non_blocking=True)
+
+    def check_seeds(self, seeds: torch.Tensor) -> torch.Tensor:
+        """``seeds`` as int64 where they are, refused in one line unless distinct node ids of this graph."""
         if not isinstance(seeds, torch.Tensor):
             raise UserError(f"seeds must be a 1-D tensor of node ids, got {type(seeds).__name__}")
         if seeds.dim() != 1 or seeds.is_floating_point() or seeds.is_complex() or seeds.dtype == torch.bool:
@@ -185,13 +196,7 @@ class NeighborSampler:
         values, counts = seeds.unique(return_counts=True)
         if values.numel() != seeds.numel():
             raise UserError(f"seed nodes must be distinct: node {int(values[counts > 1][0])} is named twice")
-        if seeds.device.type == self.device.type:  # "cuda:0" is the sampler's "cuda": no copy, no pinning
-            return seeds.to(self.device)
-        if self.device.type == "cpu":
-            # Not non_blocking: a copy to the host that does not block hands back a tensor the GPU
-            # has yet to fill, and the C++ kernel would read it at once.
-            return seeds.to(self.device)
-        return seeds.pin_memory().to(self.device, non_blocking=True)
+        return seeds
 
     def bounds(self, batch_size: int) -> list[int]:
         """The most nodes each hop's frontier can hold: the seeds, then each hop's new nodes

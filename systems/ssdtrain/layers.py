@@ -12,10 +12,11 @@ least a quarter of its parameters is a stack of its own and is taken too: BART's
 encoder and decoder layers, a vision-language model's vision and language layers. A block is
 made of modules: among the classes that hold parameters, a list of single operators (embedding
 tables, output heads) is taken only where the model has no list of composite blocks, however
-many parameters the operators hold. A list whose parameters are all frozen (a distillation's
-teacher, run under ``no_grad``) is taken only where no list trains: its blocks save nothing for a
-backward, so recomputing or offloading them would free nothing. A TorchScript module is never a
-block (it takes no hooks).
+many parameters the operators hold. Frozen blocks are blocks like any other (gradients may flow
+through them: a frozen language model under a trained adapter saves activations); where the blocks
+found have no trainable parameter and another list's do, a one-line warning says so (a
+distillation's teacher, run under ``no_grad``, saves nothing to recompute or offload). A
+TorchScript module is never a block (it takes no hooks).
 
 A block is called: a module without a forward of its own (``nn.ModuleList``, ``nn.ModuleDict``, any
 module whose forward is ``nn.Module``'s unimplemented one) never runs, its hooks never fire, so it
@@ -49,11 +50,8 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     """Every block of the repeated class of ``model`` (see the module), in module order. Raises a
     UserError if it has none (pass the blocks explicitly then)."""
     refuse_lazy(model)
-    # By class; those of containers by the set of their classes. Lists whose every parameter is
-    # frozen (a distillation's teacher, run under no_grad) apart: such a list is taken only where
-    # no list trains (a frozen model tuned through its input, a soft prompt, still saves in them).
-    found_in: dict[bool, dict[object, list[nn.Module]]] = {True: {}, False: {}}
-    stacks_in: dict[bool, dict[object, int]] = {True: {}, False: {}}  # how many lists the blocks come from
+    blocks: dict[object, list[nn.Module]] = {}  # by class; those of containers by the set of their classes
+    stacks: dict[object, int] = {}  # by the same key: how many lists the blocks come from
     mixed: list[tuple[str, nn.Module]] = []  # lists of called modules of several classes, by name
     for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList | nn.Sequential | nn.ModuleDict) or not len(module):
@@ -70,10 +68,6 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
             if name and not isinstance(module, nn.ModuleDict) and all(_called(m) for m in members) and layers >= 2:
                 mixed.append((name, module))
             continue
-        parameters = [p for member in members for p in member.parameters()]
-        blocks, stacks = (
-            it[not parameters or any(p.requires_grad for p in parameters)] for it in (found_in, stacks_in)
-        )
         if not _called(members[0]):  # containers: the modules they hold are the blocks
             inside = [block for member in members for block in _called_modules(member)]
             if inside:
@@ -84,8 +78,6 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
         key = block_class(members[0])
         blocks.setdefault(key, []).extend(members)
         stacks[key] = stacks.get(key, 0) + 1
-    trains = bool(found_in[True])
-    blocks, stacks = found_in[trains], stacks_in[trains]
     if not blocks:
         _refuse_mixed_stack(model, mixed, 0)
         raise UserError(
@@ -125,7 +117,23 @@ def find_layers(model: nn.Module) -> list[nn.Module]:
     inside = {id(m) for block in unique for m in block.modules() if m is not block}
     found = [block for block in unique if id(block) not in inside]  # a block nested in another is the other's
     _warn_of_larger_enclosing_blocks(model, found)
+    _warn_of_frozen_blocks(found, [b for key in blocks for b in blocks[key]])
     return found
+
+
+def _warn_of_frozen_blocks(found: list[nn.Module], listed: list[nn.Module]) -> None:
+    """Warn, in one line, where no block found has a trainable parameter while blocks of another
+    list do: the found ones may run without gradients (a distillation's teacher), saving nothing to
+    recompute or offload, or be a frozen model the trained ones feed (then they are right)."""
+    trains = lambda block: any(p.requires_grad for p in block.parameters())  # noqa: E731
+    chosen = {id(block) for block in found}
+    training = [block for block in listed if id(block) not in chosen and trains(block)]
+    if training and not any(trains(block) for block in found) and any(True for b in found for _ in b.parameters()):
+        warn(
+            f"find_layers: the {len(found)} blocks found ({block_name(found[0])}) have no trainable parameter, "
+            f"while {len(training)} others ({block_name(training[0])}) train: if the found ones run without "
+            "gradients (a frozen teacher), pass the trained ones (layers=[...])"
+        )
 
 
 def _warn_of_larger_enclosing_blocks(model: nn.Module, found: list[nn.Module]) -> None:
@@ -249,10 +257,12 @@ def block_name(module: nn.Module) -> str:
 
 
 def _called_modules(container: nn.Module) -> list[nn.Module]:
-    """The modules a container holds that have a forward, looking into containers inside it."""
+    """The modules a container holds that have a forward, looking into containers inside it (but
+    TorchScript modules, which take no hooks)."""
     out = []
     for child in container.children():
-        out.extend([child] if _called(child) else _called_modules(child))
+        if not _scripted(child):
+            out.extend([child] if _called(child) else _called_modules(child))
     return out
 
 

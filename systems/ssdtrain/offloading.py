@@ -99,14 +99,16 @@ MIXED_SAVE_ON_CPU = (
     "beside another offload(); put each model's step in a block of its own, or use offload_all with a HostStore"
 )
 DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)
-# Per model, the planned offload() (by id) whose plan was made at its block's end and has not run
-# yet: a new planned offload() on the model means the loop makes one per step, so every step
-# profiles with everything kept and plans for a step that never comes (said in __enter__).
-_PLAN_NOT_RUN: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+# Per model: the planned offload() (by id) whose plan was made at its block's end and has not run
+# yet, and how many such in a row were followed by a new one profiling instead. A loop that makes a
+# planned offload() per step profiles with everything kept and plans for a step that never comes,
+# every step: said in __enter__ at the third in a row (two planners taking turns, or one made anew
+# after a failed step, run their plans in between and reset the count).
+_PLAN_NOT_RUN: weakref.WeakKeyDictionary[nn.Module, tuple[int, int]] = weakref.WeakKeyDictionary()
 UNUSED_PLAN = (
-    "SSDTrain {policy}: an earlier offload() on this model planned at its block's end, and its plan never "
-    "ran: a new offload() profiles a step keeping everything and plans again. Make offload() once, before "
-    "the loop, and enter it at every step"
+    "SSDTrain {policy}: the last two offload() objects on this model planned at their block's end, and "
+    "neither plan ran: each new offload() profiles a step keeping everything and plans again. Make "
+    "offload() once, before the loop, and enter it at every step"
 )
 
 
@@ -191,6 +193,7 @@ class Offloading:
         # Whether the blocks ran a forward and backward in a profiled block: compiled blocks compile
         # in their first forward, which no later forward's time resembles (_profile_first_step).
         self._warmed_up = False
+        self._plans_not_run = 0  # planned offload() objects before this one whose plan never ran (_PLAN_NOT_RUN)
 
     @property
     def stats(self) -> StepStats | None:
@@ -217,8 +220,7 @@ class Offloading:
                     raise UserError(MIXED_SAVE_ON_CPU)
                 if self.decisions is None and self.policy not in PLANNED:
                     self.decisions = self._first_decisions()
-                if self.policy in PLANNED and _PLAN_NOT_RUN.pop(self.model, id(self)) != id(self):
-                    warn(UNUSED_PLAN.format(policy=self.policy))
+                self._note_a_plan_not_run()
                 stack.enter_context(self.offloader)
                 if self.decisions is None:
                     self._profile_first_step(stack)
@@ -233,6 +235,18 @@ class Offloading:
     def __exit__(self, *exc) -> None:
         stack, self._stack = self._stack, None
         stack.__exit__(*exc)
+
+    def _note_a_plan_not_run(self) -> None:
+        """Count planned offload() objects made anew while the last one's plan never ran, and warn at
+        the second in a row (see _PLAN_NOT_RUN); a block that runs decisions resets the count."""
+        last, self._plans_not_run = _PLAN_NOT_RUN.pop(self.model, None), 0
+        if self.decisions is not None or last is None:
+            return  # this block runs decisions (a plan, a named policy): none is wasted
+        owner, count = last
+        if owner != id(self):
+            self._plans_not_run = count + 1
+            if self._plans_not_run >= 2:
+                warn(UNUSED_PLAN.format(policy=self.policy))
 
     # -- decisions -----------------------------------------------------------------------------
     def _first_decisions(self) -> list[str]:
@@ -352,7 +366,7 @@ class Offloading:
             # A block entered once per step ends after the profiled step: plan now, for the next block.
             if exc_type is None and self.decisions is None and self.offloader.backwards >= profiled_backwards:
                 self._make_plan(timer, profiled_stats(), peaks)
-                _PLAN_NOT_RUN[self.model] = id(self)  # until this object's next block runs it
+                _PLAN_NOT_RUN[self.model] = (id(self), self._plans_not_run)  # until a block runs a plan
             elif exc_type is None and self.decisions is None and self._hooks_saw_nothing(timer):
                 warn(
                     f"SSDTrain {self.policy}: the blocks ran with gradients but saved no tensor through this "

@@ -721,7 +721,7 @@ def store_bandwidth(store, device, nbytes: int = 64 << 20, repeat: int = 3) -> f
         try:
             store.put(key, tensor).result()
             store.get(key, out).result()
-        except BaseException:  # a write that failed (a disk briefly full) must not hold its key for the next probe
+        except Exception:  # a write that failed (a disk briefly full) must not hold its key for the next probe
             with contextlib.suppress(KeyError):  # a put refused before it stored anything
                 store.free(key)
             raise

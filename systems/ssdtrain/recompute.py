@@ -253,12 +253,12 @@ def _parameters_of(layer: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]
 
 @contextlib.contextmanager
 def _parameters_as(
-    layer: nn.Module, found: list[tuple[nn.Module, str, torch.Tensor]], versions: list[int], after: list[int]
+    layer: nn.Module, found: list[tuple[nn.Module, str, torch.Tensor]], versions: list[int], forward_ended: list[int]
 ):
     """The parameters of ``layer`` as the forward found them (``found``), in their places for the
-    recomputation and back after; refused if one was changed in place since (``versions``; ``after``:
-    theirs when the forward ended, which tells a change the forward made itself)."""
-    for (_, name, tensor), version, ended in zip(found, versions, after or versions, strict=True):
+    recomputation and back after; refused if one was changed in place since (``versions``;
+    ``forward_ended``: theirs when the forward ended, which tells a change the forward made itself)."""
+    for (_, name, tensor), version, ended in zip(found, versions, forward_ended or versions, strict=True):
         if tensor._version != version and tensor._version == ended:
             raise RuntimeError(
                 f"parameter {name} of a recomputed {type(layer).__name__} is changed in place by the block's own "

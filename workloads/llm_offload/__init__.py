@@ -17,8 +17,9 @@ fixed global batch (gradient accumulation): tokens per second and activation byt
 recompute and offload_all per micro-batch, an out-of-memory recorded as an outcome.
 
 A fourth, ``memory_bound``: under a cap on device memory, each policy's largest micro-batch that
-fits (a search that records each micro-batch that does not) and its tokens per second there, at a
-fixed global batch: the throughput the freed memory buys over keep at keep's largest.
+fits (a search that records each micro-batch that does not) and its tokens per second at every
+micro-batch up to it, at a fixed global batch: the throughput the freed memory buys, each policy at
+its fastest, over keep at keep's.
 
 A fifth, ``shapes`` (GPU only): the policies at the paper's three (hidden, layers) shapes and its
 micro-batch 16. A sixth, ``convergence``: a small model trained for many steps on the generated

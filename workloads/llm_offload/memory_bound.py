@@ -8,7 +8,7 @@ cap of ``memory_cap_gib`` GiB on what the device may hold. :func:`largest_fittin
 micro-batches for the largest whose training steps run under the cap: a try that runs out of
 memory is recorded as not fitting, its memory given back before the next. At every micro-batch up
 to each policy's largest its steps are timed (the largest is not always the fastest: a plan for it
-may recompute what a plan for a smaller one offloads); tokens per second at a policy's fastest over
+may recompute blocks that a plan for a smaller one keeps or offloads); tokens per second at a policy's fastest over
 keep's at keep's fastest is the claim's number.
 
 The cap. On a GPU it is the caching allocator's limit (``torch.cuda.set_per_process_memory_fraction``:
@@ -457,8 +457,8 @@ def _optimizer_with_its_state(model, device: str) -> torch.optim.Optimizer:
 @dataclass
 class Trials:
     """One policy's training steps at one micro-batch at a time: :meth:`fits` (the search's
-    question: one optimizer step, under the cap or not) and :meth:`record` (the steps timed at the
-    largest micro-batch that fit, and a row per micro-batch tried)."""
+    question: one optimizer step, under the cap or not) and :meth:`record` (a row per micro-batch
+    tried, and the steps timed at every micro-batch up to the largest that fit)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -505,7 +505,7 @@ class Trials:
         every candidate up to the largest that fit (the search's monotone reading: each smaller one
         fits too), the timed steps, their tokens per second and the activation bytes a micro-step
         held: a policy's fastest micro-batch need not be its largest (a plan for a larger one may
-        recompute what it would offload at a smaller). Returns why a micro-batch was not timed where
+        recompute blocks that one for a smaller keeps or offloads). Returns why a micro-batch was not timed where
         its timed steps ran out of memory after all (None where every one was timed)."""
         for micro, fit in search.tried.items():
             if isinstance(variant, Scheduled):

@@ -713,7 +713,7 @@ class Pipeline:
         if seeds is not None:
             # All of them, here: checked batch by batch, a bad id would surface after the batches
             # before it were handed out, and a node named in two batches would pass.
-            self.sampler.checked_seeds(seeds)
+            self.sampler.check_seeds(seeds)
             seeds = list(seeds.split(self.batch_size)) if seeds.numel() else []
         return self._epoch(epoch, seeds)  # checked here, at the call; the batches come as they are asked
 
