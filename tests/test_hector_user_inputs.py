@@ -209,6 +209,13 @@ def test_a_tensor_or_graph_of_another_kind_is_refused_naming_the_argument():
         layer(g, **tensors | {"W": tensors["W"].tolist()})
     with pytest.raises(TypeError, match="graph must be a RelGraph"):
         layer((src, dst, etype), **tensors)
+    # By keyword, the graph is the graph (it was "missing 1 required positional argument: 'graph'").
+    assert torch.equal(layer(graph=g, **tensors), layer(g, **tensors))
+    for args in ((), (g, g)):
+        with pytest.raises(
+            TypeError, match=r"takes the graph, then its tensors by name: layer\(graph, x=\.\.\., \.\.\.\)$"
+        ):
+            layer(*args, **tensors)
 
 
 def test_a_program_of_two_outputs_is_refused_when_the_layer_is_made():
@@ -679,3 +686,38 @@ def test_hectors_forms_name_the_features_width_and_the_layers_when_they_differ(m
             UserError, match=rf"^input x: \[{nodes} nodes, 8\] wanted \(width '{width}' is 8 in \w+\), "
         ):
             layer(torch.randn(nodes, 5, generator=torch.Generator().manual_seed(6)).requires_grad_())
+
+
+def built(seed: int) -> RelGraph:
+    (src, dst, etype), nodes, relations = edges(seed)
+    return RelGraph.build(src, dst, etype, nodes, relations)
+
+
+@pytest.mark.parametrize("edited", ["src", "dst", "etype", "node_type"])
+def test_a_graph_edited_in_place_after_it_was_built_is_refused_not_half_read(edited):
+    """Norm and the cached indices kept the old edges while a typed product read the new etype: a
+    layer's output moved by up to 1.16 from the rebuilt graph's, without a word."""
+    g = built(seed=4)
+    layer = op.Layer(passes.optimize(gated_attention(), "compact"))
+    tensors = attention_tensors(g)
+    layer(g, **tensors)
+    with torch.no_grad():
+        getattr(g, edited)[0] = getattr(g, edited)[0]  # any in-place write counts: the ids may now differ
+    with pytest.raises(UserError, match=rf"^the graph's {edited} changed in place after RelGraph.build"):
+        layer(g, **tensors)
+
+
+def test_a_graph_is_equal_to_itself_only_and_copies_stay_usable():
+    import copy
+
+    g = built(seed=4)
+    assert g == g and g != built(seed=4) and len({g, g}) == 1  # == compared tensors, and raised
+    copied = copy.deepcopy(g)
+    layer, tensors = op.Layer(gated_attention()), attention_tensors(g)
+    assert torch.equal(layer(copied, **tensors), layer(g, **tensors))
+
+
+def test_no_node_types_without_node_type_names_the_count_not_ids_nobody_gave():
+    with pytest.raises(UserError, match=r"^num_node_types is 0 for a graph of 3 nodes: without node_type every node"):
+        RelGraph.build([0], [1], [0], num_nodes=3, num_relations=1, num_node_types=0)
+    assert RelGraph.build([], [], [], num_nodes=0, num_relations=1, num_node_types=0).num_node_types == 0

@@ -362,3 +362,22 @@ def test_a_count_whose_tables_the_machine_cannot_hold_is_refused_with_the_sizes_
     ):
         RelGraph.build(src, dst, [0, 1, 0], 6, 2, node_type=[0, 1, 1, 0, 0, 1], num_node_types=2**27)
     assert RelGraph.build(src, dst, [0, 1, 0], num_nodes=6, num_relations=2).num_nodes == 6  # small: not asked
+
+
+def test_edge_softmax_takes_a_score_per_head_each_column_as_its_own_softmax():
+    """Per-head scores ([edges, heads]) failed inside scatter_reduce on the index's dimensions."""
+    from harness.errors import UserError
+    from systems.relgraph.ops import edge_softmax
+
+    gen = torch.Generator().manual_seed(3)
+    dst = torch.tensor([0, 2, 0, 1, 2, 2])
+    scores = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    per_head = edge_softmax(scores, dst, 4)
+    for head in range(3):
+        assert torch.allclose(per_head[:, head], edge_softmax(scores[:, head], dst, 4), atol=0, rtol=1e-15)
+        for node in range(3):  # each target's weights sum to one, per head
+            assert torch.isclose(per_head[dst == node, head].sum(), torch.tensor(1.0, dtype=torch.float64))
+    with pytest.raises(
+        UserError, match=r"^edge_softmax takes one score .* got scores of shape \(5, 3\) for dst of shape \(6,\)"
+    ):
+        edge_softmax(scores[:5], dst, 4)

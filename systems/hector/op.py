@@ -78,7 +78,14 @@ class Layer:
         numbers = [v.attr("value", 0.0) for v in program.values if v.op == "const"]
         self.largest_constant = max(numbers, key=abs, default=0.0)
 
-    def __call__(self, graph: RelGraph, /, **tensors: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *graph_given: RelGraph, **tensors: torch.Tensor) -> torch.Tensor:
+        # The graph is positional (a model's leaf may be named "graph"); given by keyword, it is
+        # taken as the graph where no leaf has that name, not reported missing.
+        if not graph_given and "graph" in tensors and "graph" not in self.names:
+            graph_given = (tensors.pop("graph"),)
+        if len(graph_given) != 1:
+            raise TypeError(f"{self.program.name} takes the graph, then its tensors by name: layer(graph, x=..., ...)")
+        (graph,) = graph_given
         missing, extra = set(self.names) - set(tensors), set(tensors) - set(self.names)
         if missing or extra:
             raise UserError(
@@ -94,6 +101,7 @@ class Layer:
             raise TypeError(
                 f"{self.program.name}: graph must be a RelGraph (RelGraph.build), not {type(graph).__name__}"
             )
+        graph.check_unchanged()  # every path reads what build derived from the edges
         given = [tensors[name] for name in self.names]
         for name, t in zip(self.names, given, strict=True):
             if not isinstance(t, torch.Tensor):

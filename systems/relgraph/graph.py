@@ -19,7 +19,7 @@ from harness.errors import UserError
 _BUILDING: ContextVar[bool] = ContextVar("_BUILDING", default=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # a graph is itself: == on its tensors would raise, or compare sizes
 class RelGraph:
     """Edges ``src -> dst`` of relation ``etype`` (int64 tensors on one device), over
     ``num_nodes`` nodes and ``num_relations`` relations. Construct with :meth:`build`, which copies
@@ -51,6 +51,32 @@ class RelGraph:
                 "computes its derived fields from the edges; for other edges, build another (not "
                 "dataclasses.replace or the constructor)"
             )
+        object.__setattr__(self, "_versions", self._edge_versions())
+
+    EDGES = ("src", "dst", "etype", "node_type")
+
+    def _edge_versions(self) -> tuple[int | None, ...]:
+        # An inference tensor has no version (and cannot be edited in place outside inference mode).
+        tensors = [getattr(self, name) for name in self.EDGES]
+        return tuple(None if t.is_inference() else t._version for t in tensors)
+
+    def __setstate__(self, state: dict) -> None:
+        # A copy (copy.deepcopy, pickle) has tensors of its own, versions counted afresh.
+        self.__dict__.update(state)
+        object.__setattr__(self, "_versions", self._edge_versions())
+
+    def check_unchanged(self) -> None:
+        """Refuse, in one line, a graph whose ids were edited in place since it was built: what was
+        derived from them (norm, the orders, the offsets, the layers' cached indices) describes the
+        old edges, and a layer would mix the two without a word."""
+        if torch.compiler.is_compiling():  # Dynamo traces neither versions nor inference flags
+            return
+        changed = [name for name, was, now in zip(self.EDGES, self._versions, self._edge_versions()) if was != now]
+        if changed:
+            raise UserError(
+                f"the graph's {', '.join(changed)} changed in place after RelGraph.build: what was derived from "
+                "them describes the old edges; build another graph for the new ones"
+            )
 
     @classmethod
     def build(
@@ -78,6 +104,11 @@ class RelGraph:
             num_node_types=(num_node_types, () if node_type is None else (node_type,)),
         )
         if node_type is None:  # one type, allocated once the count is known to fit
+            if num_node_types == 0 and num_nodes:  # else "node_type[0] = 0", of ids nobody gave
+                raise UserError(
+                    f"num_node_types is 0 for a graph of {num_nodes} nodes: without node_type every node is of "
+                    "type 0, so num_node_types must be at least 1"
+                )
             node_type = torch.zeros(num_nodes, dtype=torch.int64, device=device)
         if node_type.shape != (num_nodes,):
             raise UserError(f"node_type must hold one type per node ({num_nodes}), got {tuple(node_type.shape)}")

@@ -101,11 +101,18 @@ def edge_softmax(scores: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tor
     """Softmax of each edge's score over the edges into the same target. The per-target maximum
     is subtracted for range only (the result does not depend on it), so it is not differentiated.
     Scores in a narrower type than float32 are exponentiated and summed in float32 (as autocast
-    runs softmax): a bfloat16 sum of a node's exponentials drifts by a few percent."""
+    runs softmax): a bfloat16 sum of a node's exponentials drifts by a few percent. ``scores`` is
+    one score per edge, or one row per edge (a score per head): each column on its own."""
+    if scores.dim() == 0 or dst.dim() != 1 or scores.shape[0] != dst.shape[0]:
+        raise UserError(
+            f"edge_softmax takes one score (or one row of scores) per edge of dst: got scores of shape "
+            f"{tuple(scores.shape)} for dst of shape {tuple(dst.shape)}"
+        )
     if scores.dtype in (torch.bfloat16, torch.float16):
         return edge_softmax(scores.float(), dst, num_nodes).to(scores.dtype)
-    top = torch.full((num_nodes,), -torch.inf, dtype=scores.dtype, device=scores.device)
-    top = top.scatter_reduce(0, dst, scores.detach(), "amax")
+    rest = scores.shape[1:]
+    top = torch.full((num_nodes, *rest), -torch.inf, dtype=scores.dtype, device=scores.device)
+    top = top.scatter_reduce(0, dst.view(-1, *(1 for _ in rest)).expand_as(scores), scores.detach(), "amax")
     exp = (scores - take_rows(top, dst)).exp()
-    total = torch.zeros(num_nodes, dtype=scores.dtype, device=scores.device).index_add(0, dst, exp)
+    total = torch.zeros((num_nodes, *rest), dtype=scores.dtype, device=scores.device).index_add(0, dst, exp)
     return exp / take_rows(total, dst)
