@@ -48,8 +48,16 @@ def test_rank_shards_partition_each_global_batch():
     assert all(len(s) == steps for s in shards)  # the incomplete last global batch is dropped
     for i in range(steps):
         assert torch.equal(torch.cat([s[i] for s in shards]), whole[i])
+    ring = {  # a 6-node ring: the shard is refused before any of it is read
+        "indptr": np.arange(7),
+        "indices": (np.arange(6) + 1) % 6,
+        "features": np.ones((6, 3), np.float32),
+        "labels": np.arange(6) % 2,
+        "train_idx": np.arange(4),
+        "val_idx": np.arange(4, 6),
+    }
     with pytest.raises(UserError, match="shard must be"):
-        Pipeline("cpu_gather", None, [5], 10, seed=0, shard=(2, 2))
+        Pipeline("cpu_gather", Graph(ring, "cpu"), [5], 10, seed=0, shard=(2, 2))
 
 
 def test_a_training_set_smaller_than_one_global_batch_is_refused():
