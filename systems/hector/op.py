@@ -78,7 +78,7 @@ class Layer:
         numbers = [v.attr("value", 0.0) for v in program.values if v.op == "const"]
         self.largest_constant = max(numbers, key=abs, default=0.0)
 
-    def __call__(self, *graph_given: RelGraph, **tensors: torch.Tensor) -> torch.Tensor:
+    def __call__(self, /, *graph_given: RelGraph, **tensors: torch.Tensor) -> torch.Tensor:
         # The graph is positional (a model's leaf may be named "graph"); given by keyword, it is
         # taken as the graph where no leaf has that name, not reported missing.
         if not graph_given and "graph" in tensors and "graph" not in self.names:
