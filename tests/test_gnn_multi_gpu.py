@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_gnn_training import _tiny as ring_of_six
 from torch.nn import functional as F
 
 from harness import provenance
@@ -48,16 +49,8 @@ def test_rank_shards_partition_each_global_batch():
     assert all(len(s) == steps for s in shards)  # the incomplete last global batch is dropped
     for i in range(steps):
         assert torch.equal(torch.cat([s[i] for s in shards]), whole[i])
-    ring = {  # a 6-node ring: the shard is refused before any of it is read
-        "indptr": np.arange(7),
-        "indices": (np.arange(6) + 1) % 6,
-        "features": np.ones((6, 3), np.float32),
-        "labels": np.arange(6) % 2,
-        "train_idx": np.arange(4),
-        "val_idx": np.arange(4, 6),
-    }
-    with pytest.raises(UserError, match="shard must be"):
-        Pipeline("cpu_gather", Graph(ring, "cpu"), [5], 10, seed=0, shard=(2, 2))
+    with pytest.raises(UserError, match="shard must be"):  # refused before the ring is read
+        Pipeline("cpu_gather", Graph(ring_of_six(), "cpu"), [5], 10, seed=0, shard=(2, 2))
 
 
 def test_a_training_set_smaller_than_one_global_batch_is_refused():
