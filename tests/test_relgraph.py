@@ -381,3 +381,24 @@ def test_edge_softmax_takes_a_score_per_head_each_column_as_its_own_softmax():
         UserError, match=r"^edge_softmax takes one score .* got scores of shape \(5, 3\) for dst of shape \(6,\)"
     ):
         edge_softmax(scores[:5], dst, 4)
+
+
+def test_integer_ids_held_as_objects_are_ids_and_masked_ids_are_refused():
+    """A pandas object column of integers was refused as "got object"; a masked array's masked
+    values were read as ids without a word."""
+    import numpy as np
+
+    from harness.errors import UserError
+
+    g = RelGraph.build(np.array([0, np.int32(1)], dtype=object), [1, 0], [0, 0], num_nodes=2, num_relations=1)
+    assert g.src.tolist() == [0, 1] and g.src.dtype == torch.int64
+    for mixed in (
+        np.array([0, 1.5], dtype=object),
+        np.array([0, True], dtype=object),
+        np.array(["0", 1], dtype=object),
+    ):
+        with pytest.raises(UserError, match="^src must hold integer ids, got object$"):
+            RelGraph.build(mixed, [1, 0], [0, 0], num_nodes=2, num_relations=1)
+    with pytest.raises(UserError, match="^src is a masked array with masked ids: drop or fill them first$"):
+        RelGraph.build(np.ma.array([0, 5], mask=[False, True]), [1, 0], [0, 0], num_nodes=2, num_relations=1)
+    assert RelGraph.build(np.ma.array([0, 1]), [1, 0], [0, 0], num_nodes=2, num_relations=1).src.tolist() == [0, 1]

@@ -297,6 +297,9 @@ def _ids(name: str, ids, device: torch.device, what: str = "ids") -> torch.Tenso
     the graph's segments and norms are derived once: a caller's later edit of its own buffer (the
     next batch's edges) must not reach the graph's ids and leave the rest stale."""
     if not isinstance(ids, torch.Tensor):
+        if np.ma.isMaskedArray(ids) and np.ma.getmask(ids) is not np.ma.nomask and np.ma.getmask(ids).any():
+            # np.asarray reads the values under the mask as ids, silently
+            raise UserError(f"{name} is a masked array with masked {what}: drop or fill them first")
         try:
             array = np.asarray(ids)
         except ValueError:  # numpy's refusal of nested lists of unequal lengths
@@ -305,6 +308,8 @@ def _ids(name: str, ids, device: torch.device, what: str = "ids") -> torch.Tenso
             array = array.astype(np.int64)
         if array.dtype.kind in "fO":  # numpy's type for integers int64 cannot hold, or for floats
             _refuse_past_int64(name, ids)
+        if array.dtype.kind == "O" and all(integer(v) is not None for v in array.flat):
+            array = array.astype(np.int64)  # integers held as objects (a pandas object column)
         if array.dtype.kind not in "iu":
             raise UserError(f"{name} must hold integer {what}, got {array.dtype}")
         if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
