@@ -721,3 +721,25 @@ def test_no_node_types_without_node_type_names_the_count_not_ids_nobody_gave():
     with pytest.raises(UserError, match=r"^num_node_types is 0 for a graph of 3 nodes: without node_type every node"):
         RelGraph.build([0], [1], [0], num_nodes=3, num_relations=1, num_node_types=0)
     assert RelGraph.build([], [], [], num_nodes=0, num_relations=1, num_node_types=0).num_node_types == 0
+
+
+class Net(torch.nn.Module):
+    """A user's module holding a layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = op.Layer(passes.optimize(gated_attention(), "compact"), tensor_cores=True)
+
+
+def test_a_module_holding_a_layer_is_saved_and_loaded_whole():
+    """torch.save of a module that holds a Layer failed on its registered ops (not pickleable)."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(Net(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded.layer.op_name == Net().layer.op_name and loaded.layer.tensor_cores
+    g = built(seed=4)
+    tensors = attention_tensors(g)
+    assert torch.equal(loaded.layer(g, **tensors), Net().layer(g, **tensors))

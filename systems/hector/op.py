@@ -66,7 +66,7 @@ class Layer:
     def __init__(self, program: Program, tensor_cores: bool = False):
         if len(program.outputs) != 1:  # the ops return one output and take one output's gradient
             raise UserError(f"a Layer runs a program of one output; {program.name} returns {len(program.outputs)}")
-        self.program = program
+        self.program, self.tensor_cores = program, tensor_cores
         self.names = [leaf.name for leaf in leaves(program)]
         digest = hashlib.sha256(str(program).encode()).hexdigest()[:12]
         self.op_name = f"{_identifier(program.name)}_{digest}" + ("_tf32" if tensor_cores else "")
@@ -77,6 +77,11 @@ class Layer:
         # The constant of largest magnitude: past float32's range, a layer runs in float64 only.
         numbers = [v.attr("value", 0.0) for v in program.values if v.op == "const"]
         self.largest_constant = max(numbers, key=abs, default=0.0)
+
+    def __reduce__(self):
+        # Its registered ops do not pickle; the program does, and the same layer is made from it
+        # (torch.save of a module that holds one, copy.deepcopy).
+        return type(self), (self.program, self.tensor_cores)
 
     def __call__(self, /, *graph_given: RelGraph, **tensors: torch.Tensor) -> torch.Tensor:
         # The graph is positional (a model's leaf may be named "graph"); given by keyword, it is
