@@ -471,7 +471,6 @@ class GraphIndex:
 
     @classmethod
     def of(cls, graph: RelGraph) -> GraphIndex:
-        graph.check_unchanged()  # the cached arrays describe the edges as built
         found = cls._live.get(id(graph))
         if found is None or found.graph is not graph:
             found = cls._live[id(graph)] = cls(graph)

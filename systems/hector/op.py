@@ -106,7 +106,9 @@ class Layer:
             raise TypeError(
                 f"{self.program.name}: graph must be a RelGraph (RelGraph.build), not {type(graph).__name__}"
             )
-        graph.check_unchanged()  # every path reads what build derived from the edges
+        # Once per call, here (GraphIndex.of, reached several times a call, trusts it): every path
+        # reads what build derived from the edges, and the cached indices describe them as built.
+        graph.check_unchanged()
         given = [tensors[name] for name in self.names]
         for name, t in zip(self.names, given, strict=True):
             if not isinstance(t, torch.Tensor):
