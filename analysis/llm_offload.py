@@ -35,7 +35,7 @@ import pandas as pd
 
 from analysis import style
 from analysis.common import load_results, machine_label, same_code_reruns, summarize
-from analysis.doc_tables.llm_offload import setting_text
+from analysis.doc_tables.llm_offload import fastest, setting_text
 from systems.ssdtrain import POLICIES, STORES, planning
 from systems.ssdtrain.bound import bound_of_profile
 from workloads.llm import cost
@@ -428,7 +428,7 @@ if not capped.empty:
     # The part times every micro-batch that fits (runs of older code only the largest): a variant
     # is shown at its fastest, beside the largest that fit.
     ONLY_LARGEST = bool(capped_speed.groupby(["dataset", "variant"]).size().max() == 1)
-    capped_speed = capped_speed.sort_values("median").groupby(["dataset", "variant"], sort=False).tail(1)
+    capped_speed = fastest(capped_speed)
     fitted = capped_fits[capped_fits.value == 1]
     capped_largest = fitted.groupby(["dataset", "variant"]).micro_batch.max()
     keep_speed = capped_speed[capped_speed.variant == "keep"].set_index("dataset")["median"]

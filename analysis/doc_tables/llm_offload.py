@@ -724,6 +724,13 @@ def capped_speeds(file: Path) -> pd.DataFrame:
     return summarize(_load_one(file), "tokens_per_second", keys)
 
 
+def fastest(speeds: pd.DataFrame) -> pd.DataFrame:
+    """One row per model and variant of a memory_bound summary: its micro-batch of the highest
+    median tokens/s (the part times every micro-batch that fits; runs of older code, the largest)."""
+    speeds = speeds.reset_index(drop=True)
+    return speeds.loc[speeds.groupby(["dataset", "variant"], sort=False)["median"].idxmax()]
+
+
 @table("llm_offload-h200-memory_bound", topic=TOPIC)
 def memory_bound() -> Table:
     """Part memory_bound: every variant's tokens/s at its fastest micro-batch under the cap; each
@@ -765,9 +772,7 @@ def capped_rows(speeds: Sequence[pd.DataFrame], committed: pd.DataFrame) -> list
     setups = _setups(committed)
     lines = []
     for dataset, rows in speeds[0].groupby("dataset", sort=False):
-        # A row per variant, at its fastest micro-batch (the part times every one that fits).
-        rows = rows.reset_index(drop=True)
-        rows = rows.loc[rows.groupby("variant", sort=False)["median"].idxmax()]
+        rows = fastest(rows)
         fitted = committed[(committed.dataset == dataset) & (committed.metric == "fits") & (committed.value == 1)]
         largest = fitted.groupby("variant").micro_batch.max()
         first = committed[committed.dataset == dataset].iloc[0]
