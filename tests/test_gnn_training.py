@@ -134,8 +134,26 @@ def test_a_graph_takes_tensors_as_it_takes_arrays_and_names_what_is_missing(arra
         Graph(arrays, "cpu", features=narrower)  # the table of arrays was ignored without a word
     with pytest.raises(UserError, match="labels must be a numpy array or a host tensor, got list"):
         Graph(dict(arrays) | {"labels": list(arrays["labels"])}, "cpu")
-    with pytest.raises(UserError, match="device must be 'cpu' or 'cuda', got 'gpu'"):
-        Graph(arrays, "gpu")
+    for device in ("gpu", "cuda:x", "meta", 1.5, torch.device("meta")):
+        refusal = rf"^device must be 'cpu' or 'cuda' \(or 'cuda:N'\), got {re.escape(repr(device))}$"
+        with pytest.raises(UserError, match=refusal):
+            Graph(arrays, device)
+    assert Graph(arrays, torch.device("cpu")).device == "cpu"  # a torch.device as torch takes one
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda"), 0])
+def test_a_cuda_graph_without_a_gpu_says_so_in_one_line(device):
+    with pytest.raises(NeedsGpuError, match=rf"^device={re.escape(repr(device))} needs a CUDA GPU"):
+        Graph(_tiny(), device)
+
+
+@pytest.mark.gpu
+def test_gpu_a_graph_on_another_gpu_than_the_current_one_is_refused():
+    other = torch.cuda.device_count()  # an ordinal past the current device, present or not
+    with pytest.raises(UserError, match=rf"^device='cuda:{other}' is not the current CUDA device"):
+        Graph(_tiny(), f"cuda:{other}")
+    assert Graph(_tiny(), torch.device("cuda", torch.cuda.current_device())).device == "cuda"
 
 
 def _tiny(**change) -> dict:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.arguments import whole_number
+from harness.arguments import cpu_or_cuda, whole_number
 from harness.errors import NeedsGpuError, UserError
 from harness.machine import usable_cores
 from harness.registry import Entry, Registry
@@ -158,6 +158,24 @@ def workers_of(pipeline: str, sampler_workers: int, cores: int | None = None) ->
     return sampler_workers if cores is None else min(sampler_workers, cores // 2)
 
 
+def _cpu_or_current_cuda(device) -> str:
+    """``device`` as the name the pipelines compare with, ``"cpu"`` or ``"cuda"``. The pipelines
+    sample, pin and launch on the current CUDA device, so another GPU is refused, not half used."""
+    chosen = cpu_or_cuda(device)
+    if chosen is None:
+        raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}")
+    if chosen.type == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():  # else it fails at the first batch's pinning
+        raise NeedsGpuError(f"device={device!r} needs a CUDA GPU, and torch sees none here: use device='cpu'")
+    if chosen.index is not None and chosen.index != torch.cuda.current_device():
+        raise UserError(
+            f"device={device!r} is not the current CUDA device (cuda:{torch.cuda.current_device()}): "
+            f"call torch.cuda.set_device({chosen.index}) first, as each training process does"
+        )
+    return "cuda"
+
+
 def training_threads(sampler_workers: int, processes: int = 1) -> int:
     """torch's threads in a training process: its share of the cores (``processes`` training
     processes on this machine) less its sampling workers.
@@ -173,17 +191,15 @@ class Graph:
 
     ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx")
 
-    def __init__(self, arrays: dict, device: str, features: torch.Tensor | None = None):
-        """``arrays``: numpy arrays or host tensors by name (:data:`ARRAYS`); ``features``: a host
+    def __init__(self, arrays: dict, device: str | torch.device, features: torch.Tensor | None = None):
+        """``arrays``: numpy arrays or host tensors by name (:data:`ARRAYS`); ``device``: ``"cpu"``
+        or the current CUDA GPU (``"cuda"``, ``"cuda:N"``, a ``torch.device``); ``features``: a host
         tensor that stands for ``arrays["features"]`` (one the caller shares between processes)."""
         given = set(arrays) | ({"features"} if features is not None else set())
         missing = [name for name in self.ARRAYS if name not in given]
         if missing:
             raise UserError(f"the graph's arrays lack {', '.join(missing)} (a Graph takes {', '.join(self.ARRAYS)})")
-        if device not in ("cpu", "cuda"):  # the pipelines compare with these two names
-            raise UserError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        if device == "cuda" and not torch.cuda.is_available():  # else it fails at the first batch's pinning
-            raise NeedsGpuError("device='cuda' needs a CUDA GPU, and torch sees none here: use device='cpu'")
+        device = _cpu_or_current_cuda(device)
         host = {name: _host_tensor(arrays[name], name) for name in self.ARRAYS if name in given - {"features"}}
         self.indptr, self.indices = host["indptr"], host["indices"]
         check_csr_types(self.indptr, self.indices)  # here, not when the first pipeline is made
