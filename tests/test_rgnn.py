@@ -207,6 +207,19 @@ def test_features_that_do_not_match_the_weights_are_refused():
         build("hgt", "segment_mm", HGTWeights(2, 8, 8), graph)
 
 
+@pytest.mark.parametrize("layer, name", spread(CASES))
+def test_a_graph_edited_in_place_after_it_was_built_is_refused_by_every_form(layer, name):
+    graph = random_graph(12, 3, 40, seed=2)
+    weights = MODELS[layer].make_weights(graph, 8, 8, seed=1)
+    call = build(layer, name, weights, graph)
+    x = torch.randn(12, 8, generator=torch.Generator().manual_seed(3))
+    call(x)
+    with torch.no_grad():
+        graph.etype[0] = (graph.etype[0] + 1) % 3  # norm and the orders still describe the old relation
+    with pytest.raises(UserError, match="^the graph's etype changed in place after RelGraph.build"):
+        call(x)
+
+
 def test_pyg_hgt_refuses_a_relation_between_several_type_pairs():
     mixed = RelGraph.build([0, 1], [1, 0], [0, 0], num_nodes=2, num_relations=1, node_type=[0, 1], num_node_types=2)
     with pytest.raises(UserError, match=r"relation 0 joins several node types \(\[0, 1\] to \[0, 1\]\)"):

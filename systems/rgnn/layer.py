@@ -24,6 +24,7 @@ class RelationalLayer(nn.Module):
         self._a_weight = next(weights.parameters(), None)
 
     def _check(self, x: torch.Tensor) -> None:
+        self.graph.check_unchanged()  # the forms' cached orders and norm describe the built edges
         if x.dim() != 2 or x.shape[0] != self.graph.num_nodes or x.shape[1] != self.w.in_dim:
             raise UserError(f"features must be [{self.graph.num_nodes} nodes, {self.w.in_dim}], got {tuple(x.shape)}")
         # PyG reads integer features as node ids (its featureless mode): a wrong result, not an error.
