@@ -755,8 +755,8 @@ def memory_bound() -> Table:
     where = (
         "its largest micro-batch that fits under the cap (these runs timed no other)"
         if only_largest
-        else "its fastest micro-batch among those that fit under the cap (the committed run's; its largest in "
-        "parentheses where that is another)"
+        else "its fastest micro-batch among those that fit under the cap (each process's; several where the "
+        "processes differ, its largest in parentheses where that is another)"
     )
     note = (
         f"Tokens per second of each variant at {where}, the global batch fixed; medians of the timed steps, "
@@ -778,8 +778,11 @@ def capped_rows(speeds: Sequence[pd.DataFrame], committed: pd.DataFrame) -> list
         first = committed[committed.dataset == dataset].iloc[0]
         where = f"{int(first.hidden)}x{int(first.layers)}, {float(rows.memory_cap_gib.iloc[0]):g} GiB"
 
+        def of(process: pd.DataFrame, variant: str) -> pd.DataFrame:
+            return process[(process.dataset == dataset) & (process.variant == variant)]
+
         def tokens(process: pd.DataFrame, variant: str) -> float:
-            found = process[(process.dataset == dataset) & (process.variant == variant)]["median"]
+            found = of(process, variant)["median"]
             return float(found.max()) if not found.empty else float("nan")  # NaN: not run in that process
 
         budgets = [v for v in rows[rows.policy == "torch_budget"].variant]
@@ -801,9 +804,12 @@ def capped_rows(speeds: Sequence[pd.DataFrame], committed: pd.DataFrame) -> list
                     reached &= len(ratio) == len(speeds) and min(ratio) >= target
                 met = "yes" if reached else "no"
             label = variant_label(setups.loc[row.variant])
-            batch = int(float(row.micro_batch))
-            top = int(float(largest.get(row.variant, batch)))
-            shown = f"{batch}" if top == batch else f"{batch} (largest {top})"
+            # each process's fastest micro-batch: the tokens/s range is over these, not the committed run's
+            batches = sorted(
+                {int(float(fastest(of(p, row.variant)).micro_batch.iloc[0])) for p in speeds if len(of(p, row.variant))}
+            )
+            top = int(float(largest.get(row.variant, max(batches))))
+            shown = ", ".join(map(str, batches)) + ("" if top in batches else f" (largest {top})")
             lines.append(f"| {where} | {label} | {shown} | {span(got, 0)} | {cells[0]} | {cells[1]} | {met} |")
     return lines
 
