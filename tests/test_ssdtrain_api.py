@@ -617,7 +617,7 @@ def test_bad_arguments_are_one_line():
         (dict(policy=Plan((KEEP,), 0.0, 0, 0.0), store=HostStore()), "1 decisions for the model's 2 blocks"),
         (
             dict(policy=Plan((KEEP, KEEP), 0.0, 0, 0.0, budgets=(0.5, None))),
-            "the plan decides 'keep' for a block it budgets at 0.5 (expected 'budget_0.5')",
+            "the plan decides 'keep' for a block it budgets at 0.5 (expected 'budget_0.5' or 'offload_budget_0.5')",
         ),
         (dict(policy="planner", store=HostStore()), "needs budget="),
         (dict(policy="offload_all", store=HostStore(), layers=[nn.Linear(2, 2)]), "the model's own submodules"),

@@ -20,9 +20,11 @@ from systems.ssdtrain.planning import KEEP, OFFLOAD, RECOMPUTE, Plan, budget_dec
 LOW = 0.1  # the budget that makes torch's partitioner recompute most of a block's activations
 
 
-def budgeted_plan(budget: float) -> Plan:
-    """Block 0 offloaded, block 1 under ``budget``, block 2 recomputed."""
-    return Plan((OFFLOAD, budget_decision(budget), RECOMPUTE), 0.0, 0, 0.0, budgets=(None, budget, None))
+def budgeted_plan(budget: float, offloaded: bool = False) -> Plan:
+    """Block 0 offloaded, block 1 under ``budget`` (what it saves there offloaded too, given
+    ``offloaded``), block 2 recomputed."""
+    decisions = (OFFLOAD, budget_decision(budget, offloaded), RECOMPUTE)
+    return Plan(decisions, 0.0, 0, 0.0, budgets=(None, budget, None))
 
 
 def compiled_by_hand(model, index: int, budget: float) -> None:
@@ -46,18 +48,23 @@ def dynamo():
 
 
 @pytest.mark.full
-def test_a_budgeted_plan_compiles_its_blocks_at_their_budgets_and_matches_them_compiled_by_hand(dynamo):
+@pytest.mark.parametrize("offloaded", [False, True], ids=["kept", "offloaded"])
+def test_a_budgeted_plan_compiles_its_blocks_at_their_budgets_and_matches_them_compiled_by_hand(dynamo, offloaded):
     reference = qwen3()
     compiled_by_hand(reference, 1, LOW)
     want = train(reference)
     torch._dynamo.reset()  # the plan's compile starts from empty caches, as the reference's did
 
     model = qwen3()
-    session = offload(model, store=HostStore(), policy=budgeted_plan(LOW), min_bytes=0, always_read_back=True)
+    plan = budgeted_plan(LOW, offloaded)
+    session = offload(model, store=HostStore(), policy=plan, min_bytes=0, always_read_back=True)
     got = train(model, session)
-    assert_same_training(got, want)
-    assert session.decisions == [OFFLOAD, budget_decision(LOW), RECOMPUTE]
+    assert_same_training(got, want)  # read back from the store: its bytes are checked too
+    assert session.decisions == [OFFLOAD, budget_decision(LOW, offloaded), RECOMPUTE]
     assert session.stats.layers[0].offloaded_bytes > 0
+    # What the budgeted block saves goes to the store where the plan says so, and only there.
+    budgeted = session.stats.layers[1]
+    assert (budgeted.offloaded_bytes > 0) == offloaded and budgeted.unique_bytes > 0
     # After the block, every block runs its class's forward again (eager).
     assert all("forward" not in vars(layer) for layer in model.model.layers)
 
@@ -78,9 +85,14 @@ def test_plans_that_would_apply_something_else_are_refused_in_one_line(dynamo):
     cases = [
         (Plan((KEEP, KEEP, KEEP), 0.0, 0, 0.0, budgets=(None, 0.5, None)), "decides 'keep' for a block it budgets"),
         (Plan((KEEP, half, KEEP), 0.0, 0, 0.0), "decides 'budget_0.5' for a block; decisions are one of"),
-        (Plan((KEEP, half, KEEP), 0.0, 0, 0.0, budgets=(None, 0.25, None)), "(expected 'budget_0.25')"),
+        (
+            Plan((KEEP, half, KEEP), 0.0, 0, 0.0, budgets=(None, 0.25, None)),
+            "(expected 'budget_0.25' or 'offload_budget_0.25')",
+        ),
         (Plan((KEEP, KEEP, KEEP), 0.0, 0, 0.0, budgets=(None, None)), "2 budgets for the model's 3 blocks"),
         (Plan((KEEP, "budget_2", KEEP), 0.0, 0, 0.0, budgets=(None, 2.0, None)), "activation_budget must be in (0, 1]"),
+        (Plan((KEEP, "offload_budget_0.5", KEEP), 0.0, 0, 0.0, budgets=(None, 0.5, None)), "offloads blocks: give"),
+        (Plan((KEEP, "offload_budget_0.5", KEEP), 0.0, 0, 0.0), "decides 'offload_budget_0.5' for a block; decisions"),
     ]
     for plan, message in cases:
         with pytest.raises(UserError, match=re.escape(message)) as err:

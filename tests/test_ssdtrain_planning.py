@@ -3,6 +3,7 @@ profiles whose answers can be worked out by hand, and the profile and bandwidth 
 tiny model and store."""
 
 import concurrent.futures
+import dataclasses
 import itertools
 
 import pytest
@@ -304,22 +305,110 @@ def test_a_budgeted_layer_holds_and_costs_what_its_profile_says():
 
 
 def test_the_planner_takes_a_budget_where_it_is_cheaper_than_recomputing():
-    # Budget 16 B with no store worth using (1 B/s): all at 0.5 holds 16 B at +1 s; any plan that
+    # Budget 16 B with no store worth using (0.01 B/s): all at 0.5 holds 16 B at +1 s; any plan that
     # recomputes a layer costs 1 s for it alone, and any that keeps one holds 10 + 3 * 3 > 16 B.
-    plan = planning.plan(AT_BUDGETS, bandwidth=1.0, keep_seconds=12.0, budget_bytes=16, keep_last=1)
+    plan = planning.plan(AT_BUDGETS, bandwidth=0.01, keep_seconds=12.0, budget_bytes=16, keep_last=1)
     assert plan.decisions == ("budget_0.5",) * 4
     assert plan.predicted_seconds == pytest.approx(13.0)
     # At 10 B: three recomputed and one at 0.5 (2 + 2 + 2 + 4) at +3.25 s beats two recomputed and
     # two at 0.2 (2 + 2 + 3 + 3) at +3.8 s; one recomputed and three at 0.2 holds 11 B.
-    tight = planning.plan(AT_BUDGETS, bandwidth=1.0, keep_seconds=12.0, budget_bytes=10, keep_last=1)
+    tight = planning.plan(AT_BUDGETS, bandwidth=0.01, keep_seconds=12.0, budget_bytes=10, keep_last=1)
     assert sorted(tight.decisions) == sorted([RECOMPUTE, RECOMPUTE, RECOMPUTE, "budget_0.5"])
     assert tight.predicted_activation_bytes == 10 and tight.predicted_seconds == pytest.approx(15.25)
 
 
 def test_the_greedy_planner_of_many_layers_reaches_the_budgets_too():
-    many = AT_BUDGETS * 3  # 12 layers of 5 choices: beyond the exhaustive search
-    plan = planning.plan(many, bandwidth=1.0, keep_seconds=12.0, budget_bytes=48, keep_last=1)
+    many = AT_BUDGETS * 3  # 12 layers of 7 choices: beyond the exhaustive search
+    plan = planning.plan(many, bandwidth=0.01, keep_seconds=12.0, budget_bytes=48, keep_last=1)
     assert plan.decisions == ("budget_0.5",) * 12
+
+
+def test_an_offloaded_budgeted_layer_writes_what_it_saves_at_its_budget():
+    # Layer 0 at 0.5 offloaded: its 4 B written by 1 s at a fast store, none held; at 1 B/s the write
+    # ends at 4 s (forward's end: none held either). Backward reaches layer 1 at 4 + 2 + 2 = 8 s, the
+    # read of layer 0 runs from then to 12 s, and layer 1's backward ends at 8 + 2 + 0.9: 1.1 s of stall.
+    decisions = ["offload_budget_0.5", "budget_0.2", KEEP, KEEP]
+    fast = planning.predict(AT_BUDGETS, decisions, 1e9, 12.0, fixed_bytes=7)
+    assert fast.predicted_activation_bytes == 7 + 0 + 3 + 10 + 10
+    assert fast.predicted_seconds == pytest.approx(12.0 + 0.25 + 0.9)
+    assert (fast.budgets, fast.budgeted, fast.offloaded) == ((0.5, 0.2, None, None), 2, 1)
+    slow = planning.predict(AT_BUDGETS, decisions, 1.0, 12.0, fixed_bytes=7)
+    assert slow.predicted_activation_bytes == fast.predicted_activation_bytes
+    assert (slow.predicted_seconds, slow.stall_seconds) == (pytest.approx(12.0 + 0.25 + 0.9 + 1.1), pytest.approx(1.1))
+    assert planning.offloads("offload_budget_0.5") and planning.offloads(OFFLOAD)
+    assert not any(map(planning.offloads, (KEEP, RECOMPUTE, "budget_0.5")))
+    with pytest.raises(ValueError, match="budget"):
+        planning.predict(AT_BUDGETS, ["offload_budget_0.7", KEEP, KEEP, KEEP], 1e9, 12.0)  # not profiled at 0.7
+
+
+def _budgeted_layers(seed: int) -> list[LayerProfile]:
+    """Five random compiled layers with peaks, profiled at two budgets (some bytes unoffloadable)."""
+    g = torch.Generator().manual_seed(seed)
+    n = lambda high: int(torch.randint(1, high, (1,), generator=g))  # noqa: E731
+    layers = []
+    for _ in range(5):
+        saved, small = n(4000), n(500)
+        alternatives = tuple(
+            planning.Alternative(b, int(saved * b) + n(300), n(500) / 1000, min(small, n(500))) for b in (0.2, 0.5)
+        )
+        peaks = {"forward_peak": n(9000) + 4 * saved, "backward_peak": n(9000)}
+        layers.append(
+            LayerProfile(saved + small, n(300), 0.5 + n(1000) / 1000, alternatives, **peaks, unoffloadable_bytes=small)
+        )
+    return layers
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("bandwidth", [150.0, 2_000.0, 1e9])
+def test_offloading_a_budgeted_layer_is_offloading_what_it_saves_there(seed, bandwidth):
+    """Offloaded at a budget, a layer writes, holds and reads back as an offloaded layer whose saved
+    bytes are the budget's: the model has one notion of an offloaded layer. (The budgets cost no
+    seconds here: what they add is worked out by hand above.)"""
+    profiles = [
+        dataclasses.replace(p, alternatives=tuple(dataclasses.replace(a, extra_seconds=0.0) for a in p.alternatives))
+        for p in _budgeted_layers(seed)
+    ]
+    for decisions in itertools.product((KEEP, "budget_0.5", "offload_budget_0.5", "offload_budget_0.2"), repeat=5):
+        got = planning.predict(profiles, decisions, bandwidth, keep_seconds=10.0)
+        # each layer as it runs, at its budget's bytes; an offloaded one's decision OFFLOAD, a budgeted one's KEEP
+        plain = [
+            LayerProfile(a.saved_bytes, p.input_bytes, p.forward_seconds, unoffloadable_bytes=a.unoffloadable_bytes)
+            if (a := p.alternative(d))
+            else LayerProfile(p.saved_bytes, p.input_bytes, p.forward_seconds)
+            for p, d in zip(profiles, decisions)
+        ]
+        as_plain = [OFFLOAD if planning.offloads(d) else KEEP for d in decisions]
+        want = planning.predict(plain, as_plain, bandwidth, keep_seconds=10.0)
+        assert got.predicted_activation_bytes == want.predicted_activation_bytes, decisions
+        assert got.predicted_seconds == pytest.approx(want.predicted_seconds), decisions
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_offloading_a_budgeted_layer_to_an_instant_store_never_costs_time_or_memory(seed):
+    profiles = _budgeted_layers(seed)
+    for decisions in itertools.product((KEEP, RECOMPUTE, "budget_0.2", "budget_0.5"), repeat=4):
+        decisions = (*decisions, KEEP)
+        base = planning.predict(profiles, decisions, 1e12, keep_seconds=10.0)
+        for i, d in enumerate(decisions):
+            if d.startswith("budget_"):
+                moved = planning.predict(profiles, [*decisions[:i], "offload_" + d, *decisions[i + 1 :]], 1e12, 10.0)
+                assert moved.predicted_seconds == pytest.approx(base.predicted_seconds), (decisions, i)
+                assert moved.predicted_peak_bytes <= base.predicted_peak_bytes, (decisions, i)
+                small = profiles[i].alternative(d).unoffloadable_bytes
+                held = base.predicted_activation_bytes - profiles[i].alternative(d).saved_bytes + small
+                assert moved.predicted_activation_bytes == held, (decisions, i)
+
+
+def test_the_greedy_planner_offloads_at_a_budget_where_the_store_keeps_pace_with_it_only():
+    """12 layers (beyond the exhaustive search), a 4 B/s store: a kept layer's 10 B take 2.5 s to
+    write, longer than its 1 s forward; what a layer saves at budget 0.5 (4 B) takes 1 s. Within
+    10 B, every layer at 0.5 and all but the last offloaded holds 4 B and costs only the budget's
+    0.25 s a layer: torch's own point at 0.5, with most of its memory freed."""
+    many = AT_BUDGETS * 3
+    plan = planning.plan(many, bandwidth=4.0, keep_seconds=12.0, budget_bytes=10, keep_last=1)
+    assert plan.decisions == ("offload_budget_0.5",) * 11 + ("budget_0.5",)
+    assert plan.predicted_activation_bytes == 4 and plan.predicted_seconds == pytest.approx(15.0)
+    assert plan.offloaded == 11 and plan.budgets == (0.5,) * 12
 
 
 def test_with_budgets_shares_the_backward_change_by_forward_time():

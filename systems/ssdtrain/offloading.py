@@ -34,7 +34,8 @@ the model's repeated class; or pass ``layers=[...]``):
 - a ``planning.Plan``: its decisions, one per block, applied as they are (``keep_last`` does not
   apply: the plan was made with it). A block the plan runs under one of torch's activation memory
   budgets (``Plan.budgets``, a plan over compiled blocks' profiles) is compiled here, with inductor
-  under that budget, for the block's duration; such a block must not be compiled already.
+  under that budget, for the block's duration; such a block must not be compiled already. Its
+  decision ``offload_budget_B`` (rather than ``budget_B``) offloads what it saves at that budget.
 - a callable ``decide(block_index) -> "keep" | "offload" | "recompute"``, asked for every block
   of the model when the ``with`` block is first entered; its answers hold from then on, but for
   the last ``keep_last`` blocks, which are kept where it says offload (``keep_last=0``: every
@@ -81,7 +82,7 @@ from systems.ssdtrain import planning
 from systems.ssdtrain._warn import warn
 from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_offloaders, in_backward
 from systems.ssdtrain.layers import find_layers
-from systems.ssdtrain.planning import RECOMPUTE, Plan, budget_decision
+from systems.ssdtrain.planning import RECOMPUTE, Plan, budget_decision, offloads
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget
 from systems.ssdtrain.recompute import checkpointed, warn_of_generators
 from systems.ssdtrain.stats import BELOW_MIN_BYTES, EMPTY, NOT_STORABLE, StepStats, why_nothing_moved
@@ -276,7 +277,7 @@ class Offloading:
     def _decide(self, index: int) -> str:
         """The engine's question for one block: offload it, or keep what it saves (a recomputed
         block keeps its inputs)."""
-        return OFFLOAD if self.decisions is not None and self.decisions[index] == OFFLOAD else KEEP
+        return OFFLOAD if self.decisions is not None and offloads(self.decisions[index]) else KEEP
 
     def _recomputed(self) -> list[nn.Module]:
         """The blocks the decisions recompute, but those Hugging Face checkpoints already:
@@ -627,21 +628,24 @@ def _check_policy(policy, store: Store | None, blocks: int):
             # would compile a block the plan keeps (or leave eager one it budgets).
             if budget is None and decision not in DECISIONS:
                 raise UserError(f"the plan decides {decision!r} for a block; decisions are one of {DECISIONS}")
-            if budget is not None and decision != (named := budget_decision(check_budget(budget))):
-                raise UserError(
-                    f"the plan decides {decision!r} for a block it budgets at {budget!r} (expected {named!r})"
-                )
-        if OFFLOAD in policy.decisions and store is None:
+            if budget is not None:
+                named = [budget_decision(check_budget(budget), offloaded) for offloaded in (False, True)]
+                if decision not in named:
+                    raise UserError(
+                        f"the plan decides {decision!r} for a block it budgets at {budget!r} "
+                        f"(expected {' or '.join(map(repr, named))})"
+                    )
+        if any(map(offloads, policy.decisions)) and store is None:
             raise UserError("the plan offloads blocks: give offload() a store (systems.ssdtrain.stores)")
         return policy
     if callable(policy):
         return policy
     if policy not in NAMED:
         raise UserError(f"unknown policy {policy!r}: choose one of {', '.join(NAMED)}, a Plan or a callable")
-    offloads = policy in ("offload_all", *PLANNED)
-    if offloads and store is None:
+    offloading = policy in ("offload_all", *PLANNED)
+    if offloading and store is None:
         raise UserError(f"policy {policy} offloads: give offload() a store (systems.ssdtrain.stores)")
-    if not offloads and store is not None:
+    if not offloading and store is not None:
         raise UserError(f"policy {policy} offloads nothing: it takes no store")
     return policy
 

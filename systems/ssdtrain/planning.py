@@ -18,7 +18,8 @@ recomputation frees, the bytes of its input, its forward time) and the store's b
 * A compiled layer may also run under one of torch's activation memory budgets (an
   :class:`Alternative` of its profile, measured by compiling the blocks at that budget): it holds
   what its compiled forward saves there and costs the extra seconds measured for it (recomputation
-  inside its compiled backward).
+  inside its compiled backward). It may be offloaded at that budget too (``offload_budget_B``):
+  what it saves there is written and read back as an offloaded layer's is, at the budget's cost.
 * Step time = the measured keep step + recomputed forwards + read stalls + writes still running
   when backward ends (a step waits for its transfers). Activation bytes = what is held on the
   device when forward ends: kept layers, recomputed layers' inputs, and of offloaded layers the
@@ -66,6 +67,7 @@ from systems.ssdtrain.stores.host import HostStore
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
 DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)  # for any layer; a compiled one may also take a profiled budget
+OFFLOADED_BUDGET = f"{OFFLOAD}_budget_"  # the prefix of a budget's decision with its saved tensors offloaded
 EXHAUSTIVE = 3**10  # the most candidate plans plan() predicts one by one
 
 
@@ -77,15 +79,30 @@ class Alternative:
     budget: float
     saved_bytes: int
     extra_seconds: float
+    unoffloadable_bytes: int = 0  # of saved_bytes, in storages below the offloader's min_bytes
 
     @property
     def decision(self) -> str:
         return budget_decision(self.budget)
 
+    @property
+    def offloaded_decision(self) -> str:
+        return budget_decision(self.budget, offloaded=True)
 
-def budget_decision(budget: float) -> str:
-    """The plan's decision for a layer compiled under activation memory budget ``budget``."""
-    return f"budget_{number_text(budget)}"
+    @property
+    def movable_bytes(self) -> int:
+        return self.saved_bytes - self.unoffloadable_bytes
+
+
+def budget_decision(budget: float, offloaded: bool = False) -> str:
+    """The plan's decision for a layer compiled under activation memory budget ``budget`` (with
+    what it saves there offloaded, given ``offloaded``)."""
+    return f"{OFFLOAD + '_' if offloaded else ''}budget_{number_text(budget)}"
+
+
+def offloads(decision: str) -> bool:
+    """Whether ``decision`` sends the layer's saved tensors to the store (at a budget or not)."""
+    return decision == OFFLOAD or decision.startswith(OFFLOADED_BUDGET)
 
 
 def number_text(value: float) -> str:
@@ -118,15 +135,26 @@ class LayerProfile:
         return self.saved_bytes - self.unoffloadable_bytes
 
     def alternative(self, decision: str) -> Alternative | None:
-        return next((a for a in self.alternatives if a.decision == decision), None)
+        """The budget ``decision`` runs the layer at (offloaded there or not), or None."""
+        return next((a for a in self.alternatives if decision in (a.decision, a.offloaded_decision)), None)
 
     def options(self, offloadable: bool) -> tuple[str, ...]:
         """The decisions open to this layer (the last ``keep_last`` layers are not offloadable)."""
         eager = (KEEP, OFFLOAD, RECOMPUTE) if offloadable else (KEEP, RECOMPUTE)
-        return eager + tuple(a.decision for a in self.alternatives)
+        offloaded = tuple(a.offloaded_decision for a in self.alternatives) if offloadable else ()
+        return eager + tuple(a.decision for a in self.alternatives) + offloaded
+
+    def moved(self, decision: str) -> tuple[int, int] | None:
+        """Where ``decision`` offloads the layer, the bytes it writes and those it holds all the
+        same (storages below ``min_bytes``), as it runs kept or at its budget; else None."""
+        if not offloads(decision):
+            return None
+        ran = self if decision == OFFLOAD else self.alternative(decision)
+        return ran.movable_bytes, ran.unoffloadable_bytes
 
     def held_and_extra(self, decision: str) -> tuple[int, float]:
-        """What a kept, recomputed or budgeted layer holds, and the seconds that adds to the step."""
+        """What a kept, recomputed or budgeted layer holds, and the seconds that adds to the step
+        (an offloaded layer: what it saves, kept or at its budget, before any of it is written)."""
         if decision == RECOMPUTE:
             return self.input_bytes, self.forward_seconds
         alternative = self.alternative(decision)
@@ -137,7 +165,7 @@ class LayerProfile:
 
 @dataclass(frozen=True)
 class Plan:
-    decisions: tuple[str, ...]  # per layer: keep, offload or recompute
+    decisions: tuple[str, ...]  # per layer: keep, offload or recompute (a budgeted layer: budget_B, offload_budget_B)
     predicted_seconds: float  # the step
     predicted_activation_bytes: int  # held on the device when forward ends
     stall_seconds: float  # read stalls and the wait for writes at the step's end
@@ -154,6 +182,11 @@ class Plan:
     def budgeted(self) -> int:
         """Layers the plan runs under an activation memory budget."""
         return sum(b is not None for b in self.budgets)
+
+    @property
+    def offloaded(self) -> int:
+        """Layers whose saved tensors the plan offloads (kept or at a budget)."""
+        return sum(map(offloads, self.decisions))
 
 
 def _check(profiles: list[LayerProfile], bandwidth: float, keep_last: int) -> None:
@@ -181,18 +214,18 @@ def predict(
         raise ValueError(f"one decision of {DECISIONS} or a profiled budget per layer expected, got {decisions!r}")
     starts, ends = _timeline(profiles)
     forward_end = ends[-1]
+    moved = {i: m for i, (p, d) in enumerate(zip(profiles, decisions)) if (m := p.moved(d)) is not None}
     written, queue = {}, 0.0  # layer -> when its write finishes
-    for i, (p, d) in enumerate(zip(profiles, decisions)):
-        if d == OFFLOAD:
-            queue = written[i] = _write_end(queue, starts[i], ends[i], p.movable_bytes, bandwidth)
+    for i, (movable, _) in moved.items():
+        queue = written[i] = _write_end(queue, starts[i], ends[i], movable, bandwidth)
 
     def unwritten(i: int, at: float) -> float:
         # Tested first: an infinite bandwidth times the zero time left is no number.
-        return 0.0 if written[i] <= at else min(profiles[i].movable_bytes, (written[i] - at) * bandwidth)
+        return 0.0 if written[i] <= at else min(moved[i][0], (written[i] - at) * bandwidth)
 
     # What each layer holds when forward ends (its peak segments start from these too).
     holds = [
-        unwritten(i, forward_end) + p.unoffloadable_bytes if d == OFFLOAD else p.held_and_extra(d)[0]
+        unwritten(i, forward_end) + moved[i][1] if i in moved else p.held_and_extra(d)[0]
         for i, (p, d) in enumerate(zip(profiles, decisions))
     ]
     held = sum(holds, float(fixed_bytes))
@@ -202,7 +235,7 @@ def predict(
     reads = stall = 0.0
     for i in reversed(range(len(profiles))):
         if i in written:
-            back = profiles[i].movable_bytes - unwritten(i, above)  # what the prefetch finds written
+            back = moved[i][0] - unwritten(i, above)  # what the prefetch finds written
             if back > 0:
                 reads = max(reads, above) + back / bandwidth
                 if reads > clock:
@@ -211,10 +244,10 @@ def predict(
         above = clock
         clock += backward_ratio * profiles[i].forward_seconds + profiles[i].held_and_extra(decisions[i])[1]
     tail = max(0.0, max(written.values(), default=0.0) - clock)
-    extra = sum(p.held_and_extra(d)[1] for p, d in zip(profiles, decisions) if d != OFFLOAD)
+    extra = sum(p.held_and_extra(d)[1] for p, d in zip(profiles, decisions))
     budgets = tuple(a.budget if (a := p.alternative(d)) else None for p, d in zip(profiles, decisions))
     seconds = keep_seconds + extra + stall + tail
-    peak = _peak(profiles, holds, ends, {i: functools.partial(unwritten, i) for i in written})
+    peak = _peak(profiles, holds, ends, {i: (functools.partial(unwritten, i), moved[i]) for i in written})
     return Plan(
         tuple(decisions), seconds, round(held), stall + tail, bandwidth, budgets=budgets, predicted_peak_bytes=peak
     )
@@ -230,7 +263,8 @@ def has_peaks(profiles: list[LayerProfile]) -> bool:
 def _peak(profiles: list[LayerProfile], holds: list[float], ends: list[float], offloaded: dict) -> int | None:
     """The step's activation peak (see the module) from keep's measured segment peaks: ``holds``,
     what each layer holds when forward ends; ``offloaded``, per offloaded layer, its bytes not yet
-    written at a time. None where a layer that ran has no measured peaks."""
+    written at a time and (the bytes it writes, those it holds all the same). None where a layer
+    that ran has no measured peaks."""
     if not has_peaks(profiles):
         return None
     peak = 0.0
@@ -238,14 +272,15 @@ def _peak(profiles: list[LayerProfile], holds: list[float], ends: list[float], o
     in_flight: list[int] = []  # offloaded layers below, whose writes may still run
     for k, p in enumerate(profiles):
         if p.forward_peak is not None:
-            in_flight = [j for j in in_flight if offloaded[j](ends[k]) > 0]
-            unwritten_now = sum(offloaded[j](ends[k]) + profiles[j].unoffloadable_bytes - holds[j] for j in in_flight)
+            in_flight = [j for j in in_flight if offloaded[j][0](ends[k]) > 0]
+            unwritten_now = sum(offloaded[j][0](ends[k]) + offloaded[j][1][1] - holds[j] for j in in_flight)
             peak = max(peak, p.forward_peak - freed + unwritten_now)
         if p.head_peak is not None:  # the head's backward, before this (the top) layer's
             peak = max(peak, p.head_peak - freed)
         if p.backward_peak is not None:
             below = k - 1
-            read_back = profiles[below].saved_bytes - holds[below] if below in offloaded else 0.0
+            # what was written of it, read back in full (its unwritten and small bytes are in holds)
+            read_back = sum(offloaded[below][1]) - holds[below] if below in offloaded else 0.0
             peak = max(peak, p.backward_peak - freed + read_back)
         freed += p.saved_bytes - holds[k]
         if k in offloaded:
@@ -301,7 +336,7 @@ def plan(
     fits, the one that holds the least (the lowest peak, given a peak budget). The last
     ``keep_last`` layers are never offloaded (the engine keeps them). Exhaustive up to
     ``EXHAUSTIVE`` choices (3^10: ten layers of three choices); beyond that, offloading a leading
-    run and trading memory for time in the rest greedily."""
+    run (kept, or at one of the budgets) and trading memory for time in the rest greedily."""
     _check(profiles, bandwidth, keep_last)
     n = len(profiles)
     options = [p.options(offloadable=i < n - keep_last) for i, p in enumerate(profiles)]
@@ -337,31 +372,34 @@ def _all(options):
 
 
 def _greedy(profiles, options):
-    """Offload layers 0..k-1 (k from 0 up), then, one move at a time, change the rest's decision to
-    the one (recompute or a budget) that frees the most bytes per added second over what the layer
-    holds now: every step of that sequence is a candidate."""
-    n, candidates = len(profiles), []
+    """For each way of running every layer alike (kept, or at a budget every layer was profiled
+    at): offload layers 0..k-1 run that way (k from 0 up), then, one move at a time, change the
+    rest's decision to the one (recompute or a budget) that frees the most bytes per added second
+    over what the layer holds now: every step of each sequence is a candidate."""
+    n, candidates = len(profiles), {}
     offloadable = sum(1 for o in options if OFFLOAD in o)
-    for k in range(offloadable + 1):
-        base = [OFFLOAD] * k + [KEEP] * (n - k)
-        candidates.append(tuple(base))
-        while True:
-            moves = []
-            for i in range(k, n):
-                held, extra = profiles[i].held_and_extra(base[i])
-                for option in options[i]:
-                    if option == OFFLOAD:
-                        continue
-                    option_held, option_extra = profiles[i].held_and_extra(option)
-                    if option_held < held:
-                        rate = (held - option_held) / max(option_extra - extra, 1e-12)
-                        moves.append((rate, i, option))
-            if not moves:
-                break
-            _, i, option = max(moves, key=lambda m: (m[0], -m[1]))  # ties: the lowest layer first
-            base[i] = option
-            candidates.append(tuple(base))
-    return candidates
+    shared = [a for a in profiles[0].alternatives if all(p.alternative(a.decision) for p in profiles)]
+    for alike, offloaded in [(KEEP, OFFLOAD)] + [(a.decision, a.offloaded_decision) for a in shared]:
+        for k in range(offloadable + 1):
+            base = [offloaded] * k + [alike] * (n - k)
+            candidates[tuple(base)] = None
+            while True:
+                moves = []
+                for i in range(k, n):
+                    held, extra = profiles[i].held_and_extra(base[i])
+                    for option in options[i]:
+                        if offloads(option):
+                            continue
+                        option_held, option_extra = profiles[i].held_and_extra(option)
+                        if option_held < held:
+                            rate = (held - option_held) / max(option_extra - extra, 1e-12)
+                            moves.append((rate, i, option))
+                if not moves:
+                    break
+                _, i, option = max(moves, key=lambda m: (m[0], -m[1]))  # ties: the lowest layer first
+                base[i] = option
+                candidates[tuple(base)] = None
+    return list(candidates)
 
 
 def with_budgets(
@@ -385,7 +423,8 @@ def with_budgets(
             backward_change = (seconds - keep_seconds) - forward_change
             share = p.forward_seconds / total_forward
             extra = budgeted[i].forward_seconds - p.forward_seconds + backward_change * share
-            alternatives.append(Alternative(budget, budgeted[i].saved_bytes, max(0.0, extra)))
+            at = budgeted[i]
+            alternatives.append(Alternative(budget, at.saved_bytes, max(0.0, extra), at.unoffloadable_bytes))
         out.append(dataclasses.replace(p, alternatives=tuple(alternatives)))
     return out
 

@@ -41,7 +41,7 @@ from typing import Any
 from harness.errors import UserError
 from harness.registry import ENTRY_ROLES
 from systems.ssdtrain import POLICIES, STORES, Policy, PolicyEntry, Store, StoreEntry
-from systems.ssdtrain.planning import OFFLOAD, RECOMPUTE, Plan, number_text
+from systems.ssdtrain.planning import RECOMPUTE, Plan, number_text
 from systems.ssdtrain.stores import one_setting
 
 ALL = "all"
@@ -118,7 +118,7 @@ class Variant:
             columns |= self.store.columns() | {"keep_last": params["keep_last"], "min_bytes": params["min_bytes"]}
         if self.plan is not None:
             columns |= {
-                "layers_offloaded": self.plan.count(OFFLOAD),
+                "layers_offloaded": self.plan.offloaded,
                 "layers_recomputed": self.plan.count(RECOMPUTE),
                 "layers_budgeted": self.plan.budgeted,
                 "planned_gbps": self.plan.bandwidth / 1e9,

@@ -10,8 +10,9 @@ the model and the store's bandwidth says (systems/ssdtrain/planning.py).
   compiled block is the compiled block under ``torch.utils.checkpoint``: its compiled forward runs
   again in backward, so the step computes what compiled keep computes, bit for bit. Where the
   profile has the blocks at torch's activation memory budgets too (``planning.with_budgets``), a
-  block may also run compiled under one of them; such a step recomputes inside the compiled
-  backward and is checked within a tolerance, as ``torch_budget`` is.
+  block may also run compiled under one of them, what it saves there kept or offloaded; such a
+  step recomputes inside the compiled backward and is checked within a tolerance, as
+  ``torch_budget`` is.
 """
 
 from harness.errors import UserError
@@ -31,7 +32,7 @@ class Planned(OffloaderPolicy):
         super().__init__(setting)
 
     def decide(self, layer):
-        return OFFLOAD if self.setting.plan.decisions[layer] == planning.OFFLOAD else KEEP
+        return OFFLOAD if planning.offloads(self.setting.plan.decisions[layer]) else KEEP
 
     def recomputed(self):
         decisions = self.setting.plan.decisions
