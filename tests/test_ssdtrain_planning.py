@@ -495,3 +495,18 @@ def test_adaptive_and_the_bound_time_only_the_bytes_offloading_moves(seed):
     # a case where the difference decides: the movable bytes fit the forward's time, all of them do not
     tight = [LayerProfile(1000, 1, 1.0, unoffloadable_bytes=900) for _ in range(3)]
     assert planning.adaptive(tight, 150.0, 9.0).decisions == (OFFLOAD, OFFLOAD, KEEP)
+
+
+def test_offloading_at_a_budget_as_a_choice_never_makes_the_plan_worse():
+    """Six layers at two budgets: 7^5 x 5 plans, past the exhaustive search, though the plans without
+    a layer offloaded at a budget (5^5 x 4) are not. Searched greedily, the planner missed the plan
+    that offloads three kept layers (0 s, 26 B) for one 1.5 s slower."""
+    rows = [(18, 4, 1, (6, 0.75), (9, 0)), (12, 7, 1, (2, 0.5), (1, 0.5)), (10, 10, 3, (0, 1), (10, 0.5)),
+            (3, 5, 2, (2, 0.75), (2, 0.25)), (16, 8, 3, (5, 0), (8, 0)), (12, 7, 1, (8, 0.75), (5, 0.75))]  # fmt: skip
+    profiles = [
+        LayerProfile(s, i, float(f), (planning.Alternative(0.25, *a), planning.Alternative(0.5, *b)))
+        for s, i, f, a, b in rows
+    ]
+    plan = planning.plan(profiles, bandwidth=4.0, keep_seconds=0.0, budget_bytes=38, keep_last=1)
+    assert plan.decisions == ("budget_0.5", OFFLOAD, OFFLOAD, OFFLOAD, "budget_0.25", KEEP)
+    assert (plan.predicted_seconds, plan.predicted_activation_bytes) == (0.0, 26)

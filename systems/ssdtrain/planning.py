@@ -335,12 +335,20 @@ def plan(
     (the memory a GPU must have room for: the profile must hold peaks, as a GPU's does); if none
     fits, the one that holds the least (the lowest peak, given a peak budget). The last
     ``keep_last`` layers are never offloaded (the engine keeps them). Exhaustive up to
-    ``EXHAUSTIVE`` choices (3^10: ten layers of three choices); beyond that, offloading a leading
-    run (kept, or at one of the budgets) and trading memory for time in the rest greedily."""
+    ``EXHAUSTIVE`` choices (3^10: ten layers of three choices); beyond that, every plan without a
+    layer offloaded at a budget where those are within ``EXHAUSTIVE``, and greedily: offloading a
+    leading run (kept, or at one of the budgets) and trading memory for time in the rest."""
     _check(profiles, bandwidth, keep_last)
     n = len(profiles)
     options = [p.options(offloadable=i < n - keep_last) for i, p in enumerate(profiles)]
-    candidates = _all(options) if math.prod(map(len, options)) <= EXHAUSTIVE else _greedy(profiles, options)
+    if math.prod(map(len, options)) <= EXHAUSTIVE:
+        candidates = _all(options)
+    else:
+        # Every plan that offloads no budgeted layer where those are few enough to try, and the
+        # greedy's: never a worse plan than the search had before offloading at a budget was a choice.
+        plain = [tuple(o for o in choices if not o.startswith(OFFLOADED_BUDGET)) for choices in options]
+        tried = _all(plain) if math.prod(map(len, plain)) <= EXHAUSTIVE else []
+        candidates = list(dict.fromkeys(tried + _greedy(profiles, options)))
     if peak_budget_bytes is not None and not has_peaks(profiles):
         raise UserError(
             "a peak budget needs a profile with the layers' peaks (planning.profile on a CUDA device traces them); "

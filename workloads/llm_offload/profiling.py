@@ -62,6 +62,7 @@ class Profiler:
                 f"at_budget_{planning.number_text(budget)}": {
                     "step_seconds": at_budgets[budget][1],
                     "saved_bytes": [p.saved_bytes for p in at_budgets[budget][0]],
+                    "unoffloadable_bytes": [p.unoffloadable_bytes for p in at_budgets[budget][0]],
                     "extra_seconds": [p.alternative(planning.budget_decision(budget)).extra_seconds for p in profiles],
                 }
                 for budget in budgets

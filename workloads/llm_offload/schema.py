@@ -71,7 +71,7 @@ SCHEMA = Schema(
         "min_bytes": int,  # the offloading policies: saved tensors smaller than this are kept
         "layers_offloaded": int,  # offload_adaptive, planner: layers the plan offloads...
         "layers_recomputed": int,  # ...and recomputes (the rest are kept)
-        "layers_budgeted": int,  # planned_compiled: ...and runs under an activation memory budget
+        "layers_budgeted": int,  # planned_compiled: ...and runs under an activation budget (some offloaded there too)
         "planned_gbps": float,  # the store bandwidth the plan was made for, measured just before (GB/s)
         "budget_fraction": float,  # planner: the activation budget, a fraction of what keep saves
         "compiled": bool,  # the blocks ran compiled by torch.compile (reference: compiled_keep); empty: eager
