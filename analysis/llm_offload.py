@@ -265,9 +265,9 @@ if not predicted.empty:
 # (systems/ssdtrain/planning.py), fed the run's recorded profile, against what the run measured.
 model_rows = []
 for dataset in sorted(set(step.dataset)):
-    record = next(
-        (r["models"][dataset] for r in provenance if r.get("models", {}).get(dataset, {}).get("profile")), None
-    )
+    source = next((r for r in provenance if r.get("models", {}).get(dataset, {}).get("profile")), None)
+    record = source["models"][dataset] if source else None
+    prefetch = int(source.get("parameters", {}).get("prefetch", 1)) if source else 1  # the engine's, as run
     if record is None:
         continue
     prof = record["profile"]
@@ -284,7 +284,12 @@ for dataset in sorted(set(step.dataset)):
         keep_last = int(rows.keep_last.dropna().iloc[0]) if rows.keep_last.notna().any() else 1
         decisions = [planning.OFFLOAD] * (len(layers) - keep_last) + [planning.KEEP] * keep_last
         plan = planning.predict(
-            layers, decisions, gbps * 1e9, prof["keep_step_seconds"], fixed_bytes=prof["bytes_saved_outside_layers"]
+            layers,
+            decisions,
+            gbps * 1e9,
+            prof["keep_step_seconds"],
+            fixed_bytes=prof["bytes_saved_outside_layers"],
+            prefetch=prefetch,
         )
         model_rows.append(
             (

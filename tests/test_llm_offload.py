@@ -864,6 +864,7 @@ def test_memory_bound_compares_the_compiled_peers_under_the_emulated_cap(scratch
         "offload",
         "recompute",
         "budget_0.2",
+        "offload_budget_0.2",
     }
 
 

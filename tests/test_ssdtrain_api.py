@@ -996,6 +996,23 @@ def test_the_planners_store_traffic_is_training_s_only(monkeypatch):
     assert session.stats.store.bytes_written == offloaded > 0
 
 
+@pytest.mark.parametrize("policy", ["planner", "offload_adaptive"])
+def test_the_plan_is_made_for_the_prefetch_the_engine_runs_with(policy, monkeypatch):
+    """The cost model timed read-backs one block ahead whatever offload() was given: a plan for
+    prefetch=0 or 3 predicted another step than the one that ran."""
+    from systems.ssdtrain import planning
+
+    asked = []
+    for name in ("plan", "adaptive"):
+        made = getattr(planning, name)
+        monkeypatch.setattr(planning, name, lambda *a, made=made, **k: asked.append(k["prefetch"]) or made(*a, **k))
+    for prefetch in (0, 3):
+        model = ThreeBlocks()
+        budget = {"budget": 0.5} if policy == "planner" else {}
+        run_steps(model, offload(model, store=HostStore(), policy=policy, min_bytes=0, prefetch=prefetch, **budget))
+    assert asked == [0, 3]
+
+
 def test_a_budget_no_plan_fits_warns_and_holds_the_least():
     model = ThreeBlocks()
     with pytest.warns(UserWarning, match=r"no plan fits budget=0.01 \(\d+ B of activations\)") as caught:

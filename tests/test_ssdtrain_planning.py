@@ -510,3 +510,47 @@ def test_offloading_at_a_budget_as_a_choice_never_makes_the_plan_worse():
     plan = planning.plan(profiles, bandwidth=4.0, keep_seconds=0.0, budget_bytes=38, keep_last=1)
     assert plan.decisions == ("budget_0.5", OFFLOAD, OFFLOAD, OFFLOAD, "budget_0.25", KEEP)
     assert (plan.predicted_seconds, plan.predicted_activation_bytes) == (0.0, 26)
+
+
+# -- the engine's prefetch depth ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "prefetch, seconds",
+    # Layers 0 and 1 offloaded to a 5 B/s store: each write (10 B, 2 s) ends with forward (4 s);
+    # backward takes 0.5 s a layer. Asked as backward reaches layer 2, layer 1's read ends at 6.5,
+    # 1.5 s after layer 1's backward could start; layer 0's, asked then, waits 1.5 s more (1: 9 s).
+    # Two layers ahead, layer 1 is asked at 4 s (1 s of wait) and layer 0 as soon as the queue
+    # frees (8.5 s); none ahead, each read starts when its layer's backward does (2 s each: 10 s).
+    [(0, 10.0), (1, 9.0), (2, 8.5), (4, 8.5)],
+)
+def test_backward_reads_back_as_many_layers_ahead_as_the_engine_prefetches(prefetch, seconds):
+    decisions = [OFFLOAD, OFFLOAD, KEEP, KEEP]
+    plan = planning.predict(FOUR, decisions, 5.0, keep_seconds=6.0, backward_ratio=0.5, prefetch=prefetch)
+    assert plan.predicted_seconds == pytest.approx(seconds)
+    assert plan.predicted_activation_bytes == 20  # what forward leaves does not depend on it
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("bandwidth", [150.0, 2_000.0])
+def test_prefetching_further_ahead_never_slows_the_step_nor_lowers_its_peak(seed, bandwidth):
+    profiles = _with_unoffloadable(seed, peaks=True)
+    profiles[-1] = dataclasses.replace(profiles[-1], head_peak=profiles[-1].backward_peak + 5000)  # the head's too
+    for decisions in itertools.product((KEEP, OFFLOAD, RECOMPUTE), repeat=5):
+        plans = [planning.predict(profiles, decisions, bandwidth, 10.0, prefetch=p) for p in range(7)]
+        for shallower, deeper in itertools.pairwise(plans):
+            assert deeper.predicted_seconds <= shallower.predicted_seconds + 1e-9, decisions
+            assert deeper.predicted_peak_bytes >= shallower.predicted_peak_bytes, decisions
+
+
+def test_layers_read_back_from_the_start_of_backward_count_in_the_heads_peak():
+    # Two offloaded layers (10 B each, written at once): 10 B below the top one are freed when its
+    # segments run. The head's backward peaked at 80 B in a kept step: 70 B with layer 0 still in
+    # the store, 80 B once the prefetch reads it back from the start of backward (two layers ahead).
+    two = [LayerProfile(10, 2, 1.0, forward_peak=30, backward_peak=50, head_peak=h) for h in (None, 80)]
+    peaks = [planning.predict(two, [OFFLOAD] * 2, 1e12, 6.0, prefetch=p).predicted_peak_bytes for p in (0, 1, 2)]
+    assert peaks == [70, 70, 80]
+
+
+def test_a_prefetch_that_is_not_a_whole_number_of_layers_is_refused():
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="prefetch must be a whole number of layers"):
+            planning.predict(FOUR, [KEEP] * 4, 1.0, 12.0, prefetch=bad)

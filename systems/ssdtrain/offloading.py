@@ -438,7 +438,9 @@ class Offloading:
                 f"model's {len(profiles)} blocks; lower keep_last"
             )
         if self.policy == "offload_adaptive":
-            self.plan = planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed)
+            self.plan = planning.adaptive(
+                profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed, prefetch=self.offloader.prefetch
+            )
             if keep_last < len(profiles) and OFFLOAD not in self.plan.decisions:
                 forward = sum(p.forward_seconds for p in profiles)
                 warn(
@@ -463,6 +465,7 @@ class Offloading:
                 keep_last,
                 fixed_bytes=fixed,
                 peak_budget_bytes=self.peak_budget,
+                prefetch=self.offloader.prefetch,  # the engine's reads, as the model times them
             )
             if self.peak_budget is not None and self.plan.predicted_peak_bytes > self.peak_budget:
                 warn(

@@ -11,9 +11,10 @@ recomputation frees, the bytes of its input, its forward time) and the store's b
   storages below ``min_bytes`` stay in memory, held like a kept layer's). At a time T after E_i, the bytes of
   layer i not yet written are min(bytes_i, (W_i - T) B), at least 0: the queue runs at B from T on.
 * Backward runs the layers in reverse, each taking ``backward_ratio`` times its forward. When it
-  reaches the layer above layer i (the engine's prefetch of one layer; the start of backward for
-  the last layers) the part of layer i already written is read back (one read queue), the rest
-  stays in memory (its tensors were never freed); backward waits at layer i if the read is late.
+  reaches layer i + ``prefetch`` (the engine's prefetch: one layer ahead by default; the start of
+  backward for the last ``prefetch`` layers; layer i itself at 0) the part of layer i already
+  written is read back (one read queue, in the order asked), the rest stays in memory (its
+  tensors were never freed); backward waits at layer i if the read is late.
 * A recomputed layer keeps only its input and runs its forward again in backward.
 * A compiled layer may also run under one of torch's activation memory budgets (an
   :class:`Alternative` of its profile, measured by compiling the blocks at that budget): it holds
@@ -30,7 +31,8 @@ recomputation frees, the bytes of its input, its forward time) and the store's b
   measured peak less what the plan holds below it that keep holds. In layer k's forward the
   layers below hold what they saved (an offloaded one: its bytes not yet written when layer k
   ends); in the head's backward every layer below the top one holds what it held when forward
-  ended; in layer i's backward the layers below do too, except layer i - 1, read back in full. The
+  ended, except those the prefetch reads back from the start of backward, read back in full; in
+  layer i's backward the layers below do too, except layers i - ``prefetch`` to i - 1. The
   running layer itself counts as keep's (a recomputed layer saves its tensors again in its
   backward), and so do the transients of the head and of each backward (the logits' gradient, a
   block's workspace), which keep's peaks hold and no plan moves. The step's peak is the largest
@@ -205,9 +207,13 @@ def predict(
     keep_seconds: float,
     backward_ratio: float = 2.0,
     fixed_bytes: int = 0,
+    prefetch: int = 1,
 ) -> Plan:
     """The modelled step (see the module) of ``decisions`` with a store of ``bandwidth`` B/s;
-    ``fixed_bytes`` are saved outside the layers (embeddings, the loss) and always held."""
+    ``fixed_bytes`` are saved outside the layers (embeddings, the loss) and always held;
+    ``prefetch``: how many layers ahead backward reads back (the engine's ``prefetch``)."""
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch must be a whole number of layers, got {prefetch!r}")
     if len(decisions) != len(profiles) or any(
         d not in DECISIONS and p.alternative(d) is None for p, d in zip(profiles, decisions)
     ):
@@ -229,25 +235,28 @@ def predict(
         for i, (p, d) in enumerate(zip(profiles, decisions))
     ]
     held = sum(holds, float(fixed_bytes))
-    # Backward, from the last layer down; `clock` includes the stalls so far, `above` is when
-    # backward reached the layer above (the engine prefetches a layer from then).
-    clock = above = forward_end
+    # Backward, from the last layer down; `clock` includes the stalls so far, `reached` is when
+    # backward reached each layer above (its computation began), from when the engine asks for
+    # the layer `prefetch` below it.
+    clock, reached = forward_end, {}
     reads = stall = 0.0
-    for i in reversed(range(len(profiles))):
+    n = len(profiles)
+    for i in reversed(range(n)):
         if i in written:
-            back = moved[i][0] - unwritten(i, above)  # what the prefetch finds written
+            asked = forward_end if i + prefetch >= n else reached[i + prefetch] if prefetch else clock
+            back = moved[i][0] - unwritten(i, asked)  # what the read finds written
             if back > 0:
-                reads = max(reads, above) + back / bandwidth
+                reads = max(reads, asked) + back / bandwidth
                 if reads > clock:
                     stall += reads - clock
                     clock = reads
-        above = clock
+        reached[i] = clock
         clock += backward_ratio * profiles[i].forward_seconds + profiles[i].held_and_extra(decisions[i])[1]
     tail = max(0.0, max(written.values(), default=0.0) - clock)
     extra = sum(p.held_and_extra(d)[1] for p, d in zip(profiles, decisions))
     budgets = tuple(a.budget if (a := p.alternative(d)) else None for p, d in zip(profiles, decisions))
     seconds = keep_seconds + extra + stall + tail
-    peak = _peak(profiles, holds, ends, {i: (functools.partial(unwritten, i), moved[i]) for i in written})
+    peak = _peak(profiles, holds, ends, {i: (functools.partial(unwritten, i), moved[i]) for i in written}, prefetch)
     return Plan(
         tuple(decisions), seconds, round(held), stall + tail, bandwidth, budgets=budgets, predicted_peak_bytes=peak
     )
@@ -260,13 +269,20 @@ def has_peaks(profiles: list[LayerProfile]) -> bool:
     return bool(ran) and all(p.forward_peak is not None and p.backward_peak is not None for p in ran)
 
 
-def _peak(profiles: list[LayerProfile], holds: list[float], ends: list[float], offloaded: dict) -> int | None:
+def _peak(
+    profiles: list[LayerProfile], holds: list[float], ends: list[float], offloaded: dict, prefetch: int = 1
+) -> int | None:
     """The step's activation peak (see the module) from keep's measured segment peaks: ``holds``,
     what each layer holds when forward ends; ``offloaded``, per offloaded layer, its bytes not yet
-    written at a time and (the bytes it writes, those it holds all the same). None where a layer
-    that ran has no measured peaks."""
+    written at a time and (the bytes it writes, those it holds all the same); ``prefetch``, how many
+    layers ahead backward reads back. None where a layer that ran has no measured peaks."""
     if not has_peaks(profiles):
         return None
+
+    def read_back(layers: range) -> float:
+        # what was written of each, read back in full (its unwritten and small bytes are in holds)
+        return sum(sum(offloaded[j][1]) - holds[j] for j in layers if j in offloaded)
+
     peak = 0.0
     freed = 0.0  # what the layers below the segment's hold less than keep's, when forward ends
     in_flight: list[int] = []  # offloaded layers below, whose writes may still run
@@ -276,12 +292,9 @@ def _peak(profiles: list[LayerProfile], holds: list[float], ends: list[float], o
             unwritten_now = sum(offloaded[j][0](ends[k]) + offloaded[j][1][1] - holds[j] for j in in_flight)
             peak = max(peak, p.forward_peak - freed + unwritten_now)
         if p.head_peak is not None:  # the head's backward, before this (the top) layer's
-            peak = max(peak, p.head_peak - freed)
+            peak = max(peak, p.head_peak - freed + read_back(range(len(profiles) - prefetch, k)))
         if p.backward_peak is not None:
-            below = k - 1
-            # what was written of it, read back in full (its unwritten and small bytes are in holds)
-            read_back = sum(offloaded[below][1]) - holds[below] if below in offloaded else 0.0
-            peak = max(peak, p.backward_peak - freed + read_back)
+            peak = max(peak, p.backward_peak - freed + read_back(range(max(k - prefetch, 0), k)))
         freed += p.saved_bytes - holds[k]
         if k in offloaded:
             in_flight.append(k)

@@ -338,6 +338,7 @@ def _scheduled(entry, setups, profiler, params, rows: int, candidates: list[int]
                 budget_bytes=room,
                 fixed_bytes=at[2],
                 peak_budget_bytes=peak_room,
+                prefetch=params["prefetch"],
             )
         variant = Scheduled(entry, setup, plans=plans)
         variant.at(candidates[0])

@@ -410,7 +410,7 @@ def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False
         def plan(entry, budget_bytes):
             return entry.planner(
                 profiles, bandwidth, keep_seconds, keep_last=params["keep_last"], budget_bytes=budget_bytes,
-                fixed_bytes=fixed,
+                fixed_bytes=fixed, prefetch=params["prefetch"],
             )  # fmt: skip
 
         plans = {entry.name: plan(entry, budget) for entry in entries}

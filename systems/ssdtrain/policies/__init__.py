@@ -71,9 +71,10 @@ class PolicyEntry(Entry):
 
     ``uses_store``: it offloads, so it runs with a store (a comparison runs it once per store).
     ``planner``: a planned policy's plan maker, ``planner(profiles, bandwidth, keep_seconds, *,
-    keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None) -> Plan``
+    keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None, prefetch=1) -> Plan``
     (systems/ssdtrain/planning.py; the peak budget is given only where the plan must fit a
-    memory cap, and a plan maker without budgets may ignore both); such a policy
+    memory cap, and a plan maker without budgets may ignore both; ``prefetch``: the engine's, how
+    many blocks ahead backward reads back); such a policy
     is built with the plan. ``make`` may raise :class:`Unavailable` with the reason it cannot run
     here beyond ``needs_gpu`` and ``packages`` (see :meth:`missing`).
 

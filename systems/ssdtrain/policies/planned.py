@@ -43,11 +43,15 @@ class Planned(OffloaderPolicy):
         return list(plan.budgets) if plan.budgeted else None
 
 
-def _adaptive(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None):
-    return planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed_bytes)
+def _adaptive(
+    profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None, prefetch=1
+):
+    return planning.adaptive(profiles, bandwidth, keep_seconds, keep_last, fixed_bytes=fixed_bytes, prefetch=prefetch)
 
 
-def _planner(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None):
+def _planner(
+    profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixed_bytes, peak_budget_bytes=None, prefetch=1
+):
     return planning.plan(
         profiles,
         bandwidth,
@@ -56,6 +60,7 @@ def _planner(profiles, bandwidth, keep_seconds, *, keep_last, budget_bytes, fixe
         keep_last,
         fixed_bytes=fixed_bytes,
         peak_budget_bytes=peak_budget_bytes,
+        prefetch=prefetch,
     )
 
 
