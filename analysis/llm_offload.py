@@ -265,9 +265,10 @@ if not predicted.empty:
 # (systems/ssdtrain/planning.py), fed the run's recorded profile, against what the run measured.
 model_rows = []
 for dataset in sorted(set(step.dataset)):
-    source = next((r for r in provenance if r.get("models", {}).get(dataset, {}).get("profile")), None)
-    record = source["models"][dataset] if source else None
-    prefetch = int(source.get("parameters", {}).get("prefetch", 1)) if source else 1  # the engine's, as run
+    profiled = next((r for r in provenance if r.get("models", {}).get(dataset, {}).get("profile")), None)
+    record = profiled["models"][dataset] if profiled else None
+    # the engine's prefetch in the run the profile is of, as the plans there were made for it
+    prefetch = int(profiled.get("parameters", {}).get("prefetch", 1)) if profiled else 1
     if record is None:
         continue
     prof = record["profile"]
