@@ -247,3 +247,16 @@ def test_a_compiled_form_on_the_gpu_agrees_with_its_eager_form(layer, name):
             compiled(x)
         compiled(x).sum().backward()
     assert set(compiled.graph_breaks) == {"inference", "training"}
+
+
+def test_a_compiled_form_refuses_a_graph_edited_in_place_after_it_was_built():
+    """The eager layer's check returns early while dynamo traces: without one outside the compiled
+    code, a compiled form kept computing with the old edges' norm and orders."""
+    graph = random_graph(nodes=19, relations=3, edges=53)
+    layer, _ = compiled("rgcn", graph)
+    x = torch.randn(19, 6, generator=torch.Generator().manual_seed(2))
+    layer(x)
+    with torch.no_grad():
+        graph.etype[0] = (graph.etype[0] + 1) % 3
+    with pytest.raises(UserError, match="^the graph's etype changed in place after RelGraph.build"):
+        layer(x)

@@ -101,6 +101,9 @@ class CompiledLayer:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         global _holder
+        # Here, outside the compiled code: the eager layer's own check is skipped while dynamo traces.
+        if (graph := getattr(self.eager, "graph", None)) is not None:
+            graph.check_unchanged()
         if _holder is None or _holder() is not self:
             torch._dynamo.reset()
             _holder, self._ready = weakref.ref(self), set()
