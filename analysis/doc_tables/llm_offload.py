@@ -806,7 +806,7 @@ def capped_rows(speeds: Sequence[pd.DataFrame], committed: pd.DataFrame) -> list
             label = variant_label(setups.loc[row.variant])
             # each process's fastest micro-batch: the tokens/s range is over these, not the committed run's
             batches = sorted(
-                {int(float(fastest(of(p, row.variant)).micro_batch.iloc[0])) for p in speeds if len(of(p, row.variant))}
+                {int(float(fastest(found).micro_batch.iloc[0])) for p in speeds if len(found := of(p, row.variant))}
             )
             top = int(float(largest.get(row.variant, max(batches))))
             shown = ", ".join(map(str, batches)) + ("" if top in batches else f" (largest {top})")
