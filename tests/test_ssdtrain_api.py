@@ -1013,6 +1013,25 @@ def test_the_plan_is_made_for_the_prefetch_the_engine_runs_with(policy, monkeypa
     assert asked == [0, 3]
 
 
+def test_a_plan_run_at_another_prefetch_than_it_was_made_for_warns():
+    """A plan records the prefetch its step and peak were predicted for; reused with another, its
+    decisions still apply, and the user is told the prediction is another engine's."""
+    model = ThreeBlocks()
+    session = run_steps(
+        model, offload(model, store=HostStore(), policy="planner", budget=0.5, bandwidth=1e15, min_bytes=0, prefetch=2)
+    )
+    plan = session.plan
+    assert plan.prefetch == 2 and plan.offloaded > 0
+    with pytest.warns(UserWarning, match=r"made for prefetch=2 and offload\(\) runs prefetch=1: .*pass prefetch=2"):
+        again = offload(model, store=HostStore(), policy=plan, min_bytes=0)
+    assert again.decisions == list(plan.decisions)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        offload(model, store=HostStore(), policy=plan, min_bytes=0, prefetch=2)  # as made: silent
+        offload(model, store=HostStore(), policy=Plan(plan.decisions, 0.0, 0, 0.0), min_bytes=0)  # by hand: no claim
+        offload(model, policy=Plan((KEEP, RECOMPUTE, KEEP), 0.0, 0, 0.0, prefetch=2))  # offloads nothing
+
+
 def test_a_budget_no_plan_fits_warns_and_holds_the_least():
     model = ThreeBlocks()
     with pytest.warns(UserWarning, match=r"no plan fits budget=0.01 \(\d+ B of activations\)") as caught:

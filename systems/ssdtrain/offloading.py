@@ -177,6 +177,13 @@ class Offloading:
         self.keep_last, self.budget, self.bandwidth = whole_number(keep_last), budget, bandwidth
         self.plan: Plan | None = self.policy if isinstance(self.policy, Plan) else None
         self.decisions: list[str] | None = list(self.plan.decisions) if self.plan else None
+        made_for = self.plan.prefetch if self.plan else None
+        if made_for is not None and made_for != whole_number(prefetch) and self.plan.offloaded:
+            # The decisions apply as they are; the step and peak it predicts are another engine's.
+            warn(
+                f"SSDTrain: the plan was made for prefetch={made_for} and offload() runs prefetch={prefetch}: "
+                f"its predicted step and peak hold for prefetch={made_for} (pass prefetch={made_for})"
+            )
         self._budgeted = _budgeted_blocks(self.plan, self.layers) if self.plan else None
         self.offloader: Offloader | None = None
         if self.policy != "save_on_cpu":

@@ -176,6 +176,7 @@ class Plan:
     budgets: tuple[float | None, ...] = ()  # per layer: the activation memory budget it is compiled under
     predicted_peak_bytes: int | None = None  # the step's activation peak (None: the profile has no peaks)
     peak_budget_bytes: int | None = None  # the peak budget it was made within (plan()), where given one
+    prefetch: int | None = None  # the engine's prefetch its prediction is for (None: a plan made by hand)
 
     def count(self, decision: str) -> int:
         return self.decisions.count(decision)
@@ -258,7 +259,14 @@ def predict(
     seconds = keep_seconds + extra + stall + tail
     peak = _peak(profiles, holds, ends, {i: (functools.partial(unwritten, i), moved[i]) for i in written}, prefetch)
     return Plan(
-        tuple(decisions), seconds, round(held), stall + tail, bandwidth, budgets=budgets, predicted_peak_bytes=peak
+        tuple(decisions),
+        seconds,
+        round(held),
+        stall + tail,
+        bandwidth,
+        budgets=budgets,
+        predicted_peak_bytes=peak,
+        prefetch=prefetch,
     )
 
 
