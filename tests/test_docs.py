@@ -75,6 +75,21 @@ def test_docs_speak_to_users(doc):
     assert not found, f"{doc_id(doc)} talks like a work log (history belongs to git):\n" + "\n".join(found)
 
 
+def test_code_speaks_to_users():
+    """Docstrings and comments are read by users too: no issue numbers in the code."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    issue = re.compile(r"\bissues?\s+#?\d+", re.I)
+    found = [
+        f"{name}:{number}: {line.strip()[:100]}"
+        for name in tracked.splitlines()
+        if not name.startswith(("tests/", "results/"))
+        and name.endswith((".py", ".sh", ".cu", ".cuh", ".yaml", "Snakefile"))
+        for number, line in enumerate((REPO_ROOT / name).read_text(errors="replace").splitlines(), 1)
+        if issue.search(line)
+    ]
+    assert not found, "issue numbers in the code (history belongs to git):\n" + "\n".join(found)
+
+
 # --- links ---------------------------------------------------------------------------------------
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

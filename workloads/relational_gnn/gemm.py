@@ -1,5 +1,5 @@
 """Part ``gemm_template`` (GPU machines only): Hector's GEMM template (systems/hector/kernels/gemm.cu)
-against stock torch on equal segment shapes, as issue 14 asks: one product per relation segment of
+against stock torch on equal segment shapes: one product per relation segment of
 a dataset-shaped graph (rows already in relation order, as ``grouped_mm`` takes them), and one
 large segment, where cuBLAS (a plain ``torch.mm``) is the yardstick.
 
