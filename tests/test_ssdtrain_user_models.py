@@ -757,6 +757,10 @@ def test_arguments_that_do_not_apply_or_are_out_of_range_are_refused():
         (lambda: offload(model, policy="planner", store=store, budget=0.5, bandwidth=0), "bandwidth must"),
         (lambda: offload(model, policy="planner", store=store, budget=1.5), "needs budget="),
         (lambda: offload(model, policy="offload_all", store=store, bandwidth=1e9), "bandwidth= is for the planned"),
+        # Out of range and not the policy's: the argument is named as not the policy's, not as the planner's range.
+        (lambda: offload(model, policy="offload_all", store=store, budget=1.5), "budget= is the planner's; policy off"),
+        (lambda: offload(model, policy="offload_adaptive", store=store, budget=0), "budget= is the planner's"),
+        (lambda: offload(model, policy="offload_all", store=store, bandwidth=-1), "bandwidth= is for the planned"),
         (lambda: offload(model, policy="save_on_cpu", keep_last=-1), "keep_last must be a non-negative integer"),
         (lambda: offload(model, policy="save_on_cpu", min_bytes=-5), "min_bytes must be a non-negative integer"),
         (lambda: offload(model, policy="keep", prefetch=True), "prefetch must be a non-negative integer"),
@@ -1160,25 +1164,56 @@ def test_an_encoder_decoder_entered_in_eval_mode_and_trained_inside_is_recompute
     assert_same_grads(got, grads_of(make, step))
 
 
-def test_a_recomputed_block_holding_its_own_generator_warns():
-    """Recomputation replays the global generators and the block's buffers, not a generator the
-    block holds: its dropout would draw other masks in backward."""
+class NoisyBlock(nn.Module):
+    """Draws a mask from a torch.Generator: its own, one in a dict it holds, or one it is given."""
 
-    class OwnDropout(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin, self.generator = nn.Linear(8, 8), torch.Generator().manual_seed(5)
+    def __init__(self, where: str):
+        super().__init__()
+        self.lin, self.where = nn.Linear(8, 8), where
+        self.generator = torch.Generator().manual_seed(5)
+        self.holder = {"noise": [torch.Generator().manual_seed(6)]}
 
-        def forward(self, x):
-            keep = torch.rand(x.shape, generator=self.generator) > 0.5
-            return x + self.lin(x) * keep
+    def forward(self, x, given=None, *, options=None):
+        generator = {
+            "held": self.generator,
+            "in a dict": self.holder["noise"][0],
+            "an argument": given,
+            "a keyword's tuple": (options or {}).get("pair", (None, None))[1],
+        }[self.where]
+        keep = torch.rand(x.shape, generator=generator) > 0.5
+        return x + torch.tanh(self.lin(x)) * keep
 
-    model = nn.Sequential(OwnDropout(), OwnDropout())
-    with pytest.warns(UserWarning) as caught, offload(model, policy="recompute"):
-        model(torch.randn(2, 8)).sum().backward()
-    messages = [str(w.message) for w in caught]
-    assert len(messages) == 1 and "holds a torch.Generator (OwnDropout.generator)" in messages[0]
-    assert "\n" not in messages[0]
+
+@pytest.mark.parametrize("where", ["held", "in a dict", "an argument", "a keyword's tuple"])
+@pytest.mark.parametrize("policy", ["recompute", "a plan"])
+def test_a_recomputed_block_drawing_from_a_generator_of_its_own_matches_a_plain_run(where, policy):
+    """Recomputation replays the generators a block holds or is given, as it does the global
+    ones: its masks in backward are the forward's, and the generators are left where a plain run
+    leaves them (a draw between forward and backward, and after, sees the same numbers)."""
+
+    def run(recomputed: bool):
+        torch.manual_seed(0)
+        blocks = nn.ModuleList(NoisyBlock(where) for _ in range(3))
+        given = torch.Generator().manual_seed(7)
+        x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
+        args = {"recompute": {"policy": "recompute"}, "a plan": {"policy": Plan((RECOMPUTE, KEEP, RECOMPUTE), 0, 0, 0)}}
+        block = offload(blocks, layers=list(blocks), **args[policy]) if recomputed else contextlib.nullcontext()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with block:
+                for _ in range(2):
+                    h = x
+                    for b in blocks:
+                        h = b(h, given, options={"pair": (None, given)})
+                    between = torch.rand(3, generator=given)  # the user's draw before backward
+                    h.square().sum().backward()
+        after = [torch.rand(3, generator=g) for b in blocks for g in (b.generator, b.holder["noise"][0])]
+        grads = [p.grad.clone() for p in blocks.parameters()]
+        return grads, [between, torch.rand(3, generator=given), *after]
+
+    (grads, draws), (want_grads, want_draws) = run(True), run(False)
+    for got, want in zip(grads + draws, want_grads + want_draws, strict=True):
+        assert torch.equal(got, want)
 
 
 def test_always_read_back_must_be_true_or_false():

@@ -84,7 +84,7 @@ from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_o
 from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan, budget_decision, offloads
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget
-from systems.ssdtrain.recompute import checkpointed, warn_of_generators
+from systems.ssdtrain.recompute import checkpointed
 from systems.ssdtrain.stats import BELOW_MIN_BYTES, EMPTY, NOT_STORABLE, StepStats, why_nothing_moved
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.stores.host import HostStore
@@ -158,17 +158,17 @@ class Offloading:
             raise UserError(
                 "policy planner needs budget= (a fraction of keep's activation bytes) or peak_budget= (bytes)"
             )
+        if budget is not None and self.policy != "planner":
+            raise UserError(f"budget= is the planner's; policy {_name(self.policy)} does not take it")
         if budget is not None and not (real_number(budget) is not None and 0 < budget <= 1):
             raise UserError(
                 f"policy planner needs budget= in (0, 1], the fraction of keep's activation bytes; got {budget!r}"
             )
-        if budget is not None and self.policy != "planner":
-            raise UserError(f"budget= is the planner's; policy {_name(self.policy)} does not take it")
         self.peak_budget = whole_number(peak_budget) if peak_budget is not None else None
-        if bandwidth is not None and (real_number(bandwidth) is None or bandwidth <= 0):
-            raise UserError(f"bandwidth must be the store's speed in B/s, a positive number; got {bandwidth!r}")
         if bandwidth is not None and self.policy not in PLANNED:
             raise UserError(f"bandwidth= is for the planned policies; policy {_name(self.policy)} does not take it")
+        if bandwidth is not None and (real_number(bandwidth) is None or bandwidth <= 0):
+            raise UserError(f"bandwidth must be the store's speed in B/s, a positive number; got {bandwidth!r}")
         for name, value in (("keep_last", keep_last), ("min_bytes", min_bytes), ("prefetch", prefetch)):
             if whole_number(value) is None:
                 raise UserError(f"{name} must be a non-negative integer, got {value!r}")
@@ -349,7 +349,6 @@ class Offloading:
                 self._make_plan(timer, profiled_stats(), peaks)
                 if self._recomputed():
                     _no_key_value_cache(self.model, stack)
-                    warn_of_generators(self._recomputed())
                 if module is not self.model:
                     # A forward has begun (a Hugging Face key-value cache may be on in it, which a
                     # recomputed block would find filled): the plan offloads from this block on and
@@ -505,8 +504,9 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
     """Turn a Hugging Face model's key-value cache off while blocks are recomputed, as its own
     gradient checkpointing does in training: a recomputed block would find the cache its forward
     filled (T5's cross-attention then skips work, and the recomputation saves other tensors than
-    the forward did). The cache only serves generation; losses and gradients do not change. Off
-    whatever the model's mode when the block is entered: a model entered in eval mode may train
+    the forward did). The cache only serves generation; losses and gradients are the model's with
+    ``use_cache=False``, which on some models (T5 with dropout) differ from ``use_cache=True``'s in
+    the last bits, as under Hugging Face's own checkpointing. Off whatever the model's mode when the block is entered: a model entered in eval mode may train
     inside it (``model.train()``), and a forward in eval mode with gradients recomputes too; a
     forward without gradients (generation) recomputes nothing and may still ask for the cache."""
     # Each sub-model may hold its own copy of the config (T5's decoder does).
@@ -521,7 +521,8 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
             said.append(True)
             warn(
                 f"{type(model).__name__}: use_cache is off inside the offload() block, as blocks are recomputed "
-                "(a recomputed block cannot reuse the key-value cache its forward filled)"
+                "(a recomputed block cannot reuse the key-value cache its forward filled): results are the model's "
+                "with use_cache=False"
             )
 
     for config in configs.values():

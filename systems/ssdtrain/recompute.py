@@ -27,9 +27,11 @@ block's registered buffers (above), its parameters as the forward found them (te
 place for the call, as ``torch.func.functional_call`` does with a meta-learner's fast weights; one
 changed in place since, by an optimizer step before backward, raises as autograd does without
 recomputation) and each of its modules' training or eval mode (a model switched to eval between a
-forward and its backward recomputes in the mode the forward ran in). State kept elsewhere, a
-``torch.Generator`` or a plain tensor attribute the block changes, is found as the forward left it:
-a block holding a generator gets a warning.
+forward and its backward recomputes in the mode the forward ran in), and each ``torch.Generator``
+among its arguments or its modules' attributes (in tuples, lists, dicts and dataclasses too): the
+recomputation draws from the state the forward drew from, and leaves it as it found it. State kept
+elsewhere, a generator the block reaches another way (a global of the user's module, its parent's
+attribute) or a plain tensor attribute the block changes, is found as the forward left it.
 
 Which call is the recomputation: every call of the block's function after the first within one
 checkpointed call (backward alone does not tell: another library's recomputation runs the whole
@@ -49,7 +51,6 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from systems.ssdtrain._warn import warn
 from systems.ssdtrain.cache import StorageKey, storage_key
 from systems.ssdtrain.engine import StepHook, has_storage_identity, saving_inputs_of
 from systems.ssdtrain.layers import InstalledForward
@@ -80,7 +81,7 @@ def checkpointed(
     hooks around it (an Offloader counts them there too). ``when`` (if given) is asked at each call
     of a block whether to recompute it (no: its own forward runs), for a decision made while the
     blocks run (a plan): a block's forward is looked up before its pre-hooks run, so it must be
-    wrapped beforehand; the caller then warns of the blocks it recomputes (``warn_of_generators``).
+    wrapped beforehand.
     The blocks' own forwards are back when the block ends, however it ends."""
     if not layers:
         yield
@@ -97,8 +98,6 @@ def checkpointed(
             references.append(reference)
             inputs[key] = tensor.untyped_storage().nbytes()
 
-    if when is None:
-        warn_of_generators(layers)
     hooks = (
         [layer.register_forward_pre_hook(StepHook(hold), with_kwargs=True) for layer in layers]
         if inputs is not None
@@ -147,6 +146,8 @@ def _recomputed(
             # arguments only, the keyword ones bound, as it expects.
             tensors, shapes = list(args), None
         modes = _modes_of(layer)  # train/eval of each submodule, as this forward ran them
+        generators = _generators_of(layer, args, kwargs)
+        generator_states = [generator.get_state() for generator in generators]  # as this forward draws from them
         parameters = _parameters_of(layer)  # the tensors in their places, as this forward found them
         parameter_versions = [p._version for _, _, p in parameters]
         forward_versions: list[int] = []  # the same once the forward has run (read at the recomputation)
@@ -168,7 +169,11 @@ def _recomputed(
                 again, kw_again = _place(shapes[0], inputs), _place(shapes[1], inputs)
             if not recomputing:
                 return forward(*again, **kw_again)
-            with _modes_as(layer, modes), _parameters_as(layer, parameters, parameter_versions, forward_versions):
+            with (
+                _modes_as(layer, modes),
+                _parameters_as(layer, parameters, parameter_versions, forward_versions),
+                _generators_as(generators, generator_states),
+            ):
                 if not with_buffers:
                     return forward(*again, **kw_again)
                 return replay_from_buffers(again, kw_again)
@@ -331,16 +336,50 @@ def _rebuilt(value, each: Callable):
     return value
 
 
-def warn_of_generators(layers: list[nn.Module]) -> None:
-    """Warn where a recomputed block holds a ``torch.Generator``: the recomputation draws from it
-    again (dropout of other masks), so its gradients would not be those of a plain run."""
-    for layer in layers:
-        for module in layer.modules():
-            name = next((n for n, v in vars(module).items() if isinstance(v, torch.Generator)), None)
-            if name is not None:
-                warn(
-                    f"a recomputed {type(layer).__name__} holds a torch.Generator ({type(module).__name__}.{name}): "
-                    "its recomputation draws from it again, so its gradients differ from a plain run's; keep or "
-                    "offload this block, or draw from the global generator"
-                )
-                return
+def _generators_of(layer: nn.Module, args: tuple, kwargs: dict) -> list[torch.Generator]:
+    """The ``torch.Generator``s among the block's arguments and its modules' attributes, looking into
+    tuples, lists, dicts and dataclasses; each once."""
+    found: dict[int, torch.Generator] = {}
+    seen: set[int] = set()  # containers walked (one may hold itself)
+
+    def walk(value) -> None:
+        if isinstance(value, torch.Generator):
+            found.setdefault(id(value), value)
+            return
+        if isinstance(value, dict):
+            items = value.values()
+        elif isinstance(value, tuple | list):
+            items = value
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            items = [getattr(value, field.name, None) for field in dataclasses.fields(value)]
+        else:
+            return
+        if id(value) not in seen:
+            seen.add(id(value))
+            for item in items:
+                walk(item)
+
+    walk(args)
+    walk(kwargs)
+    for module in layer.modules():
+        for name, value in vars(module).items():
+            if name not in ("_parameters", "_buffers", "_modules"):  # tensors and modules: no generator there
+                walk(value)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def _generators_as(generators: list[torch.Generator], states: list[torch.Tensor]):
+    """Each of ``generators`` at its state in ``states`` (the forward's), and back at its own after:
+    the recomputation draws what the forward drew, and draws after backward are a plain run's."""
+    if not generators:
+        yield
+        return
+    now = [generator.get_state() for generator in generators]
+    for generator, state in zip(generators, states, strict=True):
+        generator.set_state(state)
+    try:
+        yield
+    finally:
+        for generator, state in zip(generators, now, strict=True):
+            generator.set_state(state)
