@@ -506,9 +506,10 @@ def _no_key_value_cache(model: nn.Module, stack: contextlib.ExitStack) -> None:
     filled (T5's cross-attention then skips work, and the recomputation saves other tensors than
     the forward did). The cache only serves generation; losses and gradients are the model's with
     ``use_cache=False``, which on some models (T5 with dropout) differ from ``use_cache=True``'s in
-    the last bits, as under Hugging Face's own checkpointing. Off whatever the model's mode when the block is entered: a model entered in eval mode may train
-    inside it (``model.train()``), and a forward in eval mode with gradients recomputes too; a
-    forward without gradients (generation) recomputes nothing and may still ask for the cache."""
+    the last bits, as under Hugging Face's own checkpointing. Off whatever the model's mode when
+    the block is entered: a model entered in eval mode may train inside it (``model.train()``), and
+    a forward in eval mode with gradients recomputes too; a forward without gradients (generation)
+    recomputes nothing and may still ask for the cache."""
     # Each sub-model may hold its own copy of the config (T5's decoder does).
     holders = [m for m in model.modules() if hasattr(getattr(m, "config", None), "use_cache")]
     configs = {id(m.config): m.config for m in holders}
