@@ -104,8 +104,22 @@ def test_cuda_ids_build_where_asked_and_match_the_cpu_graph():
         (np.array([True, False, True]), "etype must hold integer ids, got bool"),
         ([0, 1.0, 2], "etype must hold integer ids, got float64"),
         (["0", "1", "2"], "etype must hold integer ids, got <U1"),
+        ([0, True, 2], "etype must hold integer ids, got a bool among them"),
+        ((0, np.True_, 2), "etype must hold integer ids, got a bool among them"),
+        ([False, True, False], "etype must hold integer ids, got bool"),
     ],
-    ids=["float", "bool", "complex", "float-numpy", "bool-numpy", "float-list", "strings"],
+    ids=[
+        "float",
+        "bool",
+        "complex",
+        "float-numpy",
+        "bool-numpy",
+        "float-list",
+        "strings",
+        "int-and-bool",
+        "np-bool",
+        "bools",
+    ],
 )
 def test_ids_that_are_not_integers_are_refused_naming_the_argument(device, bad, words):
     if device == "cuda" and isinstance(bad, torch.Tensor):

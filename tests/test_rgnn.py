@@ -220,6 +220,33 @@ def test_a_graph_edited_in_place_after_it_was_built_is_refused_by_every_form(lay
         call(x)
 
 
+@pytest.mark.parametrize("layer, name", spread(CASES))
+def test_a_graph_built_under_inference_mode_trains_and_refuses_an_edit_made_there(layer, name):
+    """A graph built inside torch.inference_mode (a data-loading function decorated with it) holds
+    ordinary tensors: every form saves them for backward, and an edit made in inference mode is
+    seen as one made outside it."""
+    with torch.inference_mode():
+        graph = random_graph(12, 3, 40, seed=2)
+    plain = random_graph(12, 3, 40, seed=2)
+    weights = MODELS[layer].make_weights(plain, 8, 8, seed=1)
+    x = torch.randn(12, 8, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    calls = [build(layer, name, weights, g) for g in (graph, plain)]
+    grads = [torch.autograd.grad(call(x).square().sum(), x)[0] for call in calls]
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    with torch.inference_mode():
+        graph.etype[0] = (graph.etype[0] + 1) % 3
+    with pytest.raises(UserError, match="^the graph's etype changed in place after RelGraph.build"):
+        calls[0](x)
+
+
+@pytest.mark.parametrize("layer, name", spread(CASES))
+def test_features_that_are_not_a_tensor_are_refused_in_one_line(layer, name):
+    graph = random_graph(12, 3, 40, seed=2)
+    call = build(layer, name, MODELS[layer].make_weights(graph, 8, 8, seed=1), graph)
+    with pytest.raises((UserError, TypeError), match="must be a torch.Tensor, got ndarray$"):
+        call(np.ones((12, 8), dtype=np.float32))
+
+
 def test_pyg_hgt_refuses_a_relation_between_several_type_pairs():
     mixed = RelGraph.build([0, 1], [1, 0], [0, 0], num_nodes=2, num_relations=1, node_type=[0, 1], num_node_types=2)
     with pytest.raises(UserError, match=r"relation 0 joins several node types \(\[0, 1\] to \[0, 1\]\)"):

@@ -68,7 +68,9 @@ class RelGraph:
     def check_unchanged(self) -> None:
         """Refuse, in one line, a graph whose ids were edited in place since it was built: what was
         derived from them (norm, the orders, the offsets, the layers' cached indices) describes the
-        old edges, and a layer would mix the two without a word."""
+        old edges, and a layer would mix the two without a word. Not seen: writes torch does not
+        count (through ``.data`` or ``.numpy()``), and a check inside code Dynamo traces, which reads
+        no versions (a compiled layer checks at its entry, outside the traced code)."""
         if torch.compiler.is_compiling():  # Dynamo traces neither versions nor inference flags
             return
         changed = [name for name, was, now in zip(self.EDGES, self._versions, self._edge_versions()) if was != now]
@@ -79,6 +81,7 @@ class RelGraph:
             )
 
     @classmethod
+    @torch.inference_mode(False)  # built under inference mode too: its tensors are saved for backward and versioned
     def build(
         cls, src, dst, etype, num_nodes: int, num_relations: int, device="cpu", node_type=None, num_node_types=1
     ) -> RelGraph:
@@ -304,6 +307,13 @@ def _ids(name: str, ids, device: torch.device, what: str = "ids") -> torch.Tenso
             array = np.asarray(ids)
         except ValueError:  # numpy's refusal of nested lists of unequal lengths
             raise UserError(f"{name} must be a flat sequence of integer {what}, got ragged nested ones") from None
+        if (
+            array.dtype.kind in "iu"
+            and isinstance(ids, list | tuple)
+            and any(isinstance(v, bool | np.bool_) for v in ids)
+        ):
+            # numpy reads [0, True] as int64 [0, 1]: a bool among ints is refused as bools alone are
+            raise UserError(f"{name} must hold integer {what}, got a bool among them")
         if array.size == 0:  # [] is float64 to numpy: an empty list has no wrong dtype
             array = array.astype(np.int64)
         if array.dtype.kind in "fO":  # numpy's type for integers int64 cannot hold, or for floats

@@ -25,6 +25,8 @@ class RelationalLayer(nn.Module):
 
     def _check(self, x: torch.Tensor) -> None:
         self.graph.check_unchanged()  # the forms' cached orders and norm describe the built edges
+        if not isinstance(x, torch.Tensor):
+            raise UserError(f"features must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 2 or x.shape[0] != self.graph.num_nodes or x.shape[1] != self.w.in_dim:
             raise UserError(f"features must be [{self.graph.num_nodes} nodes, {self.w.in_dim}], got {tuple(x.shape)}")
         # PyG reads integer features as node ids (its featureless mode): a wrong result, not an error.
