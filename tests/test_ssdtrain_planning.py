@@ -550,6 +550,49 @@ def test_layers_read_back_from_the_start_of_backward_count_in_the_heads_peak():
     assert peaks == [70, 70, 80]
 
 
+class _AddOne(torch.nn.Module):
+    def forward(self, x):
+        return x + 1  # saves nothing for backward: its backward unpacks nothing
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_the_model_asks_for_each_read_where_the_engine_does_past_blocks_that_save_nothing(prefetch):
+    """The engine asks for reads at the first tensor a block's backward unpacks: a block that saves
+    nothing asks for none, so the read it would have asked for comes from a block below. The cost
+    model's askers are the engine's, block by block."""
+    from systems.ssdtrain import Offloader
+
+    torch.manual_seed(0)
+    kinds = ["lin", "add", "lin", "add", "add", "lin", "lin"]
+    model = torch.nn.Sequential(*(torch.nn.Linear(16, 16) if k == "lin" else _AddOne() for k in kinds))
+    offloader = Offloader(model, HostStore(), keep_last=0, min_bytes=0, prefetch=prefetch, layers=list(model))
+    where, asked = [None], {}
+    offloader.backward_listeners.append(lambda layer: where.__setitem__(0, layer))
+    prefetch_of = offloader.cache.prefetch
+    offloader.cache.prefetch = lambda target: (asked.setdefault(target, where[0]), prefetch_of(target))[1]
+    with offloader:
+        model(torch.randn(4, 16)).square().sum().backward()  # the loss saves a tensor outside the blocks
+    n = len(kinds)
+    engine = {target: n if layer is None else layer for target, layer in asked.items()}
+    profiles = [
+        LayerProfile(offloader.stats.layers[i].unique_bytes if i in offloader.stats.layers else 0, 64, 1.0)
+        for i in range(n)
+    ]
+    assert [p.saved_bytes > 0 for p in profiles] == [k == "lin" for k in kinds]
+    model_askers = planning._askers(profiles, [OFFLOAD] * n, prefetch)
+    assert engine == {i: model_askers[i] for i in range(n) if kinds[i] == "lin"}
+
+
+def test_a_read_asked_late_past_a_block_that_saves_nothing_stalls_the_step_as_predicted():
+    # Layer 0 (100 B, written by the end of forward) is read back at 1 B/s. With layer 1 saving
+    # something, layer 1's backward asks for it (2 s before layer 0's backward begins): a 98 s
+    # stall. With layer 1 saving nothing, layer 0's own backward asks: a 100 s stall.
+    for saved, stall in ((10, 98.0), (0, 100.0)):
+        three = [LayerProfile(100, 1, 1000.0), LayerProfile(saved, 1, 1.0), LayerProfile(10, 1, 1.0)]
+        plan = planning.predict(three, [OFFLOAD, KEEP, KEEP], 1.0, 0.0, prefetch=1)
+        assert plan.stall_seconds == pytest.approx(stall)
+
+
 def test_a_prefetch_that_is_not_a_whole_number_of_layers_is_refused():
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="prefetch must be a whole number of layers"):

@@ -12,7 +12,9 @@ recomputation frees, the bytes of its input, its forward time) and the store's b
   layer i not yet written are min(bytes_i, (W_i - T) B), at least 0: the queue runs at B from T on.
 * Backward runs the layers in reverse, each taking ``backward_ratio`` times its forward. When it
   reaches layer i + ``prefetch`` (the engine's prefetch: one layer ahead by default; the start of
-  backward for the last ``prefetch`` layers; layer i itself at 0) the part of layer i already
+  backward for the last ``prefetch`` layers; layer i itself at 0; the engine asks at a layer's
+  first unpacked tensor, so past layers that save nothing, the highest layer up to i + ``prefetch``
+  that saves something) the part of layer i already
   written is read back (one read queue, in the order asked), the rest stays in memory (its
   tensors were never freed); backward waits at layer i if the read is late.
 * A recomputed layer keeps only its input and runs its forward again in backward.
@@ -32,7 +34,8 @@ recomputation frees, the bytes of its input, its forward time) and the store's b
   layers below hold what they saved (an offloaded one: its bytes not yet written when layer k
   ends); in the head's backward every layer below the top one holds what it held when forward
   ended, except those the prefetch reads back from the start of backward, read back in full; in
-  layer i's backward the layers below do too, except layers i - ``prefetch`` to i - 1. The
+  layer i's backward the layers below do too, except those asked for by then (layers i -
+  ``prefetch`` to i - 1, where each saves something). The
   running layer itself counts as keep's (a recomputed layer saves its tensors again in its
   backward), and so do the transients of the head and of each backward (the logits' gradient, a
   block's workspace), which keep's peaks hold and no plan moves. The step's peak is the largest
@@ -239,12 +242,13 @@ def predict(
     # Backward, from the last layer down; `clock` includes the stalls so far, `reached` is when
     # backward reached each layer above (its computation began), from when the engine asks for
     # the layer `prefetch` below it.
+    n = len(profiles)
+    asker = _askers(profiles, decisions, prefetch)
     clock, reached = forward_end, {}
     reads = stall = 0.0
-    n = len(profiles)
     for i in reversed(range(n)):
         if i in written:
-            asked = forward_end if i + prefetch >= n else reached[i + prefetch] if prefetch else clock
+            asked = forward_end if asker[i] == n else reached[asker[i]] if asker[i] != i else clock
             back = moved[i][0] - unwritten(i, asked)  # what the read finds written
             if back > 0:
                 reads = max(reads, asked) + back / bandwidth
@@ -257,7 +261,7 @@ def predict(
     extra = sum(p.held_and_extra(d)[1] for p, d in zip(profiles, decisions))
     budgets = tuple(a.budget if (a := p.alternative(d)) else None for p, d in zip(profiles, decisions))
     seconds = keep_seconds + extra + stall + tail
-    peak = _peak(profiles, holds, ends, {i: (functools.partial(unwritten, i), moved[i]) for i in written}, prefetch)
+    peak = _peak(profiles, holds, ends, {i: (functools.partial(unwritten, i), moved[i]) for i in written}, asker)
     return Plan(
         tuple(decisions),
         seconds,
@@ -277,19 +281,34 @@ def has_peaks(profiles: list[LayerProfile]) -> bool:
     return bool(ran) and all(p.forward_peak is not None and p.backward_peak is not None for p in ran)
 
 
+def _askers(profiles: list[LayerProfile], decisions, prefetch: int) -> list[int]:
+    """Per layer i, the layer whose backward asks for its read (len(profiles): the start of
+    backward). The engine asks at the first tensor a layer's backward unpacks, for the layers up to
+    ``prefetch`` below it: a layer that saves nothing asks for none, so layer i is asked by the
+    highest layer from i to i + ``prefetch`` that saves something (i itself, at worst)."""
+    n = len(profiles)
+    saves = [p.held_and_extra(d)[0] > 0 for p, d in zip(profiles, decisions)]
+    return [
+        n if i + prefetch >= n else max(j for j in range(i, i + prefetch + 1) if j == i or saves[j]) for i in range(n)
+    ]
+
+
 def _peak(
-    profiles: list[LayerProfile], holds: list[float], ends: list[float], offloaded: dict, prefetch: int = 1
+    profiles: list[LayerProfile], holds: list[float], ends: list[float], offloaded: dict, asker: list[int]
 ) -> int | None:
     """The step's activation peak (see the module) from keep's measured segment peaks: ``holds``,
     what each layer holds when forward ends; ``offloaded``, per offloaded layer, its bytes not yet
-    written at a time and (the bytes it writes, those it holds all the same); ``prefetch``, how many
-    layers ahead backward reads back. None where a layer that ran has no measured peaks."""
+    written at a time and (the bytes it writes, those it holds all the same); ``asker``, per layer,
+    the layer whose backward asks for its read (``_askers``). None where a layer that ran has no
+    measured peaks."""
     if not has_peaks(profiles):
         return None
+    n = len(profiles)
 
-    def read_back(layers: range) -> float:
-        # what was written of each, read back in full (its unwritten and small bytes are in holds)
-        return sum(sum(offloaded[j][1]) - holds[j] for j in layers if j in offloaded)
+    def read_back(below: int, since: int) -> float:
+        # Of the layers below ``below`` asked for by ``since`` or above, what was written, read back
+        # in full (their unwritten and small bytes are in holds).
+        return sum(sum(offloaded[j][1]) - holds[j] for j in range(below) if j in offloaded and asker[j] >= since)
 
     peak = 0.0
     freed = 0.0  # what the layers below the segment's hold less than keep's, when forward ends
@@ -300,9 +319,9 @@ def _peak(
             unwritten_now = sum(offloaded[j][0](ends[k]) + offloaded[j][1][1] - holds[j] for j in in_flight)
             peak = max(peak, p.forward_peak - freed + unwritten_now)
         if p.head_peak is not None:  # the head's backward, before this (the top) layer's
-            peak = max(peak, p.head_peak - freed + read_back(range(len(profiles) - prefetch, k)))
+            peak = max(peak, p.head_peak - freed + read_back(k, n))
         if p.backward_peak is not None:
-            peak = max(peak, p.backward_peak - freed + read_back(range(max(k - prefetch, 0), k)))
+            peak = max(peak, p.backward_peak - freed + read_back(k, k))
         freed += p.saved_bytes - holds[k]
         if k in offloaded:
             in_flight.append(k)
