@@ -28,10 +28,11 @@ place for the call, as ``torch.func.functional_call`` does with a meta-learner's
 changed in place since, by an optimizer step before backward, raises as autograd does without
 recomputation) and each of its modules' training or eval mode (a model switched to eval between a
 forward and its backward recomputes in the mode the forward ran in), and each ``torch.Generator``
-among its arguments or its modules' attributes (in tuples, lists, dicts and dataclasses too): the
-recomputation draws from the state the forward drew from, and leaves it as it found it. State kept
-elsewhere, a generator the block reaches another way (a global of the user's module, its parent's
-attribute) or a plain tensor attribute the block changes, is found as the forward left it.
+among its arguments or in its modules' attributes that held one when the block was wrapped (in
+tuples, lists, dicts and dataclasses too): the recomputation draws from the state the forward drew
+from, and leaves it as it found it. State kept elsewhere, a generator the block reaches another way
+(a global of the user's module, its parent's attribute, an attribute first given one later) or a
+plain tensor attribute the block changes, is found as the forward left it.
 
 Which call is the recomputation: every call of the block's function after the first within one
 checkpointed call (backward alone does not tell: another library's recomputation runs the whole
@@ -127,6 +128,7 @@ def _recomputed(
     from the buffers as this forward found them, on copies (see the module's docstring). A block
     without buffers (a transformer layer) has nothing to copy."""
     with_buffers = any(True for _ in layer.buffers())
+    holders = _generator_holders(layer)
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
@@ -146,7 +148,7 @@ def _recomputed(
             # arguments only, the keyword ones bound, as it expects.
             tensors, shapes = list(args), None
         modes = _modes_of(layer)  # train/eval of each submodule, as this forward ran them
-        generators = _generators_of(layer, args, kwargs)
+        generators = _generators_in(args, kwargs, *(getattr(module, name, None) for module, name in holders))
         generator_states = [generator.get_state() for generator in generators]  # as this forward draws from them
         parameters = _parameters_of(layer)  # the tensors in their places, as this forward found them
         parameter_versions = [p._version for _, _, p in parameters]
@@ -336,22 +338,26 @@ def _rebuilt(value, each: Callable):
     return value
 
 
-def _generators_of(layer: nn.Module, args: tuple, kwargs: dict) -> list[torch.Generator]:
-    """The ``torch.Generator``s among the block's arguments and its modules' attributes, looking into
-    tuples, lists, dicts and dataclasses; each once."""
+def _generators_in(*values) -> list[torch.Generator]:
+    """The ``torch.Generator``s in ``values``, looking into tuples, lists, dicts and dataclasses; each once."""
     found: dict[int, torch.Generator] = {}
     seen: set[int] = set()  # containers walked (one may hold itself)
 
     def walk(value) -> None:
-        if isinstance(value, torch.Generator):
+        # By the value's type, never the value: a Hugging Face config answers every attribute
+        # look-up through Python code.
+        kind = type(value)
+        if kind in _ATOMS:
+            return
+        if issubclass(kind, torch.Generator):
             found.setdefault(id(value), value)
             return
-        if isinstance(value, dict):
+        if issubclass(kind, dict):
             items = value.values()
-        elif isinstance(value, tuple | list):
+        elif issubclass(kind, tuple | list):
             items = value
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            items = [getattr(value, field.name, None) for field in dataclasses.fields(value)]
+        elif dataclasses.is_dataclass(kind):
+            items = [getattr(value, field.name, None) for field in dataclasses.fields(kind)]
         else:
             return
         if id(value) not in seen:
@@ -359,13 +365,23 @@ def _generators_of(layer: nn.Module, args: tuple, kwargs: dict) -> list[torch.Ge
             for item in items:
                 walk(item)
 
-    walk(args)
-    walk(kwargs)
-    for module in layer.modules():
-        for name, value in vars(module).items():
-            if name not in ("_parameters", "_buffers", "_modules"):  # tensors and modules: no generator there
-                walk(value)
+    walk(values)
     return list(found.values())
+
+
+def _generator_holders(layer: nn.Module) -> list[tuple[nn.Module, str]]:
+    """The attributes of the block's modules that hold a ``torch.Generator`` (in a container too),
+    found when the block is wrapped and read again at each call (a generator put in their place)."""
+    return [
+        (module, name)
+        for module in layer.modules()
+        for name, value in vars(module).items()
+        if name not in _MODULE_INTERNALS and _generators_in(value)  # parameters, buffers, submodules, hooks: none
+    ]
+
+
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+_ATOMS = frozenset({int, float, bool, str, type(None), torch.Tensor, nn.Parameter})
 
 
 @contextlib.contextmanager
