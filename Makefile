@@ -81,8 +81,9 @@ lint: setup
 	@echo "snakemake --lint: only the explained conda/container warning"
 
 # Any other name is handed to Snakemake when it is one of its targets (a topic, `claims`):
-# `make ceilings` runs `snakemake --cores all ceilings`. A name that is neither lists both kinds.
-.DEFAULT:
+# `make ceilings` runs `snakemake --cores all ceilings`. A name that is neither lists both kinds,
+# a name that is also a file or folder here (`make docs`) too: none of them is a file to make.
+define HAND_TO_SNAKEMAKE
 	@$(MAKE) --no-print-directory setup
 	@err="$$(mktemp)"; listing="$$($(VENV)/bin/snakemake --list-target-rules 2>"$$err")" || { \
 		echo "make $@: the workflow does not load:" >&2; tail -3 "$$err" >&2; rm -f "$$err"; exit 2; }; \
@@ -94,3 +95,13 @@ lint: setup
 		echo "Snakemake targets (make NAME runs one): "$$targets"." >&2; \
 		exit 2; \
 	fi
+endef
+
+.DEFAULT:
+	$(HAND_TO_SNAKEMAKE)
+
+# (pyproject.toml is a prerequisite of the set-up: a phony one would redo it at every call)
+HERE := $(filter-out Makefile pyproject.toml $(MAKE_TARGETS),$(wildcard *))
+.PHONY: $(HERE)
+$(HERE):
+	$(HAND_TO_SNAKEMAKE)

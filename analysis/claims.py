@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import functools
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -752,6 +753,8 @@ def main(argv=None) -> None:
     parser.add_argument("--claims", type=Path, default=CLAIMS_FILE)
     parser.add_argument("--out", type=Path, help="default: paper_figs/<machine>/claims.md")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.machine):  # the workflow's machine names
+        raise UserError(f"--machine names one folder of results/ (as h200), not {args.machine!r}")
     out = args.out or Path("paper_figs") / args.machine / "claims.md"
     if out.is_dir():  # refused before anything is read
         raise UserError(f"--out {out} is a folder: name the file to write (e.g. {out / 'claims.md'})")

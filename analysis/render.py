@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import UserError, exit_on_user_error
+from harness.folders import refuse_unwritable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,6 +81,8 @@ def main(argv=None) -> None:
     for topic, path in args.results:
         results.setdefault(topic, []).append(path)
     outputs = {"figure": args.figure, "summary": args.summary}
+    for flag, path in (("--executed", args.executed), *((f"--{name}", path) for name, path in outputs.items())):
+        refuse_unwritable(path.parent, f"{flag}'s folder")
     temporary = {name: _temporary(path) for name, path in outputs.items()}
 
     import jupytext

@@ -24,6 +24,7 @@ from pathlib import Path
 from harness import config as suite_config
 from harness import contention, machine, provenance
 from harness.errors import NeedsGpuError, UserError, exit_on_user_error
+from harness.folders import refuse_unwritable
 from harness.results import ResultsWriter
 from harness.topic import Topic, discover
 
@@ -49,13 +50,28 @@ def _parser(topics: dict[str, Topic]) -> argparse.ArgumentParser:
         "not Snakemake's KEY=VALUE: a changed topic block goes under its 'topics' key",
     )
     parser.add_argument("--scratch-dir", type=Path, help="directory for files on disk (default: config's scratch_dir)")
+    parser.add_argument(
+        "--whole-or-nothing",
+        action="store_true",
+        help="a part stopped before it ends (SIGTERM, Ctrl-C) writes nothing, rather than the rows it measured "
+        "marked cut_short (the workflow passes it: a stopped job is measured again at the next run)",
+    )
     return parser
 
 
 def measure(
-    topic: Topic, part_name: str, scale_name: str, out: Path, config_path: Path, scratch_dir: Path | None = None
+    topic: Topic,
+    part_name: str,
+    scale_name: str,
+    out: Path,
+    config_path: Path,
+    scratch_dir: Path | None = None,
+    whole_or_nothing: bool = False,
 ) -> int:
-    """Measure one part and write its results file; the number of rows written."""
+    """Measure one part and write its results file; the number of rows written. ``whole_or_nothing``:
+    a part stopped before it ends writes nothing (under Snakemake, which removes a failed job's
+    files when it stops, maybe before the part has written its rows: a file written after would
+    be taken for a finished one)."""
     part = topic.part(part_name)
     if out.suffix != ".csv":
         raise UserError(f"--out must name a .csv file, got {out}")
@@ -83,8 +99,9 @@ def measure(
         raise UserError(f"--out must be named {part.name}-{scale_name}.csv (part-scale), got {out.name}")
     # Where the results and the scratch files go is checked before measuring, not after.
     provenance.git_state()  # a malformed SUITE_GIT_* is refused now, not when the rows are written
-    _writable_folder(out.parent, "--out's folder")
-    _writable_folder(scratch_dir or Path(cfg["scratch_dir"]), "the scratch folder")
+    refuse_unwritable(out.parent, "--out's folder")
+    _refuse_another_machines_folder(out)
+    refuse_unwritable(scratch_dir or Path(cfg["scratch_dir"]), "the scratch folder")
     writer = ResultsWriter(topic.schema, scale=scale_name)
     part_params = params.get(part.name, {})  # a topic may configure its parts only in common
     topic_part_names = {p.name for p in topic.parts}
@@ -109,6 +126,15 @@ def measure(
         stopped_by = stop.by
         if not writer.rows:
             raise SystemExit(f"{topic.name}/{part.name}: stopped by {stopped_by} before any row was measured") from None
+        if whole_or_nothing:
+            message = (
+                f"{topic.name}/{part.name}: stopped by {stopped_by} after {len(writer.rows)} rows; nothing written "
+                "(--whole-or-nothing): the next run measures the part again"
+            )
+            if stopped_by == SIGINT_STOP:
+                print(message, file=sys.stderr)
+                _end_as_interrupted()
+            raise SystemExit(message) from None
         notes = {"cut_short": f"stopped by {stopped_by} {CUT_SHORT_NOTE}"}
     # The record and the rows are two files: a stop between them would pair this run's record with
     # an earlier run's rows. Signals wait until both are written; a part already stopped ends as
@@ -174,17 +200,23 @@ def _contention_note(cpu_at_start) -> dict:
     return {} if share is None else {"cpu_share_of_other_processes": round(share, 3)}
 
 
-def _writable_folder(folder: Path, what: str) -> None:
-    """Refuse, in one line, a folder that cannot be made or written to: a file on its path, or a
-    nearest existing folder this process may not write. Nothing is made here: a part refused later
-    leaves no empty folder behind."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"{what} {folder} cannot be made: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{what} {folder} cannot be written to: {existing} is not writable")
+def _refuse_another_machines_folder(out: Path) -> None:
+    """Refuse, in one line, results written into a machine's folder (``results/<machine>/...``)
+    whose records were measured on other hardware: its figures and claims would mix two machines.
+    The workflow refuses the same for its own measuring targets."""
+    parts = out.absolute().parts
+    if "results" not in parts[:-2]:
+        return  # not a results tree: a folder of the user's own
+    at = len(parts) - 1 - parts[::-1].index("results")
+    if at + 2 >= len(parts):
+        return
+    folder = Path(*parts[: at + 2])
+    other = machine.other_hardware_in(folder)
+    if other:
+        raise UserError(
+            f"{folder} holds results measured on other hardware ({' | '.join(other)}) than this machine "
+            f"({machine.shown(machine.hardware())}): measure into a folder of its own (results/<another name>/)"
+        )
 
 
 # follows "stopped by SIGTERM" (a time limit, a cancelled job) or "stopped by Ctrl-C (SIGINT)"
@@ -284,7 +316,7 @@ def main(argv=None) -> None:
         ]
         if missing:
             parser.error(f"measuring needs {', '.join(missing)}")
-        rows = measure(topic, args.part, args.scale, args.out, args.config, args.scratch_dir)
+        rows = measure(topic, args.part, args.scale, args.out, args.config, args.scratch_dir, args.whole_or_nothing)
         print(f"wrote {rows} rows to {args.out}")
 
     try:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,31 @@ def kind(gpu_names, cpu_model) -> tuple[tuple[str, ...], str]:
     """A kind of machine: its GPU models (each once, sorted; a host's eight H200s are one kind) and
     its CPU model. For this machine (:func:`hardware`) or a provenance record's."""
     return tuple(sorted(set(gpu_names))), cpu_model
+
+
+def shown(machine_kind: tuple[tuple[str, ...], str]) -> str:
+    """A kind of machine (:func:`kind`) in words: its GPU models; its CPU model."""
+    return f"{', '.join(machine_kind[0]) or 'no GPU'}; {machine_kind[1]}"
+
+
+def other_hardware_in(folder: Path) -> list[str]:
+    """The kinds of machine (in words) other than this one that the provenance records in
+    ``folder``'s topic folders were measured on: a machine's folder holds one machine's results.
+    A record that cannot be read or names no machine is no evidence (the readers refuse it)."""
+    this, found = hardware(), set()
+    for record in Path(folder).glob("*/*.provenance.json"):
+        try:
+            measured = json.loads(record.read_text()).get("machine")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(measured, dict) or not isinstance(measured.get("cpu_model"), str):
+            continue
+        gpus = measured.get("gpus")
+        names = [g.get("name") for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+        measured_kind = kind((str(name) for name in names if name is not None), measured["cpu_model"])
+        if measured_kind != this:
+            found.add(shown(measured_kind))
+    return sorted(found)
 
 
 def describe() -> MachineInfo:

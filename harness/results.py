@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,9 +152,13 @@ def results_in(folder: Path | str, pattern: str) -> list[Path]:
 
 
 def results_bytes(path: Path | str) -> bytes:
-    """The CSV bytes of a results file of either form."""
-    data = Path(path).read_bytes()
-    return gzip.decompress(data) if str(path).endswith(COMPRESSED) else data
+    """The CSV bytes of a results file of either form; one that cannot be read (a truncated or
+    corrupt archive, no permission) is refused in one line naming it."""
+    try:
+        data = Path(path).read_bytes()
+        return gzip.decompress(data) if str(path).endswith(COMPRESSED) else data
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise ResultsFormatError(f"{path}: cannot be read ({err})") from None
 
 
 def provenance_path(csv_path: Path) -> Path:
@@ -434,16 +439,14 @@ def read_rows(path: Path | str, schema: Schema, *, cut_short: bool = False) -> l
     provenance = load_provenance(path)
     if provenance.get("cut_short") and not cut_short:
         raise ResultsFormatError(
-            f"{path}: the part was stopped before it ended, so these rows are not the whole part; measure it again"
+            f"{path}: the part was stopped before it ended, so these rows are not the whole part; measure it again "
+            "(delete it and its .provenance.json: the workflow measures a part whose file is missing)"
         )
     if provenance.get("scale") != scale:
         raise ResultsFormatError(
             f"{path}: its provenance record says scale {provenance.get('scale')!r}, its name says {scale!r}"
         )
-    try:
-        data = results_bytes(path)
-    except (OSError, EOFError, gzip.BadGzipFile) as err:
-        raise ResultsFormatError(f"{path}: cannot be read ({err})") from None
+    data = results_bytes(path)
     if ROWS_DIGEST in provenance and provenance[ROWS_DIGEST] != _digest(data):
         raise ResultsFormatError(
             f"{path}: its rows are not those its record was written with (edited, or another run's): measure the "
@@ -529,4 +532,24 @@ def load_provenance(csv_path: Path | str) -> dict:
             raise ResultsFormatError(f"{path}: the record's {part} is no object (a record the suite writes has one)")
         if missing := [key for key in keys if key not in record[part]]:
             raise ResultsFormatError(f"{path}: the record lacks {part}.{', '.join(missing)} (the suite writes it)")
+    # The types the readers rely on: a record edited by hand or corrupted is refused here, in one
+    # line, not deep in a reader as an AttributeError.
+    fields = {
+        "scale": (record["scale"], str),
+        "date_utc": (record["date_utc"], str),
+        "git.commit": (record["git"]["commit"], str),
+        "machine.cpu_model": (record["machine"]["cpu_model"], str),
+        "machine.usable_cpus": (record["machine"]["usable_cpus"], int),
+        "machine.gpus": (record["machine"]["gpus"], list),
+        **{name: (record[name], dict) for name in ("code", "parameters") if name in record},
+    }
+    for name, (value, kind) in fields.items():
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ResultsFormatError(f"{path}: the record's {name} is {value!r}, not {_KIND_WORDS[kind]}")
+    for i, gpu in enumerate(record["machine"]["gpus"]):
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("name"), str):
+            raise ResultsFormatError(f"{path}: the record's machine.gpus[{i}] is {gpu!r}, not a GPU with a name")
     return record
+
+
+_KIND_WORDS = {str: "a string", int: "a whole number", list: "a list", dict: "an object"}

@@ -195,6 +195,55 @@ def test_a_part_stopped_by_sigterm_keeps_its_rows_marked_cut_short(tmp_path, mon
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
 
 
+def test_a_part_stopped_under_the_workflow_writes_nothing(tmp_path, monkeypatch):
+    """The workflow's rule passes --whole-or-nothing: Snakemake removes a stopped job's files, maybe
+    before the part has written its rows, and a file written after would be taken for a finished
+    one. The stopped part writes nothing, and the exit is a failure."""
+    from harness.topic import Topic
+
+    monkeypatch.setattr(Topic, "measure_function", measure_then_signal(signal.SIGTERM))
+    out = tmp_path / "results" / f"{HOST_PROBES[0]}-tiny.csv"
+    argv = ["ceilings", "--part", HOST_PROBES[0], "--scale", "tiny", "--out", str(out)]
+    with pytest.raises(SystemExit, match=r"stopped by SIGTERM after [0-9]+ rows; nothing written"):
+        entry([*argv, "--scratch-dir", str(tmp_path / "scratch"), "--whole-or-nothing"])
+    assert not out.exists() and not out.with_suffix(".provenance.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    rule = (ROOT / "workflow" / "rules" / "topics.smk").read_text()
+    assert "--whole-or-nothing" in rule.split("rule measure:")[1].split("rule")[0]
+
+
+def test_measuring_into_another_machines_folder_is_refused_before_it_measures(tmp_path, monkeypatch, capsys):
+    """A part written into results/<machine>/ whose records name other hardware would mix two
+    machines in its figures (tools/gpu_box_run.sh and python -m workloads take --out as given):
+    refused in one line, as the workflow refuses it; a malformed record is no evidence either way."""
+    import json
+
+    from harness import machine
+    from harness.topic import Topic
+
+    folder = tmp_path / "results" / "h200"
+    (folder / "ceilings").mkdir(parents=True)
+    broken = folder / "ceilings" / "other-tiny.provenance.json"
+    broken.write_text(json.dumps({"machine": {"cpu_model": "x", "gpus": [None, "y"]}}))
+    assert machine.other_hardware_in(folder) == ["no GPU; x"]  # the odd entries are skipped, not a traceback
+    this = machine.hardware()
+    same = {"machine": {"cpu_model": this[1], "gpus": [{"name": name} for name in this[0]]}}
+    broken.write_text(json.dumps(same))
+    assert machine.other_hardware_in(folder) == []
+    (folder / "ceilings" / "matmul-tiny.provenance.json").write_text(
+        json.dumps({"machine": {"cpu_model": "Some CPU", "gpus": [{"name": "NVIDIA H200"}]}})
+    )
+    out = folder / "ceilings" / f"{HOST_PROBES[0]}-tiny.csv"
+    monkeypatch.setattr(Topic, "measure_function", lambda *a: pytest.fail("measured"))
+    argv = ["ceilings", "--part", HOST_PROBES[0], "--scale", "tiny", "--out", str(out)]
+    with pytest.raises(SystemExit) as stop:
+        entry([*argv, "--scratch-dir", str(tmp_path / "scratch")])
+    assert stop.value.code == 2 and not out.exists()
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(f"error: {folder} holds results measured on other hardware")
+    assert f"(NVIDIA H200; Some CPU) than this machine ({machine.shown(machine.hardware())})" in error[0]
+
+
 CTRL_C_PART = """
 import signal, sys
 from harness.entry import main

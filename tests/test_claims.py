@@ -121,6 +121,16 @@ def machine(tmp_path):
     return times
 
 
+def test_a_machine_that_is_not_one_folder_name_is_refused(tmp_path, capsys):
+    from analysis.claims import main
+
+    for bad in ("../results/h200", "h200/x", ""):
+        with pytest.raises(SystemExit):
+            main(["--machine", bad, "--results-root", str(tmp_path), "--out", str(tmp_path / "c.md")])
+        assert f"--machine names one folder of results/ (as h200), not {bad!r}" in capsys.readouterr().err
+    assert not (tmp_path / "c.md").exists()
+
+
 def test_each_verdict_from_its_thresholds(tmp_path, machine):
     g = reference_geomean(machine, list(COMPETITORS))
     rows = render(

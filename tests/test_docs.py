@@ -260,12 +260,13 @@ def environment_is_set_up() -> bool:
 
 
 @pytest.mark.skipif(not environment_is_set_up(), reason="the cpu environment is not set up (make setup)")
-def test_make_with_an_unknown_target_lists_the_valid_ones():
+@pytest.mark.parametrize("name", ["reproduc", "docs", "README.md"])  # a file or folder here is no target either
+def test_make_with_an_unknown_target_lists_the_valid_ones(name):
     result = subprocess.run(
-        ["make", "--no-print-directory", "reproduc"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+        ["make", "--no-print-directory", name], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode != 0
-    assert "no target 'reproduc'" in result.stderr
+    assert f"no target '{name}'" in result.stderr
     for target in ("reproduce", "test", "figures", "ceilings", "claims"):
         assert re.search(rf"\b{target}\b", result.stderr), result.stderr
 

@@ -88,6 +88,14 @@ def test_refuses_notebook_without_parameters_cell_and_bad_arguments(tmp_path, ca
     for bad in (["-p", "no-equals-sign"], ["--results", "no-file"], ["--results", "bad topic=x.csv"]):
         with pytest.raises(SystemExit):
             render(plain, tmp_path, *bad)
+    capsys.readouterr()
+    (tmp_path / "a_file").write_text("")
+    for flag in ("--executed", "--figure", "--summary"):  # given again, after the defaults: it wins
+        with pytest.raises(SystemExit):
+            render(plain, tmp_path, flag, str(tmp_path / "a_file" / "out.x"))
+        error = capsys.readouterr().err.strip()
+        folder = tmp_path / "a_file"
+        assert error == f"error: {flag}'s folder {folder} cannot be made: {folder} is a file, not a folder"
 
 
 SUPPORTING = """# %% tags=["parameters"]

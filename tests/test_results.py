@@ -17,6 +17,7 @@ from harness.results import (
     load_provenance,
     provenance_path,
     read_rows,
+    results_bytes,
     results_in,
     results_name,
 )
@@ -267,6 +268,32 @@ def test_provenance_must_agree_and_parse(tmp_path):
         read_rows(path, SCHEMA)
 
 
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda r: r["git"].update(commit=None), "the record's git.commit is None, not a string"),
+        (lambda r: r.update(date_utc=5), "the record's date_utc is 5, not a string"),
+        (lambda r: r.update(code="x"), "the record's code is 'x', not an object"),
+        (lambda r: r.update(parameters=None), "the record's parameters is None, not an object"),
+        (lambda r: r["machine"].update(gpus="x"), "the record's machine.gpus is 'x', not a list"),
+        (lambda r: r["machine"].update(usable_cpus=True), "the record's machine.usable_cpus is True, not a whole"),
+        (lambda r: r["machine"].update(gpus=["x"]), r"machine.gpus\[0\] is 'x', not a GPU with a name"),
+        (lambda r: r["machine"].update(gpus=[{"driver": "1"}]), r"machine.gpus\[0\] is \{'driver': '1'\}, not a GPU"),
+    ],
+)
+def test_a_record_with_a_field_of_the_wrong_type_is_refused_in_one_line(tmp_path, edit, words):
+    """A record edited by hand or corrupted: refused where it is read, not as an AttributeError
+    deep in a reader."""
+    path, _ = _write(tmp_path)
+    record = json.loads(provenance_path(path).read_text())
+    load_provenance(path)  # as written: accepted
+    edit(record)
+    provenance_path(path).write_text(json.dumps(record))
+    with pytest.raises(ResultsFormatError, match=words) as err:
+        load_provenance(path)
+    assert "\n" not in str(err.value)
+
+
 def test_a_write_removes_what_a_killed_writer_left_and_nothing_of_a_live_one(tmp_path):
     """A writer killed mid-write (SIGKILL) leaves its temporary files and an earlier CSV it had
     moved aside, hidden in the results folder: the next write removes those of dead processes."""
@@ -449,6 +476,8 @@ def test_a_compressed_file_edited_or_broken_is_refused_in_one_line(tmp_path):
     with pytest.raises(ResultsFormatError, match=r"demo-cpu\.csv\.gz: cannot be read") as err:
         read_rows(gz, SCHEMA)
     assert "\n" not in str(err.value)
+    with pytest.raises(ResultsFormatError, match=r"demo-cpu\.csv\.gz: cannot be read"):
+        results_bytes(gz)  # every reader of the bytes (the analysis's check for copied processes too)
 
 
 def test_the_tool_refuses_to_compress_rows_their_record_does_not_hold(tmp_path, capsys):

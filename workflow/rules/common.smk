@@ -47,35 +47,13 @@ SCALE = config["scale"]
 GPU_COUNT = suite_machine.gpu_count()
 
 
-def shown_hardware(kind):
-    return f"{', '.join(kind[0]) or 'no GPU'}; {kind[1]}"
-
-
-def hardware_measured_in(machine):
-    """The kinds of machine (GPU models, CPU model) the records in results/<machine>/ were measured
-    on, other than this one: a machine folder holds one machine's results."""
-    this = suite_machine.hardware()
-    found = set()
-    for record in Path("results", machine).glob("*/*.provenance.json"):
-        try:
-            measured = json.loads(record.read_text()).get("machine")
-        except (OSError, ValueError, AttributeError):
-            continue  # the readers refuse it in their own words
-        if not isinstance(measured, dict) or "cpu_model" not in measured:
-            continue  # a record that names no machine is no evidence of another one (the readers refuse it)
-        kind = suite_machine.kind((g.get("name") for g in measured.get("gpus", [])), measured.get("cpu_model"))
-        if kind != this:
-            found.add(shown_hardware(kind))
-    return sorted(found)
-
-
 # Measuring here into a folder of another machine's results would mix the two in its figures and
 # rewrite its claims: refused by the measuring targets, in one line; rendering what is there works.
-FOREIGN_FOLDER = hardware_measured_in(MACHINE)
+FOREIGN_FOLDER = suite_machine.other_hardware_in(Path("results", MACHINE))
 if FOREIGN_FOLDER and not CANNOT_MEASURE_HERE:
     CANNOT_MEASURE_HERE = (
         f"error: results/{MACHINE}/ holds results measured on other hardware ({' | '.join(FOREIGN_FOLDER)}) "
-        f"than this machine ({shown_hardware(suite_machine.hardware())}): measure it into a folder of its own, "
+        f"than this machine ({suite_machine.shown(suite_machine.hardware())}): measure it into a folder of its own, "
         "--config machine=NAME"
     )
 # Jobs run the Python of the environment Snakemake runs in (the suite's venv); no conda here.

@@ -35,7 +35,7 @@ def figures_inputs(wildcards):
             print(
                 f"figures: paper_figs/{MACHINE}/{topic}-{scale}.png not rendered: {len(missing)} of its results "
                 f"files are missing ({missing[0]}{', ...' if len(missing) > 1 else ''}); "
-                f"`snakemake --cores all {topic} --config scale={scale}` measures them",
+                f"`snakemake --cores all {topic} --config scale={scale} machine={MACHINE}` measures them",
                 file=sys.stderr,
             )
     return [*wanted, *COMMITTED_CLAIMS]

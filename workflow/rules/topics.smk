@@ -27,7 +27,7 @@ rule measure:
         scratch_dir=config["scratch_dir"],
     shell:
         "{params.python} -m workloads {wildcards.topic} --part {wildcards.part} --scale {wildcards.scale}"
-        " --out {output.csv} --config {params.config_file} --scratch-dir {params.scratch_dir}"
+        " --out {output.csv} --config {params.config_file} --scratch-dir {params.scratch_dir} --whole-or-nothing"
         " 2>&1 | tee {log}"
 
 
