@@ -174,6 +174,8 @@ def complete(config: dict) -> dict:
             if not isinstance(topics[name], dict):  # an empty file reads as None
                 raise ConfigError(f"{sources[name]} must map scales to their blocks; it holds {topics[name]!r}")
     config = {**config, "topics": topics}
+    if type(config.get("machine")) is int:  # an all-digit name (2024), read as a number by YAML and --config
+        config["machine"] = str(config["machine"])
     validate(config, sources)
     return config
 

@@ -64,6 +64,16 @@ def test_malformed_config_is_refused_naming_the_key(cfg, edit, message):
         suite_config.validate(bad)
 
 
+def test_an_all_digit_machine_name_read_as_a_number_is_its_digits(cfg):
+    """--config machine=2024 (and YAML's machine: 2024) give an int: the name is its digits, as the
+    schema allows; a float or a bool is no name."""
+    given = {k: v for k, v in cfg.items() if k != "topics"}
+    assert suite_config.complete({**given, "machine": 2024})["machine"] == "2024"
+    for bad in (1e3, True):
+        with pytest.raises(suite_config.ConfigError, match="config key 'machine'"):
+            suite_config.complete({**given, "machine": bad})
+
+
 def test_unknown_scale_lists_the_known_ones_and_says_how_the_caller_names_one(cfg):
     with pytest.raises(
         suite_config.ConfigError, match=r"^unknown scale 'huge'; choose one of tiny, cpu, h200 \(--scale NAME\)$"
