@@ -19,6 +19,9 @@ on a GPU the multi-hop sampler chains hops without reading anything back. Its ch
 ``num_valid`` and the CSR wait for the GPU once after the draws; ``check=False`` skips that wait
 for a caller that checked its seeds and CSR itself (``NeighborSampler``): the kernel then still
 reads and writes nothing out of bounds (a seed or CSR row out of range samples nothing there).
+Neither op checks that the CSR's offsets never decrease (rows that overlap sample from the
+overlap): a whole-graph check per hop would cost what the hop does, so ``NeighborSampler`` checks
+a graph once, when it is given one.
 
 Both are plain functions that check their integer arguments and call the ``torch.library`` ops
 ``sample_neighbors_op`` and ``sample_into_slots_op``: a fanout or seed beyond int64 would
