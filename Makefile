@@ -100,8 +100,10 @@ endef
 .DEFAULT:
 	$(HAND_TO_SNAKEMAKE)
 
-# (pyproject.toml is a prerequisite of the set-up: a phony one would redo it at every call)
-HERE := $(filter-out Makefile pyproject.toml $(MAKE_TARGETS),$(wildcard *))
+# (pyproject.toml is a prerequisite of the set-up: a phony one would redo it at every call; a
+# name with ':' or '%' cannot be a target of a rule, and cannot be a Snakemake target either)
+HERE := $(filter-out Makefile pyproject.toml $(MAKE_TARGETS),\
+	$(foreach name,$(wildcard *),$(if $(findstring :,$(name))$(findstring %,$(name)),,$(name))))
 .PHONY: $(HERE)
 $(HERE):
 	$(HAND_TO_SNAKEMAKE)

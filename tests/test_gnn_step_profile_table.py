@@ -18,7 +18,7 @@ RECORD = {  # what load_provenance asks of a record (the tool writes harness.pro
     "scale": "h200",
     "date_utc": "2025-01-01T00:00:00+00:00",
     "git": {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False},
-    "machine": {"cpu_model": "test", "usable_cpus": 16, "gpus": ["test"]},
+    "machine": {"cpu_model": "test", "usable_cpus": 16, "gpus": [{"name": "test"}]},
     "packages": {},
 }
 

@@ -555,32 +555,55 @@ class _AddOne(torch.nn.Module):
         return x + 1  # saves nothing for backward: its backward unpacks nothing
 
 
+def _frozen_linear() -> torch.nn.Module:
+    layer = torch.nn.Linear(16, 16, bias=False).requires_grad_(False)
+    return layer  # saves its weight alone (a parameter: no activation bytes), and its backward unpacks it
+
+
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
 def test_the_model_asks_for_each_read_where_the_engine_does_past_blocks_that_save_nothing(prefetch):
     """The engine asks for reads at the first tensor a block's backward unpacks: a block that saves
-    nothing asks for none, so the read it would have asked for comes from a block below. The cost
-    model's askers are the engine's, block by block."""
+    nothing asks for none, so the read it would have asked for comes from a block below; a frozen
+    block that saves only its weight still asks. The cost model's askers, from the profile the
+    planners take, are the engine's, block by block."""
     from systems.ssdtrain import Offloader
 
     torch.manual_seed(0)
-    kinds = ["lin", "add", "lin", "add", "add", "lin", "lin"]
-    model = torch.nn.Sequential(*(torch.nn.Linear(16, 16) if k == "lin" else _AddOne() for k in kinds))
+    make = {"lin": lambda: torch.nn.Linear(16, 16), "add": _AddOne, "frozen": _frozen_linear}
+    kinds = ["lin", "add", "lin", "frozen", "add", "lin", "add", "lin"]
+    model = torch.nn.Sequential(*(make[k]() for k in kinds))
+    x = torch.randn(4, 16)
+
+    def step():
+        model(x).square().sum().backward()  # the loss saves a tensor outside the blocks
+
+    profiles, _, _ = planning.profile(model, list(model), step, "cpu")
+    assert [p.saved_bytes > 0 for p in profiles] == [k == "lin" for k in kinds]
+    assert [p.asks(OFFLOAD) for p in profiles] == [k != "add" for k in kinds]
     offloader = Offloader(model, HostStore(), keep_last=0, min_bytes=0, prefetch=prefetch, layers=list(model))
     where, asked = [None], {}
     offloader.backward_listeners.append(lambda layer: where.__setitem__(0, layer))
     prefetch_of = offloader.cache.prefetch
     offloader.cache.prefetch = lambda target: (asked.setdefault(target, where[0]), prefetch_of(target))[1]
     with offloader:
-        model(torch.randn(4, 16)).square().sum().backward()  # the loss saves a tensor outside the blocks
+        step()
     n = len(kinds)
     engine = {target: n if layer is None else layer for target, layer in asked.items()}
-    profiles = [
-        LayerProfile(offloader.stats.layers[i].unique_bytes if i in offloader.stats.layers else 0, 64, 1.0)
-        for i in range(n)
-    ]
-    assert [p.saved_bytes > 0 for p in profiles] == [k == "lin" for k in kinds]
     model_askers = planning._askers(profiles, [OFFLOAD] * n, prefetch)
     assert engine == {i: model_askers[i] for i in range(n) if kinds[i] == "lin"}
+
+
+def test_a_recorded_profile_keeps_where_backward_asks():
+    profiles = [planning.LayerProfile(0, 8, 1.0, packs=True), planning.LayerProfile(10, 8, 1.0, packs=True)]
+    record = {
+        "saved_bytes": [p.saved_bytes for p in profiles],
+        "input_bytes": [8, 8],
+        "forward_seconds": [1.0, 1.0],
+        "packs": [True, True],
+    }
+    assert planning.profiles_of_record(record) == profiles
+    del record["packs"]  # an older record: where a block saves bytes
+    assert [p.asks(OFFLOAD) for p in planning.profiles_of_record(record)] == [False, True]
 
 
 def test_a_read_asked_late_past_a_block_that_saves_nothing_stalls_the_step_as_predicted():

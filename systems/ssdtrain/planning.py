@@ -133,6 +133,9 @@ class LayerProfile:
     head_peak: int | None = None  # the head's backward's (on the layer backward reaches first, else None)
     # Of saved_bytes, what offloading never moves (storages below min_bytes): held when offloaded too.
     unoffloadable_bytes: int = 0
+    # Whether its backward unpacks a tensor it saved, parameters included (a frozen layer saves its
+    # weight and nothing else): the engine asks for reads there. None: where it saves bytes.
+    packs: bool | None = None
 
     @property
     def movable_bytes(self) -> int:
@@ -156,6 +159,13 @@ class LayerProfile:
             return None
         ran = self if decision == OFFLOAD else self.alternative(decision)
         return ran.movable_bytes, ran.unoffloadable_bytes
+
+    def asks(self, decision: str) -> bool:
+        """Whether backward through the layer run as ``decision`` asks for reads: the engine asks at
+        the first tensor of a layer it unpacks (a recomputed layer's: its input)."""
+        if decision == RECOMPUTE:
+            return self.input_bytes > 0
+        return self.packs if self.packs is not None else self.held_and_extra(decision)[0] > 0
 
     def held_and_extra(self, decision: str) -> tuple[int, float]:
         """What a kept, recomputed or budgeted layer holds, and the seconds that adds to the step
@@ -285,11 +295,11 @@ def _askers(profiles: list[LayerProfile], decisions, prefetch: int) -> list[int]
     """Per layer i, the layer whose backward asks for its read (len(profiles): the start of
     backward). The engine asks at the first tensor a layer's backward unpacks, for the layers up to
     ``prefetch`` below it: a layer that saves nothing asks for none, so layer i is asked by the
-    highest layer from i to i + ``prefetch`` that saves something (i itself, at worst)."""
+    highest layer from i to i + ``prefetch`` that asks (:meth:`LayerProfile.asks`; i itself, at worst)."""
     n = len(profiles)
-    saves = [p.held_and_extra(d)[0] > 0 for p, d in zip(profiles, decisions)]
+    asks = [p.asks(d) for p, d in zip(profiles, decisions)]
     return [
-        n if i + prefetch >= n else max(j for j in range(i, i + prefetch + 1) if j == i or saves[j]) for i in range(n)
+        n if i + prefetch >= n else max(j for j in range(i, i + prefetch + 1) if j == i or asks[j]) for i in range(n)
     ]
 
 
@@ -729,7 +739,15 @@ def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = 
         head_peak = peaks.head if measured and i == peaks.head_layer else None
         profiles.append(
             LayerProfile(
-                saved, input_bytes, forward.get(i, 0.0), (), forward_peak, backward_peak, head_peak, unoffloadable
+                saved,
+                input_bytes,
+                forward.get(i, 0.0),
+                (),
+                forward_peak,
+                backward_peak,
+                head_peak,
+                unoffloadable,
+                packs=layer is not None and layer.packed_tensors > 0,
             )
         )
     outside = stats.layers.get(None)
@@ -741,10 +759,9 @@ def profiles_of_record(record: dict) -> list[LayerProfile]:
     bytes, forward seconds, and the unoffloadable bytes where the record has them, else none)."""
     saved = record["saved_bytes"]
     unoffloadable = record.get("unoffloadable_bytes") or [0] * len(saved)
-    return [
-        LayerProfile(s, i, f, unoffloadable_bytes=u)
-        for s, i, f, u in zip(saved, record["input_bytes"], record["forward_seconds"], unoffloadable, strict=True)
-    ]
+    packs = record.get("packs") or [None] * len(saved)  # older records: where a block saves bytes
+    columns = (saved, record["input_bytes"], record["forward_seconds"], unoffloadable, packs)
+    return [LayerProfile(s, i, f, unoffloadable_bytes=u, packs=k) for s, i, f, u, k in zip(*columns, strict=True)]
 
 
 def profile(

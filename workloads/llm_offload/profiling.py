@@ -52,6 +52,7 @@ class Profiler:
                 "keep_step_seconds": seconds,
                 "saved_bytes": [p.saved_bytes for p in profiles],
                 "unoffloadable_bytes": [p.unoffloadable_bytes for p in profiles],
+                "packs": [p.packs for p in profiles],  # where backward asks for reads (planning._askers)
                 "input_bytes": [p.input_bytes for p in profiles],
                 "forward_seconds": [p.forward_seconds for p in profiles],
                 # The allocator's peaks per layer of the kept step (GPU; None on a CPU): planning.PeakTrace.
