@@ -13,8 +13,8 @@ recomputation frees, the bytes of its input, its forward time) and the store's b
 * Backward runs the layers in reverse, each taking ``backward_ratio`` times its forward. When it
   reaches layer i + ``prefetch`` (the engine's prefetch: one layer ahead by default; the start of
   backward for the last ``prefetch`` layers; layer i itself at 0; the engine asks at a layer's
-  first unpacked tensor, so past layers that save nothing, the highest layer up to i + ``prefetch``
-  that saves something) the part of layer i already
+  first unpacked tensor, so past layers that save no tensor at all, the highest layer up to
+  i + ``prefetch`` that saves one, a parameter included) the part of layer i already
   written is read back (one read queue, in the order asked), the rest stays in memory (its
   tensors were never freed); backward waits at layer i if the read is late.
 * A recomputed layer keeps only its input and runs its forward again in backward.
@@ -35,7 +35,7 @@ recomputation frees, the bytes of its input, its forward time) and the store's b
   ends); in the head's backward every layer below the top one holds what it held when forward
   ended, except those the prefetch reads back from the start of backward, read back in full; in
   layer i's backward the layers below do too, except those asked for by then (layers i -
-  ``prefetch`` to i - 1, where each saves something). The
+  ``prefetch`` to i - 1, where each saves a tensor). The
   running layer itself counts as keep's (a recomputed layer saves its tensors again in its
   backward), and so do the transients of the head and of each backward (the logits' gradient, a
   block's workspace), which keep's peaks hold and no plan moves. The step's peak is the largest
