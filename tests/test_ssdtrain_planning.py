@@ -542,12 +542,15 @@ def test_prefetching_further_ahead_never_slows_the_step_nor_lowers_its_peak(seed
 
 
 def test_layers_read_back_from_the_start_of_backward_count_in_the_heads_peak():
-    # Two offloaded layers (10 B each, written at once): 10 B below the top one are freed when its
-    # segments run. The head's backward peaked at 80 B in a kept step: 70 B with layer 0 still in
-    # the store, 80 B once the prefetch reads it back from the start of backward (two layers ahead).
+    # Two offloaded layers (10 B each, written at once). The head's backward peaked at 80 B in a
+    # kept step, before the top layer's backward: 60 B with both in the store (prefetch 0), 70 B
+    # once the prefetch reads the top one back from the start of backward, 80 B with both.
     two = [LayerProfile(10, 2, 1.0, forward_peak=30, backward_peak=50, head_peak=h) for h in (None, 80)]
     peaks = [planning.predict(two, [OFFLOAD] * 2, 1e12, 6.0, prefetch=p).predicted_peak_bytes for p in (0, 1, 2)]
-    assert peaks == [70, 70, 80]
+    assert peaks == [60, 70, 80]
+    # A recomputed top layer holds its input (2 B) during the head's backward, not its 10 B.
+    recomputed = planning.predict(two, [KEEP, RECOMPUTE], 1e12, 6.0).predicted_peak_bytes
+    assert recomputed == max(80 - 8, 50 + 0, 30)
 
 
 class _AddOne(torch.nn.Module):

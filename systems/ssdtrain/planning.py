@@ -32,8 +32,9 @@ recomputation frees, the bytes of its input, its forward time) and the store's b
   forward to the first layer backward reaches; each layer's backward): per segment, keep's
   measured peak less what the plan holds below it that keep holds. In layer k's forward the
   layers below hold what they saved (an offloaded one: its bytes not yet written when layer k
-  ends); in the head's backward every layer below the top one holds what it held when forward
-  ended, except those the prefetch reads back from the start of backward, read back in full; in
+  ends); in the head's backward every layer, the top one too (its backward has not begun), holds
+  what it held when forward ended, except those the prefetch reads back from the start of backward,
+  read back in full; in
   layer i's backward the layers below do too, except those asked for by then (layers i -
   ``prefetch`` to i - 1, where each saves a tensor). The
   running layer itself counts as keep's (a recomputed layer saves its tensors again in its
@@ -328,8 +329,9 @@ def _peak(
             in_flight = [j for j in in_flight if offloaded[j][0](ends[k]) > 0]
             unwritten_now = sum(offloaded[j][0](ends[k]) + offloaded[j][1][1] - holds[j] for j in in_flight)
             peak = max(peak, p.forward_peak - freed + unwritten_now)
-        if p.head_peak is not None:  # the head's backward, before this (the top) layer's
-            peak = max(peak, p.head_peak - freed + read_back(k, n))
+        if p.head_peak is not None:  # the head's backward, before this (the top) layer's: which holds
+            # what it held when forward ended (a recomputed one, its input), less what was read back
+            peak = max(peak, p.head_peak - freed - (p.saved_bytes - holds[k]) + read_back(k + 1, n))
         if p.backward_peak is not None:
             peak = max(peak, p.backward_peak - freed + read_back(k, k))
         freed += p.saved_bytes - holds[k]
