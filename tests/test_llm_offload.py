@@ -794,6 +794,116 @@ def test_memory_bound_plans_per_micro_batch_within_the_caps_room(scratch):
     assert timed["config"]["layers_offloaded"] == offloaded
 
 
+def _profiles_with_peaks(rows_factor, fixed=(700, 500, 900), per_row=(40, 60, 80)):
+    """Three kept layers whose traced peaks are affine in the micro-batch: a part that stays
+    (``fixed``: weight-sized transients) and a part per sequence (``per_row``)."""
+    from systems.ssdtrain.planning import LayerProfile
+
+    return [
+        LayerProfile(
+            saved_bytes=30 * rows_factor,
+            input_bytes=5 * rows_factor,
+            forward_seconds=0.01 * rows_factor,
+            forward_peak=f + r * rows_factor,
+            backward_peak=2 * f + 3 * r * rows_factor,
+            head_peak=None if i < 2 else 3 * f + r * rows_factor,
+        )
+        for i, (f, r) in enumerate(zip(fixed, per_row))
+    ]
+
+
+@pytest.mark.parametrize("micro", [1, 3, 4, 7, 32])
+def test_scaled_peaks_follow_the_line_through_the_profiles_at_one_and_twice_the_micro_batch(micro):
+    """Peaks that hold a part independent of the micro-batch are extrapolated exactly from the
+    profiles at 1 and 2 sequences (a proportional scaling would multiply the fixed part too); bytes
+    and seconds still grow in proportion; without the second profile the peaks scale in proportion."""
+    from workloads.llm_offload.memory_bound import scaled
+
+    one, two, truth = _profiles_with_peaks(1), _profiles_with_peaks(2), _profiles_with_peaks(micro)
+    grown, seconds, fixed = scaled(one, 0.5, 11, float(micro), two)
+    for got, want in zip(grown, truth, strict=True):
+        assert (got.forward_peak, got.backward_peak, got.head_peak) == (
+            want.forward_peak,
+            want.backward_peak,
+            want.head_peak,
+        )
+        assert (got.saved_bytes, got.input_bytes) == (want.saved_bytes, want.input_bytes)
+        assert got.forward_seconds == pytest.approx(want.forward_seconds)
+    assert (seconds, fixed) == (pytest.approx(0.5 * micro), 11 * micro)
+    proportional, _, _ = scaled(one, 0.5, 11, float(micro))
+    assert [p.backward_peak for p in proportional] == [p.backward_peak * micro for p in one]
+    if micro > 2:  # the fixed part multiplied: the proportional scaling overstates every peak
+        assert all(p.backward_peak > t.backward_peak for p, t in zip(proportional, truth))
+
+
+def test_scaled_peaks_never_go_below_zero_and_refuse_a_profile_of_other_layers():
+    """Extrapolated down (a micro-batch below the profiled one) a peak that grew fast stops at zero;
+    a second profile of another number of layers is refused; a layer without a peak at twice the
+    micro-batch is scaled in proportion."""
+    import dataclasses
+
+    from workloads.llm_offload.memory_bound import scaled
+
+    one = _profiles_with_peaks(1, fixed=(10, 10, 10), per_row=(500, 500, 500))
+    two = _profiles_with_peaks(2, fixed=(10, 10, 10), per_row=(500, 500, 500))
+    grown, _, _ = scaled(one, 0.5, 0, 0.25, two)
+    assert all(p.forward_peak >= 0 and p.backward_peak >= 0 for p in grown)
+    assert grown[0].forward_peak == 10 + 500 * 0.25 - 0  # still on the line above zero
+    assert grown[0].backward_peak == max(0, round(20 + 1500 * 0.25))
+    with pytest.raises(ValueError, match="has 2 layers, not 3"):
+        scaled(one, 0.5, 0, 2.0, two[:2])
+    partial = [dataclasses.replace(two[0], backward_peak=None), *two[1:]]
+    grown, _, _ = scaled(one, 0.5, 0, 4.0, partial)
+    assert grown[0].backward_peak == one[0].backward_peak * 4  # that peak: in proportion
+    assert (
+        grown[1].backward_peak == _profiles_with_peaks(4, fixed=(10, 10, 10), per_row=(500, 500, 500))[1].backward_peak
+    )
+
+
+def test_the_second_profile_is_taken_only_for_traced_peaks_and_a_profile_that_does_not_fit_is_noted(monkeypatch):
+    """On a CPU (no traced peaks) no second profile is taken; with peaks it is taken once per kind
+    of block (eager, compiled); one that runs out of memory gives None (peaks scaled in
+    proportion) and the notes say which."""
+    import dataclasses
+
+    from workloads.llm_offload import memory_bound
+
+    asked = []
+
+    class FakeProfiler:
+        def __init__(self, params, model, layers, batch, device, folder, notes):
+            assert params["planner_budgets"] == [] and batch["input_ids"].shape[0] == 6
+            self.notes = notes
+
+        def blocks(self, compiled):
+            asked.append(compiled)
+            if compiled:
+                raise RuntimeError("compile failed") from torch.cuda.OutOfMemoryError("CUDA out of memory (a test's)")
+            return _profiles_with_peaks(2), 1.0, 0
+
+    monkeypatch.setattr(memory_bound, "Profiler", FakeProfiler)
+    monkeypatch.setattr(
+        memory_bound, "batches", lambda shape, **kw: iter([{"input_ids": torch.ones(shape.micro_batch, 4)}])
+    )
+
+    @dataclasses.dataclass
+    class Shape:
+        micro_batch: int
+
+    notes = {}
+    shape = Shape(3)
+    at_twice = memory_bound._twice_profiler(
+        {"seed": 0, "planner_budgets": [0.5]}, None, [], shape, 3, "cpu", None, notes
+    )
+    without = [dataclasses.replace(p, forward_peak=None, backward_peak=None) for p in _profiles_with_peaks(1)]
+    assert at_twice(False, without) is None and asked == []
+    with_peaks = _profiles_with_peaks(1)
+    assert at_twice(False, with_peaks) == _profiles_with_peaks(2)
+    assert at_twice(False, with_peaks) == _profiles_with_peaks(2) and asked == [False]  # taken once
+    assert at_twice(True, with_peaks) is None and at_twice(True, with_peaks) is None and asked == [False, True]
+    assert notes["at_twice"] == {"micro_batch": 6, "did_not_fit": ["compiled"]}
+
+
 def test_the_part_records_offload_alls_bound_from_its_profile_and_store(scratch):
     """Part policies writes, beside offload_all's measured rows, the activation-peak reduction its
     store's measured bandwidth allows at no time overhead: the bound of the recorded profile."""

@@ -27,10 +27,17 @@ part: recompute, offloading, the eager planner, and where ``compiled`` is set co
 torch's activation memory budget at each of ``budgets`` (the best of them is torch's number) and
 the planner over compiled blocks. A planned policy is planned per micro-batch: the blocks are
 profiled once at the check's micro-batch and the profile scaled to each candidate (bytes and
-seconds grow with the micro-batch, as do a GPU profile's traced peaks), and each plan is the
-fastest predicted one whose activation bytes and, on a GPU, predicted activation peak fit
-``planner_headroom`` of what the cap leaves after the model's state (the rest for the allocator's
-fragmentation and what the peak model does not see). Every distinct plan is checked against its
+seconds grow with the micro-batch), and each plan is the fastest predicted one whose activation
+bytes and, on a GPU, predicted activation peak fit ``planner_headroom`` of what the cap leaves
+after the model's state (the rest for the allocator's fragmentation and what the peak model does
+not see). A GPU profile's traced peaks do not grow in proportion: backward's transients include
+buffers that do not grow with the micro-batch (a weight's new gradient, before it is added to the
+one kept, is the weight's size), and a proportional scaling multiplies them with the rest (on the
+8192-wide Llama profiled at one sequence, it put compiled keep's peak at four sequences above the
+whole room the cap left, and compiled keep ran there). So on a GPU the kept blocks are profiled at
+twice the check's micro-batch as well, and each peak is extrapolated along the line through the
+two (:func:`scaled`); where that second profile does not fit under the cap, its peaks are scaled in
+proportion and the notes (``at_twice``) say so. Every distinct plan is checked against its
 reference before anything is timed.
 """
 
@@ -226,10 +233,11 @@ def memory_bound(params, writer, *, repeat, warmup, device, scratch_dir, add_row
             # Apart from the other parts' "profile": this one is at the check's micro-batch, scaled per plan.
             planning_notes = notes["models"][dataset]["planning"] = {"profiled_micro_batch": checked_rows}
             profiler = Profiler(params, model, layers, batch, device, scratch_dir, planning_notes, bandwidths)
+            twice = _twice_profiler(params, model, layers, shape, checked_rows, device, scratch_dir, planning_notes)
             room = params.get("planner_headroom", HEADROOM) * (cap.cap_bytes - cap.state_bytes)
             for entry, where in planned:
                 try:
-                    runs += _scheduled(entry, where, profiler, params, checked_rows, candidates, int(room))
+                    runs += _scheduled(entry, where, profiler, params, checked_rows, candidates, int(room), twice)
                 except Exception as err:
                     if not _is_out_of_memory(err):
                         raise
@@ -285,9 +293,23 @@ class Scheduled(choose.Variant):
         return out
 
 
-def scaled(profiles, keep_seconds: float, fixed: int, factor: float):
+def scaled(profiles, keep_seconds: float, fixed: int, factor: float, at_twice=None):
     """A profile taken at one micro-batch, as it would be at ``factor`` times it: bytes and seconds
-    grow with the sequences."""
+    grow with the sequences. The traced peaks: along the line through each peak and the same
+    layer's peak in ``at_twice`` (the profiles of the same blocks, kept, at twice the micro-batch),
+    never below zero; in proportion where ``at_twice`` is None or a layer's peak is missing there."""
+    if at_twice is not None and len(at_twice) != len(profiles):
+        raise ValueError(f"the profile at twice the micro-batch has {len(at_twice)} layers, not {len(profiles)}")
+
+    def peak(p, q, name: str) -> int | None:
+        one, two = getattr(p, name), None if q is None else getattr(q, name)
+        if one is None:
+            return None
+        if two is None:
+            return round(one * factor)
+        return max(0, round(one + (two - one) * (factor - 1)))
+
+    twins = at_twice if at_twice is not None else [None] * len(profiles)
     grow = [
         dataclasses.replace(
             p,
@@ -295,9 +317,9 @@ def scaled(profiles, keep_seconds: float, fixed: int, factor: float):
             unoffloadable_bytes=round(p.unoffloadable_bytes * factor),
             input_bytes=round(p.input_bytes * factor),
             forward_seconds=p.forward_seconds * factor,
-            forward_peak=None if p.forward_peak is None else round(p.forward_peak * factor),
-            backward_peak=None if p.backward_peak is None else round(p.backward_peak * factor),
-            head_peak=None if p.head_peak is None else round(p.head_peak * factor),
+            forward_peak=peak(p, q, "forward_peak"),
+            backward_peak=peak(p, q, "backward_peak"),
+            head_peak=peak(p, q, "head_peak"),
             alternatives=tuple(
                 dataclasses.replace(
                     a, saved_bytes=round(a.saved_bytes * factor), extra_seconds=a.extra_seconds * factor
@@ -305,7 +327,7 @@ def scaled(profiles, keep_seconds: float, fixed: int, factor: float):
                 for a in p.alternatives
             ),
         )
-        for p in profiles
+        for p, q in zip(profiles, twins)
     ]
     return grow, keep_seconds * factor, round(fixed * factor)
 
@@ -317,10 +339,43 @@ def _columns(variant, params) -> dict:
     return columns | {"budget_fraction": None} if "budget_fraction" in columns else columns
 
 
-def _scheduled(entry, setups, profiler, params, rows: int, candidates: list[int], room: int) -> list[Scheduled]:
+def _twice_profiler(params, model, layers, shape, rows: int, device, folder, notes: dict) -> Callable:
+    """``at_twice(compiled, profiles)``: the kept blocks' profiles (eager, or compiled) at twice
+    ``rows`` sequences, the second point of :func:`scaled`'s lines, each taken once when first asked
+    for and only where ``profiles`` (at ``rows``) traced peaks, as a GPU's do; else None. None too
+    where it does not fit under the cap: those peaks are then scaled in proportion, and the notes
+    (``at_twice``) say so beside the profiles taken."""
+    rows_twice = 2 * rows
+    batch = next(batches(dataclasses.replace(shape, micro_batch=rows_twice), seed=params["seed"], device=device))
+    record = notes.setdefault("at_twice", {"micro_batch": rows_twice})
+    second = Profiler(params | {"planner_budgets": []}, model, layers, batch, device, folder, record)
+    taken: dict[bool, list | None] = {}
+
+    def at_twice(compiled: bool, profiles) -> list | None:
+        if not planning.has_peaks(profiles):
+            return None
+        if compiled not in taken:
+            try:
+                taken[compiled] = second.blocks(compiled)[0]
+            except Exception as err:  # noqa: BLE001 - only running out of memory is an answer
+                if not _is_out_of_memory(err):
+                    raise
+                taken[compiled] = None
+                record.setdefault("did_not_fit", []).append("compiled" if compiled else "eager")
+            free()
+        return taken[compiled]
+
+    return at_twice
+
+
+def _scheduled(
+    entry, setups, profiler, params, rows: int, candidates: list[int], room: int, at_twice: Callable | None = None
+) -> list[Scheduled]:
     """The planned policy ``entry`` on each store of ``setups``, with a plan per candidate
-    micro-batch made from the profile at ``rows`` sequences, scaled, within ``room`` bytes."""
+    micro-batch made from the profile at ``rows`` sequences, scaled (its peaks along the lines to
+    ``at_twice``'s profile, where it gives one: :func:`_twice_profiler`), within ``room`` bytes."""
     profiles, keep_seconds, fixed = profiler.blocks(entry.compiled)
+    twice = at_twice(entry.compiled, profiles) if at_twice is not None else None
     out = []
     for setup in setups:
         bandwidth = profiler.bandwidth(setup)
@@ -329,7 +384,7 @@ def _scheduled(entry, setups, profiler, params, rows: int, candidates: list[int]
         # activation peak (backward's transients included), not only what forward leaves, in the room.
         peak_room = room if any(p.forward_peak is not None for p in profiles) else None
         for micro in candidates:
-            at = scaled(profiles, keep_seconds, fixed, micro / rows)
+            at = scaled(profiles, keep_seconds, fixed, micro / rows, twice)
             plans[micro] = entry.planner(
                 at[0],
                 bandwidth,
