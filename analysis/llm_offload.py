@@ -1039,6 +1039,7 @@ if STEPS:  # the models' needed bandwidths against the stores' achieved ones
             if not keep_rate.empty:
                 here = keep_rate.iloc[0] * 1e12
                 ax.plot([here / 1e12], [per * here / 1e9], "o", color=style.color("keep"), markersize=4, zorder=3)
+    n_models = len(names)  # the stores' lines are named after the models'
     for variant in ORDER:
         if setups.loc[variant].policy != ALL_OFFLOADED:
             continue
@@ -1063,7 +1064,11 @@ if STEPS:  # the models' needed bandwidths against the stores' achieved ones
         xlim=(low / 1e12, high / 1e12),
         xlabel=f"compute throughput of the {PROCESSOR} (model TFLOP/s, log scale)",
         ylabel="write bandwidth (GB/s, log scale)",
-        title="Needed write bandwidth against the stores here"
+        title=(
+            "Needed write bandwidth against the stores here"
+            if len(names) > n_models
+            else "Needed write bandwidth (no store line: no run here offloaded every block)"
+        )
         + (f" (sequences of {sequence.split()[-1]} tokens)" if sequence.startswith(",") else "")
         + f":\na store's line above a model's at a {PROCESSOR}'s throughput"
         + " hides that model's writes inside its forward",
@@ -1082,7 +1087,10 @@ if STEPS:  # the models' needed bandwidths against the stores' achieved ones
 dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1))]
 training_panels = (2 if not sweep.empty else 0) + (1 if not capped.empty else 0) + (1 if not curves.empty else 0)
 if training_panels:
-    fig, axes = style.panels(training_panels, cols=2 if training_panels == 4 else 3, width=5.0, height=3.8)
+    # One panel alone gets the width of two: the title and the bars' labels would wrap into each other.
+    fig, axes = style.panels(
+        training_panels, cols=2 if training_panels == 4 else 3, width=5.0 if training_panels > 1 else 9.0, height=3.8
+    )
     cells = iter(axes)
     if not sweep.empty:
         speed_ax, held_ax = next(cells), next(cells)
@@ -1162,9 +1170,10 @@ if training_panels:
             )
         ticks = [variant_label(v, capped[capped.variant == v].iloc[0]) for v in shown]
         ax.set_xticks(range(len(shown)), ticks, rotation=30, ha="right", fontsize=7)
+        highest = max([capped_speed["median"].max(), *process_speed["median"]])
         ax.set(
             ylabel="training throughput (tokens/s)",
-            ylim=(0, None),
+            ylim=(0, 1.25 * highest),  # room above the bars for their micro-batch labels (two lines)
             title=f"{style.llm_model_label(capped_speed.dataset.iloc[0], short=True)} under a "
             f"{capped_speed.memory_cap_gib.iloc[0]:g} GiB cap: each at its "
             + ("largest\nmicro-batch (b) that fits" if ONLY_LARGEST else "fastest\nmicro-batch (b) of those that fit")
@@ -1204,6 +1213,9 @@ if training_panels:
     subjects = ["micro-batch size"] if not (sweep.empty and capped.empty) else []
     subjects += ["convergence"] if not curves.empty else []
     processes = "one process each" if capped_reruns.empty else "one process each but the capped panel"
-    style.title(fig, f"Activation offloading in training: {' and '.join(subjects)} ({processes})", MEASURED)
+    heading = f"Activation offloading in training: {' and '.join(subjects)} ({processes})"
+    if training_panels == 1 and not capped.empty:  # the panel's title says its processes
+        heading = "Activation offloading in training: throughput under a GPU memory cap"
+    style.title(fig, heading, MEASURED)
     # The main figure where no part timed a step per policy (no frontier drawn above).
     style.save(fig, figure, "training" if MAIN_DRAWN else None)

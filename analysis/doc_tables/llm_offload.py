@@ -23,10 +23,11 @@ ROLE_ORDER = ("baseline", "peer", "optimized")
 GIB = 2**30
 
 
-def process_files(part: str) -> list[Path]:
-    """The committed file of ``part`` and the same part's reruns (other processes) that measured the
-    same code, committed first: a rerun of other code says nothing of this code's spread."""
-    return same_code_processes(MACHINE, TOPIC, part, SCALE)
+def process_files(part: str, machine: str = MACHINE) -> list[Path]:
+    """The committed file of ``part`` on ``machine`` and the same part's reruns (other processes)
+    that measured the same code, committed first: a rerun of other code says nothing of this code's
+    spread."""
+    return same_code_processes(machine, TOPIC, part, SCALE)
 
 
 def over(files: Sequence[Path]) -> str:
@@ -658,18 +659,29 @@ FRONTIER_PARTS = ("policies", "frontier_models")  # the parts whose models the f
 
 @table("llm_offload-h200-frontier", topic=TOPIC)
 def planner_frontier() -> Table:
-    """Parts FRONTIER_PARTS: for each of torch's activation memory budgets in FRONTIER_BUDGETS,
-    whether a plan of the compiled planner holds at most its peak at no more step time, in every
-    process. A part not yet measured says so in a row of its own."""
+    """Parts FRONTIER_PARTS on the H200: see :func:`frontier_on`."""
+    return frontier_on(MACHINE, FRONTIER_PARTS)
+
+
+@table("llm_offload-h100-frontier", topic=TOPIC)
+def planner_frontier_h100() -> Table:
+    """Part frontier_models on the H100 (the only part of the frontier measured there)."""
+    return frontier_on("h100", ("frontier_models",))
+
+
+def frontier_on(machine: str, frontier_parts: Sequence[str]) -> Table:
+    """Parts ``frontier_parts`` of ``machine``: for each of torch's activation memory budgets in
+    FRONTIER_BUDGETS, whether a plan of the compiled planner holds at most its peak at no more step
+    time, in every process. A part not yet measured says so in a row of its own."""
     lines = [
         "| model | torch's budget | its time, peak x keep | a plan as fast and as small | in processes | met? |",
         "|---|---|---|---|---|---|",
     ]
     low, high = FRONTIER_BUDGETS
     sources, spans = [], []
-    for part in FRONTIER_PARTS:
+    for part in frontier_parts:
         try:
-            files = process_files(part)
+            files = process_files(part, machine)
         except UserError:  # not measured on this machine yet
             lines.append(f"| the models of part `{part}` | {low:g}–{high:g} | not measured | | | |")
             continue
@@ -681,7 +693,7 @@ def planner_frontier() -> Table:
         "planner on compiled blocks counts in a process where both its time and its peak are at most the budget's; "
         "met where one plan does so in every process."
     )
-    return Table(lines, sources or [results_files(MACHINE, TOPIC, ["policies"], SCALE)[0]], note=note)
+    return Table(lines, sources or [results_files(machine, TOPIC, [frontier_parts[0]], SCALE)[0]], note=note)
 
 
 def _frontier_rows(files: Sequence[Path], low: float, high: float) -> list[str]:
@@ -733,20 +745,31 @@ def fastest(speeds: pd.DataFrame) -> pd.DataFrame:
 
 @table("llm_offload-h200-memory_bound", topic=TOPIC)
 def memory_bound() -> Table:
-    """Part memory_bound: every variant's tokens/s at its fastest micro-batch under the cap; each
-    SSDTrain configuration's over recompute's and over torch's best budget's at theirs, per process;
-    met where a configuration reaches both targets in every process."""
+    """Part memory_bound on the H200: see :func:`memory_bound_on`."""
+    return memory_bound_on(MACHINE, "H200")
+
+
+@table("llm_offload-h100-memory_bound", topic=TOPIC)
+def memory_bound_h100() -> Table:
+    """Part memory_bound on the H100: see :func:`memory_bound_on`."""
+    return memory_bound_on("h100", "H100")
+
+
+def memory_bound_on(machine: str, gpu: str) -> Table:
+    """Part memory_bound of ``machine`` (a ``gpu``): every variant's tokens/s at its fastest
+    micro-batch under the cap; each SSDTrain configuration's over recompute's and over torch's best
+    budget's at theirs, per process; met where a configuration reaches both targets in every process."""
     header = [
         "| model, cap | variant | micro-batch | tokens/s | x recompute | x torch's best budget | met? |",
         "|---|---|---|---|---|---|---|",
     ]
     try:
-        files = process_files("memory_bound")
+        files = process_files("memory_bound", machine)
     except UserError:
         return Table(
             header + ["| every model | every variant | not measured | | | | |"],
             [],
-            not_measured="Source: none yet (part `memory_bound` has not run on the H200).",
+            not_measured=f"Source: none yet (part `memory_bound` has not run on the {gpu}).",
         )
     speeds = [capped_speeds(f) for f in files]
     lines = header + capped_rows(speeds, load(files[:1], TOPIC))
