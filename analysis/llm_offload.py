@@ -90,7 +90,16 @@ ROLE_ORDER = {"baseline": 0, "peer": 1, "optimized": 2, "upper_bound": 3}
 setups = (
     pd.concat([frame, sweep, capped, curves])
     .drop_duplicates("variant")[
-        ["variant", "role", "policy", "store", "emulated_gbps", "activation_budget", "budget_fraction"]
+        [
+            "variant",
+            "role",
+            "policy",
+            "store",
+            "emulated_gbps",
+            "activation_budget",
+            "budget_fraction",
+            "matched_budget",
+        ]
     ]
     .set_index("variant")
 )

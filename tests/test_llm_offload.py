@@ -245,6 +245,97 @@ def test_the_planner_s_frontier_plans_at_each_budget_on_its_stores_only(scratch)
         choose.frontier_budgets({"frontier_budgets": [0.2]})
 
 
+class _SyntheticProfiler:
+    """What parts._planned asks of a Profiler, from given compiled-block profiles (no model run)."""
+
+    def __init__(self, profiles, keep_seconds=0.1, fixed=1000, bandwidth=1e12):
+        self.profiles, self.keep_seconds, self.fixed, self.gbps = profiles, keep_seconds, fixed, bandwidth
+        self.notes = {"profile_compiled": {}}
+
+    def blocks(self, compiled):
+        assert compiled
+        return self.profiles, self.keep_seconds, self.fixed
+
+    def bandwidth(self, setup):
+        return self.gbps
+
+
+def _compiled_profiles(extra_at_0_2=0.004):
+    """Four compiled blocks profiled kept and at budgets 0.2 and 0.5 (saved bytes shrinking, extra
+    seconds growing), with traced peaks."""
+    from systems.ssdtrain.planning import Alternative, LayerProfile
+
+    return [
+        LayerProfile(
+            saved_bytes=10_000,
+            input_bytes=500,
+            forward_seconds=0.01,
+            forward_peak=12_000 * (i + 1),
+            backward_peak=13_000 * (i + 1),
+            alternatives=(Alternative(0.2, 2_000, extra_at_0_2), Alternative(0.5, 5_000, 0.001)),
+        )
+        for i in range(4)
+    ]
+
+
+@pytest.mark.parametrize("bandwidth", [1e12, 2e5])
+def test_a_matched_plan_holds_at_most_what_torch_s_budget_is_predicted_to_and_is_no_slower(bandwidth):
+    """frontier_matched: beside each torch budget, a plan within what every block compiled at it is
+    predicted to hold (bytes and peak), never predicted slower than that uniform plan; with a fast
+    store it offloads instead of recomputing and is predicted faster; labelled and recorded as
+    matched, not as a fraction."""
+    from systems.ssdtrain import planning
+
+    params = {
+        "planner_budget": 0.5,
+        "planner_budgets": [0.2, 0.5],
+        "frontier_matched": [0.5, 0.2],
+        "keep_last": 1,
+        "prefetch": 1,
+    }
+    profiler = _SyntheticProfiler(_compiled_profiles(), bandwidth=bandwidth)
+    host = choose.StoreSetup(STORES["host"])
+    variants = parts._planned(params, profiler, [POLICIES["planned_compiled"]], [host], compiled=True)
+    by_label = {v.label: v for v in variants}
+    assert list(by_label) == [
+        "planned_compiled_host",
+        "planned_compiled_as_budget_0.2_host",
+        "planned_compiled_as_budget_0.5_host",
+    ]
+    for budget in (0.2, 0.5):
+        variant = by_label[f"planned_compiled_as_budget_{budget}_host"]
+        alike = planning.predict(
+            profiler.profiles, [planning.budget_decision(budget)] * 4, bandwidth, 0.1, fixed_bytes=1000, prefetch=1
+        )
+        plan = variant.plan
+        assert plan.predicted_activation_bytes <= alike.predicted_activation_bytes
+        assert plan.predicted_peak_bytes <= alike.predicted_peak_bytes
+        assert plan.predicted_seconds <= alike.predicted_seconds
+        columns = variant.columns(params | {"min_bytes": 0})
+        assert columns["matched_budget"] == budget and columns["budget_fraction"] is None
+        if bandwidth == 1e12 and budget == 0.2:  # offloading is free: a better plan than torch's own point
+            assert plan.predicted_seconds < alike.predicted_seconds and plan.offloaded > 0
+        notes = profiler.notes["plans_compiled"]["host"]
+        assert notes[variant.label] == list(plan.decisions)
+    # Eager blocks have no torch budgets: no matched plan; a budget not profiled is refused.
+    eager = parts._planned(params, _EagerProfiler(), [POLICIES["planner"]], [host], compiled=False)
+    assert [v.label for v in eager] == ["planner_host"]
+    with pytest.raises(UserError, match=r"frontier_matched names 0.3, which planner_budgets \(0.2, 0.5\) does not"):
+        parts._planned(params | {"frontier_matched": [0.3]}, profiler, [POLICIES["planned_compiled"]], [host], True)
+
+
+class _EagerProfiler(_SyntheticProfiler):
+    def __init__(self):
+        from systems.ssdtrain.planning import LayerProfile
+
+        super().__init__([LayerProfile(10_000, 500, 0.01) for _ in range(3)])
+        self.notes = {"profile": {}}
+
+    def blocks(self, compiled):
+        assert not compiled
+        return self.profiles, self.keep_seconds, self.fixed
+
+
 def test_a_variant_label_is_composed_of_its_columns():
     host, emulated = STORES["host"], STORES["emulated"]
     variant = choose.Variant(POLICIES["offload_all"], choose.StoreSetup(emulated, (("gbps", 0.5),)))
@@ -259,6 +350,8 @@ def test_a_variant_label_is_composed_of_its_columns():
         "min_bytes": 0,
     }
     assert choose.Variant(POLICIES["offload_all"], choose.StoreSetup(host)).label == "offload_all_host"
+    matched = choose.Variant(POLICIES["planned_compiled"], choose.StoreSetup(host), matched_budget=0.5)
+    assert matched.label == "planned_compiled_as_budget_0.5_host"
     assert choose.Variant(POLICIES["recompute"]).columns(params) == {"policy": "recompute", "store_emulated": False}
 
 

@@ -77,11 +77,15 @@ def _given(value) -> bool:
 
 
 def setting_text(row) -> str:
-    """What sets a policy apart beyond its name: torch's activation memory budget (`` 0.5``) or the
-    budget a plan was made within, a fraction of what keep saves (`` within 0.2``); else empty."""
+    """What sets a policy apart beyond its name: torch's activation memory budget (`` 0.5``), the
+    budget a plan was made within, a fraction of what keep saves (`` within 0.2``), or the torch
+    budget whose predicted bytes and peak it was made within (`` as budget 0.5``); else empty."""
     budget = getattr(row, "activation_budget", None)
     if row.policy == "torch_budget" and _given(budget):
         return f" {float(budget):g}"
+    matched = getattr(row, "matched_budget", None)
+    if _given(matched):
+        return f" as budget {float(matched):g}"
     fraction = getattr(row, "budget_fraction", None)
     return f" within {float(fraction):g}" if _given(fraction) else ""
 
@@ -118,17 +122,19 @@ def order(setups: pd.DataFrame) -> list[str]:
 
 
 def _setups(frame) -> pd.DataFrame:
-    columns = ["role", "policy", "store", "emulated_gbps", "activation_budget", "budget_fraction"]
-    return frame.drop_duplicates("variant").set_index("variant")[columns]
+    columns = ["role", "policy", "store", "emulated_gbps", "activation_budget", "budget_fraction", "matched_budget"]
+    return frame.drop_duplicates("variant").set_index("variant").reindex(columns=columns)
 
 
 def frontier_plans(frame, file: Path) -> set[str]:
     """The variants of ``frame`` (one results file, ``file``) planned within one of
-    ``frontier_budgets`` rather than the part's ``planner_budget``: points of the planner's
-    frontier, not the plan a user of the part's settings runs."""
+    ``frontier_budgets`` rather than the part's ``planner_budget``, or at one of
+    ``frontier_matched``: points of the planner's frontier, not the plan a user of the part's
+    settings runs."""
     budget = load_provenance(file).get("parameters", {}).get("planner_budget")
     fractions = pd.to_numeric(frame.budget_fraction, errors="coerce")
-    return set(frame[fractions.notna() & (fractions != budget)].variant)
+    matched = pd.to_numeric(frame.get("matched_budget", pd.Series(index=frame.index)), errors="coerce")
+    return set(frame[(fractions.notna() & (fractions != budget)) | matched.notna()].variant)
 
 
 @table("llm_offload-h200-policies", topic=TOPIC)

@@ -32,7 +32,7 @@ import torch
 from harness.errors import UserError, raised_in
 from harness.progress import progress
 from harness.timing import measure
-from systems.ssdtrain import Unavailable
+from systems.ssdtrain import Unavailable, planning
 from systems.ssdtrain.bound import bound_of_profile
 from systems.ssdtrain.policies import first_line
 from workloads.llm.cost import block_costs, training_flops
@@ -393,7 +393,9 @@ def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False
     """The planned policies ``entries`` on each store of ``setups``: each policy's plan from the
     blocks' profile and the store's bandwidth (within ``planner_budget`` of what keep saves, for
     those with a budget; those also at each of ``frontier_budgets`` on the stores of
-    ``frontier_stores``). ``compiled``: the policies run on compiled blocks, so the profile is of
+    ``frontier_stores``, and on compiled blocks within what every block compiled at each torch budget
+    of ``frontier_matched`` is predicted to hold, its bytes and peak: the planner's point beside
+    that budget's). ``compiled``: the policies run on compiled blocks, so the profile is of
     the compiled blocks (with their ``planner_budgets`` alternatives) and the budget a fraction of
     what compiled keep saves. The plans go into the notes (``plans_compiled`` for compiled blocks)."""
     profiles, keep_seconds, fixed = profiler.blocks(compiled)
@@ -402,6 +404,7 @@ def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False
     suffix = "_compiled" if compiled else ""
     profiler.notes["profile" + suffix]["planner_budget_bytes"] = budget
     frontier = choose.frontier_budgets(params)
+    matched = choose.matched_budgets(params) if compiled else []
     frontier_stores = params.get("frontier_stores")
     out = []
     for setup in setups:
@@ -424,6 +427,19 @@ def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False
                 continue  # a plan without a budget (offload_adaptive): the same at every fraction
             for fraction in frontier:
                 variant = choose.Variant(entry, setup, plan(entry, int(fraction * saved)), frontier_budget=fraction)
+                notes[setup.label][variant.label] = list(variant.plan.decisions)
+                out.append(variant)
+            for budget in matched:
+                alike = [planning.budget_decision(budget)] * len(profiles)
+                torch_s = planning.predict(
+                    profiles, alike, bandwidth, keep_seconds, fixed_bytes=fixed, prefetch=params["prefetch"]
+                )
+                matched_plan = entry.planner(
+                    profiles, bandwidth, keep_seconds, keep_last=params["keep_last"],
+                    budget_bytes=torch_s.predicted_activation_bytes, fixed_bytes=fixed,
+                    peak_budget_bytes=torch_s.predicted_peak_bytes, prefetch=params["prefetch"],
+                )  # fmt: skip
+                variant = choose.Variant(entry, setup, matched_plan, matched_budget=budget)
                 notes[setup.label][variant.label] = list(variant.plan.decisions)
                 out.append(variant)
     return out

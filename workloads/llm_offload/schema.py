@@ -74,6 +74,9 @@ SCHEMA = Schema(
         "layers_budgeted": int,  # planned_compiled: ...and runs under an activation budget (some offloaded there too)
         "planned_gbps": float,  # the store bandwidth the plan was made for, measured just before (GB/s)
         "budget_fraction": float,  # planner: the activation budget, a fraction of what keep saves
+        # planned_compiled: planned within the predicted peak and bytes of every block compiled at this
+        # torch activation budget (frontier_matched), not within a fraction
+        "matched_budget": float,
         "compiled": bool,  # the blocks ran compiled by torch.compile (reference: compiled_keep); empty: eager
         "activation_budget": float,  # torch_budget: torch._functorch.config.activation_memory_budget
     },

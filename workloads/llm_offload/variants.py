@@ -85,16 +85,21 @@ class Variant:
     setting: tuple[tuple[str, Any], ...] = ()
     # A plan made for one of frontier_budgets (not the part's planner_budget): that fraction.
     frontier_budget: float | None = None
+    # A plan made within what every block compiled at this torch activation budget is predicted to
+    # hold (frontier_matched): the planner's point beside that budget's.
+    matched_budget: float | None = None
     made: list = field(default_factory=list, repr=False)  # the store made for it, closed by close()
 
     @property
     def label(self) -> str:
         """The results' ``variant``: the policy's name and its setting's values (a frontier plan's
         budget), then its store's label (the one place a label is composed): ``torch_budget_0.5``,
-        ``offload_all_host``, ``planned_compiled_0.2_host``."""
+        ``offload_all_host``, ``planned_compiled_0.2_host``, ``planned_compiled_as_budget_0.5_host``."""
         values = [value for _, value in self.setting]
         if self.frontier_budget is not None:
             values.append(self.frontier_budget)
+        if self.matched_budget is not None:
+            values.append(f"as_budget_{_text(self.matched_budget)}")
         name = self.policy.name + "".join(f"_{_text(value)}" for value in values)
         return name if self.store is None else f"{name}_{self.store.label}"
 
@@ -124,12 +129,14 @@ class Variant:
                 "planned_gbps": self.plan.bandwidth / 1e9,
                 "budget_fraction": self.budget_fraction(params),
             }
+            if self.matched_budget is not None:
+                columns["matched_budget"] = self.matched_budget
         return columns
 
     def budget_fraction(self, params: Mapping) -> float | None:
         """The activation budget its plan was made within, a fraction of what keep saves (None:
         not planned, or planned without a budget)."""
-        if self.plan is None or self.plan.budget_bytes is None:
+        if self.plan is None or self.plan.budget_bytes is None or self.matched_budget is not None:
             return None
         return self.frontier_budget if self.frontier_budget is not None else params.get("planner_budget")
 
@@ -292,6 +299,21 @@ def frontier_budgets(params: Mapping) -> list[float]:
     if wanted and "planner_budget" not in params:
         raise UserError("frontier_budgets needs planner_budget: the plan the frontier is drawn beside")
     return [b for b in wanted if b != params.get("planner_budget")]
+
+
+def matched_budgets(params: Mapping) -> list[float]:
+    """The torch activation budgets of ``frontier_matched``, in increasing order: each planned
+    policy on compiled blocks also plans within what every block compiled at that budget is
+    predicted to hold. Refused in one line where ``planner_budgets`` does not profile one (the plan
+    that runs every block at it is the one the planner must be able to choose)."""
+    wanted = sorted(set(params.get("frontier_matched") or ()))
+    profiled = set(params.get("planner_budgets") or ())
+    if unprofiled := [b for b in wanted if b not in profiled]:
+        raise UserError(
+            f"frontier_matched names {', '.join(f'{b:g}' for b in unprofiled)}, which planner_budgets "
+            f"({', '.join(f'{b:g}' for b in sorted(profiled)) or 'none'}) does not profile"
+        )
+    return wanted
 
 
 def check_frontier_stores(params: Mapping, planned: list[StoreSetup], notes: dict) -> None:
