@@ -614,3 +614,15 @@ def test_a_doc_outside_the_repository_is_rewritten_and_named_as_given(capsys, st
     assert (code, out, err) == (0, f"rewrote the generated tables of {stale_doc}\n", "")
     assert "| 2.0 |" in stale_doc.read_text() and "| 1.0 |" not in stale_doc.read_text()
     assert run_command(capsys, "--check", stale_doc)[0] == 0  # nothing stale, no number quoted
+
+
+def test_llm_offload_frontier_and_memory_bound_tables_say_not_measured_for_a_machine_without_the_parts():
+    """The tables taken per machine: one whose results lack the parts gets a row and a source line
+    saying so, never an error (the CPU machine has neither part)."""
+    from analysis.doc_tables import llm_offload
+
+    frontier = llm_offload.frontier_on("cpu-2core", ("frontier_models",))
+    assert not frontier.sources and "not measured" in frontier.lines[-1]
+    assert "no part of frontier_models on cpu-2core" in frontier.not_measured
+    bound = llm_offload.memory_bound_on("cpu-2core", "CPU")
+    assert not bound.sources and "has not run on the CPU" in bound.not_measured

@@ -290,6 +290,7 @@ def test_a_matched_plan_holds_at_most_what_torch_s_budget_is_predicted_to_and_is
         "planner_budget": 0.5,
         "planner_budgets": [0.2, 0.5],
         "frontier_matched": [0.5, 0.2],
+        "compiled": True,
         "keep_last": 1,
         "prefetch": 1,
     }
@@ -320,6 +321,12 @@ def test_a_matched_plan_holds_at_most_what_torch_s_budget_is_predicted_to_and_is
     # Eager blocks have no torch budgets: no matched plan; a budget not profiled is refused.
     eager = parts._planned(params, _EagerProfiler(), [POLICIES["planner"]], [host], compiled=False)
     assert [v.label for v in eager] == ["planner_host"]
+    with pytest.raises(UserError, match="frontier_matched needs a planned policy on compiled blocks"):
+        choose.matched_budgets(params | {"compiled": False}, planned_compiled=True)
+    with pytest.raises(UserError, match="frontier_matched needs a planned policy on compiled blocks"):
+        choose.matched_budgets(params, planned_compiled=False)
+    assert choose.matched_budgets(params) == [0.2, 0.5]
+    assert choose.matched_budgets({"compiled": False}, planned_compiled=False) == []  # none asked for
     with pytest.raises(UserError, match=r"frontier_matched names 0.3, which planner_budgets \(0.2, 0.5\) does not"):
         parts._planned(params | {"frontier_matched": [0.3]}, profiler, [POLICIES["planned_compiled"]], [host], True)
 
@@ -929,28 +936,33 @@ def test_scaled_peaks_follow_the_line_through_the_profiles_at_one_and_twice_the_
         assert all(p.backward_peak > t.backward_peak for p, t in zip(proportional, truth))
 
 
-def test_scaled_peaks_never_go_below_zero_and_refuse_a_profile_of_other_layers():
-    """Extrapolated down (a micro-batch below the profiled one) a peak that grew fast stops at zero;
-    a second profile of another number of layers is refused; a layer without a peak at twice the
-    micro-batch is scaled in proportion."""
+def test_scaled_peaks_never_go_below_zero_never_fall_and_refuse_a_profile_of_other_layers():
+    """Extrapolated down (a micro-batch below the profiled one) a line that crosses zero stops at
+    zero; a peak lower at twice the micro-batch (noise, another kernel) reads as a flat line, never
+    one that falls with more sequences; a second profile of another number of layers is refused; a
+    layer without a peak at twice the micro-batch is scaled in proportion."""
     import dataclasses
 
     from workloads.llm_offload.memory_bound import scaled
 
-    one = _profiles_with_peaks(1, fixed=(10, 10, 10), per_row=(500, 500, 500))
-    two = _profiles_with_peaks(2, fixed=(10, 10, 10), per_row=(500, 500, 500))
-    grown, _, _ = scaled(one, 0.5, 0, 0.25, two)
-    assert all(p.forward_peak >= 0 and p.backward_peak >= 0 for p in grown)
-    assert grown[0].forward_peak == 10 + 500 * 0.25 - 0  # still on the line above zero
-    assert grown[0].backward_peak == max(0, round(20 + 1500 * 0.25))
+    # forward: -100 + 500 per sequence, backward: -200 + 1500: both cross zero below one sequence
+    one = _profiles_with_peaks(1, fixed=(-100, -100, -100), per_row=(500, 500, 500))
+    two = _profiles_with_peaks(2, fixed=(-100, -100, -100), per_row=(500, 500, 500))
+    grown, _, _ = scaled(one, 0.5, 0, 0.1, two)
+    assert [(p.forward_peak, p.backward_peak) for p in grown] == [(0, 0)] * 3  # -50 and -50: clamped
+    grown, _, _ = scaled(one, 0.5, 0, 0.5, two)
+    assert (grown[0].forward_peak, grown[0].backward_peak) == (150, 550)  # on the line, above zero
+    falling = [dataclasses.replace(p, backward_peak=p.backward_peak - 100) for p in one]
+    for factor in (0.5, 2.0, 8.0, 32.0):
+        grown, _, _ = scaled(one, 0.5, 0, factor, falling)
+        assert [p.backward_peak for p in grown] == [p.backward_peak for p in one]
     with pytest.raises(ValueError, match="has 2 layers, not 3"):
         scaled(one, 0.5, 0, 2.0, two[:2])
     partial = [dataclasses.replace(two[0], backward_peak=None), *two[1:]]
     grown, _, _ = scaled(one, 0.5, 0, 4.0, partial)
     assert grown[0].backward_peak == one[0].backward_peak * 4  # that peak: in proportion
-    assert (
-        grown[1].backward_peak == _profiles_with_peaks(4, fixed=(10, 10, 10), per_row=(500, 500, 500))[1].backward_peak
-    )
+    four = _profiles_with_peaks(4, fixed=(-100, -100, -100), per_row=(500, 500, 500))
+    assert grown[1].backward_peak == four[1].backward_peak
 
 
 def test_the_second_profile_is_taken_only_for_traced_peaks_and_a_profile_that_does_not_fit_is_noted(monkeypatch):

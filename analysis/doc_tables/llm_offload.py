@@ -699,7 +699,9 @@ def frontier_on(machine: str, frontier_parts: Sequence[str]) -> Table:
         "planner on compiled blocks counts in a process where both its time and its peak are at most the budget's; "
         "met where one plan does so in every process."
     )
-    return Table(lines, sources or [results_files(machine, TOPIC, [frontier_parts[0]], SCALE)[0]], note=note)
+    if not sources:
+        return Table(lines, [], not_measured=f"Source: none yet (no part of {', '.join(frontier_parts)} on {machine}).")
+    return Table(lines, sources, note=note)
 
 
 def _frontier_rows(files: Sequence[Path], low: float, high: float) -> list[str]:

@@ -297,7 +297,9 @@ def scaled(profiles, keep_seconds: float, fixed: int, factor: float, at_twice=No
     """A profile taken at one micro-batch, as it would be at ``factor`` times it: bytes and seconds
     grow with the sequences. The traced peaks: along the line through each peak and the same
     layer's peak in ``at_twice`` (the profiles of the same blocks, kept, at twice the micro-batch),
-    never below zero; in proportion where ``at_twice`` is None or a layer's peak is missing there."""
+    never below zero, and never falling with more sequences (a lower peak at twice the micro-batch,
+    noise or another kernel's choice, reads as a flat line); in proportion where ``at_twice`` is
+    None or a layer's peak is missing there."""
     if at_twice is not None and len(at_twice) != len(profiles):
         raise ValueError(f"the profile at twice the micro-batch has {len(at_twice)} layers, not {len(profiles)}")
 
@@ -307,7 +309,7 @@ def scaled(profiles, keep_seconds: float, fixed: int, factor: float, at_twice=No
             return None
         if two is None:
             return round(one * factor)
-        return max(0, round(one + (two - one) * (factor - 1)))
+        return max(0, round(one + max(0, two - one) * (factor - 1)))
 
     twins = at_twice if at_twice is not None else [None] * len(profiles)
     grow = [

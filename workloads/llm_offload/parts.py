@@ -191,6 +191,7 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
     planned_setups = choose.planned_setups(params, setups, notes) if planned else []
     planned_compiled = [p for p in chosen if p.planner is not None and p.compiled]
     choose.check_frontier_stores(params, planned_setups + (compiled_setups if planned_compiled else []), notes)
+    choose.matched_budgets(params, planned_compiled=bool(planned_compiled))  # refused before any profile
     if planned:
         runs += _planned(params, profiler, planned, planned_setups)
     if planned_compiled:

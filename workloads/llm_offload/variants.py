@@ -301,12 +301,18 @@ def frontier_budgets(params: Mapping) -> list[float]:
     return [b for b in wanted if b != params.get("planner_budget")]
 
 
-def matched_budgets(params: Mapping) -> list[float]:
+def matched_budgets(params: Mapping, planned_compiled: bool = True) -> list[float]:
     """The torch activation budgets of ``frontier_matched``, in increasing order: each planned
     policy on compiled blocks also plans within what every block compiled at that budget is
-    predicted to hold. Refused in one line where ``planner_budgets`` does not profile one (the plan
-    that runs every block at it is the one the planner must be able to choose)."""
+    predicted to hold. Refused in one line where no planned policy runs on compiled blocks
+    (``planned_compiled``: whether one does) and where ``planner_budgets`` does not profile one of
+    them (the plan that runs every block at it is the one the planner must be able to choose)."""
     wanted = sorted(set(params.get("frontier_matched") or ()))
+    if wanted and not (params.get("compiled") and planned_compiled):
+        raise UserError(
+            "frontier_matched needs a planned policy on compiled blocks (compiled: true and planned_compiled in "
+            "compare): the plans it asks for are made over compiled blocks"
+        )
     profiled = set(params.get("planner_budgets") or ())
     if unprofiled := [b for b in wanted if b not in profiled]:
         raise UserError(
