@@ -868,6 +868,26 @@ def test_memory_bound_refuses_a_bad_cap_and_micro_batches_that_do_not_divide(scr
         run_with()
 
 
+def test_memory_bound_takes_the_second_profile_where_the_first_traced_peaks(scratch, monkeypatch):
+    """The part's path for a GPU's profile, run on a CPU with the check for traced peaks answered
+    yes: the kept blocks profiled once more at twice the check's micro-batch (recorded beside the
+    plans), the plans made, checked and timed as before."""
+    from systems.ssdtrain import planning
+
+    monkeypatch.setattr(planning, "has_peaks", lambda profiles: True)
+    params = MEMORY_BOUND | {"compare": ["recompute", "planner"], "planned_stores": ["host"]}
+    rows = Rows()
+    notes = parts.memory_bound(params, rows, repeat=1, warmup=0, device="cpu", scratch_dir=scratch)
+    planning_notes = notes["models"]["llama-tiny"]["planning"]
+    at_twice = planning_notes["at_twice"]
+    assert at_twice["micro_batch"] == 2 * planning_notes["profiled_micro_batch"] == 2
+    first, second = planning_notes["profile"], at_twice["profile"]
+    assert len(second["saved_bytes"]) == len(first["saved_bytes"])
+    assert all(s > f for s, f in zip(second["saved_bytes"], first["saved_bytes"], strict=True))  # twice the rows
+    assert "did_not_fit" not in at_twice
+    assert notes["searches"]["planner_host"]["largest"] is not None
+
+
 def test_memory_bound_plans_per_micro_batch_within_the_caps_room(scratch):
     """The planner under the cap: one plan per micro-batch, from the profile at the check's
     micro-batch scaled, each the fastest whose predicted bytes fit 0.8 of the room the model's state
