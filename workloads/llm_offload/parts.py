@@ -432,13 +432,13 @@ def _planned(params, profiler: Profiler, entries, setups, compiled: bool = False
                 out.append(variant)
             for budget in matched:
                 alike = [planning.budget_decision(budget)] * len(profiles)
-                torch_s = planning.predict(
+                every_block_at_it = planning.predict(
                     profiles, alike, bandwidth, keep_seconds, fixed_bytes=fixed, prefetch=params["prefetch"]
                 )
                 matched_plan = entry.planner(
                     profiles, bandwidth, keep_seconds, keep_last=params["keep_last"],
-                    budget_bytes=torch_s.predicted_activation_bytes, fixed_bytes=fixed,
-                    peak_budget_bytes=torch_s.predicted_peak_bytes, prefetch=params["prefetch"],
+                    budget_bytes=every_block_at_it.predicted_activation_bytes, fixed_bytes=fixed,
+                    peak_budget_bytes=every_block_at_it.predicted_peak_bytes, prefetch=params["prefetch"],
                 )  # fmt: skip
                 variant = choose.Variant(entry, setup, matched_plan, matched_budget=budget)
                 notes[setup.label][variant.label] = list(variant.plan.decisions)
