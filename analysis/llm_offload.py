@@ -1224,7 +1224,9 @@ if training_panels:
     processes = "one process each" if capped_reruns.empty else "one process each but the capped panel"
     heading = f"Activation offloading in training: {' and '.join(subjects)} ({processes})"
     if training_panels == 1 and not capped.empty:  # the panel's title says its processes
-        heading = "Activation offloading in training: throughput under a GPU memory cap"
+        heading = "Activation offloading in training: throughput under a GPU memory cap" + (
+            " (one process)" if capped_reruns.empty else ""
+        )
     style.title(fig, heading, MEASURED)
     # The main figure where no part timed a step per policy (no frontier drawn above).
     style.save(fig, figure, "training" if MAIN_DRAWN else None)
