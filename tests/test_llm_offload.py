@@ -1156,6 +1156,10 @@ def test_on_a_gpu_memory_bound_runs_every_peer_under_the_cap(scratch):
         "planned_compiled_host",
     }, notes["skipped"]  # fmt: skip
     assert all(search["largest"] is not None for search in notes["searches"].values())
+    # A GPU's profile traces peaks: the kept blocks were profiled at twice the check's rows too.
+    at_twice = notes["models"]["llama-tiny"]["planning"]["at_twice"]
+    assert at_twice["micro_batch"] == 2 and "did_not_fit" not in at_twice
+    assert {"profile", "profile_compiled"} <= set(at_twice)
     assert notes["searches"]["planner_host"]["largest"] >= notes["searches"]["keep"]["largest"]
 
 
@@ -1304,3 +1308,33 @@ def test_a_profile_scaled_to_a_larger_micro_batch_scales_what_offloading_cannot_
     grown, seconds, fixed = scaled([LayerProfile(100, 10, 1.0, unoffloadable_bytes=40)], 3.0, 5, 2.0)
     layer = grown[0]
     assert (layer.saved_bytes, layer.unoffloadable_bytes, layer.input_bytes, seconds, fixed) == (200, 80, 20, 6.0, 10)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_allocator_at_the_end_of_forward_sees_what_offloading_frees(scratch):
+    """Part policies on a GPU records, beside the hooks' count of what a step keeps when forward ends
+    (activation_bytes), what the allocator then holds above the step's start: keep's holds at least
+    the hooks' count (the logits and loss beside it) and no more than its own peak; offloading every
+    block but the last keeps less by the hooks' count and never more than keep by the allocator's
+    (how much less there depends on how far the copies got when the host returned from forward:
+    not asserted, recorded)."""
+    params = ONE_MODEL | {
+        "models": [{"family": "llama", "preset": "tiny", "sequence": 512, "micro_batch": 8}],
+        "stores": ["host"],
+        "compare": ["offload_all"],
+        "min_bytes": 1 << 16,
+    }
+    rows = Rows()
+    parts.policies(params, rows, repeat=2, warmup=1, device="cuda", scratch_dir=scratch)
+    value = {}
+    for r in rows:
+        if r.get("metric") in ("activation_bytes", "activation_peak", "allocated_at_forward_end"):
+            value.setdefault((r["variant"], r["metric"]), []).append(r["value"])
+    keep, offloaded = "keep", "offload_all_host"
+    for variant in (keep, offloaded):
+        assert len(value[(variant, "allocated_at_forward_end")]) == 2  # one a timed step
+        assert max(value[(variant, "allocated_at_forward_end")]) <= min(value[(variant, "activation_peak")])
+    assert min(value[(keep, "allocated_at_forward_end")]) >= max(value[(keep, "activation_bytes")])
+    kept_bytes = min(value[(keep, "activation_bytes")])
+    assert max(value[(offloaded, "activation_bytes")]) < kept_bytes
+    assert max(value[(offloaded, "allocated_at_forward_end")]) <= max(value[(keep, "allocated_at_forward_end")])

@@ -317,7 +317,7 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
     ``bound``, the offloading bound of its store, where given). Returns the seconds of each timed
     step's optimizer step (AdamW), which the recorded ``time`` includes."""
     policy.history.clear()
-    allocated, peaks, optimizer_spans = [], [], []
+    allocated, forward_ends, peaks, optimizer_spans = [], [], [], []
 
     def train_step():
         # Gradients stay allocated (zeroed, not freed): they are part of the memory the step starts
@@ -326,7 +326,13 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
         if device == "cuda":
             allocated.append(torch.cuda.memory_allocated())
         with policy.step():
-            model(**batch).loss.backward()
+            loss = model(**batch).loss
+            if device == "cuda":
+                # What the allocator holds when forward returns (a host-side count: no wait for the
+                # GPU), beside the hooks' own count of what they keep (activation_bytes).
+                forward_ends.append(torch.cuda.memory_allocated())
+            loss.backward()
+            del loss
         if device == "cuda":
             # The peak of forward and backward, read before the optimizer step: AdamW's temporaries
             # (the size of the weights, twice over) would otherwise set it.
@@ -359,6 +365,7 @@ def _time(variant, policy, model, batch, optimizer, writer, dataset, base, param
         counts = dict(policy.history[warmup + rep])
         if peaks:
             counts["activation_peak"] = peaks[warmup + rep] - allocated[warmup + rep]
+            counts["allocated_at_forward_end"] = forward_ends[warmup + rep] - allocated[warmup + rep]
         for metric, value in counts.items():
             row(metric, value, rep)
     return [_span_seconds(span) for span in optimizer_spans[warmup : warmup + repeat]]

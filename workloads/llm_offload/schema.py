@@ -83,6 +83,9 @@ SCHEMA = Schema(
     metrics={
         "activation_bytes": "B",
         "activation_peak": "B",
+        # GPU: the allocator's bytes above the step's start when forward returned (the loss and logits
+        # included), beside activation_bytes, what the hooks count as kept then
+        "allocated_at_forward_end": "B",
         "bytes_packed": "B",
         "bytes_unique": "B",
         "bytes_written": "B",
