@@ -421,6 +421,25 @@ def test_counters_count_what_moved(kind, disk):
     assert moved.bytes_read == tensors[0].nbytes + tensors[1].nbytes
     assert moved.tensors_stored == 3
     assert moved.write_seconds > 0 and moved.read_seconds > 0
+    assert moved.bytes_made_contiguous == 0  # every tensor was contiguous
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_strided_tensor_is_stored_whole_and_its_contiguous_copy_counted(kind, disk):
+    """A transposed, a sliced and an expanded view are stored as their values; the bytes copied to
+    make each contiguous before its write (memory held twice until the write lands) are counted."""
+    base = random_tensor((37, 64), torch.float32, seed=5)
+    views = [base.t(), base[3:30:2], base[0].expand(9, 64), base[5:20]]  # the last is contiguous
+    with make_store(kind, disk) as store:
+        before = store.counters
+        for key, view in enumerate(views):
+            store.put(key, view).result()
+        outs = [torch.full(v.shape, float("nan")) for v in views]
+        for key, out in enumerate(outs):
+            store.get(key, out).result()
+        moved = store.counters - before
+    assert all(torch.equal(out, view) for out, view in zip(outs, views, strict=True))
+    assert moved.bytes_made_contiguous == sum(v.numel() * v.element_size() for v in views[:3])
 
 
 def test_many_transfers_in_flight_at_once(disk):

@@ -90,6 +90,7 @@ SCHEMA = Schema(
         "bytes_unique": "B",
         "bytes_written": "B",
         "bytes_read": "B",
+        "bytes_made_contiguous": "B",  # copied on the GPU before a write: the tensor was not contiguous
         "write_seconds": "s",  # wall time the store had a write in flight during the step
         "read_seconds": "s",  # ...a read
         "out_of_memory": "1",  # micro_batches, memory_bound: 1 where the micro-batch did not fit (under the cap)

@@ -40,6 +40,9 @@ class StoreCounters:
     write_seconds: float = 0.0  # wall time with at least one put in flight (overlaps counted once)
     read_seconds: float = 0.0
     tensors_stored: int = 0  # completed puts
+    # Bytes copied on the tensor's own device before a put because the tensor was not contiguous:
+    # memory the device holds twice until the write lands.
+    bytes_made_contiguous: int = 0
 
     def __sub__(self, other: StoreCounters) -> StoreCounters:
         return StoreCounters(*(a - b for a, b in zip(astuple(self), astuple(other))))
@@ -100,6 +103,7 @@ class Store(abc.ABC):
         self._clocks = {WRITE: _BusyClock(), READ: _BusyClock()}
         self._moved = {WRITE: 0, READ: 0}
         self._stored = 0
+        self._made_contiguous = 0
         self._closed = False
 
     # -- the interface -----------------------------------------------------------------------
@@ -110,12 +114,14 @@ class Store(abc.ABC):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.name}: put() takes a torch.Tensor, got {type(tensor).__name__}")
         src = tensor.detach()
-        if not src.is_contiguous():
+        made_contiguous = not src.is_contiguous()
+        if made_contiguous:
             src = src.contiguous()  # a copy on the caller's stream, kept alive by the transfer below
         nbytes = src.numel() * src.element_size()
         with self._lock:
             if key in self._records:
                 raise KeyError(f"{self.name}: key {key} is already stored; free it first")
+            self._made_contiguous += nbytes if made_contiguous else 0
             record = _Record(key, src.shape, src.dtype, nbytes, Future())
             self._records[key] = record
         try:
@@ -177,6 +183,7 @@ class Store(abc.ABC):
                 write_seconds=self._clocks[WRITE].seconds(now),
                 read_seconds=self._clocks[READ].seconds(now),
                 tensors_stored=self._stored,
+                bytes_made_contiguous=self._made_contiguous,
             )
 
     @property
