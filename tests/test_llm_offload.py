@@ -153,6 +153,8 @@ def test_policies_tiny_end_to_end(tmp_path, scratch):
     assert notes["models"]["gpt2-tiny"]["attention"] in ("sdpa", "eager")
     profile = notes["models"]["llama-tiny"]["profile"]
     assert len(profile["saved_bytes"]) == 2 and min(profile["saved_bytes"]) > 0
+    # The traced peaks, the head's too, so that a record's plans can be predicted again offline.
+    assert all(len(profile[k]) == 2 for k in ("forward_peaks", "backward_peaks", "head_peaks"))
     assert set(notes["models"]["llama-tiny"]["plans"]) == {"host", "file"}
     assert not list(scratch.iterdir())  # the file store removed its files
 

@@ -58,6 +58,8 @@ class Profiler:
                 # The allocator's peaks per layer of the kept step (GPU; None on a CPU): planning.PeakTrace.
                 "forward_peaks": [p.forward_peak for p in profiles],
                 "backward_peaks": [p.backward_peak for p in profiles],
+                # The head's backward's, on the layer backward reaches first (None elsewhere).
+                "head_peaks": [p.head_peak for p in profiles],
                 "bytes_saved_outside_layers": fixed,
             } | {
                 f"at_budget_{planning.number_text(budget)}": {
