@@ -76,10 +76,10 @@ class Policy:
     and leaves its counts in ``policy.history[-1]`` (metric -> value: ``activation_bytes``,
     ``bytes_packed``, ``bytes_unique``; the offloading ones also ``bytes_written``, ``bytes_read``,
     ``write_seconds``, ``read_seconds``, ``bytes_made_contiguous``; a peer only what it can see).
-    Subclasses implement :meth:`around`. ``about``: lines for the provenance (a library's version). ``close()`` frees
-    what the policy made itself; the store it was given stays its owner's to close. Where the
-    setting is ``compiled``, every step runs the blocks' compiled forwards (compiled at the first
-    step) and :meth:`around` sees them as it sees eager blocks."""
+    Subclasses implement :meth:`around`. ``about``: lines for the provenance (a library's
+    version). ``close()`` frees what the policy made itself; the store it was given stays its
+    owner's to close. Where the setting is ``compiled``, every step runs the blocks' compiled
+    forwards (compiled at the first step) and :meth:`around` sees them as it sees eager blocks."""
 
     def __init__(self, setting: Setting):
         self.setting = setting
