@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import functools
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import lacking, load_results, machine_label, same_code_reruns, summarize
-from harness.config import ConfigError, _check, _read_yaml, _relative
+from harness.config import ConfigError, _check, _read_yaml, _relative, is_machine_name
 from harness.errors import UserError, exit_on_user_error
 from harness.results import committed, load_provenance, results_in, results_name
 from harness.topic import discover
@@ -753,7 +752,7 @@ def main(argv=None) -> None:
     parser.add_argument("--claims", type=Path, default=CLAIMS_FILE)
     parser.add_argument("--out", type=Path, help="default: paper_figs/<machine>/claims.md")
     args = parser.parse_args(argv)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.machine):  # the workflow's machine names
+    if not is_machine_name(args.machine):
         raise UserError(f"--machine names one folder of results/ (as h200), not {args.machine!r}")
     out = args.out or Path("paper_figs") / args.machine / "claims.md"
     if out.is_dir():  # refused before anything is read

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -85,6 +86,11 @@ def _read_yaml(path: Path, what: str = "config file"):
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{what} {_relative(path)} is not valid YAML{where}: {problem}") from None
+
+
+def is_machine_name(name: str) -> bool:
+    """Whether ``name`` is a machine's name as the config schema has it: one folder under results/."""
+    return re.search(_read_yaml(SCHEMA, "schema")["properties"]["machine"]["pattern"], name) is not None
 
 
 @functools.lru_cache(maxsize=1)
