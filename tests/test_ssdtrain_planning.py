@@ -5,6 +5,8 @@ tiny model and store."""
 import concurrent.futures
 import dataclasses
 import itertools
+import json
+import random
 
 import pytest
 import torch
@@ -607,6 +609,43 @@ def test_a_recorded_profile_keeps_where_backward_asks():
     assert planning.profiles_of_record(record) == profiles
     del record["packs"]  # an older record: where a block saves bytes
     assert [p.asks(OFFLOAD) for p in planning.profiles_of_record(record)] == [False, True]
+
+
+def test_a_recorded_profile_reads_back_its_peaks_and_budgets_so_its_plans_predict_the_same():
+    rng = random.Random(7)
+    kept = [
+        planning.LayerProfile(
+            rng.randrange(1, 1 << 30),
+            rng.randrange(1, 1 << 20),
+            rng.uniform(1e-3, 1e-2),
+            forward_peak=rng.randrange(1 << 30),
+            backward_peak=rng.randrange(1 << 30),
+            head_peak=rng.randrange(1 << 30) if i == 2 else None,
+            unoffloadable_bytes=rng.randrange(1 << 10),
+            packs=True,
+        )
+        for i in range(3)
+    ]
+    at = {
+        b: (
+            [
+                dataclasses.replace(p, saved_bytes=p.saved_bytes // (k + 2), forward_seconds=p.forward_seconds * 1.1)
+                for p in kept
+            ],
+            0.05,
+        )
+        for k, b in enumerate((0.2, 0.5))
+    }
+    profiles = planning.with_budgets(kept, 0.04, at)
+    record = json.loads(json.dumps(planning.record_of_profiles(profiles)))  # as a results file holds it
+    again = planning.profiles_of_record(record)
+    assert again == profiles
+    decisions = [planning.budget_decision(0.2, offloaded=True), planning.RECOMPUTE, planning.KEEP]
+    first, second = (planning.predict(p, decisions, 20e9, 0.04, fixed_bytes=5 << 20) for p in (profiles, again))
+    assert first.predicted_peak_bytes is not None and first == second
+    # an older record (no peaks, no budgets) still reads, with the peaks unmeasured
+    old = {k: v for k, v in record.items() if not k.endswith("_peaks") and not k.startswith("at_budget_")}
+    assert all(p.forward_peak is None and p.alternatives == () for p in planning.profiles_of_record(old))
 
 
 def test_a_read_asked_late_past_a_block_that_saves_nothing_stalls_the_step_as_predicted():

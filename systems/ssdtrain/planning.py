@@ -756,14 +756,58 @@ def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = 
     return profiles, 0 if outside is None else outside.unique_bytes - outside.parameter_bytes
 
 
+def record_of_profiles(profiles: list[LayerProfile]) -> dict:
+    """``profiles`` as plain lists, as a part records them (:func:`profiles_of_record` reads them back)."""
+    budgets = sorted({a.budget for p in profiles for a in p.alternatives})
+    at_budgets = {}
+    for budget in budgets:
+        at = [p.alternative(budget_decision(budget)) for p in profiles]
+        at_budgets[f"at_budget_{number_text(budget)}"] = {
+            "saved_bytes": [a.saved_bytes for a in at],
+            "unoffloadable_bytes": [a.unoffloadable_bytes for a in at],
+            "extra_seconds": [a.extra_seconds for a in at],
+        }
+    return {
+        "saved_bytes": [p.saved_bytes for p in profiles],
+        "unoffloadable_bytes": [p.unoffloadable_bytes for p in profiles],
+        "packs": [p.packs for p in profiles],  # where backward asks for reads (_askers)
+        "input_bytes": [p.input_bytes for p in profiles],
+        "forward_seconds": [p.forward_seconds for p in profiles],
+        # The allocator's peaks per layer of the kept step (GPU; None on a CPU): PeakTrace.
+        "forward_peaks": [p.forward_peak for p in profiles],
+        "backward_peaks": [p.backward_peak for p in profiles],
+        # The head's backward's, on the layer backward reaches first (None elsewhere).
+        "head_peaks": [p.head_peak for p in profiles],
+    } | at_budgets
+
+
 def profiles_of_record(record: dict) -> list[LayerProfile]:
     """The blocks' profiles as a part records them (its provenance's ``profile``: saved and input
-    bytes, forward seconds, and the unoffloadable bytes where the record has them, else none)."""
+    bytes, forward seconds; the unoffloadable bytes, the traced peaks and, of compiled blocks, the
+    budgets they were profiled at, where the record has them), so that a record's plans can be
+    predicted again offline as the part predicted them."""
     saved = record["saved_bytes"]
-    unoffloadable = record.get("unoffloadable_bytes") or [0] * len(saved)
-    packs = record.get("packs") or [None] * len(saved)  # older records: where a block saves bytes
-    columns = (saved, record["input_bytes"], record["forward_seconds"], unoffloadable, packs)
-    return [LayerProfile(s, i, f, unoffloadable_bytes=u, packs=k) for s, i, f, u, k in zip(*columns, strict=True)]
+    n = len(saved)
+    unoffloadable = record.get("unoffloadable_bytes") or [0] * n
+    packs = record.get("packs") or [None] * n  # older records: where a block saves bytes
+    peaks = [record.get(key) or [None] * n for key in ("forward_peaks", "backward_peaks", "head_peaks")]
+    at_budgets = {
+        float(key.removeprefix("at_budget_")): at for key, at in record.items() if key.startswith("at_budget_")
+    }
+    alternatives = [
+        tuple(
+            Alternative(budget, at["saved_bytes"][i], at["extra_seconds"][i], at["unoffloadable_bytes"][i])
+            for budget, at in sorted(at_budgets.items())
+        )
+        for i in range(n)
+    ]
+    columns = (saved, record["input_bytes"], record["forward_seconds"], unoffloadable, packs, *peaks, alternatives)
+    return [
+        LayerProfile(
+            s, i, f, unoffloadable_bytes=u, packs=k, forward_peak=fp, backward_peak=bp, head_peak=hp, alternatives=a
+        )
+        for s, i, f, u, k, fp, bp, hp, a in zip(*columns, strict=True)
+    ]
 
 
 def profile(

@@ -48,27 +48,13 @@ class Profiler:
                 at_budgets[budget] = (at, at_seconds)
             profiles = planning.with_budgets(profiles, seconds, at_budgets)
             self._profiles[compiled] = (profiles, seconds, fixed)
+            record = planning.record_of_profiles(profiles)
+            for budget in budgets:  # each budget's whole step, beside what the alternatives keep of it
+                record[f"at_budget_{planning.number_text(budget)}"]["step_seconds"] = at_budgets[budget][1]
             self.notes["profile" + ("_compiled" if compiled else "")] = {
                 "keep_step_seconds": seconds,
-                "saved_bytes": [p.saved_bytes for p in profiles],
-                "unoffloadable_bytes": [p.unoffloadable_bytes for p in profiles],
-                "packs": [p.packs for p in profiles],  # where backward asks for reads (planning._askers)
-                "input_bytes": [p.input_bytes for p in profiles],
-                "forward_seconds": [p.forward_seconds for p in profiles],
-                # The allocator's peaks per layer of the kept step (GPU; None on a CPU): planning.PeakTrace.
-                "forward_peaks": [p.forward_peak for p in profiles],
-                "backward_peaks": [p.backward_peak for p in profiles],
-                # The head's backward's, on the layer backward reaches first (None elsewhere).
-                "head_peaks": [p.head_peak for p in profiles],
+                **record,
                 "bytes_saved_outside_layers": fixed,
-            } | {
-                f"at_budget_{planning.number_text(budget)}": {
-                    "step_seconds": at_budgets[budget][1],
-                    "saved_bytes": [p.saved_bytes for p in at_budgets[budget][0]],
-                    "unoffloadable_bytes": [p.unoffloadable_bytes for p in at_budgets[budget][0]],
-                    "extra_seconds": [p.alternative(planning.budget_decision(budget)).extra_seconds for p in profiles],
-                }
-                for budget in budgets
             }
         return self._profiles[compiled]
 
