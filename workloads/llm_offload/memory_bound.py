@@ -348,17 +348,20 @@ def _twice_profiler(params, model, layers, shape, rows: int, device, folder, not
     where it does not fit under the cap: those peaks are then scaled in proportion, and the notes
     (``at_twice``) say so beside the profiles taken."""
     rows_twice = 2 * rows
-    batch = next(batches(dataclasses.replace(shape, micro_batch=rows_twice), seed=params["seed"], device=device))
     record = notes.setdefault("at_twice", {"micro_batch": rows_twice})
-    second = Profiler(params | {"planner_budgets": []}, model, layers, batch, device, folder, record)
     taken: dict[bool, list | None] = {}
+    second: list[Profiler] = []  # made when first asked for: never where profiles trace no peaks
 
     def at_twice(compiled: bool, profiles) -> list | None:
         if not planning.has_peaks(profiles):
             return None
+        if not second:
+            shape_twice = dataclasses.replace(shape, micro_batch=rows_twice)
+            batch = next(batches(shape_twice, seed=params["seed"], device=device))
+            second.append(Profiler(params | {"planner_budgets": []}, model, layers, batch, device, folder, record))
         if compiled not in taken:
             try:
-                taken[compiled] = second.blocks(compiled)[0]
+                taken[compiled] = second[0].blocks(compiled)[0]
             except Exception as err:  # noqa: BLE001 - only running out of memory is an answer
                 if not _is_out_of_memory(err):
                     raise
