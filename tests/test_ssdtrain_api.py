@@ -5,6 +5,7 @@ casts kept, Hugging Face gradient checkpointing composed with, and the worked ex
 docs/llm_offload.md run as written."""
 
 import contextlib
+import copy
 import logging
 import os
 import re
@@ -1082,6 +1083,47 @@ def test_blocks_run_by_a_reentrant_checkpoint_are_named_as_the_reason_a_plan_can
     model = ThreeBlocks()
     with pytest.raises(UserError, match="ran with gradients.*reentrant checkpoint.*use_reentrant=False"):
         run_steps(model, offload(model, policy="planner", budget=0.5, store=HostStore()), reentrant=True)
+
+
+class CallerCheckpointed(ThreeBlocks):
+    """Blocks the model's own forward runs through ``torch.utils.checkpoint`` (non-reentrant), as
+    nanoGPT-style code does: the checkpoint's hooks take what the blocks save."""
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return x.square().mean()
+
+
+def test_blocks_checkpointed_by_their_caller_are_named_as_why_nothing_is_offloaded():
+    model = CallerCheckpointed()
+    want = [p.grad for p in _grads_of(copy.deepcopy(model))]
+    with pytest.warns(UserWarning, match=r"offloaded nothing.*inside a torch\.utils\.checkpoint their caller runs"):
+        session = run_steps(model, offload(model, policy="offload_all", store=HostStore(), min_bytes=0, keep_last=0))
+    assert session.offloader.inside_callers_checkpoint and session.stats.total.offloaded_tensors == 0
+    assert all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want, strict=True))  # still right
+
+
+@pytest.mark.parametrize("policy, budget", [("planner", 0.5), ("offload_adaptive", None)])
+@pytest.mark.parametrize("keep_last", [0, 1])
+def test_blocks_checkpointed_by_their_caller_are_refused_in_one_line_by_the_planned_policies(policy, budget, keep_last):
+    model = CallerCheckpointed()
+    session = offload(model, policy=policy, budget=budget, store=HostStore(), min_bytes=0, keep_last=keep_last)
+    with pytest.raises(UserError, match=rf"{policy} cannot plan: the blocks ran inside a torch\.utils\.checkpoint"):
+        run_steps(model, session, steps=3)
+
+
+def test_blocks_the_model_calls_directly_are_not_taken_for_checkpointed_ones():
+    model = ThreeBlocks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        session = run_steps(model, offload(model, policy="offload_all", store=HostStore(), min_bytes=0, keep_last=0))
+    assert not session.offloader.inside_callers_checkpoint and session.stats.total.offloaded_tensors > 0
+
+
+def _grads_of(model) -> list[torch.nn.Parameter]:
+    run_steps(model, contextlib.nullcontext())
+    return list(model.parameters())
 
 
 class OldStyleCheckpointedBlock(nn.Module):

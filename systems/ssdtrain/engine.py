@@ -253,6 +253,9 @@ class Offloader:
         self.backward_listeners: list[Callable[[int | None], None]] = []
         self._active = False
         self._order_warned = False  # whether the layers were found out of forward order (once)
+        # Whether a block was ever entered inside a torch.utils.checkpoint its caller runs (not one
+        # this offloader wraps): the checkpoint's hooks then take what the block saves, not this one's.
+        self.inside_callers_checkpoint = False
 
     # -- a step --------------------------------------------------------------------------------
     def __enter__(self) -> Offloader:
@@ -349,6 +352,8 @@ class Offloader:
             self._last_entered = -1
             self._offloads_a_layer = False
             self._backward_since_forward = False
+        if self._layer != index and torch.is_grad_enabled() and not in_backward() and inside_a_checkpoint():
+            self.inside_callers_checkpoint = True
         self._layer = index
         self._ran_with_grad = self._ran_with_grad or torch.is_grad_enabled()
         if not in_backward():
@@ -525,7 +530,9 @@ class Offloader:
         saved = [self.stats.layers[i] for i in offloading if i in self.stats.layers]
         weights = [p for i in offloading for p in self.layers[i].parameters()]
         largest = max(self.stats.largest.get(i, 0) for i in offloading)
-        if any(s.packed_tensors for s in saved):
+        if self.inside_callers_checkpoint:
+            why = CALLERS_CHECKPOINT
+        elif any(s.packed_tensors for s in saved):
             why = {
                 # Every saved storage empty (a batch of 0 rows): no min_bytes would offload anything.
                 EMPTY: "every storage the offloaded layers saved is empty (0 B: an empty batch?)",
@@ -552,6 +559,29 @@ class Offloader:
         else:
             why = "the offloaded layers saved no tensor through the offloader (another saved-tensor hook holds them?)"
         warn(f"SSDTrain offloaded nothing in this forward: {why}")
+
+
+def inside_a_checkpoint() -> bool:
+    """Whether torch's (non-reentrant) checkpoint runs the caller: a model that checkpoints its own
+    blocks, in forward or recomputing in backward. Its saved-tensor hooks are then the innermost
+    (torch names no public call for this: their functions' names tell). A second checkpoint inside
+    would recompute nothing more, and the outer one, which stops its recomputation once it has the
+    tensors it saved, would not rerun the block, so a BatchNorm's statistics would be updated once
+    where without the policy they are updated twice."""
+    try:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+    name = getattr(hooks[0], "__qualname__", "") if hooks else ""
+    return name.startswith(("_checkpoint_hook.", "_recomputation_hook."))
+
+
+# Why a block run inside its caller's torch.utils.checkpoint offloads nothing, and what to do.
+CALLERS_CHECKPOINT = (
+    "the blocks ran inside a torch.utils.checkpoint their caller runs, whose hooks take what they save "
+    "(and their inputs, saved before a block starts, count as saved outside the blocks): SSDTrain "
+    "recomputes blocks itself, so call the blocks directly and choose policy='recompute' or a planned policy"
+)
 
 
 def in_backward() -> bool:

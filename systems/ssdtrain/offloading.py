@@ -80,7 +80,15 @@ from harness.arguments import real_number, whole_number
 from harness.errors import UserError
 from systems.ssdtrain import planning
 from systems.ssdtrain._warn import warn
-from systems.ssdtrain.engine import KEEP, OFFLOAD, Offloader, StepHook, active_offloaders, in_backward
+from systems.ssdtrain.engine import (
+    CALLERS_CHECKPOINT,
+    KEEP,
+    OFFLOAD,
+    Offloader,
+    StepHook,
+    active_offloaders,
+    in_backward,
+)
 from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan, budget_decision, offloads
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget
@@ -405,6 +413,8 @@ class Offloading:
         return ran and not self.offloader.stats.total.packed_tensors
 
     def _make_plan(self, timer: planning.LayerTimer, stats: StepStats, peaks: planning.PeakTrace | None) -> None:
+        if self.offloader.inside_callers_checkpoint:  # the profile saw none of the blocks' bytes
+            raise UserError(f"SSDTrain {_name(self.policy)} cannot plan: {CALLERS_CHECKPOINT}")
         profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), peaks)
         packed = any(stats.layers[i].packed_tensors for i in range(len(profiles)) if i in stats.layers)
         if packed and not any(p.movable_bytes for p in profiles):  # nothing offloading could move

@@ -721,9 +721,10 @@ def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = 
     forward = timer.forward_seconds()
     if count and not forward and timer.ran_without_gradients:
         raise UserError(
-            f"none of the {count} blocks ran with gradients in the profiled step's forward (a reentrant checkpoint, "
-            "use_reentrant=True, runs its blocks under no_grad): the planned policies recompute blocks themselves; "
-            "call the blocks directly, or checkpoint with use_reentrant=False"
+            f"none of the {count} blocks ran with gradients in the profiled step's forward, so there is nothing "
+            "to plan (a reentrant checkpoint, use_reentrant=True, or an autograd.Function such as a reversible "
+            "layer's runs its blocks under no_grad): the planned policies recompute blocks themselves; call the "
+            "blocks directly, or checkpoint with use_reentrant=False"
         )
     if count and not forward:
         raise UserError(

@@ -53,7 +53,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from systems.ssdtrain.cache import StorageKey, storage_key
-from systems.ssdtrain.engine import StepHook, has_storage_identity, saving_inputs_of
+from systems.ssdtrain.engine import StepHook, has_storage_identity, inside_a_checkpoint, saving_inputs_of
 from systems.ssdtrain.layers import InstalledForward
 
 TORCH_CHECKPOINT = functools.partial(torch_checkpoint, use_reentrant=False)
@@ -212,21 +212,6 @@ def _recomputed(
         return out
 
     return run
-
-
-def inside_a_checkpoint() -> bool:
-    """Whether torch's (non-reentrant) checkpoint runs the caller: a model that checkpoints its own
-    blocks, in forward or recomputing in backward. Its saved-tensor hooks are then the innermost
-    (torch names no public call for this: their functions' names tell). A second checkpoint inside
-    would recompute nothing more, and the outer one, which stops its recomputation once it has the
-    tensors it saved, would not rerun the block, so a BatchNorm's statistics would be updated once
-    where without the policy they are updated twice."""
-    try:
-        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    except (AttributeError, RuntimeError, TypeError):
-        return False
-    name = getattr(hooks[0], "__qualname__", "") if hooks else ""
-    return name.startswith(("_checkpoint_hook.", "_recomputation_hook."))
 
 
 def _modes_of(layer: nn.Module) -> list[bool]:
