@@ -6,6 +6,7 @@ docs/llm_offload.md run as written."""
 
 import contextlib
 import copy
+import functools
 import logging
 import os
 import re
@@ -628,11 +629,20 @@ def test_bad_arguments_are_one_line():
             "keep_last must be a non-negative integer, got True",
         ),
         (dict(policy="offload_all", store=object()), "must be a systems.ssdtrain Store"),
+        (
+            dict(policy="offload_all", store=HostStore(), layers=[model.model.layers]),
+            "layers lists a ModuleList, which has no forward of its own",
+        ),
+        (dict(policy=lambda: KEEP), "a callable policy is called with a block's index"),
+        (dict(policy=lambda i, j: KEEP), "<lambda> cannot take one argument"),
     ]
     for args, message in cases:
         with pytest.raises(UserError, match=re.escape(message)) as err:
             offload(model, **args)
         assert "\n" not in str(err.value)
+    with offload(model, policy=functools.partial(lambda i, default: default, default=KEEP)) as session:
+        pass  # a callable of one positional argument, however it is made
+    assert session.decisions == [KEEP, KEEP]
     with pytest.raises(UserError, match="returned 'maybe' for block 0"), offload(model, policy=lambda i: "maybe"):
         pass
     with pytest.raises(UserError, match="offloads block 0: give offload"), offload(model, policy=lambda i: OFFLOAD):

@@ -1026,12 +1026,21 @@ def test_blocks_inside_lists_of_module_lists_are_the_modules_they_hold(policy):
         assert stats.total.offloaded_tensors > 0
 
 
+def test_module_lists_given_as_blocks_are_refused_in_one_line():
+    model = ViTLayout()
+    with pytest.raises(UserError, match=r"layers lists a ModuleList, which has no forward of its own") as err:
+        offload(model, policy="keep", layers=list(model.layers))
+    assert "\n" not in str(err.value)
+
+
 def test_blocks_that_never_run_warn_in_one_line():
     model = ViTLayout()
-    with pytest.warns(UserWarning) as caught, offload(model, policy="keep", layers=list(model.layers)):
+    unused = nn.Linear(16, 16)
+    model.unused = nn.ModuleList([unused])  # a submodule forward never calls
+    with pytest.warns(UserWarning) as caught, offload(model, policy="keep", layers=[unused]):
         vit_steps(model)
     messages = [str(w.message) for w in caught]
-    assert len(messages) == 1 and "none of the 4 blocks ran" in messages[0] and "\n" not in messages[0]
+    assert len(messages) == 1 and "none of the 1 blocks ran" in messages[0] and "\n" not in messages[0]
 
 
 class GraphBlock(MLPBlock):

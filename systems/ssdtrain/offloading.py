@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import threading
 import weakref
 from collections.abc import Callable
@@ -614,6 +615,13 @@ def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     inside = {id(m) for m in model.modules()}
     if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
         raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
+    # A container without a forward of its own is never called, so its hooks would never run.
+    container = next((layer for layer in layers if isinstance(layer, nn.ModuleList | nn.ModuleDict)), None)
+    if container is not None:
+        raise UserError(
+            f"layers lists a {type(container).__name__}, which has no forward of its own and is never called: "
+            "list its blocks (e.g. layers=list(model.layers))"
+        )
     scripted = next((layer for layer in layers if isinstance(layer, torch.jit.ScriptModule)), None)
     if scripted is not None:  # else torch's own error, deep in the first hook's registration
         raise UserError(
@@ -661,6 +669,15 @@ def _check_policy(policy, store: Store | None, blocks: int):
             raise UserError("the plan offloads blocks: give offload() a store (systems.ssdtrain.stores)")
         return policy
     if callable(policy):
+        try:
+            inspect.signature(policy).bind(0)
+        except TypeError:
+            raise UserError(
+                f"a callable policy is called with a block's index and returns its decision "
+                f"(policy(i) -> one of {DECISIONS}); {getattr(policy, '__name__', 'this one')} cannot take one argument"
+            ) from None
+        except ValueError:  # no signature to read (some builtins): asked as it is
+            pass
         return policy
     if policy not in NAMED:
         raise UserError(f"unknown policy {policy!r}: choose one of {', '.join(NAMED)}, a Plan or a callable")
