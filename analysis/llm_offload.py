@@ -555,6 +555,18 @@ def policy_colour(variant: str) -> str:
     return style.color(setups.loc[variant].policy)
 
 
+# Bars of one policy's colour (torch's budgets, the planner's plans) each get the next of these,
+# none of them a store's hatch, so that the legend tells every bar apart.
+SAME_COLOUR_HATCHES = ["", "\\\\", "++", "--", "oo", "||", "**", "OO", "\\\\\\\\", "++++"]
+
+
+def same_colour_hatch(colour: str, colours_seen: list[str]) -> str:
+    """The hatch of the next bar drawn in ``colour``, given the colours of the bars before it (appended to)."""
+    hatch = SAME_COLOUR_HATCHES[colours_seen.count(colour) % len(SAME_COLOUR_HATCHES)]
+    colours_seen.append(colour)
+    return hatch
+
+
 def store_of(variant: str):
     v = setups.loc[variant]
     return None if pd.isna(v.store) else ("emulated" if pd.notna(v.emulated_gbps) else str(v.store))
@@ -921,6 +933,7 @@ if STEPS:  # ratios to keep, per model
     ):
         width = 0.8 / max(len(shared), 1)
         tops, bottoms = [1.0], [1.0]
+        colours_seen = []  # variants of one policy (torch's budgets, the planner's plans) told apart by hatch
         for j, variant in enumerate(shared):
             centres = np.arange(len(models)) + (j - (len(shared) - 1) / 2) * width
             values = []
@@ -932,7 +945,8 @@ if STEPS:  # ratios to keep, per model
                 values,
                 width,
                 color=policy_colour(variant),
-                hatch=STORE_HATCHES.get(store_of(variant), ""),
+                hatch=STORE_HATCHES.get(store_of(variant), "")
+                + same_colour_hatch(policy_colour(variant), colours_seen),
                 edgecolor="white",
                 linewidth=0,
                 label=variant_label(variant),
@@ -1147,12 +1161,11 @@ if training_panels:
             if not capped_reruns.empty
             else capped_speed.iloc[0:0]
         )
-        hatches, colours_seen = ["", "//", "..", "xx"], []  # variants of one policy (torch's budgets) by hatch
+        colours_seen = []  # variants of one policy (torch's budgets) told apart by hatch
         for i, variant in enumerate(shown):
             r = capped_speed[capped_speed.variant == variant].iloc[0]
             colour = policy_colour(variant)
-            hatch = hatches[colours_seen.count(colour) % len(hatches)]
-            colours_seen.append(colour)
+            hatch = same_colour_hatch(colour, colours_seen)
             label = variant_label(variant, capped[capped.variant == variant].iloc[0])
             ax.bar(i, r["median"], color=colour, hatch=hatch, edgecolor="white", label=label)
             others = process_speed[(process_speed.variant == variant) & (process_speed.micro_batch == r.micro_batch)][

@@ -1159,7 +1159,8 @@ def test_on_a_gpu_memory_bound_runs_every_peer_under_the_cap(scratch):
     }, notes["skipped"]  # fmt: skip
     assert all(search["largest"] is not None for search in notes["searches"].values())
     # A GPU's profile traces peaks: the kept blocks were profiled at twice the check's rows too.
-    at_twice = notes["models"]["llama-tiny"]["planning"]["at_twice"]
+    (model_notes,) = notes["models"].values()
+    at_twice = model_notes["planning"]["at_twice"]
     assert at_twice["micro_batch"] == 2 and "did_not_fit" not in at_twice
     assert {"profile", "profile_compiled"} <= set(at_twice)
     assert notes["searches"]["planner_host"]["largest"] >= notes["searches"]["keep"]["largest"]
@@ -1316,7 +1317,8 @@ def test_a_profile_scaled_to_a_larger_micro_batch_scales_what_offloading_cannot_
 def test_on_a_gpu_the_allocator_at_the_end_of_forward_sees_what_offloading_frees(scratch):
     """Part policies on a GPU records, beside the hooks' count of what a step keeps when forward ends
     (activation_bytes), what the allocator then holds above the step's start: keep's holds at least
-    the hooks' count (the logits and loss beside it) and no more than its own peak; offloading every
+    the hooks' count (the logits and loss beside it) less the token ids, allocated before the step,
+    and no more than its own peak; offloading every
     block but the last keeps less by the hooks' count and never more than keep by the allocator's
     (how much less there depends on how far the copies got when the host returned from forward:
     not asserted, recorded)."""
@@ -1336,7 +1338,9 @@ def test_on_a_gpu_the_allocator_at_the_end_of_forward_sees_what_offloading_frees
     for variant in (keep, offloaded):
         assert len(value[(variant, "allocated_at_forward_end")]) == 2  # one a timed step
         assert max(value[(variant, "allocated_at_forward_end")]) <= min(value[(variant, "activation_peak")])
-    assert min(value[(keep, "allocated_at_forward_end")]) >= max(value[(keep, "activation_bytes")])
+    # The hooks count the token ids the embedding saves, which the batch held before the step began.
+    ids_bytes = 8 * 8 * 512  # int64, micro-batch 8 of sequence 512
+    assert min(value[(keep, "allocated_at_forward_end")]) >= max(value[(keep, "activation_bytes")]) - ids_bytes
     kept_bytes = min(value[(keep, "activation_bytes")])
     assert max(value[(offloaded, "activation_bytes")]) < kept_bytes
     assert max(value[(offloaded, "allocated_at_forward_end")]) <= max(value[(keep, "allocated_at_forward_end")])

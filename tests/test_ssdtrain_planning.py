@@ -621,6 +621,7 @@ def test_a_recorded_profile_reads_back_its_peaks_and_budgets_so_its_plans_predic
             forward_peak=rng.randrange(1 << 30),
             backward_peak=rng.randrange(1 << 30),
             head_peak=rng.randrange(1 << 30) if i == 2 else None,
+            saved_at_end=i == 1,
             unoffloadable_bytes=rng.randrange(1 << 10),
             packs=True,
         )
@@ -662,3 +663,20 @@ def test_a_prefetch_that_is_not_a_whole_number_of_layers_is_refused():
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="prefetch must be a whole number of layers"):
             planning.predict(FOUR, [KEEP] * 4, 1.0, 12.0, prefetch=bad)
+
+
+def test_a_compiled_block_s_writes_start_when_its_forward_ends_not_as_it_runs():
+    """A compiled block hands what it saves to the hooks when its graph returns, so its write cannot
+    overlap its own forward. 1 GB at 2 GB/s from a block of 1 s: arriving through the block's
+    second, written by 1.0 s; arriving at once at its end, by 1.5 s. With a next block of 0.1 s,
+    forward ends at 1.1 s: the eager block's bytes are all written, the compiled one's 0.8 GB not yet;
+    with a next block of 1 s, neither's are left."""
+    assert planning._write_end(0.0, 0.0, 1.0, 10**9, 2e9) == 1.0
+    assert planning._write_end(0.0, 1.0, 1.0, 10**9, 2e9) == 1.5
+    decisions = [OFFLOAD, KEEP]
+    for second, left in ((0.1, round(0.4 * 2e9)), (1.0, 0)):
+        eager = [LayerProfile(10**9, 10, 1.0), LayerProfile(10, 10, second)]
+        compiled = [dataclasses.replace(p, saved_at_end=True) for p in eager]
+        on_time, late = (planning.predict(p, decisions, 2e9, 4.0, prefetch=1) for p in (eager, compiled))
+        assert on_time.predicted_activation_bytes == 10
+        assert late.predicted_activation_bytes == left + 10

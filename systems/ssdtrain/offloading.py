@@ -416,7 +416,9 @@ class Offloading:
     def _make_plan(self, timer: planning.LayerTimer, stats: StepStats, peaks: planning.PeakTrace | None) -> None:
         if self.offloader.inside_callers_checkpoint:  # the profile saw none of the blocks' bytes
             raise UserError(f"SSDTrain {_name(self.policy)} cannot plan: {CALLERS_CHECKPOINT}")
-        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), peaks)
+        # Blocks the user compiled hand their saved tensors over as they end.
+        compiled = any(holds_compiled_code(layer) for layer in self.layers)
+        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), peaks, saved_at_end=compiled)
         packed = any(stats.layers[i].packed_tensors for i in range(len(profiles)) if i in stats.layers)
         if packed and not any(p.movable_bytes for p in profiles):  # nothing offloading could move
             largest = max((stats.largest.get(i, 0) for i in range(len(profiles))), default=0)

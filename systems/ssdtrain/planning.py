@@ -70,6 +70,7 @@ from systems.ssdtrain.engine import Offloader, StepHook, has_storage_identity
 from systems.ssdtrain.recompute import tensors_in
 from systems.ssdtrain.stores import StoreCorrupted
 from systems.ssdtrain.stores.host import HostStore
+from systems.ssdtrain.user_compiled import holds_compiled_code
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
 DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)  # for any layer; a compiled one may also take a profiled budget
@@ -137,6 +138,9 @@ class LayerProfile:
     # Whether its backward unpacks a tensor it saved, parameters included (a frozen layer saves its
     # weight and nothing else): the engine asks for reads there. None: where it saves bytes.
     packs: bool | None = None
+    # Whether its saved tensors reach the hooks only when its forward ends, all at once: a compiled
+    # block (AOTAutograd saves for backward when its graph returns), whose writes can start no sooner.
+    saved_at_end: bool = False
 
     @property
     def movable_bytes(self) -> int:
@@ -238,7 +242,8 @@ def predict(
     moved = {i: m for i, (p, d) in enumerate(zip(profiles, decisions)) if (m := p.moved(d)) is not None}
     written, queue = {}, 0.0  # layer -> when its write finishes
     for i, (movable, _) in moved.items():
-        queue = written[i] = _write_end(queue, starts[i], ends[i], movable, bandwidth)
+        arrives = ends[i] if profiles[i].saved_at_end else starts[i]
+        queue = written[i] = _write_end(queue, arrives, ends[i], movable, bandwidth)
 
     def unwritten(i: int, at: float) -> float:
         # Tested first: an infinite bandwidth times the zero time left is no number.
@@ -351,8 +356,9 @@ def _timeline(profiles: list[LayerProfile]) -> tuple[list[float], list[float]]:
 
 
 def _write_end(queue: float, start: float, end: float, nbytes: int, bandwidth: float) -> float:
-    """When a layer's write ends: its bytes arrive steadily from ``start`` to ``end`` into a queue
-    busy until ``queue``; the last byte cannot leave before it arrives."""
+    """When a layer's write ends: its bytes arrive steadily from ``start`` to ``end`` (``start`` =
+    ``end``: all at once, as a compiled block's) into a queue busy until ``queue``; the last byte
+    cannot leave before it arrives."""
     return max(end, max(queue, start) + nbytes / bandwidth)
 
 
@@ -364,7 +370,10 @@ def adaptive(profiles: list[LayerProfile], bandwidth: float, keep_seconds: float
     starts, ends = _timeline(profiles)
     queue = 0.0
     for k in range(1, len(profiles) - keep_last + 1):
-        queue = _write_end(queue, starts[k - 1], ends[k - 1], profiles[k - 1].movable_bytes, bandwidth)
+        layer = profiles[k - 1]
+        queue = _write_end(
+            queue, ends[k - 1] if layer.saved_at_end else starts[k - 1], ends[k - 1], layer.movable_bytes, bandwidth
+        )
         if queue > ends[-1]:
             break
         best = predict(profiles, [OFFLOAD] * k + [KEEP] * (len(profiles) - k), bandwidth, keep_seconds, **model)
@@ -712,7 +721,9 @@ class CudaMeter:
         torch.cuda.reset_peak_memory_stats(self.device)
 
 
-def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = None) -> tuple[list[LayerProfile], int]:
+def profiles_of(
+    stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = None, saved_at_end: bool = False
+) -> tuple[list[LayerProfile], int]:
     """The ``count`` layers' profiles from one step's ``StepStats`` (under an Offloader that keeps
     everything), its ``LayerTimer`` and its ``PeakTrace`` (where one measured the step), and the
     bytes saved outside the layers. A layer that did not
@@ -751,6 +762,7 @@ def profiles_of(stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = 
                 head_peak,
                 unoffloadable,
                 packs=layer is not None and layer.packed_tensors > 0,
+                saved_at_end=saved_at_end,
             )
         )
     outside = stats.layers.get(None)
@@ -779,6 +791,7 @@ def record_of_profiles(profiles: list[LayerProfile]) -> dict:
         "backward_peaks": [p.backward_peak for p in profiles],
         # The head's backward's, on the layer backward reaches first (None elsewhere).
         "head_peaks": [p.head_peak for p in profiles],
+        "saved_at_end": [p.saved_at_end for p in profiles],  # compiled blocks: writes start at their end
     } | at_budgets
 
 
@@ -792,6 +805,7 @@ def profiles_of_record(record: dict) -> list[LayerProfile]:
     unoffloadable = record.get("unoffloadable_bytes") or [0] * n
     packs = record.get("packs") or [None] * n  # older records: where a block saves bytes
     peaks = [record.get(key) or [None] * n for key in ("forward_peaks", "backward_peaks", "head_peaks")]
+    at_end = record.get("saved_at_end") or [False] * n  # older records: as eager blocks
     at_budgets = {
         float(key.removeprefix("at_budget_")): at for key, at in record.items() if key.startswith("at_budget_")
     }
@@ -802,17 +816,41 @@ def profiles_of_record(record: dict) -> list[LayerProfile]:
         )
         for i in range(n)
     ]
-    columns = (saved, record["input_bytes"], record["forward_seconds"], unoffloadable, packs, *peaks, alternatives)
+    columns = (
+        saved,
+        record["input_bytes"],
+        record["forward_seconds"],
+        unoffloadable,
+        packs,
+        *peaks,
+        alternatives,
+        at_end,
+    )
     return [
         LayerProfile(
-            s, i, f, unoffloadable_bytes=u, packs=k, forward_peak=fp, backward_peak=bp, head_peak=hp, alternatives=a
+            s,
+            i,
+            f,
+            unoffloadable_bytes=u,
+            packs=k,
+            forward_peak=fp,
+            backward_peak=bp,
+            head_peak=hp,
+            alternatives=a,
+            saved_at_end=e,
         )
-        for s, i, f, u, k, fp, bp, hp, a in zip(*columns, strict=True)
+        for s, i, f, u, k, fp, bp, hp, a, e in zip(*columns, strict=True)
     ]
 
 
 def profile(
-    model, layers, run_step, device, min_bytes: int = 0, within: Callable[[], AbstractContextManager] | None = None
+    model,
+    layers,
+    run_step,
+    device,
+    min_bytes: int = 0,
+    within: Callable[[], AbstractContextManager] | None = None,
+    compiled: bool = False,
 ) -> tuple[list[LayerProfile], float, int]:
     """Each layer's saved bytes, input bytes and forward time, the step's time and the bytes saved
     outside the layers, from one ``run_step()`` (forward and backward) under a counting,
@@ -824,7 +862,9 @@ def profile(
     (policies/_compiled.py). The layer hooks and the saved-tensor hooks stay outside the compiled
     code, so the profile is then of the compiled blocks: what their compiled forwards save for
     backward (AOTAutograd's choice, not eager autograd's) and how long they run; the warm-up step
-    compiles them.
+    compiles them. ``compiled``: the blocks run compiled within it (blocks the user compiled are
+    found as such): their saved tensors reach the hooks when each block's forward ends, and the
+    plans' writes start no sooner (:attr:`LayerProfile.saved_at_end`).
 
     On a CUDA device the measured step also traces the allocator's peak per layer above what was
     allocated when the model's forward started (:class:`PeakTrace`, which resets the device's peak
@@ -851,7 +891,8 @@ def profile(
                 peaks.stop()
             _synchronize(device)
             seconds = timing.elapsed(started, stopped)
-        profiles, outside = profiles_of(counter.stats, timer, len(layers), peaks)
+        compiled = compiled or any(holds_compiled_code(layer) for layer in layers)
+        profiles, outside = profiles_of(counter.stats, timer, len(layers), peaks, saved_at_end=compiled)
     finally:
         timer.remove()
         if peaks is not None:

@@ -31,7 +31,9 @@ class Profiler:
         within = CompiledBlocks(self.layers, budget).installed if compiled else None
         # At the part's min_bytes, as its policies run: storages below it are held whatever the plan.
         min_bytes = self.params["min_bytes"]
-        measured = planning.profile(self.model, self.layers, self._step, self.device, min_bytes, within=within)
+        measured = planning.profile(
+            self.model, self.layers, self._step, self.device, min_bytes, within=within, compiled=compiled
+        )
         self.model.zero_grad(set_to_none=True)
         return measured
 
