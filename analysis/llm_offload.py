@@ -557,7 +557,7 @@ def policy_colour(variant: str) -> str:
 
 # Bars of one policy's colour (torch's budgets, the planner's plans) each get the next of these,
 # none of them a store's hatch, so that the legend tells every bar apart.
-SAME_COLOUR_HATCHES = ["", "\\\\", "++", "--", "oo", "||", "**", "OO", "\\\\\\\\", "++++"]
+SAME_COLOUR_HATCHES = ["", "++", "--", "oo", "||", "**", "OO", "++++", "----", "oooo"]
 
 
 def same_colour_hatch(colour: str, colours_seen: list[str]) -> str:

@@ -10,6 +10,7 @@ import functools
 import logging
 import os
 import re
+import threading
 import warnings
 from pathlib import Path
 
@@ -1110,7 +1111,7 @@ def test_blocks_checkpointed_by_their_caller_are_named_as_why_nothing_is_offload
     want = [p.grad for p in _grads_of(copy.deepcopy(model))]
     with pytest.warns(UserWarning, match=r"offloaded nothing.*inside a torch\.utils\.checkpoint their caller runs"):
         session = run_steps(model, offload(model, policy="offload_all", store=HostStore(), min_bytes=0, keep_last=0))
-    assert session.offloader.inside_callers_checkpoint and session.stats.total.offloaded_tensors == 0
+    assert session.offloader.checkpointed_by_caller == {0, 1, 2} and session.stats.total.offloaded_tensors == 0
     assert all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want, strict=True))  # still right
 
 
@@ -1123,17 +1124,108 @@ def test_blocks_checkpointed_by_their_caller_are_refused_in_one_line_by_the_plan
         run_steps(model, session, steps=3)
 
 
+class SomeCheckpointed(ThreeBlocks):
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            x = x + (torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if i == 1 else block(x))
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("policy, budget", [("planner", 0.5), ("offload_adaptive", None)])
+def test_a_plan_leaves_the_blocks_their_caller_checkpoints_to_it_and_plans_the_others(policy, budget):
+    model = SomeCheckpointed()
+    want = [p.grad for p in _grads_of(copy.deepcopy(model), steps=3)]
+    session = offload(model, policy=policy, budget=budget, store=HostStore(), min_bytes=0, keep_last=0)
+    with pytest.warns(UserWarning, match=rf"{policy}: blocks 1 ran inside a torch\.utils\.checkpoint their caller"):
+        run_steps(model, session, steps=3)
+    assert session.offloader.checkpointed_by_caller == {1} and session.decisions is not None
+    assert all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want, strict=True))
+
+
 def test_blocks_the_model_calls_directly_are_not_taken_for_checkpointed_ones():
     model = ThreeBlocks()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         session = run_steps(model, offload(model, policy="offload_all", store=HostStore(), min_bytes=0, keep_last=0))
-    assert not session.offloader.inside_callers_checkpoint and session.stats.total.offloaded_tensors > 0
+    assert not session.offloader.checkpointed_by_caller and session.stats.total.offloaded_tensors > 0
 
 
-def _grads_of(model) -> list[torch.nn.Parameter]:
-    run_steps(model, contextlib.nullcontext())
+def _grads_of(model, steps: int = 2) -> list[torch.nn.Parameter]:
+    run_steps(model, contextlib.nullcontext(), steps=steps)
     return list(model.parameters())
+
+
+class Meanwhile(nn.Module):
+    """A block that, while it runs, has another thread run ``evaluate`` (the whole model under
+    no_grad, as a monitoring thread's evaluation) and waits for it: the interleaving a race could
+    produce, made certain."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block, self.evaluate = block, None
+
+    def forward(self, x):
+        if self.evaluate is not None and torch.is_grad_enabled():
+            thread = threading.Thread(target=self.evaluate)
+            thread.start()
+            thread.join()
+        return self.block(x)
+
+
+@pytest.mark.parametrize("policy", ["offload_all", "planner"])
+def test_another_thread_s_forward_meanwhile_leaves_the_block_s_bookkeeping_alone(policy):
+    def run(monitored: bool):
+        torch.manual_seed(0)
+        model = ThreeBlocks()
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = Meanwhile(block)
+        if monitored:
+
+            def evaluate():
+                with torch.no_grad():
+                    model(torch.randn(3, 40))
+
+            model.blocks[1].evaluate = evaluate
+        args = dict(budget=0.5) if policy == "planner" else dict(keep_last=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # no "not in forward order", no "offloaded nothing"
+            session = run_steps(model, offload(model, policy=policy, store=HostStore(), min_bytes=0, **args), steps=3)
+        return [p.grad for p in model.parameters()], session
+
+    want, alone = run(monitored=False)
+    got, session = run(monitored=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert session.decisions == alone.decisions
+    assert session.stats.total.offloaded_tensors == alone.stats.total.offloaded_tensors > 0
+
+
+def test_a_forward_run_only_on_another_thread_says_so_in_one_line():
+    model = ThreeBlocks()
+    x = torch.randn(5, 40)
+    with pytest.warns(UserWarning, match="ran on another thread than the one that entered") as caught:
+        with offload(model, policy="offload_all", store=HostStore(), min_bytes=0, keep_last=0) as session:
+            thread = threading.Thread(target=lambda: model(x).backward())
+            thread.start()
+            thread.join()
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert session.stats.total.offloaded_tensors == 0
+
+
+class ListWithForward(nn.ModuleList):
+    def forward(self, x):
+        for block in self:
+            x = x + block(x)
+        return x
+
+
+def test_a_module_list_with_a_forward_of_its_own_is_a_block():
+    model = ThreeBlocks()
+    model.blocks = nn.ModuleList(ListWithForward([nn.Linear(40, 40), nn.Tanh()]) for _ in range(3))
+    with offload(
+        model, policy="offload_all", store=HostStore(), min_bytes=0, keep_last=0, layers=list(model.blocks)
+    ) as s:
+        model(torch.randn(5, 40)).backward()
+    assert s.stats.total.offloaded_tensors > 0
 
 
 class OldStyleCheckpointedBlock(nn.Module):

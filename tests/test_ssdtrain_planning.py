@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from torch import nn
 
 from harness.errors import UserError
 from systems.ssdtrain import HostStore, planning
@@ -680,3 +681,17 @@ def test_a_compiled_block_s_writes_start_when_its_forward_ends_not_as_it_runs():
         on_time, late = (planning.predict(p, decisions, 2e9, 4.0, prefetch=1) for p in (eager, compiled))
         assert on_time.predicted_activation_bytes == 10
         assert late.predicted_activation_bytes == left + 10
+
+
+def test_only_compiled_blocks_are_profiled_as_saving_when_they_end():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(16, 16), nn.Tanh()), nn.Sequential(nn.Linear(16, 16), nn.Tanh()), nn.Linear(16, 1)
+    )
+    model[0].compile(backend="eager")  # the first block compiled, the second eager
+    x = torch.randn(4, 16)
+    layers = [model[0], model[1]]
+    profiles, _, _ = planning.profile(model, layers, lambda: model(x).sum().backward(), "cpu")
+    assert [p.saved_at_end for p in profiles] == [True, False]
+    profiles, _, _ = planning.profile(model, layers, lambda: model(x).sum().backward(), "cpu", compiled=True)
+    assert [p.saved_at_end for p in profiles] == [True, True]

@@ -130,14 +130,24 @@ class StepHook:
     """A hook that a ``with`` block (an Offloader, offload()) puts on the model's modules while it
     runs. ``copy.deepcopy(model)`` or ``torch.save(model)`` inside the block (keeping the best model,
     starting an EMA) copies the modules' hooks with them: the copy gets one that does nothing, as it is
-    not the model the block covers (and the offloader, with its locks and threads, cannot be copied)."""
+    not the model the block covers (and the offloader, with its locks and threads, cannot be copied).
 
-    __slots__ = ("func",)
+    It acts on the thread that made it (the one that entered the block) and in backward, wherever
+    autograd runs that: a forward another thread runs meanwhile (a monitoring thread's evaluation
+    under no_grad) passes untouched, as torch's saved-tensor hooks, kept per thread, pass it too."""
+
+    __slots__ = ("func", "thread", "passed")
 
     def __init__(self, func: Callable):
         self.func = func
+        self.thread = threading.get_ident()
+        self.passed = False  # whether another thread's forward called it (and it did nothing)
 
     def __call__(self, *args, **kwargs):
+        # (Traced by dynamo, as inside a compiled region, it runs as it is: a thread id is no graph value.)
+        if not torch.compiler.is_compiling() and threading.get_ident() != self.thread and not in_backward():
+            self.passed = True
+            return None  # another thread's forward: no hook of the block's applies to it
         return self.func(*args, **kwargs)
 
     def __reduce__(self):  # deepcopy and pickle alike
@@ -253,9 +263,9 @@ class Offloader:
         self.backward_listeners: list[Callable[[int | None], None]] = []
         self._active = False
         self._order_warned = False  # whether the layers were found out of forward order (once)
-        # Whether a block was ever entered inside a torch.utils.checkpoint its caller runs (not one
-        # this offloader wraps): the checkpoint's hooks then take what the block saves, not this one's.
-        self.inside_callers_checkpoint = False
+        # The blocks ever entered inside a torch.utils.checkpoint their caller runs (not one this
+        # offloader wraps): the checkpoint's hooks then take what they save, not this offloader's.
+        self.checkpointed_by_caller: set[int] = set()
 
     # -- a step --------------------------------------------------------------------------------
     def __enter__(self) -> Offloader:
@@ -289,8 +299,10 @@ class Offloader:
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self._parameter_storages = {StorageWeakRef(t.untyped_storage()).cdata for t in tensors}
         self._module_hooks = []
+        self._entry_hooks: list[StepHook] = []  # the blocks' forward pre-hooks (whether another thread ran them)
         for index, layer in enumerate(self.layers):
             enter = StepHook(functools.partial(self._enter_layer, index))
+            self._entry_hooks.append(enter)
             self._module_hooks.append(layer.register_forward_pre_hook(enter))
             self._module_hooks.append(layer.register_forward_hook(StepHook(self._leave_layer)))
         self._checkpoint_funcs = self._attribute_library_checkpoints()
@@ -314,6 +326,12 @@ class Offloader:
         self.stats.prefetched_loads, self.stats.demand_loads = self.cache.prefetched_loads, self.cache.demand_loads
         if exc_type is None and self.cache.error is not None:
             raise self.cache.error
+        if exc_type is None and not self._ran_with_grad and any(hook.passed for hook in self._entry_hooks):
+            # Saved-tensor hooks are per thread: a forward on another thread saved nothing through them.
+            warn(
+                "SSDTrain: the blocks ran on another thread than the one that entered this offload() block, "
+                "and nothing was offloaded or planned there: enter offload() on the thread that runs forward"
+            )
         if (
             exc_type is None
             and self._ran_with_grad
@@ -353,7 +371,7 @@ class Offloader:
             self._offloads_a_layer = False
             self._backward_since_forward = False
         if self._layer != index and torch.is_grad_enabled() and not in_backward() and inside_a_checkpoint():
-            self.inside_callers_checkpoint = True
+            self.checkpointed_by_caller.add(index)
         self._layer = index
         self._ran_with_grad = self._ran_with_grad or torch.is_grad_enabled()
         if not in_backward():
@@ -530,7 +548,7 @@ class Offloader:
         saved = [self.stats.layers[i] for i in offloading if i in self.stats.layers]
         weights = [p for i in offloading for p in self.layers[i].parameters()]
         largest = max(self.stats.largest.get(i, 0) for i in offloading)
-        if self.inside_callers_checkpoint:
+        if all(i in self.checkpointed_by_caller for i in offloading):
             why = CALLERS_CHECKPOINT
         elif any(s.packed_tensors for s in saved):
             why = {

@@ -97,7 +97,7 @@ from systems.ssdtrain.recompute import checkpointed
 from systems.ssdtrain.stats import BELOW_MIN_BYTES, EMPTY, NOT_STORABLE, StepStats, why_nothing_moved
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.stores.host import HostStore
-from systems.ssdtrain.user_compiled import as_called, holds_compiled_code
+from systems.ssdtrain.user_compiled import as_called, holds_compiled_code, runs_compiled
 
 NAMED = ("keep", "recompute", "save_on_cpu", "offload_all", "offload_adaptive", "planner")
 PLANNED = ("offload_adaptive", "planner")
@@ -414,11 +414,19 @@ class Offloading:
         return ran and not self.offloader.stats.total.packed_tensors
 
     def _make_plan(self, timer: planning.LayerTimer, stats: StepStats, peaks: planning.PeakTrace | None) -> None:
-        if self.offloader.inside_callers_checkpoint:  # the profile saw none of the blocks' bytes
+        # What blocks run inside their caller's checkpoint save is the checkpoint's: none profiled.
+        ran = [i for i in range(len(self.layers)) if timer.ran(i)]
+        checkpointed = sorted(self.offloader.checkpointed_by_caller)
+        if ran and all(i in checkpointed for i in ran):
             raise UserError(f"SSDTrain {_name(self.policy)} cannot plan: {CALLERS_CHECKPOINT}")
+        if checkpointed:
+            warn(
+                f"SSDTrain {_name(self.policy)}: blocks {', '.join(map(str, checkpointed))} ran inside a "
+                "torch.utils.checkpoint their caller runs, which holds what they save: the plan leaves them to it"
+            )
         # Blocks the user compiled hand their saved tensors over as they end.
-        compiled = any(holds_compiled_code(layer) for layer in self.layers)
-        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), peaks, saved_at_end=compiled)
+        at_end = [runs_compiled(layer) for layer in self.layers]
+        profiles, fixed = planning.profiles_of(stats, timer, len(self.layers), peaks, saved_at_end=at_end)
         packed = any(stats.layers[i].packed_tensors for i in range(len(profiles)) if i in stats.layers)
         if packed and not any(p.movable_bytes for p in profiles):  # nothing offloading could move
             largest = max((stats.largest.get(i, 0) for i in range(len(profiles))), default=0)
@@ -618,7 +626,14 @@ def _blocks(model: nn.Module, layers) -> list[nn.Module]:
     if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
         raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
     # A container without a forward of its own is never called, so its hooks would never run.
-    container = next((layer for layer in layers if isinstance(layer, nn.ModuleList | nn.ModuleDict)), None)
+    container = next(
+        (
+            layer
+            for layer in layers
+            if isinstance(layer, nn.ModuleList | nn.ModuleDict) and type(layer).forward is nn.Module.forward
+        ),
+        None,
+    )
     if container is not None:
         raise UserError(
             f"layers lists a {type(container).__name__}, which has no forward of its own and is never called: "

@@ -57,7 +57,7 @@ import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -70,7 +70,7 @@ from systems.ssdtrain.engine import Offloader, StepHook, has_storage_identity
 from systems.ssdtrain.recompute import tensors_in
 from systems.ssdtrain.stores import StoreCorrupted
 from systems.ssdtrain.stores.host import HostStore
-from systems.ssdtrain.user_compiled import holds_compiled_code
+from systems.ssdtrain.user_compiled import runs_compiled
 
 KEEP, OFFLOAD, RECOMPUTE = "keep", "offload", "recompute"
 DECISIONS = (KEEP, OFFLOAD, RECOMPUTE)  # for any layer; a compiled one may also take a profiled budget
@@ -722,7 +722,7 @@ class CudaMeter:
 
 
 def profiles_of(
-    stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = None, saved_at_end: bool = False
+    stats, timer: LayerTimer, count: int, peaks: PeakTrace | None = None, saved_at_end: Sequence[bool] = ()
 ) -> tuple[list[LayerProfile], int]:
     """The ``count`` layers' profiles from one step's ``StepStats`` (under an Offloader that keeps
     everything), its ``LayerTimer`` and its ``PeakTrace`` (where one measured the step), and the
@@ -762,7 +762,7 @@ def profiles_of(
                 head_peak,
                 unoffloadable,
                 packs=layer is not None and layer.packed_tensors > 0,
-                saved_at_end=saved_at_end,
+                saved_at_end=i < len(saved_at_end) and saved_at_end[i],
             )
         )
     outside = stats.layers.get(None)
@@ -809,9 +809,11 @@ def profiles_of_record(record: dict) -> list[LayerProfile]:
     at_budgets = {
         float(key.removeprefix("at_budget_")): at for key, at in record.items() if key.startswith("at_budget_")
     }
+    # older records' budgets: nothing below min_bytes
+    unoffloadable_at = {budget: at.get("unoffloadable_bytes") or [0] * n for budget, at in at_budgets.items()}
     alternatives = [
         tuple(
-            Alternative(budget, at["saved_bytes"][i], at["extra_seconds"][i], at["unoffloadable_bytes"][i])
+            Alternative(budget, at["saved_bytes"][i], at["extra_seconds"][i], unoffloadable_at[budget][i])
             for budget, at in sorted(at_budgets.items())
         )
         for i in range(n)
@@ -862,9 +864,10 @@ def profile(
     (policies/_compiled.py). The layer hooks and the saved-tensor hooks stay outside the compiled
     code, so the profile is then of the compiled blocks: what their compiled forwards save for
     backward (AOTAutograd's choice, not eager autograd's) and how long they run; the warm-up step
-    compiles them. ``compiled``: the blocks run compiled within it (blocks the user compiled are
-    found as such): their saved tensors reach the hooks when each block's forward ends, and the
-    plans' writes start no sooner (:attr:`LayerProfile.saved_at_end`).
+    compiles them. ``compiled``: the blocks run compiled within it (a block the user compiled
+    is found as such): their saved tensors reach the hooks
+    when each block's forward ends, and the plans' writes start no sooner
+    (:attr:`LayerProfile.saved_at_end`).
 
     On a CUDA device the measured step also traces the allocator's peak per layer above what was
     allocated when the model's forward started (:class:`PeakTrace`, which resets the device's peak
@@ -891,8 +894,8 @@ def profile(
                 peaks.stop()
             _synchronize(device)
             seconds = timing.elapsed(started, stopped)
-        compiled = compiled or any(holds_compiled_code(layer) for layer in layers)
-        profiles, outside = profiles_of(counter.stats, timer, len(layers), peaks, saved_at_end=compiled)
+        at_end = [compiled or runs_compiled(layer) for layer in layers]
+        profiles, outside = profiles_of(counter.stats, timer, len(layers), peaks, saved_at_end=at_end)
     finally:
         timer.remove()
         if peaks is not None:

@@ -126,15 +126,18 @@ def _compile_context(compiled: Callable):
 def holds_compiled_code(layer: nn.Module) -> bool:
     """Whether ``layer`` runs code ``torch.compile`` made (it or a module in it compiled): its first
     forward compiles, so it is no measure of its later ones."""
-    for module in layer.modules():
-        forward = vars(module).get("forward")
-        if (
-            is_compiled_wrapper(module)
-            or vars(module).get("_compiled_call_impl") is not None
-            or getattr(forward, "_torchdynamo_orig_callable", None) is not None
-        ):
-            return True
-    return False
+    return any(runs_compiled(module) for module in layer.modules())
+
+
+def runs_compiled(module: nn.Module) -> bool:
+    """Whether ``module`` itself is compiled (its forward, its call, or it wrapped): what its whole
+    forward saves for backward reaches the saved-tensor hooks when that forward returns."""
+    forward = vars(module).get("forward")
+    return (
+        is_compiled_wrapper(module)
+        or vars(module).get("_compiled_call_impl") is not None
+        or getattr(forward, "_torchdynamo_orig_callable", None) is not None
+    )
 
 
 TRACED = f"SSDTrain: a block's hooks ran inside the graph of a model compiled as a whole; {COMPILE_BLOCKS}"
