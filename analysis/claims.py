@@ -214,9 +214,12 @@ def _best(medians: pd.DataFrame, lower: bool) -> pd.Series:
 
 
 def _sweep_best(medians: pd.DataFrame, per: list[str], lower: bool) -> pd.DataFrame:
-    """Each variant's best median over the swept column, per group."""
+    """Each variant's best median over the swept column, per group, with how many values of the
+    column it was measured at (``swept``: 1 says that its best is no choice at all)."""
     order = medians.sort_values("median", ascending=lower)
-    return order.drop_duplicates([*per, "variant"]).reset_index(drop=True)
+    best = order.drop_duplicates([*per, "variant"]).reset_index(drop=True)
+    counts = medians.groupby([*per, "variant"], dropna=False).size().rename("swept").reset_index()
+    return best.merge(counts, on=[*per, "variant"], how="left")
 
 
 @dataclass
@@ -227,6 +230,7 @@ class GroupRatio:
     guard: float | None = None
     variants: frozenset = frozenset()  # every variant of either side that the group measured
     competitors: frozenset = frozenset()  # the baseline side's variants with any row in the group (a failure too)
+    unswept: tuple = ()  # of the two variants compared, those measured at one value of best_over only
 
 
 def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
@@ -253,6 +257,7 @@ def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
             best_base.variant,
             variants=frozenset(num.variant) | frozenset(base.variant),
             competitors=tried.get(key, frozenset()),
+            unswept=tuple(b.variant for b in (best_num, best_base) if b.get("swept", 2) == 1),
         )
         if guard:
             g = guard_medians
@@ -379,6 +384,12 @@ def _aggregate(groups: list[tuple], measure: dict) -> float:
     return min(shown) if _higher_is_better(measure) else max(shown)
 
 
+def _extreme_group(groups: list[tuple], measure: dict) -> tuple:
+    """The key of the group at which a max or min aggregate is reached."""
+    pick = max if measure["aggregate"] == "max" else min
+    return pick(groups, key=lambda item: _show(item[1].ratio, measure))[0]
+
+
 def _spread(values: list[float], shown: str) -> str:
     if len(values) < 2:
         return "one process"
@@ -411,6 +422,13 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
         elif len({g.baseline for g in committed.values()}) > 1:
             text += f"; baselines picked: {', '.join(sorted({g.baseline for g in committed.values()}))}"
     text += f"; {_spread(list(per_process.values()), shown)}{left_out}"
+    if how in ("max", "min") and len(values) > 1:
+        where = {_group_label(measure["per"], _extreme_group(groups, measure)) for groups in values.values()}
+        if len(where) > 1:  # the range is then no one group's spread over the processes
+            text += f" (each process's {how} at another group: {'; '.join(sorted(where))})"
+    unswept = sorted({v for g in committed.values() for v in g.unswept})
+    if unswept:  # "each at its fastest" read from runs that timed one value: say what was compared
+        text += f" ({', '.join(unswept)} measured at one {measure['best_over']} only: not a best over a sweep)"
     if measure.get("requires_baseline_oom") and not baseline_oom:
         return Outcome(
             NOT_MEASURED,
@@ -471,13 +489,16 @@ def _verdict_of(grades: dict[str, str], verdict: dict, higher: bool, shown: str)
     n = len(grades)
     sign = "≥" if higher else "≤"
     holds, partly = _format_threshold(verdict["holds"], shown), _format_threshold(verdict["partly"], shown)
+
+    # A verdict from one process says so: one run cannot show that it survives a re-run.
+    def within(short: int) -> str:
+        return f" (in {short} of {n} processes)" if n > 1 else " (one process)"
+
     if worst == HOLDS:
-        return HOLDS, f"{sign} {holds}" + (f" in every one of {n} processes" if n > 1 else "")
+        return HOLDS, f"{sign} {holds}" + (f" in every one of {n} processes" if n > 1 else " (one process)")
     if worst == PARTLY:
-        short = sum(g != HOLDS for g in grades.values())
-        return PARTLY, f"{sign} {partly} but not {sign} {holds}" + (f" (in {short} of {n} processes)" if n > 1 else "")
-    short = sum(g == FAILS for g in grades.values())
-    return FAILS, f"not {sign} {partly}" + (f" (in {short} of {n} processes)" if n > 1 else "")
+        return PARTLY, f"{sign} {partly} but not {sign} {holds}" + within(sum(g != HOLDS for g in grades.values()))
+    return FAILS, f"not {sign} {partly}" + within(sum(g == FAILS for g in grades.values()))
 
 
 def _evaluate_no_oom(rows_by_process: dict, measure: dict, verdict: dict) -> Outcome:
