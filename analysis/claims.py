@@ -417,7 +417,8 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
     else:
         text = f"{_format(head, shown)} ({how} over {len(committed)} group{'s' * (len(committed) > 1)})"
         if how in ("max", "min"):
-            key, g = next((k, g) for k, g in committed.items() if _show(g.ratio, measure) == head)
+            key = _extreme_group(list(committed.items()), measure)
+            g = committed[key]
             text += f", at {_group_label(measure['per'], key)}: {g.numerator} vs {g.baseline}"
         elif len({g.baseline for g in committed.values()}) > 1:
             text += f"; baselines picked: {', '.join(sorted({g.baseline for g in committed.values()}))}"
@@ -490,12 +491,13 @@ def _verdict_of(grades: dict[str, str], verdict: dict, higher: bool, shown: str)
     sign = "≥" if higher else "≤"
     holds, partly = _format_threshold(verdict["holds"], shown), _format_threshold(verdict["partly"], shown)
 
-    # A verdict from one process says so: one run cannot show that it survives a re-run.
+    alone = " (one process)"  # a verdict from one run says so: it cannot show that it survives a re-run
+
     def within(short: int) -> str:
-        return f" (in {short} of {n} processes)" if n > 1 else " (one process)"
+        return f" (in {short} of {n} processes)" if n > 1 else alone
 
     if worst == HOLDS:
-        return HOLDS, f"{sign} {holds}" + (f" in every one of {n} processes" if n > 1 else " (one process)")
+        return HOLDS, f"{sign} {holds}" + (f" in every one of {n} processes" if n > 1 else alone)
     if worst == PARTLY:
         return PARTLY, f"{sign} {partly} but not {sign} {holds}" + within(sum(g != HOLDS for g in grades.values()))
     return FAILS, f"not {sign} {partly}" + within(sum(g == FAILS for g in grades.values()))
