@@ -240,6 +240,22 @@ def test_a_graph_built_under_inference_mode_trains_and_refuses_an_edit_made_ther
 
 
 @pytest.mark.parametrize("layer, name", spread(CASES))
+def test_a_layer_built_under_inference_mode_trains_like_one_built_outside_it(layer, name):
+    """A layer made while evaluating (inside torch.inference_mode) and trained afterwards: the
+    index tensors a form prepares when built are saved for backward, so they must be ordinary
+    tensors, and its gradients are those of the same layer built outside inference mode."""
+    graph = random_graph(12, 3, 40, seed=2)
+    weights = MODELS[layer].make_weights(graph, 8, 8, seed=1)
+    with torch.inference_mode():
+        evaluated = build(layer, name, weights, graph)
+    plain = build(layer, name, weights, graph)
+    x = torch.randn(12, 8, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    grads = [torch.autograd.grad(call(x).square().sum(), [x, *weights.parameters()]) for call in (evaluated, plain)]
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layer, name", spread(CASES))
 def test_features_that_are_not_a_tensor_are_refused_in_one_line(layer, name):
     graph = random_graph(12, 3, 40, seed=2)
     call = build(layer, name, MODELS[layer].make_weights(graph, 8, 8, seed=1), graph)

@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from harness.errors import UserError
 from harness.registry import Entry, Registry
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
     from systems.relgraph.graph import RelGraph
@@ -108,7 +109,10 @@ class Form(Entry):
         """``model``'s layer in this form over ``graph``, computing with ``weights``; a model the
         form does not compute is refused in one line naming the model's forms."""
         self._check_supports(model)
-        return self._build(model, weights, graph)
+        # A layer built while evaluating (under inference mode) may be trained later: the index
+        # tensors it prepares are saved for backward, which inference tensors cannot be.
+        with torch.inference_mode(False):
+            return self._build(model, weights, graph)
 
     def _build(self, model: Model, weights: nn.Module, graph: RelGraph) -> Layer:
         """The layer, ``model`` being one this form computes (what a subclass overrides)."""
