@@ -263,6 +263,60 @@ def test_threads_sharing_a_sampler_get_what_one_thread_gets(graph, native_kernel
         assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
 
 
+class _Interrupted(KeyboardInterrupt):
+    """Ctrl-C as Python delivers it: between two statements, here right after a hop's kernel."""
+
+
+@pytest.mark.parametrize(
+    "native_kernel, interrupted_hop", [(True, 0), (True, 1), (False, 1)], ids=["native-0", "native-1", "slots-1"]
+)
+def test_a_batch_interrupted_during_a_hop_leaves_the_next_batches_as_they_were(
+    graph, monkeypatch, native_kernel, interrupted_hop
+):
+    """A KeyboardInterrupt that lands during a hop: in the C++ path right after the kernel marked
+    the hop's new nodes in the id map, before they were listed (where a Ctrl-C during sampling
+    almost always lands: the kernel holds the signal back until it returns); in the slot path as
+    the hop draws. The next batches are those of a fresh sampler, not renumbered by marks left behind."""
+    import systems.sampling.sampler as sampler_module
+
+    indptr, indices = graph
+    seeds = torch.randperm(indptr.numel() - 1, generator=torch.Generator().manual_seed(8))[:300]
+    probe = seeds[:40]
+    want = NeighborSampler(indptr, indices, [10, 5], seed=3).sample(probe, 7, native_kernel=native_kernel)
+    sampler = NeighborSampler(indptr, indices, [10, 5], seed=3)
+    hops = []
+    if native_kernel:
+        real = sampler_module.cpu_kernels()
+
+        class Kernels:
+            reset_positions = real.reset_positions
+
+            @staticmethod
+            def sample_hop(*args):
+                hops.append(real.sample_hop(*args))
+                if len(hops) > interrupted_hop:
+                    raise _Interrupted
+                return hops[-1]
+
+        monkeypatch.setattr(sampler_module, "cpu_kernels", lambda: Kernels)
+    else:
+        real_slots = sampler_module.sample_into_slots
+
+        def sample_into_slots(*args, **kwargs):
+            hops.append(None)
+            if len(hops) > interrupted_hop:
+                raise _Interrupted
+            return real_slots(*args, **kwargs)
+
+        monkeypatch.setattr(sampler_module, "sample_into_slots", sample_into_slots)
+    with pytest.raises(_Interrupted):
+        sampler.sample(seeds, 1, native_kernel=native_kernel)
+    assert len(hops) == interrupted_hop + 1 and (sampler.position == -1).all()
+    monkeypatch.undo()
+    got = sampler.sample(probe, 7, native_kernel=native_kernel)
+    assert torch.equal(got.n_id, want.n_id) and torch.equal(got.edge_index, want.edge_index)
+
+
 def test_no_two_batches_or_hops_share_their_draws(graph):
     """The draws of (seed, batch, hop) are hashed together: a packing such as seed * P + batch
     gave batch P of one seed the draws of batch 0 of the next, and hop 16 the next batch's hop 0."""

@@ -134,7 +134,11 @@ class NeighborSampler:
         """The calling thread's id map: global id -> local id of the batch it is building (-1: not
         in it), reset after each batch. One per thread, made at its first batch, so that threads
         sharing a sampler (a prefetch thread beside the training loop) never renumber each other's
-        nodes. One more entry, for the id ``num_nodes`` that marks an unused slot on the GPU path."""
+        nodes. One more entry, for the id ``num_nodes`` that marks an unused slot on the GPU path.
+        A batch cut short (an error, or Ctrl-C: Python raises KeyboardInterrupt between two
+        statements, so right after a hop marked its new nodes and before they were listed) clears
+        the whole map: the ids listed so far may not cover every mark, and a mark left behind would
+        renumber the next batches silently."""
         mine = self._per_thread
         if getattr(mine, "position", None) is None:
             mine.position = torch.full((self.num_nodes + 1,), -1, dtype=torch.int64, device=self.device)
@@ -263,6 +267,9 @@ class NeighborSampler:
                 edges_per_hop.append(sampled)
                 nodes, edges = nodes + added, edges + sampled
                 frontier, frontier_size = next_frontier[:next_room], added
+        except BaseException:
+            position.fill_(-1)  # the whole map: see position
+            raise
         finally:
             position.index_fill_(0, n_id, -1)  # the id map is clean for the next batch, also after an error
             self._reset_done()
@@ -284,10 +291,10 @@ class NeighborSampler:
         check_arguments(self.indptr, self.indices, seeds, max(self.fanouts), 0)
         position = self.position
         n_ids, sources, targets = [seeds], [], []
-        position[seeds] = torch.arange(seeds.numel())
         total, frontier = seeds.numel(), seeds
         num_nodes, num_edges = [seeds.numel()], []
         try:
+            position[seeds] = torch.arange(seeds.numel())
             for hop, fanout in enumerate(self.fanouts):
                 room = frontier.numel() * fanout
                 counts = torch.empty(frontier.numel(), dtype=torch.int64)
@@ -323,6 +330,9 @@ class NeighborSampler:
                 total += new.numel()
                 frontier = new
             n_id = torch.cat(n_ids)
+        except BaseException:
+            position.fill_(-1)  # the whole map: see position
+            raise
         finally:
             for ids in n_ids:
                 kernels.reset_positions(p(position), p(ids), ids.numel())
