@@ -146,6 +146,40 @@ def test_a_worker_killed_mid_epoch_is_reported_as_a_dead_worker(arrays):
         pipeline.close()
 
 
+def test_a_worker_that_dies_while_the_workers_are_stopped_leaves_a_pipeline_that_trains(arrays, monkeypatch):
+    """An epoch left early stops the workers; one of them dying meanwhile (killed for memory) makes
+    torch's shutdown raise from its SIGCHLD handler, after it has ended every worker. That is said
+    in one warning, and the next epoch gets new workers (the old loader's cannot be restarted)."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as Iterator
+
+    shutdown = Iterator._shutdown_workers
+    raised = []
+
+    def a_worker_dies_in_the_join(self):
+        shutdown(self)
+        if not raised:
+            raised.append(True)
+            raise RuntimeError("DataLoader worker (pid 4242) exited unexpectedly with exit code 137.\nmore")
+
+    monkeypatch.setattr(Iterator, "_shutdown_workers", a_worker_dies_in_the_join)
+    pipeline = Pipeline("cpu_gather_workers", Graph(arrays, "cpu"), [5], 97, seed=1, sampler_workers=2)
+    try:
+        batches = pipeline.batches(0)
+        next(batches)
+        pids = pipeline.worker_pids()
+        with pytest.warns(UserWarning) as warned:
+            batches.close()  # left early: the workers are stopped
+        assert raised and alive(pids) == []
+        assert [str(w.message) for w in warned] == [
+            "cpu_gather_workers: RuntimeError: DataLoader worker (pid 4242) exited unexpectedly with exit code 137."
+            " (while its workers were being stopped)"
+        ]
+        assert len(list(pipeline.batches(1))) == len(pipeline.seeds(1))
+        assert len(list(pipeline.batches(2))) == len(pipeline.seeds(2))
+    finally:
+        pipeline.close()
+
+
 def test_an_interrupt_in_training_stops_every_worker(arrays):
     graph = Graph(arrays, "cpu")
     model = build("sage", graph.features.shape[1], 16, int(graph.labels.max()) + 1, 1, [5])

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -616,9 +617,16 @@ class Pipeline:
         """Stop the loader workers now (not when the loader is garbage-collected): after an error
         or an epoch left unfinished. The next epoch starts new ones."""
         iterator = getattr(self._loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
-        self._loader = self._make_loader() if self._loader is not None else None
+        try:
+            if iterator is not None:
+                iterator._shutdown_workers()
+        except RuntimeError as error:
+            # A worker that died while being stopped (torch's SIGCHLD handler raises in the join;
+            # its shutdown still ends every worker): what was asked is done, so say it and go on.
+            warnings.warn(f"{self.name}: {_worker_error(error)} (while its workers were being stopped)", stacklevel=2)
+        finally:
+            # A new loader either way: the old one's workers cannot be restarted.
+            self._loader = self._make_loader() if self._loader is not None else None
 
     def close(self) -> None:
         """Stop the sampling workers and let go of what the pipeline keeps in GPU memory."""
