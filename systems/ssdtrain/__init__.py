@@ -21,8 +21,9 @@ policy of the registry the comparison runs (the same step, counted)::
 hooks, prefetch), ``cache.py`` the deduplicating tensor cache, ``stores/`` the stores and their
 registry ``STORES``, ``policies/`` the policies a comparison runs and their registry
 ``POLICIES``, ``planning.py`` the cost model and plans, ``recompute.py`` recomputed blocks,
-``layers.py`` finding a model's blocks, ``user_compiled.py`` blocks the user compiled with
-``torch.compile``, ``fileio.py`` O_DIRECT files, ``streams.py`` the GPU copy ordering,
+``layers.py`` finding a model's blocks, ``blocks.py`` checking those given, ``user_compiled.py``
+blocks the user compiled with ``torch.compile``, ``fileio.py`` O_DIRECT files, ``streams.py`` the
+GPU copy ordering,
 ``stats.py`` the per-step bookkeeping.
 """
 

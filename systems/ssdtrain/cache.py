@@ -245,7 +245,10 @@ class TensorCache:
                 entry.put.result()
                 self._written(entry, entry.put)  # its callback may still be on its way
 
-    def unpack(self, handle: Handle) -> torch.Tensor:
+    def unpack(self, handle: Handle, *, for_backward: bool = True) -> torch.Tensor:
+        """The tensor ``handle`` stands for, from memory while its put has not ended, else read
+        back. ``for_backward=False``: a read before the step's backward (a backward run inside a
+        block's forward), which neither keeps the tensor in memory for later nor keeps what it read."""
         entry = handle.entry
         self._written_before_use([entry])
         with self._lock:
@@ -258,11 +261,15 @@ class TensorCache:
                 )
             if entry.source is not None and entry.source._version != entry.version:
                 raise modified_error(entry.version, entry.source._version)
-            entry.wanted = True  # if still in memory (forwarding: its put has not ended), it stays
             memory, reading = entry.memory, None
-            if memory is None:
-                self.demand_loads += entry.load is None
-                reading, memory = self._start_load(entry)
+            if for_backward:
+                entry.wanted = True  # if still in memory (forwarding: its put has not ended), it stays
+                if memory is None:
+                    self.demand_loads += entry.load is None
+                    reading, memory = self._start_load(entry)
+            elif memory is None:
+                memory = torch.empty(entry.nbytes, dtype=torch.uint8, device=entry.device)
+                reading = self.store.get(entry.store_key, memory)
         if reading is not None:
             reading.result()  # raises the store's error, if any
         return handle.view_of(memory)

@@ -68,12 +68,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from harness.arguments import whole_number
 from harness.errors import UserError
 from systems.ssdtrain._warn import warn
+from systems.ssdtrain.blocks import checked_blocks
 from systems.ssdtrain.cache import TensorCache, modified_error, offload_key
-from systems.ssdtrain.layers import block_name, find_layers, refuse_lazy
+from systems.ssdtrain.layers import block_name, refuse_lazy
 from systems.ssdtrain.stats import BELOW_MIN_BYTES, EMPTY, NOT_STORABLE, StepStats, why_nothing_moved
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.user_compiled import (
-    as_called,
     hooks_outside_compiled,
     refuse_compiled_around,
     refuse_if_traced,
@@ -253,7 +253,7 @@ class Offloader:
         refuse_lazy(model)  # its parameters' storages must be known when a step starts
         self.model, self.store, self.decide = model, store, policy
         self.min_bytes, self.keep_last, self.prefetch = map(whole_number, (min_bytes, keep_last, prefetch))
-        self.layers = as_called(model, layers) if layers is not None else find_layers(model)
+        self.layers = checked_blocks(model, layers)
         refuse_compiled_around(model, self.layers)
         self.cache = TensorCache(store, always_read_back=always_read_back)
         self.stats = StepStats()
@@ -286,6 +286,7 @@ class Offloader:
         self.cache.start_step()
         self._counters_at_start = self.store.counters
         self._layer: int | None = None  # the layer running forward now
+        self._layer_in_forward = False  # whether it was entered by a forward (not recomputed in backward)
         self._decisions: dict[int, str] = {}  # this forward's decision per layer
         self._last_entered = -1  # the block forward entered last (its order is checked against the list's)
         self._offloads_a_layer = False  # whether one of this forward's decisions is to offload
@@ -295,9 +296,7 @@ class Offloader:
         self.backwards = 0  # the backward passes this step has run so far
         self._offloading_checked = False  # whether the first offloading forward's offloading was checked
         self._ran_with_grad = False  # whether a block ran where autograd saves tensors
-        # A parameter's storage lives as long as the model, so its address identifies it all step.
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        self._parameter_storages = {StorageWeakRef(t.untyped_storage()).cdata for t in tensors}
+        self._parameter_storages = self._storages_of_the_model()
         self._module_hooks = []
         self._entry_hooks: list[StepHook] = []  # the blocks' forward pre-hooks (whether another thread ran them)
         for index, layer in enumerate(self.layers):
@@ -372,7 +371,7 @@ class Offloader:
             self._backward_since_forward = False
         if self._layer != index and torch.is_grad_enabled() and not in_backward() and inside_a_checkpoint():
             self.checkpointed_by_caller.add(index)
-        self._layer = index
+        self._layer, self._layer_in_forward = index, not in_backward()
         self._ran_with_grad = self._ran_with_grad or torch.is_grad_enabled()
         if not in_backward():
             # Against the block entered just before, not every block so far: a forward that skips
@@ -407,7 +406,7 @@ class Offloader:
         )
 
     def _leave_layer(self, module, args, output) -> None:
-        self._layer = None
+        self._layer, self._layer_in_forward = None, False
         self.cache.start_deferred()
 
     def _attribute_library_checkpoints(self) -> list[tuple[nn.Module, Callable]]:
@@ -438,12 +437,12 @@ class Offloader:
 
         @functools.wraps(function)
         def run(*args, **kwargs):
-            outer = self._layer
+            outer = self._layer, self._layer_in_forward
             self._enter_layer(index, layer, args)
             try:
                 return function(*args, **kwargs)
             finally:
-                self._layer = outer
+                self._layer, self._layer_in_forward = outer
                 self.cache.start_deferred()
 
         return run
@@ -461,7 +460,7 @@ class Offloader:
             raise self.cache.error  # a failed put: stop the step now rather than at its end
         layer = self._layer
         key = offload_key(tensor) if has_storage_identity(tensor) else None
-        parameter = key is not None and (key[0].impl in self._parameter_storages or self._is_parameter_cast(tensor))
+        parameter = key is not None and self._is_parameter(tensor, key[0].impl)
         offload = (
             key is not None
             and not parameter
@@ -485,20 +484,46 @@ class Offloader:
         self.stats.record(tensor, layer, key, offloaded=new)
         return handle
 
-    def _is_parameter_cast(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` is (a view of) a copy of one of the model's parameters in another dtype
-        or device: autocast's cast of a weight (see the module)."""
+    def _storages_of_the_model(self) -> dict[int, StorageWeakRef]:
+        # The parameters' and buffers' storages by address. The weak references are kept: while one
+        # is held, no new storage can take the address of one freed (a parameter replaced), which
+        # would then pass for a parameter.
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return {ref.cdata: ref for ref in (StorageWeakRef(t.untyped_storage()) for t in tensors)}
+
+    def _is_parameter(self, tensor: torch.Tensor, storage: int) -> bool:
+        """Whether ``tensor`` (of ``storage``) is one of the model's parameters or buffers, or
+        autocast's cast of a parameter (see the module). A leaf that requires grad, or a cast of one,
+        whose storage is not among those known makes the engine list the model's again: a parameter
+        replaced inside a long ``with`` block (``model.to(torch.float64)``, ``load_state_dict(assign=True)``)."""
+        leaf = tensor if tensor.is_leaf and tensor.requires_grad else self._cast_source(tensor)
+        if leaf is None:
+            return storage in self._parameter_storages
+        leaf_storage = StorageWeakRef(leaf.untyped_storage()).cdata
+        if leaf_storage not in self._parameter_storages:
+            self._parameter_storages = self._storages_of_the_model()
+        return leaf_storage in self._parameter_storages
+
+    @staticmethod
+    def _cast_source(tensor: torch.Tensor) -> torch.Tensor | None:
+        """The leaf ``tensor`` (or the tensor it views) is a copy of in another dtype or device, as
+        autocast casts a weight; None if it is not such a copy."""
         base = tensor._base if tensor._is_view() else tensor
         node = base.grad_fn
         if node is None or type(node).__name__ != "ToCopyBackward0" or not node.next_functions:
-            return False
-        source = node.next_functions[0][0]
-        variable = getattr(source, "variable", None)  # an AccumulateGrad holds its leaf
-        return variable is not None and StorageWeakRef(variable.untyped_storage()).cdata in self._parameter_storages
+            return None
+        return getattr(node.next_functions[0][0], "variable", None)  # an AccumulateGrad holds its leaf
 
     def _unpack(self, packed) -> torch.Tensor:
         if isinstance(packed, _Foreign):
             return packed.owner._unpack(packed.packed)
+        if not in_backward() or (self._layer is not None and self._layer_in_forward):
+            # Not the step's backward: a saved tensor read outside any backward (grad_fn._saved_*),
+            # or a backward run inside a block's forward (torch.autograd.grad there: forces as the
+            # gradient of an energy, a PINN's derivatives). It neither prefetches nor counts as a
+            # backward: a planned policy would plan from half a forward, and the next block would
+            # start a new micro-batch.
+            return packed.unpack() if isinstance(packed, _Kept) else self.cache.unpack(packed, for_backward=False)
         self.cache.start_deferred()  # a block that never returned (its forward hook did not run)
         # Checked at the first backward after a forward that offloads a layer (or ran none): a
         # planned policy's first forward, which profiles, keeps every layer.

@@ -81,6 +81,7 @@ from harness.arguments import real_number, whole_number
 from harness.errors import UserError
 from systems.ssdtrain import planning
 from systems.ssdtrain._warn import warn
+from systems.ssdtrain.blocks import checked_blocks
 from systems.ssdtrain.engine import (
     CALLERS_CHECKPOINT,
     KEEP,
@@ -90,14 +91,13 @@ from systems.ssdtrain.engine import (
     active_offloaders,
     in_backward,
 )
-from systems.ssdtrain.layers import find_layers
 from systems.ssdtrain.planning import RECOMPUTE, Plan, budget_decision, offloads
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget
 from systems.ssdtrain.recompute import checkpointed
 from systems.ssdtrain.stats import BELOW_MIN_BYTES, EMPTY, NOT_STORABLE, StepStats, why_nothing_moved
 from systems.ssdtrain.stores import Store
 from systems.ssdtrain.stores.host import HostStore
-from systems.ssdtrain.user_compiled import as_called, holds_compiled_code, runs_compiled
+from systems.ssdtrain.user_compiled import holds_compiled_code, runs_compiled
 
 NAMED = ("keep", "recompute", "save_on_cpu", "offload_all", "offload_adaptive", "planner")
 PLANNED = ("offload_adaptive", "planner")
@@ -151,7 +151,7 @@ class Offloading:
         if store is not None:
             store.refuse_if_closed()
         self.model = model
-        self.layers = _blocks(model, layers)
+        self.layers = checked_blocks(model, layers)
         self.policy, self.store = _check_policy(policy, store, len(self.layers)), store
         if peak_budget is not None:
             if self.policy != "planner":
@@ -609,57 +609,6 @@ def offload(
         bandwidth=bandwidth,
         peak_budget=peak_budget,
     )
-
-
-def _blocks(model: nn.Module, layers) -> list[nn.Module]:
-    if layers is None:
-        return find_layers(model)
-    if isinstance(layers, nn.ModuleDict):  # its members are the blocks, as find_layers reads it (list() gives keys)
-        layers = list(layers.values())
-    if isinstance(layers, nn.Module) and not isinstance(layers, nn.ModuleList | nn.Sequential):
-        raise UserError(f"layers must be a list of blocks; got one {type(layers).__name__} (pass [block])")
-    try:
-        layers = list(layers)
-    except TypeError:  # layers=3, layers=None-like objects: one line, not list()'s traceback
-        layers = []
-    inside = {id(m) for m in model.modules()}
-    if not layers or not all(isinstance(layer, nn.Module) and id(layer) in inside for layer in layers):
-        raise UserError("layers must be a non-empty list of the model's own submodules (its blocks, in forward order)")
-    # A container without a forward of its own is never called, so its hooks would never run.
-    container = next(
-        (
-            layer
-            for layer in layers
-            if isinstance(layer, nn.ModuleList | nn.ModuleDict) and type(layer).forward is nn.Module.forward
-        ),
-        None,
-    )
-    if container is not None:
-        raise UserError(
-            f"layers lists a {type(container).__name__}, which has no forward of its own and is never called: "
-            "list its blocks (e.g. layers=list(model.layers))"
-        )
-    scripted = next((layer for layer in layers if isinstance(layer, torch.jit.ScriptModule)), None)
-    if scripted is not None:  # else torch's own error, deep in the first hook's registration
-        raise UserError(
-            f"layers lists a TorchScript module ({type(scripted).__name__}), which takes no hooks: "
-            "pass the eager modules (torch.compile them instead, if they must be compiled)"
-        )
-    layers = as_called(model, layers)  # a module torch.compile wrapped: the wrapper, whose hooks run outside
-    # A block inside another would be numbered, and recomputed, twice over: blocks are disjoint.
-    for layer in layers:
-        outer = next((o for o in layers if o is not layer and any(m is layer for m in o.modules())), None)
-        if outer is not None:
-            raise UserError(
-                f"layers lists a {type(layer).__name__} that lies inside another listed {type(outer).__name__}: "
-                "list blocks that do not contain each other"
-            )
-    # A block listed twice would be numbered twice (and checkpointed twice): one block, one index.
-    seen: set[int] = set()
-    twice = next((layer for layer in layers if id(layer) in seen or seen.add(id(layer))), None)
-    if twice is not None:
-        raise UserError(f"layers lists the same {type(twice).__name__} twice: list each block once")
-    return layers
 
 
 def _check_policy(policy, store: Store | None, blocks: int):
