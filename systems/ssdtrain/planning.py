@@ -147,6 +147,11 @@ class LayerProfile:
         """What offloading the layer writes to the store and reads back."""
         return self.saved_bytes - self.unoffloadable_bytes
 
+    def writes_arrive(self, start: float, end: float) -> float:
+        """When the layer's writes can start, its forward running from ``start`` to ``end``: as its
+        tensors are saved (from its start), or all at its end (``saved_at_end``)."""
+        return end if self.saved_at_end else start
+
     def alternative(self, decision: str) -> Alternative | None:
         """The budget ``decision`` runs the layer at (offloaded there or not), or None."""
         return next((a for a in self.alternatives if decision in (a.decision, a.offloaded_decision)), None)
@@ -242,7 +247,7 @@ def predict(
     moved = {i: m for i, (p, d) in enumerate(zip(profiles, decisions)) if (m := p.moved(d)) is not None}
     written, queue = {}, 0.0  # layer -> when its write finishes
     for i, (movable, _) in moved.items():
-        arrives = ends[i] if profiles[i].saved_at_end else starts[i]
+        arrives = profiles[i].writes_arrive(starts[i], ends[i])
         queue = written[i] = _write_end(queue, arrives, ends[i], movable, bandwidth)
 
     def unwritten(i: int, at: float) -> float:
@@ -371,9 +376,8 @@ def adaptive(profiles: list[LayerProfile], bandwidth: float, keep_seconds: float
     queue = 0.0
     for k in range(1, len(profiles) - keep_last + 1):
         layer = profiles[k - 1]
-        queue = _write_end(
-            queue, ends[k - 1] if layer.saved_at_end else starts[k - 1], ends[k - 1], layer.movable_bytes, bandwidth
-        )
+        arrives = layer.writes_arrive(starts[k - 1], ends[k - 1])
+        queue = _write_end(queue, arrives, ends[k - 1], layer.movable_bytes, bandwidth)
         if queue > ends[-1]:
             break
         best = predict(profiles, [OFFLOAD] * k + [KEEP] * (len(profiles) - k), bandwidth, keep_seconds, **model)
