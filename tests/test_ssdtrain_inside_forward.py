@@ -64,20 +64,20 @@ class Stack(nn.Module):
         return x.square().mean()
 
 
-def inputs(step: int) -> torch.Tensor:
+def inputs(step: int, device: str = "cpu") -> torch.Tensor:
     generator = torch.Generator().manual_seed(100 + step)
-    return torch.randn(24, WIDTH, generator=generator).requires_grad_()
+    return torch.randn(24, WIDTH, generator=generator).to(device).requires_grad_()
 
 
-def train(block: type[nn.Module], **offload_args):
+def train(block: type[nn.Module], device: str = "cpu", **offload_args):
     """Losses and gradients of STEPS steps, one ``with`` block each (none: a plain run), and the
     session."""
     torch.manual_seed(0)
-    model = Stack(block)
+    model = Stack(block).to(device)
     session = offload(model, **offload_args) if offload_args else None
     losses, grads, backwards = [], [], []
     for step in range(STEPS):
-        x = inputs(step)
+        x = inputs(step, device)
         if session is None:
             loss = model(x)
             loss.backward()
@@ -93,8 +93,8 @@ def train(block: type[nn.Module], **offload_args):
     return losses, grads, backwards, session
 
 
-def assert_plain(block, got):
-    losses, grads, _, _ = train(block)
+def assert_plain(block, got, device: str = "cpu"):
+    losses, grads, _, _ = train(block, device)
     for a, b in zip(got[0], losses, strict=True):
         assert torch.equal(a, b)
     for step_got, step_want in zip(got[1], grads, strict=True):
@@ -130,6 +130,32 @@ def test_a_gradient_taken_inside_forward_is_not_the_steps_backward(policy, alway
     assert all(last[i].offloaded_bytes > 0 for i in range(BLOCKS - 1))
     assert_plain(EnergyBlock, got)
     store.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["offload_all", "planner"])
+@pytest.mark.parametrize("always_read_back", [False, True])
+def test_gpu_a_gradient_taken_inside_forward_is_not_the_steps_backward(policy, always_read_back):
+    """On the GPU: the inner backward reads what is still in flight from memory, or (always read
+    back) from pinned host memory over the copy streams, and keeps neither for later."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        store = HostStore()
+        got = train(
+            EnergyBlock,
+            "cuda",
+            store=store,
+            policy=policy,
+            min_bytes=0,
+            always_read_back=always_read_back,
+            **PLANNED.get(policy, {}),
+        )
+        assert got[2] == [1] * STEPS
+        assert got[3].decisions == ["offload"] * (BLOCKS - 1) + ["keep"]
+        assert_plain(EnergyBlock, got, "cuda")
+        store.close()
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.parametrize("policy", ["offload_all", "planner"])
