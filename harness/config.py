@@ -126,7 +126,15 @@ def _check(document, schema_path: Path, where: str, key_prefix: str = "") -> Non
     if errors:
         err = errors[0]
         key = "/".join([key_prefix, *map(str, err.absolute_path)] if key_prefix else map(str, err.absolute_path))
-        raise ConfigError(f"{where}key '{key or '(top level)'}': {err.message} (schema: {_relative(schema_path)})")
+        raise ConfigError(f"{where}key '{key or '(top level)'}': {_said(err)} (schema: {_relative(schema_path)})")
+
+
+def _said(err) -> str:
+    """The error's message; where the value matched none of several forms (anyOf, oneOf), what
+    each form found wrong, which says what was expected ("'Al' is not one of ['all']; 'Al' is
+    not of type 'array'") where jsonschema says only that none matched."""
+    why = list(dict.fromkeys(sub.message for sub in err.context or () if len(sub.relative_path) == 0))
+    return f"{err.message} ({'; '.join(why)})" if why else err.message
 
 
 # Every topic's block at every scale has these (the harness times each part with them).

@@ -55,6 +55,16 @@ def test_shipped_config_is_valid_and_every_topic_has_the_three_scales(cfg):
         ),
         (lambda c: c["topics"].update(nosuch={}), "config key 'topics': no topic named nosuch"),
         (lambda c: c.update(machine="../etc"), "config key 'machine': '../etc' does not match"),
+        # A value matching none of several forms says what each expected, not only that none matched.
+        (
+            lambda c: c["topics"]["feature_gather"]["tiny"]["row_sizes"].update(variants="Al"),
+            r"key 'tiny/row_sizes/variants': 'Al' is not valid under any of the given schemas "
+            r"\('all' was expected; 'Al' is not of type 'array'\)",
+        ),
+        (
+            lambda c: c["topics"]["feature_gather"]["tiny"]["row_sizes"].update(variants=["cpu_gather"] * 2),
+            r"\('all' was expected; \['cpu_gather', 'cpu_gather'\] has non-unique elements\)",
+        ),
     ],
 )
 def test_malformed_config_is_refused_naming_the_key(cfg, edit, message):

@@ -184,6 +184,46 @@ def test_a_new_store_and_a_new_policy_are_measured_from_their_entries_alone(scra
     assert "test_host_copy" not in STORES and "test_every_other" not in POLICIES  # gone with the block
 
 
+def test_a_policy_that_decides_to_offload_without_a_store_is_refused_not_measured_as_keep(scratch):
+    """Registered without uses_store, its decide() would never be asked (no store, nothing to
+    offload to) and its rows would be keep's under its name."""
+
+    class EveryOther(OffloaderPolicy):
+        def decide(self, layer):
+            return "offload" if layer % 2 == 0 else "keep"
+
+    forgot = PolicyEntry("test_forgot_uses_store", "optimized", make=EveryOther)
+    rows = Rows()
+    with registered(POLICIES, forgot), pytest.raises(UserError) as error:
+        one_model(scratch, rows, compare=["test_forgot_uses_store"])
+    assert str(error.value) == (
+        "EveryOther decides which blocks to offload (it overrides decide()) but has no store: "
+        "register its PolicyEntry with uses_store=True"
+    )
+    assert not any(r["variant"] == "test_forgot_uses_store" for r in rows)
+
+
+def test_a_policy_named_as_another_variant_s_label_is_refused_before_measuring(scratch):
+    """``offload_all_host`` is offload_all's label on the host store: a policy of that name would
+    share its rows and its line in the figures."""
+    clash = PolicyEntry("offload_all_host", "optimized", make=OffloaderPolicy)
+    rows = Rows()
+    with registered(POLICIES, clash), pytest.raises(UserError) as error:
+        one_model(scratch, rows, stores=["host"], compare=["offload_all", "offload_all_host"])
+    assert str(error.value) == (
+        "policies offload_all and offload_all_host would both be measured as 'offload_all_host' "
+        "(a label is the policy's name, then its setting and store): rename one"
+    )
+    assert not rows
+
+
+def test_keep_last_above_the_block_count_is_refused_before_measuring(scratch):
+    rows = Rows()
+    with pytest.raises(UserError, match=r"^keep_last=5 is more than the model's 2 blocks: give at most 2"):
+        one_model(scratch, rows, keep_last=5)
+    assert not rows
+
+
 def test_a_stores_make_of_another_signature_is_refused_in_one_line_naming_the_store(tmp_path):
     entry = StoreEntry("test_one_argument", "optimized", make=lambda params: HostStore())
     with pytest.raises(UserError, match=r"^offload store test_one_argument: make\(params\) cannot be called as make"):

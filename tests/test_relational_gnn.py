@@ -303,6 +303,8 @@ def test_per_edge_weights_over_the_cpu_limit_are_not_attempted(tmp_path, monkeyp
     notes = parts.knowledge_graphs(params, writer, repeat=1, warmup=0, device="cpu")
     timed = {row["variant"] for row in writer.rows if row["metric"] == "time"}
     assert timed == {"pyg", "segment_mm", "grouped_mm", "hector_best"}
+    # The forms compared are named (the reference first), those left out by the parameters not among them.
+    assert notes["forms"] == {"rgcn": ["segment_mm", "pyg", "pyg_fast", "per_edge", "grouped_mm", "hector_best"]}
     assert set(notes["skipped"]) == {"dgl", "rgcn pyg_fast on nations at 8", "rgcn per_edge on nations at 8"}
     assert "dgl does not import here (ModuleNotFoundError" in notes["skipped"]["dgl"]  # not in the requirements
     assert "would gather 0.00095 GiB of per-edge weights" in notes["skipped"]["rgcn per_edge on nations at 8"]
@@ -535,13 +537,18 @@ def test_a_lower_precision_result_with_rows_left_out_is_caught_though_its_norm_i
         parts._check(wrong, reference, 3e-2, "x")
 
 
-@pytest.mark.parametrize("bad", ["inf", "shape"])
+@pytest.mark.parametrize("bad", ["inf", "shape", "nan_out", "nan_out_bf16"])
 def test_a_reference_that_is_not_finite_or_a_result_of_another_shape_is_refused(bad):
     reference = _gradient_like()
     if bad == "inf":
         reference[3, 2, 1] = float("inf")
         out = torch.zeros_like(reference)
         message = "the reference form's own result is not finite"
+    elif bad.startswith("nan_out"):  # a form's NaN is said as such, not as an infinite difference
+        out = reference.clone()
+        out[3, 2, 1], out[5, 0, 0] = float("nan"), float("-inf")
+        out = out.bfloat16() if bad.endswith("bf16") else out
+        message = r"^g: 2 of its 756 values are NaN or infinite, the reference's none$"
     else:
         out, message = reference[:-1], r"a result of shape \(11, 9, 7\), not \(12, 9, 7\)"
     with pytest.raises(parts.FormsDisagree, match=message):

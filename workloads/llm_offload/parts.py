@@ -196,6 +196,7 @@ def _policies_of_model(entry, params, writer, notes: dict, *, repeat, warmup, de
         runs += _planned(params, profiler, planned, planned_setups)
     if planned_compiled:
         runs += _planned(params, profiler, planned_compiled, compiled_setups, compiled=True)
+    choose.refuse_shared_labels(runs)
     bounds = _bounds(params, profiler, [v for v in runs if v.policy.name in BOUNDED])
     checked, failed_peer = [], None
     compiled_reference = None  # compiled keep's step, once it passed its own check

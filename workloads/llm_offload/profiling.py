@@ -3,6 +3,7 @@ once per model (systems/ssdtrain/planning.py, bound.py)."""
 
 from __future__ import annotations
 
+from harness.errors import UserError, raised_in
 from systems.ssdtrain import planning
 from systems.ssdtrain.policies import CompiledBlocks
 from workloads.llm_offload import variants as choose
@@ -15,6 +16,11 @@ class Profiler:
     ``bandwidths``: stores' bandwidths measured already (:func:`store_bandwidths`), by label."""
 
     def __init__(self, params, model, layers, batch, device, folder, notes: dict, bandwidths=None):
+        if params["keep_last"] > len(layers):  # else the planners refuse it after the others were measured
+            raise UserError(
+                f"keep_last={params['keep_last']} is more than the model's {len(layers)} blocks: "
+                f"give at most {len(layers)} (which keeps every block)"
+            )
         self.params, self.model, self.layers, self.batch = params, model, layers, batch
         self.device, self.folder, self.notes = device, folder, notes
         self._profiles: dict[bool, tuple] = {}
@@ -77,6 +83,6 @@ def store_bandwidths(setups, params, folder, device) -> dict[str, float]:
     measured = {}
     for setup in setups:
         if setup.label not in measured:
-            with setup.make(params, folder) as probe:
+            with raised_in(f"store {setup.label}, measuring its bandwidth"), setup.make(params, folder) as probe:
                 measured[setup.label] = planning.store_bandwidth(probe, device)
     return measured

@@ -289,7 +289,22 @@ def variants(
             if entry.uses_store:
                 stores = compiled_setups if entry.compiled and compiled_setups is not None else setups
             out += [Variant(entry, setup, setting=setting) for setup in stores]
+    refuse_shared_labels(out)
     return out
+
+
+def refuse_shared_labels(runs: list[Variant]) -> None:
+    """Refuse, in one line and before anything is measured, two variants whose results would carry
+    one label (a policy named as another's label with its store reads, ``offload_all_host``): their
+    rows would be drawn as one variant."""
+    seen: dict[str, Variant] = {}
+    for variant in runs:
+        other = seen.setdefault(variant.label, variant)
+        if other is not variant:
+            raise UserError(
+                f"policies {other.policy.name} and {variant.policy.name} would both be measured as "
+                f"{variant.label!r} (a label is the policy's name, then its setting and store): rename one"
+            )
 
 
 def frontier_budgets(params: Mapping) -> list[float]:

@@ -208,7 +208,13 @@ def _notes(params) -> dict:
     else:
         reason = "dgl imports, but the suite has no dgl form yet"
     reason += "; DGL's PyPI wheels are CPU-only and built against an old torch"
-    return {"skipped": {"dgl": reason}, "graphs": {}}
+    # The forms compared on each model (a user's registered ones too); those that could not run
+    # somewhere are in "skipped", with why.
+    compared = {
+        name: [form.name for form in forms_of(MODELS[name]) if form.name not in params.get("leave_out", [])]
+        for name in params["models"]
+    }
+    return {"forms": compared, "skipped": {"dgl": reason}, "graphs": {}}
 
 
 def _graph(dataset, spec, arrays, factor, params, writer, notes, *, repeat, warmup, device) -> None:
@@ -662,6 +668,9 @@ def _check(out: torch.Tensor, reference: torch.Tensor, tol: float, what: str) ->
         raise FormsDisagree(f"{what}: a result of shape {tuple(out.shape)}, not {tuple(reference.shape)}")
     if not bool(torch.isfinite(reference).all()):  # an infinite scale would let anything pass
         raise FormsDisagree(f"{what}: the reference form's own result is not finite, so nothing can be checked")
+    if not bool(torch.isfinite(out).all()):  # else reported as "differs by up to inf" (or nan)
+        bad = int((~torch.isfinite(out)).sum())
+        raise FormsDisagree(f"{what}: {bad} of its {out.numel()} values are NaN or infinite, the reference's none")
     if out.dtype != reference.dtype:
         error = float((out.double() - reference.double()).norm() / reference.double().norm().clamp_min(1e-30))
         if not error <= tol:  # also stops on NaN

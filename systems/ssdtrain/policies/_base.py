@@ -134,6 +134,13 @@ class OffloaderPolicy(Policy):
         super().__init__(setting)
         s = setting
         self.offloading = s.store is not None
+        if not self.offloading and type(self).decide is not OffloaderPolicy.decide:
+            # Without a store the Offloader only counts: its decide() would never be asked, and the
+            # policy would be measured as keep under its own name.
+            raise UserError(
+                f"{type(self).__name__} decides which blocks to offload (it overrides decide()) but has no store: "
+                "register its PolicyEntry with uses_store=True"
+            )
         self._counter_store = None if self.offloading else HostStore()
         self.offloader = Offloader(
             s.model,
