@@ -23,8 +23,7 @@ registry ``STORES``, ``policies/`` the policies a comparison runs and their regi
 ``POLICIES``, ``planning.py`` the cost model and plans, ``recompute.py`` recomputed blocks,
 ``layers.py`` finding a model's blocks, ``blocks.py`` checking those given, ``user_compiled.py``
 blocks the user compiled with ``torch.compile``, ``fileio.py`` O_DIRECT files, ``streams.py`` the
-GPU copy ordering,
-``stats.py`` the per-step bookkeeping.
+GPU copy ordering, ``stats.py`` the per-step bookkeeping.
 """
 
 from systems.ssdtrain.engine import Offloader

@@ -506,8 +506,8 @@ class Offloader:
 
     @staticmethod
     def _cast_source(tensor: torch.Tensor) -> torch.Tensor | None:
-        """The leaf ``tensor`` (or the tensor it views) is a copy of in another dtype or device, as
-        autocast casts a weight; None if it is not such a copy."""
+        """The leaf of which ``tensor`` (or the tensor it views) is a copy in another dtype or
+        device, as autocast casts a weight; None where it is no such copy."""
         base = tensor._base if tensor._is_view() else tensor
         node = base.grad_fn
         if node is None or type(node).__name__ != "ToCopyBackward0" or not node.next_functions:
