@@ -140,7 +140,7 @@ def main(argv=None) -> None:
         if not isinstance(err, nbclient.exceptions.CellExecutionError):
             raise
         print(
-            f"error: notebook {args.notebook} failed: {err.ename}: {err.evalue} "
+            f"error: notebook {args.notebook} failed{_fault(err.traceback, args.executed)}: {err.ename}: {err.evalue} "
             f"(executed copy: {args.executed}; {', '.join(map(str, outputs.values()))} left as they were)",
             file=sys.stderr,
         )
@@ -166,6 +166,21 @@ def main(argv=None) -> None:
         os.replace(path, final)
     for name, path in temporary.items():
         os.replace(path, outputs[name])
+
+
+def _fault(traceback: str, executed: Path) -> str:
+    """Where a notebook's error was raised, from the kernel's (coloured) traceback: the deepest
+    frame in the suite's own files (an analysis module), else the notebook cell's line in the
+    executed copy; as " at FILE:LINE", or "" where the traceback names neither."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", traceback)
+    in_the_suite, in_a_cell = None, None
+    for file, line, cell, cell_line in re.findall(r"^(?:File (\S+?):(\d+)|Cell In\[(\d+)\], line (\d+))", plain, re.M):
+        if cell:
+            in_a_cell = f"{executed} cell In[{cell}], line {cell_line}"
+        elif (path := Path(file).expanduser().resolve()).is_relative_to(REPO_ROOT):
+            in_the_suite = f"{path.relative_to(REPO_ROOT)}:{line}"
+    where = in_the_suite or in_a_cell
+    return f" at {where}" if where else ""
 
 
 if __name__ == "__main__":
