@@ -177,10 +177,15 @@ def _fault(traceback: str, executed: Path) -> str:
     for file, line, cell, cell_line in re.findall(r"^(?:File (\S+?):(\d+)|Cell In\[(\d+)\], line (\d+))", plain, re.M):
         if cell:
             in_a_cell = f"{executed} cell In[{cell}], line {cell_line}"
-        elif (path := Path(file).expanduser().resolve()).is_relative_to(REPO_ROOT):
+        elif (path := Path(file).expanduser().resolve()).is_relative_to(REPO_ROOT) and not _installed(path):
             in_the_suite = f"{path.relative_to(REPO_ROOT)}:{line}"
     where = in_the_suite or in_a_cell
     return f" at {where}" if where else ""
+
+
+def _installed(path: Path) -> bool:
+    """Whether ``path`` is a library's (in an environment, such as the repository's .venv)."""
+    return "site-packages" in path.parts or "dist-packages" in path.parts
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ replaced only when every cell succeeds, failures reported in one line."""
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT
@@ -176,3 +177,17 @@ def test_llm_offload_renders_the_results_of_one_part_without_a_step_per_policy(t
     assert LLM_OWN_PART_HEADINGS[part] in text and "| model | variant | step s |" not in text
     assert figure.read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.glob("llm*.png")) == ["llm.png"]  # no supporting figure
+
+
+def test_the_place_named_is_the_suites_deepest_frame_not_a_librarys():
+    """A library under the repository's .venv is not the suite's code: the frame named is the last
+    one in the suite's own files; without one, the last notebook cell's line; else nothing."""
+    from analysis.render import REPO_ROOT, _fault
+
+    ours = f"\x1b[36mFile \x1b[39m\x1b[32m{REPO_ROOT}/analysis/style.py:12\x1b[39m, in f()"
+    library = f"File {REPO_ROOT}/.venv/lib/python3.11/site-packages/matplotlib/axes.py:99, in g()"
+    cell = "Cell In[4], line 7"
+    executed = Path("run.ipynb")
+    assert _fault("\n".join([cell, ours, library]), executed) == " at analysis/style.py:12"
+    assert _fault("\n".join([cell, library]), executed) == " at run.ipynb cell In[4], line 7"
+    assert _fault(library, executed) == ""
