@@ -297,6 +297,7 @@ class Offloader:
         self._offloading_checked = False  # whether the first offloading forward's offloading was checked
         self._ran_with_grad = False  # whether a block ran where autograd saves tensors
         self._parameter_storages = self._storages_of_the_model()
+        self._parameters_listed = True  # whether they were listed since this forward began (_is_parameter)
         self._module_hooks = []
         self._entry_hooks: list[StepHook] = []  # the blocks' forward pre-hooks (whether another thread ran them)
         for index, layer in enumerate(self.layers):
@@ -369,6 +370,7 @@ class Offloader:
             self._last_entered = -1
             self._offloads_a_layer = False
             self._backward_since_forward = False
+            self._parameters_listed = False
         if self._layer != index and torch.is_grad_enabled() and not in_backward() and inside_a_checkpoint():
             self.checkpointed_by_caller.add(index)
         self._layer, self._layer_in_forward = index, not in_backward()
@@ -494,14 +496,16 @@ class Offloader:
     def _is_parameter(self, tensor: torch.Tensor, storage: int) -> bool:
         """Whether ``tensor`` (of ``storage``) is one of the model's parameters or buffers, or
         autocast's cast of a parameter (see the module). A leaf that requires grad, or a cast of one,
-        whose storage is not among those known makes the engine list the model's again: a parameter
-        replaced inside a long ``with`` block (``model.to(torch.float64)``, ``load_state_dict(assign=True)``)."""
+        whose storage is not among those known makes the engine list the model's again, once a
+        forward: a parameter replaced inside a long ``with`` block (``model.to(torch.float64)``,
+        ``load_state_dict(assign=True)``)."""
         leaf = tensor if tensor.is_leaf and tensor.requires_grad else self._cast_source(tensor)
         if leaf is None:
             return storage in self._parameter_storages
         leaf_storage = StorageWeakRef(leaf.untyped_storage()).cdata
-        if leaf_storage not in self._parameter_storages:
-            self._parameter_storages = self._storages_of_the_model()
+        if leaf_storage not in self._parameter_storages and not self._parameters_listed:
+            # Once a forward: an input that requires grad, saved by many ops, is such a leaf too.
+            self._parameter_storages, self._parameters_listed = self._storages_of_the_model(), True
         return leaf_storage in self._parameter_storages
 
     @staticmethod
