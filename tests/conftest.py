@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +94,17 @@ def taking_turns(lock_file: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def scratch(request) -> Iterator[Path]:
+    """A new folder on the repository's disk (O_DIRECT refuses tmpfs), under the ignored .scratch/,
+    removed afterwards."""
+    (REPO_ROOT / ".scratch").mkdir(exist_ok=True)
+    prefix = f"{request.module.__name__.rsplit('.', 1)[-1].replace('_', '-')}-"
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=REPO_ROOT / ".scratch"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -5,10 +5,8 @@ are wrong, and the convergence check deterministic however loaded the machine is
 
 import contextlib
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -69,15 +67,6 @@ class Rows(list):
 
     def add_measurement(self, measurement, **row):
         self.append(row)
-
-
-@pytest.fixture
-def scratch():
-    """A folder on the repository's disk (O_DIRECT refuses tmpfs), under the ignored .scratch/."""
-    (REPO_ROOT / ".scratch").mkdir(exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="test-llm-offload-", dir=REPO_ROOT / ".scratch"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

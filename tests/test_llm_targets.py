@@ -12,7 +12,7 @@ import pytest
 from analysis.doc_tables import llm_offload as tables
 from systems.ssdtrain.bound import bound_of_profile
 from systems.ssdtrain.planning import LayerProfile
-from tests.test_llm_offload import Rows, one_model, scratch  # noqa: F401 (scratch: the fixture)
+from tests.test_llm_offload import Rows, one_model
 from workloads.llm_offload import parts
 
 GIB = 2**30
@@ -135,7 +135,7 @@ def test_offload_all_compiled_gets_its_bound_from_the_compiled_blocks_profile():
     assert "offload_all_compiled" in parts.BOUNDED
 
 
-def test_the_part_records_each_run_s_optimizer_seconds(scratch):  # noqa: F811 (the fixture)
+def test_the_part_records_each_run_s_optimizer_seconds(scratch):
     notes = one_model(
         scratch, Rows(), stores=["host"], compare=["planner"], planned_stores=["host"], planner_budget=0.5
     )

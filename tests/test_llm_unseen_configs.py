@@ -7,22 +7,12 @@ import pytest
 import torch
 
 from harness.errors import UserError
-from tests.test_llm_offload import ONE_MODEL
+from tests.test_llm_offload import ONE_MODEL, Rows
 from workloads.llm.models import build, spec
 from workloads.llm_offload import parts
 
 # test_llm_offload's settings of one tiny model, without its model: each test names its own.
 PARAMS = {k: v for k, v in ONE_MODEL.items() if k != "models"} | {"compare": []}
-
-
-class Rows(list):
-    """A results writer that keeps its rows, for calling a part's function directly."""
-
-    def add(self, **row):
-        self.append(row)
-
-    def add_measurement(self, measurement, **row):
-        self.append(row)
 
 
 def _policies(models, scratch):

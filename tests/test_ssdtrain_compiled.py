@@ -5,18 +5,15 @@ it, bit-identical to compiled keep), the budget is checked, and the variants' la
 carry it. The compiling tests are ``full``: an inductor compile takes 5-50 s on 2 CPU cores."""
 
 import copy
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
 from harness.errors import UserError
-from harness.topic import REPO_ROOT
 from systems.ssdtrain import POLICIES, STORES, HostStore
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget, inductor_backend
+from tests.test_llm_offload import Rows
 from workloads.llm_offload import parts
 from workloads.llm_offload import variants as choose
 from workloads.llm_offload.checking import NotBitIdentical, check_close, check_identical, one_step, rounding_spread
@@ -35,22 +32,6 @@ def tiny_qwen3(seed=0):
 def batch_of(seed=1, rows=3, tokens=23):
     ids = torch.randint(0, 96, (rows, tokens), generator=torch.Generator().manual_seed(seed))
     return {"input_ids": ids, "labels": ids}
-
-
-class Rows(list):
-    def add(self, **row):
-        self.append(row)
-
-    def add_measurement(self, measurement, **row):
-        self.append(row)
-
-
-@pytest.fixture
-def scratch():
-    (REPO_ROOT / ".scratch").mkdir(exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="test-ssdtrain-compiled-", dir=REPO_ROOT / ".scratch"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- no compile: fast ---------------------------------------------------------------------------
