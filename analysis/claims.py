@@ -205,8 +205,13 @@ def _describe_side(side: dict) -> str:
     return "role " + " or ".join(side["roles"])
 
 
+def _as_tuple(key) -> tuple:
+    """A group's key as a tuple (pandas gives a one-column grouping's keys as scalars)."""
+    return key if isinstance(key, tuple) else (key,)
+
+
 def _group_label(per: list[str], key) -> str:
-    return ", ".join(f"{c}={k}" for c, k in zip(per, key if isinstance(key, tuple) else (key,)))
+    return ", ".join(f"{c}={k}" for c, k in zip(per, _as_tuple(key)))
 
 
 def _best(medians: pd.DataFrame, lower: bool) -> pd.Series:
@@ -231,10 +236,13 @@ class GroupRatio:
     variants: frozenset = frozenset()  # every variant of either side that the group measured
     competitors: frozenset = frozenset()  # the baseline side's variants with any row in the group (a failure too)
     unswept: tuple = ()  # of the two variants compared, those measured at one value of best_over only
+    repetitions: int = 0  # the fewer of the two medians' repetitions (1: a single sample, no median)
 
 
-def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
-    """Per group: the best numerator variant over the best baseline variant (medians)."""
+def _group_ratios(rows: pd.DataFrame, measure: dict) -> tuple[dict, list]:
+    """Per group: the best numerator variant over the best baseline variant (medians); and the
+    groups where the numerator was tried (it has rows: it ran out of memory, say) but has none of
+    the metric while the baseline has: the technique failed where a baseline ran."""
     per, lower = measure["per"], measure.get("lower_is_better", True)
     keys = [*per, "variant", "role"] + ([measure["best_over"]] if "best_over" in measure else [])
     medians = summarize(rows, measure["metric"], keys)
@@ -245,9 +253,12 @@ def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
     # Every baseline-side variant the group has rows of, whatever the metric: one that ran out of
     # memory there was tried, one without a row was not.
     tried = _side(rows, measure["baseline"]).groupby(per, dropna=False).variant.agg(frozenset)
-    found = {}
+    numerator_tried = {_as_tuple(k) for k in _side(rows, measure["numerator"]).groupby(per, dropna=False).size().index}
+    found, failed = {}, []
     for key, group in medians.groupby(per, dropna=False):
         num, base = _side(group, measure["numerator"]), _side(group, measure["baseline"])
+        if num.empty and not base.empty and _as_tuple(key) in numerator_tried:
+            failed.append(key)
         if num.empty or base.empty:
             continue
         best_num, best_base = _best(num, lower), _best(base, lower)
@@ -258,13 +269,14 @@ def _group_ratios(rows: pd.DataFrame, measure: dict) -> dict:
             variants=frozenset(num.variant) | frozenset(base.variant),
             competitors=tried.get(key, frozenset()),
             unswept=tuple(b.variant for b in (best_num, best_base) if b.get("swept", 2) == 1),
+            repetitions=int(min(best_num.repetitions, best_base.repetitions)),
         )
         if guard:
             g = guard_medians
-            sel = g[(g[per].apply(tuple, axis=1) == (key if isinstance(key, tuple) else (key,))).to_numpy()]
+            sel = g[(g[per].apply(tuple, axis=1) == _as_tuple(key)).to_numpy()]
             n, b = sel[sel.variant == best_num.variant]["median"], sel[sel.variant == best_base.variant]["median"]
             found[key].guard = float(n.iloc[0] / b.iloc[0]) if len(n) and len(b) else None
-    return found
+    return found, failed
 
 
 def _show(ratio: float, measure: dict) -> float:
@@ -304,15 +316,51 @@ def _grade(value: float, verdict: dict, higher: bool) -> str:
     return HOLDS if reaches(verdict["holds"]) else PARTLY if reaches(verdict["partly"]) else FAILS
 
 
-def _baselines_never_measured(rows: pd.DataFrame, measure: dict, noted: set[str]) -> tuple[list[str], list[str]]:
-    """The baseline variants a claim lists (the fastest of them is its baseline) of which the
-    committed run has no row of the claim's metric, those ``noted`` (left out by the config, said
-    already) aside, and the listed variants it measured: the ratio is against those alone."""
+def _baselines_never_measured(rows: pd.DataFrame, measure: dict, noted: set[str]) -> str:
+    """A note on the baseline variants a claim lists (the fastest of them is its baseline) that the
+    committed run has no row of the claim's metric of, in every group or in some (those ``noted``,
+    left out by the config and said already, aside): there the ratio is against the others alone."""
     listed = measure.get("baseline", {}).get("variants", [])
     if _kind(measure) != "ratio" or len(listed) < 2:
-        return [], []
-    measured = set(rows.loc[rows.metric == measure["metric"], "variant"])
-    return [v for v in listed if v not in measured and v not in noted], [v for v in listed if v in measured]
+        return ""
+    per = measure["per"]
+    rows = rows[rows.metric == measure["metric"]]
+    groups = rows.groupby(per, dropna=False).variant.agg(frozenset)
+    groups = groups[groups.map(lambda held: bool(held & set(listed)))]  # groups with some baseline
+    notes = []
+    for variant in (v for v in listed if v not in noted):
+        without = [key for key, held in groups.items() if variant not in held]
+        if not without:
+            continue
+        others = ", ".join(v for v in listed if v != variant and any(v in held for held in groups))
+        if len(without) == len(groups):
+            notes.append(f"{variant} not measured: against {others} alone")
+        else:
+            where = "; ".join(_group_label(per, k) for k in without)
+            some = f"{len(without)} of {len(groups)} groups ({where})"
+            notes.append(f"{variant} not measured in {some}: against {others} alone there")
+    return "".join(f" ({n})" for n in notes)
+
+
+# Columns in which the repetitions of one measurement differ (as in analysis.doc_tables.quoted): rows
+# of one group and variant that differ in any other column are two measurements.
+REPEATED_IN = ("value", "repetition", "source")
+
+
+def _with_each_measurement_a_group(rows_by_process: dict, measure: dict) -> dict:
+    """``measure`` with ``per`` grown by the columns in which one group's rows of one variant differ
+    in some process (two parts that train graphs of one name at two sizes, say): a median over
+    them would mix two measurements into a number neither gave, so each becomes a group of its own."""
+    cell = [*measure["per"], "variant", "role", "metric"] + ([measure["best_over"]] if "best_over" in measure else [])
+    grown: list[str] = []
+    for rows in rows_by_process.values():
+        rows = rows[rows.metric == measure["metric"]]
+        others = [c for c in rows.columns if c not in cell and c not in REPEATED_IN and c not in grown]
+        if rows.empty or not others:
+            continue
+        counts = rows.groupby(cell, dropna=False)[others].nunique(dropna=False)
+        grown += [c for c in others if (counts[c] > 1).any()]
+    return {**measure, "per": [*measure["per"], *grown]} if grown else measure
 
 
 def _process_rows(by_process: dict, measure: dict) -> dict[str, pd.DataFrame]:
@@ -320,32 +368,56 @@ def _process_rows(by_process: dict, measure: dict) -> dict[str, pd.DataFrame]:
     return {name: r for name, r in rows.items() if not r.empty}
 
 
-def _ratio_values(rows_by_process: dict, measure: dict) -> tuple[dict[str, list[tuple]], dict, str]:
-    """Per process, the group ratios the verdict reads, the committed run's group ratios, and a
-    note on the re-runs left out. A process counts only where it measured every group of the
-    committed run, each against every variant the committed run measured there: a re-run of some
-    of the parts, or one that lost the fastest competitor somewhere, says nothing of a maximum or a
-    geomean over all of them, and no other run's ratio may stand in for its missing groups."""
-    ratios = {name: _group_ratios(rows, measure) for name, rows in rows_by_process.items()}
+@dataclass
+class RatioValues:
+    values: dict[str, list[tuple]]  # per process, (group, GroupRatio) of every group the verdict reads
+    committed: dict  # the committed run's group ratios, those compared
+    note: str  # the re-runs and groups left out
+    short: str = ""  # why the verdict can be no better than partly ("" where nothing caps it)
+
+
+def _ratio_values(rows_by_process: dict, measure: dict) -> RatioValues:
+    """The group ratios of each process that the verdict reads. A process counts only where it
+    measured every group of the committed run, each against the same variants as the committed run
+    there: a re-run of some of the parts, or one that lost the fastest competitor somewhere, says
+    nothing of a maximum or a geomean over all of them, and no other run's ratio may stand in for
+    its missing groups. A re-run that measured a competitor the committed run lacks is left out too,
+    and the committed run's value, compared against fewer, is capped at partly; so is a claim whose
+    technique failed (no time: ran out of memory) in a group where a baseline ran."""
+    found = {name: _group_ratios(rows, measure) for name, rows in rows_by_process.items()}
+    ratios = {name: groups for name, (groups, _) in found.items()}
     committed = ratios.get(COMMITTED, {})
     if not committed:
         sides = f"{_describe_side(measure['numerator'])} against {_describe_side(measure['baseline'])}"
         raise NotMeasured(f"no group ({', '.join(measure['per'])}) has both sides ({sides}) with {measure['metric']}")
     committed, uncompared = _comparable(committed, measure["per"])
-    values, partial = {}, []
-    for name, found in ratios.items():
-        own = {k: g for k, g in found.items() if k in committed and g.variants >= committed[k].variants}
+    values, partial, lacked = {}, [], set()
+    for name, groups in ratios.items():
+        own = {k: g for k, g in groups.items() if k in committed and g.variants >= committed[k].variants}
+        lacked |= {v for k, g in own.items() for v in g.competitors - committed[k].competitors}
+        own = {k: g for k, g in own.items() if g.competitors == committed[k].competitors}
         if len(own) < len(committed):
             partial.append(f"{name} {len(own)}")
             continue
         values[name] = [(key, own[key]) for key in committed]
-    note = ""
+    note, short = "", []
     if partial:
         note = (
             f" ({len(partial)} re-run(s) left out, measuring only some of the {len(committed)} groups, or some "
-            f"without a variant the committed run measured: {', '.join(partial)} of {len(committed)})"
+            f"against other variants than the committed run: {', '.join(partial)} of {len(committed)})"
         )
-    return values, committed, note + uncompared
+    if lacked:
+        names = ", ".join(sorted(lacked))
+        note += f" (the committed run measured without {names}, which re-runs compare against)"
+        short.append(f"the committed run lacks {names}, which re-runs measured")
+    failed = sorted({_group_label(measure["per"], k) for _, (_, keys) in found.items() for k in keys})
+    if failed:
+        who = _describe_side(measure["numerator"])
+        note += (
+            f" ({who} has no {measure['metric']} in {len(failed)} group(s) where a baseline ran: {'; '.join(failed)})"
+        )
+        short.append(f"{who} failed where a baseline ran")
+    return RatioValues(values, committed, note + uncompared, "; ".join(short))
 
 
 def _left_out_note(names: list[str]) -> str:
@@ -403,7 +475,8 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
         baseline_oom = any(
             (_side(rows, measure["baseline"]).metric == "out_of_memory").any() for rows in rows_by_process.values()
         )
-    values, committed, left_out = _ratio_values(rows_by_process, measure)
+    found = _ratio_values(rows_by_process, measure)
+    values, committed, left_out = found.values, found.committed, found.note
     shown, higher = measure["value"], _higher_is_better(measure)
     per_process = {name: _aggregate(groups, measure) for name, groups in values.items()}
     head = per_process[COMMITTED]
@@ -427,6 +500,9 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
         where = {_group_label(measure["per"], _extreme_group(groups, measure)) for groups in values.values()}
         if len(where) > 1:  # the range is then no one group's spread over the processes
             text += f" (each process's {how} at another group: {'; '.join(sorted(where))})"
+    single = sum(g.repetitions == 1 for g in committed.values())
+    if single:  # a "median" of one sample has no spread to show
+        text += f" ({measure['metric']} measured once in {single} of {len(committed)} groups: one sample, not a median)"
     unswept = sorted({v for g in committed.values() for v in g.unswept})
     if unswept:  # "each at its fastest" read from runs that timed one value: say what was compared
         text += f" ({', '.join(unswept)} measured at one {measure['best_over']} only: not a best over a sweep)"
@@ -439,6 +515,8 @@ def _evaluate_ratio(rows_by_process: dict, measure: dict, verdict: dict) -> Outc
         )
     grades = {name: _grade(v, verdict, higher) for name, v in per_process.items()}
     result, reason = _verdict_of(grades, verdict, higher, shown)
+    if found.short and result == HOLDS:
+        result, reason = PARTLY, f"{reason}; but {found.short}"
     guard = measure.get("guard")
     if guard:
         text, result, reason = _apply_guard(guard, values, text, result, reason)
@@ -508,11 +586,14 @@ def _evaluate_no_oom(rows_by_process: dict, measure: dict, verdict: dict) -> Out
     per_process, counts = {}, {}
     for name, rows in rows_by_process.items():
         oom = rows[rows.metric == "out_of_memory"]
+        # The cases where a baseline ran out of memory, and those where the technique itself did
+        # (wherever the baselines ran): a failure of its own counts against it.
         cases = _side(oom, measure["baseline"]).groupby(per, dropna=False).size().index
+        cases = cases.union(_side(oom, measure["numerator"]).groupby(per, dropna=False).size().index)
         ours = _side(rows, measure["numerator"])
         ran = failed = 0
         for case in cases:
-            key = case if isinstance(case, tuple) else (case,)
+            key = _as_tuple(case)
             mine = ours[(ours[per].apply(tuple, axis=1) == key).to_numpy()] if len(ours) else ours
             if mine.empty:
                 continue  # the technique was not run in this case: it counts neither way
@@ -533,7 +614,7 @@ def _evaluate_no_oom(rows_by_process: dict, measure: dict, verdict: dict) -> Out
     ran, cases = counts[COMMITTED]
     text = (
         f"no out-of-memory failure of {_describe_side(measure['numerator'])} in {ran} of {cases} cases "
-        f"({', '.join(per)}) where some {_describe_side(measure['baseline'])} ran out of memory; "
+        f"({', '.join(per)}) where it or some {_describe_side(measure['baseline'])} ran out of memory; "
         f"{_spread(list(per_process.values()), 'no_oom')}{_left_out_note(partial)}"
     )
     grades = {name: _grade(v, verdict, True) for name, v in per_process.items()}
@@ -581,6 +662,8 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
         present = ", ".join(p for p in parts if folder.committed(topic, p).exists())
         absent = _named_but_absent(by_process[COMMITTED], measure) if COMMITTED in by_process else ""
         return Outcome(NOT_MEASURED, "", f"no rows of {topic} ({present}) match {filters}{absent}")
+    if _kind(measure) != "largest":
+        measure = _with_each_measurement_a_group(rows, measure)
     try:
         outcome = EVALUATORS[_kind(measure)](rows, measure, claim["verdict"])
     except NotMeasured as err:
@@ -600,9 +683,8 @@ def evaluate(claim: dict, folder: Folder) -> Outcome:
     left_out = sorted(left_out)
     if left_out and outcome.value:
         outcome.value += f" ({', '.join(left_out)} not measured: the config leaves them out of some of its parts)"
-    unmeasured, present = _baselines_never_measured(rows[COMMITTED], measure, set(left_out))
-    if unmeasured and outcome.value:
-        outcome.value += f" ({', '.join(unmeasured)} not measured: against {', '.join(present)} alone)"
+    if outcome.value:
+        outcome.value += _baselines_never_measured(rows[COMMITTED], measure, set(left_out))
     digests = [(r.get("code") or {}).get("digest") for r in records]
     versions = set(digests) if all(digests) else {(r.get("git") or {}).get("commit") for r in records}
     if len(versions) > 1 and outcome.value:  # one process's parts, measured at different code

@@ -546,3 +546,89 @@ def test_a_range_of_maxima_reached_at_different_groups_says_so(tmp_path, machine
     row = render(tmp_path, [entry])["top"]
     assert f"(each process's max at another group: model=rgcn, mode=training, dataset={min(top, other)}; " in row, row
     assert f"dataset={max(top, other)})" in row, row
+
+
+def test_two_parts_measuring_graphs_of_one_name_at_two_sizes_are_two_groups(tmp_path, machine):
+    """A second part trains graphs of the same names at 4x the size (as papers and papers_full do):
+    a median over both sizes of one graph is a number neither run gave. Each size is a group of its
+    own, named by the column that tells them apart, and the maximum is one of the sizes' own ratios."""
+    rng = np.random.default_rng(37)
+    bigger = random_times(rng, speedup=6.0)
+    for part, times, nodes in (("datasets", machine, 1_000), ("large_datasets", bigger, 4_000)):
+        rows = [dict(r, config=r["config"] | {"nodes": nodes}) for r in layer_rows(times)]
+        write_part(tmp_path / "results" / "m", "relational_gnn", part, rows)
+    entry = claim("max", holds=1e3, partly=0.1, aggregate="max", parts=["datasets", "large_datasets"])
+    row = render(tmp_path, [entry])["max"]
+    ratios = []
+    for times in (machine, bigger):
+        for graph in GRAPHS:
+            fastest = min(np.median(times[(graph, v)]) for v in COMPETITORS)
+            ratios.append(fastest / np.median(times[(graph, "hector_best")]))
+    assert f"{max(ratios):.2f}x (max over 6 groups)" in row, row
+    assert "nodes=4000" in row, row
+
+
+def test_groups_where_the_technique_ran_out_of_memory_are_named_and_cap_the_verdict(tmp_path, machine):
+    """hector_best ran out of memory on am-like where every competitor ran: left out of the geomean,
+    its absence would read as a better claim. The group is named and holds becomes partly; the
+    no-out-of-memory claim counts the failure though no baseline failed there."""
+    rows = [r for r in layer_rows(machine) if (r["dataset"], r["variant"]) != ("am-like", "hector_best")]
+    config = {"device": "cuda", "model": "rgcn", "mode": "training", "in_dim": 64, "precision": "float32"}
+    rows.append(dict(role="optimized", variant="hector_best", dataset="am-like", metric="out_of_memory", value=1.0,
+                     unit="1", repetition=0, config=config))  # fmt: skip
+    write_part(tmp_path / "results" / "m", "relational_gnn", "datasets", rows)
+    no_oom = claim("no_oom", holds=1.0, partly=0.5, kind="no_oom")
+    for key in ("value", "aggregate"):
+        no_oom["measure"].pop(key)
+    found = render(tmp_path, [claim("geomean", holds=1e-3, partly=1e-4), no_oom])
+    assert "(geomean over 2 groups)" in found["geomean"], found["geomean"]
+    assert (
+        "hector_best has no time in 1 group(s) where a baseline ran: model=rgcn, mode=training, dataset=am-like"
+        in (found["geomean"])
+    )
+    assert (
+        verdict_of(found["geomean"]) == "partly" and "but hector_best failed where a baseline ran" in found["geomean"]
+    )
+    assert "in 0 of 1 cases" in found["no_oom"] and verdict_of(found["no_oom"]) == "does not hold", found["no_oom"]
+
+
+def test_a_committed_run_without_a_competitor_its_reruns_measured_is_capped_and_named(tmp_path):
+    """The re-runs measured PyG (the fastest competitor on bgs-like); the committed run did not. Its
+    geomean, against the slower segment_mm form alone, may not stand as the claim's value with a
+    range over processes that compared against more: the re-runs are left out, the missing
+    competitor named, and holds becomes partly."""
+    rng = np.random.default_rng(41)
+    times = random_times(rng, speedup=2.5, pyg_faster_on=("bgs-like",))
+    root = tmp_path / "results" / "m"
+    write_part(root, "relational_gnn", "datasets", layer_rows({k: v for k, v in times.items() if k[1] != "pyg"}))
+    for run in ("run2", "run3"):
+        again = {k: [t * rng.uniform(0.99, 1.01) for t in v] for k, v in times.items()}
+        write_part(root, "relational_gnn", "datasets", layer_rows(again), rerun=run)
+    row = render(tmp_path, [claim("fewer", holds=1e-3, partly=1e-4)])["fewer"]
+    assert "(the committed run measured without pyg, which re-runs compare against)" in row, row
+    assert "one process (2 re-run(s) left out" in row and verdict_of(row) == "partly", row
+
+
+def test_a_listed_baseline_measured_in_some_groups_only_is_named_where_it_is_missing(tmp_path):
+    """The faster baseline was run for RGCN but not for RGAT: the RGAT groups are against the other
+    baseline alone, and the value names them (a note for the whole run would be wrong both ways)."""
+    rng = np.random.default_rng(43)
+    rgcn, rgat = random_times(rng, speedup=2.0), random_times(rng, speedup=2.0)
+    rows = layer_rows(rgcn) + layer_rows({k: v for k, v in rgat.items() if k[1] != "pyg"}, model="rgat")
+    write_part(tmp_path / "results" / "m", "relational_gnn", "datasets", rows)
+    row = render(tmp_path, [claim("some", holds=1e3, partly=0.1, baseline={"variants": ["segment_mm", "pyg"]})])
+    assert "(pyg not measured in 3 of 6 groups (model=rgat, mode=training, dataset=aifb-like; " in row["some"]
+    assert ": against segment_mm alone there)" in row["some"], row["some"]
+
+
+def test_a_ratio_read_from_single_samples_says_so(tmp_path):
+    """A metric timed once per group (an instrumented epoch) has no median to quote: the value says
+    how many groups rest on one sample; with three repetitions everywhere, nothing is said."""
+    rng = np.random.default_rng(47)
+    times = random_times(rng, speedup=2.0)
+    once = {k: v[:1] if k[0] == "am-like" else v for k, v in times.items()}
+    write_part(tmp_path / "results" / "m", "relational_gnn", "datasets", layer_rows(once))
+    row = render(tmp_path, [claim("once", holds=1e3, partly=0.1)])["once"]
+    assert "(time measured once in 1 of 3 groups: one sample, not a median)" in row, row
+    write_part(tmp_path / "results" / "m", "relational_gnn", "datasets", layer_rows(times))
+    assert "measured once" not in render(tmp_path, [claim("thrice", holds=1e3, partly=0.1)])["thrice"]

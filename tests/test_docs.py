@@ -176,6 +176,10 @@ SPREAD = re.compile(r"one process|range \S+ to \S+ over \d+ processes|the same t
 CAVEAT = re.compile(
     r"\(its parts measured at \d+ versions of the code\)"
     r"|\([\w, ]+ not measured: against [\w, ]+ alone\)"
+    r"|\([\w, ]+ not measured in \d+ of \d+ groups \([^)]*\): against [\w, ]+ alone there\)"
+    r"|\(\w+ measured once in \d+ of \d+ groups: one sample, not a median\)"
+    r"|\([\w ]+ has no \w+ in \d+ group\(s\) where a baseline ran: [^)]*\)"
+    r"|\(the committed run measured without [\w, ]+, which re-runs compare against\)"
     r"|(?:\w+ faster than \w+; )*\w+ faster than \w+ in \d+ of \d+ groups: no bound there"
 )
 

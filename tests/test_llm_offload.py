@@ -21,6 +21,7 @@ from harness.topic import REPO_ROOT
 from systems.ssdtrain import POLICIES, STORES, HostStore, PolicyEntry, StoreEntry
 from systems.ssdtrain.policies import HooksPolicy, OffloaderPolicy, Policy
 from systems.ssdtrain.recompute import TORCH_CHECKPOINT, checkpointed
+from tests.kept_rows import Rows
 from workloads.llm_offload import parts
 from workloads.llm_offload import variants as choose
 from workloads.llm_offload.schema import SCHEMA
@@ -57,16 +58,6 @@ ONE_MODEL = {
     "file_block_mib": 1,
 }
 HOST_STORE = {k: v for k, v in ONE_MODEL.items() if k not in ("seed", "models")} | {"stores": ["host"]}
-
-
-class Rows(list):
-    """A results writer that keeps the rows it is given, for calling a part's function directly."""
-
-    def add(self, **row):
-        self.append(row)
-
-    def add_measurement(self, measurement, **row):
-        self.append(row)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,8 @@ import pytest
 from analysis.doc_tables import llm_offload as tables
 from systems.ssdtrain.bound import bound_of_profile
 from systems.ssdtrain.planning import LayerProfile
-from tests.test_llm_offload import Rows, one_model
+from tests.kept_rows import Rows
+from tests.test_llm_offload import one_model
 from workloads.llm_offload import parts
 
 GIB = 2**30

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from harness.errors import UserError
-from tests.test_llm_offload import ONE_MODEL, Rows
+from tests.kept_rows import Rows
+from tests.test_llm_offload import ONE_MODEL
 from workloads.llm.models import build, spec
 from workloads.llm_offload import parts
 

@@ -13,7 +13,7 @@ import transformers
 from harness.errors import UserError
 from systems.ssdtrain import POLICIES, STORES, HostStore
 from systems.ssdtrain.policies._compiled import CompiledBlocks, check_budget, inductor_backend
-from tests.test_llm_offload import Rows
+from tests.kept_rows import Rows
 from workloads.llm_offload import parts
 from workloads.llm_offload import variants as choose
 from workloads.llm_offload.checking import NotBitIdentical, check_close, check_identical, one_step, rounding_spread
