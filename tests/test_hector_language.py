@@ -291,7 +291,7 @@ def test_bad_uses_of_the_new_features_are_refused_by_name():
     def trace(body):
         return model(body)()
 
-    with pytest.raises(ModelError, match="max_into_dst takes an edge value, got node"):
+    with pytest.raises(ModelError, match="max_into_dst takes an edge value, got a node value"):
         trace(lambda m: m.max_into_dst(m.input("x", "in")))
     with pytest.raises(ModelError, match="dot's heads must be a positive integer, got 0"):
         trace(lambda m: m.dot(m.input("x", "in"), m.input("y", "in"), heads=0))

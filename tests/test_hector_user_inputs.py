@@ -743,3 +743,109 @@ def test_a_module_holding_a_layer_is_saved_and_loaded_whole():
     g = built(seed=4)
     tensors = attention_tensors(g)
     assert torch.equal(loaded.layer(g, **tensors), Net().layer(g, **tensors))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "copy", "pickle", "torch.save"])
+def test_an_edited_graph_cannot_be_copied_into_one_that_passes_as_built(how):
+    """A copy counted its ids' versions afresh: an edited graph, deep-copied or pickled, was accepted
+    and read its stale norm in float32 (2.0) while float64 recomputed it (1.0)."""
+    import copy
+    import io
+    import pickle
+
+    def copied(g):
+        if how == "deepcopy":
+            return copy.deepcopy(g)
+        if how == "copy":
+            return copy.copy(g)
+        if how == "pickle":
+            return pickle.loads(pickle.dumps(g))
+        buffer = io.BytesIO()
+        torch.save(g, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=False)
+
+    g = built(seed=4)
+    layer, tensors = op.Layer(gated_attention()), attention_tensors(g)
+    assert torch.equal(layer(copied(g), **tensors), layer(g, **tensors))  # an unedited copy stays usable
+    with torch.no_grad():
+        g.etype[:] = 0
+    with pytest.raises(UserError, match=r"^the graph's etype changed in place after RelGraph.build"):
+        copied(g)
+
+
+@model
+def branches_on_a_traced_value(m):
+    x, y = m.input("x", "in"), m.input("y", "in")
+    return x if m.dot(y, y) else y
+
+
+@model
+def compares_traced_values(m):
+    x, y = m.input("x", "in"), m.input("y", "in")
+    return x + y if x == y else x - y
+
+
+def test_python_control_flow_on_a_traced_value_is_refused_not_traced_one_way():
+    """`if e:` was always true and `x == y` always false: one branch was traced for every row, and
+    an input used only in the condition vanished from the layer."""
+    from systems.hector.lang import ModelError
+
+    with pytest.raises(ModelError, match="^a traced value has no truth value"):
+        branches_on_a_traced_value()
+    with pytest.raises(ModelError, match=r"^the language has no comparisons \(==, <, ...\)"):
+        compares_traced_values()
+
+
+@model
+def doubled(m):
+    return m.input("x", "in") * 2
+
+
+def test_the_model_function_itself_or_another_object_is_refused_where_a_program_is_wanted():
+    with pytest.raises(UserError, match=r"^Layer takes a traced Program: call the @model function, doubled\(\), and"):
+        op.Layer(doubled)
+    with pytest.raises(UserError, match=r"^optimize takes a traced Program: call the @model function, doubled\(\)"):
+        passes.optimize(doubled, "reorder")
+    with pytest.raises(
+        UserError, match=r"^Layer takes a traced Program \(what a @model function returns\), got NoneType"
+    ):
+        op.Layer(None)
+    with pytest.raises(UserError, match=r"^Layer: tensor_cores must be True or False, got 'yes'"):
+        op.Layer(doubled(), tensor_cores="yes")
+
+
+def test_the_ops_called_with_too_few_or_too_many_tensors_say_what_they_take():
+    g = built(seed=4)
+    layer, tensors = op.Layer(gated_attention()), attention_tensors(g)
+    handle = op.register_graph(g)
+    given = [tensors[name] for name in layer.names]
+    for wrong in (given[:1], given + given[:1]):
+        with pytest.raises(UserError, match=rf"takes {len(given)} tensors \(x, W, attr, We, a\), got {len(wrong)}$"):
+            layer.inference_op(handle, wrong)
+        with pytest.raises(UserError, match=rf"takes {len(given)} tensors"):
+            layer.forward_op(handle, wrong)
+
+
+MISUSED = [
+    (lambda m, x, W, b: m.src(x) * m.relation, r"m.relation and m.node_type only index a weight"),
+    (
+        lambda m, x, W, b: m.sum_into_dst(b[m.relation]),
+        r"sum_into_dst takes an edge value, got weight b\[m.relation\] \(a weight indexed by m.relation is no edge",
+    ),
+    (lambda m, x, W, b: m.src(x) @ W[m.relation] + m.dst(x) @ W[m.node_type], r"^weight W is per relation, not per"),
+    (lambda m, x, W, b: m.src(x) + x, r"^add of an edge value and a node value: both must be rows of one kind"),
+]
+
+
+@pytest.mark.parametrize("body, message", MISUSED)
+def test_a_misused_relation_index_or_mixed_rows_are_named_as_the_user_wrote_them(body, message):
+    from systems.hector.lang import ModelError
+
+    def write(m):
+        x = m.input("x", "in")
+        return body(m, x, m.weight("W", ("in", "in"), per="relation"), m.weight("b", ("in",), per="relation"))
+
+    write.__name__ = "written"
+    with pytest.raises(ModelError, match=message):
+        model(write)()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.errors import UserError
+
 DOMAINS = ("node", "edge", "pair", "weight")
 ENDS = ("src", "dst", "etype")
 
@@ -60,6 +62,17 @@ class Program:
 
     def __str__(self) -> str:
         return format_program(self)
+
+
+def checked_program(program, taker: str) -> Program:
+    """``program``, refused in one line where it is not a traced :class:`Program`: the @model
+    function itself (its call forgotten) is the usual slip."""
+    if isinstance(program, Program):
+        return program
+    if callable(program):
+        name = getattr(program, "__name__", "the model function")
+        raise UserError(f"{taker} takes a traced Program: call the @model function, {name}(), and pass what it returns")
+    raise UserError(f"{taker} takes a traced Program (what a @model function returns), got {type(program).__name__}")
 
 
 def topological(outputs: list[Value]) -> list[Value]:

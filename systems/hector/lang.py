@@ -100,6 +100,20 @@ class Expr:
     def __pow__(self, other):
         raise ModelError("the language has no power: write x * x, or m.exp / m.tanh / m.sigmoid")
 
+    # A model is traced once, not run per row: a Python branch on a traced value would fix one
+    # branch at trace time for every row, and == would compare the tracer's objects.
+    def __bool__(self):
+        raise ModelError(
+            "a traced value has no truth value: a model is traced once, so Python's if/and/or/not cannot "
+            "branch per row (use m.max_into_dst, m.leaky_relu or arithmetic instead)"
+        )
+
+    def _compare(self, other):
+        raise ModelError("the language has no comparisons (==, <, ...): a traced value is not a number")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
+    __hash__ = object.__hash__
+
     def __getitem__(self, index):
         if self.value.domain != "weight" or not isinstance(index, _Index):
             raise ModelError("only a weight can be indexed, and only by m.relation or m.node_type")
@@ -265,12 +279,19 @@ class Builder:
 
     def _need(self, e, domain, what):
         if not isinstance(e, Expr) or e.value.domain != domain:
-            got = e.value.domain if isinstance(e, Expr) else type(e).__name__
-            raise ModelError(f"{what} takes {_a(domain)} value, got {got}")
+            hint = ""
+            if isinstance(e, Selected) and domain == "edge":
+                hint = (
+                    " (a weight indexed by m.relation is no edge rows: m.each_edge makes a vector's rows, @ multiplies)"
+                )
+            raise ModelError(f"{what} takes {_a(domain)} value, got {_shown(e)}{hint}")
 
     def _same(self, a, b, what):
         if a.value.domain != b.value.domain:
-            raise ModelError(f"{what} of {_a(a.value.domain)} value and {_a(b.value.domain)} value")
+            raise ModelError(
+                f"{what} of {_a(a.value.domain)} value and {_a(b.value.domain)} value: both must be rows of one "
+                "kind (m.src / m.dst bring node rows to the edges; a weight indexed by m.node_type gives node rows)"
+            )
 
     def _reduce(self, e: Expr, how: str, end: str) -> Expr:
         """Edge rows reduced into nodes by ``end``: a sum; a mean is the sum over the node's edge
@@ -320,7 +341,9 @@ class Builder:
             return self._op("broadcast", (w,), like.value.domain, w.shape[0])
         if isinstance(operand, Expr):
             return operand
-        raise ModelError(f"cannot use {type(operand).__name__} in a model's arithmetic")
+        if isinstance(operand, _Index):
+            raise ModelError(f"{what}: m.relation and m.node_type only index a weight (as W[m.relation])")
+        raise ModelError(f"cannot use {_shown(operand)} in a model's arithmetic")
 
     def _binary(self, op, a, b) -> Expr:
         like = a if isinstance(a, Expr) and a.value.domain != "weight" else b

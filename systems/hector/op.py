@@ -33,7 +33,7 @@ import torch
 from harness.errors import UserError
 from systems.hector import codegen, cuda_graphs, lower, reference
 from systems.hector.autodiff import leaves, split
-from systems.hector.ir import Program
+from systems.hector.ir import Program, checked_program
 from systems.relgraph.graph import RelGraph
 
 _graphs: weakref.WeakValueDictionary[int, RelGraph] = weakref.WeakValueDictionary()  # held by their callers
@@ -64,6 +64,9 @@ class Layer:
     """``program`` as an operator; its tensors are given by name when called."""
 
     def __init__(self, program: Program, tensor_cores: bool = False):
+        program = checked_program(program, "Layer")
+        if not isinstance(tensor_cores, bool):
+            raise UserError(f"Layer: tensor_cores must be True or False, got {tensor_cores!r}")
         if len(program.outputs) != 1:  # the ops return one output and take one output's gradient
             raise UserError(f"a Layer runs a program of one output; {program.name} returns {len(program.outputs)}")
         self.program, self.tensor_cores = program, tensor_cores
@@ -289,6 +292,8 @@ def _define(op_name: str, program: Program, names: list[str], tensor_cores: bool
     plans = {id(p): lower.lower(p) for p in (program, forward_program, backward_program)}
 
     def bind(tensors, grad=None, saved=()):
+        if len(tensors) != len(names):  # torch.ops.hector callers pass the list themselves
+            raise UserError(f"{op_name} takes {len(names)} tensors ({', '.join(names)}), got {len(tensors)}")
         bound = dict(zip(names, tensors, strict=True)) | {f"saved:{i}": t for i, t in enumerate(saved)}
         return bound if grad is None else bound | {"grad:0": grad}
 

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 
 from harness.errors import UserError
-from systems.hector.ir import Program, Value
+from systems.hector.ir import Program, Value, checked_program
 
 # Operators whose result row i depends only on row i of their row arguments (and on weights).
 ROWWISE = {"gather", "take", "matmul", "typed_matmul", "add", "sub", "mul", "dot", "leaky_relu", "gelu", "sigmoid"}
@@ -92,6 +92,7 @@ def check_names(names) -> None:
 
 def optimize(program: Program, *names: str) -> Program:
     """``program`` after the named passes, in the order given (``reorder`` before ``compact``)."""
+    program = checked_program(program, "optimize")
     check_names(names)
     for name in names:
         program = PASSES[name](program)

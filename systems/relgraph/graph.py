@@ -60,6 +60,11 @@ class RelGraph:
         tensors = [getattr(self, name) for name in self.EDGES]
         return tuple(None if t.is_inference() else t._version for t in tensors)
 
+    def __getstate__(self) -> dict:
+        # A copy's versions are counted afresh (below): an edited graph copied would pass as built.
+        self.check_unchanged()
+        return dict(self.__dict__)
+
     def __setstate__(self, state: dict) -> None:
         # A copy (copy.deepcopy, pickle) has tensors of its own, versions counted afresh.
         self.__dict__.update(state)
