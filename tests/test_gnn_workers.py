@@ -268,3 +268,21 @@ def test_the_copy_ahead_hands_over_the_baselines_batches_on_the_gpu(arrays):
     for a, (x, edge_index, y) in zip(baseline, got):
         assert torch.equal(a.x, x) and torch.equal(a.edge_index, edge_index) and torch.equal(a.y, y)
     loader.close()
+
+
+@pytest.mark.parametrize("name, workers", [("cpu_gather", 0), ("cpu_gather", 1), ("cpu_gather_workers", 1)])
+@pytest.mark.parametrize("changed", ["labels", "indices", "features", "train_idx"])
+def test_a_graph_changed_in_place_after_the_pipeline_was_made_is_refused_not_half_seen(arrays, name, workers, changed):
+    """Forked workers keep the graph as it was when they started: cpu_gather_workers trained on the
+    old labels and edges while cpu_gather in-process saw the new ones, without a word."""
+    graph = Graph(arrays, "cpu")
+    pipeline = Pipeline(name, graph, [3, 2], 97, seed=1, sampler_workers=workers)
+    try:
+        list(pipeline.batches(0))
+        tensor = getattr(graph, changed)
+        tensor[:1] = tensor[:1].clone()  # any in-place write counts: the values may now differ
+        with pytest.raises(UserError, match=rf"^pipeline {name}: the graph's {changed} changed in place since"):
+            pipeline.batches(1)
+    finally:
+        pipeline.close()
+        graph.close()

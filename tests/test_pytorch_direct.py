@@ -12,7 +12,15 @@ import torch.nn.functional as F
 from systems import nvrtc
 from systems.pytorch_direct import UnifiedTensor
 from systems.pytorch_direct import unified as unified_module
-from systems.pytorch_direct.ops import INDEX_DTYPES, KERNELS, gather, launch_gather, launch_sorted_gather, word_bytes
+from systems.pytorch_direct.ops import (
+    INDEX_DTYPES,
+    KERNELS,
+    gather,
+    gather_op,
+    launch_gather,
+    launch_sorted_gather,
+    word_bytes,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64]
 ALIAS_DTYPES = DTYPES + [torch.float64, torch.uint8, torch.int16, torch.int32, torch.bool]
@@ -209,8 +217,8 @@ def test_launch_refuses_an_out_it_cannot_fill_row_by_row(out, message):
 def test_reference_passes_opcheck():
     table = random_table(64, 9, torch.float32, seed=2)
     idx = torch.randint(0, 64, (100,))
-    torch.library.opcheck(gather, (table, idx), {"loads": "aligned", "dedup": True})
-    torch.library.opcheck(gather, (table, idx), {"loads": "naive", "sort": True, "max_threads": 64})
+    torch.library.opcheck(gather_op, (table, idx), {"loads": "aligned", "dedup": True})
+    torch.library.opcheck(gather_op, (table, idx), {"loads": "naive", "sort": True, "max_threads": 64})
 
 
 def test_word_width_is_the_widest_that_every_address_allows():
@@ -661,7 +669,7 @@ def test_gpu_opcheck_and_fake_registration():
     idx = torch.randint(0, 64, (100,), device="cuda")
     # opcheck's schema and fake-tensor checks run the op on copies of the inputs; a copy of a
     # pinned tensor is not pinned, which the op rightly refuses. Those two are checked by hand.
-    torch.library.opcheck(gather, (table, idx), test_utils=("test_autograd_registration",))
+    torch.library.opcheck(gather_op, (table, idx), test_utils=("test_autograd_registration",))
     before = table.clone()
     real = gather(table, idx)
     assert torch.equal(table, before)

@@ -15,7 +15,7 @@ from harness.errors import NeedsGpuError, UserError
 from systems import nvrtc
 from systems.pytorch_direct import dispatch
 from systems.pytorch_direct.hot_rows import HotRows, count_rows, hit_rate, hottest_rows
-from systems.pytorch_direct.ops import gather
+from systems.pytorch_direct.ops import gather, gather_op
 from systems.sampling import ops as sampling_ops
 from systems.sampling.ops import sample_neighbors
 from systems.sampling.sampler import NeighborSampler
@@ -96,7 +96,7 @@ def test_a_table_that_requires_grad_gets_the_gradient_of_plain_indexing(index_dt
     (gather(table, idx) * weights).sum().backward()
     want = torch.zeros(13, 5, dtype=torch.float64).index_add_(0, idx.long(), weights)
     torch.testing.assert_close(table.grad, want, rtol=0, atol=1e-12)
-    torch.library.opcheck(gather, (table.detach().requires_grad_(), idx))
+    torch.library.opcheck(gather_op, (table.detach().requires_grad_(), idx))
 
 
 def test_a_table_of_rows_without_features_gives_empty_rows_and_still_checks_the_ids():
@@ -474,3 +474,47 @@ def test_hit_rate_stays_a_share_when_counts_are_near_int64s_limit():
     counts = torch.tensor([2**62, 2**62, 2**62, 2**61])  # their int64 sum wraps negative
     assert hit_rate(counts, torch.tensor([0])) == pytest.approx(2 / 7)
     assert hit_rate(counts, torch.tensor([0, 1, 2, 3])) == 1.0
+
+
+def test_the_cpu_reference_reads_cached_rows_from_the_cache_as_the_kernel_does():
+    """The reference ignored slots and cache and returned the table's row: a stale cache (the table
+    written after the fill), or a slot naming the wrong cached row, which the kernel reads, passed
+    every CPU test. Now it reads what the kernel reads; a slot past the cache reads the table."""
+    table = random_table(10, 3, torch.float32, seed=3)
+    hot, old = HotRows(table, torch.tensor([7, 2]), "cpu"), table[7].clone()
+    with torch.no_grad():
+        table[7] += 100.0  # written after the fill: the cache holds the old row 7
+    idx = torch.tensor([7, 1, 2, 7], dtype=torch.int32)
+    got = gather(table, idx, slots=hot.slots, cache=hot.cache)
+    assert torch.equal(got[0], old) and torch.equal(got[3], old)
+    assert torch.equal(got[1], table[1]) and torch.equal(got[2], table[2])
+    slots = torch.full((10,), -1, dtype=torch.int32)
+    slots[1], slots[4] = 0, 5  # row 1 at cache row 0 (another row's copy), row 4 past the cache
+    cache = random_table(2, 3, torch.float32, seed=4)
+    got = gather(table, torch.tensor([1, 4, 3]), slots=slots, cache=cache)
+    assert torch.equal(got, torch.stack([cache[0], table[4], table[3]]))
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        ((np.zeros((4, 2), np.float32), torch.tensor([1])), {}, "table must be a torch tensor .* got ndarray"),
+        ((torch.zeros(4, 2), [1]), {}, "idx must be a torch tensor .* got list"),
+        ((torch.zeros(4, 2), torch.tensor([1])), {"loads": 5}, "loads must be one of naive, aligned, vectorized"),
+        ((torch.zeros(4, 2), torch.tensor([1])), {"sort": "yes"}, "sort must be True or False, got 'yes'"),
+        ((torch.zeros(4, 2), torch.tensor([1])), {"max_threads": 1.5}, "max_threads must be an integer"),
+        ((torch.zeros(4, 2), torch.tensor([1])), {"slots": [0], "cache": torch.zeros(1, 2)}, "slots must be a torch"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named_in_one_line(args, kwargs, message):
+    """The dispatcher's schema error took several lines (23 with a numpy table, printed whole) and
+    named no argument."""
+    with pytest.raises(TypeError, match=f"^{message}") as raised:
+        gather(*args, **kwargs)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_numpy_array_of_ids_is_one_batch_of_counts():
+    """count_rows iterated an array's elements and refused the first as "got int64"."""
+    assert torch.equal(count_rows(np.array([1, 2, 2, 4]), 5), torch.tensor([0, 1, 2, 0, 1]))
+    assert torch.equal(count_rows([np.array([3]), torch.tensor([3])], 4), torch.tensor([0, 0, 0, 2]))

@@ -229,3 +229,67 @@ def test_the_engine_refuses_the_blocks_offload_refuses():
             with pytest.raises(UserError) as error:
                 make()
             assert re.search(message, str(error.value)) and "\n" not in str(error.value), str(error.value)
+
+
+class FailingBlock(nn.Module):
+    """A block whose forward raises while ``fail`` is set (a batch the user catches and skips)."""
+
+    fail = False
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(WIDTH, 48), nn.Linear(48, WIDTH)
+
+    def forward(self, x):
+        hidden = torch.tanh(self.up(x))
+        if FailingBlock.fail:
+            raise RuntimeError("a batch the user skips")
+        return x + self.down(hidden)
+
+
+class Embedded(nn.Module):
+    """A stem before the blocks (what it saves belongs to no block), then the blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(WIDTH, WIDTH)
+        self.layers = nn.ModuleList([FailingBlock() for _ in range(BLOCKS)])
+
+    def forward(self, x):
+        x = torch.tanh(self.stem(x))
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_a_block_that_raised_is_left_so_the_next_tensors_and_backward_are_nobody_s():
+    """A forward that raised inside a block left the engine in that block: the next micro-batch's
+    stem tensors were offloaded as the block's (the doc keeps what is saved outside the blocks), and
+    a backward before the next forward was taken for one inside a block's forward (no prefetch, no
+    backward counted)."""
+    torch.manual_seed(0)
+    model = Embedded()
+    plain = Embedded()
+    plain.load_state_dict(model.state_dict())
+    with HostStore() as store, offload(model, store=store, policy="offload_all", min_bytes=0, keep_last=0) as session:
+        first = model(inputs(0))
+        FailingBlock.fail = True
+        try:
+            with pytest.raises(RuntimeError, match="a batch the user skips"):
+                model(inputs(1))
+        finally:
+            FailingBlock.fail = False
+        first.backward()
+        assert session.offloader.backwards == 1 and session.offloader.cache.prefetched_loads > 0
+        assert session.offloader._layer is None
+        stem_bytes = session.stats.layers.get(None)
+        model.zero_grad(set_to_none=True)
+        second = model(inputs(2))
+        assert session.stats.layers[None].offloaded_bytes == 0  # the stem's tensors, kept
+        second.backward()
+    plain(inputs(0)).backward()
+    plain.zero_grad(set_to_none=True)
+    plain(inputs(2)).backward()
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    assert stem_bytes is not None and stem_bytes.packed_bytes > 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 from harness.arguments import cpu_or_cuda, whole_number
@@ -47,6 +48,8 @@ def _as_int64(values: torch.Tensor, what: str) -> torch.Tensor:
 def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
     """``ids`` (any shape) as a flat int64 host tensor, refused unless it holds integers: a float
     id would be truncated and a boolean mask read as the ids 0 and 1, both without a word."""
+    if isinstance(ids, np.ndarray) and ids.dtype.kind in "biufc":  # numbers: checked as a tensor of them
+        ids = torch.from_numpy(ids)
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         kind = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise UserError(f"{what} must be a tensor of integer row ids, got {kind}")
@@ -55,9 +58,10 @@ def _row_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
 
 def count_rows(id_batches: Iterable[torch.Tensor], num_rows: int) -> torch.Tensor:
     """How many times each row is read in ``id_batches`` (int64 counts in host memory)."""
-    if isinstance(id_batches, torch.Tensor):
-        # One tensor is one batch (of any shape): iterated, its ids would come one at a time, each
-        # bincounted over every row (the right counts at ids x rows cost, hours for a real batch).
+    if isinstance(id_batches, torch.Tensor | np.ndarray):
+        # One tensor or array is one batch (of any shape): iterated, its ids would come one at a
+        # time, each bincounted over every row (the right counts at ids x rows cost, hours for a
+        # real batch).
         id_batches = [id_batches]
     num_rows = _count(num_rows, "num_rows")
     counts = torch.zeros(num_rows, dtype=torch.int64)
@@ -109,7 +113,8 @@ def hit_rate(counts: torch.Tensor, rows: torch.Tensor) -> float:
 
 class HotRows:
     """Copies of some rows of ``table`` on ``device``: ``slots[row]`` is the row's place in
-    ``cache``, or -1 (the layout ``ops.gather`` reads)."""
+    ``cache``, or -1 (the layout ``ops.gather`` reads). A snapshot: a gather reads a cached row from
+    the copy, so after the table's rows are written, make a new HotRows."""
 
     def __init__(self, table: torch.Tensor, rows: torch.Tensor, device: str | torch.device):
         if not isinstance(table, torch.Tensor):

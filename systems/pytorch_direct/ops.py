@@ -121,6 +121,39 @@ def _raise_out_of_range(value: int, rows: int) -> None:
 
 
 @torch.library.custom_op("pytorch_direct::gather", mutates_args=())
+def gather_op(
+    table: torch.Tensor,
+    idx: torch.Tensor,
+    loads: str = "vectorized",
+    sort: bool = False,
+    dedup: bool = False,
+    max_threads: int = 0,
+    slots: torch.Tensor | None = None,
+    cache: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """CPU reference: ``table[idx]`` with the same checks; with ``slots`` and ``cache``, a row whose
+    slot is in the cache is read from the cache, as the kernel reads it (a cache filled before the
+    table was written holds the old rows: a snapshot). Other options do not change the result."""
+    _check(table, idx, loads, slots, cache, max_threads)
+    bad = _out_of_range(idx, table.shape[0])
+    if bad.numel():
+        _raise_out_of_range(int(bad[0]), table.shape[0])
+    rows = table.index_select(0, idx.long())
+    if slots is not None:
+        slot = slots.index_select(0, idx.long()).long()
+        cached = (slot >= 0) & (slot < cache.shape[0])
+        rows[cached] = cache.index_select(0, slot[cached])
+    return rows
+
+
+@gather_op.register_fake
+def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
+    # Tracing (fake tensors): the rows land on the device of idx. Real meta tensors run this too
+    # (the Meta key wins): their result is meta, never uninitialised memory on a real device.
+    meta = table.device.type == "meta" or idx.device.type == "meta"
+    return table.new_empty((idx.shape[0], table.shape[1]), device="meta" if meta else idx.device)
+
+
 def gather(
     table: torch.Tensor,
     idx: torch.Tensor,
@@ -131,20 +164,22 @@ def gather(
     slots: torch.Tensor | None = None,
     cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """CPU reference: ``table[idx]`` with the same checks (options do not change the result)."""
-    _check(table, idx, loads, slots, cache, max_threads)
-    bad = _out_of_range(idx, table.shape[0])
-    if bad.numel():
-        _raise_out_of_range(int(bad[0]), table.shape[0])
-    return table.index_select(0, idx.long())
-
-
-@gather.register_fake
-def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
-    # Tracing (fake tensors): the rows land on the device of idx. Real meta tensors run this too
-    # (the Meta key wins): their result is meta, never uninitialised memory on a real device.
-    meta = table.device.type == "meta" or idx.device.type == "meta"
-    return table.new_empty((idx.shape[0], table.shape[1]), device="meta" if meta else idx.device)
+    """``gather_op`` (the module's docstring), each argument's type checked first: the dispatcher's
+    schema error is several lines, prints the value, and names no argument."""
+    tensors = {"table": table, "idx": idx} | {k: v for k, v in (("slots", slots), ("cache", cache)) if v is not None}
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{name} must be a torch tensor (torch.from_numpy for an array), got {type(value).__name__}"
+            )
+    if not isinstance(loads, str):
+        raise TypeError(f"loads must be one of {', '.join(KERNELS)}, got {loads!r}")
+    for name, value in (("sort", sort), ("dedup", dedup)):
+        if not isinstance(value, bool | np.bool_):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if isinstance(max_threads, bool) or not isinstance(max_threads, int | np.integer):
+        raise TypeError(f"max_threads must be an integer (0: enough to fill the GPU), got {max_threads!r}")
+    return gather_op(table, idx, loads, bool(sort), bool(dedup), int(max_threads), slots, cache)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -163,10 +198,10 @@ def _backward(ctx, grad):
     return grad_table, None, None, None, None, None, None, None
 
 
-gather.register_autograd(_backward, setup_context=_setup_context)
+gather_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-@gather.register_kernel("cuda")
+@gather_op.register_kernel("cuda")
 def _(table, idx, loads="vectorized", sort=False, dedup=False, max_threads=0, slots=None, cache=None):
     _check(table, idx, loads, slots, cache, max_threads)
     refuse_other_gpus(idx=idx)

@@ -304,7 +304,9 @@ class Offloader:
             enter = StepHook(functools.partial(self._enter_layer, index))
             self._entry_hooks.append(enter)
             self._module_hooks.append(layer.register_forward_pre_hook(enter))
-            self._module_hooks.append(layer.register_forward_hook(StepHook(self._leave_layer)))
+            # always_call: a block whose forward raises (a batch the user skips) is left all the same,
+            # or the next forward's tensors saved before the blocks would count as that block's.
+            self._module_hooks.append(layer.register_forward_hook(StepHook(self._leave_layer), always_call=True))
         self._checkpoint_funcs = self._attribute_library_checkpoints()
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()

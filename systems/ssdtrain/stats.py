@@ -73,9 +73,9 @@ class StepStats:
         # Per layer, the largest storage saved that is no parameter's (what ``min_bytes`` is set against).
         self.largest: dict[int | None, int] = {}
         # Weak references to every storage counted: they keep the keys unique (cache.py). Those of
-        # freed storages are let go now and then, so a block around a whole training loop does not
-        # grow with it (a freed storage's key cannot come back while its reference is held, and a
-        # new storage at its address is a new key once it is let go).
+        # freed storages, and older versions of live ones, are let go now and then, so a block
+        # around a whole training loop does not grow with it (a freed storage's key cannot come back
+        # while its reference is held, and a new storage at its address is a new key once it is let go).
         self._seen: dict[StorageKey, StorageWeakRef] = {}
         self._prune_at = PRUNE_AT
 
@@ -107,8 +107,7 @@ class StepStats:
         if key[0] not in self._seen:
             self._seen[key[0]] = key[1]
             if len(self._seen) >= self._prune_at:
-                self._seen = {k: ref for k, ref in self._seen.items() if not ref.expired()}
-                self._prune_at = max(PRUNE_AT, 2 * len(self._seen))
+                self._prune()
             stats.unique_tensors += 1
             stats.unique_bytes += storage_bytes
             stats.parameter_bytes += storage_bytes if parameter else 0
@@ -116,6 +115,19 @@ class StepStats:
         if offloaded:
             stats.offloaded_tensors += 1
             stats.offloaded_bytes += storage_bytes
+
+    def _prune(self) -> None:
+        """Let go of the keys of freed storages, and of the older versions of a live one: a weight
+        the optimizer updates in place is a new key (version) every step, and no tensor of an older
+        version can be saved again (versions only grow)."""
+        live = {k: ref for k, ref in self._seen.items() if not ref.expired()}
+        newest: dict[tuple[int, int], int] = {}
+        for k in live:
+            if k.version >= 0:  # (negative: a key of its own, no version of a shared counter)
+                where = (k.impl, k.data_ptr)
+                newest[where] = max(newest.get(where, k.version), k.version)
+        self._seen = {k: ref for k, ref in live.items() if k.version < 0 or k.version == newest[(k.impl, k.data_ptr)]}
+        self._prune_at = max(PRUNE_AT, 2 * len(self._seen))
 
     def has(self, key: StorageKey) -> bool:
         """Whether this step has counted the storage ``key`` already."""

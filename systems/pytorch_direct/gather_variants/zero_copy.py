@@ -14,7 +14,7 @@ import torch
 
 from systems.pytorch_direct import dispatch
 from systems.pytorch_direct.gather_variants import HOT_ROWS, Batch, GatherVariant, register, wait
-from systems.pytorch_direct.ops import gather, launch_sorted_gather
+from systems.pytorch_direct.ops import gather_op, launch_sorted_gather
 
 PYTORCH_DIRECT = "PyTorch-Direct"
 
@@ -30,7 +30,7 @@ def kernel_gather(kernel: str, *, sort: bool = False, cached: bool = False):
 
         def run():
             b.idx_gpu.copy_(b.idx, non_blocking=True)
-            out = gather(b.table, b.idx_gpu, **options)
+            out = gather_op(b.table, b.idx_gpu, **options)  # the op itself: its arguments are the variant's
             wait()
             return out
 

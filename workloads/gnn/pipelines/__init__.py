@@ -588,6 +588,9 @@ class Pipeline:
         self.setup_metrics: dict[str, tuple[float, str]] = {}
         if kind.prepare is not None:
             kind.prepare(self)
+        # The graph's tensors as the pipeline read them: its workers (forked copies), device copies
+        # and caches hold these values, so a change in place afterwards is refused, not half seen.
+        self._graph_read = [(name, t, t._version) for name in Graph.ARRAYS if (t := getattr(graph, name)) is not None]
 
     def _make_loader(self) -> torch.utils.data.DataLoader:
         # Worker processes, kept for the whole run (persistent), so an epoch does not pay for
@@ -637,6 +640,17 @@ class Pipeline:
     def refuse_if_closed(self) -> None:
         if self.sampler is None:
             raise UserError(f"pipeline {self.name} is closed: make a new one to train or evaluate")
+
+    def refuse_if_graph_changed(self) -> None:
+        """Refuse, in one line, an epoch over a graph whose tensors were changed in place since the
+        pipeline was made: worker processes would read their copies of the old values, the
+        in-process paths the new ones (not seen: writes through ``.numpy()`` or ``.data``)."""
+        changed = [name for name, t, version in self._graph_read if t._version != version]
+        if changed:
+            raise UserError(
+                f"pipeline {self.name}: the graph's {', '.join(changed)} changed in place since the pipeline was "
+                "made (its workers, device copies and caches hold the old values): make a new pipeline"
+            )
 
     def epoch_metrics(self) -> dict[str, tuple[float, str]]:
         """The kind's own measurements of the epoch just trained ({metric: (value, unit)}); call
@@ -728,6 +742,7 @@ class Pipeline:
     def batches(self, epoch: int, seeds: torch.Tensor | None = None) -> Iterator[Minibatch]:
         """The epoch's minibatches (training seeds shuffled by epoch, or the given seeds in order)."""
         self.refuse_if_closed()
+        self.refuse_if_graph_changed()
         if whole_number(epoch, at_most=MAX_EPOCH) is None:
             raise UserError(f"epoch must be a whole number in 0..2**62, got {epoch!r}")
         epoch = whole_number(epoch)
