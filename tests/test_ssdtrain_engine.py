@@ -408,6 +408,38 @@ def test_min_bytes_is_judged_by_the_storage_a_saved_view_holds():
     assert offloader.stats.largest[0] == 64 * 256 * 4
 
 
+class SavesItsInput(nn.Module):
+    """A block whose first op saves the block's input (the matrix product saves it for the weight's
+    gradient), then an activation of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(256, 256)
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x))
+
+
+@pytest.mark.parametrize("rows", [32, 4096])
+def test_a_slice_of_the_callers_data_is_kept_not_written_whole(rows):
+    """A batch sliced from a 4 MiB dataset the caller holds was offloaded as its whole storage:
+    4 MiB written and read back (more than keeping it) for a 32 KiB batch, freeing nothing. A slice
+    of at least half its storage, or the model's own activations, are offloaded as before."""
+    data = torch.randn(4096, 256)
+    model = nn.Sequential(SavesItsInput())
+    store = RecordingStore()
+    offloader = Offloader(model, store, min_bytes=0, keep_last=0, layers=[model[0]])
+    with offloader:
+        model(data[:rows]).sum().backward()
+    want = model[0].linear.weight.grad.clone()
+    model.zero_grad()
+    model(data[:rows]).sum().backward()
+    assert torch.equal(model[0].linear.weight.grad, want)
+    written = sorted(nbytes for _, nbytes in store.puts)
+    activation = rows * 256 * 4  # tanh's output, the block's own
+    assert written == ([activation] if rows == 32 else [activation, data.numel() * 4])
+
+
 def test_prefetch_reads_ahead_and_without_it_backward_waits():
     for prefetch in (1, 0):
         model, loss_of = make_model("mlp")

@@ -1451,3 +1451,26 @@ def test_a_copy_of_the_model_made_inside_the_block_trains_its_own_weights(policy
     got = run(lambda model: offload(model, **policy_args(policy, BLOCKS["mlp"])))
     for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("policy", ["offload_adaptive", "planner"])
+def test_a_forward_with_gradients_that_had_no_backward_is_not_profiled(policy):
+    """A validation loss taken with gradients on, before the first training step, was added to the
+    profile: every block's saved bytes counted twice, and the planner planned for a step of twice
+    the size (another plan). The profile is of the forward whose backward runs."""
+
+    def profile(validate_first: bool):
+        torch.manual_seed(0)
+        model = MLP()
+        session = offload(model, **policy_args(policy, BLOCKS["mlp"]) | {"bandwidth": 1e9, "keep_last": 0})
+        with session:
+            if validate_first:
+                model(*batch("mlp", 9))  # never backpropagated
+            model(*batch("mlp", 0)).backward()
+            model(*batch("mlp", 1)).backward()
+        return session.plan
+
+    plain, validated = profile(False), profile(True)
+    assert plain is not None and validated is not None
+    assert validated.decisions == plain.decisions
+    assert validated.budget_bytes == plain.budget_bytes

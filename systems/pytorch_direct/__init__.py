@@ -8,9 +8,10 @@ Two lines in a training loop::
 ``feats.cuda_alias()`` is the same host memory as a CUDA tensor, for stock torch ops
 (``alias[idx]``, ``index_select``, ``F.embedding``, slicing); ``unified.py`` says when it may be
 used and written. ``ops.gather`` calls the ``torch.library`` op underneath ``feats[idx]``
-(``ops.gather_op``, with a CPU reference), its arguments' types checked first. The ways of gathering that the benchmark compares (the CPU-gather baselines,
-stock torch, WholeGraph, this op's steps, an all-in-GPU bound) are entries of
-``gather_variants.GATHER_VARIANTS``, one module each or per family.
+(``ops.gather_op``, with a CPU reference), its arguments' types checked first. The ways of
+gathering that the benchmark compares (the CPU-gather baselines, stock torch, WholeGraph, this
+op's steps, an all-in-GPU bound) are entries of ``gather_variants.GATHER_VARIANTS``, one module
+each or per family.
 """
 
 from systems.pytorch_direct.unified import UnifiedTensor

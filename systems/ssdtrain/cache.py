@@ -84,6 +84,14 @@ def offload_key(tensor: torch.Tensor) -> tuple[StorageKey, StorageWeakRef]:
     return key, ref
 
 
+def span_bytes(tensor: torch.Tensor) -> int:
+    """The bytes of its storage that ``tensor`` reaches, from its first element to its last."""
+    if tensor.numel() == 0:
+        return 0
+    reach = 1 + sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride()))
+    return reach * tensor.element_size()
+
+
 def whole_storage(tensor: torch.Tensor) -> torch.Tensor:
     """A uint8 tensor over all of ``tensor``'s storage (no copy)."""
     return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())

@@ -69,7 +69,7 @@ from harness.arguments import whole_number
 from harness.errors import UserError
 from systems.ssdtrain._warn import warn
 from systems.ssdtrain.blocks import checked_blocks
-from systems.ssdtrain.cache import TensorCache, modified_error, offload_key
+from systems.ssdtrain.cache import TensorCache, modified_error, offload_key, span_bytes
 from systems.ssdtrain.layers import block_name, refuse_lazy
 from systems.ssdtrain.stats import BELOW_MIN_BYTES, EMPTY, NOT_STORABLE, StepStats, why_nothing_moved
 from systems.ssdtrain.stores import Store
@@ -465,10 +465,17 @@ class Offloader:
         layer = self._layer
         key = offload_key(tensor) if has_storage_identity(tensor) else None
         parameter = key is not None and self._is_parameter(tensor, key[0].impl)
+        # Without autograd history it may be a buffer its op fills after saving it: written
+        # once the block's forward has ended (cache: deferred puts).
+        no_history = tensor.grad_fn is None and not tensor.requires_grad
         offload = (
             key is not None
             and not parameter
             and layer is not None
+            # Data from outside the model (no history) that is a small view of a larger storage, as
+            # a batch sliced from a dataset the caller holds: storing the storage would write all
+            # of it and free none of it. Kept, as the caller's data is held anyway.
+            and not (no_history and 2 * span_bytes(tensor) <= tensor.untyped_storage().nbytes())
             and self._decisions[layer] == OFFLOAD
             # Saved while backward runs (a reentrant checkpoint recomputing its block): needed at once.
             and not in_backward()
@@ -481,9 +488,6 @@ class Offloader:
             self.stats.record(tensor, layer, key, parameter=parameter, unoffloadable=small)
             return _Kept(tensor, getattr(_local, "block", None), layer)
         with torch.no_grad():
-            # Without autograd history it may be a buffer its op fills after saving it: written
-            # once the block's forward has ended (cache: deferred puts).
-            no_history = tensor.grad_fn is None and not tensor.requires_grad
             handle, new = self.cache.offload(tensor, layer, *key, defer=no_history)
         self.stats.record(tensor, layer, key, offloaded=new)
         return handle

@@ -349,6 +349,13 @@ class Offloading:
                 return
             if self.decisions is None:
                 if self.offloader.backwards < profiled_backwards:
+                    new_forward = module is self.model or module is self.layers[0]
+                    if new_forward and not self.offloader.backwards and torch.is_grad_enabled() and timer.starts:
+                        # The last forward with gradients had no backward (a validation loss taken
+                        # outside torch.no_grad): the profile is of a forward and its backward, so
+                        # what that one saved and took is not part of it.
+                        self.offloader.stats = StepStats()
+                        timer.forget()
                     if self.offloader.backwards and not warm_bytes:  # the warm-up's backward ended
                         warm_bytes.append(_layer_bytes(self.offloader.stats))
                         if peaks is not None:

@@ -572,6 +572,10 @@ class LayerTimer:
         if self._recorded() and not self.stopped:
             self.ends[index] = _mark(self.device)
 
+    def forget(self) -> None:
+        """Drop what was recorded: the forward it was of will have no backward."""
+        self.starts, self.ends, self.inputs = {}, {}, {}
+
     def input_bytes(self, count: int) -> list[int]:
         """The first ``count`` layers' input bytes, each storage counted in the first layer given it:
         recomputing several layers holds a storage they share (the rotary tables, the attention
