@@ -79,7 +79,7 @@ def test_seeded_builds_are_bit_identical_and_leave_the_callers_rng_alone():
         ("bert", {"kv_heads": 2}, "bert has no grouped-query attention: kv_heads must equal heads"),
         ("gpt2", {"sequence": 64, "max_positions": 32}, "gpt2 sequence 64 exceeds its max positions 32"),
         ("t5", {"layers": 0}, "t5 layers must be a positive integer, got 0"),
-        ("t5", {"dropout": 1.0}, "t5 dropout must be in"),
+        ("t5", {"dropout": 1.0}, "t5 dropout must be a number in"),
         ("gpt3", {}, "unknown model family 'gpt3'"),
         ("gpt2", {"width": 4}, "unknown model setting 'width'"),
     ],

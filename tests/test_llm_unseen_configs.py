@@ -28,6 +28,25 @@ def test_rotary_families_refuse_an_odd_head_width_in_one_line(family):
     spec("gpt2", "tiny", hidden=63, heads=3)  # learned positions: any width
 
 
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"ffn_mult": "4"}, "ffn_mult must be a positive finite number, got '4'"),
+        ({"ffn_mult": float("inf")}, "ffn_mult must be a positive finite number, got inf"),
+        ({"dropout": "0.1"}, r"dropout must be a number in \[0, 1\), got '0.1'"),
+        ({"dropout": float("nan")}, r"dropout must be a number in \[0, 1\), got nan"),
+        ({"max_positions": "64"}, "max_positions must be a positive integer, got '64'"),
+        ({"max_positions": 100.5}, "max_positions must be a positive integer, got 100.5"),
+        ({"max_positions": True}, "max_positions must be a positive integer, got True"),
+    ],
+)
+def test_settings_of_the_wrong_type_are_refused_in_one_line(setting, message):
+    # Compared before they were checked, they raised TypeError or OverflowError tracebacks, or
+    # reached transformers' config validation.
+    with pytest.raises(UserError, match=f"^gpt2 {message}$"):
+        spec("gpt2", "tiny", **setting)
+
+
 def test_a_causal_model_of_one_token_is_refused_and_the_others_train():
     # Nothing to predict: the loss was NaN and the part blamed the reference's reproduction.
     for family in ("gpt2", "llama", "qwen2"):

@@ -114,7 +114,11 @@ save_cache() {
   [ -n "$cache" ] || return 0
   local present=() d
   for d in "${cache_dirs[@]}"; do [ -n "$d" ] && [ -d "$d" ] && present+=("$d"); done
-  [ ${#present[@]} -gt 0 ] && tar czf "$cache.tmp" -P "${present[@]}" && mv "$cache.tmp" "$cache"
+  [ ${#present[@]} -gt 0 ] || return 0
+  # tar's status 1: a file changed while it was read (a compiler writing beside this run); what it
+  # packed is whole, and the next machine compiles the rest again.
+  tar czf "$cache.tmp" -P "${present[@]}"
+  [ $? -le 1 ] && mv "$cache.tmp" "$cache"
 }
 # NVLink multicast off for anything NCCL starts here (the multi-GPU launcher sets these too).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -213,6 +213,7 @@ NAMES = {
     "max": max,
     "abs": abs,
     "len": len,
+    "zip": zip,
     "sum": sum,
     "round": round,
     "sorted": sorted,

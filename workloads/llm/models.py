@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from harness.arguments import whole_number
+from harness.arguments import real_number, whole_number
 from harness.errors import UserError
 
 
@@ -193,7 +193,8 @@ class ModelSpec:
         self._check()
 
     def _check(self):
-        for name in ("hidden", "layers", "heads", "sequence", "micro_batch", "vocab", "kv_heads", "ffn_multiple_of"):
+        names = ("hidden", "layers", "heads", "sequence", "micro_batch", "vocab", "kv_heads", "ffn_multiple_of")
+        for name in (*names, "max_positions"):
             value = getattr(self, name)
             if whole_number(value, at_least=1) is None:
                 raise UserError(f"{self.family} {name} must be a positive integer, got {value!r}")
@@ -214,10 +215,11 @@ class ModelSpec:
             raise UserError(f"{self.family} kv_heads {self.kv_heads} does not divide its {self.heads} heads")
         if self.sequence > self.max_positions:
             raise UserError(f"{self.family} sequence {self.sequence} exceeds its max positions {self.max_positions}")
-        if not self.ffn_mult > 0:
-            raise UserError(f"{self.family} ffn_mult must be positive, got {self.ffn_mult!r}")
-        if not 0 <= self.dropout < 1:
-            raise UserError(f"{self.family} dropout must be in [0, 1), got {self.dropout!r}")
+        ffn_mult, dropout = real_number(self.ffn_mult), real_number(self.dropout)  # None: no finite number
+        if ffn_mult is None or ffn_mult <= 0:
+            raise UserError(f"{self.family} ffn_mult must be a positive finite number, got {self.ffn_mult!r}")
+        if dropout is None or not 0 <= dropout < 1:
+            raise UserError(f"{self.family} dropout must be a number in [0, 1), got {self.dropout!r}")
 
     @property
     def head_dim(self) -> int:
