@@ -401,6 +401,8 @@ def margin_labels(ax, items, gap: float = 12.0) -> None:
     for i in range(1, len(placed)):
         placed[i] = max(placed[i], placed[i - 1] + gap * pt)
     overshoot = (placed[-1] - heights[-1]) / 2  # centre the pushed stack on the lines it names
+    # ... but not above the panel's top, where the panel's title is
+    overshoot = max(overshoot, placed[-1] - ax.transAxes.transform((0, 1))[1])
     placed = [h - overshoot for h in placed]
     for i in range(len(placed) - 2, -1, -1):
         placed[i] = min(placed[i], placed[i + 1] - gap * pt)
