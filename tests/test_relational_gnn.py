@@ -566,3 +566,92 @@ def test_a_form_refuses_features_that_are_not_of_its_weights_type(dtype):
             UserError, match=f"features must be floating-point, of the weights' type torch.float32, got {dtype}"
         ):
             FORMS[name].build(MODELS["rgcn"], weights, graph)(x)
+
+
+def test_a_bfloat16_form_wrong_for_one_relation_is_not_timed():
+    """In bfloat16 a form was held to half of each row's own norm: one whose rarest relation's
+    messages were scaled by 1.4 (a wrong norm) passed and was timed. Each slice is now also held to
+    a few times the reference form's own bfloat16 rounding there; a form within it is timed."""
+    from systems.relgraph.ops import segment_products, take_rows
+
+    def scaled_rarest(factor):
+        def make(model, weights, graph):
+            counts = graph.offsets.diff()
+            used = torch.nonzero(counts).flatten()
+            rarest = int(used[counts[used].argmin()])
+            order = graph.by_relation
+            scale = torch.where(graph.etype[order] == rarest, factor, 1.0)
+
+            def layer(x):
+                messages = segment_products(take_rows(x, graph.src[order]), weights.weight, graph.offsets)
+                messages = messages * (graph.norm[order] * scale).to(x.dtype)[:, None]
+                return torch.addmm(weights.bias, x, weights.root).index_add(0, graph.dst[order], messages)
+
+            return layer
+
+        return make
+
+    forms = (
+        Form("user_wrong_norm", "peer", models=("rgcn",), make=scaled_rarest(1.4)),
+        Form("user_right_norm", "peer", models=("rgcn",), make=scaled_rarest(1.0)),
+    )
+    for form in forms:
+        FORMS.register(form)
+    try:
+        params = layers(
+            dims=[16], dtypes=["bfloat16"], modes=["inference", "training"],
+            leave_out=only("segment_mm", "user_wrong_norm", "user_right_norm"),
+        )  # fmt: skip
+        writer = parts_writer()
+        notes = parts.knowledge_graphs(params, writer, repeat=1, warmup=0, device="cpu")
+        timed = {row["variant"] for row in writer.rows if row["metric"] == "time"}
+        assert timed == {"segment_mm", "user_right_norm"}
+        skipped = notes["skipped"]["rgcn user_wrong_norm on nations at 16 in bfloat16"]
+        assert "over 4x the reference form's own rounding there" in skipped
+    finally:
+        for form in forms:
+            FORMS.unregister(form.name)
+
+
+def test_a_form_that_cannot_take_the_graph_is_noted_and_the_part_goes_on(tmp_path):
+    """On real RDF a predicate (rdf:type) joins several node-type pairs: PyG's HGT refused it with
+    a UserError that stopped the whole part after other rows were measured, and nothing was kept."""
+    rdf_type = "<http://www.w3.org/1999/02/22-rdf-syntax-ns#type>"
+    (tmp_path / "a.nt").write_text(
+        f"<http://x/alice> {rdf_type} <http://x/Person> .\n"
+        f"<http://x/Person> {rdf_type} <http://x/Class> .\n"
+        "<http://x/alice> <http://x/knows> <http://x/bob> .\n"
+        "<http://x/bob> <http://x/knows> <http://x/alice> .\n"
+        '<http://x/bob> <http://x/name> "Bob"@en .\n'
+    )
+    params = {
+        "seed": 0,
+        "graph_seed": 0,
+        "datasets": [{"name": "aifb", "scale_factor": 1.0, "published_dir": str(tmp_path)}],
+        "models": ["rgcn", "hgt"],
+        "dims": [4],
+        "modes": ["inference"],
+        "cpu_materialize_limit_gib": 1,
+        "leave_out": only("segment_mm", "per_edge", "pyg"),
+    }
+    writer = parts_writer()
+    notes = parts.datasets(params, writer, repeat=1, warmup=0, device="cpu")
+    timed = {(row["model"], row["variant"]) for row in writer.rows if row["metric"] == "time"}
+    assert ("hgt", "segment_mm") in timed and ("rgcn", "pyg") in timed and ("hgt", "pyg") not in timed
+    (why,) = [v for k, v in notes["skipped"].items() if k.startswith("hgt pyg on aifb")]
+    assert "joins several node types" in why
+
+
+def test_a_form_returning_no_tensor_is_refused_naming_it():
+    def listed(model, weights, graph):
+        inner = FORMS[model.reference].build(model, weights, graph)
+        return lambda x: [inner(x)]
+
+    FORMS.register(Form("user_listed", "peer", models=("rgcn",), make=listed))
+    try:
+        with pytest.raises(parts.FormsDisagree, match="rgcn user_listed on nations at 8: returns a list, not a tensor"):
+            parts.knowledge_graphs(
+                layers(leave_out=only("segment_mm", "user_listed")), parts_writer(), repeat=1, warmup=0, device="cpu"
+            )
+    finally:
+        FORMS.unregister("user_listed")

@@ -117,6 +117,38 @@ def test_bad_input_is_refused_in_one_line():
         relational.HeteroParams(homogeneous, 0.5)
 
 
+def test_a_source_hub_is_a_hub_in_every_relation():
+    """The extra power-law edges went to the chosen sources in draw order: a relation's heaviest
+    source was whichever rank came first (rank 786 or 2720 of 5000), not the type's hub, and the
+    out-degrees' tail was far thinner than the exponent asked. Now, as for targets, the heaviest
+    source of every relation is among the type's first ranks."""
+    nodes = np.arange(5000)  # a node's id is its rank in the type's shared order
+    for seed in range(12):
+        src, dst = relational._relation_edges(1000, nodes, nodes, 0.5, 2.5, np.random.default_rng(seed))
+        assert np.bincount(src).argmax() < 10 and np.bincount(dst).argmax() < 10, seed
+
+
+def test_a_scale_factor_that_empties_a_node_type_a_relation_uses_is_refused_in_one_line():
+    with pytest.raises(UserError, match=r"^bgs: scale factor 0.0001 leaves node type \w+ without nodes while relation"):
+        relational.dataset_spec("bgs").scaled(1e-4)
+    found = str(pytest.raises(UserError, relational.dataset_spec("bgs").scaled, 1e-4).value)
+    suggested = float(found.rsplit("about ", 1)[1].split()[0])
+    relational.dataset_spec("bgs").scaled(suggested)  # the factor it suggests works
+
+
+def test_the_store_refuses_a_saved_edge_whose_ends_are_not_its_relations_types(tmp_path):
+    """The docs said the store's load checks the edges' endpoint types; only saving did."""
+    params = relational.HeteroParams(relational.dataset_spec("aifb").scaled(0.05), 0.5)
+    arrays = store.get(params, tmp_path)
+    folder = store.folder_for(params, tmp_path)
+    indices = np.load(folder / "indices.npy")
+    node_type = np.asarray(arrays["node_type"])
+    indices[0] = np.flatnonzero(node_type != node_type[indices[0]])[0]  # a source of another type
+    np.save(folder / "indices.npy", indices)
+    with pytest.raises(store.GraphFileError, match="edges join other node types than their relation's"):
+        store.get(params, tmp_path)
+
+
 @pytest.mark.parametrize(
     "name, entities, relations, triples",
     [("nations", 14, 55, 1992), ("kinships", 104, 25, 10686), ("umls", 135, 46, 6529)],

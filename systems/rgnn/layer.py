@@ -12,6 +12,12 @@ from harness.errors import UserError
 from systems.relgraph.graph import RelGraph
 
 
+class GraphNotSupported(UserError):
+    """A form that cannot take this graph (a limit of the library it wraps: PyG's layers need a
+    relation and one node type at each end of a relation): the topic notes it and goes on with the
+    other forms; a user calling the form gets the line."""
+
+
 class RelationalLayer(nn.Module):
     """A layer over one graph with one weight set; call it with the node features."""
 

@@ -35,7 +35,7 @@ from harness.errors import UserError
 from workloads.graphs.generate import PowerLawRanks, check_gamma
 from workloads.graphs.spec import GraphSpec, NodeType, Relation, apportion
 
-ALGORITHM = 1  # bumped whenever the same parameters would give a different graph
+ALGORITHM = 2  # bumped whenever the same parameters would give a different graph
 RELATION_SKEW = 1.2  # Zipf exponent of the edges' shares over relations
 FEATURE_DIM = 64  # Hector's protocol: 64 in, 64 out
 
@@ -201,7 +201,9 @@ def _relation_edges(count, source_nodes, target_nodes, ratio, gamma, rng) -> tup
     """``count`` edges of one relation: round(ratio x count) distinct sources (at most all of the
     type), each with at least one edge and the rest by a power law; targets by a power law."""
     pairs = int(min(max(1, round(ratio * count)), count, len(source_nodes)))
-    chosen = _distinct_power_law(len(source_nodes), pairs, gamma, rng)
+    # In rank order: the power law's extra edges go to the lowest ranks, the type's hubs in every
+    # relation (in draw order the heaviest source was whichever rank came first).
+    chosen = np.sort(_distinct_power_law(len(source_nodes), pairs, gamma, rng))
     extra = rng.multinomial(count - pairs, PowerLawRanks(pairs, gamma).masses()) if count > pairs else 0
     src = np.repeat(source_nodes[chosen], 1 + np.asarray(extra, dtype=np.int64))
     src = src[rng.permutation(count)]  # no order by source within the relation

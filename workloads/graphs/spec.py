@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from harness.errors import UserError
+
 
 @dataclass(frozen=True)
 class NodeType:
@@ -107,6 +109,16 @@ class GraphSpec:
             return replace(self, nodes=nodes, edges=edges)
         node_counts = apportion([t.count for t in self.node_types], nodes)
         edge_counts = apportion([r.count for r in self.relations], edges)
+        kept = {t.name: c for t, c in zip(self.node_types, node_counts)}
+        for relation, count in zip(self.relations, edge_counts):
+            emptied = [end for end in (relation.source, relation.target) if count and not kept[end]]
+            if emptied:
+                # Every node type a relation uses needs a node: about 1 / its size of the whole.
+                smallest = min(t.count for t in self.node_types if t.name in emptied)
+                raise UserError(
+                    f"{self.name}: scale factor {factor:g} leaves node type {emptied[0]} without nodes while "
+                    f"relation {relation.name} keeps {count} edges; use a factor of about {1 / smallest:.2g} or more"
+                )
         return replace(
             self,
             nodes=nodes,

@@ -142,6 +142,8 @@ def _check_structure(folder: Path, arrays: dict, spec: dict) -> None:
         problems.append("features or labels do not have one row per node")
     if spec.get("node_types"):
         problems += _type_problems(arrays, spec)
+        if not problems:  # (ids in range: each edge's ends can be looked up)
+            problems += _endpoint_problems(arrays, spec)
     if problems:
         raise GraphFileError(f"{folder}: {'; '.join(problems)}; delete the folder to regenerate")
 

@@ -44,6 +44,7 @@ class Model:
     layers: Mapping[str, type] = field(default_factory=dict)
     reference: str = "segment_mm"
     per_edge_weights: frozenset[str] = frozenset()
+    edge_matrices: int = 1  # weight matrices a per_edge_weights form gathers per edge
     program: Callable[[], Program] | None = None
     bind: Callable[[nn.Module], dict[str, torch.Tensor]] | None = None
     label: str = ""

@@ -34,7 +34,7 @@ from harness.errors import UserError
 from systems.hector.lang import model
 from systems.relgraph.graph import RelGraph
 from systems.relgraph.ops import edge_softmax, grouped_products, segment_products, take_rows
-from systems.rgnn.layer import RelationalLayer, glorot, pair_rows, side_by_side
+from systems.rgnn.layer import GraphNotSupported, RelationalLayer, glorot, pair_rows, side_by_side
 from systems.rgnn.models import MODELS, Model
 
 
@@ -173,14 +173,14 @@ class PyG(RelationalLayer):
         from torch_geometric.nn import HGTConv
 
         if graph.num_relations == 0:  # PyG concatenates the relations' messages: none fails
-            raise UserError("PyG's HGTConv cannot take a graph with no relations; use another form")
+            raise GraphNotSupported("PyG's HGTConv cannot take a graph with no relations; use another form")
         self.types = [f"t{i}" for i in range(graph.num_node_types)]
         ends = []  # (source type, name, target type) of each relation, from its edges (type 0 if none)
         for r in range(graph.num_relations):
             mask = graph.etype == r
             kinds = [graph.node_type[ids[mask]].unique().tolist() for ids in (graph.src, graph.dst)]
             if any(len(k) > 1 for k in kinds):
-                raise UserError(
+                raise GraphNotSupported(
                     f"relation {r} joins several node types ({kinds[0]} to {kinds[1]}): PyG's heterographs "
                     "need one source and one target type per relation"
                 )
@@ -278,8 +278,9 @@ HGT = MODELS.register(
         "hgt",
         HGTWeights,
         layers={"pyg": PyG, "per_edge": PerEdge, "segment_mm": SegmentMM, "grouped_mm": GroupedMM, "dense": Dense},
-        # Gathers two [out, out] relation matrices per edge: the size of one [in, out] where in = out.
+        # Gathers two [out, out] relation matrices per edge (k_rel and v_rel).
         per_edge_weights=frozenset({"per_edge"}),
+        edge_matrices=2,
         program=hgt_layer,
         bind=bind,
     )

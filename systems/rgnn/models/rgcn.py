@@ -13,10 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.errors import UserError
 from systems.hector.lang import model
 from systems.relgraph.ops import grouped_products, segment_products, take_rows
-from systems.rgnn.layer import RelationalLayer, glorot, pair_rows, side_by_side
+from systems.rgnn.layer import GraphNotSupported, RelationalLayer, glorot, pair_rows, side_by_side
 from systems.rgnn.models import MODELS, Model
 
 
@@ -101,7 +100,7 @@ class _PyG(_Form):
 
         r, i, o = weights.weight.shape
         if self.layer_class == "RGCNConv" and graph.num_relations == 0:  # its max over no edge types fails
-            raise UserError("PyG's RGCNConv cannot take a graph with no relations; use another form (pyg_fast)")
+            raise GraphNotSupported("PyG's RGCNConv cannot take a graph with no relations; use another form (pyg_fast)")
         self.layer = getattr(pyg, self.layer_class)(i, o, r, aggr="mean")
         self.layer.weight, self.layer.root, self.layer.bias = weights.weight, weights.root, weights.bias
         self.edge_index = torch.stack([graph.src, graph.dst])
