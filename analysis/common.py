@@ -54,6 +54,11 @@ def same_code(one: dict, other: dict) -> bool:
     plugins = [(record.get("code") or {}).get("plugins") for record in (one, other)]
     if plugins[0] != plugins[1]:  # out-of-tree entries of other code (or in one process only)
         return False
+    # The parameters a part ran with (repetitions, seeds, sizes beyond the results' columns) change
+    # its numbers as code does; the digest covers the config file, not a run's overrides of it.
+    for key in ("parameters", "shared_parameters"):
+        if key in one and key in other and one[key] != other[key]:
+            return False
     digests = [(record.get("code") or {}).get("digest") for record in (one, other)]
     if None not in digests:
         return digests[0] == digests[1]

@@ -143,6 +143,22 @@ def _torch_sees_a_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def used_gpus() -> tuple[GpuInfo, ...]:
+    """The GPUs this Python can use, as nvidia-smi describes them: none with the CPU build of torch
+    or CUDA_VISIBLE_DEVICES empty (the host's GPUs ran nothing), the listed ones where it names
+    them by index, else the first ``gpu_count()``. What a record and a label name: a CPU run on a
+    GPU host measured no GPU."""
+    if not has_gpu():
+        return ()
+    listed = _nvidia_smi_gpus()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        indices = [item.strip() for item in visible.split(",") if item.strip()]
+        if indices and all(i.isdigit() and int(i) < len(listed) for i in indices):
+            return tuple(listed[int(i)] for i in indices)
+    return listed[: gpu_count()]
+
+
 def gpu_count() -> int:
     """GPUs this Python can use (0 without a usable one): what decides which parts run here.
     Counted by torch, which honours CUDA_VISIBLE_DEVICES (nvidia-smi lists every GPU)."""
@@ -155,7 +171,7 @@ def gpu_count() -> int:
 
 def hardware() -> tuple[tuple[str, ...], str]:
     """What kind of machine this is (:func:`kind`)."""
-    return kind((g.name for g in nvidia_gpus()), _cpu_model())
+    return kind((g.name for g in used_gpus()), _cpu_model())
 
 
 def kind(gpu_names, cpu_model) -> tuple[tuple[str, ...], str]:
@@ -197,7 +213,7 @@ def describe() -> MachineInfo:
         logical_cpus=os.cpu_count() or 1,
         usable_cpus=len(os.sched_getaffinity(0)),
         memory_bytes=_memory_bytes(),
-        gpus=nvidia_gpus(),
+        gpus=used_gpus(),
     )
 
 

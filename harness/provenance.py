@@ -79,12 +79,17 @@ def git_state() -> dict:
             "dirty": dirty,
             "source": "environment (SUITE_GIT_COMMIT, set by whoever copied the tree)",
         }
-    commit = _git("rev-parse", "HEAD")
+    # The suite's own checkout only: a tree unpacked from a tarball inside another repository
+    # would otherwise record that repository's commit.
+    top = _git("rev-parse", "--show-toplevel")
+    commit = _git("rev-parse", "HEAD") if top is not None and Path(top).resolve() == REPO_ROOT.resolve() else None
     if commit is not None:
         changed = _git("status", "--porcelain", "--untracked-files=no")
         # A file not added yet in the code or config folders (a new variant, a part) ran too.
         new_code = _git("status", "--porcelain", "--untracked-files=all", "--", *code_digest.MEASURED_CODE)
-        return {"commit": commit, "dirty": bool(changed) or bool(new_code), "source": "git"}
+        # None: git could not say (a status that failed is no clean tree).
+        dirty = None if changed is None or new_code is None else bool(changed) or bool(new_code)
+        return {"commit": commit, "dirty": dirty, "source": "git"}
     return {"commit": "unknown", "dirty": None, "source": "unavailable"}
 
 

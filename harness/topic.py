@@ -35,6 +35,9 @@ RESERVED_NAMES = {
     "measure",
     "reproduce",
     "figures",
+    "claims",  # config/claims.yaml is the claims' file, and claims a workflow target
+    "claims_table",
+    "doc_tables",
     "notebook",
     "helpers",
     "get",

@@ -243,3 +243,17 @@ def test_a_copied_rerun_is_refused_not_counted_as_another_process(tmp_path):
     (copy / "shapes-h200.provenance.json").write_text(json.dumps(record))
     kept, _ = same_code_reruns([*runs, str(copy / "shapes-h200.csv.gz")], [str(committed)])
     assert kept[-1] == str(copy / "shapes-h200.csv.gz")
+
+
+def test_a_rerun_with_other_parameters_is_not_a_process_of_the_same_measurement(tmp_path):
+    """The digest covers the config file, not a run's overrides of it: a re-run at repeat 9 and
+    warm-up 0 (or another seed) counted as another process of the same measurement."""
+    record = Path(__file__).parents[1] / "results" / "h100" / "relational_gnn" / "shapes-h200.provenance.json"
+    rerun = tmp_path / "reruns" / "run2"
+    rerun.mkdir(parents=True)
+    shutil.copy(record, tmp_path / record.name)
+    changed = json.loads(record.read_text())
+    changed["shared_parameters"] = {**changed.get("shared_parameters", {}), "repeat": 9, "warmup": 0}
+    (rerun / record.name).write_text(json.dumps(changed))
+    committed, fresh = tmp_path / "shapes-h200.csv.gz", rerun / "shapes-h200.csv"
+    assert same_code_reruns([str(fresh)], [str(committed)]) == ([], [str(fresh)])

@@ -403,3 +403,21 @@ def test_a_part_s_clean_up_after_sigterm_is_not_cut_short(tmp_path, monkeypatch)
         _run(tmp_path, HOST_PROBES[0])
     assert cleaned == [0, 1, 2, 3, 4]
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_host_memcpy_leaves_out_more_threads_than_usable_cpus_and_says_so(monkeypatch):
+    """64 threads on a 2-CPU machine were timed and recorded as 64 threads: the scheduler's time."""
+    from harness.errors import UserError
+    from workloads.ceilings import host_memcpy
+
+    class Rows(list):
+        def add_measurement(self, measurement, **row):
+            self.append(row)
+
+    monkeypatch.setattr(host_memcpy, "usable_cores", lambda: 2)
+    rows = Rows()
+    notes = host_memcpy.run({"size_mib": 1, "threads": [1, 64]}, rows, repeat=1, warmup=0)
+    assert [row["config"]["threads"] for row in rows] == [1]
+    assert notes == {"usable_cpus": 2, "threads_left_out": {"64": "more than the 2 usable CPUs"}}
+    with pytest.raises(UserError, match=r"^host_memcpy: threads \[64\] are all more than the 2 usable CPUs here$"):
+        host_memcpy.run({"size_mib": 1, "threads": [64]}, rows, repeat=1, warmup=0)

@@ -22,7 +22,12 @@ def test_record_has_every_field_a_reader_needs():
 
 
 def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch):
-    monkeypatch.setattr(provenance, "_git", lambda *args: "feedbeef" * 5 if args[0] == "rev-parse" else " M x.py")
+    def fake_git(*args):
+        if args[:2] == ("rev-parse", "--show-toplevel"):
+            return str(provenance.REPO_ROOT)
+        return "feedbeef" * 5 if args[0] == "rev-parse" else " M x.py"
+
+    monkeypatch.setattr(provenance, "_git", fake_git)
     monkeypatch.setenv("SUITE_GIT_COMMIT", "0123abcd" * 5)
     monkeypatch.setenv("SUITE_GIT_DIRTY", "1")
     state = provenance.git_state()
@@ -55,6 +60,8 @@ def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch)
     for path, dirty in (("systems/pytorch_direct/gather_variants/mine.py", True), ("notes.txt", False)):
 
         def git(*args, path=path):
+            if args[:2] == ("rev-parse", "--show-toplevel"):
+                return str(provenance.REPO_ROOT)
             if args[0] == "rev-parse":
                 return "feedbeef" * 5
             untracked = "--untracked-files=all" in args and any(path.startswith(f"{f}/") for f in args[3:])
@@ -64,6 +71,43 @@ def test_commit_named_in_the_environment_wins_over_a_stale_git_copy(monkeypatch)
         assert provenance.git_state()["dirty"] is dirty, path
     monkeypatch.setattr(provenance, "_git", lambda *args: None)
     assert provenance.git_state()["commit"] == "unknown"
+
+
+def test_a_status_git_could_not_give_is_not_a_clean_tree(monkeypatch):
+    """A corrupt index: rev-parse answers, status fails; the tree was recorded as clean."""
+
+    def git(*args):
+        if args[:2] == ("rev-parse", "--show-toplevel"):
+            return str(provenance.REPO_ROOT)
+        return "feedbeef" * 5 if args[0] == "rev-parse" else None
+
+    monkeypatch.delenv("SUITE_GIT_COMMIT", raising=False)
+    monkeypatch.setattr(provenance, "_git", git)
+    assert provenance.git_state() == {"commit": "feedbeef" * 5, "dirty": None, "source": "git"}
+
+
+def test_a_tree_inside_another_repository_records_no_commit(tmp_path, monkeypatch):
+    """A source tarball unpacked inside an unrelated repository recorded that repository's commit."""
+    monkeypatch.delenv("SUITE_GIT_COMMIT", raising=False)
+    monkeypatch.setattr(
+        provenance, "_git", lambda *args: str(tmp_path) if args[1:2] == ("--show-toplevel",) else "0badc0de" * 5
+    )
+    assert provenance.git_state() == {"commit": "unknown", "dirty": None, "source": "unavailable"}
+
+
+def test_a_record_names_only_the_gpus_this_python_used(monkeypatch):
+    """A CPU run on a GPU host (the CPU build of torch, CUDA_VISIBLE_DEVICES empty) was labelled
+    with the host's GPUs, and its GPU parts as not measured; with some GPUs visible, those."""
+    gpus = tuple(machine.GpuInfo(name=f"GPU {i}", memory_mib=1024, driver="1.0", pcie="gen5 x16") for i in range(4))
+    monkeypatch.setattr(machine, "_nvidia_smi_gpus", lambda: gpus)
+    monkeypatch.setattr(machine, "_torch_sees_a_gpu", lambda: False)
+    assert machine.describe().gpus == () and machine.hardware()[0] == ()
+    monkeypatch.setattr(machine, "_torch_sees_a_gpu", lambda: True)
+    monkeypatch.setattr(machine, "gpu_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert [g.name for g in machine.describe().gpus] == ["GPU 3", "GPU 1"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert [g.name for g in machine.describe().gpus] == ["GPU 0", "GPU 1"]
 
 
 def test_hiding_the_gpu_in_one_test_does_not_hide_it_from_the_next(monkeypatch):

@@ -20,6 +20,11 @@ from workloads.buffers import MIB, PinnedHostBuffer, fill_random_
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+# How the tables' host memory is pinned: in place (cudaHostRegister), as a PyTorch-Direct user pins
+# an existing tensor; the ceilings that bound the gathers are those of reads of such memory.
+TABLE_MEMORY = "registered"
+
+
 class HostTable:
     """A buffer of ``nbytes`` random bytes in host memory, pinned in place on a GPU machine
     (cudaHostRegister through UnifiedTensor, as a user of PyTorch-Direct would), and the same
@@ -27,7 +32,7 @@ class HostTable:
 
     def __init__(self, nbytes: int, device: str, seed: int = 0):
         self.nbytes = nbytes
-        self._pinned = PinnedHostBuffer(nbytes, "registered", seed=seed) if device == "cuda" else None
+        self._pinned = PinnedHostBuffer(nbytes, TABLE_MEMORY, seed=seed) if device == "cuda" else None
         if self._pinned is not None:
             self.buffer = self._pinned.tensor
             self._alias = self._pinned.unified.cuda_alias()
