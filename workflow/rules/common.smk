@@ -18,7 +18,7 @@ from snakemake.io import IOFile
 from harness import config as suite_config
 from harness import machine as suite_machine
 from harness.errors import NeedsGpuError, UserError
-from harness.results import results_in, results_name
+from harness.results import committed, results_in, results_name
 from harness.topic import discover
 
 TOPICS = discover()
@@ -99,12 +99,13 @@ def parts_here(topic, scale):
 def results_of(topic, machine, scale):
     """The results files of ``topic`` for one machine at one scale.
 
-    This machine: one file per part that runs here (measured if missing). Another machine: the
-    files committed for it (the measuring rule only produces this machine's files, so they are
-    never re-measured here; a newer file re-renders the figure)."""
+    This machine: one file per part that runs here (measured if missing; a part kept compressed,
+    ``X.csv.gz``, as committed results are, is kept too). Another machine: the files committed for
+    it (the measuring rule only produces this machine's files, so they are never re-measured here;
+    a newer file re-renders the figure)."""
     folder = f"results/{machine}/{topic}"
     if machine == MACHINE and not CANNOT_MEASURE_HERE:  # (a scale it cannot measure: its committed files)
-        return [f"{folder}/{part}-{scale}.csv" for part in parts_here(topic, scale)]
+        return [str(committed(f"{folder}/{part}-{scale}.csv")) for part in parts_here(topic, scale)]
     return [str(p) for p in results_in(folder, f"*-{scale}")]
 
 
