@@ -41,7 +41,12 @@ Known gaps to transformers' eager models, measured by tests/test_llm_models.py o
 their RMSNorm (Llama, T5) is unfused and saves 4 more bytes per element of h than a fused norm
 (an fp32 copy of its input in 16-bit training, an extra normalized copy in fp32); on a CPU,
 T5's self-attention runs SDPA's unfused math path (its learned position bias needs a gradient),
-saving the probabilities.
+saving the probabilities. Further gaps, measured and not modelled: on the H200 T5's blocks saved
+2.6-3.1x the formula's bytes (1.4-1.6x with both gaps above added; the profiles of
+results/h200/llm_offload); on a CPU, dropout saves a float32 noise tensor, not a 1-byte mask (CPU
+dropout multiplies by it), and SDPA with dropout takes the math path (the probabilities, the mask
+and the dropped copy): the formula is 20-46% short there. The figures that need a model's saved
+bytes read the profile's measured ones where a run has one.
 """
 
 from __future__ import annotations
