@@ -193,6 +193,20 @@ def _suite_file(file: str | None, root: Path) -> str | None:
         return None
 
 
+# Thread settings a number depends on (a CPU part at 1 and at 2 threads differs only here).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def threads_state() -> dict:
+    """The environment's thread settings and torch's thread counts when the record is written."""
+    state = {name: os.environ[name] for name in THREAD_VARIABLES if name in os.environ}
+    try:
+        import torch
+    except ImportError:
+        return state
+    return state | {"torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads()}
+
+
 def collect(scale: str, packages: tuple[str, ...] = (), *, this_process: bool = False, **extra) -> dict:
     """Everything needed to say where, when and how a number was measured; ``packages``: the
     libraries besides TRACKED_PACKAGES whose versions can change this topic's numbers;
@@ -204,6 +218,7 @@ def collect(scale: str, packages: tuple[str, ...] = (), *, this_process: bool = 
         "code": code_record(extra.get("topic"), this_process=this_process),
         "machine": machine.describe().as_dict(),
         "cuda": cuda_state(),
+        "threads": threads_state(),
         "python": sys.version.split()[0],
         "packages": package_versions(packages),
         "command": sys.argv,

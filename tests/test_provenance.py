@@ -471,3 +471,14 @@ def test_a_parts_record_names_what_its_topic_shares_and_the_config_file_override
     entry(["ceilings", "--part", "matmul", "--scale", "tiny", "--out", str(out)])  # the default config
     record = json.loads(out.with_suffix(".provenance.json").read_text())
     assert record["config_file"] == "config/config.yaml" and record["shared_parameters"]["repeat"] == 3
+
+
+def test_a_record_says_the_thread_settings_it_ran_with(monkeypatch):
+    """Two CPU runs at OMP_NUM_THREADS=1 and 2 left records that differed in nothing but their
+    command and date, while their medians differed."""
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    record = provenance.collect("tiny")
+    assert record["threads"]["OMP_NUM_THREADS"] == "3"
+    assert record["threads"]["torch_threads"] == torch.get_num_threads()
