@@ -325,8 +325,15 @@ if "row_sizes" in parts:
                 + " |"
             )
         lines.append("")
-    # By (dtype, row size): each case is one measurement, never a mean of two dtypes' medians.
-    wide = rs.pivot_table(index=["dtype", "row_bytes"], columns="variant", values="median", aggfunc="first")
+
+    def by_case(medians_of_a_run: pd.DataFrame) -> pd.DataFrame:
+        """Variants as columns, by (dtype, row size): each case is one measurement, never a mean
+        of two dtypes' medians."""
+        return medians_of_a_run.pivot_table(
+            index=["dtype", "row_bytes"], columns="variant", values="median", aggfunc="first"
+        )
+
+    wide = by_case(rs)
     # The same in each re-run of the same code: an ordering is said only where every process has it.
     same_code, _ = same_code_reruns(
         [f for f in results.get("feature_gather_reruns", []) if Path(f).name.startswith("row_sizes-")],
@@ -334,8 +341,9 @@ if "row_sizes" in parts:
     )
     wides = [wide]
     for rerun in same_code:
-        again = summarize(load_results([rerun], SCHEMA)[0], "bandwidth", ["variant", "dtype", "row_bytes"])
-        wides.append(again.pivot_table(index=["dtype", "row_bytes"], columns="variant", values="median"))
+        wides.append(
+            by_case(summarize(load_results([rerun], SCHEMA)[0], "bandwidth", ["variant", "dtype", "row_bytes"]))
+        )
     kernels = [v for v in KERNELS if v in wide]
 
     def case(key) -> str:
