@@ -518,3 +518,26 @@ def test_a_numpy_array_of_ids_is_one_batch_of_counts():
     """count_rows iterated an array's elements and refused the first as "got int64"."""
     assert torch.equal(count_rows(np.array([1, 2, 2, 4]), 5), torch.tensor([0, 1, 2, 0, 1]))
     assert torch.equal(count_rows([np.array([3]), torch.tensor([3])], 4), torch.tensor([0, 0, 0, 2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("view", ["strided", "offset", "expanded", "empty"])
+def test_cached_rows_come_from_the_cache_for_every_index_view(view, dtype):
+    """The cache path of the CPU reference, on the index tensors users pass; held to a plain
+    per-row lookup written here, a table of an odd row width (7)."""
+    table = random_table(11, 7, torch.float32, seed=5)
+    hot = HotRows(table, torch.tensor([3, 9, 0]), "cpu")
+    with torch.no_grad():
+        table.mul_(-1.0)  # the cache keeps the rows as filled
+    base = torch.tensor([9, 1, 3, 3, 10, 0, 5], dtype=dtype)
+    idx = {
+        "strided": base[::2],
+        "offset": base[1:],
+        "expanded": base[:1].expand(4),
+        "empty": base[:0],
+    }[view]
+    got = gather(table, idx, slots=hot.slots, cache=hot.cache)
+    cached = {3: 0, 9: 1, 0: 2}
+    want = [hot.cache[cached[i]] if i in cached else table[i] for i in idx.tolist()]
+    assert got.shape == (idx.numel(), 7)
+    assert torch.equal(got, torch.stack(want) if want else table[:0])
